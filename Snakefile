@@ -1,0 +1,19 @@
+# lmperf: benchmarks -> tidy CSVs under results/<hw>/ -> report/report.md.
+#   snakemake --cores 1 report/report.md                 # the whole report
+#   snakemake --cores 1 e2e                              # one section's results
+#   snakemake --cores 1 report/report.md --config scale=smoke
+# Each report section has one rule file under rules/; helpers and config checks are in common.smk.
+
+configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/env.smk"
+include: "rules/e2e.smk"
+include: "rules/report.smk"
+
+
+rule all:
+    input:
+        "report/report.md",
+    default_target: True

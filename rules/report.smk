@@ -1,0 +1,23 @@
+REPORT_FIGURES = ["report/figures/e2e_step_vs_size.png", "report/figures/e2e_step_vs_context.png"]
+
+
+rule report:
+    input:
+        env=rules.env.output[0],
+        e2e=E2E_CSVS,
+        templates=sorted(str(p) for p in Path("templates").glob("*.md.j2")),
+        code=["src/lmperf/report/__main__.py", "src/lmperf/report/render.py",
+              "src/lmperf/report/sections.py", "src/lmperf/report/figures.py"],
+    output:
+        report="report/report.md",
+        figures=REPORT_FIGURES,
+    log:
+        f"{LOGS}/report.log",
+    params:
+        hw=HW,
+        scale=SCALE,
+    conda:
+        "../envs/lmperf.yaml"
+    shell:
+        "python -m lmperf.report --results results/{params.hw} --scale {params.scale} "
+        "--templates templates --out {output.report} --figures report/figures > {log} 2>&1"

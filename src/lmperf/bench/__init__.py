@@ -1,0 +1,1 @@
+"""Benchmark CLIs, one module per report section (python -m lmperf.bench.<section>)."""

@@ -1,0 +1,317 @@
+"""What every benchmark shares: provenance, tidy rows, failure capture, a crash-safe journal,
+progress lines, and atomic CSV writes.
+
+A benchmark is a list of cases (dicts) and a `measure(case) -> list[row]` function. `run_cases`
+runs them one by one; an exception in one case becomes a row with status `oom` or `error`, and
+the next case starts on a clean device. Every finished case is appended to a journal next to
+the output, so a crash that takes the process down loses nothing: a rerun reuses the journalled
+rows and measures only what is left. A case that was started twice and never finished is
+recorded as `error` (the process died in it) instead of being tried a third time.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+import pandas as pd
+
+from lmperf import hardware
+
+# Columns every results row has, in this order; benchmark-specific case columns go between
+# CASE_START and the metric columns.
+ID_COLUMNS = ["section", "study", "case_id"]
+METRIC_COLUMNS = ["metric", "unit", "mean", "std", "median", "min", "max", "n", "samples",
+                  "status", "message"]
+PROVENANCE_COLUMNS = ["hw", "gpu", "torch", "triton", "cuda", "python", "commit", "measured_at"]
+
+FAULT_ENV = "LMPERF_INJECT_FAULT"  # e.g. "oom@small-fp32,crash@medium": for tests of failure paths
+
+
+class InjectedCrash(SystemExit):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Provenance
+
+
+def git_commit(cwd: Path | None = None) -> str:
+    if os.environ.get("LMPERF_COMMIT"):
+        return os.environ["LMPERF_COMMIT"]
+    try:
+        run = lambda *a: subprocess.run(["git", *a], cwd=cwd, capture_output=True, text=True,
+                                        timeout=10, check=True).stdout.strip()
+        sha = run("rev-parse", "--short=12", "HEAD")
+        dirty = run("status", "--porcelain", "--untracked-files=no", "--", "src", "Snakefile",
+                    "rules", "config")
+        return sha + ("-dirty" if dirty else "")
+    except (subprocess.SubprocessError, OSError):
+        return "unknown"
+
+
+def provenance(hw: str) -> dict:
+    import torch
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    cuda = torch.cuda.is_available()
+    return {
+        "hw": hw,
+        "gpu": torch.cuda.get_device_name() if cuda else "none",
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "cuda": (torch.version.cuda or "none") if cuda else "none",
+        "python": platform.python_version(),
+        "commit": git_commit(),
+        "measured_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def check_environment(args) -> None:
+    """Refuse to measure in an environment other than the one the workflow planned with: the
+    library versions it passed, and a CUDA device whenever the results folder is a GPU's."""
+    versions = hardware.library_versions()
+    for lib in ("torch", "triton"):
+        expected = getattr(args, f"expect_{lib}", None)
+        if expected is not None and versions[lib] != expected:
+            sys.exit(f"error: the workflow planned with {lib} {expected}, but this process "
+                     f"imports {lib} {versions[lib]}; run snakemake from the same environment")
+    if args.hw != "cpu":
+        import torch
+        if not torch.cuda.is_available():
+            sys.exit(f"error: --hw {args.hw} names a GPU, but torch {torch.__version__} sees no "
+                     f"CUDA device (a CPU-only torch build?); results would be mislabelled")
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows
+
+
+def summarize(metric: str, unit: str, samples: Iterable[float]) -> dict:
+    """One tidy row for a metric measured over several steps (per-step values kept)."""
+    xs = [float(x) for x in samples]
+    finite = [x for x in xs if math.isfinite(x)]
+    return {
+        "metric": metric, "unit": unit,
+        "mean": statistics.fmean(finite) if finite else math.nan,
+        "std": statistics.stdev(finite) if len(finite) > 1 else (0.0 if finite else math.nan),
+        "median": statistics.median(finite) if finite else math.nan,
+        "min": min(finite) if finite else math.nan,
+        "max": max(finite) if finite else math.nan,
+        "n": len(xs),
+        "samples": ";".join(f"{x:.6g}" for x in xs),
+        "status": "ok", "message": "",
+    }
+
+
+def failure_row(status: str, message: str) -> dict:
+    return {"metric": "", "unit": "", "mean": math.nan, "std": math.nan, "median": math.nan,
+            "min": math.nan, "max": math.nan, "n": 0, "samples": "",
+            "status": status, "message": message}
+
+
+def classify_failure(exc: BaseException) -> tuple[str, str]:
+    """('oom' | 'error', short message) for an exception raised while measuring."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    name = type(exc).__name__
+    is_oom = name == "OutOfMemoryError" or "out of memory" in text.lower() \
+        or "can't allocate memory" in text.lower()
+    message = f"{name}: {text}"
+    return ("oom" if is_oom else "error"), message[:300]
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+
+
+def write_csv_atomic(df: pd.DataFrame, path: Path) -> None:
+    """Write to a temporary file in the same folder, then rename: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            df.to_csv(f, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+class Progress:
+    """Progress lines to stderr and to the job's log file."""
+
+    def __init__(self, name: str, total: int, log_path: Path | None):
+        self.name, self.total, self.t0 = name, total, time.monotonic()
+        self.log = open(log_path, "a") if log_path else None
+
+    def say(self, text: str) -> None:
+        line = f"[{self.name} {dt.datetime.now():%H:%M:%S}] {text}"
+        print(line, file=sys.stderr, flush=True)
+        if self.log:
+            self.log.write(line + "\n")
+            self.log.flush()
+
+    def case(self, i: int, case_id: str, done_before: int) -> None:
+        elapsed = time.monotonic() - self.t0
+        measured = i - done_before
+        eta = ""
+        if measured > 0:
+            eta = f", about {elapsed / measured * (self.total - i):.0f} s left"
+        self.say(f"case {i + 1}/{self.total} ({self.total - i - 1} after it{eta}): {case_id}")
+
+    def close(self):
+        if self.log:
+            self.log.close()
+
+
+class Journal:
+    """Append-only JSON-lines record of started and finished cases, beside the output."""
+
+    def __init__(self, out_csv: Path, fingerprint: dict):
+        out_csv = Path(out_csv)
+        self.path = out_csv.parent / ".journal" / (out_csv.name + ".jsonl")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fingerprint = fingerprint
+        self.rows: dict[str, list[dict]] = {}
+        self.starts: dict[str, int] = {}
+        self._load()
+        self.f = open(self.path, "a")
+        if not self.path.stat().st_size:
+            self._write({"event": "header", "fingerprint": fingerprint})
+
+    def _load(self):
+        if not self.path.exists():
+            return
+        events = []
+        with open(self.path) as f:
+            for line in f:
+                try:
+                    events.append(json.loads(line))
+                except json.JSONDecodeError:  # a line cut short by the crash
+                    break
+        if not events or events[0].get("fingerprint") != self.fingerprint:
+            self.path.unlink()  # written by another grid or library version: start over
+            return
+        for ev in events[1:]:
+            if ev["event"] == "start":
+                self.starts[ev["case_id"]] = self.starts.get(ev["case_id"], 0) + 1
+            elif ev["event"] == "done":
+                self.rows[ev["case_id"]] = ev["rows"]
+
+    def _write(self, event: dict):
+        self.f.write(json.dumps(event) + "\n")
+        self.f.flush()
+        os.fsync(self.f.fileno())
+
+    def start(self, case_id: str):
+        self._write({"event": "start", "case_id": case_id})
+
+    def done(self, case_id: str, rows: list[dict]):
+        self.rows[case_id] = rows
+        self._write({"event": "done", "case_id": case_id, "rows": rows})
+
+    def remove(self):
+        self.f.close()
+        self.path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.path.parent.rmdir()
+
+
+def maybe_inject_fault(case_id: str) -> None:
+    """Simulated failures for the tests: LMPERF_INJECT_FAULT='oom@substr,error@substr,crash@substr'."""
+    for spec in filter(None, os.environ.get(FAULT_ENV, "").split(",")):
+        kind, _, pattern = spec.partition("@")
+        if pattern and pattern in case_id:
+            if kind == "oom":
+                import torch
+                raise torch.OutOfMemoryError(f"CUDA out of memory (injected for case {case_id})")
+            if kind == "error":
+                raise RuntimeError(f"injected error for case {case_id}")
+            if kind == "crash":
+                sys.stderr.write(f"injected crash in case {case_id}\n")
+                sys.stderr.flush()
+                os._exit(70)
+
+
+def clean_device() -> None:
+    """Free what a finished or failed case left behind, so the next one starts clean."""
+    import torch
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    with contextlib.suppress(Exception):
+        torch._dynamo.reset()
+
+
+def run_cases(*, section: str, study: str, cases: list[dict], measure: Callable[[dict], list[dict]],
+              out_csv: Path, hw: str, log_path: Path | None, fingerprint: dict) -> pd.DataFrame:
+    """Measure every case (resuming from the journal), write one tidy CSV atomically."""
+    prov = provenance(hw)
+    journal = Journal(out_csv, {"section": section, "study": study, "cases": cases, **fingerprint,
+                                "torch": prov["torch"], "triton": prov["triton"], "gpu": prov["gpu"]})
+    progress = Progress(f"{section}/{study}", len(cases), log_path)
+    done_before = len(journal.rows)
+    if done_before:
+        progress.say(f"resuming: {done_before} of {len(cases)} cases already in {journal.path}")
+    for i, case in enumerate(cases):
+        case_id = case["case_id"]
+        if case_id in journal.rows:
+            continue
+        progress.case(i, case_id, done_before)
+        if journal.starts.get(case_id, 0) >= 2:
+            rows = [failure_row("error", "the process died in this case on two earlier attempts "
+                                         "(e.g. an illegal memory access); not retried")]
+        else:
+            journal.start(case_id)
+            t0 = time.monotonic()
+            try:
+                maybe_inject_fault(case_id)
+                rows = measure(case)
+            except Exception as exc:  # a failed case is data, not a crash
+                rows = [failure_row(*classify_failure(exc))]
+            rows = [{**r, "wall_s": round(time.monotonic() - t0, 3)} for r in rows]
+            clean_device()
+        status = rows[0]["status"]
+        progress.say(f"  -> {status}" + (f": {rows[0]['message']}" if status != "ok" else ""))
+        journal.done(case_id, [{**case, **prov, **r} for r in rows])
+    all_rows = [{"section": section, "study": study, **r}
+                for case in cases for r in journal.rows[case["case_id"]]]
+    df = pd.DataFrame(all_rows)
+    case_cols = [c for c in df.columns if c not in ID_COLUMNS + METRIC_COLUMNS + PROVENANCE_COLUMNS]
+    df = df[ID_COLUMNS + case_cols + METRIC_COLUMNS + PROVENANCE_COLUMNS]
+    write_csv_atomic(df, out_csv)
+    journal.remove()
+    n_bad = int((df.drop_duplicates("case_id")["status"] != "ok").sum())
+    progress.say(f"wrote {out_csv}: {len(cases)} cases, {n_bad} not ok, "
+                 f"{time.monotonic() - progress.t0:.1f} s")
+    progress.close()
+    return df
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--out", type=Path, required=True, help="CSV to write")
+    p.add_argument("--hw", required=True, help="hardware name for the results folder and rows")
+    p.add_argument("--log", type=Path, help="also append progress lines to this file")
+    p.add_argument("--expect-torch", help="fail unless this torch version is the one imported")
+    p.add_argument("--expect-triton", help="fail unless this triton version is the one imported")
+    return p

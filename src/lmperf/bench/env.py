@@ -1,0 +1,59 @@
+"""The environment the results were measured in: one row per fact (GPU, driver, CUDA, ...).
+
+    python -m lmperf.bench.env --out results/cpu/env/env.csv --hw cpu --scale smoke
+"""
+from __future__ import annotations
+
+import platform
+import subprocess
+
+import pandas as pd
+
+from lmperf.bench import common
+
+
+def driver_version() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        return out.splitlines()[0].strip()
+    except (subprocess.SubprocessError, OSError, IndexError):
+        return "none"
+
+
+def facts(hw: str, scale: str) -> dict:
+    import torch
+    prov = common.provenance(hw)
+    cuda = torch.cuda.is_available()
+    props = torch.cuda.get_device_properties(0) if cuda else None
+    return {
+        "hw": hw,
+        "scale": scale,
+        "gpu": prov["gpu"],
+        "gpu_memory_gib": f"{props.total_memory / 2**30:.1f}" if props else "none",
+        "gpu_multiprocessors": str(props.multi_processor_count) if props else "none",
+        "driver": driver_version(),
+        "cuda": prov["cuda"],
+        "torch": prov["torch"],
+        "triton": prov["triton"],
+        "python": prov["python"],
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_threads": str(torch.get_num_threads()),
+        "os": platform.platform(),
+        "commit": prov["commit"],
+        "measured_at": prov["measured_at"],
+    }
+
+
+def main(argv=None):
+    p = common.base_parser(__doc__)
+    p.add_argument("--scale", required=True, choices=["smoke", "full"])
+    args = p.parse_args(argv)
+    common.check_environment(args)
+    df = pd.DataFrame([{"key": k, "value": v} for k, v in facts(args.hw, args.scale).items()])
+    common.write_csv_atomic(df, args.out)
+    common.Progress("env", 1, args.log).say(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

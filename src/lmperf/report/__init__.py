@@ -1,0 +1,1 @@
+"""Render report/report.md from the results CSVs (python -m lmperf.report)."""

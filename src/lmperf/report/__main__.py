@@ -1,0 +1,3 @@
+from lmperf.report.render import main
+
+main()

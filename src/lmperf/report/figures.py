@@ -1,0 +1,69 @@
+"""Figures for the report (matplotlib, PNG). Each function writes its files and returns
+{name: path}; a figure without data still gets written, saying so, since the workflow expects it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from lmperf.report.sections import size_order  # noqa: E402
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _empty(path: Path, title: str) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 2))
+    ax.axis("off")
+    ax.text(0.5, 0.5, f"{title}: no data", ha="center", va="center")
+    return _save(fig, path)
+
+
+def e2e_figures(df: pd.DataFrame, out: Path) -> dict[str, Path]:
+    paths = {"step_vs_size": out / "e2e_step_vs_size.png",
+             "step_vs_context": out / "e2e_step_vs_context.png"}
+    ok = df[(df.get("metric") == "step_ms") & (df.get("status") == "ok")] if not df.empty else df
+    variants = ok[(ok["study"] == "variants") & (ok["mode"] == "train")] if not ok.empty else ok
+    if variants.empty:
+        _empty(paths["step_vs_size"], "training step vs model size")
+    else:
+        sizes = size_order(df)
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for (dtype, compiled), g in variants.groupby(["dtype", "compile"]):
+            g = g.set_index("size").reindex([s for s in sizes if s in set(g["size"])])
+            label = f"{dtype}, {'compiled' if str(compiled).lower() == 'true' else 'eager'}"
+            ax.errorbar(g.index, g["mean"], yerr=g["std"], marker="o", capsize=3, label=label)
+        ax.set_yscale("log")
+        ax.set_xlabel("model size")
+        ax.set_ylabel("training step (ms, mean ± std)")
+        ax.set_title(f"Training step vs model size (context {int(variants['context'].iloc[0])})")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        _save(fig, paths["step_vs_size"])
+    context = ok[ok["study"] == "context"] if not ok.empty else ok
+    if context.empty:
+        _empty(paths["step_vs_context"], "training step vs context")
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for size in size_order(df):
+            for dtype, style in (("fp32", "-"), ("bf16", "--")):
+                g = context[(context["size"] == size) & (context["dtype"] == dtype)].sort_values("context")
+                if not g.empty:
+                    ax.plot(g["context"], g["mean"], style, marker="o", label=f"{size} {dtype}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel("training step (ms)")
+        ax.set_title("Training step vs context length (eager)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(ncol=2, fontsize="small")
+        _save(fig, paths["step_vs_context"])
+    return paths

@@ -1,0 +1,58 @@
+"""Read every results CSV of one machine, build each section's view, render the templates.
+
+    python -m lmperf.report --results results/cpu --scale smoke --templates templates \
+        --out report/report.md --figures report/figures
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+from pathlib import Path
+
+import jinja2
+import pandas as pd
+
+from lmperf.report import figures, sections
+
+
+def load_section(results: Path, section: str) -> pd.DataFrame:
+    """All CSVs under results/<section>/ (journals of unfinished runs excluded), concatenated."""
+    paths = sorted(p for p in (results / section).rglob("*.csv") if ".journal" not in p.parts)
+    frames = [pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in paths]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: str) -> str:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    rel = lambda p: os.path.relpath(p, out.parent)
+    e2e = load_section(results, "e2e")
+    context = {
+        "env": sections.env_view(load_section(results, "env"), results, scale),
+        "e2e": sections.e2e_view(e2e),
+        "figures": {name: rel(path) for name, path in figures.e2e_figures(e2e, figures_dir).items()},
+        "rendered_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), trim_blocks=True,
+                             lstrip_blocks=True, undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True)
+    text = env.get_template("report.md.j2").render(**context)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(out)
+    return text
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", type=Path, required=True, help="results/<hw> folder")
+    p.add_argument("--scale", required=True)
+    p.add_argument("--templates", type=Path, default=Path("templates"))
+    p.add_argument("--out", type=Path, default=Path("report/report.md"))
+    p.add_argument("--figures", type=Path, default=Path("report/figures"))
+    args = p.parse_args(argv)
+    if not args.results.is_dir():
+        p.error(f"--results {args.results} is not a folder")
+    render(args.results, args.templates, args.out, args.figures, args.scale)
+    print(f"wrote {args.out}")

@@ -1,0 +1,179 @@
+"""Each report section's view: tables (markdown) and the numbers its prose quotes, computed from
+the tidy results rows. Templates only place what these functions return."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+CASE_KEYS = ["size", "context", "dtype", "compile", "mode", "warmup"]
+
+
+def fmt(x: float, digits: int = 3) -> str:
+    """A number with `digits` significant digits, no scientific notation for everyday sizes."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "n/a"
+    if x == 0:
+        return "0"
+    magnitude = math.floor(math.log10(abs(x)))
+    decimals = max(0, digits - 1 - magnitude)
+    return f"{x:,.{decimals}f}"
+
+
+def mean_std(mean: float, std: float) -> str:
+    return f"{fmt(mean)} ± {fmt(std, 2)}"
+
+
+def table(df: pd.DataFrame) -> str:
+    """Markdown table; columns that are empty in every row (e.g. MFU on a CPU) are left out."""
+    if not len(df):
+        return "(no rows)"
+    df = df.loc[:, [c for c in df.columns if (df[c].astype(str) != "").any()]]
+    return df.to_markdown(index=False, disable_numparse=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment
+
+
+def env_view(env: pd.DataFrame, results: Path, scale: str) -> dict:
+    if env.empty:
+        return {"available": False, "why": f"no {results}/env/env.csv", "facts": {}, "table": ""}
+    facts = dict(zip(env["key"], env["value"].astype(str)))
+    labels = {"gpu": "GPU", "gpu_memory_gib": "GPU memory (GiB)", "gpu_multiprocessors": "GPU SMs",
+              "driver": "NVIDIA driver", "cuda": "CUDA (torch build)", "torch": "torch",
+              "triton": "triton", "python": "Python", "cpu": "CPU", "cpu_threads": "CPU threads (torch)",
+              "os": "OS", "commit": "git commit (at measurement)", "measured_at": "measured at",
+              "scale": "scale", "hw": "results folder"}
+    rows = [{"": labels.get(k, k), "value": v} for k, v in facts.items()]
+    return {"available": True, "facts": facts, "table": table(pd.DataFrame(rows))}
+
+
+def commits(frames: list[pd.DataFrame]) -> list[str]:
+    found = set()
+    for df in frames:
+        if "commit" in df:
+            found.update(df["commit"].dropna().astype(str))
+    return sorted(found)
+
+
+# ---------------------------------------------------------------------------------------------
+# End-to-end
+
+
+def size_order(df: pd.DataFrame) -> list[str]:
+    """Model sizes from smallest to largest, by their parameter counts in the results."""
+    params = df[df["metric"] == "parameters"].groupby("size")["mean"].first()
+    sizes = list(dict.fromkeys(df["size"]))
+    return sorted(sizes, key=lambda s: params.get(s, math.inf))
+
+
+def wide(df: pd.DataFrame, metrics: dict[str, str]) -> pd.DataFrame:
+    """One row per case: its keys, then 'mean ± std' per metric (or the failure status)."""
+    out = []
+    for case_id, g in df.groupby("case_id", sort=False):
+        first = g.iloc[0]
+        row = {k: first[k] for k in CASE_KEYS}
+        by_metric = g.set_index("metric")
+        for metric, label in metrics.items():
+            if first["status"] != "ok":
+                row[label] = first["status"]
+            elif metric in by_metric.index:
+                m = by_metric.loc[metric]
+                row[label] = fmt(m["mean"]) if metric in ("mfu_pct", "tokens_per_s", "first_step_ms") \
+                    else mean_std(m["mean"], m["std"])
+            else:
+                row[label] = ""
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def metric_frame(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Rows of one metric of the ok cases, indexed by the case keys."""
+    return df[(df["metric"] == metric) & (df["status"] == "ok")].set_index(CASE_KEYS)["mean"]
+
+
+def ratio_range(ratios: pd.Series) -> dict:
+    ratios = ratios.dropna()
+    if ratios.empty:
+        return {"n": 0}
+    return {"n": len(ratios), "min": fmt(ratios.min()), "max": fmt(ratios.max()),
+            "mean": fmt(ratios.mean())}
+
+
+def e2e_view(df: pd.DataFrame) -> dict:
+    if df.empty:
+        return {"available": False, "why": "no end-to-end results (rule e2e_study has not run)"}
+    df = df.copy()
+    df["compile"] = df["compile"].astype(str).str.lower().map({"true": "compiled", "false": "eager"})
+    order = {"size": {s: i for i, s in enumerate(size_order(df))},
+             "dtype": {"fp32": 0, "bf16": 1}, "compile": {"eager": 0, "compiled": 1}}
+    df = df.sort_values(by=CASE_KEYS, kind="stable",
+                        key=lambda col: col.map(order[col.name]) if col.name in order else col)
+    view = {"available": True, "studies": sorted(df["study"].unique())}
+    cases = df.drop_duplicates("case_id")
+    view["n_cases"] = len(cases)
+    view["failures"] = table(cases[cases["status"] != "ok"][["study", "case_id", "status", "message"]])
+    view["n_failures"] = int((cases["status"] != "ok").sum())
+    view["batch_size"] = int(cases["batch_size"].iloc[0])
+    view["timed_steps"] = int(cases["timed_steps"].iloc[0])
+    mfu = df[(df["metric"] == "mfu_pct") & (df["status"] == "ok")]
+    view["has_mfu"] = not mfu.empty
+    view["peaks"] = sorted(set(mfu["message"]))
+    if not mfu.empty:
+        best = mfu.loc[mfu["mean"].idxmax()]
+        view["best_mfu"] = {"value": fmt(best["mean"]), **{k: best[k] for k in CASE_KEYS}}
+
+    variants = df[df["study"] == "variants"]
+    if not variants.empty:
+        train = variants[variants["mode"] == "train"]
+        view["variants_train"] = table(wide(train, {
+            "forward_ms": "forward ms", "backward_ms": "backward ms", "optimizer_ms": "optimizer ms",
+            "step_ms": "step ms", "tokens_per_s": "tokens/s", "mfu_pct": "MFU %",
+            "peak_allocated_mib": "peak MiB"}).drop(columns=["mode", "warmup"]))
+        fwd = variants[variants["mode"] == "forward"]
+        view["variants_forward"] = table(wide(fwd, {
+            "forward_ms": "forward ms", "tokens_per_s": "tokens/s", "mfu_pct": "MFU %",
+            "peak_allocated_mib": "peak MiB"}).drop(columns=["mode", "warmup"]))
+        f, b = metric_frame(train, "forward_ms"), metric_frame(train, "backward_ms")
+        view["backward_over_forward"] = ratio_range(b / f)
+        step = metric_frame(variants, "step_ms").reset_index()
+        eager = step[step["compile"] == "eager"].pivot_table(
+            index=["size", "context", "mode"], columns="dtype", values="mean")
+        view["bf16_speedup_train"] = ratio_range(
+            (eager["fp32"] / eager["bf16"]).xs("train", level="mode")
+            if {"fp32", "bf16"} <= set(eager.columns) else pd.Series(dtype=float))
+        by_compile = step.pivot_table(index=["size", "context", "dtype", "mode"], columns="compile",
+                                      values="mean")
+        if {"eager", "compiled"} <= set(by_compile.columns):
+            speedup = by_compile["eager"] / by_compile["compiled"]
+            view["compile_speedup"] = {mode: ratio_range(speedup.xs(mode, level="mode"))
+                                       for mode in speedup.index.get_level_values("mode").unique()}
+        else:
+            view["compile_speedup"] = {}
+
+    warmup = df[df["study"] == "warmup"]
+    if not warmup.empty:
+        view["warmup"] = table(wide(warmup, {"step_ms": "step ms (mean ± std)",
+                                             "first_step_ms": "first step ms"})
+                               .drop(columns=["compile", "mode", "context"]))
+        step = warmup[(warmup["metric"] == "step_ms") & (warmup["status"] == "ok")]
+        std = step.pivot_table(index="size", columns="warmup", values="std")
+        lo, hi = min(std.columns), max(std.columns)
+        view["warmup_std_ratio"] = {"cold": int(lo), "warm": int(hi),
+                                    **ratio_range(std[lo] / std[hi])}
+
+    context = df[df["study"] == "context"]
+    if not context.empty:
+        view["context"] = table(wide(context, {"step_ms": "step ms", "tokens_per_s": "tokens/s",
+                                               "mfu_pct": "MFU %", "peak_allocated_mib": "peak MiB"})
+                                .drop(columns=["compile", "mode", "warmup"]))
+        ctx = metric_frame(context, "step_ms").reset_index()
+        per = ctx.pivot_table(index=["size", "dtype"], columns="context", values="mean")
+        lo, hi = min(per.columns), max(per.columns)
+        view["context_growth"] = {"short": int(lo), "long": int(hi), "factor": hi // lo,
+                                  **ratio_range(per[hi] / per[lo])}
+        view["context_oom"] = table(context.drop_duplicates("case_id")
+                                    .query("status == 'oom'")[["size", "context", "dtype"]])
+    return view
