@@ -32,6 +32,22 @@ RESULTS = f"results/{HW}"
 LOGS = f"logs/{HW}"
 
 
+def _python():
+    """The interpreter rules run: the one running Snakemake (so a venv need not be activated),
+    or the conda env's `python` under --sdm conda."""
+    try:
+        from snakemake.settings.types import DeploymentMethod
+
+        if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
+            return "python"
+    except (ImportError, AttributeError):
+        pass
+    return sys.executable
+
+
+PYTHON = _python()
+
+
 # Every benchmark rule takes these params: a new hardware or library version reruns it.
 def provenance_params():
     return {"hw": HW, "torch": VERSIONS["torch"], "triton": VERSIONS["triton"]}

@@ -29,7 +29,7 @@ rule e2e_study:
     conda:
         "../envs/lmperf.yaml"
     shell:
-        "python -m lmperf.bench.e2e --study {wildcards.study} --size {wildcards.size} "
+        PYTHON + " -m lmperf.bench.e2e --study {wildcards.study} --size {wildcards.size} "
         "--spec {params.spec:q} --out {output} " + PROVENANCE_ARGS
 
 

@@ -11,4 +11,4 @@ rule env:
     conda:
         "../envs/lmperf.yaml"
     shell:
-        "python -m lmperf.bench.env --out {output} --scale {params.scale} " + PROVENANCE_ARGS
+        PYTHON + " -m lmperf.bench.env --out {output} --scale {params.scale} " + PROVENANCE_ARGS

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Run Snakemake targets on a GPU machine that has python3 with torch and triton but no package
+# registry, using a wheelhouse made elsewhere with scripts/wheelhouse.sh:
+#   scripts/gpu_run.sh [--wheels DIR] [--limit SECONDS] [--pack FILE] TARGET... [-- SNAKEMAKE_ARGS]
+# --limit stops Snakemake after that many seconds (finished jobs are kept; a rerun does the rest);
+# --pack writes results/, logs/ and report/ into one tar.gz (to copy off a machine you give back).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+wheels=.whl limit=0 pack="" targets=() extra=()
+while (($#)); do
+    case $1 in
+        --wheels) wheels=$2; shift 2 ;;
+        --limit) limit=$2; shift 2 ;;
+        --pack) pack=$2; shift 2 ;;
+        --) shift; extra=("$@"); break ;;
+        *) targets+=("$1"); shift ;;
+    esac
+done
+if ! python3 -c 'import snakemake' 2>/dev/null; then
+    [[ -d $wheels ]] || { echo "gpu_run: no snakemake and no wheelhouse at $wheels" >&2; exit 1; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/lmperf-site "$wheels"/*.whl \
+        || { echo "gpu_run: installing the wheelhouse failed" >&2; exit 1; }
+    export PYTHONPATH=/tmp/lmperf-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+start=$(date +%s)
+if ((limit > 0)); then
+    timeout --signal=INT --kill-after=60 "$limit" python3 -m snakemake --cores 1 "${targets[@]}" "${extra[@]}"
+else
+    python3 -m snakemake --cores 1 "${targets[@]}" "${extra[@]}"
+fi
+rc=$?
+echo "gpu_run: snakemake exited $rc after $(( $(date +%s) - start )) s"
+if [[ -n $pack ]]; then
+    tar czf "$pack" results logs report 2>/dev/null
+    echo "gpu_run: packed results, logs and report into $pack"
+fi
+exit $rc
