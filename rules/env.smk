@@ -6,9 +6,10 @@ rule env:
     log:
         f"{LOGS}/env.log",
     params:
-        **provenance_params(),
+        **PROVENANCE,
         scale=SCALE,
     conda:
         "../envs/lmperf.yaml"
     shell:
-        PYTHON + " -m lmperf.bench.env --out {output} --scale {params.scale} " + PROVENANCE_ARGS
+        "python -m lmperf.bench.env --out {output} --scale {params.scale} --hw {params.hw} "
+        "--log {log} --expect-torch {params.torch} --expect-triton {params.triton}"

@@ -19,5 +19,5 @@ rule report:
     conda:
         "../envs/lmperf.yaml"
     shell:
-        PYTHON + " -m lmperf.report --results results/{params.hw} --scale {params.scale} "
+        "python -m lmperf.report --results results/{params.hw} --scale {params.scale} "
         "--templates templates --out {output.report} --figures report/figures > {log} 2>&1"

@@ -53,16 +53,18 @@ def e2e_figures(df: pd.DataFrame, out: Path) -> dict[str, Path]:
         _empty(paths["step_vs_context"], "training step vs context")
     else:
         fig, ax = plt.subplots(figsize=(7, 4))
-        for size in size_order(df):
+        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        for i, size in enumerate(size_order(df)):
             for dtype, style in (("fp32", "-"), ("bf16", "--")):
                 g = context[(context["size"] == size) & (context["dtype"] == dtype)].sort_values("context")
                 if not g.empty:
-                    ax.plot(g["context"], g["mean"], style, marker="o", label=f"{size} {dtype}")
+                    ax.plot(g["context"], g["mean"], style, marker="o", color=colors[i % len(colors)],
+                            label=f"{size} {dtype}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel("training step (ms)")
-        ax.set_title("Training step vs context length (eager)")
+        ax.set_title("Training step vs context length (eager; solid fp32, dashed bf16)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(ncol=2, fontsize="small")
         _save(fig, paths["step_vs_context"])

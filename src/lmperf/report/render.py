@@ -29,7 +29,7 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
     rel = lambda p: os.path.relpath(p, out.parent)
     e2e = load_section(results, "e2e")
     context = {
-        "env": sections.env_view(load_section(results, "env"), results, scale),
+        "env": sections.env_view(load_section(results, "env"), results, scale, {"e2e": e2e}),
         "e2e": sections.e2e_view(e2e),
         "figures": {name: rel(path) for name, path in figures.e2e_figures(e2e, figures_dir).items()},
         "rendered_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -8,6 +8,8 @@ from pathlib import Path
 import pandas as pd
 
 CASE_KEYS = ["size", "context", "dtype", "compile", "mode", "warmup"]
+# Metrics shown as mean ± std over the timed steps; the rest show the mean alone.
+SPREAD_METRICS = {"forward_ms", "backward_ms", "optimizer_ms", "step_ms"}
 
 
 def fmt(x: float, digits: int = 3) -> str:
@@ -37,9 +39,23 @@ def table(df: pd.DataFrame) -> str:
 # Environment
 
 
-def env_view(env: pd.DataFrame, results: Path, scale: str) -> dict:
+def measured_seconds(frames: dict[str, pd.DataFrame]) -> dict[str, float]:
+    """Per section, the sum of the per-case wall times in its CSVs (process start-up excluded)."""
+    out = {}
+    for section, df in frames.items():
+        if not df.empty and "wall_s" in df:
+            out[section] = float(df.drop_duplicates(["study", "case_id"])["wall_s"].sum())
+    return out
+
+
+def env_view(env: pd.DataFrame, results: Path, scale: str,
+             sections: dict[str, pd.DataFrame] | None = None) -> dict:
+    seconds = measured_seconds(sections or {})
+    timing = {"per_section": {k: fmt(v / 60) for k, v in seconds.items()},
+              "total_min": fmt(sum(seconds.values()) / 60)} if seconds else None
     if env.empty:
-        return {"available": False, "why": f"no {results}/env/env.csv", "facts": {}, "table": ""}
+        return {"available": False, "why": f"no {results}/env/env.csv", "facts": {}, "table": "",
+                "timing": timing}
     facts = dict(zip(env["key"], env["value"].astype(str)))
     labels = {"gpu": "GPU", "gpu_memory_gib": "GPU memory (GiB)", "gpu_multiprocessors": "GPU SMs",
               "driver": "NVIDIA driver", "cuda": "CUDA (torch build)", "torch": "torch",
@@ -47,7 +63,7 @@ def env_view(env: pd.DataFrame, results: Path, scale: str) -> dict:
               "os": "OS", "commit": "git commit (at measurement)", "measured_at": "measured at",
               "scale": "scale", "hw": "results folder"}
     rows = [{"": labels.get(k, k), "value": v} for k, v in facts.items()]
-    return {"available": True, "facts": facts, "table": table(pd.DataFrame(rows))}
+    return {"available": True, "facts": facts, "table": table(pd.DataFrame(rows)), "timing": timing}
 
 
 def commits(frames: list[pd.DataFrame]) -> list[str]:
@@ -71,6 +87,7 @@ def size_order(df: pd.DataFrame) -> list[str]:
 
 def wide(df: pd.DataFrame, metrics: dict[str, str]) -> pd.DataFrame:
     """One row per case: its keys, then 'mean ± std' per metric (or the failure status)."""
+    metrics = {m: label for m, label in metrics.items() if m in set(df["metric"])}
     out = []
     for case_id, g in df.groupby("case_id", sort=False):
         first = g.iloc[0]
@@ -81,8 +98,7 @@ def wide(df: pd.DataFrame, metrics: dict[str, str]) -> pd.DataFrame:
                 row[label] = first["status"]
             elif metric in by_metric.index:
                 m = by_metric.loc[metric]
-                row[label] = fmt(m["mean"]) if metric in ("mfu_pct", "tokens_per_s", "first_step_ms") \
-                    else mean_std(m["mean"], m["std"])
+                row[label] = mean_std(m["mean"], m["std"]) if metric in SPREAD_METRICS else fmt(m["mean"])
             else:
                 row[label] = ""
         out.append(row)
@@ -114,7 +130,9 @@ def e2e_view(df: pd.DataFrame) -> dict:
     view = {"available": True, "studies": sorted(df["study"].unique())}
     cases = df.drop_duplicates("case_id")
     view["n_cases"] = len(cases)
-    view["failures"] = table(cases[cases["status"] != "ok"][["study", "case_id", "status", "message"]])
+    failed = cases[cases["status"] != "ok"][["study", "case_id", "status", "message"]].copy()
+    failed["message"] = [m if len(m) <= 110 else m[:110] + "…" for m in failed["message"].astype(str)]
+    view["failures"] = table(failed)
     view["n_failures"] = int((cases["status"] != "ok").sum())
     view["batch_size"] = int(cases["batch_size"].iloc[0])
     view["timed_steps"] = int(cases["timed_steps"].iloc[0])
@@ -131,11 +149,13 @@ def e2e_view(df: pd.DataFrame) -> dict:
         view["variants_train"] = table(wide(train, {
             "forward_ms": "forward ms", "backward_ms": "backward ms", "optimizer_ms": "optimizer ms",
             "step_ms": "step ms", "tokens_per_s": "tokens/s", "mfu_pct": "MFU %",
-            "peak_allocated_mib": "peak MiB"}).drop(columns=["mode", "warmup"]))
+            "peak_allocated_mib": "peak MiB", "first_step_ms": "first step ms"})
+            .drop(columns=["mode", "warmup"]))
         fwd = variants[variants["mode"] == "forward"]
         view["variants_forward"] = table(wide(fwd, {
             "forward_ms": "forward ms", "tokens_per_s": "tokens/s", "mfu_pct": "MFU %",
-            "peak_allocated_mib": "peak MiB"}).drop(columns=["mode", "warmup"]))
+            "peak_allocated_mib": "peak MiB", "first_step_ms": "first step ms"})
+            .drop(columns=["mode", "warmup"]))
         f, b = metric_frame(train, "forward_ms"), metric_frame(train, "backward_ms")
         view["backward_over_forward"] = ratio_range(b / f)
         step = metric_frame(variants, "step_ms").reset_index()

@@ -1,0 +1,38 @@
+"""Helpers for the Snakemake workflow (rules/*.smk): config checks, the machine's name and
+scale, and each rule's params. Imports neither torch nor triton, so planning stays fast."""
+from __future__ import annotations
+
+import json
+
+from lmperf import hardware
+
+
+def check_config(config: dict) -> None:
+    """Cross-field checks the JSON schema cannot express; raise ValueError naming the key."""
+    for scale, e2e in config["e2e"].items():
+        for study, spec in e2e["studies"].items():
+            unknown = [s for s in spec["sizes"] if s not in config["models"]]
+            if unknown:
+                raise ValueError(f"config: e2e.{scale}.studies.{study}.sizes names {unknown}, "
+                                 f"which are not under models: {sorted(config['models'])}")
+
+
+def machine(config: dict) -> tuple[str, str]:
+    """(hw, scale): the results folder name and the grid scale, 'auto' resolved."""
+    gpu = hardware.gpu_name()
+    hw = hardware.hw_slug(gpu) if config["hw"] == "auto" else config["hw"]
+    scale = config["scale"] if config["scale"] != "auto" else ("full" if gpu else "smoke")
+    return hw, scale
+
+
+def e2e_csvs(results: str, e2e: dict) -> list[str]:
+    return [f"{results}/e2e/{study}/{size}.csv"
+            for study, spec in e2e["studies"].items() for size in spec["sizes"]]
+
+
+def e2e_spec(config: dict, e2e: dict, study: str, size: str) -> str:
+    """The JSON spec of one e2e job: a rerun trigger for exactly what that job measures."""
+    spec = e2e["studies"][study]
+    return json.dumps({"batch_size": e2e["batch_size"], "timed_steps": e2e["timed_steps"],
+                       "attention": spec["attention"], "grid": spec["grid"],
+                       "models": {size: config["models"][size]}}, sort_keys=True)

@@ -1,0 +1,49 @@
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# What a copy of the repository leaves out: environments, caches, and the workflow's outputs.
+TOP_LEVEL_IGNORE = {".git", ".venv", ".whl", ".snakemake", "logs", "results", "report", ".pytest_cache"}
+ANYWHERE_IGNORE = shutil.ignore_patterns("__pycache__", "*.egg-info")
+
+
+def _ignore(folder: str, names: list[str]) -> set[str]:
+    top = TOP_LEVEL_IGNORE if Path(folder) == REPO else set()
+    return top | set(ANYWHERE_IGNORE(folder, names))
+
+
+# The tests run the workflow at smoke scale whatever the machine (a GPU would otherwise pick full).
+SMOKE = ("--config", "scale=smoke")
+
+
+def copy_repo(dest: Path) -> Path:
+    shutil.copytree(REPO, dest, ignore=_ignore)
+    (dest / "report").mkdir()
+    return dest
+
+
+def snakemake(repo: Path, *args: str, env: dict | None = None, check: bool = True,
+              timeout: int = 900) -> subprocess.CompletedProcess:
+    """Run Snakemake in `repo` with this interpreter, the repo's own src/ first on the path."""
+    # Rules run `python`: make it this interpreter, as `make` does with .venv/bin.
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    full_env = {**os.environ, "PATH": path, "PYTHONPATH": str(repo / "src"), **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=repo, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n"
+                             f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def built_repo(tmp_path_factory) -> Path:
+    """A copy of the repository in which the default CPU workflow has run to report/report.md."""
+    repo = copy_repo(tmp_path_factory.mktemp("built") / "lmperf")
+    snakemake(repo, "--cores", "1", "report/report.md", *SMOKE)
+    return repo

@@ -1,0 +1,132 @@
+"""The Snakemake workflow end to end: config validation, the DAG, a real CPU run, and which
+jobs an edit makes stale."""
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, SMOKE, copy_repo, snakemake
+
+pytestmark = pytest.mark.slow
+
+
+def planned(repo: Path, *args: str, env: dict | None = None) -> dict[str, int]:
+    """{rule: job count} that a dry run of report/report.md would execute."""
+    proc = snakemake(repo, "report/report.md", "-n", *args, "--quiet", "rules", *SMOKE, env=env)
+    out = proc.stdout + proc.stderr
+    if "Nothing to be done" in out:
+        return {}
+    stats = out.split("Job stats:")[1]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\S+)\s+(\d+)$", stats, re.M) if m[1] != "total"}
+
+
+@pytest.fixture
+def fresh_copy(tmp_path) -> Path:
+    return copy_repo(tmp_path / "lmperf")
+
+
+@pytest.fixture
+def built_copy(built_repo, tmp_path) -> Path:
+    """A private copy of the built repository (mtimes and Snakemake metadata kept)."""
+    dest = tmp_path / "built"
+    shutil.copytree(built_repo, dest, symlinks=True)
+    return dest
+
+
+def edit(path: Path, text: str) -> None:
+    path.write_text(path.read_text() + text)
+    future = time.time() + 2
+    os.utime(path, (future, future))
+
+
+def test_dry_run_plans_the_whole_dag(fresh_copy):
+    jobs = planned(fresh_copy)
+    assert jobs["report"] == 1 and jobs["env"] == 1
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    studies = config["e2e"]["smoke"]["studies"]
+    assert jobs["e2e_study"] == sum(len(s["sizes"]) for s in studies.values())
+
+
+def test_lint_is_clean(fresh_copy):
+    proc = snakemake(fresh_copy, "--lint")
+    assert "Congratulations, your workflow is in a good condition" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("override, message", [
+    (["scale=huge"], "huge"),
+    (["bogus_key=1"], "bogus_key"),
+    (["hw=Bad Name"], "Bad Name"),
+])
+def test_bad_config_stops_at_once_naming_it(fresh_copy, override, message):
+    proc = snakemake(fresh_copy, "-n", "--config", *override, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stdout + proc.stderr
+
+
+def test_unknown_model_size_in_a_study_is_named(fresh_copy):
+    path = fresh_copy / "config" / "config.yaml"
+    config = yaml.safe_load(path.read_text())
+    config["e2e"]["smoke"]["studies"]["warmup"]["sizes"] = ["tiny", "gigantic"]
+    path.write_text(yaml.safe_dump(config))
+    proc = snakemake(fresh_copy, "-n", check=False)
+    assert proc.returncode != 0
+    assert "e2e.smoke.studies.warmup.sizes names ['gigantic']" in proc.stdout + proc.stderr
+
+
+def test_wrong_type_in_the_grid_is_named(fresh_copy):
+    path = fresh_copy / "config" / "config.yaml"
+    config = yaml.safe_load(path.read_text())
+    config["e2e"]["smoke"]["studies"]["context"]["grid"]["dtypes"] = ["fp8"]
+    path.write_text(yaml.safe_dump(config))
+    proc = snakemake(fresh_copy, "-n", check=False)
+    assert proc.returncode != 0
+    assert "fp8" in proc.stdout + proc.stderr
+
+
+def test_cpu_run_produces_the_report(built_repo):
+    report = (built_repo / "report" / "report.md").read_text()
+    assert "## End-to-end Transformer timings" in report
+    assert "## Environment" in report and "| scale                       | smoke" in report
+    assert "Not available" not in report
+    assert re.search(r"\| tiny\s+\| 64\s+\| fp32\s+\| eager\s+\| \d", report), "CPU numbers in the tables"
+    for png in ("e2e_step_vs_size.png", "e2e_step_vs_context.png"):
+        assert (built_repo / "report" / "figures" / png).stat().st_size > 10_000
+    hw = re.search(r"from the CSVs under `results/([^/]+)/`", report)[1]
+    csvs = list((built_repo / "results" / hw / "e2e").rglob("*.csv"))
+    assert csvs and not list((built_repo / "results").rglob(".journal"))
+
+
+def test_second_run_has_nothing_to_do_within_5_seconds(built_copy):
+    t0 = time.monotonic()
+    proc = snakemake(built_copy, "--cores", "1", "report/report.md", *SMOKE)
+    elapsed = time.monotonic() - t0
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+    assert elapsed < 5, f"a no-op rerun took {elapsed:.1f} s"
+
+
+def test_editing_a_template_reruns_only_the_report(built_copy):
+    edit(built_copy / "templates" / "e2e.md.j2", "\n")
+    assert planned(built_copy) == {"report": 1}
+
+
+def test_editing_the_model_reruns_its_rules_and_the_report_only(built_copy):
+    edit(built_copy / "src" / "lmperf" / "model.py", "\n# edited\n")
+    jobs = planned(built_copy)
+    n_e2e = planned(copy_repo(built_copy.parent / "fresh"))["e2e_study"]
+    assert jobs == {"e2e_study": n_e2e, "report": 1}
+
+
+@pytest.mark.parametrize("lib", ["torch", "triton"])
+def test_another_library_version_reruns_the_benchmarks(built_copy, tmp_path, lib):
+    fake = tmp_path / "fake-site"
+    dist = fake / f"{lib}-99.0.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {lib}\nVersion: 99.0.0\n")
+    env = {"PYTHONPATH": f"{fake}{os.pathsep}{built_copy / 'src'}"}
+    jobs = planned(built_copy, env=env)
+    assert jobs.get("e2e_study", 0) > 0 and jobs.get("env") == 1 and jobs.get("report") == 1
+    assert planned(built_copy) == {}, "with the real versions nothing is stale"
