@@ -1,0 +1,1 @@
+"""Hand-written kernels. They know nothing of benchmarks or Snakemake."""

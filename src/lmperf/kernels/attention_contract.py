@@ -1,0 +1,45 @@
+"""What every attention implementation here accepts, and the float64 reference it is checked
+against."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+HEAD_DIMS = (16, 32, 64, 128)
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise ValueError naming what is wrong with q, k, v of shape (..., N, D)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have shape (..., N, D); got {tuple(t.shape)}")
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(f"q, k and v must have the same shape; got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k and v must have the same dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in DTYPES:
+        raise ValueError(f"dtype {q.dtype} is not supported; use one of {[str(d) for d in DTYPES]}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"head dimension D={q.shape[-1]} is not supported; use one of {HEAD_DIMS}")
+    if q.shape[-2] < 1:
+        raise ValueError("sequence length N must be at least 1")
+
+
+def reference(q, k, v, is_causal: bool, dtype=torch.float64):
+    """(output, logsumexp) of softmax(q k^T / sqrt(D)) v computed in `dtype` (float64 for the
+    reference; the inputs' own dtype for 'plain PyTorch attention in the same dtype')."""
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if is_causal:
+        n = q.shape[-2]
+        mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores.float() if dtype != torch.float64 else scores, dim=-1)
+    return torch.softmax(scores, dim=-1) @ v, lse
