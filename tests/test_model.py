@@ -73,6 +73,19 @@ def test_rope_is_a_rotation_and_depends_on_relative_position():
     assert torch.allclose(rot(q, 3) @ rot(k, 1), rot(q, 12) @ rot(k, 10), atol=1e-6)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "flash-triton"])
+def test_model_with_each_attention_matches_plain(attention):
+    torch.manual_seed(3)
+    cfg = ModelConfig(d_model=32, d_ff=64, n_layers=2, n_heads=2, vocab_size=97, context_length=16)
+    plain = TransformerLM(cfg)
+    other = TransformerLM(ModelConfig(**{**cfg.__dict__, "attention": attention}))
+    other.load_state_dict(plain.state_dict())
+    tokens = torch.randint(cfg.vocab_size, (2, 13))
+    torch.testing.assert_close(other(tokens), plain(tokens), rtol=1e-4, atol=1e-4)
+    other(tokens).sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in other.parameters())
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_plain_attention_matches_sdpa(causal):
     q, k, v = (torch.randn(2, 3, 9, 8, dtype=torch.float64) for _ in range(3))

@@ -60,8 +60,16 @@ def sdpa_attention(q, k, v, is_causal: bool):
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
 
 
+def flash_triton_attention(q, k, v, is_causal: bool):
+    """Our FlashAttention-2 (Triton); imported on first use so the model needs no triton."""
+    from lmperf.kernels.flash_attention_triton import FlashAttention2Triton
+
+    return FlashAttention2Triton.apply(q, k, v, is_causal)
+
+
 # name -> fn(q, k, v, is_causal) on (batch, heads, seq, d_head) tensors.
-ATTENTION: dict[str, Callable] = {"plain": plain_attention, "sdpa": sdpa_attention}
+ATTENTION: dict[str, Callable] = {"plain": plain_attention, "sdpa": sdpa_attention,
+                                  "flash-triton": flash_triton_attention}
 
 
 class RMSNorm(nn.Module):

@@ -43,3 +43,45 @@ def reference(q, k, v, is_causal: bool, dtype=torch.float64):
         scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores.float() if dtype != torch.float64 else scores, dim=-1)
     return torch.softmax(scores, dim=-1) @ v, lse
+
+
+# An error floor per dtype (about one unit in the last place at 1.0), so that "twice the error of
+# plain PyTorch attention" stays meaningful where PyTorch happens to be exact.
+ERROR_FLOOR = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+
+
+def tolerance(torch_error: float, dtype: torch.dtype) -> float:
+    """flash-attention's rule: the kernel's error may be at most twice the error of plain PyTorch
+    attention run in the same dtype (both measured against float64), plus a small floor."""
+    return 2 * torch_error + ERROR_FLOOR[dtype]
+
+
+def compare(impl_forward, q, k, v, is_causal: bool, grad_out=None) -> list[dict]:
+    """Errors of one implementation against float64, beside plain PyTorch in the input dtype.
+
+    impl_forward(q, k, v, is_causal) -> output (differentiable). Returns one dict per quantity
+    (out, lse, dq, dk, dv): max abs error, PyTorch's error, tolerance, passed."""
+    dtype = q.dtype
+    leaves = lambda ts, dt=None: [t.detach().to(dt or t.dtype).requires_grad_() for t in ts]
+    grad_out = torch.randn_like(q) if grad_out is None else grad_out
+
+    results = {}
+    for name, dt in (("ref", torch.float64), ("torch", dtype), ("impl", None)):
+        qkv = leaves((q, k, v), dt)
+        if name == "impl":
+            out = impl_forward(*qkv, is_causal)
+            lse = out.grad_fn.saved_tensors[4]
+        else:
+            out, lse = reference(*qkv, is_causal, dtype=dt)
+        out.backward(grad_out.to(out.dtype))
+        results[name] = {"out": out.detach(), "lse": lse.detach(),
+                         **{g: t.grad for g, t in zip(("dq", "dk", "dv"), qkv)}}
+    rows = []
+    for quantity in ("out", "lse", "dq", "dk", "dv"):
+        ref = results["ref"][quantity].double()
+        err = lambda x: float((x.double() - ref).abs().max()) if torch.isfinite(x).all() else float("inf")
+        impl_err, torch_err = err(results["impl"][quantity]), err(results["torch"][quantity])
+        tol = tolerance(torch_err, dtype)
+        rows.append({"quantity": quantity, "max_abs_err": impl_err, "torch_err": torch_err,
+                     "tolerance": tol, "passed": bool(impl_err <= tol)})
+    return rows
