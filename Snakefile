@@ -10,6 +10,7 @@ configfile: "config/config.yaml"
 include: "rules/common.smk"
 include: "rules/env.smk"
 include: "rules/e2e.smk"
+include: "rules/flash_attention.smk"
 include: "rules/report.smk"
 
 

@@ -36,3 +36,20 @@ def e2e_spec(config: dict, e2e: dict, study: str, size: str) -> str:
     return json.dumps({"batch_size": e2e["batch_size"], "timed_steps": e2e["timed_steps"],
                        "attention": spec["attention"], "grid": spec["grid"],
                        "models": {size: config["models"][size]}}, sort_keys=True)
+
+
+def fa_bench_jobs(fa: dict) -> dict[str, dict]:
+    """{'<group>_d<D>': spec} : one benchmark job per group and head dim."""
+    jobs = {}
+    for group in fa["bench"]["groups"]:
+        for d in group["head_dims"]:
+            jobs[f"{group['name']}_d{d}"] = {"groups": [{**group, "head_dims": [d]}]}
+    return jobs
+
+
+def fa_check_spec(fa: dict) -> str:
+    return json.dumps(fa["check"], sort_keys=True)
+
+
+def fa_bench_spec(fa: dict, job: str) -> str:
+    return json.dumps(fa_bench_jobs(fa)[job], sort_keys=True)

@@ -40,8 +40,14 @@ PROVENANCE_COLUMNS = ["hw", "gpu", "torch", "triton", "cuda", "python", "commit"
 FAULT_ENV = "LMPERF_INJECT_FAULT"  # e.g. "oom@small-fp32,crash@medium": for tests of failure paths
 
 
-class InjectedCrash(SystemExit):
-    pass
+class NotRun(Exception):
+    """Raised by a measurement that does not apply here; becomes a row with this status."""
+    status = "skipped"
+
+
+class Unsupported(NotRun):
+    """The provider does not support this dtype or shape."""
+    status = "unsupported"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,7 +132,10 @@ def failure_row(status: str, message: str) -> dict:
 
 
 def classify_failure(exc: BaseException) -> tuple[str, str]:
-    """('oom' | 'error', short message) for an exception raised while measuring."""
+    """('oom' | 'error' | 'skipped' | 'unsupported', short message) for an exception raised
+    while measuring."""
+    if isinstance(exc, NotRun):
+        return exc.status, str(exc)[:300]
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     name = type(exc).__name__
     is_oom = name == "OutOfMemoryError" or "out of memory" in text.lower() \
@@ -307,8 +316,8 @@ def run_cases(*, section: str, study: str, cases: list[dict], measure: Callable[
     return df
 
 
-def base_parser(description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
+def base_parser(description: str, add_help: bool = True) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description, add_help=add_help)
     p.add_argument("--out", type=Path, required=True, help="CSV to write")
     p.add_argument("--hw", required=True, help="hardware name for the results folder and rows")
     p.add_argument("--log", type=Path, help="also append progress lines to this file")

@@ -1,0 +1,52 @@
+# FlashAttention-2: correctness against float64, then speed against PyTorch's attention.
+FA = config["flash_attention"][SCALE]
+FA_BENCH_JOBS = list(wf.fa_bench_jobs(FA))
+FA_CSVS = [f"{RESULTS}/flash_attention/check.csv"] + [
+    f"{RESULTS}/flash_attention/bench/{job}.csv" for job in FA_BENCH_JOBS]
+FA_KERNELS = ["src/lmperf/kernels/flash_attention_triton.py",
+              "src/lmperf/kernels/flash_attention_torch.py",
+              "src/lmperf/kernels/attention_contract.py"]
+
+
+rule flash_attention_check:
+    input:
+        kernels=FA_KERNELS,
+        code=["src/lmperf/bench/flash_attention.py", *HARNESS],
+    output:
+        f"{RESULTS}/flash_attention/check.csv",
+    log:
+        f"{LOGS}/flash_attention/check.log",
+    params:
+        **PROVENANCE,
+        spec=wf.fa_check_spec(FA),
+    conda:
+        "../envs/lmperf.yaml"
+    shell:
+        "python -m lmperf.bench.flash_attention check --spec {params.spec:q} --out {output} "
+        "--hw {params.hw} --log {log} --expect-torch {params.torch} --expect-triton {params.triton}"
+
+
+rule flash_attention_bench:
+    input:
+        kernels=FA_KERNELS,
+        model="src/lmperf/model.py",
+        code=["src/lmperf/bench/flash_attention.py", *HARNESS],
+    output:
+        f"{RESULTS}/flash_attention/bench/{{job}}.csv",
+    log:
+        f"{LOGS}/flash_attention/bench/{{job}}.log",
+    params:
+        **PROVENANCE,
+        spec=lambda w: wf.fa_bench_spec(FA, w.job),
+    wildcard_constraints:
+        job="|".join(FA_BENCH_JOBS),
+    conda:
+        "../envs/lmperf.yaml"
+    shell:
+        "python -m lmperf.bench.flash_attention bench --spec {params.spec:q} --out {output} "
+        "--hw {params.hw} --log {log} --expect-torch {params.torch} --expect-triton {params.triton}"
+
+
+rule flash_attention:
+    input:
+        FA_CSVS,

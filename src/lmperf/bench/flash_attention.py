@@ -1,0 +1,191 @@
+"""FlashAttention-2: correctness against float64 (`check`) and speed against PyTorch's attention
+(`bench`).
+
+    python -m lmperf.bench.flash_attention check --spec '{...}' --out .../check.csv --hw cpu
+    python -m lmperf.bench.flash_attention bench --spec '{...}' --out .../bench_d64.csv --hw h100-80gb-hbm3
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import math
+import os
+import random
+
+from lmperf.bench import common
+
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def torch_dtype(name: str):
+    import torch
+    return getattr(torch, DTYPES[name])
+
+
+# ---------------------------------------------------------------------------------------------
+# check
+
+
+def check_cases(spec: dict) -> list[dict]:
+    cases = []
+    for impl, dtype, causal, shape in itertools.product(spec["impls"], spec["dtypes"], spec["causal"],
+                                                        spec["shapes"]):
+        case = {"impl": impl, "dtype": dtype, "causal": causal, "shape": "x".join(map(str, shape))}
+        case["case_id"] = f"{impl}-{dtype}-{'causal' if causal else 'full'}-{case['shape']}"
+        cases.append(case)
+    return cases
+
+
+def measure_check(case: dict) -> list[dict]:
+    import torch
+    from lmperf.kernels import flash_attention_torch, flash_attention_triton
+    from lmperf.kernels.attention_contract import compare
+
+    cuda = torch.cuda.is_available()
+    if case["impl"] == "triton" and case["dtype"] == "bf16" and not cuda:
+        raise common.NotRun("needs CUDA: Triton's interpreter computes bfloat16 dots wrongly")
+    impl = {"torch": flash_attention_torch.FlashAttention2PyTorch.apply,
+            "triton": flash_attention_triton.FlashAttention2Triton.apply}[case["impl"]]
+    seed = random.randrange(2**31)  # fresh inputs every run; the seed is kept to reproduce them
+    gen = torch.Generator(device="cuda" if cuda else "cpu").manual_seed(seed)
+    shape = tuple(int(x) for x in case["shape"].split("x"))
+    q, k, v = (torch.randn(shape, generator=gen, device=gen.device, dtype=torch_dtype(case["dtype"]))
+               for _ in range(3))
+    rows = []
+    for r in compare(impl, q, k, v, case["causal"]):
+        row = common.summarize(f"{r['quantity']}_max_abs_err", "abs", [r["max_abs_err"]])
+        row.update(torch_err=r["torch_err"], tolerance=r["tolerance"], passed=r["passed"], seed=seed)
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# bench
+
+PROVIDERS = ("triton", "torch_tiled", "plain", "plain_compiled", "sdpa_flash", "sdpa_cudnn", "flex")
+
+
+def attention_flops(b: int, h: int, n: int, d: int, causal: bool, direction: str) -> float:
+    """4*B*H*N^2*D for the forward, halved when causal; backward 2.5x, forward+backward 3.5x."""
+    forward = 4 * b * h * n * n * d / (2 if causal else 1)
+    return forward * {"forward": 1.0, "backward": 2.5, "fwd_bwd": 3.5}[direction]
+
+
+def bench_cases(spec: dict) -> list[dict]:
+    cases = []
+    for group in spec["groups"]:
+        for provider, dtype, causal, n, d in itertools.product(
+                group["providers"], group["dtypes"], group["causal"], group["seq_lens"], group["head_dims"]):
+            case = {"group": group["name"], "provider": provider, "dtype": dtype, "causal": causal,
+                    "batch": group["batch"], "heads": group["heads"], "seq_len": n, "head_dim": d}
+            case["case_id"] = (f"{group['name']}-{provider}-{dtype}-{'causal' if causal else 'full'}"
+                               f"-b{group['batch']}h{group['heads']}n{n}d{d}")
+            cases.append(case)
+    return cases
+
+
+@functools.cache
+def _compiled_plain():
+    import torch
+    from lmperf.model import plain_attention
+    return torch.compile(plain_attention, dynamic=True)
+
+
+@functools.cache
+def _compiled_flex():
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def provider_fn(case: dict):
+    """fn(q, k, v) for the case's provider, or raise Unsupported / NotRun."""
+    import torch
+    import torch.nn.functional as F
+    from lmperf.kernels.flash_attention_torch import FlashAttention2PyTorch
+    from lmperf.kernels.flash_attention_triton import FlashAttention2Triton
+    from lmperf.model import plain_attention
+
+    p, causal, dtype = case["provider"], case["causal"], case["dtype"]
+    if p == "triton":
+        return lambda q, k, v: FlashAttention2Triton.apply(q, k, v, causal)
+    if p == "torch_tiled":
+        if case["seq_len"] > case.get("tiled_max_seq_len", 4096):
+            raise common.NotRun(f"N > {case.get('tiled_max_seq_len', 4096)}: the Python tile loop "
+                                "is too slow to time")
+        return lambda q, k, v: FlashAttention2PyTorch.apply(q, k, v, causal)
+    if p == "plain":
+        return lambda q, k, v: plain_attention(q, k, v, causal)
+    if p == "plain_compiled":
+        return lambda q, k, v: _compiled_plain()(q, k, v, causal)
+    if p in ("sdpa_flash", "sdpa_cudnn"):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        if dtype == "fp32":
+            raise common.Unsupported(f"{p}: fp16/bf16 only")
+        backend = SDPBackend.FLASH_ATTENTION if p == "sdpa_flash" else SDPBackend.CUDNN_ATTENTION
+
+        def run(q, k, v):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return run
+    if p == "flex":
+        from torch.nn.attention.flex_attention import create_block_mask
+        n = case["seq_len"]
+        mask = None
+        if causal:
+            mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, n, n, device="cuda")
+        return lambda q, k, v: _compiled_flex()(q, k, v, block_mask=mask)
+    raise ValueError(f"unknown provider {p!r}")
+
+
+def measure_bench(case: dict) -> list[dict]:
+    import torch
+    import triton.testing
+
+    if not torch.cuda.is_available():
+        raise common.NotRun("needs CUDA")
+    fn = provider_fn(case)
+    b, h, n, d = case["batch"], case["heads"], case["seq_len"], case["head_dim"]
+    dtype = torch_dtype(case["dtype"])
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+    dout = torch.randn(b, h, n, d, device="cuda", dtype=dtype)
+    bench = functools.partial(triton.testing.do_bench, warmup=25, rep=100, return_mode="median")
+    rows = []
+    with torch.no_grad():
+        times = {"forward": bench(lambda: fn(q, k, v))}
+    out = fn(q, k, v)
+    times["backward"] = bench(lambda: out.backward(dout, retain_graph=True), grad_to_none=[q, k, v])
+    del out
+
+    def fwd_bwd():
+        fn(q, k, v).backward(dout)
+    times["fwd_bwd"] = bench(fwd_bwd, grad_to_none=[q, k, v])
+    for direction, ms in times.items():
+        rows.append(common.summarize(f"{direction}_ms", "ms", [ms]))
+        flops = attention_flops(b, h, n, d, case["causal"], direction)
+        rows.append(common.summarize(f"{direction}_tflops", "TFLOP/s", [flops / (ms * 1e-3) / 1e12]))
+    return rows
+
+
+def main(argv=None):
+    import argparse
+    top = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = top.add_subparsers(dest="command", required=True)
+    for name in ("check", "bench"):
+        p = sub.add_parser(name, parents=[common.base_parser(__doc__, add_help=False)])
+        p.add_argument("--spec", required=True, help="the grid as JSON (see config/config.yaml)")
+    args = top.parse_args(argv)
+    common.check_environment(args)
+    import torch
+    if not torch.cuda.is_available():  # Triton kernels run in its interpreter; set before import
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    spec = json.loads(args.spec)
+    cases = check_cases(spec) if args.command == "check" else bench_cases(spec)
+    measure = measure_check if args.command == "check" else measure_bench
+    common.run_cases(section="flash_attention", study=args.command, cases=cases, measure=measure,
+                     out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={"spec": spec})
+
+
+if __name__ == "__main__":
+    main()
