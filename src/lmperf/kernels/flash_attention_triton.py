@@ -91,11 +91,11 @@ def _fwd_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_q, o
     return acc, l_i, m_i
 
 
-@triton.autotune(configs=_configs(FWD_CONFIGS, INTERPRET_FWD), key=["N", "D", "IS_CAUSAL", "DTYPE_KEY"],
+@triton.autotune(configs=_configs(FWD_CONFIGS, INTERPRET_FWD), key=["N", "D", "IS_CAUSAL"],
                  prune_configs_by={"early_config_prune": _prune_fwd})
 @triton.jit
 def _fwd_kernel(Q, K, V, O, L, stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn,
-                stride_ob, stride_on, N, sm_scale, DTYPE_KEY, D: tl.constexpr,
+                stride_ob, stride_on, N, sm_scale, D: tl.constexpr,
                 IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
     q_tile, bh = tl.program_id(0), tl.program_id(1)
@@ -174,12 +174,12 @@ def _bwd_dkdv_tiles(dk, dv, k, v, Q, DO, L, Delta, stride_qn, stride_don, offs_k
     return dk, dv
 
 
-@triton.autotune(configs=_configs(BWD_CONFIGS, INTERPRET_BWD), key=["N", "D", "IS_CAUSAL", "DTYPE_KEY"],
+@triton.autotune(configs=_configs(BWD_CONFIGS, INTERPRET_BWD), key=["N", "D", "IS_CAUSAL"],
                  prune_configs_by={"early_config_prune": _prune_bwd}, reset_to_zero=[])
 @triton.jit
 def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, stride_qb, stride_qn, stride_kb, stride_kn,
                      stride_vb, stride_vn, stride_dob, stride_don, stride_dkb, stride_dkn,
-                     stride_dvb, stride_dvn, N, sm_scale, DTYPE_KEY, D: tl.constexpr,
+                     stride_dvb, stride_dvn, N, sm_scale, D: tl.constexpr,
                      IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK: tl.constexpr):
     k_tile, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     k0 = k_tile * BLOCK
@@ -232,12 +232,12 @@ def _bwd_dq_tiles(dq, q, do, lse2, delta, K, V, stride_kn, stride_vn, offs_q, of
     return dq
 
 
-@triton.autotune(configs=_configs(BWD_CONFIGS, INTERPRET_BWD), key=["N", "D", "IS_CAUSAL", "DTYPE_KEY"],
+@triton.autotune(configs=_configs(BWD_CONFIGS, INTERPRET_BWD), key=["N", "D", "IS_CAUSAL"],
                  prune_configs_by={"early_config_prune": _prune_bwd})
 @triton.jit
 def _bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ, stride_qb, stride_qn, stride_kb, stride_kn,
                    stride_vb, stride_vn, stride_dob, stride_don, stride_dqb, stride_dqn, N, sm_scale,
-                   DTYPE_KEY, D: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                   D: tl.constexpr, IS_CAUSAL: tl.constexpr,
                    DOT_PRECISION: tl.constexpr, BLOCK: tl.constexpr):
     q_tile, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     q0 = q_tile * BLOCK
@@ -311,10 +311,10 @@ def backward(q, k, v, out, lse, grad_out, is_causal: bool):
     _bwd_dkdv_kernel[grid](q3, k3, v3, do3, lse2, delta, dk, dv, q3.stride(0), q3.stride(1),
                            k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1), do3.stride(0),
                            do3.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), n,
-                           1.0 / math.sqrt(d), str(q.dtype), **common)
+                           1.0 / math.sqrt(d), **common)
     _bwd_dq_kernel[grid](q3, k3, v3, do3, lse2, delta, dq, q3.stride(0), q3.stride(1), k3.stride(0),
                          k3.stride(1), v3.stride(0), v3.stride(1), do3.stride(0), do3.stride(1),
-                         dq.stride(0), dq.stride(1), n, 1.0 / math.sqrt(d), str(q.dtype), **common)
+                         dq.stride(0), dq.stride(1), n, 1.0 / math.sqrt(d), **common)
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 
