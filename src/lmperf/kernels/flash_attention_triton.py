@@ -292,7 +292,7 @@ def forward_with_lse(q, k, v, is_causal: bool = False):
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_Q"]), q3.shape[0])
     _fwd_kernel[grid](q3, k3, v3, out, lse, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
                       v3.stride(0), v3.stride(1), out.stride(0), out.stride(1), n, 1.0 / math.sqrt(d),
-                      str(q.dtype), D=d, IS_CAUSAL=bool(is_causal), DOT_PRECISION=_dot_precision(q.dtype))
+                      D=d, IS_CAUSAL=bool(is_causal), DOT_PRECISION=_dot_precision(q.dtype))
     return out.reshape(q.shape), lse.reshape(q.shape[:-1])
 
 
