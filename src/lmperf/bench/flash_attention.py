@@ -89,6 +89,9 @@ def bench_cases(spec: dict) -> list[dict]:
 def _compiled_plain():
     import torch
     from lmperf.model import plain_attention
+    # The benchmark times backward alone with retain_graph=True, which compiled backwards with
+    # donated buffers refuse; donation only saves memory, not time.
+    torch._functorch.config.donated_buffer = False
     return torch.compile(plain_attention, dynamic=True)
 
 
