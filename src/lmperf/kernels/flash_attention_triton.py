@@ -45,14 +45,28 @@ def _configs(configs, interpret_configs):
                           num_warps=c["num_warps"], num_stages=c["num_stages"]) for c in chosen]
 
 
+# fp32 runs exact fp32 dots ("ieee", no tensor cores): slow to compile and not what the tuning
+# is for, so it gets one modest config instead of a search.
+FP32_FWD = dict(BLOCK_Q=64, BLOCK_K=32, num_warps=4, num_stages=2)
+FP32_BWD = dict(BLOCK=32, num_warps=4, num_stages=2)
+
+
+def _is_fp32(named_args) -> bool:
+    return named_args["Q"].dtype == torch.float32
+
+
 def _prune_fwd(configs, named_args, **kwargs):
+    if _is_fp32(named_args) and not INTERPRET:
+        return _configs([FP32_FWD], [])
     n = named_args["N"]
     keep = [c for c in configs if c.kwargs["BLOCK_Q"] % c.kwargs["BLOCK_K"] == 0
-            and (c.kwargs["BLOCK_Q"] <= max(16, triton.next_power_of_2(n)) or c is configs[0])]
+            and c.kwargs["BLOCK_Q"] <= max(16, triton.next_power_of_2(n))]
     return keep or configs[:1]
 
 
 def _prune_bwd(configs, named_args, **kwargs):
+    if _is_fp32(named_args) and not INTERPRET:
+        return _configs([FP32_BWD], [])
     n = named_args["N"]
     keep = [c for c in configs if c.kwargs["BLOCK"] <= max(16, triton.next_power_of_2(n))]
     return keep or configs[:1]
