@@ -31,23 +31,12 @@ FWD_CONFIGS = [
     for bq, bk, w, s in [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3),
                          (128, 32, 4, 4), (64, 32, 4, 4), (128, 64, 4, 4), (64, 64, 4, 4)]
 ]
-# Backward: dK/dV programs own a key tile of BLOCK_N and walk query tiles of BLOCK_M; dQ
-# programs own a query tile of BLOCK_M and walk key tiles of BLOCK_N. The owned tile is the
-# larger one (it is loaded once and reused by every step of the loop), so BLOCK_N % BLOCK_M == 0
-# for dK/dV and BLOCK_M % BLOCK_N == 0 for dQ.
-DKDV_CONFIGS = [
-    dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
-    for bm, bn, w, s in [(32, 128, 4, 3), (64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3),
-                         (32, 128, 8, 2), (16, 128, 4, 3)]
-]
-DQ_CONFIGS = [
-    dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
-    for bm, bn, w, s in [(128, 32, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3), (64, 64, 4, 3),
-                         (128, 32, 8, 2), (128, 16, 4, 3)]
+BWD_CONFIGS = [
+    dict(BLOCK=b, num_warps=w, num_stages=s)
+    for b, w, s in [(64, 4, 3), (64, 8, 3), (128, 8, 3), (32, 4, 3), (64, 4, 2), (128, 4, 2)]
 ]
 INTERPRET_FWD = [dict(BLOCK_Q=32, BLOCK_K=16, num_warps=4, num_stages=1)]
-INTERPRET_DKDV = [dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)]
-INTERPRET_DQ = [dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)]
+INTERPRET_BWD = [dict(BLOCK=16, num_warps=4, num_stages=1)]
 
 
 def _configs(configs, interpret_configs):
@@ -59,8 +48,7 @@ def _configs(configs, interpret_configs):
 # fp32 runs exact fp32 dots ("ieee", no tensor cores): slow to compile and not what the tuning
 # is for, so it gets one modest config instead of a search.
 FP32_FWD = dict(BLOCK_Q=64, BLOCK_K=32, num_warps=4, num_stages=2)
-FP32_DKDV = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
-FP32_DQ = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
+FP32_BWD = dict(BLOCK=32, num_warps=4, num_stages=2)
 
 
 def _is_fp32(named_args) -> bool:
@@ -76,14 +64,12 @@ def _prune_fwd(configs, named_args, **kwargs):
     return keep or configs[:1]
 
 
-def _prune_bwd(fp32_config, owned):
-    def prune(configs, named_args, **kwargs):
-        if _is_fp32(named_args) and not INTERPRET:
-            return _configs([fp32_config], [])
-        n = max(16, triton.next_power_of_2(named_args["N"]))
-        keep = [c for c in configs if c.kwargs[owned] <= n]
-        return keep or configs[:1]
-    return prune
+def _prune_bwd(configs, named_args, **kwargs):
+    if _is_fp32(named_args) and not INTERPRET:
+        return _configs([FP32_BWD], [])
+    n = named_args["N"]
+    keep = [c for c in configs if c.kwargs["BLOCK"] <= max(16, triton.next_power_of_2(n))]
+    return keep or configs[:1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,12 +165,12 @@ def _bwd_delta_kernel(O, DO, Delta, stride_ob, stride_on, stride_dob, stride_don
 
 @triton.jit
 def _bwd_dkdv_tiles(dk, dv, k, v, Q, DO, L, Delta, stride_qn, stride_don, offs_k, offs_d, lo, hi, N,
-                    qk_scale, MASK_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                    qk_scale, MASK_CAUSAL: tl.constexpr, BLOCK: tl.constexpr,
                     DOT_PRECISION: tl.constexpr):
     """Accumulate dK, dV of one key tile over query tiles [lo, hi). Query rows >= N load q = 0,
     dO = 0 and L = +inf, so P = 0 there and they add nothing."""
-    for start in tl.range(lo, hi, BLOCK_M):
-        rows = start + tl.arange(0, BLOCK_M)
+    for start in tl.range(lo, hi, BLOCK):
+        rows = start + tl.arange(0, BLOCK)
         in_range = rows < N
         q = tl.load(Q + rows[:, None] * stride_qn + offs_d[None, :], mask=in_range[:, None], other=0.0)
         do = tl.load(DO + rows[:, None] * stride_don + offs_d[None, :], mask=in_range[:, None], other=0.0)
@@ -202,35 +188,33 @@ def _bwd_dkdv_tiles(dk, dv, k, v, Q, DO, L, Delta, stride_qn, stride_don, offs_k
     return dk, dv
 
 
-@triton.autotune(configs=_configs(DKDV_CONFIGS, INTERPRET_DKDV), key=["N", "D", "IS_CAUSAL"],
-                 prune_configs_by={"early_config_prune": _prune_bwd(FP32_DKDV, "BLOCK_N")})
+@triton.autotune(configs=_configs(BWD_CONFIGS, INTERPRET_BWD), key=["N", "D", "IS_CAUSAL"],
+                 prune_configs_by={"early_config_prune": _prune_bwd}, reset_to_zero=[])
 @triton.jit
 def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, stride_qb, stride_qn, stride_kb, stride_kn,
                      stride_vb, stride_vn, stride_dob, stride_don, stride_dkb, stride_dkn,
                      stride_dvb, stride_dvn, N, sm_scale, D: tl.constexpr,
-                     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK: tl.constexpr):
     k_tile, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    k0 = k_tile * BLOCK_N
-    offs_k = k0 + tl.arange(0, BLOCK_N)
+    k0 = k_tile * BLOCK
+    offs_k = k0 + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, D)
     kv_mask = offs_k[:, None] < N
     k = tl.load(K + bh * stride_kb + offs_k[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
     v = tl.load(V + bh * stride_vb + offs_k[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
-    dk = tl.zeros([BLOCK_N, D], tl.float32)
-    dv = tl.zeros([BLOCK_N, D], tl.float32)
+    dk = tl.zeros([BLOCK, D], tl.float32)
+    dv = tl.zeros([BLOCK, D], tl.float32)
     qk_scale = sm_scale * 1.4426950408889634
     Qb, DOb, Lb, Deltab = Q + bh * stride_qb, DO + bh * stride_dob, L + bh * N, Delta + bh * N
     if IS_CAUSAL:
-        # Query tiles crossing the diagonal are masked; later ones see this key tile in full;
-        # earlier ones see none of it and are skipped.
+        # The query tile on the diagonal is masked; later query tiles see this key tile in full.
         dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, Qb, DOb, Lb, Deltab, stride_qn, stride_don, offs_k,
-                                 offs_d, k0, k0 + BLOCK_N, N, qk_scale, True, BLOCK_M, DOT_PRECISION)
+                                 offs_d, k0, k0 + BLOCK, N, qk_scale, True, BLOCK, DOT_PRECISION)
         dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, Qb, DOb, Lb, Deltab, stride_qn, stride_don, offs_k,
-                                 offs_d, k0 + BLOCK_N, N, N, qk_scale, False, BLOCK_M, DOT_PRECISION)
+                                 offs_d, k0 + BLOCK, N, N, qk_scale, False, BLOCK, DOT_PRECISION)
     else:
         dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, Qb, DOb, Lb, Deltab, stride_qn, stride_don, offs_k,
-                                 offs_d, 0, N, N, qk_scale, False, BLOCK_M, DOT_PRECISION)
+                                 offs_d, 0, N, N, qk_scale, False, BLOCK, DOT_PRECISION)
     tl.store(DK + bh * stride_dkb + offs_k[:, None] * stride_dkn + offs_d[None, :],
              (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + bh * stride_dvb + offs_k[:, None] * stride_dvn + offs_d[None, :],
@@ -240,10 +224,10 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, stride_qb, stride_qn, stride
 @triton.jit
 def _bwd_dq_tiles(dq, q, do, lse2, delta, K, V, stride_kn, stride_vn, offs_q, offs_d, lo, hi, N,
                   qk_scale, MASK_CAUSAL: tl.constexpr, MASK_TAIL: tl.constexpr,
-                  BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                  BLOCK: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Accumulate dQ of one query tile over key tiles [lo, hi)."""
-    for start in tl.range(lo, hi, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
+    for start in tl.range(lo, hi, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
         if MASK_TAIL:
             k = tl.load(K + cols[:, None] * stride_kn + offs_d[None, :], mask=cols[:, None] < N, other=0.0)
             v = tl.load(V + cols[:, None] * stride_vn + offs_d[None, :], mask=cols[:, None] < N, other=0.0)
@@ -262,37 +246,36 @@ def _bwd_dq_tiles(dq, q, do, lse2, delta, K, V, stride_kn, stride_vn, offs_q, of
     return dq
 
 
-@triton.autotune(configs=_configs(DQ_CONFIGS, INTERPRET_DQ), key=["N", "D", "IS_CAUSAL"],
-                 prune_configs_by={"early_config_prune": _prune_bwd(FP32_DQ, "BLOCK_M")})
+@triton.autotune(configs=_configs(BWD_CONFIGS, INTERPRET_BWD), key=["N", "D", "IS_CAUSAL"],
+                 prune_configs_by={"early_config_prune": _prune_bwd})
 @triton.jit
 def _bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ, stride_qb, stride_qn, stride_kb, stride_kn,
                    stride_vb, stride_vn, stride_dob, stride_don, stride_dqb, stride_dqn, N, sm_scale,
                    D: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, BLOCK: tl.constexpr):
     q_tile, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    q0 = q_tile * BLOCK_M
-    offs_q = q0 + tl.arange(0, BLOCK_M)
+    q0 = q_tile * BLOCK
+    offs_q = q0 + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, D)
     rows_in = offs_q < N
     q = tl.load(Q + bh * stride_qb + offs_q[:, None] * stride_qn + offs_d[None, :], mask=rows_in[:, None], other=0.0)
     do = tl.load(DO + bh * stride_dob + offs_q[:, None] * stride_don + offs_d[None, :], mask=rows_in[:, None], other=0.0)
     lse2 = tl.load(L + bh * N + offs_q, mask=rows_in, other=float("inf")) * 1.4426950408889634
     delta = tl.load(Delta + bh * N + offs_q, mask=rows_in, other=0.0)
-    dq = tl.zeros([BLOCK_M, D], tl.float32)
+    dq = tl.zeros([BLOCK, D], tl.float32)
     qk_scale = sm_scale * 1.4426950408889634
     Kb, Vb = K + bh * stride_kb, V + bh * stride_vb
     if IS_CAUSAL:
-        # Key tiles left of this query tile: no mask; the ones crossing the diagonal: masked.
         dq = _bwd_dq_tiles(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_vn, offs_q, offs_d,
-                           0, q0, N, qk_scale, False, False, BLOCK_N, DOT_PRECISION)
+                           0, q0, N, qk_scale, False, False, BLOCK, DOT_PRECISION)
         dq = _bwd_dq_tiles(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_vn, offs_q, offs_d,
-                           q0, q0 + BLOCK_M, N, qk_scale, True, True, BLOCK_N, DOT_PRECISION)
+                           q0, q0 + BLOCK, N, qk_scale, True, True, BLOCK, DOT_PRECISION)
     else:
-        n_full = (N // BLOCK_N) * BLOCK_N
+        n_full = (N // BLOCK) * BLOCK
         dq = _bwd_dq_tiles(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_vn, offs_q, offs_d,
-                           0, n_full, N, qk_scale, False, False, BLOCK_N, DOT_PRECISION)
+                           0, n_full, N, qk_scale, False, False, BLOCK, DOT_PRECISION)
         dq = _bwd_dq_tiles(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_vn, offs_q, offs_d,
-                           n_full, N, N, qk_scale, False, True, BLOCK_N, DOT_PRECISION)
+                           n_full, N, N, qk_scale, False, True, BLOCK, DOT_PRECISION)
     tl.store(DQ + bh * stride_dqb + offs_q[:, None] * stride_dqn + offs_d[None, :],
              (dq * sm_scale).to(DQ.dtype.element_ty), mask=rows_in[:, None])
 
@@ -338,11 +321,12 @@ def backward(q, k, v, out, lse, grad_out, is_causal: bool):
                                                    do3.stride(0), do3.stride(1), n, D=d, BLOCK=block)
     dq, dk, dv = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
     common = dict(D=d, IS_CAUSAL=bool(is_causal), DOT_PRECISION=_dot_precision(q.dtype))
-    _bwd_dkdv_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), bh)](q3, k3, v3, do3, lse2, delta, dk, dv, q3.stride(0), q3.stride(1),
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK"]), bh)
+    _bwd_dkdv_kernel[grid](q3, k3, v3, do3, lse2, delta, dk, dv, q3.stride(0), q3.stride(1),
                            k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1), do3.stride(0),
                            do3.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), n,
                            1.0 / math.sqrt(d), **common)
-    _bwd_dq_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), bh)](q3, k3, v3, do3, lse2, delta, dq, q3.stride(0), q3.stride(1), k3.stride(0),
+    _bwd_dq_kernel[grid](q3, k3, v3, do3, lse2, delta, dq, q3.stride(0), q3.stride(1), k3.stride(0),
                          k3.stride(1), v3.stride(0), v3.stride(1), do3.stride(0), do3.stride(1),
                          dq.stride(0), dq.stride(1), n, 1.0 / math.sqrt(d), **common)
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
