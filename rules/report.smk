@@ -1,10 +1,12 @@
-REPORT_FIGURES = ["report/figures/e2e_step_vs_size.png", "report/figures/e2e_step_vs_context.png"]
+REPORT_FIGURES = ["report/figures/e2e_step_vs_size.png", "report/figures/e2e_step_vs_context.png",
+                  "report/figures/fa_tflops_vs_seq_len.png"]
 
 
 rule report:
     input:
         env=rules.env.output[0],
         e2e=E2E_CSVS,
+        flash_attention=FA_CSVS,
         templates=sorted(str(p) for p in Path("templates").glob("*.md.j2")),
         code=["src/lmperf/report/__main__.py", "src/lmperf/report/render.py",
               "src/lmperf/report/sections.py", "src/lmperf/report/figures.py"],

@@ -102,3 +102,32 @@ def test_readme_results_block_is_a_fresh_render_of_the_committed_results():
     block = readme.render_block(REPO / "results" / hw, REPO / "templates")
     assert readme.replace_block(text, block) == text, \
         "README's results block is stale: run python -m lmperf.report.readme --results results/" + hw
+
+
+FA_FIXTURE = REPO / "tests" / "fixtures" / "results" / "h200"
+
+
+def test_flash_attention_section_reads_bars_off_the_same_run(tmp_path):
+    text = render.render(FA_FIXTURE, REPO / "templates", tmp_path / "r.md", tmp_path / "fig", "full")
+    df = pd.read_csv(FA_FIXTURE / "flash_attention" / "bench" / "headline_d64.csv")
+    fb = df[df.metric == "fwd_bwd_ms"].set_index("provider")["mean"]
+    ratio = fb["triton"] / fb["sdpa_flash"]
+    met = "yes" if ratio <= 0.75 else "no"
+    assert re.search(rf"headline forward\+backward <= 0.75x SDPA-flash time \|\s+{sections.fmt(ratio)}x\s+\|\s+{met}", text)
+    assert "### headline: 1 x 16 heads x 16384 tokens x D 64, bf16, causal" in text
+
+
+def test_correctness_section_counts_checks_and_flags_failures(tmp_path):
+    results = tmp_path / "results" / "x"
+    shutil.copytree(FA_FIXTURE, results)
+    check = results / "flash_attention" / "check.csv"
+    df = pd.read_csv(check)
+    n_triton_fp16 = int((df.impl.eq("triton") & df.dtype.eq("fp16")).sum())
+    text = render.render(results, REPO / "templates", tmp_path / "r.md", tmp_path / "fig", "full")
+    assert re.search(rf"flash_attention / triton \| fp16\s+\| \d+\s+\| {n_triton_fp16}/{n_triton_fp16}", text)
+    assert "Every check that ran passed." in text
+    bad = df.index[df.impl.eq("triton") & df.dtype.eq("fp16")][0]
+    df.loc[bad, ["mean", "passed"]] = [1.0, False]
+    df.to_csv(check, index=False)
+    text = render.render(results, REPO / "templates", tmp_path / "r.md", tmp_path / "fig", "full")
+    assert "**Failing checks:**" in text and "| FAIL" in text

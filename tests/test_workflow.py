@@ -91,7 +91,9 @@ def test_cpu_run_produces_the_report(built_repo):
     report = (built_repo / "report" / "report.md").read_text()
     assert "## End-to-end Transformer timings" in report
     assert "## Environment" in report and "| scale                       | smoke" in report
-    assert "Not available" not in report
+    assert "Not available: no end-to-end" not in report
+    assert "## Correctness" in report and re.search(r"flash_attention / triton \| fp16 .* pass", report)
+    assert "needs CUDA" in report  # the FA benchmark and Triton bf16 checks say why they did not run
     assert re.search(r"\| tiny\s+\| 64\s+\| fp32\s+\| eager\s+\| \d", report), "CPU numbers in the tables"
     for png in ("e2e_step_vs_size.png", "e2e_step_vs_context.png"):
         assert (built_repo / "report" / "figures" / png).stat().st_size > 10_000
@@ -116,8 +118,18 @@ def test_editing_a_template_reruns_only_the_report(built_copy):
 def test_editing_the_model_reruns_its_rules_and_the_report_only(built_copy):
     edit(built_copy / "src" / "lmperf" / "model.py", "\n# edited\n")
     jobs = planned(built_copy)
-    n_e2e = planned(copy_repo(built_copy.parent / "fresh"))["e2e_study"]
-    assert jobs == {"e2e_study": n_e2e, "report": 1}
+    fresh = planned(copy_repo(built_copy.parent / "fresh"))
+    # The rules that import the model: the end-to-end jobs, and the attention benchmark (its
+    # plain-PyTorch peer is the model's attention).
+    assert jobs == {"e2e_study": fresh["e2e_study"],
+                    "flash_attention_bench": fresh["flash_attention_bench"], "report": 1}
+
+
+def test_editing_a_kernel_reruns_its_rules_and_the_report_only(built_copy):
+    edit(built_copy / "src" / "lmperf" / "kernels" / "flash_attention_triton.py", "\n# edited\n")
+    fresh = planned(copy_repo(built_copy.parent / "fresh"))
+    assert planned(built_copy) == {"flash_attention_check": 1,
+                                   "flash_attention_bench": fresh["flash_attention_bench"], "report": 1}
 
 
 @pytest.mark.parametrize("lib", ["torch", "triton"])

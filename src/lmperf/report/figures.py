@@ -69,3 +69,31 @@ def e2e_figures(df: pd.DataFrame, out: Path) -> dict[str, Path]:
         ax.legend(ncol=2, fontsize="small")
         _save(fig, paths["step_vs_context"])
     return paths
+
+
+def fa_figures(bench: pd.DataFrame, out: Path) -> dict[str, Path]:
+    """TFLOP/s (forward+backward) against sequence length, one panel per head dim and dtype."""
+    path = out / "fa_tflops_vs_seq_len.png"
+    grid = bench[(bench["group"] == "grid") & (bench["metric"] == "fwd_bwd_tflops")
+                 & (bench["status"] == "ok")] if not bench.empty else bench
+    if grid.empty:
+        _empty(path, "FlashAttention-2 grid")
+        return {"fa_tflops": path}
+    panels = sorted(grid.groupby(["dtype", "head_dim"]).groups)
+    fig, axes = plt.subplots(len(panels) // 4 + bool(len(panels) % 4), min(4, len(panels)),
+                             figsize=(4 * min(4, len(panels)), 3.2 * (len(panels) // 4 + bool(len(panels) % 4))),
+                             squeeze=False)
+    for ax, (dtype, d) in zip(axes.flat, panels):
+        g = grid[(grid["dtype"] == dtype) & (grid["head_dim"] == d)]
+        for provider, p in g.groupby("provider"):
+            p = p.sort_values("seq_len")
+            ax.plot(p["seq_len"], p["mean"], marker="o", lw=2.5 if provider == "triton" else 1,
+                    label=provider)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{dtype}, D={d}")
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("TFLOP/s (fwd+bwd)")
+        ax.grid(True, alpha=0.3)
+    axes.flat[0].legend(fontsize="small")
+    _save(fig, path)
+    return {"fa_tflops": path}

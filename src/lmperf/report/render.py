@@ -28,10 +28,17 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
     figures_dir.mkdir(parents=True, exist_ok=True)
     rel = lambda p: os.path.relpath(p, out.parent)
     e2e = load_section(results, "e2e")
+    fa = load_section(results, "flash_attention")
+    fa_check = fa[fa["study"] == "check"] if not fa.empty else fa
+    fa_bench = fa[fa["study"] == "bench"] if not fa.empty else fa
+    figs = {**figures.e2e_figures(e2e, figures_dir), **figures.fa_figures(fa_bench, figures_dir)}
     context = {
-        "env": sections.env_view(load_section(results, "env"), results, scale, {"e2e": e2e}),
+        "env": sections.env_view(load_section(results, "env"), results, scale,
+                                 {"e2e": e2e, "flash_attention": fa}),
         "e2e": sections.e2e_view(e2e),
-        "figures": {name: rel(path) for name, path in figures.e2e_figures(e2e, figures_dir).items()},
+        "correctness": sections.correctness_view({"flash_attention": fa_check}),
+        "fa": sections.fa_view(fa_bench),
+        "figures": {name: rel(path) for name, path in figs.items()},
         "rendered_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), trim_blocks=True,

@@ -197,3 +197,131 @@ def e2e_view(df: pd.DataFrame) -> dict:
         view["context_oom"] = table(context.drop_duplicates("case_id")
                                     .query("status == 'oom'")[["size", "context", "dtype"]])
     return view
+
+
+# ---------------------------------------------------------------------------------------------
+# Correctness: every kernel-test CSV (study "check"), one line per kernel and dtype
+
+
+def correctness_view(checks: dict[str, pd.DataFrame]) -> dict:
+    lines, skipped, failures = [], [], []
+    for section, df in checks.items():
+        if df.empty:
+            continue
+        df = df[df["study"] == "check"]
+        ran = df[df["status"] == "ok"]
+        for (impl, dtype), g in ran.groupby(["impl", "dtype"], sort=False):
+            worst = g.loc[(g["mean"] / g["tolerance"]).idxmax()]
+            passed = g["passed"].astype(str).str.lower() == "true"
+            lines.append({"kernel": f"{section} / {impl}", "dtype": dtype,
+                          "cases": g["case_id"].nunique(), "checks passed": f"{int(passed.sum())}/{len(g)}",
+                          "worst error / tolerance": fmt(worst["mean"] / worst["tolerance"]),
+                          "worst error": fmt(worst["mean"]), "its tolerance": fmt(worst["tolerance"]),
+                          "where": f"{worst['metric'].replace('_max_abs_err', '')} {worst['case_id']}",
+                          "result": "pass" if passed.all() else "FAIL"})
+            failures += [f"{section}: {r.case_id} {r.metric} = {fmt(r.mean)} > {fmt(r.tolerance)}"
+                         for r in g[~passed].itertuples()]
+        for (impl, dtype, status, message), g in df[df["status"] != "ok"].groupby(
+                ["impl", "dtype", "status", "message"], sort=False):
+            skipped.append({"kernel": f"{section} / {impl}", "dtype": dtype, "status": status,
+                            "cases": g["case_id"].nunique(), "why": message})
+    return {"available": bool(lines or skipped), "table": table(pd.DataFrame(lines)),
+            "skipped": table(pd.DataFrame(skipped)) if skipped else "", "failures": failures,
+            "all_pass": bool(lines) and not failures}
+
+
+# ---------------------------------------------------------------------------------------------
+# FlashAttention-2 benchmark
+
+PEERS = ["sdpa_flash", "sdpa_cudnn", "flex", "plain_compiled", "plain", "torch_tiled"]
+DIRECTIONS = {"forward": "forward", "backward": "backward", "fwd_bwd": "forward+backward"}
+
+
+def _bench_cell(g: pd.DataFrame, metric: str) -> str:
+    if g.empty:
+        return ""
+    first = g.iloc[0]
+    if first["status"] != "ok":
+        return first["status"]
+    m = g[g["metric"] == metric]
+    return fmt(m["mean"].iloc[0]) if len(m) else ""
+
+
+def _config_table(df: pd.DataFrame) -> tuple[str, dict]:
+    """Providers x directions (ms and TFLOP/s) for one configuration, and ours/peer ratios."""
+    rows, ratios = [], {}
+    ms = df[df["metric"].str.endswith("_ms") & (df["status"] == "ok")].set_index(["provider", "metric"])["mean"]
+    for provider, g in df.groupby("provider", sort=False):
+        row = {"provider": provider}
+        for d, label in DIRECTIONS.items():
+            row[f"{label} ms"] = _bench_cell(g, f"{d}_ms")
+            row[f"{label} TFLOP/s"] = _bench_cell(g, f"{d}_tflops")
+        rows.append(row)
+    for peer in PEERS:
+        for d in DIRECTIONS:
+            if ("triton", f"{d}_ms") in ms.index and (peer, f"{d}_ms") in ms.index:
+                ratios[(peer, d)] = ms[("triton", f"{d}_ms")] / ms[(peer, f"{d}_ms")]
+    order = {"triton": 0, **{p: i + 1 for i, p in enumerate(PEERS)}}
+    rows.sort(key=lambda r: order.get(r["provider"], 99))
+    return table(pd.DataFrame(rows)), ratios
+
+
+def fa_view(bench: pd.DataFrame) -> dict:
+    if bench.empty:
+        return {"available": False, "why": "no benchmark results (rule flash_attention_bench has not run)"}
+    ran = bench[bench["status"] == "ok"]
+    if ran.empty:
+        reasons = sorted(set(bench["message"].dropna()))
+        return {"available": False, "why": "the benchmark did not run here: " + "; ".join(reasons)}
+    view = {"available": True, "configs": []}
+    for (group, dtype, causal, b, h, n, d), g in bench.groupby(
+            ["group", "dtype", "causal", "batch", "heads", "seq_len", "head_dim"], sort=False):
+        if group == "grid":
+            continue
+        text, ratios = _config_table(g)
+        mode = "causal" if str(causal).lower() == "true" else "non-causal"
+        notes = sorted({f"{r.provider}: {r.message}" for r in g[g["metric"] == "backward_ms"].itertuples()
+                        if isinstance(r.message, str) and r.message})
+        view["configs"].append({"name": f"{group}: {int(b)} x {int(h)} heads x {int(n)} tokens x "
+                                        f"D {int(d)}, {dtype}, {mode}",
+                                "group": group, "causal": mode, "table": text, "notes": notes,
+                                "ratios": {f"{p}/{dd}": fmt(r) for (p, dd), r in ratios.items()},
+                                "raw": ratios})
+    # The issue's bars, read off the same run.
+    bars = []
+    for c in view["configs"]:
+        r = c["raw"]
+        if c["group"] == "headline" and ("sdpa_flash", "fwd_bwd") in r:
+            bars.append({"bar": "headline forward+backward <= 0.75x SDPA-flash time",
+                         "measured": f"{fmt(r[('sdpa_flash', 'fwd_bwd')])}x",
+                         "met": "yes" if r[("sdpa_flash", "fwd_bwd")] <= 0.75 else "no"})
+            if ("sdpa_cudnn", "fwd_bwd") in r:
+                bars.append({"bar": "stretch: headline forward+backward <= cuDNN time",
+                             "measured": f"{fmt(r[('sdpa_cudnn', 'fwd_bwd')])}x",
+                             "met": "yes" if r[("sdpa_cudnn", "fwd_bwd")] <= 1 else "no"})
+        if c["group"] == "throughput" and c["causal"] == "non-causal" and ("sdpa_flash", "forward") in r:
+            speedup = 1 / r[("sdpa_flash", "forward")]
+            bars.append({"bar": "throughput forward (non-causal) >= 1.2x SDPA-flash TFLOP/s",
+                         "measured": f"{fmt(speedup)}x", "met": "yes" if speedup >= 1.2 else "no"})
+            if ("sdpa_cudnn", "forward") in r:
+                s2 = 1 / r[("sdpa_cudnn", "forward")]
+                bars.append({"bar": "stretch: throughput forward >= cuDNN TFLOP/s",
+                             "measured": f"{fmt(s2)}x", "met": "yes" if s2 >= 1 else "no"})
+    grid = bench[bench["group"] == "grid"]
+    if not grid.empty:
+        fb = grid[(grid["metric"] == "fwd_bwd_ms") & (grid["status"] == "ok")]
+        wide_ms = fb.pivot_table(index=["dtype", "head_dim", "seq_len"], columns="provider", values="mean")
+        if {"triton", "plain_compiled"} <= set(wide_ms.columns):
+            slower = wide_ms[wide_ms["triton"] > wide_ms["plain_compiled"]]
+            bars.append({"bar": "grid: nowhere slower than torch.compile'd PyTorch attention (fwd+bwd)",
+                         "measured": f"slower in {len(slower)} of {int(wide_ms['plain_compiled'].notna().sum())} shapes",
+                         "met": "yes" if slower.empty else "no"})
+        view["grid"] = []
+        for (dtype, d), g in grid.groupby(["dtype", "head_dim"], sort=False):
+            cells = {}
+            for (n, provider), c in g.groupby(["seq_len", "provider"], sort=False):
+                cells.setdefault(n, {"N": n})[provider] = _bench_cell(c, "fwd_bwd_ms")
+            view["grid"].append({"dtype": dtype, "head_dim": int(d),
+                                 "table": table(pd.DataFrame(list(cells.values())))})
+    view["bars"] = table(pd.DataFrame(bars)) if bars else ""
+    return view
