@@ -11,6 +11,7 @@ include: "rules/common.smk"
 include: "rules/env.smk"
 include: "rules/e2e.smk"
 include: "rules/flash_attention.smk"
+include: "rules/lrpe.smk"
 include: "rules/report.smk"
 
 

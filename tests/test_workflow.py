@@ -92,8 +92,9 @@ def test_cpu_run_produces_the_report(built_repo):
     assert "## End-to-end Transformer timings" in report
     assert "## Environment" in report and "| scale                       | smoke" in report
     assert "Not available: no end-to-end" not in report
-    assert "## Correctness" in report and re.search(r"flash_attention / triton \| fp16 .* pass", report)
+    assert "## Correctness" in report and re.search(r"flash_attention / triton\s*\| fp16 .* pass", report)
     assert "needs CUDA" in report  # the FA benchmark and Triton bf16 checks say why they did not run
+    assert re.search(r"lrpe / triton_cache\s*\| fp32 .* pass", report)
     assert re.search(r"\| tiny\s+\| 64\s+\| fp32\s+\| eager\s+\| \d", report), "CPU numbers in the tables"
     for png in ("e2e_step_vs_size.png", "e2e_step_vs_context.png"):
         assert (built_repo / "report" / "figures" / png).stat().st_size > 10_000
@@ -123,6 +124,12 @@ def test_editing_the_model_reruns_its_rules_and_the_report_only(built_copy):
     # plain-PyTorch peer is the model's attention).
     assert jobs == {"e2e_study": fresh["e2e_study"],
                     "flash_attention_bench": fresh["flash_attention_bench"], "report": 1}
+
+
+def test_editing_the_lrpe_kernel_reruns_only_its_rules_and_the_report(built_copy):
+    edit(built_copy / "src" / "lmperf" / "kernels" / "lrpe.py", "\n# edited\n")
+    fresh = planned(copy_repo(built_copy.parent / "fresh"))
+    assert planned(built_copy) == {"lrpe_check": 1, "lrpe_bench": fresh["lrpe_bench"], "report": 1}
 
 
 def test_editing_a_kernel_reruns_its_rules_and_the_report_only(built_copy):

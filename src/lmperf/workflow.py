@@ -9,6 +9,11 @@ from lmperf import hardware
 
 def check_config(config: dict) -> None:
     """Cross-field checks the JSON schema cannot express; raise ValueError naming the key."""
+    for scale, lrpe in config["lrpe"].items():
+        for i, grid in enumerate(lrpe["check"]["grids"]):
+            if len(grid["shape"]) * grid["e"] < grid["d"]:
+                raise ValueError(f"config: lrpe.{scale}.check.grids[{i}]: m * e = "
+                                 f"{len(grid['shape'])} * {grid['e']} < d = {grid['d']}")
     for scale, e2e in config["e2e"].items():
         for study, spec in e2e["studies"].items():
             unknown = [s for s in spec["sizes"] if s not in config["models"]]
@@ -53,3 +58,14 @@ def fa_check_spec(fa: dict) -> str:
 
 def fa_bench_spec(fa: dict, job: str) -> str:
     return json.dumps(fa_bench_jobs(fa)[job], sort_keys=True)
+
+
+def lrpe_check_spec(lrpe: dict) -> str:
+    return json.dumps(lrpe["check"], sort_keys=True)
+
+
+def lrpe_bench_spec(lrpe: dict, dims: str) -> str:
+    """The spec of one benchmark job: the shared settings and the grid with `dims` axes."""
+    bench = {k: v for k, v in lrpe["bench"].items() if k != "grids"}
+    grid = next(g for g in lrpe["bench"]["grids"] if g["dims"] == int(dims))
+    return json.dumps({**bench, **grid}, sort_keys=True)

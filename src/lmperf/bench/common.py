@@ -104,6 +104,15 @@ def check_environment(args) -> None:
                      f"CUDA device (a CPU-only torch build?); results would be mislabelled")
 
 
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def torch_dtype(name: str):
+    """'fp32' | 'fp16' | 'bf16' -> the torch dtype."""
+    import torch
+    return getattr(torch, DTYPES[name])
+
+
 # ---------------------------------------------------------------------------------------------
 # Rows
 

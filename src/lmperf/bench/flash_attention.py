@@ -15,14 +15,6 @@ import random
 
 from lmperf.bench import common
 
-DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-
-
-def torch_dtype(name: str):
-    import torch
-    return getattr(torch, DTYPES[name])
-
-
 # ---------------------------------------------------------------------------------------------
 # check
 
@@ -50,7 +42,7 @@ def measure_check(case: dict) -> list[dict]:
     seed = random.randrange(2**31)  # fresh inputs every run; the seed is kept to reproduce them
     gen = torch.Generator(device="cuda" if cuda else "cpu").manual_seed(seed)
     shape = tuple(int(x) for x in case["shape"].split("x"))
-    q, k, v = (torch.randn(shape, generator=gen, device=gen.device, dtype=torch_dtype(case["dtype"]))
+    q, k, v = (torch.randn(shape, generator=gen, device=gen.device, dtype=common.torch_dtype(case["dtype"]))
                for _ in range(3))
     rows = []
     for r in compare(impl, q, k, v, case["causal"]):
@@ -150,7 +142,7 @@ def measure_bench(case: dict) -> list[dict]:
         raise common.NotRun("needs CUDA")
     fn = provider_fn(case)
     b, h, n, d = case["batch"], case["heads"], case["seq_len"], case["head_dim"]
-    dtype = torch_dtype(case["dtype"])
+    dtype = common.torch_dtype(case["dtype"])
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
     dout = torch.randn(b, h, n, d, device="cuda", dtype=dtype)
     bench = functools.partial(triton.testing.do_bench, warmup=25, rep=100, return_mode="median")

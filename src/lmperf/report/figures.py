@@ -97,3 +97,28 @@ def fa_figures(bench: pd.DataFrame, out: Path) -> dict[str, Path]:
     axes.flat[0].legend(fontsize="small")
     _save(fig, path)
     return {"fa_tflops": path}
+
+
+def lrpe_figures(bench: pd.DataFrame, out: Path) -> dict[str, Path]:
+    """Achieved GB/s against tokens, forward and backward, per provider (l = 0)."""
+    path = out / "lrpe_bandwidth.png"
+    ok = bench[(bench["status"] == "ok") & (bench["l"] == 0)] if not bench.empty else bench
+    if ok.empty:
+        _empty(path, "LRPE-cosine bandwidth")
+        return {"lrpe_bandwidth": path}
+    copy = ok[ok["metric"] == "copy_gbs"]["mean"].median()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), squeeze=False)
+    for ax, direction in zip(axes.flat, ("forward", "backward")):
+        g = ok[ok["metric"] == f"{direction}_gbs"]
+        for (provider, dims), p in g.groupby(["provider", "dims"]):
+            p = p.sort_values("tokens")
+            ax.plot(p["tokens"], p["mean"], marker="o", label=f"{provider} {int(dims)}-D")
+        ax.axhline(copy, color="black", ls=":", label="device copy")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens (l = 0)")
+        ax.set_ylabel("GB/s (x read + output written)")
+        ax.set_title(f"LRPE-cosine {direction}")
+        ax.grid(True, alpha=0.3)
+    axes.flat[0].legend(fontsize="x-small", ncol=2)
+    _save(fig, path)
+    return {"lrpe_bandwidth": path}

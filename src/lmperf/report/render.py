@@ -31,13 +31,18 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
     fa = load_section(results, "flash_attention")
     fa_check = fa[fa["study"] == "check"] if not fa.empty else fa
     fa_bench = fa[fa["study"] == "bench"] if not fa.empty else fa
-    figs = {**figures.e2e_figures(e2e, figures_dir), **figures.fa_figures(fa_bench, figures_dir)}
+    lrpe = load_section(results, "lrpe")
+    lrpe_check = lrpe[lrpe["study"] == "check"] if not lrpe.empty else lrpe
+    lrpe_bench = lrpe[lrpe["study"] == "bench"] if not lrpe.empty else lrpe
+    figs = {**figures.e2e_figures(e2e, figures_dir), **figures.fa_figures(fa_bench, figures_dir),
+            **figures.lrpe_figures(lrpe_bench, figures_dir)}
     context = {
         "env": sections.env_view(load_section(results, "env"), results, scale,
-                                 {"e2e": e2e, "flash_attention": fa}),
+                                 {"e2e": e2e, "flash_attention": fa, "lrpe": lrpe}),
         "e2e": sections.e2e_view(e2e),
-        "correctness": sections.correctness_view({"flash_attention": fa_check}),
+        "correctness": sections.correctness_view({"flash_attention": fa_check, "lrpe": lrpe_check}),
         "fa": sections.fa_view(fa_bench),
+        "lrpe": sections.lrpe_view(lrpe_bench),
         "figures": {name: rel(path) for name, path in figs.items()},
         "rendered_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }

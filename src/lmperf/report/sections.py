@@ -325,3 +325,59 @@ def fa_view(bench: pd.DataFrame) -> dict:
                                  "table": table(pd.DataFrame(list(cells.values())))})
     view["bars"] = table(pd.DataFrame(bars)) if bars else ""
     return view
+
+
+# ---------------------------------------------------------------------------------------------
+# LRPE-cosine benchmark
+
+LRPE_PROVIDERS = ["triton", "triton_cache", "torch", "torch_compile"]
+
+
+def lrpe_view(bench: pd.DataFrame) -> dict:
+    if bench.empty:
+        return {"available": False, "why": "no benchmark results (rule lrpe_bench has not run)"}
+    if (bench["status"] != "ok").all():
+        return {"available": False, "why": "the benchmark did not run here: "
+                + "; ".join(sorted(set(bench["message"].dropna())))}
+    cell = lambda g, metric: _bench_cell(g, metric)
+    tables = []
+    for (dims, l), g in bench.groupby(["dims", "l"], sort=True):
+        for direction in ("forward", "backward"):
+            for metric, label in (("ms", "time (ms)"), ("peak_mib", "peak memory (MiB)"),
+                                  ("copy_fraction", "fraction of copy bandwidth")):
+                rows = {}
+                for (n, provider), c in g.groupby(["n", "provider"], sort=False):
+                    rows.setdefault(n, {"n": int(n)})[provider] = cell(c, f"{direction}_{metric}")
+                df = pd.DataFrame(list(rows.values()))
+                df = df[["n"] + [p for p in LRPE_PROVIDERS if p in df.columns]]
+                tables.append({"title": f"{int(dims)}-D, l = {int(l)}, {direction}, {label}",
+                               "table": table(df)})
+    ok = bench[bench["status"] == "ok"]
+    val = ok.pivot_table(index=["dims", "n", "l"], columns=["provider", "metric"], values="mean")
+    bars = []
+    elements = val[("triton", "x_elements")] if ("triton", "x_elements") in val else pd.Series(dtype=float)
+    big = elements[elements >= 16 * 2**20].index
+    for direction in ("forward", "backward"):
+        key = ("triton", f"{direction}_copy_fraction")
+        if key in val and len(big):
+            worst = val.loc[big, key].min()
+            bars.append({"bar": f"triton {direction} >= 85% of copy bandwidth (x >= 16M elements, "
+                                f"{len(big)} configs)", "measured": f"worst {fmt(100 * worst)}%",
+                         "met": "yes" if worst >= 0.85 else "no"})
+    for impl in ("triton", "triton_cache"):
+        for direction in ("forward", "backward"):
+            a, b = (impl, f"{direction}_ms"), ("torch_compile", f"{direction}_ms")
+            if a in val and b in val:
+                ratio = (val[a] / val[b]).dropna()
+                bars.append({"bar": f"{impl} {direction} faster than torch.compile everywhere",
+                             "measured": f"slowest ratio {fmt(ratio.max())}x ({int((ratio >= 1).sum())} of {len(ratio)} not faster)",
+                             "met": "yes" if (ratio < 1).all() else "no"})
+            a, b = (impl, f"{direction}_peak_mib"), ("torch_compile", f"{direction}_peak_mib")
+            if a in val and b in val:
+                over = (val[a] - val[b]).dropna()
+                bars.append({"bar": f"{impl} {direction} peak memory <= torch.compile everywhere",
+                             "measured": f"largest excess {fmt(max(over.max(), 0))} MiB",
+                             "met": "yes" if (over <= 0).all() else "no"})
+    copy = ok[ok["metric"] == "copy_gbs"]["mean"]
+    return {"available": True, "tables": tables, "bars": table(pd.DataFrame(bars)) if bars else "",
+            "copy_gbs": fmt(copy.median()) if len(copy) else "n/a"}

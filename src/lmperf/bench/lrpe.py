@@ -1,0 +1,170 @@
+"""Multi-dimensional LRPE-cosine: correctness against float64 (`check`) and speed and memory
+against PyTorch (`bench`), on the seed benchmark's grid.
+
+    python -m lmperf.bench.lrpe check --spec '{...}' --out results/cpu/lrpe/check.csv --hw cpu
+    python -m lmperf.bench.lrpe bench --spec '{...}' --out results/h100-80gb-hbm3/lrpe/bench_1d.csv --hw ...
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import math
+import os
+import random
+
+from lmperf.bench import common
+
+PROVIDERS = ("triton", "triton_cache", "torch", "torch_compile")
+
+
+def check_cases(spec: dict) -> list[dict]:
+    cases = []
+    for impl, dtype, grid, l in itertools.product(spec["impls"], spec["dtypes"], spec["grids"], spec["extra_tokens"]):
+        shape = "x".join(map(str, grid["shape"]))
+        case = {"impl": impl, "dtype": dtype, "grid": shape, "l": l, "d": grid["d"], "e": grid["e"],
+                "batch": spec["batch"], "heads": spec["heads"]}
+        case["case_id"] = f"{impl}-{dtype}-grid{shape}-l{l}-d{grid['d']}-e{grid['e']}"
+        cases.append(case)
+    return cases
+
+
+def measure_check(case: dict) -> list[dict]:
+    import torch
+    from lmperf.kernels.lrpe import lrpe_cosine_md, reference_float64, tolerance
+
+    cuda = torch.cuda.is_available()
+    if case["impl"] != "torch" and case["dtype"] == "bf16" and not cuda:
+        raise common.NotRun("needs CUDA: bf16 Triton kernels are checked on the GPU")
+    device = "cuda" if cuda else "cpu"
+    seed = random.randrange(2**31)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    shape = tuple(int(s) for s in case["grid"].split("x"))
+    n = case["l"] + math.prod(shape)
+    dtype = common.torch_dtype(case["dtype"])
+    x = torch.randn(case["batch"], case["heads"], n, case["d"], generator=gen, device=device).to(dtype)
+    theta = torch.rand(case["heads"], case["e"], generator=gen, device=device)
+    x.requires_grad_()
+    out = lrpe_cosine_md(x, theta, shape, case["l"], case["impl"])
+    grad = torch.randn(out.shape, generator=gen, device=device).to(dtype)
+    out.backward(grad)
+    ref, angles = reference_float64(x.detach(), theta, shape, case["l"])
+    g64, d = grad.double(), case["d"]
+    dx_ref = g64[..., :d] * angles.cos() + g64[..., d:] * angles.sin()
+    rows = []
+    for quantity, got, want, scale in (("out", out.detach(), ref, x.detach()),
+                                       ("dx", x.grad, dx_ref, g64.abs().amax(-1))):
+        err = float((got.double() - want).abs().max())
+        tol = tolerance(want, angles, scale, dtype)
+        row = common.summarize(f"{quantity}_max_abs_err", "abs", [err])
+        row.update(tolerance=tol, passed=bool(err <= tol), seed=seed)
+        rows.append(row)
+    return rows
+
+
+def bench_cases(spec: dict) -> list[dict]:
+    cases = []
+    m = spec["dims"]
+    e = 1 << math.ceil(math.log2(math.ceil(spec["d"] / m)))  # next power of two of ceil(d/m)
+    for n, l, provider in itertools.product(spec["sizes"], spec["extra_tokens"], spec["providers"]):
+        case = {"dims": m, "n": n, "tokens": l + n**m, "l": l, "provider": provider, "batch": spec["batch"],
+                "heads": spec["heads"], "d": spec["d"], "e": e, "dtype": spec["dtype"]}
+        case["case_id"] = f"{m}d-n{n}-l{l}-{provider}"
+        cases.append(case)
+    return cases
+
+
+@functools.cache
+def _compiled_torch():
+    import torch
+    from lmperf.kernels.lrpe import lrpe_torch
+    return torch.compile(lrpe_torch, dynamic=False)
+
+
+@functools.cache
+def copy_bandwidth_gbs() -> float:
+    """Device-to-device copy bandwidth of this GPU, measured now (bytes read + written)."""
+    import torch
+    import triton.testing
+    src = torch.randn(2**28, device="cuda")  # 1 GiB
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
+
+
+def measure_bench(case: dict) -> list[dict]:
+    import torch
+    import triton.testing
+    from lmperf.kernels.lrpe import lrpe_cosine_md
+
+    if not torch.cuda.is_available():
+        raise common.NotRun("needs CUDA")
+    shape, l = (case["n"],) * case["dims"], case["l"]
+    b, h, d, n = case["batch"], case["heads"], case["d"], case["tokens"]
+    dtype = common.torch_dtype(case["dtype"])
+    provider = case["provider"]
+    if provider == "torch_compile":
+        from lmperf.kernels.lrpe import check_inputs
+        fn = lambda x, theta: (check_inputs(x, theta, shape, l, "torch"), _compiled_torch()(x, theta, shape, l))[1]
+    else:
+        fn = lambda x, theta: lrpe_cosine_md(x, theta, shape, l, provider)
+    x = torch.randn(b, h, n, d, device="cuda", dtype=dtype, requires_grad=True)
+    theta = torch.rand(h, case["e"], device="cuda")
+    grad = torch.randn(b, h, n, 2 * d, device="cuda", dtype=dtype)
+    bench = functools.partial(triton.testing.do_bench, warmup=25, rep=100, return_mode="median")
+    x_bytes = x.numel() * x.element_size()
+    floor_bytes = 3 * x_bytes  # read x, write out (2d); backward: read dO (2d), write dx
+    copy = copy_bandwidth_gbs()
+    rows = []
+
+    # forward: speed, then peak memory during one call (inputs included), as the seed measures
+    fwd_ms = bench(lambda: fn(x, theta))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = fn(x, theta)
+    torch.cuda.synchronize()
+    fwd_peak, fwd_extra = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_allocated() - before
+    # backward: replay on one retained graph
+    bwd_ms = bench(lambda: out.backward(grad, retain_graph=True), grad_to_none=[x])
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out.backward(grad)
+    torch.cuda.synchronize()
+    bwd_peak, bwd_extra = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_allocated() - before
+
+    for direction, ms, peak, extra in (("forward", fwd_ms, fwd_peak, fwd_extra),
+                                       ("backward", bwd_ms, bwd_peak, bwd_extra)):
+        gbs = floor_bytes / (ms * 1e-3) / 1e9
+        rows += [common.summarize(f"{direction}_ms", "ms", [ms]),
+                 common.summarize(f"{direction}_peak_mib", "MiB", [peak / 2**20]),
+                 common.summarize(f"{direction}_extra_mib", "MiB", [extra / 2**20]),
+                 common.summarize(f"{direction}_gbs", "GB/s", [gbs]),
+                 common.summarize(f"{direction}_copy_fraction", "fraction", [gbs / copy])]
+    rows.append(common.summarize("copy_gbs", "GB/s", [copy]))
+    rows.append(common.summarize("x_elements", "count", [x.numel()]))
+    return rows
+
+
+def main(argv=None):
+    top = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = top.add_subparsers(dest="command", required=True)
+    for name in ("check", "bench"):
+        p = sub.add_parser(name, parents=[common.base_parser(__doc__, add_help=False)])
+        p.add_argument("--spec", required=True, help="the grid as JSON (see config/config.yaml)")
+    args = top.parse_args(argv)
+    common.check_environment(args)
+    import torch
+    if not torch.cuda.is_available():  # Triton kernels run in its interpreter; set before import
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    spec = json.loads(args.spec)
+    cases = check_cases(spec) if args.command == "check" else bench_cases(spec)
+    measure = measure_check if args.command == "check" else measure_bench
+    common.run_cases(section="lrpe", study=args.command, cases=cases, measure=measure,
+                     out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={"spec": spec})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""Multi-dimensional LRPE-cosine (Qin et al., TMLR 2023): x -> [x cos(Theta), x sin(Theta)].
+
+x has shape (b, h, N, d) with N = l + n_1 * ... * n_m: first l extra tokens (Theta = 0), then
+the tokens of an (n_1, ..., n_m) grid in row-major order (last axis fastest). A grid token's
+coordinates (p_1, ..., p_m) are the mixed-radix digits of its index. Feature f = k*e + j
+(axis k, 0 <= j < e) gets Theta = p_{k+1} * theta[h, j]; theta has shape (h, e) and m*e >= d, so
+features are handed out axis by axis until d runs out. The output (b, h, N, 2d) is computed in
+fp32 and returned in x's dtype; dx = dO_cos * cos(Theta) + dO_sin * sin(Theta).
+
+Implementations (`impl`):
+- "torch": a vectorized reference (autograd does the backward);
+- "triton": angles computed on the fly, forward and backward; nothing of size N x d is kept;
+- "triton_cache": the forward also writes the fp32 angle table (h, N, d) and the backward
+  reads it instead of recomputing the angles.
+The Triton kernels own a tile of tokens of one head: Theta, cos and sin depend on (head,
+token, feature) only, so each program computes them once and streams every batch element
+through them.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+IMPLS = ("torch", "triton", "triton_cache")
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_AXES = 8
+
+
+def check_inputs(x, theta, shape, l, impl) -> tuple[int, ...]:
+    """Raise ValueError naming what is wrong; return the grid shape as a tuple of ints."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl={impl!r}; choose one of {IMPLS}")
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        raise ValueError(f"x must be a tensor of shape (b, h, N, d); got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if x.dtype not in DTYPES:
+        raise ValueError(f"x has dtype {x.dtype}; use one of {[str(t) for t in DTYPES]}")
+    if not isinstance(theta, torch.Tensor) or theta.dim() != 2:
+        raise ValueError("theta must be a tensor of shape (h, e)")
+    if not theta.dtype.is_floating_point:
+        raise ValueError(f"theta must be a floating-point tensor; got {theta.dtype}")
+    if theta.device != x.device:
+        raise ValueError(f"x is on {x.device} but theta is on {theta.device}")
+    b, h, n, d = x.shape
+    if theta.shape[0] != h:
+        raise ValueError(f"theta has {theta.shape[0]} heads but x has {h}")
+    try:
+        shape = tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise ValueError(f"shape must be a sequence of positive ints; got {shape!r}") from None
+    if not shape or any(s < 1 for s in shape) or len(shape) > MAX_AXES:
+        raise ValueError(f"shape must have 1 to {MAX_AXES} positive sizes; got {shape}")
+    if not isinstance(l, int) or l < 0:
+        raise ValueError(f"l (extra tokens) must be an int >= 0; got {l!r}")
+    if n != l + math.prod(shape):
+        raise ValueError(f"x has N={n} tokens but l + prod(shape) = {l} + {math.prod(shape)} "
+                         f"= {l + math.prod(shape)}")
+    e = theta.shape[1]
+    if len(shape) * e < d:
+        raise ValueError(f"m * e = {len(shape)} * {e} = {len(shape) * e} < d = {d}: "
+                         f"not every feature gets an angle")
+    return shape
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference
+
+
+def angle_table(theta: torch.Tensor, shape: tuple[int, ...], l: int, d: int) -> torch.Tensor:
+    """Theta of every (head, token, feature): fp32, shape (h, l + prod(shape), d)."""
+    m, e = len(shape), theta.shape[1]
+    axes = [torch.arange(n, device=theta.device) for n in shape]
+    coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, m)  # row-major
+    f = torch.arange(d, device=theta.device)
+    pos = coords[:, f // e].float()                                 # (G, d): p of feature's axis
+    grid_angles = pos[None] * theta.float()[:, f % e][:, None, :]   # (h, G, d)
+    extra = grid_angles.new_zeros(theta.shape[0], l, d)
+    return torch.cat([extra, grid_angles], dim=1)
+
+
+def lrpe_torch(x, theta, shape, l):
+    angles = angle_table(theta, shape, l, x.shape[-1])
+    x32 = x.float()
+    return torch.cat([x32 * angles.cos(), x32 * angles.sin()], dim=-1).to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton
+
+
+@triton.jit
+def _angles(theta_ptr, dims_ptr, strides_ptr, head, rows, cols, l, e, d,
+            M: tl.constexpr):
+    """Theta for a (BLOCK_N, BLOCK_D) tile of one head, fp32; 0 for extra tokens."""
+    g = rows - l                                   # index inside the grid (negative: extra token)
+    axis = cols // e
+    j = cols - axis * e
+    pos = tl.zeros([rows.shape[0], cols.shape[0]], tl.int32)
+    for k in tl.static_range(M):                   # each row's coordinate on each axis, once
+        coord = (tl.maximum(g, 0) // tl.load(strides_ptr + k)) % tl.load(dims_ptr + k)
+        pos = tl.where(axis[None, :] == k, coord[:, None], pos)
+    freq = tl.load(theta_ptr + head * e + j, mask=cols < d, other=0.0).to(tl.float32)
+    angle = pos.to(tl.float32) * freq[None, :]
+    return tl.where(g[:, None] >= 0, angle, 0.0)
+
+
+@triton.jit
+def _lrpe_fwd_kernel(X, OUT, ANGLES, theta_ptr, dims_ptr, strides_ptr, B, H, N, l, e, d,
+                     stride_xb, stride_xh, stride_xn, stride_ob, stride_oh, stride_on,
+                     M: tl.constexpr, WRITE_ANGLES: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    tile, head = tl.program_id(0), tl.program_id(1)
+    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows[:, None] < N) & (cols[None, :] < d)
+    angle = _angles(theta_ptr, dims_ptr, strides_ptr, head, rows, cols, l, e, d, M)
+    if WRITE_ANGLES:
+        tl.store(ANGLES + (head * N + rows[:, None]).to(tl.int64) * d + cols[None, :], angle, mask=mask)
+    cos, sin = tl.cos(angle), tl.sin(angle)
+    x_off = head.to(tl.int64) * stride_xh + rows[:, None].to(tl.int64) * stride_xn + cols[None, :]
+    o_off = head.to(tl.int64) * stride_oh + rows[:, None].to(tl.int64) * stride_on + cols[None, :]
+    for b in range(B):                             # the same angles serve every batch element
+        x = tl.load(X + b * stride_xb + x_off, mask=mask, other=0.0).to(tl.float32)
+        tl.store(OUT + b * stride_ob + o_off, (x * cos).to(OUT.dtype.element_ty), mask=mask)
+        tl.store(OUT + b * stride_ob + o_off + d, (x * sin).to(OUT.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _lrpe_bwd_kernel(DO, DX, ANGLES, theta_ptr, dims_ptr, strides_ptr, B, H, N, l, e, d,
+                     stride_ob, stride_oh, stride_on, stride_xb, stride_xh, stride_xn,
+                     M: tl.constexpr, READ_ANGLES: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    tile, head = tl.program_id(0), tl.program_id(1)
+    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows[:, None] < N) & (cols[None, :] < d)
+    if READ_ANGLES:
+        angle = tl.load(ANGLES + (head * N + rows[:, None]).to(tl.int64) * d + cols[None, :],
+                        mask=mask, other=0.0)
+    else:
+        angle = _angles(theta_ptr, dims_ptr, strides_ptr, head, rows, cols, l, e, d, M)
+    cos, sin = tl.cos(angle), tl.sin(angle)
+    o_off = head.to(tl.int64) * stride_oh + rows[:, None].to(tl.int64) * stride_on + cols[None, :]
+    x_off = head.to(tl.int64) * stride_xh + rows[:, None].to(tl.int64) * stride_xn + cols[None, :]
+    for b in range(B):
+        do_cos = tl.load(DO + b * stride_ob + o_off, mask=mask, other=0.0).to(tl.float32)
+        do_sin = tl.load(DO + b * stride_ob + o_off + d, mask=mask, other=0.0).to(tl.float32)
+        tl.store(DX + b * stride_xb + x_off, (do_cos * cos + do_sin * sin).to(DX.dtype.element_ty),
+                 mask=mask)
+
+
+def _tile(d: int) -> tuple[int, int]:
+    block_d = max(16, triton.next_power_of_2(d))
+    return max(1, 4096 // block_d), block_d        # about 4K elements a tile
+
+
+def _grid_meta(shape, device):
+    dims = torch.tensor(shape, dtype=torch.int32, device=device)
+    strides = torch.tensor([math.prod(shape[k + 1:]) for k in range(len(shape))], dtype=torch.int32,
+                           device=device)
+    return dims, strides
+
+
+class _LRPETriton(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, theta, shape, l, cache):
+        x = x if x.stride(-1) == 1 else x.contiguous()
+        b, h, n, d = x.shape
+        theta = theta.contiguous()
+        dims, strides = _grid_meta(shape, x.device)
+        out = torch.empty(b, h, n, 2 * d, dtype=x.dtype, device=x.device)
+        angles = torch.empty(h, n, d, dtype=torch.float32, device=x.device) if cache else out
+        block_n, block_d = _tile(d)
+        grid = (triton.cdiv(n, block_n), h)
+        _lrpe_fwd_kernel[grid](x, out, angles, theta, dims, strides, b, h, n, l, theta.shape[1], d,
+                               x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1),
+                               out.stride(2), M=len(shape), WRITE_ANGLES=cache,
+                               BLOCK_N=block_n, BLOCK_D=block_d)
+        ctx.save_for_backward(theta, dims, strides, *([angles] if cache else []))
+        ctx.meta = (x.shape, x.dtype, l, cache, len(shape))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        theta, dims, strides, *cached = ctx.saved_tensors
+        (b, h, n, d), dtype, l, cache, m = ctx.meta
+        grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
+        dx = torch.empty(b, h, n, d, dtype=dtype, device=grad_out.device)
+        block_n, block_d = _tile(d)
+        grid = (triton.cdiv(n, block_n), h)
+        _lrpe_bwd_kernel[grid](grad_out, dx, cached[0] if cache else dx, theta, dims, strides, b, h,
+                               n, l, theta.shape[1], d, grad_out.stride(0), grad_out.stride(1),
+                               grad_out.stride(2), dx.stride(0), dx.stride(1), dx.stride(2),
+                               M=m, READ_ANGLES=cache, BLOCK_N=block_n, BLOCK_D=block_d)
+        return dx, None, None, None, None
+
+
+def lrpe_cosine_md(x: torch.Tensor, theta: torch.Tensor, shape, l: int = 0,
+                   impl: str = "triton") -> torch.Tensor:
+    """[x cos(Theta), x sin(Theta)] for x (b, h, l + prod(shape), d) and theta (h, e); see the
+    module docstring. Differentiable with respect to x; theta is a fixed buffer."""
+    shape = check_inputs(x, theta, shape, l, impl)
+    if impl == "torch":
+        return lrpe_torch(x, theta.detach(), shape, l)
+    return _LRPETriton.apply(x, theta.detach(), shape, l, impl == "triton_cache")
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking against float64
+
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+def reference_float64(x, theta, shape, l):
+    """An implementation independent of `angle_table`: coordinates by enumerating the grid in
+    row-major order, features assigned one by one, everything in float64."""
+    import itertools
+
+    b, h, n, d = x.shape
+    e = theta.shape[1]
+    angles = torch.zeros(h, n, d, dtype=torch.float64, device=x.device)
+    coords = torch.tensor(list(itertools.product(*[range(s) for s in shape])), dtype=torch.float64,
+                          device=x.device).reshape(-1, len(shape))
+    for f in range(d):
+        axis, j = divmod(f, e)
+        angles[:, l:, f] = coords[:, axis][None, :] * theta[:, j].double()[:, None]
+    x64 = x.double()
+    return torch.cat([x64 * angles.cos(), x64 * angles.sin()], dim=-1), angles
+
+
+def tolerance(ref: torch.Tensor, angles: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> float:
+    """Error model of an fp32 computation returned in `dtype`: twice the rounding of the exact
+    result to `dtype`, plus what fp32 angles cost (|dTheta| <= 2 u32 |Theta|, times |x|)."""
+    rounding = float((ref.to(dtype).double() - ref).abs().max())
+    angle_err = 2 * UNIT_ROUNDOFF[torch.float32] * float(angles.abs().max()) * float(x.abs().max())
+    return 2 * rounding + 4 * angle_err + 1e-12

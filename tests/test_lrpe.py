@@ -1,0 +1,134 @@
+"""Multi-dimensional LRPE-cosine against an independent float64 implementation, every impl
+(Triton under its interpreter when there is no GPU)."""
+import math
+
+import pytest
+import torch
+
+from lmperf import lrpe_cosine_md
+from lmperf.kernels.lrpe import reference_float64, tolerance
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+IMPLS = ["torch", "triton", "triton_cache"]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# (grid shape, d, e): 1 to 4 axes with odd sizes; e chosen so that m*e >= d.
+GRIDS = [((13,), 24, 24), ((3, 5), 20, 10), ((3, 1, 5), 36, 12), ((2, 3, 1, 3), 16, 4)]
+
+
+def run(impl, shape, l, d, e, dtype, h=3, b=2, theta_scale=1.0):
+    if impl != "torch" and dtype == torch.bfloat16 and not CUDA:
+        pytest.skip("needs CUDA: bf16 in Triton is checked on the GPU")
+    n = l + math.prod(shape)
+    x = torch.randn(b, h, n, d, device=DEVICE).to(dtype).requires_grad_()
+    theta = torch.rand(h, e, device=DEVICE) * theta_scale
+    out = lrpe_cosine_md(x, theta, shape, l, impl)
+    assert out.shape == (b, h, n, 2 * d) and out.dtype == dtype
+    ref, angles = reference_float64(x.detach(), theta, shape, l)
+    err = float((out.detach().double() - ref).abs().max())
+    assert err <= tolerance(ref, angles, x.detach(), dtype), f"forward error {err:.3g}"
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    # dx = dO_cos cos + dO_sin sin, in float64
+    g64 = grad.double()
+    dx_ref = g64[..., :d] * angles.cos() + g64[..., d:] * angles.sin()
+    dx_err = float((x.grad.double() - dx_ref).abs().max())
+    assert dx_err <= tolerance(dx_ref, angles, g64.abs().amax(-1, keepdim=True), dtype), \
+        f"dx error {dx_err:.3g}"
+    return out, angles
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("l", [0, 5])
+@pytest.mark.parametrize("grid", GRIDS, ids=lambda g: "x".join(map(str, g[0])))
+def test_matches_float64(impl, dtype, l, grid):
+    shape, d, e = grid
+    run(impl, shape, l, d, e, dtype)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_extra_tokens_pass_through_and_sin_half_is_zero(impl):
+    out, _ = run(impl, (4, 3), 5, 16, 8, torch.float32)
+    # Theta = 0 for the l extra tokens: cos half = x, sin half = 0.
+    assert torch.all(out[:, :, :5, 16:] == 0)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_unencoded_axis_when_d_runs_out(impl):
+    # d=16, m=3, e=8: axes 1 and 2 take all features, axis 3 gets none, so tokens that differ
+    # only along the last axis get the same angles.
+    shape = (2, 3, 5)
+    out, angles = run(impl, shape, 0, 16, 8, torch.float32)
+    grid = angles.reshape(angles.shape[0], *shape, 16)
+    assert torch.equal(grid[:, :, :, 0], grid[:, :, :, 4])
+    assert not torch.equal(grid[:, 0, 0], grid[:, 1, 0])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_large_angles(impl):
+    # positions up to 1000 with frequencies up to 3: fp32 angles lose bits; the tolerance model
+    # accounts for it and the kernels must stay inside it.
+    run(impl, (1001,), 0, 16, 16, torch.float32, h=1, b=1, theta_scale=3.0)
+
+
+def test_triton_keeps_nothing_of_size_n_by_d_and_cache_keeps_the_angles():
+    x = torch.randn(2, 3, 40, 16, device=DEVICE, requires_grad=True)
+    theta = torch.rand(3, 16, device=DEVICE)
+    big = lambda out: [t for t in out.grad_fn.saved_tensors if t.numel() >= 40 * 16]
+    assert big(lrpe_cosine_md(x, theta, (40,), 0, "triton")) == []
+    cached = big(lrpe_cosine_md(x, theta, (40,), 0, "triton_cache"))
+    assert len(cached) == 1 and cached[0].shape == (3, 40, 16) and cached[0].dtype == torch.float32
+
+
+@pytest.mark.parametrize("args, message", [
+    (dict(x=torch.randn(2, 3, 10, 8), shape=(3, 3)), "N=10 tokens but l \\+ prod\\(shape\\) = 0 \\+ 9"),
+    (dict(x=torch.randn(2, 3, 9, 8), shape=(3, 3), e=3), "m \\* e = 2 \\* 3 = 6 < d = 8"),
+    (dict(x=torch.randn(3, 9, 8), shape=(9,)), "shape \\(b, h, N, d\\)"),
+    (dict(x=torch.randn(2, 3, 9, 8).double(), shape=(9,)), "float64"),
+    (dict(x=torch.randn(2, 3, 9, 8), shape=(0, 9)), "positive sizes"),
+    (dict(x=torch.randn(2, 3, 9, 8), shape=(9,), l=-1), "l \\(extra tokens\\)"),
+    (dict(x=torch.randn(2, 3, 9, 8), shape=(9,), impl="cuda"), "impl='cuda'"),
+    (dict(x=torch.randn(2, 4, 9, 8), shape=(9,)), "theta has 3 heads but x has 4"),
+    (dict(x=torch.randn(2, 3, 9, 8), shape=(9,), theta=torch.ones(3, 8, dtype=torch.long)), "floating-point"),
+])
+def test_bad_input_is_a_clear_value_error(args, message):
+    theta = args.pop("theta", torch.rand(3, args.pop("e", 8)))
+    with pytest.raises(ValueError, match=message):
+        lrpe_cosine_md(args.pop("x"), theta, args.pop("shape"), args.pop("l", 0), args.pop("impl", "triton"))
+
+
+def test_bench_grid_follows_the_seed():
+    from lmperf.bench.lrpe import bench_cases
+    spec = {"batch": 12, "heads": 12, "d": 128, "dtype": "bf16", "extra_tokens": [0, 10],
+            "providers": ["triton", "torch"]}
+    for dims, sizes, e in ((1, [256, 32768], 128), (2, [16, 128], 64), (3, [4, 32], 64)):
+        cases = bench_cases({**spec, "dims": dims, "sizes": sizes})
+        assert len(cases) == len(sizes) * 2 * 2
+        assert {c["e"] for c in cases} == {e}
+        assert {c["tokens"] for c in cases} == {n**dims + l for n in sizes for l in (0, 10)}
+
+
+def test_lrpe_bars_are_computed_from_the_rows():
+    """Synthetic rows (not measurements): the view must flag each bar from the numbers given."""
+    import pandas as pd
+    from lmperf.report.sections import lrpe_view
+    rows = []
+    for n, elements, fraction, t_triton, t_compile, peak_triton, peak_compile in (
+            (256, 12 * 12 * 256 * 128, 0.5, 0.1, 0.2, 10, 20),
+            (32768, 12 * 12 * 32768 * 128, 0.9, 1.0, 2.0, 100, 200),
+            (16384, 12 * 12 * 16384 * 128, 0.8, 1.0, 0.9, 100, 90)):
+        for provider, ms, peak in (("triton", t_triton, peak_triton), ("torch_compile", t_compile, peak_compile)):
+            for metric, value in (("forward_ms", ms), ("backward_ms", ms), ("forward_peak_mib", peak),
+                                  ("backward_peak_mib", peak), ("forward_copy_fraction", fraction),
+                                  ("backward_copy_fraction", fraction), ("x_elements", elements),
+                                  ("copy_gbs", 3000.0)):
+                rows.append({"dims": 1, "n": n, "l": 0, "tokens": n, "provider": provider,
+                             "case_id": f"1d-n{n}-l0-{provider}", "metric": metric, "mean": value,
+                             "status": "ok", "message": ""})
+    view = lrpe_view(pd.DataFrame(rows))
+    bars = " ".join(view["bars"].split())
+    assert "triton forward >= 85% of copy bandwidth (x >= 16M elements, 2 configs) | worst 80.0% | no |" in bars
+    assert ("triton forward faster than torch.compile everywhere | slowest ratio 1.11x "
+            "(1 of 3 not faster) | no |") in bars
+    assert "triton forward peak memory <= torch.compile everywhere | largest excess 10.0 MiB | no |" in bars
