@@ -92,15 +92,14 @@ def lrpe_torch(x, theta, shape, l):
 
 
 @triton.jit
-def _angles(theta_ptr, dims_ptr, strides_ptr, head, rows, cols, l, e, d,
-            M: tl.constexpr):
+def _angles(theta_ptr, dims, strides, head, rows, cols, l, e, d, M: tl.constexpr):
     """Theta for a (BLOCK_N, BLOCK_D) tile of one head, fp32; 0 for extra tokens."""
     g = rows - l                                   # index inside the grid (negative: extra token)
     axis = cols // e
     j = cols - axis * e
     pos = tl.zeros([rows.shape[0], cols.shape[0]], tl.int32)
     for k in tl.static_range(M):                   # each row's coordinate on each axis, once
-        coord = (tl.maximum(g, 0) // tl.load(strides_ptr + k)) % tl.load(dims_ptr + k)
+        coord = (tl.maximum(g, 0) // strides[k]) % dims[k]
         pos = tl.where(axis[None, :] == k, coord[:, None], pos)
     freq = tl.load(theta_ptr + head * e + j, mask=cols < d, other=0.0).to(tl.float32)
     angle = pos.to(tl.float32) * freq[None, :]
@@ -108,7 +107,7 @@ def _angles(theta_ptr, dims_ptr, strides_ptr, head, rows, cols, l, e, d,
 
 
 @triton.jit
-def _lrpe_fwd_kernel(X, OUT, ANGLES, theta_ptr, dims_ptr, strides_ptr, B, H, N, l, e, d,
+def _lrpe_fwd_kernel(X, OUT, ANGLES, theta_ptr, dims, strides, B, H, N, l, e, d,
                      stride_xb, stride_xh, stride_xn, stride_ob, stride_oh, stride_on,
                      M: tl.constexpr, WRITE_ANGLES: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -116,7 +115,7 @@ def _lrpe_fwd_kernel(X, OUT, ANGLES, theta_ptr, dims_ptr, strides_ptr, B, H, N, 
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < N) & (cols[None, :] < d)
-    angle = _angles(theta_ptr, dims_ptr, strides_ptr, head, rows, cols, l, e, d, M)
+    angle = _angles(theta_ptr, dims, strides, head, rows, cols, l, e, d, M)
     if WRITE_ANGLES:
         tl.store(ANGLES + (head * N + rows[:, None]).to(tl.int64) * d + cols[None, :], angle, mask=mask)
     cos, sin = tl.cos(angle), tl.sin(angle)
@@ -129,7 +128,7 @@ def _lrpe_fwd_kernel(X, OUT, ANGLES, theta_ptr, dims_ptr, strides_ptr, B, H, N, 
 
 
 @triton.jit
-def _lrpe_bwd_kernel(DO, DX, ANGLES, theta_ptr, dims_ptr, strides_ptr, B, H, N, l, e, d,
+def _lrpe_bwd_kernel(DO, DX, ANGLES, theta_ptr, dims, strides, B, H, N, l, e, d,
                      stride_ob, stride_oh, stride_on, stride_xb, stride_xh, stride_xn,
                      M: tl.constexpr, READ_ANGLES: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -141,7 +140,7 @@ def _lrpe_bwd_kernel(DO, DX, ANGLES, theta_ptr, dims_ptr, strides_ptr, B, H, N, 
         angle = tl.load(ANGLES + (head * N + rows[:, None]).to(tl.int64) * d + cols[None, :],
                         mask=mask, other=0.0)
     else:
-        angle = _angles(theta_ptr, dims_ptr, strides_ptr, head, rows, cols, l, e, d, M)
+        angle = _angles(theta_ptr, dims, strides, head, rows, cols, l, e, d, M)
     cos, sin = tl.cos(angle), tl.sin(angle)
     o_off = head.to(tl.int64) * stride_oh + rows[:, None].to(tl.int64) * stride_on + cols[None, :]
     x_off = head.to(tl.int64) * stride_xh + rows[:, None].to(tl.int64) * stride_xn + cols[None, :]
@@ -157,11 +156,10 @@ def _tile(d: int) -> tuple[int, int]:
     return max(1, 4096 // block_d), block_d        # about 4K elements a tile
 
 
-def _grid_meta(shape, device):
-    dims = torch.tensor(shape, dtype=torch.int32, device=device)
-    strides = torch.tensor([math.prod(shape[k + 1:]) for k in range(len(shape))], dtype=torch.int32,
-                           device=device)
-    return dims, strides
+def _grid_meta(shape):
+    """The grid's sizes and row-major strides, as tuples of ints passed by value (a device
+    tensor for them would be an allocation of its own)."""
+    return tuple(shape), tuple(math.prod(shape[k + 1:]) for k in range(len(shape)))
 
 
 class _LRPETriton(torch.autograd.Function):
@@ -170,7 +168,7 @@ class _LRPETriton(torch.autograd.Function):
         x = x if x.stride(-1) == 1 else x.contiguous()
         b, h, n, d = x.shape
         theta = theta.contiguous()
-        dims, strides = _grid_meta(shape, x.device)
+        dims, strides = _grid_meta(shape)
         out = torch.empty(b, h, n, 2 * d, dtype=x.dtype, device=x.device)
         angles = torch.empty(h, n, d, dtype=torch.float32, device=x.device) if cache else out
         block_n, block_d = _tile(d)
@@ -179,14 +177,15 @@ class _LRPETriton(torch.autograd.Function):
                                x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1),
                                out.stride(2), M=len(shape), WRITE_ANGLES=cache,
                                BLOCK_N=block_n, BLOCK_D=block_d)
-        ctx.save_for_backward(theta, dims, strides, *([angles] if cache else []))
-        ctx.meta = (x.shape, x.dtype, l, cache, len(shape))
+        ctx.save_for_backward(theta, *([angles] if cache else []))
+        ctx.meta = (x.shape, x.dtype, l, cache, shape)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        theta, dims, strides, *cached = ctx.saved_tensors
-        (b, h, n, d), dtype, l, cache, m = ctx.meta
+        theta, *cached = ctx.saved_tensors
+        (b, h, n, d), dtype, l, cache, shape = ctx.meta
+        dims, strides = _grid_meta(shape)
         grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
         dx = torch.empty(b, h, n, d, dtype=dtype, device=grad_out.device)
         block_n, block_d = _tile(d)
@@ -194,7 +193,7 @@ class _LRPETriton(torch.autograd.Function):
         _lrpe_bwd_kernel[grid](grad_out, dx, cached[0] if cache else dx, theta, dims, strides, b, h,
                                n, l, theta.shape[1], d, grad_out.stride(0), grad_out.stride(1),
                                grad_out.stride(2), dx.stride(0), dx.stride(1), dx.stride(2),
-                               M=m, READ_ANGLES=cache, BLOCK_N=block_n, BLOCK_D=block_d)
+                               M=len(shape), READ_ANGLES=cache, BLOCK_N=block_n, BLOCK_D=block_d)
         return dx, None, None, None, None
 
 
