@@ -12,6 +12,8 @@ include: "rules/env.smk"
 include: "rules/e2e.smk"
 include: "rules/flash_attention.smk"
 include: "rules/lrpe.smk"
+include: "rules/attention.smk"
+include: "rules/precision.smk"
 include: "rules/report.smk"
 
 

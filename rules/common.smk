@@ -1,4 +1,5 @@
 # Configuration checks and names shared by every rule file; the logic is in lmperf.workflow.
+import json
 import re
 import sys
 from pathlib import Path

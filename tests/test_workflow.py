@@ -95,6 +95,8 @@ def test_cpu_run_produces_the_report(built_repo):
     assert "## Correctness" in report and re.search(r"flash_attention / triton\s*\| fp16 .* pass", report)
     assert "needs CUDA" in report  # the FA benchmark and Triton bf16 checks say why they did not run
     assert re.search(r"lrpe / triton_cache\s*\| fp32 .* pass", report)
+    assert "| fp16 accumulator, fp16 addends                    | 9.953125" in report
+    assert re.search(r"\| eager\s+\| 16\s+\| 64\s+\| [0-9.]+ ± ", report), "attention timings"
     assert re.search(r"\| tiny\s+\| 64\s+\| fp32\s+\| eager\s+\| \d", report), "CPU numbers in the tables"
     for png in ("e2e_step_vs_size.png", "e2e_step_vs_context.png"):
         assert (built_repo / "report" / "figures" / png).stat().st_size > 10_000
@@ -120,9 +122,9 @@ def test_editing_the_model_reruns_its_rules_and_the_report_only(built_copy):
     edit(built_copy / "src" / "lmperf" / "model.py", "\n# edited\n")
     jobs = planned(built_copy)
     fresh = planned(copy_repo(built_copy.parent / "fresh"))
-    # The rules that import the model: the end-to-end jobs, and the attention benchmark (its
-    # plain-PyTorch peer is the model's attention).
-    assert jobs == {"e2e_study": fresh["e2e_study"],
+    # The rules that import the model: the end-to-end jobs, and the two attention benchmarks
+    # (plain PyTorch attention is the model's).
+    assert jobs == {"e2e_study": fresh["e2e_study"], "attention": 1,
                     "flash_attention_bench": fresh["flash_attention_bench"], "report": 1}
 
 

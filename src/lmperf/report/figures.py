@@ -122,3 +122,29 @@ def lrpe_figures(bench: pd.DataFrame, out: Path) -> dict[str, Path]:
     axes.flat[0].legend(fontsize="x-small", ncol=2)
     _save(fig, path)
     return {"lrpe_bandwidth": path}
+
+
+def attention_figures(df: pd.DataFrame, out: Path) -> dict[str, Path]:
+    """Time (forward, backward) and memory held for backward against sequence length, log-log."""
+    path = out / "attention_vs_seq_len.png"
+    ok = df[df["status"] == "ok"] if not df.empty else df
+    if ok.empty:
+        _empty(path, "PyTorch attention")
+        return {"attention": path}
+    panels = [("forward_ms", "forward (ms)"), ("backward_ms", "backward (ms)"),
+              ("allocated_before_backward_mib", "held before backward (MiB)")]
+    panels = [p for p in panels if (ok["metric"] == p[0]).any()]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
+    for ax, (metric, label) in zip(axes.flat, panels):
+        for (impl, d), g in ok[ok["metric"] == metric].groupby(["impl", "head_dim"]):
+            g = g.sort_values("seq_len")
+            ax.plot(g["seq_len"], g["mean"], "-" if impl == "eager" else "--", marker="o",
+                    label=f"{impl} d={int(d)}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length")
+        ax.set_title(label)
+        ax.grid(True, which="both", alpha=0.3)
+    axes.flat[0].legend(fontsize="x-small", ncol=2)
+    _save(fig, path)
+    return {"attention": path}

@@ -381,3 +381,68 @@ def lrpe_view(bench: pd.DataFrame) -> dict:
     copy = ok[ok["metric"] == "copy_gbs"]["mean"]
     return {"available": True, "tables": tables, "bars": table(pd.DataFrame(bars)) if bars else "",
             "copy_gbs": fmt(copy.median()) if len(copy) else "n/a"}
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch attention
+
+
+def attention_view(df: pd.DataFrame) -> dict:
+    if df.empty:
+        return {"available": False, "why": "no results (rule attention has not run)"}
+    rows = []
+    for case_id, g in df.groupby("case_id", sort=False):
+        first = g.iloc[0]
+        by = g.set_index("metric")["mean"] if first["status"] == "ok" else {}
+        get = lambda m: fmt(by[m]) if m in by else (first["status"] if first["status"] != "ok" else "")
+        spread = lambda m: (mean_std(g.set_index("metric").loc[m, "mean"], g.set_index("metric").loc[m, "std"])
+                            if m in by else get(m))
+        rows.append({"impl": first["impl"], "d": int(first["head_dim"]), "N": int(first["seq_len"]),
+                     "forward ms": spread("forward_ms"), "backward ms": spread("backward_ms"),
+                     "held before backward (MiB)": get("allocated_before_backward_mib"),
+                     "predicted (MiB)": get("predicted_saved_mib")})
+    view = {"available": True, "table": table(pd.DataFrame(rows)),
+            "batch": int(df["batch"].iloc[0]), "iters": int(df["iters"].iloc[0])}
+    cases = df.drop_duplicates("case_id")
+    oom = cases[cases["status"] == "oom"].sort_values(["seq_len", "head_dim"])
+    view["first_oom"] = ({k: (int(oom.iloc[0][c]) if c != "impl" else oom.iloc[0][c])
+                          for k, c in (("impl", "impl"), ("d", "head_dim"), ("N", "seq_len"))}
+                         if len(oom) else None)
+    held = df[(df["metric"] == "allocated_before_backward_mib") & (df["status"] == "ok")
+              & (df["impl"] == "eager")].sort_values("seq_len")
+    if held["seq_len"].nunique() >= 2:
+        per_n = held.groupby("seq_len")["mean"].max()
+        n0, n1 = per_n.index[-2], per_n.index[-1]
+        view["growth"] = {"n0": int(n0), "n1": int(n1),
+                          "exponent": fmt(math.log(per_n[n1] / per_n[n0]) / math.log(n1 / n0))}
+    return view
+
+
+# ---------------------------------------------------------------------------------------------
+# Mixed precision
+
+
+def precision_view(df: pd.DataFrame, e2e: pd.DataFrame) -> dict:
+    view = {"available": not df.empty}
+    if df.empty:
+        view["why"] = "no results (rule precision has not run)"
+    else:
+        acc = df[df["case_id"] == "accumulation"]
+        view["accumulation"] = table(acc.assign(**{"sum of 1,000 x 0.01": acc["exact"],
+                                                   "error vs 10": acc["error"].map(lambda e: f"{e:+.6g}")})
+                                     [["variant", "sum of 1,000 x 0.01", "error vs 10"]])
+        auto = df[df["experiment"] == "autocast"]
+        wide_auto = auto.pivot_table(index="tensor", columns="autocast", values="dtype", aggfunc="first")
+        order = ["parameters", "fc1 output", "LayerNorm output", "logits", "loss", "gradients"]
+        wide_auto = wide_auto.reindex([t for t in order if t in wide_auto.index])
+        view["autocast"] = table(wide_auto.rename(columns=lambda c: f"under {c} autocast").reset_index())
+    if not e2e.empty:
+        v = e2e[(e2e["study"] == "variants") & (e2e["metric"] == "step_ms") & (e2e["status"] == "ok")
+                & (e2e["mode"] == "train") & (e2e["compile"].astype(str).str.lower() == "false")]
+        p = v.pivot_table(index="size", columns="dtype", values="mean")
+        if {"fp32", "bf16"} <= set(p.columns):
+            p = p.reindex([s for s in size_order(e2e) if s in p.index])
+            view["dtype_speed"] = table(pd.DataFrame({
+                "model": p.index, "fp32 step ms": p["fp32"].map(fmt), "bf16 step ms": p["bf16"].map(fmt),
+                "speed-up (fp32 / bf16)": (p["fp32"] / p["bf16"]).map(fmt)}))
+    return view

@@ -1,0 +1,62 @@
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from lmperf.bench import attention, precision
+from lmperf.model import plain_attention
+from lmperf.report.sections import attention_view
+
+
+def test_accumulation_values_are_the_ieee_results():
+    rows = {r["variant"]: float(r["exact"]) for r in precision.accumulation()}
+    assert rows["fp32 accumulator, fp32 addends"] == pytest.approx(10.000133514404297, abs=0)
+    assert rows["fp16 accumulator, fp16 addends"] == 9.953125
+    assert rows["fp32 accumulator, fp16 addends"] == 10.00213623046875
+    assert rows["fp32 accumulator, fp16 addends up-cast explicitly"] == 10.00213623046875
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_autocast_table_is_read_from_the_tensors(dtype):
+    found = {r["tensor"]: r["dtype"] for r in precision.autocast_dtypes("cpu", dtype)}
+    low = {"fp16": "float16", "bf16": "bfloat16"}[dtype]
+    assert found["parameters"] == found["gradients"] == found["loss"] == "float32"
+    assert found["fc1 output"] == found["logits"] == low
+
+
+@pytest.mark.parametrize("b, n, d", [(2, 17, 16), (8, 64, 32)])
+def test_memory_prediction_equals_what_autograd_saves(b, n, d):
+    """Held between forward and backward: every storage autograd saves, plus q, k, v and the
+    output (distinct storages counted once)."""
+    q, k, v = (torch.randn(b, n, d, requires_grad=True) for _ in range(3))
+    held = {}
+
+    def keep(t):
+        held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        out = plain_attention(q, k, v, False)
+    for t in (q, k, v, out):
+        keep(t)
+    assert sum(held.values()) == attention.predicted_saved_bytes(b, n, d)
+
+
+def test_attention_view_names_the_first_oom_and_the_growth():
+    """Synthetic rows (not measurements): memory x4 per doubling of N, an OOM at N=8192."""
+    rows = []
+    for n, status in ((1024, "ok"), (2048, "ok"), (4096, "ok"), (8192, "oom")):
+        base = {"impl": "eager", "head_dim": 64, "seq_len": n, "batch": 8, "iters": 100,
+                "case_id": f"eager-d64-n{n}", "status": status, "message": "" if status == "ok" else "OOM"}
+        if status != "ok":
+            rows.append({**base, "metric": "", "mean": math.nan, "std": math.nan})
+            continue
+        for metric, value in (("forward_ms", 1.0), ("backward_ms", 2.0),
+                              ("allocated_before_backward_mib", (n / 1024) ** 2 * 32),
+                              ("predicted_saved_mib", (n / 1024) ** 2 * 32)):
+            rows.append({**base, "metric": metric, "mean": value, "std": 0.1})
+    view = attention_view(pd.DataFrame(rows))
+    assert view["first_oom"] == {"impl": "eager", "d": 64, "N": 8192}
+    assert view["growth"] == {"n0": 2048, "n1": 4096, "exponent": "2.00"}
+    assert "| eager  | 64  | 8192 | oom" in view["table"]
