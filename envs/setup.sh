@@ -46,7 +46,7 @@ trap 'rm -f "$constraints"' EXIT
 echo "torch==$torch_version" > "$constraints"
 echo "setup: installing envs/requirements.txt and lmperf (editable)"
 "$vpy" -m pip install -q --disable-pip-version-check -c "$constraints" -r envs/requirements.txt 2>&1 | quiet
-"$vpy" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . 2>&1 | quiet
+"$vpy" -m pip install -q --disable-pip-version-check --no-deps -e . 2>&1 | quiet
 "$vpy" -c 'import torch, triton, pandas, jinja2, tabulate, matplotlib, snakemake, lmperf' \
     || { echo "setup: the environment in $venv is incomplete" >&2; exit 1; }
 echo "$want" > "$stamp"
