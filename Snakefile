@@ -14,6 +14,7 @@ include: "rules/flash_attention.smk"
 include: "rules/lrpe.smk"
 include: "rules/attention.smk"
 include: "rules/precision.smk"
+include: "rules/profile.smk"
 include: "rules/report.smk"
 
 

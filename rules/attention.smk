@@ -4,7 +4,7 @@ ATTENTION = config["attention"][SCALE]
 
 rule attention:
     input:
-        model="src/lmperf/model.py",
+        model=["src/lmperf/model.py", "src/lmperf/ranges.py"],
         code=["src/lmperf/bench/attention.py", *HARNESS],
     output:
         f"{RESULTS}/attention/attention.csv",

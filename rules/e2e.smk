@@ -6,7 +6,7 @@ E2E_CSVS = wf.e2e_csvs(RESULTS, E2E)
 rule e2e_study:
     input:
         model="src/lmperf/model.py",
-        code=["src/lmperf/bench/e2e.py", "src/lmperf/flops.py", *HARNESS],
+        code=["src/lmperf/bench/e2e.py", "src/lmperf/flops.py", "src/lmperf/ranges.py", *HARNESS],
     output:
         f"{RESULTS}/e2e/{{study}}/{{size}}.csv",
     log:

@@ -29,7 +29,7 @@ rule flash_attention_check:
 rule flash_attention_bench:
     input:
         kernels=FA_KERNELS,
-        model="src/lmperf/model.py",
+        model=["src/lmperf/model.py", "src/lmperf/ranges.py"],
         code=["src/lmperf/bench/flash_attention.py", *HARNESS],
     output:
         f"{RESULTS}/flash_attention/bench/{{job}}.csv",

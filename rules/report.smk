@@ -11,6 +11,7 @@ rule report:
         lrpe=LRPE_CSVS,
         attention=rules.attention.output[0],
         precision=rules.precision.output[0],
+        profile=rules.profile.output[0],
         templates=sorted(str(p) for p in Path("templates").glob("*.md.j2")),
         code=["src/lmperf/report/__main__.py", "src/lmperf/report/render.py",
               "src/lmperf/report/sections.py", "src/lmperf/report/figures.py"],

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmperf.ranges import annotate
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -47,13 +49,18 @@ def count_parameters(cfg: ModelConfig) -> int:
 
 
 def plain_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) + causal mask) v, written out in PyTorch ops."""
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    if is_causal:
-        n_q, n_k = q.shape[-2], k.shape[-2]
-        mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
+    """softmax(q k^T / sqrt(d) + causal mask) v, written out in PyTorch ops. The three steps are
+    named ranges (profiler and NVTX) for the report's kernel-level profile."""
+    with annotate("attention.scores"):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    with annotate("attention.softmax"):
+        if is_causal:
+            n_q, n_k = q.shape[-2], k.shape[-2]
+            mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
+            scores = scores.masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+    with annotate("attention.values"):
+        return probs @ v
 
 
 def sdpa_attention(q, k, v, is_causal: bool):

@@ -9,6 +9,11 @@ from lmperf import hardware
 
 def check_config(config: dict) -> None:
     """Cross-field checks the JSON schema cannot express; raise ValueError naming the key."""
+    for scale, prof in config["profile"].items():
+        unknown = [c["size"] for c in prof["cases"] if c["size"] not in config["models"]]
+        if unknown:
+            raise ValueError(f"config: profile.{scale}.cases names sizes {unknown}, which are not "
+                             f"under models: {sorted(config['models'])}")
     for scale, lrpe in config["lrpe"].items():
         for i, grid in enumerate(lrpe["check"]["grids"]):
             if len(grid["shape"]) * grid["e"] < grid["d"]:
@@ -69,3 +74,8 @@ def lrpe_bench_spec(lrpe: dict, dims: str) -> str:
     bench = {k: v for k, v in lrpe["bench"].items() if k != "grids"}
     grid = next(g for g in lrpe["bench"]["grids"] if g["dims"] == int(dims))
     return json.dumps({**bench, **grid}, sort_keys=True)
+
+
+def profile_spec(config: dict, prof: dict) -> str:
+    models = {c["size"]: config["models"][c["size"]] for c in prof["cases"]}
+    return json.dumps({**prof, "models": models}, sort_keys=True)

@@ -40,59 +40,77 @@ def compile_blocks(model) -> None:
         block.compile()
 
 
-def measure(case: dict, model_dims: dict) -> list[dict]:
+def setup(case: dict, model_dims: dict):
+    """Model, optimizer (training only), batch and autocast context of one case, on the device."""
     import torch
-    from lmperf.model import ModelConfig, TransformerLM, count_parameters
-    from lmperf.flops import flops_per_token
+    from lmperf.model import ModelConfig, TransformerLM
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     cfg = ModelConfig(**model_dims, context_length=case["context"], attention=case["attention"])
     torch.manual_seed(0)
     with torch.device(device):  # initialise on the device: a 3B model is slow to init on a CPU
         model = TransformerLM(cfg)
-    train = case["mode"] == "train"
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4) if train else None
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4) if case["mode"] == "train" else None
     if case["compile"]:
         compile_blocks(model)
     autocast = (torch.autocast(device_type=device, dtype=torch.bfloat16)
                 if case["dtype"] == "bf16" else contextlib.nullcontext())
-    b, n = case["batch_size"], case["context"]
-    tokens = torch.randint(cfg.vocab_size, (b, n + 1), device=device)
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    tokens = torch.randint(cfg.vocab_size, (case["batch_size"], case["context"] + 1), device=device)
+    return cfg, model, optimizer, tokens[:, :-1], tokens[:, 1:], autocast
 
-    def forward_step() -> dict:
-        t0 = time.perf_counter()
-        with torch.no_grad(), autocast:
+
+def step(model, optimizer, inputs, targets, autocast, around) -> None:
+    """One forward pass (mode forward, optimizer None) or training step, each phase inside
+    `around(phase)`: a timer, a profiler, or both. Phases are also named ranges (NVTX)."""
+    import torch
+    from lmperf.ranges import annotate
+
+    if optimizer is None:
+        with around("forward"), annotate("phase.forward"), torch.no_grad(), autocast:
             model(inputs)
-        sync()
-        return {"forward": time.perf_counter() - t0}
-
-    def train_step() -> dict:
-        t0 = time.perf_counter()
+        return
+    with around("forward"), annotate("phase.forward"):
         with autocast:
             logits = model(inputs)
             loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-        sync()
-        t1 = time.perf_counter()
+    with around("backward"), annotate("phase.backward"):
         loss.backward()
-        sync()
-        t2 = time.perf_counter()
+    with around("optimizer"), annotate("phase.optimizer"):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        sync()
-        t3 = time.perf_counter()
-        return {"forward": t1 - t0, "backward": t2 - t1, "optimizer": t3 - t2}
 
-    step = train_step if train else forward_step
+
+def measure(case: dict, model_dims: dict) -> list[dict]:
+    import torch
+    from lmperf.model import count_parameters
+    from lmperf.flops import flops_per_token
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    cfg, model, optimizer, inputs, targets, autocast = setup(case, model_dims)
+    b, n = case["batch_size"], case["context"]
+
+    def timed_step() -> dict:
+        """Seconds per phase, the device synchronized after each."""
+        times = {}
+
+        @contextlib.contextmanager
+        def timer(phase):
+            t0 = time.perf_counter()
+            yield
+            sync()
+            times[phase] = time.perf_counter() - t0
+        step(model, optimizer, inputs, targets, autocast, timer)
+        return times
+
     sync()
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     first_step_s = None
     for _ in range(case["warmup"]):
-        t = step()
+        t = timed_step()
         first_step_s = first_step_s or sum(t.values())
-    timed = [step() for _ in range(case["timed_steps"])]
+    timed = [timed_step() for _ in range(case["timed_steps"])]
     first_step_s = first_step_s or sum(timed[0].values())
 
     phases = {p: [t[p] * 1e3 for t in timed] for p in timed[0]}

@@ -446,3 +446,43 @@ def precision_view(df: pd.DataFrame, e2e: pd.DataFrame) -> dict:
                 "model": p.index, "fp32 step ms": p["fp32"].map(fmt), "bf16 step ms": p["bf16"].map(fmt),
                 "speed-up (fp32 / bf16)": (p["fp32"] / p["bf16"]).map(fmt)}))
     return view
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel-level profile
+
+
+def profile_view(df: pd.DataFrame, top: int = 10) -> dict:
+    if df.empty:
+        return {"available": False, "why": "no results (rule profile has not run)"}
+    ok = df[df["status"] == "ok"]
+    view = {"available": True, "cases": [], "steps": int(df["profiled_steps"].iloc[0]),
+            "on_gpu": bool((df["gpu"] != "none").any())}
+    for case_id, g in ok.groupby("case_id", sort=False):
+        kernels = g[g["metric"] == "kernel_us_per_step"]
+        shares = kernels.pivot_table(index="phase", columns="category", values="share", aggfunc="sum")
+        shares = shares.reindex([p for p in ("forward", "backward", "optimizer") if p in shares.index])
+        phase_ms = kernels.groupby("phase")["mean"].sum() / 1e3
+        share_table = pd.DataFrame({"phase": shares.index,
+                                    "phase ms": [fmt(phase_ms[p]) for p in shares.index],
+                                    **{f"{c} share": [fmt(100 * shares.loc[p, c]) + "%" if pd.notna(shares.loc[p, c]) else "0%"
+                                                      for p in shares.index] for c in shares.columns}})
+        tops = []
+        for phase in shares.index:
+            t = kernels[kernels["phase"] == phase].nlargest(top, "mean")
+            tops.append({"phase": phase, "table": table(pd.DataFrame({
+                "kernel": [k if len(k) <= 70 else k[:67] + "..." for k in t["kernel"]],
+                "calls / step": t["calls_per_step"].map(fmt), "us / step": t["mean"].map(fmt),
+                "share of phase": (100 * t["share"]).map(lambda x: fmt(x) + "%"),
+                "category": t["category"]}))})
+        parts = g[g["metric"] == "attention_part_us_per_step"]
+        attention = table(pd.DataFrame({"part": parts["kernel"], "us / step": parts["mean"].map(fmt),
+                                        "GFLOP": (parts["flops"] / 1e9).map(fmt),
+                                        "TFLOP/s": parts["tflops"].map(fmt)})) if len(parts) else ""
+        first = g.iloc[0]
+        view["cases"].append({"name": f"{first['size']}, context {int(first['context'])}, {first['dtype']}",
+                              "shares": table(share_table), "tops": tops, "attention": attention})
+    failed = df.drop_duplicates("case_id")
+    failed = failed[failed["status"] != "ok"]
+    view["failures"] = table(failed[["case_id", "status", "message"]]) if len(failed) else ""
+    return view

@@ -1,0 +1,146 @@
+"""Kernel-level profile of the training step: torch.profiler over warm steps, one phase at a
+time (forward, backward, optimizer); the top kernels with call counts and share of the phase,
+the share of matrix multiplies, and the three parts of attention against their FLOPs.
+
+    python -m lmperf.bench.profile --spec '{...}' --out results/cpu/profile/profile.csv --hw cpu
+
+On a GPU the times are the kernels' device times; on a CPU, the operators' self CPU times.
+The same phases and attention parts are NVTX ranges, so `nsys profile` shows them too.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+
+from lmperf.bench import common, e2e
+
+PHASES = ("forward", "backward", "optimizer")
+ATTENTION_PARTS = ("attention.scores", "attention.softmax", "attention.values")
+MATMUL = re.compile(r"gemm|xmma|cutlass|wgmma|cublas|nvjet|sm\d\d_|aten::(mm|bmm|addmm|baddbmm|_?mm)\b", re.I)
+
+
+def category(kernel: str) -> str:
+    if MATMUL.search(kernel):
+        return "matmul"
+    if "softmax" in kernel.lower():
+        return "softmax"
+    return "other"
+
+
+def kernel_times(prof, cuda: bool) -> dict[str, tuple[float, int]]:
+    """{name: (self time in us, calls)} of the kernels (GPU) or operators (CPU) in one profile,
+    our own named ranges left out."""
+    out = {}
+    for e in prof.key_averages():
+        if e.key.startswith(("phase.", "attention.", "ProfilerStep")):
+            continue
+        if cuda:
+            if str(e.device_type) != "DeviceType.CUDA" or e.self_device_time_total <= 0:
+                continue
+            t = e.self_device_time_total
+        else:
+            t = e.self_cpu_time_total
+        name, (total, calls) = e.key, out.get(e.key, (0.0, 0))
+        out[name] = (total + t, calls + e.count)
+    return out
+
+
+def range_times(prof, cuda: bool) -> dict[str, float]:
+    """Total time (us) inside each named attention part: its kernels' device time on a GPU, its
+    CPU time on a CPU."""
+    out = {}
+    for e in prof.key_averages():
+        if e.key in ATTENTION_PARTS:
+            out[e.key] = out.get(e.key, 0.0) + (e.device_time_total if cuda else e.cpu_time_total)
+    return out
+
+
+def attention_flops(cfg, case: dict) -> dict[str, float]:
+    """Forward FLOPs of the attention parts over all layers (full square: the causal mask is
+    applied after the scores are computed)."""
+    b, n, d, layers = case["batch_size"], case["context"], cfg.d_model, cfg.n_layers
+    matmul = 2 * b * n * n * d * layers          # heads x (2 N^2 d_head) = 2 N^2 d per layer
+    return {"attention.scores": matmul, "attention.values": matmul,
+            "attention.softmax": 5 * b * cfg.n_heads * n * n * layers}  # max, sub, exp, sum, div
+
+
+def cases(spec: dict) -> list[dict]:
+    out = []
+    for c in spec["cases"]:
+        for dtype in spec["dtypes"]:
+            case = {"size": c["size"], "context": c["context"], "dtype": dtype, "mode": "train",
+                    "compile": False, "attention": "plain", "batch_size": spec["batch_size"],
+                    "warmup": spec["warmup"], "profiled_steps": spec["profiled_steps"]}
+            case["case_id"] = f"{c['size']}-ctx{c['context']}-{dtype}"
+            out.append(case)
+    return out
+
+
+def measure(case: dict, models: dict) -> list[dict]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    cfg, model, optimizer, inputs, targets, autocast = e2e.setup(case, models[case["size"]])
+    nothing = lambda phase: contextlib.nullcontext()
+    for _ in range(case["warmup"]):
+        e2e.step(model, optimizer, inputs, targets, autocast, nothing)
+    sync()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    per_phase = {p: {} for p in PHASES}
+    parts: dict[str, float] = {}
+    for _ in range(case["profiled_steps"]):
+        for phase in PHASES:  # one profile per phase, so every kernel is attributed to its phase
+            prof = profile(activities=activities)
+
+            @contextlib.contextmanager
+            def around(p, prof=prof, phase=phase):
+                if p != phase:
+                    yield
+                    return
+                prof.start()
+                yield
+                sync()
+                prof.stop()
+            e2e.step(model, optimizer, inputs, targets, autocast, around)
+            for name, (t, calls) in kernel_times(prof, cuda).items():
+                total, n = per_phase[phase].get(name, (0.0, 0))
+                per_phase[phase][name] = (total + t, n + calls)
+            if phase == "forward":
+                for name, t in range_times(prof, cuda).items():
+                    parts[name] = parts.get(name, 0.0) + t
+    steps = case["profiled_steps"]
+    rows = []
+    for phase, kernels in per_phase.items():
+        phase_us = sum(t for t, _ in kernels.values())
+        for name, (t, calls) in sorted(kernels.items(), key=lambda kv: -kv[1][0]):
+            row = common.summarize("kernel_us_per_step", "us", [t / steps])
+            row.update(phase=phase, kernel=name, category=category(name), calls_per_step=calls / steps,
+                       share=t / phase_us if phase_us else float("nan"))
+            rows.append(row)
+    flops = attention_flops(cfg, case)
+    for name in ATTENTION_PARTS:
+        if name in parts:
+            us = parts[name] / steps
+            row = common.summarize("attention_part_us_per_step", "us", [us])
+            row.update(phase="forward", kernel=name, category="attention part", flops=flops[name],
+                       tflops=flops[name] / (us * 1e-6) / 1e12 if us else float("nan"))
+            rows.append(row)
+    return rows
+
+
+def main(argv=None):
+    p = common.base_parser(__doc__)
+    p.add_argument("--spec", required=True, help="cases, dtypes, steps and the model dims as JSON")
+    args = p.parse_args(argv)
+    common.check_environment(args)
+    spec = json.loads(args.spec)
+    common.run_cases(section="profile", study="profile", cases=cases(spec),
+                     measure=lambda case: measure(case, spec["models"]), out_csv=args.out,
+                     hw=args.hw, log_path=args.log, fingerprint={"spec": spec})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+import pandas as pd
+import pytest
+
+from lmperf.bench import profile
+from lmperf.report.sections import profile_view
+
+SPEC = {"cases": [{"size": "tiny", "context": 32}], "dtypes": ["fp32"], "batch_size": 2, "warmup": 1,
+        "profiled_steps": 1, "models": {"tiny": {"d_model": 32, "d_ff": 64, "n_layers": 2, "n_heads": 2}}}
+
+
+@pytest.mark.parametrize("name, category", [
+    ("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32", "matmul"),
+    ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", "matmul"),
+    ("aten::mm", "matmul"), ("aten::bmm", "matmul"), ("aten::addmm", "matmul"),
+    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>", "softmax"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", "other"),
+    ("aten::mul", "other"), ("aten::mmax", "other"),
+])
+def test_kernel_categories(name, category):
+    assert profile.category(name) == category
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    out = tmp_path_factory.mktemp("profile") / "profile.csv"
+    case = profile.cases(SPEC)[0]
+    data = [{**case, **r, "gpu": "none"} for r in profile.measure(case, SPEC["models"])]
+    return pd.DataFrame(data)
+
+
+def test_every_phase_is_profiled_and_its_shares_sum_to_one(rows):
+    kernels = rows[rows["metric"] == "kernel_us_per_step"]
+    assert set(kernels["phase"]) == {"forward", "backward", "optimizer"}
+    for phase, g in kernels.groupby("phase"):
+        assert g["share"].sum() == pytest.approx(1.0)
+    fwd = kernels[kernels["phase"] == "forward"]
+    assert (fwd["category"] == "matmul").any() and (fwd["category"] == "softmax").any()
+    # The optimizer phase runs AdamW: no matrix multiplies.
+    assert not (kernels[kernels["phase"] == "optimizer"]["category"] == "matmul").any()
+
+
+def test_attention_parts_are_timed_with_their_flops(rows):
+    parts = rows[rows["metric"] == "attention_part_us_per_step"].set_index("kernel")
+    assert set(parts.index) == set(profile.ATTENTION_PARTS)
+    # scores and values: 2 * B * N^2 * d per layer each, over 2 layers
+    assert parts.loc["attention.scores", "flops"] == 2 * 2 * 32 * 32 * 32 * 2
+    assert (parts["mean"] > 0).all()
+
+
+def test_profile_view_renders_shares_and_top_kernels(rows):
+    df = rows.assign(status="ok", profiled_steps=1, case_id=rows["case_id"])
+    view = profile_view(df)
+    case = view["cases"][0]
+    assert "| forward " in case["shares"] and "matmul share" in case["shares"]
+    assert [t["phase"] for t in case["tops"]] == ["forward", "backward", "optimizer"]
+    assert "attention.scores" in case["attention"]
