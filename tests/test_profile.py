@@ -21,8 +21,7 @@ def test_kernel_categories(name, category):
 
 
 @pytest.fixture(scope="module")
-def rows(tmp_path_factory):
-    out = tmp_path_factory.mktemp("profile") / "profile.csv"
+def rows():
     case = profile.cases(SPEC)[0]
     data = [{**case, **r, "gpu": "none"} for r in profile.measure(case, SPEC["models"])]
     return pd.DataFrame(data)

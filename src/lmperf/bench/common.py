@@ -333,3 +333,22 @@ def base_parser(description: str, add_help: bool = True) -> argparse.ArgumentPar
     p.add_argument("--expect-torch", help="fail unless this torch version is the one imported")
     p.add_argument("--expect-triton", help="fail unless this triton version is the one imported")
     return p
+
+
+def check_bench_main(doc: str, section: str, studies: dict, argv=None) -> None:
+    """A kernel section's CLI: `check` (against float64) or `bench` (speed), each a
+    (cases(spec), measure(case)) pair in `studies`, over a grid given as --spec JSON."""
+    top = argparse.ArgumentParser(description=doc.splitlines()[0])
+    sub = top.add_subparsers(dest="command", required=True)
+    for name in studies:
+        p = sub.add_parser(name, parents=[base_parser(doc, add_help=False)])
+        p.add_argument("--spec", required=True, help="the grid as JSON (see config/config.yaml)")
+    args = top.parse_args(argv)
+    check_environment(args)
+    import torch
+    if not torch.cuda.is_available():  # Triton kernels run in its interpreter; set before import
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    spec = json.loads(args.spec)
+    cases, measure = studies[args.command]
+    run_cases(section=section, study=args.command, cases=cases(spec), measure=measure,
+              out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={"spec": spec})

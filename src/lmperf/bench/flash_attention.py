@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
-import math
-import os
 import random
 
 from lmperf.bench import common
@@ -96,7 +93,6 @@ def _compiled_flex():
 
 def provider_fn(case: dict):
     """fn(q, k, v) for the case's provider, or raise Unsupported / NotRun."""
-    import torch
     import torch.nn.functional as F
     from lmperf.kernels.flash_attention_torch import FlashAttention2PyTorch
     from lmperf.kernels.flash_attention_triton import FlashAttention2Triton
@@ -174,22 +170,8 @@ def measure_bench(case: dict) -> list[dict]:
 
 
 def main(argv=None):
-    import argparse
-    top = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = top.add_subparsers(dest="command", required=True)
-    for name in ("check", "bench"):
-        p = sub.add_parser(name, parents=[common.base_parser(__doc__, add_help=False)])
-        p.add_argument("--spec", required=True, help="the grid as JSON (see config/config.yaml)")
-    args = top.parse_args(argv)
-    common.check_environment(args)
-    import torch
-    if not torch.cuda.is_available():  # Triton kernels run in its interpreter; set before import
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    spec = json.loads(args.spec)
-    cases = check_cases(spec) if args.command == "check" else bench_cases(spec)
-    measure = measure_check if args.command == "check" else measure_bench
-    common.run_cases(section="flash_attention", study=args.command, cases=cases, measure=measure,
-                     out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={"spec": spec})
+    studies = {"check": (check_cases, measure_check), "bench": (bench_cases, measure_bench)}
+    common.check_bench_main(__doc__, "flash_attention", studies, argv)
 
 
 if __name__ == "__main__":

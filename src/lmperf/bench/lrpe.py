@@ -6,12 +6,9 @@ against PyTorch (`bench`), on the seed benchmark's grid.
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import itertools
-import json
 import math
-import os
 import random
 
 from lmperf.bench import common
@@ -149,21 +146,8 @@ def measure_bench(case: dict) -> list[dict]:
 
 
 def main(argv=None):
-    top = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = top.add_subparsers(dest="command", required=True)
-    for name in ("check", "bench"):
-        p = sub.add_parser(name, parents=[common.base_parser(__doc__, add_help=False)])
-        p.add_argument("--spec", required=True, help="the grid as JSON (see config/config.yaml)")
-    args = top.parse_args(argv)
-    common.check_environment(args)
-    import torch
-    if not torch.cuda.is_available():  # Triton kernels run in its interpreter; set before import
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    spec = json.loads(args.spec)
-    cases = check_cases(spec) if args.command == "check" else bench_cases(spec)
-    measure = measure_check if args.command == "check" else measure_bench
-    common.run_cases(section="lrpe", study=args.command, cases=cases, measure=measure,
-                     out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={"spec": spec})
+    studies = {"check": (check_cases, measure_check), "bench": (bench_cases, measure_bench)}
+    common.check_bench_main(__doc__, "lrpe", studies, argv)
 
 
 if __name__ == "__main__":
