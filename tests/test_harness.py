@@ -113,6 +113,18 @@ def test_a_case_that_kills_the_process_twice_is_recorded_not_retried(tmp_path):
     assert (status[CASE_IDS[:3]] == "ok").all()
 
 
+def test_a_line_cut_short_by_a_crash_is_dropped_and_the_rest_reused(tmp_path):
+    out = tmp_path / "r.csv"
+    assert run_cli(out, fault=f"crash@{CASE_IDS[2]}").returncode == 70
+    journal = tmp_path / ".journal" / "r.csv.jsonl"
+    with open(journal, "a") as f:
+        f.write('{"event": "done", "case_id": "half a li')  # as if killed mid-write
+    rerun = run_cli(out)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "resuming: 2 of 4" in rerun.stderr
+    assert (pd.read_csv(out).drop_duplicates("case_id")["status"] == "ok").all()
+
+
 def test_journal_of_another_grid_is_discarded(tmp_path):
     out = tmp_path / "r.csv"
     assert run_cli(out, fault=f"crash@{CASE_IDS[1]}").returncode == 70

@@ -217,13 +217,11 @@ class Journal:
     def _load(self):
         if not self.path.exists():
             return
-        events = []
-        with open(self.path) as f:
-            for line in f:
-                try:
-                    events.append(json.loads(line))
-                except json.JSONDecodeError:  # a line cut short by the crash
-                    break
+        text = self.path.read_text()
+        if text and not text.endswith("\n"):  # a line cut short by a crash: drop it, so that
+            text = text[:text.rfind("\n") + 1]  # what this run appends starts on a line of its own
+            self.path.write_text(text)
+        events = [json.loads(line) for line in text.splitlines()]
         if not events or events[0].get("fingerprint") != self.fingerprint:
             self.path.unlink()  # written by another grid or library version: start over
             return
