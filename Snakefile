@@ -15,6 +15,7 @@ include: "rules/lrpe.smk"
 include: "rules/attention.smk"
 include: "rules/precision.smk"
 include: "rules/profile.smk"
+include: "rules/memory.smk"
 include: "rules/report.smk"
 
 

@@ -1,6 +1,6 @@
 REPORT_FIGURES = ["report/figures/e2e_step_vs_size.png", "report/figures/e2e_step_vs_context.png",
                   "report/figures/fa_tflops_vs_seq_len.png", "report/figures/lrpe_bandwidth.png",
-                  "report/figures/attention_vs_seq_len.png"]
+                  "report/figures/attention_vs_seq_len.png", "report/figures/memory_timelines.png"]
 
 
 rule report:
@@ -12,6 +12,7 @@ rule report:
         attention=rules.attention.output[0],
         precision=rules.precision.output[0],
         profile=rules.profile.output[0],
+        memory=rules.memory.output[0],
         templates=sorted(str(p) for p in Path("templates").glob("*.md.j2")),
         code=["src/lmperf/report/__main__.py", "src/lmperf/report/render.py",
               "src/lmperf/report/sections.py", "src/lmperf/report/figures.py"],

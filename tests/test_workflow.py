@@ -98,6 +98,7 @@ def test_cpu_run_produces_the_report(built_repo):
     assert "| fp16 accumulator, fp16 addends                    | 9.953125" in report
     assert re.search(r"\| eager\s+\| 16\s+\| 64\s+\| [0-9.]+ ± ", report), "attention timings"
     assert re.search(r"\| forward\s+\| [0-9.,]+\s+\| [0-9.]+%", report), "profile shares"
+    assert "## Memory" in report and "![Active memory over one step]" in report
     assert re.search(r"\| tiny\s+\| 64\s+\| fp32\s+\| eager\s+\| \d", report), "CPU numbers in the tables"
     for png in ("e2e_step_vs_size.png", "e2e_step_vs_context.png"):
         assert (built_repo / "report" / "figures" / png).stat().st_size > 10_000
@@ -125,7 +126,7 @@ def test_editing_the_model_reruns_its_rules_and_the_report_only(built_copy):
     fresh = planned(copy_repo(built_copy.parent / "fresh"))
     # The rules that import the model: the end-to-end jobs, and the two attention benchmarks
     # (plain PyTorch attention is the model's).
-    assert jobs == {"e2e_study": fresh["e2e_study"], "attention": 1, "profile": 1,
+    assert jobs == {"e2e_study": fresh["e2e_study"], "attention": 1, "profile": 1, "memory": 1,
                     "flash_attention_bench": fresh["flash_attention_bench"], "report": 1}
 
 

@@ -14,6 +14,10 @@ def check_config(config: dict) -> None:
         if unknown:
             raise ValueError(f"config: profile.{scale}.cases names sizes {unknown}, which are not "
                              f"under models: {sorted(config['models'])}")
+    for scale, mem in config["memory"].items():
+        if mem["size"] not in config["models"]:
+            raise ValueError(f"config: memory.{scale}.size is {mem['size']!r}, which is not under "
+                             f"models: {sorted(config['models'])}")
     for scale, lrpe in config["lrpe"].items():
         for i, grid in enumerate(lrpe["check"]["grids"]):
             if len(grid["shape"]) * grid["e"] < grid["d"]:
@@ -79,3 +83,7 @@ def lrpe_bench_spec(lrpe: dict, dims: str) -> str:
 def profile_spec(config: dict, prof: dict) -> str:
     models = {c["size"]: config["models"][c["size"]] for c in prof["cases"]}
     return json.dumps({**prof, "models": models}, sort_keys=True)
+
+
+def memory_spec(config: dict, mem: dict) -> str:
+    return json.dumps({**mem, "model": config["models"][mem["size"]]}, sort_keys=True)

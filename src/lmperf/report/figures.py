@@ -148,3 +148,26 @@ def attention_figures(df: pd.DataFrame, out: Path) -> dict[str, Path]:
     axes.flat[0].legend(fontsize="x-small", ncol=2)
     _save(fig, path)
     return {"attention": path}
+
+
+def memory_figures(df: pd.DataFrame, out: Path) -> dict[str, Path]:
+    """Active memory over the recorded step, one panel per case (from the CSV's timeline rows)."""
+    path = out / "memory_timelines.png"
+    rows = df[(df["metric"] == "timeline_mib") & (df["status"] == "ok")] if not df.empty else df
+    if rows.empty:
+        _empty(path, "memory timelines")
+        return {"memory": path}
+    cols = min(4, len(rows))
+    nrows = -(-len(rows) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 2.8 * nrows), squeeze=False)
+    for ax, (_, r) in zip(axes.flat, rows.iterrows()):
+        ys = [float(x) for x in str(r["samples"]).split(";")]
+        ax.plot(range(len(ys)), ys)
+        ax.set_title(f"{r['mode']} {r['dtype']} ctx {int(r['context'])}", fontsize="small")
+        ax.set_xlabel("snapshot events (bucketed)")
+        ax.set_ylabel("active MiB")
+        ax.grid(True, alpha=0.3)
+    for ax in list(axes.flat)[len(rows):]:
+        ax.axis("off")
+    _save(fig, path)
+    return {"memory": path}

@@ -37,14 +37,16 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
     attention = load_section(results, "attention")
     precision = load_section(results, "precision")
     profile = load_section(results, "profile")
+    memory = load_section(results, "memory")
     figs = {**figures.e2e_figures(e2e, figures_dir), **figures.fa_figures(fa_bench, figures_dir),
             **figures.lrpe_figures(lrpe_bench, figures_dir),
-            **figures.attention_figures(attention, figures_dir)}
+            **figures.attention_figures(attention, figures_dir),
+            **figures.memory_figures(memory, figures_dir)}
     context = {
         "env": sections.env_view(load_section(results, "env"), results, scale,
                                  {"e2e": e2e, "flash_attention": fa, "lrpe": lrpe,
                                   "attention": attention, "precision": precision,
-                                  "profile": profile}),
+                                  "profile": profile, "memory": memory}),
         "e2e": sections.e2e_view(e2e),
         "correctness": sections.correctness_view({"flash_attention": fa_check, "lrpe": lrpe_check}),
         "fa": sections.fa_view(fa_bench),
@@ -52,6 +54,7 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
         "attention": sections.attention_view(attention),
         "precision": sections.precision_view(precision, e2e),
         "profile": sections.profile_view(profile),
+        "memory": sections.memory_view(memory, results, out.parent),
         "figures": {name: rel(path) for name, path in figs.items()},
         "rendered_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }

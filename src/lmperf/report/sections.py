@@ -3,6 +3,7 @@ the tidy results rows. Templates only place what these functions return."""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -486,3 +487,39 @@ def profile_view(df: pd.DataFrame, top: int = 10) -> dict:
     failed = failed[failed["status"] != "ok"]
     view["failures"] = table(failed[["case_id", "status", "message"]]) if len(failed) else ""
     return view
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory
+
+
+def memory_view(df: pd.DataFrame, results: Path, out_dir: Path) -> dict:
+    if df.empty:
+        return {"available": False, "why": "no results (rule memory has not run)"}
+    cases = df.drop_duplicates("case_id")
+    rows = []
+    for case_id, g in df.groupby("case_id", sort=False):
+        first = g.iloc[0]
+        by = g.set_index("metric")
+        cell = lambda m: fmt(by.loc[m, "mean"]) if first["status"] == "ok" and m in by.index else \
+            (first["status"] if first["status"] != "ok" else "")
+        html = results / "memory" / "html" / f"{case_id}.html"
+        rows.append({"mode": first["mode"], "dtype": first["dtype"], "context": int(first["context"]),
+                     "peak allocated (MiB)": cell("peak_allocated_mib"),
+                     "peak reserved (MiB)": cell("peak_reserved_mib"),
+                     "residual stream (MiB)": cell("residual_stream_mib"),
+                     "allocations of that size": (str(int(by.loc["residual_stream_mib", "matching_allocations"]))
+                                                  if "residual_stream_mib" in by.index else ""),
+                     "snapshot": f"[html]({os.path.relpath(html, out_dir)})" if html.exists() else ""})
+    ok = df[df["status"] == "ok"]
+    top = ok[ok["metric"] == "allocation_mib"]
+    largest = []
+    for case_id, g in top.groupby("case_id", sort=False):
+        largest.append({"case": case_id, "table": table(pd.DataFrame({
+            "rank": g["rank"].astype(int), "MiB": g["mean"].map(fmt), "made by": g["made_by"],
+            "category": g["category"].fillna("")}))})
+    first = df.iloc[0]
+    return {"available": True, "table": table(pd.DataFrame(rows)), "largest": largest,
+            "size": first["size"], "batch": int(first["batch_size"]),
+            "on_gpu": bool((df["gpu"] != "none").any()), "n_cases": len(cases),
+            "n_oom": int((cases["status"] == "oom").sum())}

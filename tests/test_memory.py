@@ -1,0 +1,70 @@
+"""The snapshot -> timeline / largest-allocations conversion, on a snapshot recorded on a CPU
+(tests/fixtures/memory_snapshot_cpu_forward.json.gz: a forward pass of a 2-layer model, made by
+torch.profiler and torch's own converter to the snapshot format that
+torch.cuda.memory._snapshot() also uses), and the memory benchmark end to end on a CPU."""
+import gzip
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lmperf.bench import memory
+
+FIXTURE = Path(__file__).parent / "fixtures" / "memory_snapshot_cpu_forward.json.gz"
+
+
+@pytest.fixture(scope="module")
+def snapshot():
+    with gzip.open(FIXTURE, "rt") as f:
+        return json.load(f)
+
+
+def test_timeline_counts_every_alloc_until_its_free(snapshot):
+    trace = memory.device_trace(snapshot)
+    line = memory.timeline(trace)
+    assert len(line) == len(trace)
+    live = {}
+    for event, active in zip(trace, line):  # an independent walk: live blocks by address
+        if event["action"] == "alloc":
+            live[event["addr"]] = event["size"]
+        elif event["action"] == "free_completed":
+            live.pop(event["addr"])
+        assert active == sum(live.values())
+
+
+def test_downsample_keeps_the_peak():
+    xs = [0, 1, 2, 50, 2, 1] * 300
+    ys = memory.downsample(xs, 100)
+    assert len(ys) == 100 and max(ys) == 50
+    assert memory.downsample([3, 1], 100) == [3, 1]
+
+
+def test_largest_allocation_is_the_logits_made_by_the_lm_head(snapshot):
+    trace = memory.device_trace(snapshot)
+    top = memory.largest(trace, 3)
+    logits = 2 * 16 * 10_000 * 4  # batch x context x vocab, fp32
+    assert top[0]["bytes"] == logits
+    assert "lmperf/model.py" in top[0]["made_by"] and "linear" in top[0]["made_by"]
+    assert [t["bytes"] for t in top] == sorted((t["bytes"] for t in top), reverse=True)
+
+
+def test_residual_stream_size_is_found_in_the_snapshot(snapshot):
+    residual = 2 * 16 * 32 * 4  # batch x context x d_model, fp32
+    sizes = [e["size"] for e in memory.device_trace(snapshot) if e["action"] == "alloc"]
+    # every block adds to the residual stream twice; the embedding output is one more
+    assert sizes.count(residual) >= 2 * 2 + 1
+
+
+def test_benchmark_rows_on_a_cpu(tmp_path):
+    spec = {"size": "tiny", "contexts": [16], "modes": ["train"], "dtypes": ["fp32"], "batch_size": 2,
+            "model": {"d_model": 32, "d_ff": 64, "n_layers": 2, "n_heads": 2}}
+    case = memory.cases(spec)[0]
+    rows = pd.DataFrame(memory.measure(case, spec["model"], tmp_path / "html"))
+    by = rows.set_index("metric")
+    assert by.loc["peak_allocated_mib", "mean"] > 0
+    assert by.loc["residual_stream_mib", "mean"] == 2 * 16 * 32 * 4 / 2**20
+    timeline = [float(x) for x in by.loc["timeline_mib", "samples"].split(";")]
+    assert max(timeline) == pytest.approx(by.loc["peak_allocated_mib", "mean"])
+    assert (rows["metric"] == "allocation_mib").sum() == memory.TOP_ALLOCATIONS
+    assert (tmp_path / "html" / f"{case['case_id']}.html").read_text().lstrip().startswith("<")
