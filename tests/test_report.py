@@ -42,6 +42,14 @@ def test_prose_ratio_is_computed_from_the_csvs(rendered):
     assert f"the backward pass takes {sections.fmt(ratio)}× the forward on average" in " ".join(text.split())
 
 
+def test_case_count_is_per_study(rendered):
+    text, _ = rendered
+    frames = [pd.read_csv(p) for p in (FIXTURE / "e2e").rglob("*.csv")]
+    n = sum(f["case_id"].nunique() for f in frames)  # one file per study and size
+    n_bad = sum(f.drop_duplicates("case_id")["status"].ne("ok").sum() for f in frames)
+    assert f"{n} cases, {n_bad} of them not `ok`." in text
+
+
 def test_oom_cases_are_shown_with_their_status(rendered):
     text, _ = rendered
     assert "| 2.7B   | 1024      | fp32    | oom" in text

@@ -129,7 +129,7 @@ def e2e_view(df: pd.DataFrame) -> dict:
     df = df.sort_values(by=CASE_KEYS, kind="stable",
                         key=lambda col: col.map(order[col.name]) if col.name in order else col)
     view = {"available": True, "studies": sorted(df["study"].unique())}
-    cases = df.drop_duplicates("case_id")
+    cases = df.drop_duplicates(["study", "case_id"])  # one case id can be in several studies
     view["n_cases"] = len(cases)
     failed = cases[cases["status"] != "ok"][["study", "case_id", "status", "message"]].copy()
     failed["message"] = [m if len(m) <= 110 else m[:110] + "…" for m in failed["message"].astype(str)]
