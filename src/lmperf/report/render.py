@@ -23,17 +23,20 @@ def load_section(results: Path, section: str) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def only_study(df: pd.DataFrame, study: str) -> pd.DataFrame:
+    """The rows of one study of a section (an empty section stays empty)."""
+    return df[df["study"] == study] if not df.empty else df
+
+
 def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: str) -> str:
     out.parent.mkdir(parents=True, exist_ok=True)
     figures_dir.mkdir(parents=True, exist_ok=True)
     rel = lambda p: os.path.relpath(p, out.parent)
     e2e = load_section(results, "e2e")
     fa = load_section(results, "flash_attention")
-    fa_check = fa[fa["study"] == "check"] if not fa.empty else fa
-    fa_bench = fa[fa["study"] == "bench"] if not fa.empty else fa
+    fa_bench = only_study(fa, "bench")
     lrpe = load_section(results, "lrpe")
-    lrpe_check = lrpe[lrpe["study"] == "check"] if not lrpe.empty else lrpe
-    lrpe_bench = lrpe[lrpe["study"] == "bench"] if not lrpe.empty else lrpe
+    lrpe_bench = only_study(lrpe, "bench")
     attention = load_section(results, "attention")
     precision = load_section(results, "precision")
     profile = load_section(results, "profile")
@@ -48,7 +51,7 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
                                   "attention": attention, "precision": precision,
                                   "profile": profile, "memory": memory}),
         "e2e": sections.e2e_view(e2e),
-        "correctness": sections.correctness_view({"flash_attention": fa_check, "lrpe": lrpe_check}),
+        "correctness": sections.correctness_view({"flash_attention": fa, "lrpe": lrpe}),
         "fa": sections.fa_view(fa_bench),
         "lrpe": sections.lrpe_view(lrpe_bench),
         "attention": sections.attention_view(attention),

@@ -204,9 +204,10 @@ def e2e_view(df: pd.DataFrame) -> dict:
 # Correctness: every kernel-test CSV (study "check"), one line per kernel and dtype
 
 
-def correctness_view(checks: dict[str, pd.DataFrame]) -> dict:
+def correctness_view(kernel_sections: dict[str, pd.DataFrame]) -> dict:
+    """One line per kernel and dtype from the `check` rows of each kernel section."""
     lines, skipped, failures = [], [], []
-    for section, df in checks.items():
+    for section, df in kernel_sections.items():
         if df.empty:
             continue
         df = df[df["study"] == "check"]
