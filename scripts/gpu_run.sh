@@ -32,7 +32,8 @@ fi
 rc=$?
 echo "gpu_run: snakemake exited $rc after $(( $(date +%s) - start )) s"
 if [[ -n $pack ]]; then
-    tar czf "$pack" results logs report 2>/dev/null
+    # the memory visualizer HTML stays behind: it can be larger than a transfer allows
+    tar czf "$pack" --exclude="*/html" results logs report 2>/dev/null
     echo "gpu_run: packed results, logs and report into $pack"
 fi
 exit $rc

@@ -1,5 +1,5 @@
 """The snapshot -> timeline / largest-allocations conversion, on a snapshot recorded on a CPU
-(tests/fixtures/memory_snapshot_cpu_forward.json.gz: a forward pass of a 2-layer model, made by
+(tests/fixtures/memory_snapshot_{cpu,cuda}_forward.json.gz: a forward pass of a 2-layer model, made by
 torch.profiler and torch's own converter to the snapshot format that
 torch.cuda.memory._snapshot() also uses), and the memory benchmark end to end on a CPU."""
 import gzip
@@ -11,12 +11,18 @@ import pytest
 
 from lmperf.bench import memory
 
-FIXTURE = Path(__file__).parent / "fixtures" / "memory_snapshot_cpu_forward.json.gz"
+# The same forward pass recorded on a CPU (torch.profiler) and, where present, on a GPU
+# (torch.cuda.memory._record_memory_history; scripts/record_memory_fixture.py).
+FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("memory_snapshot_*_forward.json.gz"))
 
 
-@pytest.fixture(scope="module")
-def snapshot():
-    with gzip.open(FIXTURE, "rt") as f:
+def test_both_snapshot_formats_are_covered():
+    assert [f.name.split("_")[2] for f in FIXTURES] == ["cpu", "cuda"]
+
+
+@pytest.fixture(scope="module", params=FIXTURES, ids=lambda f: f.name.split("_")[2])
+def snapshot(request):
+    with gzip.open(request.param, "rt") as f:
         return json.load(f)
 
 

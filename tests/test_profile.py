@@ -53,3 +53,27 @@ def test_profile_view_renders_shares_and_top_kernels(rows):
     assert "| forward " in case["shares"] and "matmul share" in case["shares"]
     assert [t["phase"] for t in case["tops"]] == ["forward", "backward", "optimizer"]
     assert "attention.scores" in case["attention"]
+
+
+class _Event:
+    def __init__(self, key, device_type, device_us, cpu_us=0.0):
+        self.key, self.device_type = key, device_type
+        self.device_time_total, self.cpu_time_total = device_us, cpu_us
+
+
+class _Prof:
+    def __init__(self, events):
+        self.events = events
+
+    def key_averages(self):
+        return self.events
+
+
+def test_gpu_range_time_counts_the_cpu_side_range_once():
+    # On a GPU the profiler lists a record_function range twice: the CPU-side range (device
+    # time = its kernels) and a device-side annotation spanning them.
+    prof = _Prof([_Event("attention.scores", "DeviceType.CPU", 30.0, 5.0),
+                  _Event("attention.scores", "DeviceType.CUDA", 34.0),
+                  _Event("aten::bmm", "DeviceType.CPU", 30.0, 4.0)])
+    assert profile.range_times(prof, cuda=True) == {"attention.scores": 30.0}
+    assert profile.range_times(prof, cuda=False) == {"attention.scores": 5.0}

@@ -67,7 +67,8 @@ def bench_cases(spec: dict) -> list[dict]:
         for provider, dtype, causal, n, d in itertools.product(
                 group["providers"], group["dtypes"], group["causal"], group["seq_lens"], group["head_dims"]):
             case = {"group": group["name"], "provider": provider, "dtype": dtype, "causal": causal,
-                    "batch": group["batch"], "heads": group["heads"], "seq_len": n, "head_dim": d}
+                    "batch": group["batch"], "heads": group["heads"], "seq_len": n, "head_dim": d,
+                    "timing_ms": "/".join(map(str, group.get("timing_ms", [25, 100])))}
             case["case_id"] = (f"{group['name']}-{provider}-{dtype}-{'causal' if causal else 'full'}"
                                f"-b{group['batch']}h{group['heads']}n{n}d{d}")
             cases.append(case)
@@ -141,7 +142,8 @@ def measure_bench(case: dict) -> list[dict]:
     dtype = common.torch_dtype(case["dtype"])
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
     dout = torch.randn(b, h, n, d, device="cuda", dtype=dtype)
-    bench = functools.partial(triton.testing.do_bench, warmup=25, rep=100, return_mode="median")
+    warmup, rep = (int(x) for x in case["timing_ms"].split("/"))
+    bench = functools.partial(triton.testing.do_bench, warmup=warmup, rep=rep, return_mode="median")
     rows = []
     with torch.no_grad():
         times = {"forward": bench(lambda: fn(q, k, v))}
@@ -159,6 +161,10 @@ def measure_bench(case: dict) -> list[dict]:
         times["backward"] = times["fwd_bwd"] - times["forward"]
         note = "backward = (forward+backward) - forward: this graph cannot be replayed with retain_graph"
     out = None
+    config = ""
+    if case["provider"] == "triton":  # what the autotuner chose, for the tuning notes
+        from lmperf.kernels.flash_attention_triton import best_configs
+        config = "; ".join(f"{k}: {v}" for k, v in best_configs().items())
     for direction in ("forward", "backward", "fwd_bwd"):
         ms = times[direction]
         row = common.summarize(f"{direction}_ms", "ms", [ms])
@@ -166,6 +172,8 @@ def measure_bench(case: dict) -> list[dict]:
         rows.append(row)
         flops = attention_flops(b, h, n, d, case["causal"], direction)
         rows.append(common.summarize(f"{direction}_tflops", "TFLOP/s", [flops / (ms * 1e-3) / 1e12]))
+    for row in rows:
+        row["config"] = config
     return rows
 
 

@@ -142,6 +142,13 @@ def measure_bench(case: dict) -> list[dict]:
                  common.summarize(f"{direction}_copy_fraction", "fraction", [gbs / copy])]
     rows.append(common.summarize("copy_gbs", "GB/s", [copy]))
     rows.append(common.summarize("x_elements", "count", [x.numel()]))
+    config = ""
+    if provider.startswith("triton"):  # what the autotuner chose, for the tuning notes
+        from lmperf.kernels import lrpe
+        config = (f"fwd {lrpe.best_config(lrpe._lrpe_fwd_kernel)}; "
+                  f"bwd {lrpe.best_config(lrpe._lrpe_bwd_kernel)}")
+    for row in rows:
+        row["config"] = config
     return rows
 
 

@@ -43,14 +43,18 @@ def downsample(xs: list[float], points: int = TIMELINE_POINTS) -> list[float]:
 
 
 def frame_text(frame: dict) -> str:
-    if frame.get("filename", "none") in ("none", "??", ""):
+    filename = frame.get("filename", "none")
+    if filename in ("none", "??", ""):
         return frame["name"]
-    return f"{Path(frame['filename']).name}:{frame['line']} {frame['name']}"
+    path = Path(filename)
+    where = "/".join(path.parts[path.parts.index("lmperf"):]) if "lmperf" in path.parts else path.name
+    return f"{where}:{frame['line']} {frame['name']}"
 
 
 def made_by(frames: list[dict]) -> str:
     """The operation that made an allocation: the innermost frame, and the innermost frame in
     lmperf's own code if there is one."""
+    frames = [f for f in frames if f.get("filename", "").endswith(".py")] or frames
     if not frames:
         return "(no stack)"
     texts = [frame_text(f) for f in frames]
@@ -73,7 +77,8 @@ def device_trace(snapshot: dict) -> list[dict]:
 def record_snapshot(run_step, cuda: bool) -> dict:
     import torch
     if cuda:
-        torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+        # Python frames only: C++ frames would have to be symbolized, which takes minutes.
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
         try:
             run_step()
             torch.cuda.synchronize()

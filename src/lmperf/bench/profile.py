@@ -48,10 +48,12 @@ def kernel_times(prof, cuda: bool) -> dict[str, tuple[float, int]]:
 
 def range_times(prof, cuda: bool) -> dict[str, float]:
     """Total time (us) inside each named attention part: its kernels' device time on a GPU, its
-    CPU time on a CPU."""
+    CPU time on a CPU. On a GPU a range appears twice, as the CPU-side range (whose device time
+    is the sum of the kernels launched inside it) and as a device-side annotation spanning
+    them; only the first is counted."""
     out = {}
     for e in prof.key_averages():
-        if e.key in ATTENTION_PARTS:
+        if e.key in ATTENTION_PARTS and str(e.device_type) == "DeviceType.CPU":
             out[e.key] = out.get(e.key, 0.0) + (e.device_time_total if cuda else e.cpu_time_total)
     return out
 
@@ -100,6 +102,7 @@ def measure(case: dict, models: dict) -> list[dict]:
                 if p != phase:
                     yield
                     return
+                sync()  # the previous phase's kernels finish outside this profile
                 prof.start()
                 yield
                 sync()

@@ -18,6 +18,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+import triton.testing
 
 from lmperf.kernels.attention_contract import check_qkv
 
@@ -37,6 +38,37 @@ BWD_CONFIGS = [
 ]
 INTERPRET_FWD = [dict(BLOCK_Q=32, BLOCK_K=16, num_warps=4, num_stages=1)]
 INTERPRET_BWD = [dict(BLOCK=16, num_warps=4, num_stages=1)]
+
+
+def _autotune(configs, interpret_configs, prune):
+    """Autotune over `configs` (declared above as data), keyed by head dim, causality and the
+    sequence length bucketed to a power of two capped at 4096 (beyond it the best tile no longer
+    changes with N, and retuning every N costs more than the run). Timings are cached on disk,
+    so the check and benchmark jobs on one machine tune each key once."""
+    return triton.autotune(
+        configs=_configs(configs, interpret_configs), key=["N_KEY", "D", "IS_CAUSAL"],
+        prune_configs_by={"early_config_prune": prune}, cache_results=True,
+        do_bench=lambda fn, quantiles: triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles))
+
+
+# One binary for every sequence length: specializing N on its divisibility by 16 would compile
+# each config twice (odd and even N) and buys nothing measurable here.
+NO_SPECIALIZE = ["N", "N_KEY"]
+
+
+def n_key(n: int) -> int:
+    return min(max(16, triton.next_power_of_2(n)), 4096)
+
+
+def best_configs() -> dict[str, str]:
+    """The config each autotuned kernel ran with last, e.g. {"fwd": "BLOCK_Q=128 ..."}."""
+    out = {}
+    for name, kernel in (("fwd", _fwd_kernel), ("bwd_dkdv", _bwd_dkdv_kernel), ("bwd_dq", _bwd_dq_kernel)):
+        cfg = getattr(kernel, "best_config", None)
+        if cfg is not None:
+            out[name] = " ".join([*(f"{k}={v}" for k, v in cfg.kwargs.items()),
+                                  f"warps={cfg.num_warps}", f"stages={cfg.num_stages}"])
+    return out
 
 
 def _configs(configs, interpret_configs):
@@ -105,11 +137,10 @@ def _fwd_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_q, o
     return acc, l_i, m_i
 
 
-@triton.autotune(configs=_configs(FWD_CONFIGS, INTERPRET_FWD), key=["N", "D", "IS_CAUSAL"],
-                 prune_configs_by={"early_config_prune": _prune_fwd})
-@triton.jit
+@_autotune(FWD_CONFIGS, INTERPRET_FWD, _prune_fwd)
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
 def _fwd_kernel(Q, K, V, O, L, stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn,
-                stride_ob, stride_on, N, sm_scale, D: tl.constexpr,
+                stride_ob, stride_on, N, N_KEY, sm_scale, D: tl.constexpr,
                 IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
     q_tile, bh = tl.program_id(0), tl.program_id(1)
@@ -188,12 +219,11 @@ def _bwd_dkdv_tiles(dk, dv, k, v, Q, DO, L, Delta, stride_qn, stride_don, offs_k
     return dk, dv
 
 
-@triton.autotune(configs=_configs(BWD_CONFIGS, INTERPRET_BWD), key=["N", "D", "IS_CAUSAL"],
-                 prune_configs_by={"early_config_prune": _prune_bwd}, reset_to_zero=[])
-@triton.jit
+@_autotune(BWD_CONFIGS, INTERPRET_BWD, _prune_bwd)
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
 def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, stride_qb, stride_qn, stride_kb, stride_kn,
                      stride_vb, stride_vn, stride_dob, stride_don, stride_dkb, stride_dkn,
-                     stride_dvb, stride_dvn, N, sm_scale, D: tl.constexpr,
+                     stride_dvb, stride_dvn, N, N_KEY, sm_scale, D: tl.constexpr,
                      IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK: tl.constexpr):
     k_tile, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     k0 = k_tile * BLOCK
@@ -246,11 +276,10 @@ def _bwd_dq_tiles(dq, q, do, lse2, delta, K, V, stride_kn, stride_vn, offs_q, of
     return dq
 
 
-@triton.autotune(configs=_configs(BWD_CONFIGS, INTERPRET_BWD), key=["N", "D", "IS_CAUSAL"],
-                 prune_configs_by={"early_config_prune": _prune_bwd})
-@triton.jit
+@_autotune(BWD_CONFIGS, INTERPRET_BWD, _prune_bwd)
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
 def _bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ, stride_qb, stride_qn, stride_kb, stride_kn,
-                   stride_vb, stride_vn, stride_dob, stride_don, stride_dqb, stride_dqn, N, sm_scale,
+                   stride_vb, stride_vn, stride_dob, stride_don, stride_dqb, stride_dqn, N, N_KEY, sm_scale,
                    D: tl.constexpr, IS_CAUSAL: tl.constexpr,
                    DOT_PRECISION: tl.constexpr, BLOCK: tl.constexpr):
     q_tile, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
@@ -305,7 +334,7 @@ def forward_with_lse(q, k, v, is_causal: bool = False):
     lse = torch.empty(q3.shape[:2], dtype=torch.float32, device=q.device)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_Q"]), q3.shape[0])
     _fwd_kernel[grid](q3, k3, v3, out, lse, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
-                      v3.stride(0), v3.stride(1), out.stride(0), out.stride(1), n, 1.0 / math.sqrt(d),
+                      v3.stride(0), v3.stride(1), out.stride(0), out.stride(1), n, n_key(n), 1.0 / math.sqrt(d),
                       D=d, IS_CAUSAL=bool(is_causal), DOT_PRECISION=_dot_precision(q.dtype))
     return out.reshape(q.shape), lse.reshape(q.shape[:-1])
 
@@ -324,11 +353,11 @@ def backward(q, k, v, out, lse, grad_out, is_causal: bool):
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK"]), bh)
     _bwd_dkdv_kernel[grid](q3, k3, v3, do3, lse2, delta, dk, dv, q3.stride(0), q3.stride(1),
                            k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1), do3.stride(0),
-                           do3.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), n,
+                           do3.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), n, n_key(n),
                            1.0 / math.sqrt(d), **common)
     _bwd_dq_kernel[grid](q3, k3, v3, do3, lse2, delta, dq, q3.stride(0), q3.stride(1), k3.stride(0),
                          k3.stride(1), v3.stride(0), v3.stride(1), do3.stride(0), do3.stride(1),
-                         dq.stride(0), dq.stride(1), n, 1.0 / math.sqrt(d), **common)
+                         dq.stride(0), dq.stride(1), n, n_key(n), 1.0 / math.sqrt(d), **common)
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 

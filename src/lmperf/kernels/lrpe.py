@@ -19,14 +19,17 @@ through them.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
 import triton.language as tl
+import triton.testing
 
 IMPLS = ("torch", "triton", "triton_cache")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_AXES = 8
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def check_inputs(x, theta, shape, l, impl) -> tuple[int, ...]:
@@ -106,17 +109,56 @@ def _angles(theta_ptr, dims, strides, head, rows, cols, l, e, d, M: tl.constexpr
     return tl.where(g[:, None] >= 0, angle, 0.0)
 
 
+# Autotuning, as data: tokens per tile and warps. A tile of BLOCK_N x BLOCK_D elements between 1K
+# and 16K; inputs under TUNE_MIN_ELEMENTS take the default tile (tuning them costs more than it
+# buys, and the check's many small shapes would each tune).
+CONFIGS = [dict(BLOCK_N=bn, num_warps=w) for bn in (16, 32, 64) for w in (4, 8)]
+DEFAULT_TILE_ELEMENTS = 4096
+TUNE_MIN_ELEMENTS = 2**22
+
+
+def _default_config(block_d: int) -> dict:
+    return dict(BLOCK_N=max(1, DEFAULT_TILE_ELEMENTS // block_d), num_warps=4)
+
+
+def _prune(configs, named_args, **kwargs):
+    block_d = kwargs["BLOCK_D"]
+    default = _default_config(block_d)
+    elements = named_args["B"] * named_args["H"] * named_args["N"] * named_args["d"]
+    if elements < TUNE_MIN_ELEMENTS:
+        keep = [c for c in configs if c.kwargs["BLOCK_N"] == default["BLOCK_N"] and c.num_warps == 4]
+    else:
+        keep = [c for c in configs if 1024 <= c.kwargs["BLOCK_N"] * block_d <= 16384]
+    return keep or [triton.Config({"BLOCK_N": default["BLOCK_N"]}, num_warps=4)]
+
+
+def _autotune(fn):
+    chosen = [dict(BLOCK_N=32, num_warps=4)] if INTERPRET else CONFIGS  # several tiles in tests
+    return triton.autotune(
+        configs=[triton.Config({"BLOCK_N": c["BLOCK_N"]}, num_warps=c["num_warps"]) for c in chosen],
+        key=["N_KEY", "B", "d", "M", "CACHE"], prune_configs_by={"early_config_prune": _prune},
+        cache_results=True,
+        do_bench=lambda f, quantiles: triton.testing.do_bench(f, warmup=5, rep=25, quantiles=quantiles),
+    )(fn)
+
+
+def best_config(kernel) -> str:
+    cfg = getattr(kernel, "best_config", None)
+    return "" if cfg is None else f"BLOCK_N={cfg.kwargs['BLOCK_N']} warps={cfg.num_warps}"
+
+
+@_autotune
 @triton.jit
-def _lrpe_fwd_kernel(X, OUT, ANGLES, theta_ptr, dims, strides, B, H, N, l, e, d,
+def _lrpe_fwd_kernel(X, OUT, ANGLES, theta_ptr, dims, strides, B, H, N, N_KEY, l, e, d,
                      stride_xb, stride_xh, stride_xn, stride_ob, stride_oh, stride_on,
-                     M: tl.constexpr, WRITE_ANGLES: tl.constexpr,
+                     M: tl.constexpr, CACHE: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     tile, head = tl.program_id(0), tl.program_id(1)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < N) & (cols[None, :] < d)
     angle = _angles(theta_ptr, dims, strides, head, rows, cols, l, e, d, M)
-    if WRITE_ANGLES:
+    if CACHE:  # write the angle table for the backward
         tl.store(ANGLES + (head * N + rows[:, None]).to(tl.int64) * d + cols[None, :], angle, mask=mask)
     cos, sin = tl.cos(angle), tl.sin(angle)
     x_off = head.to(tl.int64) * stride_xh + rows[:, None].to(tl.int64) * stride_xn + cols[None, :]
@@ -127,16 +169,17 @@ def _lrpe_fwd_kernel(X, OUT, ANGLES, theta_ptr, dims, strides, B, H, N, l, e, d,
         tl.store(OUT + b * stride_ob + o_off + d, (x * sin).to(OUT.dtype.element_ty), mask=mask)
 
 
+@_autotune
 @triton.jit
-def _lrpe_bwd_kernel(DO, DX, ANGLES, theta_ptr, dims, strides, B, H, N, l, e, d,
+def _lrpe_bwd_kernel(DO, DX, ANGLES, theta_ptr, dims, strides, B, H, N, N_KEY, l, e, d,
                      stride_ob, stride_oh, stride_on, stride_xb, stride_xh, stride_xn,
-                     M: tl.constexpr, READ_ANGLES: tl.constexpr,
+                     M: tl.constexpr, CACHE: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     tile, head = tl.program_id(0), tl.program_id(1)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < N) & (cols[None, :] < d)
-    if READ_ANGLES:
+    if CACHE:  # read the angle table the forward wrote
         angle = tl.load(ANGLES + (head * N + rows[:, None]).to(tl.int64) * d + cols[None, :],
                         mask=mask, other=0.0)
     else:
@@ -151,9 +194,8 @@ def _lrpe_bwd_kernel(DO, DX, ANGLES, theta_ptr, dims, strides, B, H, N, l, e, d,
                  mask=mask)
 
 
-def _tile(d: int) -> tuple[int, int]:
-    block_d = max(16, triton.next_power_of_2(d))
-    return max(1, 4096 // block_d), block_d        # about 4K elements a tile
+def _block_d(d: int) -> int:
+    return max(16, triton.next_power_of_2(d))
 
 
 def _grid_meta(shape):
@@ -171,12 +213,11 @@ class _LRPETriton(torch.autograd.Function):
         dims, strides = _grid_meta(shape)
         out = torch.empty(b, h, n, 2 * d, dtype=x.dtype, device=x.device)
         angles = torch.empty(h, n, d, dtype=torch.float32, device=x.device) if cache else out
-        block_n, block_d = _tile(d)
-        grid = (triton.cdiv(n, block_n), h)
-        _lrpe_fwd_kernel[grid](x, out, angles, theta, dims, strides, b, h, n, l, theta.shape[1], d,
-                               x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1),
-                               out.stride(2), M=len(shape), WRITE_ANGLES=cache,
-                               BLOCK_N=block_n, BLOCK_D=block_d)
+        grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), h)
+        _lrpe_fwd_kernel[grid](x, out, angles, theta, dims, strides, b, h, n, triton.next_power_of_2(n),
+                               l, theta.shape[1], d, x.stride(0), x.stride(1), x.stride(2),
+                               out.stride(0), out.stride(1), out.stride(2), M=len(shape), CACHE=cache,
+                               BLOCK_D=_block_d(d))
         ctx.save_for_backward(theta, *([angles] if cache else []))
         ctx.meta = (x.shape, x.dtype, l, cache, shape)
         return out
@@ -188,12 +229,11 @@ class _LRPETriton(torch.autograd.Function):
         dims, strides = _grid_meta(shape)
         grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
         dx = torch.empty(b, h, n, d, dtype=dtype, device=grad_out.device)
-        block_n, block_d = _tile(d)
-        grid = (triton.cdiv(n, block_n), h)
+        grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), h)
         _lrpe_bwd_kernel[grid](grad_out, dx, cached[0] if cache else dx, theta, dims, strides, b, h,
-                               n, l, theta.shape[1], d, grad_out.stride(0), grad_out.stride(1),
-                               grad_out.stride(2), dx.stride(0), dx.stride(1), dx.stride(2),
-                               M=len(shape), READ_ANGLES=cache, BLOCK_N=block_n, BLOCK_D=block_d)
+                               n, triton.next_power_of_2(n), l, theta.shape[1], d, grad_out.stride(0),
+                               grad_out.stride(1), grad_out.stride(2), dx.stride(0), dx.stride(1),
+                               dx.stride(2), M=len(shape), CACHE=cache, BLOCK_D=_block_d(d))
         return dx, None, None, None, None
 
 

@@ -1,0 +1,34 @@
+"""Record the memory-snapshot test fixture on this machine: a forward pass of the 2-layer model
+of tests/test_memory.py (batch 2, context 16, d_model 32), recorded the way the memory
+benchmark records it, written as gzipped JSON.
+
+    PYTHONPATH=src python3 scripts/record_memory_fixture.py tests/fixtures/memory_snapshot_cuda_forward.json.gz
+"""
+import contextlib
+import gzip
+import json
+import sys
+
+import torch
+
+from lmperf.bench import e2e, memory
+
+CASE = {"size": "tiny", "context": 16, "mode": "forward", "dtype": "fp32", "compile": False,
+        "attention": "plain", "batch_size": 2}
+DIMS = {"d_model": 32, "d_ff": 64, "n_layers": 2, "n_heads": 2}
+
+
+def main(out: str) -> None:
+    cfg, model, optimizer, inputs, targets, autocast = e2e.setup(CASE, DIMS)
+    nothing = lambda phase: contextlib.nullcontext()
+    run = lambda: e2e.step(model, optimizer, inputs, targets, autocast, nothing)
+    run()
+    snapshot = memory.record_snapshot(run, torch.cuda.is_available())
+    keep = {"device_traces": [memory.device_trace(snapshot)]}  # segments are not needed
+    with gzip.open(out, "wt") as f:
+        json.dump(keep, f)
+    print(f"wrote {out}: {len(keep['device_traces'][0])} events")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
