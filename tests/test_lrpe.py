@@ -123,7 +123,7 @@ def test_lrpe_bars_are_computed_from_the_rows():
                                   ("backward_peak_mib", peak), ("forward_copy_fraction", fraction),
                                   ("backward_copy_fraction", fraction), ("x_elements", elements),
                                   ("copy_gbs", 3000.0)):
-                rows.append({"dims": 1, "n": n, "l": 0, "tokens": n, "provider": provider,
+                rows.append({"dims": 1, "side": n, "l": 0, "tokens": n, "provider": provider,
                              "case_id": f"1d-n{n}-l0-{provider}", "metric": metric, "mean": value,
                              "status": "ok", "message": ""})
     view = lrpe_view(pd.DataFrame(rows))

@@ -65,7 +65,7 @@ def bench_cases(spec: dict) -> list[dict]:
     m = spec["dims"]
     e = 1 << math.ceil(math.log2(math.ceil(spec["d"] / m)))  # next power of two of ceil(d/m)
     for n, l, provider in itertools.product(spec["sizes"], spec["extra_tokens"], spec["providers"]):
-        case = {"dims": m, "n": n, "tokens": l + n**m, "l": l, "provider": provider, "batch": spec["batch"],
+        case = {"dims": m, "side": n, "tokens": l + n**m, "l": l, "provider": provider, "batch": spec["batch"],
                 "heads": spec["heads"], "d": spec["d"], "e": e, "dtype": spec["dtype"]}
         case["case_id"] = f"{m}d-n{n}-l{l}-{provider}"
         cases.append(case)
@@ -97,7 +97,7 @@ def measure_bench(case: dict) -> list[dict]:
 
     if not torch.cuda.is_available():
         raise common.NotRun("needs CUDA")
-    shape, l = (case["n"],) * case["dims"], case["l"]
+    shape, l = (case["side"],) * case["dims"], case["l"]
     b, h, d, n = case["batch"], case["heads"], case["d"], case["tokens"]
     dtype = common.torch_dtype(case["dtype"])
     provider = case["provider"]

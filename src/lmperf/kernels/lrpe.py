@@ -18,6 +18,7 @@ through them.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -153,7 +154,7 @@ def _lrpe_fwd_kernel(X, OUT, ANGLES, theta_ptr, dims, strides, B, H, N, N_KEY, l
                      stride_xb, stride_xh, stride_xn, stride_ob, stride_oh, stride_on,
                      M: tl.constexpr, CACHE: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    tile, head = tl.program_id(0), tl.program_id(1)
+    tile, head, part, parts = tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(2)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < N) & (cols[None, :] < d)
@@ -163,7 +164,7 @@ def _lrpe_fwd_kernel(X, OUT, ANGLES, theta_ptr, dims, strides, B, H, N, N_KEY, l
     cos, sin = tl.cos(angle), tl.sin(angle)
     x_off = head.to(tl.int64) * stride_xh + rows[:, None].to(tl.int64) * stride_xn + cols[None, :]
     o_off = head.to(tl.int64) * stride_oh + rows[:, None].to(tl.int64) * stride_on + cols[None, :]
-    for b in range(B):                             # the same angles serve every batch element
+    for b in range(part * B // parts, (part + 1) * B // parts):  # the same angles serve them all
         x = tl.load(X + b * stride_xb + x_off, mask=mask, other=0.0).to(tl.float32)
         tl.store(OUT + b * stride_ob + o_off, (x * cos).to(OUT.dtype.element_ty), mask=mask)
         tl.store(OUT + b * stride_ob + o_off + d, (x * sin).to(OUT.dtype.element_ty), mask=mask)
@@ -175,7 +176,7 @@ def _lrpe_bwd_kernel(DO, DX, ANGLES, theta_ptr, dims, strides, B, H, N, N_KEY, l
                      stride_ob, stride_oh, stride_on, stride_xb, stride_xh, stride_xn,
                      M: tl.constexpr, CACHE: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    tile, head = tl.program_id(0), tl.program_id(1)
+    tile, head, part, parts = tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(2)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < N) & (cols[None, :] < d)
@@ -187,7 +188,7 @@ def _lrpe_bwd_kernel(DO, DX, ANGLES, theta_ptr, dims, strides, B, H, N, N_KEY, l
     cos, sin = tl.cos(angle), tl.sin(angle)
     o_off = head.to(tl.int64) * stride_oh + rows[:, None].to(tl.int64) * stride_on + cols[None, :]
     x_off = head.to(tl.int64) * stride_xh + rows[:, None].to(tl.int64) * stride_xn + cols[None, :]
-    for b in range(B):
+    for b in range(part * B // parts, (part + 1) * B // parts):
         do_cos = tl.load(DO + b * stride_ob + o_off, mask=mask, other=0.0).to(tl.float32)
         do_sin = tl.load(DO + b * stride_ob + o_off + d, mask=mask, other=0.0).to(tl.float32)
         tl.store(DX + b * stride_xb + x_off, (do_cos * cos + do_sin * sin).to(DX.dtype.element_ty),
@@ -196,6 +197,26 @@ def _lrpe_bwd_kernel(DO, DX, ANGLES, theta_ptr, dims, strides, B, H, N, N_KEY, l
 
 def _block_d(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
+
+
+def _grid(b: int, n: int, h: int, device: torch.device):
+    """(token tiles, heads, batch parts). A program streams its batch elements through one tile
+    of angles; when tiles x heads alone would not fill the GPU (small grids), the batch is
+    split over more programs, each recomputing the tile's angles, so that the loads of
+    different batch elements are in flight at once instead of one after another."""
+    target = 4 * _multiprocessors(device)
+
+    def grid(meta):
+        programs = triton.cdiv(n, meta["BLOCK_N"]) * h
+        return triton.cdiv(n, meta["BLOCK_N"]), h, min(b, max(1, triton.cdiv(target, programs)))
+    return grid
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 2  # the interpreter: small enough that tests cover both split and unsplit grids
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _grid_meta(shape):
@@ -213,7 +234,7 @@ class _LRPETriton(torch.autograd.Function):
         dims, strides = _grid_meta(shape)
         out = torch.empty(b, h, n, 2 * d, dtype=x.dtype, device=x.device)
         angles = torch.empty(h, n, d, dtype=torch.float32, device=x.device) if cache else out
-        grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), h)
+        grid = _grid(b, n, h, x.device)
         _lrpe_fwd_kernel[grid](x, out, angles, theta, dims, strides, b, h, n, triton.next_power_of_2(n),
                                l, theta.shape[1], d, x.stride(0), x.stride(1), x.stride(2),
                                out.stride(0), out.stride(1), out.stride(2), M=len(shape), CACHE=cache,
@@ -229,7 +250,7 @@ class _LRPETriton(torch.autograd.Function):
         dims, strides = _grid_meta(shape)
         grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
         dx = torch.empty(b, h, n, d, dtype=dtype, device=grad_out.device)
-        grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), h)
+        grid = _grid(b, n, h, grad_out.device)
         _lrpe_bwd_kernel[grid](grad_out, dx, cached[0] if cache else dx, theta, dims, strides, b, h,
                                n, triton.next_power_of_2(n), l, theta.shape[1], d, grad_out.stride(0),
                                grad_out.stride(1), grad_out.stride(2), dx.stride(0), dx.stride(1),

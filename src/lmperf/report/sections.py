@@ -348,14 +348,14 @@ def lrpe_view(bench: pd.DataFrame) -> dict:
             for metric, label in (("ms", "time (ms)"), ("peak_mib", "peak memory (MiB)"),
                                   ("copy_fraction", "fraction of copy bandwidth")):
                 rows = {}
-                for (n, provider), c in g.groupby(["n", "provider"], sort=False):
+                for (n, provider), c in g.groupby(["side", "provider"], sort=False):
                     rows.setdefault(n, {"n": int(n)})[provider] = cell(c, f"{direction}_{metric}")
                 df = pd.DataFrame(list(rows.values()))
                 df = df[["n"] + [p for p in LRPE_PROVIDERS if p in df.columns]]
                 tables.append({"title": f"{int(dims)}-D, l = {int(l)}, {direction}, {label}",
                                "table": table(df)})
     ok = bench[bench["status"] == "ok"]
-    val = ok.pivot_table(index=["dims", "n", "l"], columns=["provider", "metric"], values="mean")
+    val = ok.pivot_table(index=["dims", "side", "l"], columns=["provider", "metric"], values="mean")
     bars = []
     elements = val[("triton", "x_elements")] if ("triton", "x_elements") in val else pd.Series(dtype=float)
     big = elements[elements >= 16 * 2**20].index
