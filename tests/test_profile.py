@@ -77,3 +77,15 @@ def test_gpu_range_time_counts_the_cpu_side_range_once():
                   _Event("aten::bmm", "DeviceType.CPU", 30.0, 4.0)])
     assert profile.range_times(prof, cuda=True) == {"attention.scores": 30.0}
     assert profile.range_times(prof, cuda=False) == {"attention.scores": 5.0}
+
+
+def test_view_drops_named_ranges_listed_as_kernels_and_recomputes_shares(rows):
+    # On a GPU torch.optim's "Optimizer.step#AdamW.step" range shows up as a device-side
+    # annotation spanning the optimizer's kernels; counted as a kernel it would double the phase.
+    df = rows.assign(status="ok", profiled_steps=1, case_id=rows["case_id"])
+    opt = df[(df["metric"] == "kernel_us_per_step") & (df["phase"] == "optimizer")]
+    fake = opt.iloc[[0]].assign(kernel="Optimizer.step#AdamW.step", mean=opt["mean"].sum(), share=0.5)
+    view = profile_view(pd.concat([df, fake]))
+    text = next(t["table"] for t in view["cases"][0]["tops"] if t["phase"] == "optimizer")
+    assert "Optimizer.step" not in text
+    assert profile_view(pd.concat([df, fake]))["cases"][0]["shares"] == profile_view(df)["cases"][0]["shares"]

@@ -75,13 +75,19 @@ def bench_cases(spec: dict) -> list[dict]:
     return cases
 
 
+def _no_donated_buffers():
+    """The benchmark times backward alone with retain_graph=True, which compiled backwards with
+    donated buffers refuse; donation only saves memory, not time. Every compiled provider
+    sets this itself: a run resumed from its journal may start with any of them."""
+    import torch
+    torch._functorch.config.donated_buffer = False
+
+
 @functools.cache
 def _compiled_plain():
     import torch
     from lmperf.model import plain_attention
-    # The benchmark times backward alone with retain_graph=True, which compiled backwards with
-    # donated buffers refuse; donation only saves memory, not time.
-    torch._functorch.config.donated_buffer = False
+    _no_donated_buffers()
     return torch.compile(plain_attention, dynamic=True)
 
 
@@ -89,6 +95,7 @@ def _compiled_plain():
 def _compiled_flex():
     import torch
     from torch.nn.attention.flex_attention import flex_attention
+    _no_donated_buffers()
     return torch.compile(flex_attention, dynamic=False)
 
 

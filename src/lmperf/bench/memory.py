@@ -51,12 +51,17 @@ def frame_text(frame: dict) -> str:
     return f"{where}:{frame['line']} {frame['name']}"
 
 
+# Python frames are recorded for allocations made from Python; backward runs on the autograd
+# engine's own thread, whose allocations have none.
+NO_STACK = "(no Python frame: autograd engine thread, i.e. backward)"
+
+
 def made_by(frames: list[dict]) -> str:
     """The operation that made an allocation: the innermost frame, and the innermost frame in
     lmperf's own code if there is one."""
     frames = [f for f in frames if f.get("filename", "").endswith(".py")] or frames
     if not frames:
-        return "(no stack)"
+        return NO_STACK
     texts = [frame_text(f) for f in frames]
     ours = next((t for t, f in zip(texts, frames)
                  if "lmperf" in f.get("filename", "") + f.get("name", "")), None)

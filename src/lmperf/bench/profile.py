@@ -28,12 +28,21 @@ def category(kernel: str) -> str:
     return "other"
 
 
+# Named ranges (record_function): ours, torch.optim's and the profiler's own. On a GPU each is
+# also listed as a device-side annotation spanning its kernels, which is not a kernel.
+ANNOTATIONS = ("phase.", "attention.", "ProfilerStep", "Optimizer.")
+
+
+def is_annotation(name: str) -> bool:
+    return name.startswith(ANNOTATIONS)
+
+
 def kernel_times(prof, cuda: bool) -> dict[str, tuple[float, int]]:
     """{name: (self time in us, calls)} of the kernels (GPU) or operators (CPU) in one profile,
-    our own named ranges left out."""
+    named ranges left out."""
     out = {}
     for e in prof.key_averages():
-        if e.key.startswith(("phase.", "attention.", "ProfilerStep")):
+        if is_annotation(e.key) or getattr(e, "is_user_annotation", False):
             continue
         if cuda:
             if str(e.device_type) != "DeviceType.CUDA" or e.self_device_time_total <= 0:

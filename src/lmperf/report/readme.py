@@ -40,12 +40,63 @@ def headline(e2e: pd.DataFrame) -> str:
     return sections.table(pd.DataFrame(rows))
 
 
+FA_PROVIDERS = {"triton": "ours (Triton)", "sdpa_flash": "SDPA-flash", "sdpa_cudnn": "SDPA-cuDNN",
+                "flex": "FlexAttention", "plain_compiled": "torch.compile", "plain": "PyTorch"}
+LRPE_PROVIDERS = {"triton": "ours (Triton)", "triton_cache": "ours, angle cache",
+                  "torch_compile": "torch.compile", "torch": "PyTorch"}
+
+
+def _mean(df: pd.DataFrame, metric: str) -> float | None:
+    m = df[(df["metric"] == metric) & (df["status"] == "ok")]["mean"]
+    return float(m.iloc[0]) if len(m) else None
+
+
+def kernels(fa: pd.DataFrame, lrpe: pd.DataFrame) -> str:
+    """Our two kernels against their peers, one row per headline configuration, read from the
+    FlashAttention-2 headline/throughput jobs and the LRPE 1-D bench at its largest size."""
+    rows = []
+
+    def fa_row(what: str, sel, metric: str):
+        row = {"kernel, configuration": what}
+        for p, label in FA_PROVIDERS.items():
+            v = _mean(sel[sel["provider"] == p], metric)
+            row[label] = "" if v is None else sections.fmt(v)
+        rows.append(row)
+    if not fa.empty:
+        head = fa[fa["group"] == "headline"]
+        thr = fa[(fa["group"] == "throughput") & (fa["causal"].astype(str).str.lower() == "false")]
+        if not head.empty:
+            fa_row("FlashAttention-2 fwd+bwd ms, 16 heads x 16,384 x 64, causal, bf16", head, "fwd_bwd_ms")
+        if not thr.empty:
+            fa_row("FlashAttention-2 forward TFLOP/s, 4 x 16 heads x 8,192 x 128, bf16", thr, "forward_tflops")
+    out = sections.table(pd.DataFrame(rows)) if rows else ""
+    ok = lrpe[(lrpe["status"] == "ok") & (lrpe["dims"] == 1) & (lrpe["l"] == 0)] if not lrpe.empty else lrpe
+    if not ok.empty:
+        side = ok["side"].max()
+        big = ok[ok["side"] == side]
+        lrows = []
+        for direction in ("forward", "backward"):
+            row = {f"LRPE-cosine 1-D, {int(side):,} tokens, bf16": f"{direction} ms (share of copy bandwidth)"}
+            for p, label in LRPE_PROVIDERS.items():
+                g = big[big["provider"] == p]
+                ms, frac = _mean(g, f"{direction}_ms"), _mean(g, f"{direction}_copy_fraction")
+                row[label] = "" if ms is None else f"{sections.fmt(ms)} ({sections.fmt(100 * frac)}%)"
+            lrows.append(row)
+        out += "\n\n" + sections.table(pd.DataFrame(lrows))
+    return out
+
+
 def render_block(results: Path, templates: Path) -> str:
     e2e = load_section(results, "e2e")
     env = load_section(results, "env")
     facts = dict(zip(env["key"], env["value"].astype(str))) if not env.empty else {}
+    fa = load_section(results, "flash_attention")
+    fa = fa[fa["study"] == "bench"] if not fa.empty else fa
+    lrpe = load_section(results, "lrpe")
+    lrpe = lrpe[lrpe["study"] == "bench"] if not lrpe.empty else lrpe
     seconds = sections.measured_seconds({"e2e": e2e})
     context = {"hw": results.name, "facts": facts, "headline": headline(e2e),
+               "kernels": kernels(fa, lrpe),
                "context": int(e2e[e2e["study"] == "variants"]["context"].iloc[0]),
                "batch_size": int(e2e["batch_size"].iloc[0]),
                "minutes": sections.fmt(sum(seconds.values()) / 60),

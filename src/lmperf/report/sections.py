@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from lmperf.bench import memory as memory_bench
+from lmperf.bench import profile as profile_bench
+
 CASE_KEYS = ["size", "context", "dtype", "compile", "mode", "warmup"]
 # Metrics shown as mean ± std over the timed steps; the rest show the mean alone.
 SPREAD_METRICS = {"forward_ms", "backward_ms", "optimizer_ms", "step_ms"}
@@ -322,7 +325,7 @@ def fa_view(bench: pd.DataFrame) -> dict:
         for (dtype, d), g in grid.groupby(["dtype", "head_dim"], sort=False):
             cells = {}
             for (n, provider), c in g.groupby(["seq_len", "provider"], sort=False):
-                cells.setdefault(n, {"N": n})[provider] = _bench_cell(c, "fwd_bwd_ms")
+                cells.setdefault(n, {"N": int(n)})[provider] = _bench_cell(c, "fwd_bwd_ms")
             view["grid"].append({"dtype": dtype, "head_dim": int(d),
                                  "table": table(pd.DataFrame(list(cells.values())))})
     view["bars"] = table(pd.DataFrame(bars)) if bars else ""
@@ -462,6 +465,10 @@ def profile_view(df: pd.DataFrame, top: int = 10) -> dict:
             "on_gpu": bool((df["gpu"] != "none").any())}
     for case_id, g in ok.groupby("case_id", sort=False):
         kernels = g[g["metric"] == "kernel_us_per_step"]
+        # Rows measured before named ranges were filtered at the source (a GPU lists each
+        # range as a device-side annotation) are dropped here; shares are over kernels only.
+        kernels = kernels[~kernels["kernel"].map(profile_bench.is_annotation)].copy()
+        kernels["share"] = kernels["mean"] / kernels.groupby("phase")["mean"].transform("sum")
         shares = kernels.pivot_table(index="phase", columns="category", values="share", aggfunc="sum")
         shares = shares.reindex([p for p in ("forward", "backward", "optimizer") if p in shares.index])
         phase_ms = kernels.groupby("phase")["mean"].sum() / 1e3
@@ -517,7 +524,8 @@ def memory_view(df: pd.DataFrame, results: Path, out_dir: Path) -> dict:
     largest = []
     for case_id, g in top.groupby("case_id", sort=False):
         largest.append({"case": case_id, "table": table(pd.DataFrame({
-            "rank": g["rank"].astype(int), "MiB": g["mean"].map(fmt), "made by": g["made_by"],
+            "rank": g["rank"].astype(int), "MiB": g["mean"].map(fmt),
+            "made by": g["made_by"].replace("(no stack)", memory_bench.NO_STACK),  # older rows
             "category": g["category"].fillna("")}))})
     first = df.iloc[0]
     return {"available": True, "table": table(pd.DataFrame(rows)), "largest": largest,
