@@ -139,3 +139,13 @@ def test_correctness_section_counts_checks_and_flags_failures(tmp_path):
     df.to_csv(check, index=False)
     text = render.render(results, REPO / "templates", tmp_path / "r.md", tmp_path / "fig", "full")
     assert "**Failing checks:**" in text and "| FAIL" in text
+
+
+def test_report_lists_the_result_files_a_full_run_would_write_but_are_missing(tmp_path):
+    results = tmp_path / "results" / "x"
+    shutil.copytree(FA_FIXTURE, results)
+    missing, expected = render.missing_csvs(results, "full")
+    assert expected > 20 and "flash_attention/bench/grid_d64.csv" in missing
+    assert "flash_attention/bench/headline_d64.csv" not in missing  # the fixture has it
+    text = render.render(results, REPO / "templates", tmp_path / "r.md", tmp_path / "fig", "full")
+    assert f"**Not measured yet:** {len(missing)} of the {expected} result files" in text

@@ -44,6 +44,17 @@ def e2e_csvs(results: str, e2e: dict) -> list[str]:
             for study, spec in e2e["studies"].items() for size in spec["sizes"]]
 
 
+def expected_csvs(config: dict, scale: str, results: str) -> list[str]:
+    """Every results CSV a full run of the DAG writes at this scale (the report's inputs)."""
+    fa, lrpe = config["flash_attention"][scale], config["lrpe"][scale]
+    return [f"{results}/env/env.csv", *e2e_csvs(results, config["e2e"][scale]),
+            f"{results}/flash_attention/check.csv",
+            *[f"{results}/flash_attention/bench/{job}.csv" for job in fa_bench_jobs(fa)],
+            f"{results}/lrpe/check.csv",
+            *[f"{results}/lrpe/bench_{g['dims']}d.csv" for g in lrpe["bench"]["grids"]],
+            *[f"{results}/{s}/{s}.csv" for s in ("attention", "precision", "profile", "memory")]]
+
+
 def e2e_spec(config: dict, e2e: dict, study: str, size: str) -> str:
     """The JSON spec of one e2e job: a rerun trigger for exactly what that job measures."""
     spec = e2e["studies"][study]

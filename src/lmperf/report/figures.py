@@ -83,18 +83,20 @@ def fa_figures(bench: pd.DataFrame, out: Path) -> dict[str, Path]:
     fig, axes = plt.subplots(len(panels) // 4 + bool(len(panels) % 4), min(4, len(panels)),
                              figsize=(4 * min(4, len(panels)), 3.2 * (len(panels) // 4 + bool(len(panels) % 4))),
                              squeeze=False)
+    # One colour per provider in every panel (fp32 panels lack the SDPA backends).
+    colours = {p: f"C{i}" for i, p in enumerate(sorted(grid["provider"].unique()))}
     for ax, (dtype, d) in zip(axes.flat, panels):
         g = grid[(grid["dtype"] == dtype) & (grid["head_dim"] == d)]
         for provider, p in g.groupby("provider"):
             p = p.sort_values("seq_len")
             ax.plot(p["seq_len"], p["mean"], marker="o", lw=2.5 if provider == "triton" else 1,
-                    label=provider)
+                    label=provider, color=colours[provider])
         ax.set_xscale("log", base=2)
-        ax.set_title(f"{dtype}, D={d}")
+        ax.set_title(f"{dtype}, D={int(d)}")
+        ax.legend(fontsize="x-small")
         ax.set_xlabel("sequence length")
         ax.set_ylabel("TFLOP/s (fwd+bwd)")
         ax.grid(True, alpha=0.3)
-    axes.flat[0].legend(fontsize="small")
     _save(fig, path)
     return {"fa_tflops": path}
 
@@ -107,12 +109,15 @@ def lrpe_figures(bench: pd.DataFrame, out: Path) -> dict[str, Path]:
         _empty(path, "LRPE-cosine bandwidth")
         return {"lrpe_bandwidth": path}
     copy = ok[ok["metric"] == "copy_gbs"]["mean"].median()
+    colours = {p: f"C{i}" for i, p in enumerate(sorted(ok["provider"].unique()))}  # provider: colour
+    styles = ["-.", "-", "--"]                                                       # dims: line
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), squeeze=False)
     for ax, direction in zip(axes.flat, ("forward", "backward")):
         g = ok[ok["metric"] == f"{direction}_gbs"]
         for (provider, dims), p in g.groupby(["provider", "dims"]):
             p = p.sort_values("tokens")
-            ax.plot(p["tokens"], p["mean"], marker="o", label=f"{provider} {int(dims)}-D")
+            ax.plot(p["tokens"], p["mean"], label=f"{provider} {int(dims)}-D",
+                    color=colours[provider], ls=styles[int(dims) % 3], marker="o^s"[int(dims) % 3])
         ax.axhline(copy, color="black", ls=":", label="device copy")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("tokens (l = 0)")

@@ -28,6 +28,24 @@ def only_study(df: pd.DataFrame, study: str) -> pd.DataFrame:
     return df[df["study"] == study] if not df.empty else df
 
 
+CONFIG = Path(__file__).resolve().parents[3] / "config" / "config.yaml"
+
+
+def missing_csvs(results: Path, scale: str, config_path: Path = CONFIG) -> tuple[list[str], int]:
+    """(the result files a full run at this scale writes that are not there yet, how many it
+    writes), from the grids in config/config.yaml."""
+    import yaml
+
+    from lmperf import workflow
+    if not config_path.exists():
+        return [], 0
+    config = yaml.safe_load(config_path.read_text())
+    if scale not in config.get("e2e", {}):
+        return [], 0
+    expected = workflow.expected_csvs(config, scale, str(results))
+    return [str(Path(p).relative_to(results)) for p in expected if not Path(p).exists()], len(expected)
+
+
 def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: str) -> str:
     out.parent.mkdir(parents=True, exist_ok=True)
     figures_dir.mkdir(parents=True, exist_ok=True)
@@ -61,6 +79,7 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
         "figures": {name: rel(path) for name, path in figs.items()},
         "rendered_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
+    context["missing"], context["expected"] = missing_csvs(results, scale)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), trim_blocks=True,
                              lstrip_blocks=True, undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True)

@@ -52,11 +52,27 @@ def measured_seconds(frames: dict[str, pd.DataFrame]) -> dict[str, float]:
     return out
 
 
+def provenance_table(frames: dict[str, pd.DataFrame], seconds: dict[str, float]) -> str:
+    """Per section: the commits its rows were measured at, when, and its GPU minutes, so a
+    report assembled from several runs says so."""
+    rows = []
+    for section, df in frames.items():
+        if df.empty or "commit" not in df:
+            continue
+        when = pd.to_datetime(df["measured_at"], utc=True, errors="coerce").dropna()
+        span = "" if when.empty else (f"{when.min():%Y-%m-%d %H:%M}" if when.min() == when.max()
+                                      else f"{when.min():%Y-%m-%d %H:%M} to {when.max():%H:%M} UTC")
+        rows.append({"section": section, "commit(s)": ", ".join(commits([df])), "measured": span,
+                     "GPU min": fmt(seconds.get(section, 0.0) / 60)})
+    return table(pd.DataFrame(rows)) if rows else ""
+
+
 def env_view(env: pd.DataFrame, results: Path, scale: str,
              sections: dict[str, pd.DataFrame] | None = None) -> dict:
     seconds = measured_seconds(sections or {})
     timing = {"per_section": {k: fmt(v / 60) for k, v in seconds.items()},
-              "total_min": fmt(sum(seconds.values()) / 60)} if seconds else None
+              "total_min": fmt(sum(seconds.values()) / 60),
+              "provenance": provenance_table(sections or {}, seconds)} if seconds else None
     if env.empty:
         return {"available": False, "why": f"no {results}/env/env.csv", "facts": {}, "table": "",
                 "timing": timing}
