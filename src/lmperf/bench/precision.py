@@ -7,14 +7,17 @@ from __future__ import annotations
 from lmperf.bench import common
 
 
+ADDITIONS, ADDEND = 1000, 0.01
+
+
 def accumulation() -> list[dict]:
-    """1,000 additions of 0.01 into accumulators of different dtypes; the exact values."""
+    """ADDITIONS additions of ADDEND into accumulators of different dtypes; the exact values."""
     import torch
 
     def run(acc_dtype, addend_dtype, upcast: bool):
         s = torch.tensor(0.0, dtype=acc_dtype)
-        x = torch.tensor(0.01, dtype=addend_dtype)
-        for _ in range(1000):
+        x = torch.tensor(ADDEND, dtype=addend_dtype)
+        for _ in range(ADDITIONS):
             s += x.to(acc_dtype) if upcast else x
         return float(s)
 
@@ -26,7 +29,8 @@ def accumulation() -> list[dict]:
     for name, acc, addend, upcast in variants:
         value = run(acc, addend, upcast)
         row = common.summarize("sum", "value", [value])
-        row.update(variant=name, exact=repr(value), error=value - 10.0)
+        row.update(variant=name, exact=repr(value), error=value - ADDITIONS * ADDEND,
+                   additions=ADDITIONS, addend=ADDEND)
         rows.append(row)
     return rows
 

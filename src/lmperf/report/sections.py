@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from lmperf.bench import memory as memory_bench
+from lmperf.bench import precision as precision_bench
 from lmperf.bench import profile as profile_bench
 
 CASE_KEYS = ["size", "context", "dtype", "compile", "mode", "warmup"]
@@ -449,9 +450,16 @@ def precision_view(df: pd.DataFrame, e2e: pd.DataFrame) -> dict:
         view["why"] = "no results (rule precision has not run)"
     else:
         acc = df[df["case_id"] == "accumulation"]
-        view["accumulation"] = table(acc.assign(**{"sum of 1,000 x 0.01": acc["exact"],
-                                                   "error vs 10": acc["error"].map(lambda e: f"{e:+.6g}")})
-                                     [["variant", "sum of 1,000 x 0.01", "error vs 10"]])
+        # The experiment's size, from the rows (rows written before it was recorded: the code's).
+        n = int(acc["additions"].iloc[0]) if "additions" in acc and acc["additions"].notna().any() \
+            else precision_bench.ADDITIONS
+        x = float(acc["addend"].iloc[0]) if "addend" in acc and acc["addend"].notna().any() \
+            else precision_bench.ADDEND
+        view["experiment"] = {"additions": f"{n:,}", "addend": f"{x:g}", "exact": f"{n * x:g}"}
+        total, err = f"sum of {n:,} x {x:g}", f"error vs {n * x:g}"
+        view["accumulation"] = table(acc.assign(**{total: acc["exact"],
+                                                   err: acc["error"].map(lambda e: f"{e:+.6g}")})
+                                     [["variant", total, err]])
         auto = df[df["experiment"] == "autocast"]
         wide_auto = auto.pivot_table(index="tensor", columns="autocast", values="dtype", aggfunc="first")
         order = ["parameters", "fc1 output", "LayerNorm output", "logits", "loss", "gradients"]
