@@ -109,10 +109,7 @@ def test_bench_grid_follows_the_seed():
         assert {c["tokens"] for c in cases} == {n**dims + l for n in sizes for l in (0, 10)}
 
 
-def test_lrpe_bars_are_computed_from_the_rows():
-    """Synthetic rows (not measurements): the view must flag each bar from the numbers given."""
-    import pandas as pd
-    from lmperf.report.sections import lrpe_view
+def _synthetic_rows(graph_speedup=None):
     rows = []
     for n, elements, fraction, t_triton, t_compile, peak_triton, peak_compile in (
             (256, 12 * 12 * 256 * 128, 0.5, 0.1, 0.2, 10, 20),
@@ -123,12 +120,42 @@ def test_lrpe_bars_are_computed_from_the_rows():
                                   ("backward_peak_mib", peak), ("forward_copy_fraction", fraction),
                                   ("backward_copy_fraction", fraction), ("x_elements", elements),
                                   ("copy_gbs", 3000.0)):
-                rows.append({"dims": 1, "side": n, "l": 0, "tokens": n, "provider": provider,
-                             "case_id": f"1d-n{n}-l0-{provider}", "metric": metric, "mean": value,
-                             "status": "ok", "message": ""})
-    view = lrpe_view(pd.DataFrame(rows))
+                metrics = [(metric, value)]
+                if graph_speedup and metric.endswith(("_ms", "_copy_fraction")) and not metric.endswith("peak_mib"):
+                    # host-free times: ours graph_speedup x faster than its call time, the peer's unchanged
+                    g = graph_speedup if provider == "triton" else 1.0
+                    gv = value / g if metric.endswith("_ms") else min(1.0, value * g)
+                    metrics.append((metric.replace("_ms", "_graph_ms").replace("_copy", "_graph_copy"), gv))
+                for m, v in metrics:
+                    rows.append({"dims": 1, "side": n, "l": 0, "tokens": n, "provider": provider,
+                                 "case_id": f"1d-n{n}-l0-{provider}", "metric": m, "mean": v,
+                                 "status": "ok", "message": "", "graph_calls": 10})
+    return rows
+
+
+def test_lrpe_bars_are_computed_from_the_rows():
+    """Synthetic rows (not measurements): the view must flag each bar from the numbers given."""
+    import pandas as pd
+    from lmperf.report.sections import lrpe_view
+    view = lrpe_view(pd.DataFrame(_synthetic_rows()))
+    assert not view["graph"]
     bars = " ".join(view["bars"].split())
-    assert "triton forward >= 85% of copy bandwidth (x >= 16M elements, 2 configs) | worst 80.0% | no |" in bars
-    assert ("triton forward faster than torch.compile everywhere | slowest ratio 1.11x "
+    assert ("triton forward >= 85% of copy bandwidth (x >= 16M elements, 2 configs; time per call) "
+            "| worst 80.0% | no |") in bars
+    assert ("triton forward faster than torch.compile everywhere (time per call) | slowest ratio 1.11x "
             "(1 of 3 not faster) | no |") in bars
     assert "triton forward peak memory <= torch.compile everywhere | largest excess 10.0 MiB | no |" in bars
+
+
+def test_lrpe_bars_use_cuda_graph_times_when_the_run_has_them():
+    import pandas as pd
+    from lmperf.report.sections import lrpe_view
+    view = lrpe_view(pd.DataFrame(_synthetic_rows(graph_speedup=1.25)))
+    assert view["graph"] and view["graph_calls"] == 10
+    bars = " ".join(view["bars"].split())
+    # 0.8 x 1.25 = 100% of copy bandwidth, and 1.0 / 1.25 = 0.8 ms against the peer's 0.9 ms
+    assert ("triton forward >= 85% of copy bandwidth (x >= 16M elements, 2 configs; device time in a "
+            "CUDA graph) | worst 100% | yes |") in bars
+    assert ("triton forward faster than torch.compile everywhere (device time in a CUDA graph) "
+            "| slowest ratio 0.889x (0 of 3 not faster) | yes |") in bars
+    assert any("CUDA graph" in t["title"] for t in view["tables"])

@@ -363,10 +363,16 @@ def lrpe_view(bench: pd.DataFrame) -> dict:
                 + "; ".join(sorted(set(bench["message"].dropna())))}
     cell = lambda g, metric: _bench_cell(g, metric)
     tables = []
+    # Device time in a CUDA graph (host left out), where the run measured it: the bars use it.
+    graph = bench["metric"].eq("forward_graph_ms").any()
+    metrics = [("ms", "time per call (ms)"), ("peak_mib", "peak memory (MiB)"),
+               ("copy_fraction", "fraction of copy bandwidth, per call")]
+    if graph:
+        metrics += [("graph_ms", "device time in a CUDA graph (ms)"),
+                    ("graph_copy_fraction", "fraction of copy bandwidth, CUDA graph")]
     for (dims, l), g in bench.groupby(["dims", "l"], sort=True):
         for direction in ("forward", "backward"):
-            for metric, label in (("ms", "time (ms)"), ("peak_mib", "peak memory (MiB)"),
-                                  ("copy_fraction", "fraction of copy bandwidth")):
+            for metric, label in metrics:
                 rows = {}
                 for (n, provider), c in g.groupby(["side", "provider"], sort=False):
                     rows.setdefault(n, {"n": int(n)})[provider] = cell(c, f"{direction}_{metric}")
@@ -379,19 +385,21 @@ def lrpe_view(bench: pd.DataFrame) -> dict:
     bars = []
     elements = val[("triton", "x_elements")] if ("triton", "x_elements") in val else pd.Series(dtype=float)
     big = elements[elements >= 16 * 2**20].index
+    timing = "_graph" if graph else ""
+    how = "device time in a CUDA graph" if graph else "time per call"
     for direction in ("forward", "backward"):
-        key = ("triton", f"{direction}_copy_fraction")
+        key = ("triton", f"{direction}{timing}_copy_fraction")
         if key in val and len(big):
             worst = val.loc[big, key].min()
             bars.append({"bar": f"triton {direction} >= 85% of copy bandwidth (x >= 16M elements, "
-                                f"{len(big)} configs)", "measured": f"worst {fmt(100 * worst)}%",
+                                f"{len(big)} configs; {how})", "measured": f"worst {fmt(100 * worst)}%",
                          "met": "yes" if worst >= 0.85 else "no"})
     for impl in ("triton", "triton_cache"):
         for direction in ("forward", "backward"):
-            a, b = (impl, f"{direction}_ms"), ("torch_compile", f"{direction}_ms")
+            a, b = (impl, f"{direction}{timing}_ms"), ("torch_compile", f"{direction}{timing}_ms")
             if a in val and b in val:
                 ratio = (val[a] / val[b]).dropna()
-                bars.append({"bar": f"{impl} {direction} faster than torch.compile everywhere",
+                bars.append({"bar": f"{impl} {direction} faster than torch.compile everywhere ({how})",
                              "measured": f"slowest ratio {fmt(ratio.max())}x ({int((ratio >= 1).sum())} of {len(ratio)} not faster)",
                              "met": "yes" if (ratio < 1).all() else "no"})
             a, b = (impl, f"{direction}_peak_mib"), ("torch_compile", f"{direction}_peak_mib")
@@ -401,8 +409,13 @@ def lrpe_view(bench: pd.DataFrame) -> dict:
                              "measured": f"largest excess {fmt(max(over.max(), 0))} MiB",
                              "met": "yes" if (over <= 0).all() else "no"})
     copy = ok[ok["metric"] == "copy_gbs"]["mean"]
+    first = ok.iloc[0]
+    setup = {k: (first[k] if k in first and pd.notna(first[k]) else "?") for k in ("batch", "heads", "d", "dtype")}
+    setup = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in setup.items()}
     return {"available": True, "tables": tables, "bars": table(pd.DataFrame(bars)) if bars else "",
-            "copy_gbs": fmt(copy.median()) if len(copy) else "n/a"}
+            "copy_gbs": fmt(copy.median()) if len(copy) else "n/a", "graph": bool(graph),
+            "graph_calls": int(bench["graph_calls"].max()) if graph and "graph_calls" in bench else 0,
+            "setup": setup}
 
 
 # ---------------------------------------------------------------------------------------------
