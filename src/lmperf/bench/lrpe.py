@@ -181,10 +181,10 @@ def measure_bench(case: dict) -> list[dict]:
     rows.append(common.summarize("copy_gbs", "GB/s", [copy]))
     rows.append(common.summarize("x_elements", "count", [x.numel()]))
     config = ""
-    if provider.startswith("triton"):  # what the autotuner chose, for the tuning notes
+    if provider.startswith("triton"):  # the tile it ran with, for the tuning notes
         from lmperf.kernels import lrpe
-        config = (f"fwd {lrpe.best_config(lrpe._lrpe_fwd_kernel)}; "
-                  f"bwd {lrpe.best_config(lrpe._lrpe_bwd_kernel)}")
+        cfg = lrpe.launch_config(d)
+        config = f"BLOCK_N={cfg['BLOCK_N']} warps={cfg['num_warps']}"
     for row in rows:
         row["config"] = config
     return rows
