@@ -96,3 +96,17 @@ def test_mixed_devices_are_refused(impl):
     with pytest.raises(ValueError, match="one device"):
         IMPLS[impl](torch.randn(1, 8, 16), torch.randn(1, 8, 16, device="cuda"),
                     torch.randn(1, 8, 16), False)
+
+
+def test_a_skipped_provider_becomes_a_row_that_says_why():
+    from lmperf.bench.common import NotRun
+    from lmperf.bench.flash_attention import bench_cases, measure_bench
+    group = {"name": "g", "batch": 1, "heads": 1, "causal": [True], "dtypes": ["bf16", "fp32"],
+             "seq_lens": [128], "head_dims": [32], "providers": ["flex", "plain"],
+             "skip": [{"provider": "flex", "dtype": "fp32", "reason": "cut for time"}]}
+    cases = {c["case_id"]: c for c in bench_cases({"groups": [group]})}
+    assert len(cases) == 4
+    skipped = [c for c in cases.values() if c.get("skip_reason")]
+    assert [(c["provider"], c["dtype"]) for c in skipped] == [("flex", "fp32")]
+    with pytest.raises(NotRun, match="cut for time"):
+        measure_bench(skipped[0])

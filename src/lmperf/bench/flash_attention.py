@@ -69,6 +69,10 @@ def bench_cases(spec: dict) -> list[dict]:
             case = {"group": group["name"], "provider": provider, "dtype": dtype, "causal": causal,
                     "batch": group["batch"], "heads": group["heads"], "seq_len": n, "head_dim": d,
                     "timing_ms": "/".join(map(str, group.get("timing_ms", [25, 100])))}
+            skip = [s["reason"] for s in group.get("skip", [])
+                    if (s["provider"], s["dtype"]) == (provider, dtype)]
+            if skip:
+                case["skip_reason"] = skip[0]
             case["case_id"] = (f"{group['name']}-{provider}-{dtype}-{'causal' if causal else 'full'}"
                                f"-b{group['batch']}h{group['heads']}n{n}d{d}")
             cases.append(case)
@@ -142,6 +146,8 @@ def measure_bench(case: dict) -> list[dict]:
     import torch
     import triton.testing
 
+    if case.get("skip_reason"):  # left out by the config: a row that says why
+        raise common.NotRun(case["skip_reason"])
     if not torch.cuda.is_available():
         raise common.NotRun("needs CUDA")
     fn = provider_fn(case)
