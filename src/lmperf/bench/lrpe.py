@@ -84,7 +84,7 @@ def copy_bandwidth_gbs() -> float:
     """Device-to-device copy bandwidth of this GPU, measured now (bytes read + written)."""
     import torch
     import triton.testing
-    src = torch.randn(2**28, device="cuda")  # 1 GiB
+    src = torch.empty(2**28, device="cuda").uniform_(generator=torch.Generator(device="cuda"))  # 1 GiB
     dst = torch.empty_like(src)
     ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
     return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
@@ -93,20 +93,21 @@ def copy_bandwidth_gbs() -> float:
 GRAPH_CALLS = 10
 
 
-def graph_ms(call) -> float:
+def graph_ms(call, stream) -> float:
     """Device time of one call with the host left out: GRAPH_CALLS calls captured in one CUDA
     graph, the graph timed by do_bench, divided by GRAPH_CALLS. At small sizes a plain call's
-    time is the host's (Python, the autograd engine's thread hand-off), not the kernel's."""
+    time is the host's (Python, the autograd engine's thread hand-off), not the kernel's.
+    `stream` is the capture stream; a backward must replay a forward made on that stream, as
+    autograd runs each backward op on its forward op's stream."""
     import torch
     import triton.testing
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the default stream, as capture requires
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up off the default stream, as capture requires
         for _ in range(2):
             call()
-    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         for _ in range(GRAPH_CALLS):
             call()
     ms = triton.testing.do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
@@ -130,9 +131,11 @@ def measure_bench(case: dict) -> list[dict]:
         fn = lambda x, theta: (check_inputs(x, theta, shape, l, "torch"), _compiled_torch()(x, theta, shape, l))[1]
     else:
         fn = lambda x, theta: lrpe_cosine_md(x, theta, shape, l, provider)
-    x = torch.randn(b, h, n, d, device="cuda", dtype=dtype, requires_grad=True)
-    theta = torch.rand(h, case["e"], device="cuda")
-    grad = torch.randn(b, h, n, 2 * d, device="cuda", dtype=dtype)
+    # A generator of the case's own: a failed graph capture leaves the default one unusable.
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen, requires_grad=True)
+    theta = torch.rand(h, case["e"], device="cuda", generator=gen)
+    grad = torch.randn(b, h, n, 2 * d, device="cuda", dtype=dtype, generator=gen)
     bench = functools.partial(triton.testing.do_bench, warmup=25, rep=100, return_mode="median")
     x_bytes = x.numel() * x.element_size()
     floor_bytes = 3 * x_bytes  # read x, write out (2d); backward: read dO (2d), write dx
@@ -165,14 +168,19 @@ def measure_bench(case: dict) -> list[dict]:
                  common.summarize(f"{direction}_gbs", "GB/s", [gbs]),
                  common.summarize(f"{direction}_copy_fraction", "fraction", [gbs / copy])]
     # The same without the host: the kernels' device time (what the bandwidth bar is about).
+    graph = {}
     try:
-        out = fn(x, theta)
-        graph = {"forward": graph_ms(lambda: fn(x, theta)),
-                 "backward": graph_ms(lambda: torch.autograd.grad(out, x, grad, retain_graph=True))}
-        out = None
+        stream = torch.cuda.Stream()
+        graph["forward"] = graph_ms(lambda: fn(x, theta), stream)
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            out = fn(x, theta)
+        graph["backward"] = graph_ms(lambda: torch.autograd.grad(out, x, grad, retain_graph=True), stream)
     except Exception as exc:  # not capturable: the call times above still stand
-        rows[0]["message"] = f"no CUDA-graph times: {type(exc).__name__}: {exc}"[:300]
-        graph = {}
+        rows[0]["message"] = (f"no CUDA-graph time for the {('forward', 'backward')[len(graph)]}: "
+                              f"{type(exc).__name__}: {exc}")[:300]
+    out = None
+    torch.cuda.synchronize()
     for direction, ms in graph.items():
         gbs = floor_bytes / (ms * 1e-3) / 1e9
         rows += [dict(common.summarize(f"{direction}_graph_ms", "ms", [ms]), graph_calls=GRAPH_CALLS),
