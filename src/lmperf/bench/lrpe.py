@@ -110,8 +110,12 @@ def graph_ms(call, stream) -> float:
     with torch.cuda.graph(graph, stream=stream):
         for _ in range(GRAPH_CALLS):
             call()
-    ms = triton.testing.do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
-    del graph
+    try:
+        ms = triton.testing.do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
+    finally:  # the graph's private memory pool goes back only when the graph is gone and the
+        del graph  # cache emptied; kept, it starves every later case (seen on the H100: OOM)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
     return ms / GRAPH_CALLS
 
 
@@ -181,6 +185,7 @@ def measure_bench(case: dict) -> list[dict]:
                               f"{type(exc).__name__}: {exc}")[:300]
     out = None
     torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     for direction, ms in graph.items():
         gbs = floor_bytes / (ms * 1e-3) / 1e9
         rows += [dict(common.summarize(f"{direction}_graph_ms", "ms", [ms]), graph_calls=GRAPH_CALLS),
