@@ -109,7 +109,7 @@ def test_bench_grid_follows_the_seed():
         assert {c["tokens"] for c in cases} == {n**dims + l for n in sizes for l in (0, 10)}
 
 
-def _synthetic_rows(graph_speedup=None):
+def _synthetic_rows(kernel_speedup=None):
     rows = []
     for n, elements, fraction, t_triton, t_compile, peak_triton, peak_compile in (
             (256, 12 * 12 * 256 * 128, 0.5, 0.1, 0.2, 10, 20),
@@ -121,15 +121,15 @@ def _synthetic_rows(graph_speedup=None):
                                   ("backward_copy_fraction", fraction), ("x_elements", elements),
                                   ("copy_gbs", 3000.0)):
                 metrics = [(metric, value)]
-                if graph_speedup and metric.endswith(("_ms", "_copy_fraction")) and not metric.endswith("peak_mib"):
-                    # host-free times: ours graph_speedup x faster than its call time, the peer's unchanged
-                    g = graph_speedup if provider == "triton" else 1.0
+                if kernel_speedup and metric.endswith(("_ms", "_copy_fraction")) and not metric.endswith("peak_mib"):
+                    # host-free times: ours kernel_speedup x faster than its call time, the peer's unchanged
+                    g = kernel_speedup if provider == "triton" else 1.0
                     gv = value / g if metric.endswith("_ms") else min(1.0, value * g)
-                    metrics.append((metric.replace("_ms", "_graph_ms").replace("_copy", "_graph_copy"), gv))
+                    metrics.append((metric.replace("_ms", "_kernel_ms").replace("_copy", "_kernel_copy"), gv))
                 for m, v in metrics:
                     rows.append({"dims": 1, "side": n, "l": 0, "tokens": n, "provider": provider,
                                  "case_id": f"1d-n{n}-l0-{provider}", "metric": m, "mean": v,
-                                 "status": "ok", "message": "", "graph_calls": 10})
+                                 "status": "ok", "message": "", "kernel_calls": 10})
     return rows
 
 
@@ -138,7 +138,7 @@ def test_lrpe_bars_are_computed_from_the_rows():
     import pandas as pd
     from lmperf.report.sections import lrpe_view
     view = lrpe_view(pd.DataFrame(_synthetic_rows()))
-    assert not view["graph"]
+    assert not view["kernel"]
     bars = " ".join(view["bars"].split())
     assert ("triton forward >= 85% of copy bandwidth (x >= 16M elements, 2 configs; time per call) "
             "| worst 80.0% | no |") in bars
@@ -147,15 +147,43 @@ def test_lrpe_bars_are_computed_from_the_rows():
     assert "triton forward peak memory <= torch.compile everywhere | largest excess 10.0 MiB | no |" in bars
 
 
-def test_lrpe_bars_use_cuda_graph_times_when_the_run_has_them():
+def test_lrpe_bars_use_kernel_times_when_the_run_has_them():
     import pandas as pd
     from lmperf.report.sections import lrpe_view
-    view = lrpe_view(pd.DataFrame(_synthetic_rows(graph_speedup=1.25)))
-    assert view["graph"] and view["graph_calls"] == 10
+    view = lrpe_view(pd.DataFrame(_synthetic_rows(kernel_speedup=1.25)))
+    assert view["kernel"] and view["kernel_calls"] == 10
     bars = " ".join(view["bars"].split())
     # 0.8 x 1.25 = 100% of copy bandwidth, and 1.0 / 1.25 = 0.8 ms against the peer's 0.9 ms
-    assert ("triton forward >= 85% of copy bandwidth (x >= 16M elements, 2 configs; device time in a "
-            "CUDA graph) | worst 100% | yes |") in bars
-    assert ("triton forward faster than torch.compile everywhere (device time in a CUDA graph) "
+    assert ("triton forward >= 85% of copy bandwidth (x >= 16M elements, 2 configs; kernel time) "
+            "| worst 100% | yes |") in bars
+    assert ("triton forward faster than torch.compile everywhere (kernel time) "
             "| slowest ratio 0.889x (0 of 3 not faster) | yes |") in bars
-    assert any("CUDA graph" in t["title"] for t in view["tables"])
+    assert any("kernel time" in t["title"] for t in view["tables"])
+
+
+def test_a_missing_time_on_either_side_fails_the_faster_bar():
+    """A config where only one side has a kernel time is not counted as a win."""
+    import pandas as pd
+    from lmperf.report.sections import lrpe_view
+    rows = [r for r in _synthetic_rows(kernel_speedup=1.25)
+            if not (r["provider"] == "torch_compile" and r["side"] == 256 and r["metric"] == "forward_kernel_ms")]
+    bars = " ".join(lrpe_view(pd.DataFrame(rows))["bars"].split())
+    assert "(0 of 2 not faster; 1 configs without both times) | no |" in bars
+
+
+class _Avg:  # the fields of a profiler key_averages() entry that device_us reads
+    def __init__(self, key, device_type, self_us, count=1):
+        self.key, self.device_type, self.self_device_time_total, self.count = key, device_type, self_us, count
+
+
+def test_device_us_sums_device_work_per_call_without_the_flushes():
+    from lmperf.bench.lrpe import device_us
+    events = [_Avg("aten::bitwise_not_", "DeviceType.CPU", 50.0, 4),       # CPU op: not device work
+              _Avg("void at::native::vectorized_elementwise_kernel<4, at::native::bitwise_not_kernel_cuda",
+                   "DeviceType.CUDA", 400.0, 4),                             # the L2 flushes
+              _Avg("_lrpe_fwd_kernel", "DeviceType.CUDA", 80.0, 4),
+              _Avg("Memset (Device)", "DeviceType.CUDA", 4.0, 4),
+              _Avg("cudaLaunchKernel", "DeviceType.CPU", 30.0, 8)]
+    assert device_us(events, 4) == pytest.approx(21.0)
+    with pytest.raises(RuntimeError, match="found 4 L2-flush kernels"):
+        device_us(events, 5)

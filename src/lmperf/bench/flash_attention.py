@@ -68,7 +68,8 @@ def bench_cases(spec: dict) -> list[dict]:
                 group["providers"], group["dtypes"], group["causal"], group["seq_lens"], group["head_dims"]):
             case = {"group": group["name"], "provider": provider, "dtype": dtype, "causal": causal,
                     "batch": group["batch"], "heads": group["heads"], "seq_len": n, "head_dim": d,
-                    "timing_ms": "/".join(map(str, group.get("timing_ms", [25, 100])))}
+                    "timing_ms": "/".join(map(str, group.get("timing_ms", [25, 100]))),
+                    "tiled_max_seq_len": group.get("tiled_max_seq_len", 4096)}
             skip = [s["reason"] for s in group.get("skip", [])
                     if (s["provider"], s["dtype"]) == (provider, dtype)]
             if skip:
@@ -114,9 +115,9 @@ def provider_fn(case: dict):
     if p == "triton":
         return lambda q, k, v: FlashAttention2Triton.apply(q, k, v, causal)
     if p == "torch_tiled":
-        if case["seq_len"] > case.get("tiled_max_seq_len", 4096):
-            raise common.NotRun(f"N > {case.get('tiled_max_seq_len', 4096)}: the Python tile loop "
-                                "is too slow to time")
+        if case["seq_len"] > case["tiled_max_seq_len"]:
+            raise common.NotRun(f"N > {case['tiled_max_seq_len']} (tiled_max_seq_len): the Python tile loop "
+                                "takes seconds a case above it")
         return lambda q, k, v: FlashAttention2PyTorch.apply(q, k, v, causal)
     if p == "plain":
         return lambda q, k, v: plain_attention(q, k, v, causal)

@@ -90,33 +90,45 @@ def copy_bandwidth_gbs() -> float:
     return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
 
 
-GRAPH_CALLS = 10
+KERNEL_CALLS = 10
+FLUSH_KERNEL = "bitwise_not"  # the L2 flush before each profiled call; left out of the sums
 
 
-def graph_ms(call, stream) -> float:
-    """Device time of one call with the host left out: GRAPH_CALLS calls captured in one CUDA
-    graph, the graph timed by do_bench, divided by GRAPH_CALLS. At small sizes a plain call's
-    time is the host's (Python, the autograd engine's thread hand-off), not the kernel's.
-    `stream` is the capture stream; a backward must replay a forward made on that stream, as
-    autograd runs each backward op on its forward op's stream."""
+def device_us(key_averages, calls: int) -> float:
+    """Device time (us) per call in a profile of `calls` calls, each after one L2 flush: the
+    summed self time of its GPU activities (kernels, copies, memsets), the flushes left out.
+    Raises if the flushes cannot be told apart (their count is not `calls`)."""
+    total, flushes = 0.0, 0
+    for e in key_averages:
+        if str(e.device_type) != "DeviceType.CUDA" or e.self_device_time_total <= 0:
+            continue  # a CPU-side operator, not device work
+        if FLUSH_KERNEL in e.key:
+            flushes += e.count
+        else:
+            total += e.self_device_time_total
+    if flushes != calls:
+        raise RuntimeError(f"found {flushes} L2-flush kernels ({FLUSH_KERNEL}) in a profile of "
+                           f"{calls} calls: cannot tell them from the op's own")
+    return total / calls
+
+
+def kernel_ms(call) -> float:
+    """Device time of one call with the host left out, from the profiler's (CUPTI's) record of
+    the GPU work it launched, cold L2 as in do_bench: at small sizes a plain call's time is the
+    host's (Python, the autograd engine's thread hand-off), not the kernels'. Gaps between
+    kernels are left out too, which favours ops made of several kernels, if anything."""
     import torch
-    import triton.testing
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up off the default stream, as capture requires
-        for _ in range(2):
+    from torch.profiler import ProfilerActivity, profile
+    flush = torch.empty(2**26, dtype=torch.int32, device="cuda")  # 256 MiB, as do_bench's
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(KERNEL_CALLS):
+            flush.bitwise_not_()
             call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(GRAPH_CALLS):
-            call()
-    try:
-        ms = triton.testing.do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
-    finally:  # the graph's private memory pool goes back only when the graph is gone and the
-        del graph  # cache emptied; kept, it starves every later case (seen on the H100: OOM)
         torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-    return ms / GRAPH_CALLS
+    return device_us(prof.key_averages(), KERNEL_CALLS) / 1e3
 
 
 def measure_bench(case: dict) -> list[dict]:
@@ -135,7 +147,7 @@ def measure_bench(case: dict) -> list[dict]:
         fn = lambda x, theta: (check_inputs(x, theta, shape, l, "torch"), _compiled_torch()(x, theta, shape, l))[1]
     else:
         fn = lambda x, theta: lrpe_cosine_md(x, theta, shape, l, provider)
-    # A generator of the case's own: a failed graph capture leaves the default one unusable.
+    # A seeded generator of the case's own: the same inputs in every run.
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen, requires_grad=True)
     theta = torch.rand(h, case["e"], device="cuda", generator=gen)
@@ -172,25 +184,20 @@ def measure_bench(case: dict) -> list[dict]:
                  common.summarize(f"{direction}_gbs", "GB/s", [gbs]),
                  common.summarize(f"{direction}_copy_fraction", "fraction", [gbs / copy])]
     # The same without the host: the kernels' device time (what the bandwidth bar is about).
-    graph = {}
+    device = {}
     try:
-        stream = torch.cuda.Stream()
-        graph["forward"] = graph_ms(lambda: fn(x, theta), stream)
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            out = fn(x, theta)
-        graph["backward"] = graph_ms(lambda: torch.autograd.grad(out, x, grad, retain_graph=True), stream)
-    except Exception as exc:  # not capturable: the call times above still stand
-        rows[0]["message"] = (f"no CUDA-graph time for the {('forward', 'backward')[len(graph)]}: "
+        device["forward"] = kernel_ms(lambda: fn(x, theta))
+        out = fn(x, theta)
+        device["backward"] = kernel_ms(lambda: torch.autograd.grad(out, x, grad, retain_graph=True))
+    except Exception as exc:  # the call times above still stand
+        rows[0]["message"] = (f"no kernel time for the {('forward', 'backward')[len(device)]}: "
                               f"{type(exc).__name__}: {exc}")[:300]
     out = None
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    for direction, ms in graph.items():
+    for direction, ms in device.items():
         gbs = floor_bytes / (ms * 1e-3) / 1e9
-        rows += [dict(common.summarize(f"{direction}_graph_ms", "ms", [ms]), graph_calls=GRAPH_CALLS),
-                 common.summarize(f"{direction}_graph_gbs", "GB/s", [gbs]),
-                 common.summarize(f"{direction}_graph_copy_fraction", "fraction", [gbs / copy])]
+        rows += [dict(common.summarize(f"{direction}_kernel_ms", "ms", [ms]), kernel_calls=KERNEL_CALLS),
+                 common.summarize(f"{direction}_kernel_gbs", "GB/s", [gbs]),
+                 common.summarize(f"{direction}_kernel_copy_fraction", "fraction", [gbs / copy])]
     rows.append(common.summarize("copy_gbs", "GB/s", [copy]))
     rows.append(common.summarize("x_elements", "count", [x.numel()]))
     config = ""

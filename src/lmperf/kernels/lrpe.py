@@ -115,6 +115,8 @@ def _angles(theta_ptr, dims, strides, head, rows, cols, l, e, d, M: tl.constexpr
 # (the other 5: the same tile with 4 warps). A fixed tile saves the tuning, about 40 s a job.
 # The interpreter takes 32-token tiles so that tests cover several tiles per grid.
 TILE_ELEMENTS, NUM_WARPS = 2048, 8
+# Below this many programs per SM the batch is split over more programs (see _grid).
+PROGRAMS_PER_SM = 4
 
 
 def launch_config(d: int) -> dict:
@@ -175,7 +177,7 @@ def _grid(b: int, n: int, h: int, block_n: int, device: torch.device) -> tuple[i
     split over more programs, each recomputing the tile's angles, so that the loads of
     different batch elements are in flight at once instead of one after another."""
     tiles = triton.cdiv(n, block_n)
-    return tiles, h, min(b, max(1, triton.cdiv(4 * _multiprocessors(device), tiles * h)))
+    return tiles, h, min(b, max(1, triton.cdiv(PROGRAMS_PER_SM * _multiprocessors(device), tiles * h)))
 
 
 @functools.cache

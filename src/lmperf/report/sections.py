@@ -345,6 +345,9 @@ def fa_view(bench: pd.DataFrame) -> dict:
                 cells.setdefault(n, {"N": int(n)})[provider] = _bench_cell(c, "fwd_bwd_ms")
             view["grid"].append({"dtype": dtype, "head_dim": int(d),
                                  "table": table(pd.DataFrame(list(cells.values())))})
+        # why cells say `skipped` or `unsupported`: one line per provider and reason
+        left_out = grid[grid["status"].isin(["skipped", "unsupported"])].drop_duplicates(["provider", "message"])
+        view["grid_left_out"] = [f"{r.provider} ({r.status}): {r.message}" for r in left_out.itertuples()]
     view["bars"] = table(pd.DataFrame(bars)) if bars else ""
     return view
 
@@ -363,13 +366,13 @@ def lrpe_view(bench: pd.DataFrame) -> dict:
                 + "; ".join(sorted(set(bench["message"].dropna())))}
     cell = lambda g, metric: _bench_cell(g, metric)
     tables = []
-    # Device time in a CUDA graph (host left out), where the run measured it: the bars use it.
-    graph = bench["metric"].eq("forward_graph_ms").any()
+    # Kernel time (host left out), where the run measured it: the bars use it.
+    kernel = bench["metric"].eq("forward_kernel_ms").any()
     metrics = [("ms", "time per call (ms)"), ("peak_mib", "peak memory (MiB)"),
                ("copy_fraction", "fraction of copy bandwidth, per call")]
-    if graph:
-        metrics += [("graph_ms", "device time in a CUDA graph (ms)"),
-                    ("graph_copy_fraction", "fraction of copy bandwidth, CUDA graph")]
+    if kernel:
+        metrics += [("kernel_ms", "kernel time (ms)"),
+                    ("kernel_copy_fraction", "fraction of copy bandwidth, kernel time")]
     for (dims, l), g in bench.groupby(["dims", "l"], sort=True):
         for direction in ("forward", "backward"):
             for metric, label in metrics:
@@ -385,8 +388,8 @@ def lrpe_view(bench: pd.DataFrame) -> dict:
     bars = []
     elements = val[("triton", "x_elements")] if ("triton", "x_elements") in val else pd.Series(dtype=float)
     big = elements[elements >= 16 * 2**20].index
-    timing = "_graph" if graph else ""
-    how = "device time in a CUDA graph" if graph else "time per call"
+    timing = "_kernel" if kernel else ""
+    how = "kernel time" if kernel else "time per call"
     for direction in ("forward", "backward"):
         key = ("triton", f"{direction}{timing}_copy_fraction")
         if key in val and len(big):
@@ -416,8 +419,8 @@ def lrpe_view(bench: pd.DataFrame) -> dict:
     setup = {k: (first[k] if k in first and pd.notna(first[k]) else "?") for k in ("batch", "heads", "d", "dtype")}
     setup = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in setup.items()}
     return {"available": True, "tables": tables, "bars": table(pd.DataFrame(bars)) if bars else "",
-            "copy_gbs": fmt(copy.median()) if len(copy) else "n/a", "graph": bool(graph),
-            "graph_calls": int(bench["graph_calls"].max()) if graph and "graph_calls" in bench else 0,
+            "copy_gbs": fmt(copy.median()) if len(copy) else "n/a", "kernel": bool(kernel),
+            "kernel_calls": int(bench["kernel_calls"].max()) if kernel and "kernel_calls" in bench else 0,
             "setup": setup}
 
 
