@@ -178,12 +178,14 @@ class _Avg:  # the fields of a profiler key_averages() entry that device_us read
 
 def test_device_us_sums_device_work_per_call_without_the_flushes():
     from lmperf.bench.lrpe import device_us
+    flush = "void at::native::vectorized_elementwise_kernel<4, at::native::bitwise_not_kernel_cuda"
     events = [_Avg("aten::bitwise_not_", "DeviceType.CPU", 50.0, 4),       # CPU op: not device work
-              _Avg("void at::native::vectorized_elementwise_kernel<4, at::native::bitwise_not_kernel_cuda",
-                   "DeviceType.CUDA", 400.0, 4),                             # the L2 flushes
+              _Avg(flush, "DeviceType.CUDA", 400.0, 4),                     # the L2 flushes
               _Avg("_lrpe_fwd_kernel", "DeviceType.CUDA", 80.0, 4),
               _Avg("Memset (Device)", "DeviceType.CUDA", 4.0, 4),
               _Avg("cudaLaunchKernel", "DeviceType.CPU", 30.0, 8)]
-    assert device_us(events, 4) == pytest.approx(21.0)
-    with pytest.raises(RuntimeError, match="found 4 L2-flush kernels"):
-        device_us(events, 5)
+    assert device_us(events, 4, frozenset({flush})) == pytest.approx(21.0)
+    with pytest.raises(RuntimeError, match="cannot tell them"):
+        device_us(events, 5, frozenset({flush}))
+    with pytest.raises(RuntimeError, match="cannot tell them"):   # a flush kernel not seen at all
+        device_us(events, 4, frozenset({flush, "some other kernel"}))

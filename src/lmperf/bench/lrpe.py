@@ -91,25 +91,47 @@ def copy_bandwidth_gbs() -> float:
 
 
 KERNEL_CALLS = 10
-FLUSH_KERNEL = "bitwise_not"  # the L2 flush before each profiled call; left out of the sums
 
 
-def device_us(key_averages, calls: int) -> float:
+def _is_device_work(e) -> bool:
+    """A key_averages() entry for GPU work (kernel, copy, memset), not a CPU-side operator."""
+    return str(e.device_type) == "DeviceType.CUDA" and e.self_device_time_total > 0
+
+
+def device_us(key_averages, calls: int, flush_keys: frozenset) -> float:
     """Device time (us) per call in a profile of `calls` calls, each after one L2 flush: the
-    summed self time of its GPU activities (kernels, copies, memsets), the flushes left out.
-    Raises if the flushes cannot be told apart (their count is not `calls`)."""
-    total, flushes = 0.0, 0
+    summed self time of its GPU work, the flush's kernels (`flush_keys`) left out. Raises if
+    the flushes cannot be told apart (not `calls` of each)."""
+    total, flushes = 0.0, {}
     for e in key_averages:
-        if str(e.device_type) != "DeviceType.CUDA" or e.self_device_time_total <= 0:
-            continue  # a CPU-side operator, not device work
-        if FLUSH_KERNEL in e.key:
-            flushes += e.count
+        if not _is_device_work(e):
+            continue
+        if e.key in flush_keys:
+            flushes[e.key] = flushes.get(e.key, 0) + e.count
         else:
             total += e.self_device_time_total
-    if flushes != calls:
-        raise RuntimeError(f"found {flushes} L2-flush kernels ({FLUSH_KERNEL}) in a profile of "
-                           f"{calls} calls: cannot tell them from the op's own")
+    if flushes != {k: calls for k in flush_keys}:
+        raise RuntimeError(f"L2-flush kernels per name {flushes} in a profile of {calls} calls: "
+                           "cannot tell them from the op's own")
     return total / calls
+
+
+@functools.cache
+def _l2_flush():
+    """A 256 MiB buffer (as do_bench's) whose in-place negation evicts L2, and the names the
+    profiler gives that negation's GPU work, read from a profile of it alone."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    buf = torch.zeros(2**26, dtype=torch.int32, device="cuda")
+    buf.bitwise_not_()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        buf.bitwise_not_()
+        torch.cuda.synchronize()
+    keys = frozenset(e.key for e in prof.key_averages() if _is_device_work(e))
+    if not keys:
+        raise RuntimeError("the profiler recorded no GPU work (CUPTI unavailable?)")
+    return buf, keys
 
 
 def kernel_ms(call) -> float:
@@ -119,16 +141,16 @@ def kernel_ms(call) -> float:
     kernels are left out too, which favours ops made of several kernels, if anything."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    flush = torch.empty(2**26, dtype=torch.int32, device="cuda")  # 256 MiB, as do_bench's
+    buf, flush_keys = _l2_flush()
     for _ in range(3):
         call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(KERNEL_CALLS):
-            flush.bitwise_not_()
+            buf.bitwise_not_()
             call()
         torch.cuda.synchronize()
-    return device_us(prof.key_averages(), KERNEL_CALLS) / 1e3
+    return device_us(prof.key_averages(), KERNEL_CALLS, flush_keys) / 1e3
 
 
 def measure_bench(case: dict) -> list[dict]:
