@@ -1,12 +1,11 @@
 """LRPE launch-parameter sweep on a GPU, for the tuning notes (notes/lrpe.md), not the report:
 kernel times (bench.lrpe.kernel_ms: profiler, host left out) of our Triton kernel, forward and
-backward, over tile size, warps and the batch-split target, at the sizes where the bars are
+backward, over tile size, warps, the batch-split target and prefetching, at the sizes where the bars are
 closest, beside torch.compile's in the same run.
 
     python3 scripts/lrpe_sweep.py OUT.csv
 """
 import csv
-import itertools
 import sys
 import time
 
@@ -18,7 +17,12 @@ from lmperf.kernels import lrpe
 B, H, D = 12, 12, 128
 SIZES = [((512,), 128), ((1024,), 128), ((2048,), 128), ((8192,), 128), ((4, 4, 4), 64),
          ((8, 8, 8), 64)]                                      # (grid shape, e), l = 0
-TILES, WARPS, SPLITS = (1024, 2048), (4, 8), (4, 8, 16, 32)
+# (tile elements, warps, PROGRAMS_PER_SM, PREFETCH): the current setting first, then one knob at a time
+SETTINGS = [(2048, 8, 4, False),
+            (2048, 8, 8, False), (2048, 8, 16, False), (2048, 8, 32, False),   # batch split
+            (2048, 8, 4, True), (2048, 8, 16, True),                           # prefetch
+            (2048, 4, 4, False), (2048, 4, 16, False),                         # warps
+            (1024, 4, 16, False), (1024, 8, 16, False), (4096, 8, 16, False)]  # tile
 
 
 def times(fn, x, theta, grad):
@@ -40,27 +44,39 @@ def main(out_path):
         theta = torch.rand(H, e, device="cuda", generator=gen)
         grad = torch.randn(B, H, n, 2 * D, device="cuda", dtype=torch.bfloat16, generator=gen)
         floor = 3 * x.numel() * x.element_size()
-        settings = [("torch_compile", None, None, None)] + [
-            ("triton", t, w, s) for t, w, s in itertools.product(TILES, WARPS, SPLITS)]
-        for provider, tile, warps, split in settings:
+        for provider, (tile, warps, split, prefetch) in [("torch_compile", (None,) * 4)] + [
+                ("triton", setting) for setting in SETTINGS]:
             if provider == "torch_compile":
                 fn = lambda x, theta: _compiled_torch()(x, theta, shape, 0)
             else:
-                lrpe.TILE_ELEMENTS, lrpe.NUM_WARPS, lrpe.PROGRAMS_PER_SM = tile, warps, split
+                lrpe.TILE_ELEMENTS, lrpe.NUM_WARPS = tile, warps
+                lrpe.PROGRAMS_PER_SM, lrpe.PREFETCH = split, prefetch
                 fn = lambda x, theta: lrpe.lrpe_cosine_md(x, theta, shape, 0, "triton")
-            fwd, bwd = times(fn, x, theta, grad)
+            try:
+                fwd, bwd = times(fn, x, theta, grad)
+                status = "ok"
+            except Exception as exc:  # a failed setting is a row, and the sweep goes on
+                fwd = bwd = float("nan")
+                status = f"error: {type(exc).__name__}: {exc}"[:200]
+                torch.cuda.empty_cache()
             for direction, ms in (("forward", fwd), ("backward", bwd)):
                 rows.append({"shape": "x".join(map(str, shape)), "x_elements": x.numel(),
                              "provider": provider, "tile_elements": tile, "num_warps": warps,
-                             "programs_per_sm": split, "direction": direction, "kernel_ms": ms,
-                             "copy_fraction": floor / (ms * 1e-3) / 1e9 / copy, "copy_gbs": copy})
+                             "programs_per_sm": split, "prefetch": prefetch, "direction": direction,
+                             "kernel_ms": ms, "copy_fraction": floor / (ms * 1e-3) / 1e9 / copy,
+                             "copy_gbs": copy, "status": status})
             print(f"[{time.time() - start:5.0f} s] {shape} {provider} tile={tile} warps={warps} "
-                  f"split={split}: fwd {fwd * 1e3:.1f} us, bwd {bwd * 1e3:.1f} us", flush=True)
-    with open(out_path, "w", newline="") as f:
+                  f"split={split} prefetch={prefetch}: fwd {fwd * 1e3:.1f} us, bwd {bwd * 1e3:.1f} us"
+                  + ("" if status == "ok" else f" ({status})"), flush=True)
+        write(out_path, rows)  # after each size: a sweep cut short keeps what it measured
+
+
+def write(path, rows):
+    with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    print(f"wrote {out_path}: {len(rows)} rows")
+    print(f"wrote {path}: {len(rows)} rows", flush=True)
 
 
 if __name__ == "__main__":

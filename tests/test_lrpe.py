@@ -189,3 +189,16 @@ def test_device_us_sums_device_work_per_call_without_the_flushes():
         device_us(events, 5, frozenset({flush}))
     with pytest.raises(RuntimeError, match="cannot tell them"):   # a flush kernel not seen at all
         device_us(events, 4, frozenset({flush, "some other kernel"}))
+
+
+@pytest.mark.parametrize("impl", ["triton", "triton_cache"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("programs_per_sm", [1, 4, 16])  # interpreter: 2 SMs, 4 tiles x heads: no split, parts of 2 and 3, parts of 1
+def test_launch_variants_match_float64(monkeypatch, impl, dtype, prefetch, programs_per_sm):
+    """Every launch setting the tuning sweep (scripts/lrpe_sweep.py) tries is a correct kernel:
+    prefetching the next batch element, and the batch split into uneven parts or none."""
+    from lmperf.kernels import lrpe
+    monkeypatch.setattr(lrpe, "PREFETCH", prefetch)
+    monkeypatch.setattr(lrpe, "PROGRAMS_PER_SM", programs_per_sm)
+    run(impl, (5, 7), 5, 20, 10, dtype, h=2, b=5)

@@ -117,20 +117,23 @@ def _angles(theta_ptr, dims, strides, head, rows, cols, l, e, d, M: tl.constexpr
 TILE_ELEMENTS, NUM_WARPS = 2048, 8
 # Below this many programs per SM the batch is split over more programs (see _grid).
 PROGRAMS_PER_SM = 4
+# Issue the load of the next batch element before storing the current one (see the kernels).
+PREFETCH = False
 
 
 def launch_config(d: int) -> dict:
     block_d = max(16, triton.next_power_of_2(d))
     if INTERPRET:
-        return {"BLOCK_N": 32, "BLOCK_D": block_d, "num_warps": 4}
-    return {"BLOCK_N": max(1, TILE_ELEMENTS // block_d), "BLOCK_D": block_d, "num_warps": NUM_WARPS}
+        return {"BLOCK_N": 32, "BLOCK_D": block_d, "num_warps": 4, "PREFETCH": PREFETCH}
+    return {"BLOCK_N": max(1, TILE_ELEMENTS // block_d), "BLOCK_D": block_d, "num_warps": NUM_WARPS,
+            "PREFETCH": PREFETCH}
 
 
 @triton.jit
 def _lrpe_fwd_kernel(X, OUT, ANGLES, theta_ptr, dims, strides, B, H, N, l, e, d,
                      stride_xb, stride_xh, stride_xn, stride_ob, stride_oh, stride_on,
                      M: tl.constexpr, CACHE: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREFETCH: tl.constexpr):
     tile, head, part, parts = tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(2)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
@@ -141,17 +144,27 @@ def _lrpe_fwd_kernel(X, OUT, ANGLES, theta_ptr, dims, strides, B, H, N, l, e, d,
     cos, sin = tl.cos(angle), tl.sin(angle)
     x_off = head.to(tl.int64) * stride_xh + rows[:, None].to(tl.int64) * stride_xn + cols[None, :]
     o_off = head.to(tl.int64) * stride_oh + rows[:, None].to(tl.int64) * stride_on + cols[None, :]
-    for b in range(part * B // parts, (part + 1) * B // parts):  # the same angles serve them all
-        x = tl.load(X + b * stride_xb + x_off, mask=mask, other=0.0).to(tl.float32)
-        tl.store(OUT + b * stride_ob + o_off, (x * cos).to(OUT.dtype.element_ty), mask=mask)
-        tl.store(OUT + b * stride_ob + o_off + d, (x * sin).to(OUT.dtype.element_ty), mask=mask)
+    b0, b1 = part * B // parts, (part + 1) * B // parts
+    if PREFETCH:  # the next element's load is in flight while this one's results are stored
+        x = tl.load(X + b0 * stride_xb + x_off, mask=mask, other=0.0).to(tl.float32)
+        for b in range(b0, b1):
+            x_next = tl.load(X + (b + 1) * stride_xb + x_off, mask=mask & (b + 1 < b1),
+                             other=0.0).to(tl.float32)
+            tl.store(OUT + b * stride_ob + o_off, (x * cos).to(OUT.dtype.element_ty), mask=mask)
+            tl.store(OUT + b * stride_ob + o_off + d, (x * sin).to(OUT.dtype.element_ty), mask=mask)
+            x = x_next
+    else:
+        for b in range(b0, b1):  # the same angles serve them all
+            x = tl.load(X + b * stride_xb + x_off, mask=mask, other=0.0).to(tl.float32)
+            tl.store(OUT + b * stride_ob + o_off, (x * cos).to(OUT.dtype.element_ty), mask=mask)
+            tl.store(OUT + b * stride_ob + o_off + d, (x * sin).to(OUT.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _lrpe_bwd_kernel(DO, DX, ANGLES, theta_ptr, dims, strides, B, H, N, l, e, d,
                      stride_ob, stride_oh, stride_on, stride_xb, stride_xh, stride_xn,
                      M: tl.constexpr, CACHE: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREFETCH: tl.constexpr):
     tile, head, part, parts = tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(2)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
@@ -164,11 +177,23 @@ def _lrpe_bwd_kernel(DO, DX, ANGLES, theta_ptr, dims, strides, B, H, N, l, e, d,
     cos, sin = tl.cos(angle), tl.sin(angle)
     o_off = head.to(tl.int64) * stride_oh + rows[:, None].to(tl.int64) * stride_on + cols[None, :]
     x_off = head.to(tl.int64) * stride_xh + rows[:, None].to(tl.int64) * stride_xn + cols[None, :]
-    for b in range(part * B // parts, (part + 1) * B // parts):
-        do_cos = tl.load(DO + b * stride_ob + o_off, mask=mask, other=0.0).to(tl.float32)
-        do_sin = tl.load(DO + b * stride_ob + o_off + d, mask=mask, other=0.0).to(tl.float32)
-        tl.store(DX + b * stride_xb + x_off, (do_cos * cos + do_sin * sin).to(DX.dtype.element_ty),
-                 mask=mask)
+    b0, b1 = part * B // parts, (part + 1) * B // parts
+    if PREFETCH:  # as in the forward
+        do_cos = tl.load(DO + b0 * stride_ob + o_off, mask=mask, other=0.0).to(tl.float32)
+        do_sin = tl.load(DO + b0 * stride_ob + o_off + d, mask=mask, other=0.0).to(tl.float32)
+        for b in range(b0, b1):
+            more = mask & (b + 1 < b1)
+            next_cos = tl.load(DO + (b + 1) * stride_ob + o_off, mask=more, other=0.0).to(tl.float32)
+            next_sin = tl.load(DO + (b + 1) * stride_ob + o_off + d, mask=more, other=0.0).to(tl.float32)
+            tl.store(DX + b * stride_xb + x_off,
+                     (do_cos * cos + do_sin * sin).to(DX.dtype.element_ty), mask=mask)
+            do_cos, do_sin = next_cos, next_sin
+    else:
+        for b in range(b0, b1):
+            do_cos = tl.load(DO + b * stride_ob + o_off, mask=mask, other=0.0).to(tl.float32)
+            do_sin = tl.load(DO + b * stride_ob + o_off + d, mask=mask, other=0.0).to(tl.float32)
+            tl.store(DX + b * stride_xb + x_off,
+                     (do_cos * cos + do_sin * sin).to(DX.dtype.element_ty), mask=mask)
 
 
 def _grid(b: int, n: int, h: int, block_n: int, device: torch.device) -> tuple[int, int, int]:
