@@ -116,13 +116,16 @@ def device_us(key_averages, calls: int, flush_keys: frozenset) -> float:
     return total / calls
 
 
+FLUSH_ELEMENTS = 2**26  # int32: 256 MiB, as do_bench's L2 flush
+
+
 @functools.cache
-def _l2_flush():
-    """A 256 MiB buffer (as do_bench's) whose in-place negation evicts L2, and the names the
-    profiler gives that negation's GPU work, read from a profile of it alone."""
+def _flush_keys() -> frozenset:
+    """The names the profiler gives the GPU work of the L2 flush (an in-place negation of a
+    256 MiB buffer), read from a profile of it alone."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    buf = torch.zeros(2**26, dtype=torch.int32, device="cuda")
+    buf = torch.zeros(FLUSH_ELEMENTS, dtype=torch.int32, device="cuda")
     buf.bitwise_not_()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -131,17 +134,19 @@ def _l2_flush():
     keys = frozenset(e.key for e in prof.key_averages() if _is_device_work(e))
     if not keys:
         raise RuntimeError("the profiler recorded no GPU work (CUPTI unavailable?)")
-    return buf, keys
+    return keys
 
 
 def kernel_ms(call) -> float:
     """Device time of one call with the host left out, from the profiler's (CUPTI's) record of
     the GPU work it launched, cold L2 as in do_bench: at small sizes a plain call's time is the
     host's (Python, the autograd engine's thread hand-off), not the kernels'. Gaps between
-    kernels are left out too, which favours ops made of several kernels, if anything."""
+    kernels are left out too, which favours ops made of several kernels, if anything. Run it
+    after the peak-memory measurements: its flush buffer lives only while it runs."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    buf, flush_keys = _l2_flush()
+    flush_keys = _flush_keys()
+    buf = torch.empty(FLUSH_ELEMENTS, dtype=torch.int32, device="cuda")
     for _ in range(3):
         call()
     torch.cuda.synchronize()
