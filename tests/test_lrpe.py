@@ -184,11 +184,12 @@ def test_device_us_sums_device_work_per_call_without_the_flushes():
               _Avg("_lrpe_fwd_kernel", "DeviceType.CUDA", 80.0, 4),
               _Avg("Memset (Device)", "DeviceType.CUDA", 4.0, 4),
               _Avg("cudaLaunchKernel", "DeviceType.CPU", 30.0, 8)]
-    assert device_us(events, 4, frozenset({flush})) == pytest.approx(21.0)
+    assert device_us(events, 4, {flush: 1}) == pytest.approx(21.0)
+    assert device_us(events, 2, {flush: 2}) == pytest.approx(42.0)   # a flush of two launches
     with pytest.raises(RuntimeError, match="cannot tell them"):
-        device_us(events, 5, frozenset({flush}))
+        device_us(events, 5, {flush: 1})
     with pytest.raises(RuntimeError, match="cannot tell them"):   # a flush kernel not seen at all
-        device_us(events, 4, frozenset({flush, "some other kernel"}))
+        device_us(events, 4, {flush: 1, "some other kernel": 1})
 
 
 @pytest.mark.parametrize("impl", ["triton", "triton_cache"])

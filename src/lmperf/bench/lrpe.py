@@ -98,19 +98,19 @@ def _is_device_work(e) -> bool:
     return str(e.device_type) == "DeviceType.CUDA" and e.self_device_time_total > 0
 
 
-def device_us(key_averages, calls: int, flush_keys: frozenset) -> float:
+def device_us(key_averages, calls: int, flush_kernels: dict) -> float:
     """Device time (us) per call in a profile of `calls` calls, each after one L2 flush: the
-    summed self time of its GPU work, the flush's kernels (`flush_keys`) left out. Raises if
-    the flushes cannot be told apart (not `calls` of each)."""
+    summed self time of its GPU work, the flush's kernels left out (`flush_kernels`: name ->
+    launches per flush). Raises if the flushes cannot be told apart (not `calls` of each)."""
     total, flushes = 0.0, {}
     for e in key_averages:
         if not _is_device_work(e):
             continue
-        if e.key in flush_keys:
+        if e.key in flush_kernels:
             flushes[e.key] = flushes.get(e.key, 0) + e.count
         else:
             total += e.self_device_time_total
-    if flushes != {k: calls for k in flush_keys}:
+    if flushes != {k: n * calls for k, n in flush_kernels.items()}:
         raise RuntimeError(f"L2-flush kernels per name {flushes} in a profile of {calls} calls: "
                            "cannot tell them from the op's own")
     return total / calls
@@ -120,9 +120,9 @@ FLUSH_ELEMENTS = 2**26  # int32: 256 MiB, as do_bench's L2 flush
 
 
 @functools.cache
-def _flush_keys() -> frozenset:
-    """The names the profiler gives the GPU work of the L2 flush (an in-place negation of a
-    256 MiB buffer), read from a profile of it alone."""
+def _flush_kernels() -> dict:
+    """{name: launches} of the GPU work of one L2 flush (an in-place negation of a 256 MiB
+    buffer), as the profiler names it, read from a profile of the flush alone."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     buf = torch.zeros(FLUSH_ELEMENTS, dtype=torch.int32, device="cuda")
@@ -131,10 +131,10 @@ def _flush_keys() -> frozenset:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         buf.bitwise_not_()
         torch.cuda.synchronize()
-    keys = frozenset(e.key for e in prof.key_averages() if _is_device_work(e))
-    if not keys:
+    kernels = {e.key: e.count for e in prof.key_averages() if _is_device_work(e)}
+    if not kernels:
         raise RuntimeError("the profiler recorded no GPU work (CUPTI unavailable?)")
-    return keys
+    return kernels
 
 
 def kernel_ms(call) -> float:
@@ -145,7 +145,7 @@ def kernel_ms(call) -> float:
     after the peak-memory measurements: its flush buffer lives only while it runs."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    flush_keys = _flush_keys()
+    flush_kernels = _flush_kernels()
     buf = torch.empty(FLUSH_ELEMENTS, dtype=torch.int32, device="cuda")
     for _ in range(3):
         call()
@@ -155,7 +155,7 @@ def kernel_ms(call) -> float:
             buf.bitwise_not_()
             call()
         torch.cuda.synchronize()
-    return device_us(prof.key_averages(), KERNEL_CALLS, flush_keys) / 1e3
+    return device_us(prof.key_averages(), KERNEL_CALLS, flush_kernels) / 1e3
 
 
 def measure_bench(case: dict) -> list[dict]:
