@@ -117,6 +117,12 @@ def torch_dtype(name: str):
 # Rows
 
 
+def is_device_work(e) -> bool:
+    """A profiler key_averages() entry for GPU work (a kernel, copy or memset), not a CPU-side
+    operator or runtime call."""
+    return str(e.device_type) == "DeviceType.CUDA" and e.self_device_time_total > 0
+
+
 def summarize(metric: str, unit: str, samples: Iterable[float]) -> dict:
     """One tidy row for a metric measured over several steps (per-step values kept)."""
     xs = [float(x) for x in samples]

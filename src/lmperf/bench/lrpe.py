@@ -84,7 +84,7 @@ def copy_bandwidth_gbs() -> float:
     """Device-to-device copy bandwidth of this GPU, measured now (bytes read + written)."""
     import torch
     import triton.testing
-    src = torch.empty(2**28, device="cuda").uniform_(generator=torch.Generator(device="cuda"))  # 1 GiB
+    src = torch.randn(2**28, device="cuda")  # 1 GiB
     dst = torch.empty_like(src)
     ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
     return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
@@ -93,18 +93,13 @@ def copy_bandwidth_gbs() -> float:
 KERNEL_CALLS = 10
 
 
-def _is_device_work(e) -> bool:
-    """A key_averages() entry for GPU work (kernel, copy, memset), not a CPU-side operator."""
-    return str(e.device_type) == "DeviceType.CUDA" and e.self_device_time_total > 0
-
-
 def device_us(key_averages, calls: int, flush_kernels: dict) -> float:
     """Device time (us) per call in a profile of `calls` calls, each after one L2 flush: the
     summed self time of its GPU work, the flush's kernels left out (`flush_kernels`: name ->
     launches per flush). Raises if the flushes cannot be told apart (not `calls` of each)."""
     total, flushes = 0.0, {}
     for e in key_averages:
-        if not _is_device_work(e):
+        if not common.is_device_work(e):
             continue
         if e.key in flush_kernels:
             flushes[e.key] = flushes.get(e.key, 0) + e.count
@@ -131,7 +126,7 @@ def _flush_kernels() -> dict:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         buf.bitwise_not_()
         torch.cuda.synchronize()
-    kernels = {e.key: e.count for e in prof.key_averages() if _is_device_work(e)}
+    kernels = {e.key: e.count for e in prof.key_averages() if common.is_device_work(e)}
     if not kernels:
         raise RuntimeError("the profiler recorded no GPU work (CUPTI unavailable?)")
     return kernels

@@ -45,7 +45,7 @@ def kernel_times(prof, cuda: bool) -> dict[str, tuple[float, int]]:
         if is_annotation(e.key) or getattr(e, "is_user_annotation", False):
             continue
         if cuda:
-            if str(e.device_type) != "DeviceType.CUDA" or e.self_device_time_total <= 0:
+            if not common.is_device_work(e):
                 continue
             t = e.self_device_time_total
         else:
