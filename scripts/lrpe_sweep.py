@@ -6,6 +6,7 @@ closest, beside torch.compile's in the same run.
     python3 scripts/lrpe_sweep.py OUT.csv
 """
 import csv
+import math
 import sys
 import time
 
@@ -15,8 +16,9 @@ from lmperf.bench.lrpe import _compiled_torch, copy_bandwidth_gbs, kernel_ms
 from lmperf.kernels import lrpe
 
 B, H, D = 12, 12, 128
-SIZES = [((512,), 128), ((1024,), 128), ((2048,), 128), ((8192,), 128), ((4, 4, 4), 64),
-         ((8, 8, 8), 64)]                                      # (grid shape, e), l = 0
+SIZES = [((512,), 128, 0), ((1024,), 128, 0), ((2048,), 128, 0), ((8192,), 128, 0),
+         ((4, 4, 4), 64, 0), ((4, 4, 4), 64, 10), ((8, 8, 8), 64, 0), ((8, 8, 8), 64, 10)]
+# (grid shape, e, extra tokens l)
 # (tile elements, warps, PROGRAMS_PER_SM, PREFETCH): the current setting first, then one knob at a time
 SETTINGS = [(2048, 8, 4, False),
             (2048, 8, 8, False), (2048, 8, 16, False), (2048, 8, 32, False),   # batch split
@@ -35,10 +37,8 @@ def times(fn, x, theta, grad):
 def main(out_path):
     copy = copy_bandwidth_gbs()
     rows, start = [], time.time()
-    for shape, e in SIZES:
-        n = 1
-        for s in shape:
-            n *= s
+    for shape, e, l in SIZES:
+        n = l + math.prod(shape)
         gen = torch.Generator(device="cuda").manual_seed(0)
         x = torch.randn(B, H, n, D, device="cuda", dtype=torch.bfloat16, generator=gen, requires_grad=True)
         theta = torch.rand(H, e, device="cuda", generator=gen)
@@ -47,11 +47,11 @@ def main(out_path):
         for provider, (tile, warps, split, prefetch) in [("torch_compile", (None,) * 4)] + [
                 ("triton", setting) for setting in SETTINGS]:
             if provider == "torch_compile":
-                fn = lambda x, theta: _compiled_torch()(x, theta, shape, 0)
+                fn = lambda x, theta: _compiled_torch()(x, theta, shape, l)
             else:
                 lrpe.TILE_ELEMENTS, lrpe.NUM_WARPS = tile, warps
                 lrpe.PROGRAMS_PER_SM, lrpe.PREFETCH = split, prefetch
-                fn = lambda x, theta: lrpe.lrpe_cosine_md(x, theta, shape, 0, "triton")
+                fn = lambda x, theta: lrpe.lrpe_cosine_md(x, theta, shape, l, "triton")
             try:
                 fwd, bwd = times(fn, x, theta, grad)
                 status = "ok"
@@ -60,12 +60,12 @@ def main(out_path):
                 status = f"error: {type(exc).__name__}: {exc}"[:200]
                 torch.cuda.empty_cache()
             for direction, ms in (("forward", fwd), ("backward", bwd)):
-                rows.append({"shape": "x".join(map(str, shape)), "x_elements": x.numel(),
+                rows.append({"shape": "x".join(map(str, shape)), "l": l, "x_elements": x.numel(),
                              "provider": provider, "tile_elements": tile, "num_warps": warps,
                              "programs_per_sm": split, "prefetch": prefetch, "direction": direction,
                              "kernel_ms": ms, "copy_fraction": floor / (ms * 1e-3) / 1e9 / copy,
                              "copy_gbs": copy, "status": status})
-            print(f"[{time.time() - start:5.0f} s] {shape} {provider} tile={tile} warps={warps} "
+            print(f"[{time.time() - start:5.0f} s] {shape} l={l} {provider} tile={tile} warps={warps} "
                   f"split={split} prefetch={prefetch}: fwd {fwd * 1e3:.1f} us, bwd {bwd * 1e3:.1f} us"
                   + ("" if status == "ok" else f" ({status})"), flush=True)
         write(out_path, rows)  # after each size: a sweep cut short keeps what it measured
