@@ -109,91 +109,106 @@ def _angles(theta_ptr, dims, strides, head, rows, cols, l, e, d, M: tl.constexpr
     return tl.where(g[:, None] >= 0, angle, 0.0)
 
 
-# The tile: tokens per program (BLOCK_N) and warps. Chosen from the autotuning run on the H100
-# (commit d2ccfba91c98, notes/lrpe.md): over tiles of 2K-8K elements and 4 or 8 warps, 2K-element
-# tiles (BLOCK_N=16 at d=128) won every tuned case going forward and 55 of 60 going backward
-# (the other 5: the same tile with 4 warps). A fixed tile saves the tuning, about 40 s a job.
+@triton.jit
+def _sincos(a):
+    """(sin a, cos a) in fp32 with one shared range reduction: a = k pi/2 + r, |r| <= pi/4, in
+    three Cody-Waite steps (the first two exact for |k| < 2^13 even without fma), then Cephes'
+    minimax polynomials for sin r and cos r and a quadrant swap. Absolute error about 1e-7 for
+    |a| up to 2e5 (tests/test_lrpe.py::test_sincos_matches_float64). libdevice's sinf and cosf
+    each reduce on their own and carry a slow path for huge arguments: twice the work, which
+    the batch split (_grid) repeats per part."""
+    k = tl.floor(a * 0.636619772367581343 + 0.5)
+    r = tl.fma(-k, 1.5703125, a)
+    r = tl.fma(-k, 4.837512969970703125e-4, r)
+    r = tl.fma(-k, 7.54978995489188216e-8, r)
+    z = r * r
+    sin_r = tl.fma((tl.fma(tl.fma(z, -1.9515295891e-4, 8.3321608736e-3), z, -1.6666654611e-1)) * z, r, r)
+    cos_r = tl.fma(tl.fma(tl.fma(z, 2.443315711809948e-5, -1.388731625493765e-3), z,
+                          4.166664568298827e-2) * z, z, tl.fma(z, -0.5, 1.0))
+    q = k.to(tl.int32) & 3
+    swap = (q & 1) != 0
+    s = tl.where(swap, cos_r, sin_r)
+    c = tl.where(swap, sin_r, cos_r)
+    return tl.where((q & 2) != 0, -s, s), tl.where(((q + 1) & 2) != 0, -c, c)
+
+
+# The tile: tokens per program (BLOCK_N) and warps, and the batch-split target. From the sweep
+# on the H100 at commit 8d41d9a1e7f2 (notes/lrpe.md, notes/data/lrpe_sweep_h100.csv): 1K-element
+# tiles and 16 programs per SM gave the best copy fraction at 18.9M elements (the smallest size
+# under the 85% bar), forward and backward; 4 warps beat 8 on the smallest grids.
 # The interpreter takes 32-token tiles so that tests cover several tiles per grid.
-TILE_ELEMENTS, NUM_WARPS = 2048, 8
+TILE_ELEMENTS, NUM_WARPS = 1024, 4
 # Below this many programs per SM the batch is split over more programs (see _grid).
-PROGRAMS_PER_SM = 4
-# Issue the load of the next batch element before storing the current one (see the kernels).
-PREFETCH = False
+PROGRAMS_PER_SM = 16
 
 
 def launch_config(d: int) -> dict:
     block_d = max(16, triton.next_power_of_2(d))
     if INTERPRET:
-        return {"BLOCK_N": 32, "BLOCK_D": block_d, "num_warps": 4, "PREFETCH": PREFETCH}
-    return {"BLOCK_N": max(1, TILE_ELEMENTS // block_d), "BLOCK_D": block_d, "num_warps": NUM_WARPS,
-            "PREFETCH": PREFETCH}
+        return {"BLOCK_N": 32, "BLOCK_D": block_d, "num_warps": 4}
+    return {"BLOCK_N": max(1, TILE_ELEMENTS // block_d), "BLOCK_D": block_d, "num_warps": NUM_WARPS}
+
+
+# Both kernels issue the load of their first batch element before the angle math, so that its
+# latency overlaps the trigonometry, and the load of the next element before storing the
+# current one (the last iteration's "next" load is fully masked: no memory traffic).
 
 
 @triton.jit
 def _lrpe_fwd_kernel(X, OUT, ANGLES, theta_ptr, dims, strides, B, H, N, l, e, d,
                      stride_xb, stride_xh, stride_xn, stride_ob, stride_oh, stride_on,
-                     M: tl.constexpr, CACHE: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREFETCH: tl.constexpr):
+                     M: tl.constexpr, CACHE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     tile, head, part, parts = tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(2)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < N) & (cols[None, :] < d)
-    angle = _angles(theta_ptr, dims, strides, head, rows, cols, l, e, d, M)
-    if CACHE:  # write the angle table for the backward
-        tl.store(ANGLES + (head * N + rows[:, None]).to(tl.int64) * d + cols[None, :], angle, mask=mask)
-    cos, sin = tl.cos(angle), tl.sin(angle)
     x_off = head.to(tl.int64) * stride_xh + rows[:, None].to(tl.int64) * stride_xn + cols[None, :]
     o_off = head.to(tl.int64) * stride_oh + rows[:, None].to(tl.int64) * stride_on + cols[None, :]
     b0, b1 = part * B // parts, (part + 1) * B // parts
-    if PREFETCH:  # the next element's load is in flight while this one's results are stored
-        x = tl.load(X + b0 * stride_xb + x_off, mask=mask, other=0.0).to(tl.float32)
-        for b in range(b0, b1):
-            x_next = tl.load(X + (b + 1) * stride_xb + x_off, mask=mask & (b + 1 < b1),
-                             other=0.0).to(tl.float32)
-            tl.store(OUT + b * stride_ob + o_off, (x * cos).to(OUT.dtype.element_ty), mask=mask)
-            tl.store(OUT + b * stride_ob + o_off + d, (x * sin).to(OUT.dtype.element_ty), mask=mask)
-            x = x_next
-    else:
-        for b in range(b0, b1):  # the same angles serve them all
-            x = tl.load(X + b * stride_xb + x_off, mask=mask, other=0.0).to(tl.float32)
-            tl.store(OUT + b * stride_ob + o_off, (x * cos).to(OUT.dtype.element_ty), mask=mask)
-            tl.store(OUT + b * stride_ob + o_off + d, (x * sin).to(OUT.dtype.element_ty), mask=mask)
+    stride_xb, stride_ob = tl.cast(stride_xb, tl.int64), tl.cast(stride_ob, tl.int64)
+    x = tl.load(X + b0 * stride_xb + x_off, mask=mask, other=0.0).to(tl.float32)
+    angle = _angles(theta_ptr, dims, strides, head, rows, cols, l, e, d, M)
+    if CACHE:  # write the angle table for the backward
+        tl.store(ANGLES + (head * N + rows[:, None]).to(tl.int64) * d + cols[None, :], angle, mask=mask)
+    sin, cos = _sincos(angle)
+    for b in range(b0, b1):  # the same angles serve every batch element of this part
+        x_next = tl.load(X + (b + 1) * stride_xb + x_off, mask=mask & (b + 1 < b1),
+                         other=0.0).to(tl.float32)
+        out = OUT + b * stride_ob + o_off
+        tl.store(out, (x * cos).to(OUT.dtype.element_ty), mask=mask)
+        tl.store(out + d, (x * sin).to(OUT.dtype.element_ty), mask=mask)
+        x = x_next
 
 
 @triton.jit
 def _lrpe_bwd_kernel(DO, DX, ANGLES, theta_ptr, dims, strides, B, H, N, l, e, d,
                      stride_ob, stride_oh, stride_on, stride_xb, stride_xh, stride_xn,
-                     M: tl.constexpr, CACHE: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREFETCH: tl.constexpr):
+                     M: tl.constexpr, CACHE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     tile, head, part, parts = tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(2)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < N) & (cols[None, :] < d)
+    o_off = head.to(tl.int64) * stride_oh + rows[:, None].to(tl.int64) * stride_on + cols[None, :]
+    x_off = head.to(tl.int64) * stride_xh + rows[:, None].to(tl.int64) * stride_xn + cols[None, :]
+    b0, b1 = part * B // parts, (part + 1) * B // parts
+    stride_xb, stride_ob = tl.cast(stride_xb, tl.int64), tl.cast(stride_ob, tl.int64)
+    do = DO + b0 * stride_ob + o_off
+    do_cos = tl.load(do, mask=mask, other=0.0).to(tl.float32)
+    do_sin = tl.load(do + d, mask=mask, other=0.0).to(tl.float32)
     if CACHE:  # read the angle table the forward wrote
         angle = tl.load(ANGLES + (head * N + rows[:, None]).to(tl.int64) * d + cols[None, :],
                         mask=mask, other=0.0)
     else:
         angle = _angles(theta_ptr, dims, strides, head, rows, cols, l, e, d, M)
-    cos, sin = tl.cos(angle), tl.sin(angle)
-    o_off = head.to(tl.int64) * stride_oh + rows[:, None].to(tl.int64) * stride_on + cols[None, :]
-    x_off = head.to(tl.int64) * stride_xh + rows[:, None].to(tl.int64) * stride_xn + cols[None, :]
-    b0, b1 = part * B // parts, (part + 1) * B // parts
-    if PREFETCH:  # as in the forward
-        do_cos = tl.load(DO + b0 * stride_ob + o_off, mask=mask, other=0.0).to(tl.float32)
-        do_sin = tl.load(DO + b0 * stride_ob + o_off + d, mask=mask, other=0.0).to(tl.float32)
-        for b in range(b0, b1):
-            more = mask & (b + 1 < b1)
-            next_cos = tl.load(DO + (b + 1) * stride_ob + o_off, mask=more, other=0.0).to(tl.float32)
-            next_sin = tl.load(DO + (b + 1) * stride_ob + o_off + d, mask=more, other=0.0).to(tl.float32)
-            tl.store(DX + b * stride_xb + x_off,
-                     (do_cos * cos + do_sin * sin).to(DX.dtype.element_ty), mask=mask)
-            do_cos, do_sin = next_cos, next_sin
-    else:
-        for b in range(b0, b1):
-            do_cos = tl.load(DO + b * stride_ob + o_off, mask=mask, other=0.0).to(tl.float32)
-            do_sin = tl.load(DO + b * stride_ob + o_off + d, mask=mask, other=0.0).to(tl.float32)
-            tl.store(DX + b * stride_xb + x_off,
-                     (do_cos * cos + do_sin * sin).to(DX.dtype.element_ty), mask=mask)
+    sin, cos = _sincos(angle)
+    for b in range(b0, b1):
+        more = mask & (b + 1 < b1)
+        do = DO + (b + 1) * stride_ob + o_off
+        next_cos = tl.load(do, mask=more, other=0.0).to(tl.float32)
+        next_sin = tl.load(do + d, mask=more, other=0.0).to(tl.float32)
+        tl.store(DX + b * stride_xb + x_off,
+                 (do_cos * cos + do_sin * sin).to(DX.dtype.element_ty), mask=mask)
+        do_cos, do_sin = next_cos, next_sin
 
 
 def _grid(b: int, n: int, h: int, block_n: int, device: torch.device) -> tuple[int, int, int]:
