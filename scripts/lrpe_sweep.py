@@ -1,6 +1,6 @@
 """LRPE launch-parameter sweep on a GPU, for the tuning notes (notes/lrpe.md), not the report:
 kernel times (bench.lrpe.kernel_ms: profiler, host left out) of our Triton kernel, forward and
-backward, over tile size, warps and the batch-split target, at the sizes where the bars are
+backward, over tile size, warps, the batch split and offset width, at the sizes where the bars are
 closest, beside torch.compile's in the same run.
 
     python3 scripts/lrpe_sweep.py OUT.csv
@@ -16,14 +16,16 @@ from lmperf.bench.lrpe import _compiled_torch, copy_bandwidth_gbs, kernel_ms
 from lmperf.kernels import lrpe
 
 B, H, D = 12, 12, 128
-SIZES = [((512,), 128, 0), ((1024,), 128, 0), ((2048,), 128, 0), ((8192,), 128, 0),
+SIZES = [((256,), 128, 0), ((256,), 128, 10), ((512,), 128, 0), ((1024,), 128, 0), ((16, 16), 64, 10),
          ((4, 4, 4), 64, 0), ((4, 4, 4), 64, 10), ((8, 8, 8), 64, 0), ((8, 8, 8), 64, 10)]
 # (grid shape, e, extra tokens l)
-# (tile elements, warps, PROGRAMS_PER_SM): the current setting first, then one knob at a time
-SETTINGS = [(1024, 4, 16),
-            (1024, 4, 4), (1024, 4, 8), (1024, 4, 32),     # batch split
-            (1024, 8, 16), (2048, 8, 16), (2048, 4, 16),   # warps, tile
-            (512, 4, 16), (512, 2, 16), (2048, 8, 4)]      # smaller tile; the setting before 8d41d9a1e7f2
+# (tile elements, warps, PROGRAMS_PER_SM, MIN_BATCH_PER_PROGRAM, WIDE_OFFSETS): the current
+# setting first, then one knob at a time
+SETTINGS = [(2048, 4, 16, 2, "auto"),
+            (2048, 4, 16, 1, "auto"), (2048, 4, 16, 3, "auto"),   # batch elements per part
+            (2048, 4, 16, 2, True),                              # 64-bit offsets
+            (1024, 4, 16, 2, "auto"), (1024, 4, 16, 1, "auto"),   # tile
+            (2048, 4, 32, 2, "auto")]                            # batch split
 
 
 def times(fn, x, theta, grad):
@@ -43,13 +45,13 @@ def main(out_path):
         theta = torch.rand(H, e, device="cuda", generator=gen)
         grad = torch.randn(B, H, n, 2 * D, device="cuda", dtype=torch.bfloat16, generator=gen)
         floor = 3 * x.numel() * x.element_size()
-        for provider, (tile, warps, split) in [("torch_compile", (None,) * 3)] + [
+        for provider, (tile, warps, split, min_batch, wide) in [("torch_compile", (None,) * 5)] + [
                 ("triton", setting) for setting in SETTINGS]:
             if provider == "torch_compile":
                 fn = lambda x, theta: _compiled_torch()(x, theta, shape, l)
             else:
                 lrpe.TILE_ELEMENTS, lrpe.NUM_WARPS = tile, warps
-                lrpe.PROGRAMS_PER_SM = split
+                lrpe.PROGRAMS_PER_SM, lrpe.MIN_BATCH_PER_PROGRAM, lrpe.WIDE_OFFSETS = split, min_batch, wide
                 fn = lambda x, theta: lrpe.lrpe_cosine_md(x, theta, shape, l, "triton")
             try:
                 fwd, bwd = times(fn, x, theta, grad)
@@ -61,11 +63,11 @@ def main(out_path):
             for direction, ms in (("forward", fwd), ("backward", bwd)):
                 rows.append({"shape": "x".join(map(str, shape)), "l": l, "x_elements": x.numel(),
                              "provider": provider, "tile_elements": tile, "num_warps": warps,
-                             "programs_per_sm": split, "direction": direction,
+                             "programs_per_sm": split, "min_batch": min_batch, "wide": wide, "direction": direction,
                              "kernel_ms": ms, "copy_fraction": floor / (ms * 1e-3) / 1e9 / copy,
                              "copy_gbs": copy, "status": status})
             print(f"[{time.time() - start:5.0f} s] {shape} l={l} {provider} tile={tile} warps={warps} "
-                  f"split={split}: fwd {fwd * 1e3:.1f} us, bwd {bwd * 1e3:.1f} us"
+                  f"split={split} min_batch={min_batch} wide={wide}: fwd {fwd * 1e3:.1f} us, bwd {bwd * 1e3:.1f} us"
                   + ("" if status == "ok" else f" ({status})"), flush=True)
         write(out_path, rows)  # after each size: a sweep cut short keeps what it measured
 

@@ -197,13 +197,23 @@ def test_device_us_sums_device_work_per_call_without_the_flushes():
 @pytest.mark.parametrize("impl", ["triton", "triton_cache"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("programs_per_sm", [1, 4, 16])  # interpreter: 2 SMs, 4 tiles x heads: no split, parts of 2 and 3, parts of 1
-def test_launch_variants_match_float64(monkeypatch, impl, dtype, programs_per_sm):
-    """Every batch split the tuning sweep (scripts/lrpe_sweep.py) tries is a correct kernel:
+@pytest.mark.parametrize("min_batch", [1, 2])
+@pytest.mark.parametrize("wide", [False, True])
+def test_launch_variants_match_float64(monkeypatch, impl, dtype, programs_per_sm, min_batch, wide):
+    """Every launch setting the tuning sweep (scripts/lrpe_sweep.py) tries is a correct kernel:
     the batch split into uneven parts, parts of one element (where the first load is also the
-    last), or none."""
+    last), or none; 32- and 64-bit offsets."""
     from lmperf.kernels import lrpe
     monkeypatch.setattr(lrpe, "PROGRAMS_PER_SM", programs_per_sm)
+    monkeypatch.setattr(lrpe, "MIN_BATCH_PER_PROGRAM", min_batch)
+    monkeypatch.setattr(lrpe, "WIDE_OFFSETS", wide)
     run(impl, (5, 7), 5, 20, 10, dtype, h=2, b=5)
+
+
+def test_offsets_are_64_bit_only_for_tensors_of_2_to_the_31_elements():
+    from lmperf.kernels.lrpe import wide_offsets
+    small, big = torch.empty(1).expand(2**31 - 2), torch.empty(1).expand(2**31 - 1)
+    assert not wide_offsets(small, small) and wide_offsets(small, big)
 
 
 def test_sincos_matches_float64():

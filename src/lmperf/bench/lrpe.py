@@ -226,7 +226,7 @@ def measure_bench(case: dict) -> list[dict]:
     if provider.startswith("triton"):  # the tile it ran with, for the tuning notes
         from lmperf.kernels import lrpe
         cfg = lrpe.launch_config(d)
-        config = f"BLOCK_N={cfg['BLOCK_N']} warps={cfg['num_warps']} programs_per_sm={lrpe.PROGRAMS_PER_SM}"
+        config = f"BLOCK_N={cfg['BLOCK_N']} warps={cfg['num_warps']} programs_per_sm={lrpe.PROGRAMS_PER_SM} min_batch={lrpe.MIN_BATCH_PER_PROGRAM}"
     for row in rows:
         row["config"] = config
     return rows

@@ -132,14 +132,40 @@ def _sincos(a):
     return tl.where((q & 2) != 0, -s, s), tl.where(((q + 1) & 2) != 0, -c, c)
 
 
-# The tile: tokens per program (BLOCK_N) and warps, and the batch-split target. From the sweep
-# on the H100 at commit 8d41d9a1e7f2 (notes/lrpe.md, notes/data/lrpe_sweep_h100.csv): 1K-element
-# tiles and 16 programs per SM gave the best copy fraction at 18.9M elements (the smallest size
-# under the 85% bar), forward and backward; 4 warps beat 8 on the smallest grids.
+@triton.jit
+def _offsets(head, rows, cols, stride_b, stride_h, stride_n, WIDE: tl.constexpr):
+    """Offsets of a (BLOCK_N, BLOCK_D) tile of one head, and the batch stride: in int64 only
+    when the tensor has 2^31 elements or more (WIDE), since 64-bit index math costs
+    instructions per element that the small, compute-bound grids feel."""
+    if WIDE:
+        off = head.to(tl.int64) * stride_h + rows[:, None].to(tl.int64) * stride_n + cols[None, :]
+        stride_b = tl.cast(stride_b, tl.int64)
+    else:
+        off = head * stride_h + rows[:, None] * stride_n + cols[None, :]
+    return off, stride_b
+
+
+# The tile: tokens per program (BLOCK_N) and warps, and the batch-split target. From the H100
+# sweeps (notes/lrpe.md; notes/data/lrpe_sweep_h100*.csv): with the shared-reduction sine and
+# cosine (commit aa48c7c33985), 2K-element tiles with 4 warps and 16 programs per SM were the
+# fastest setting at nearly every size, forward and backward.
 # The interpreter takes 32-token tiles so that tests cover several tiles per grid.
-TILE_ELEMENTS, NUM_WARPS = 1024, 4
-# Below this many programs per SM the batch is split over more programs (see _grid).
-PROGRAMS_PER_SM = 16
+TILE_ELEMENTS, NUM_WARPS = 2048, 4
+# Below this many programs per SM the batch is split over more programs, each with at least
+# MIN_BATCH_PER_PROGRAM batch elements (see _grid).
+# Two elements a part halve the angle math per element where the split would otherwise go
+# down to one (grids of < 30 tiles x heads): there the kernel is bound by instructions, and
+# the prologue (angles, sine, cosine: about 40 instructions an element) outweighs the loop
+# (about 8) five to one (PTX of sm_90, notes/lrpe.md).
+PROGRAMS_PER_SM, MIN_BATCH_PER_PROGRAM = 16, 2
+# 64-bit offsets: "auto" uses them only for tensors of 2^31 elements or more (see _offsets).
+WIDE_OFFSETS = "auto"
+
+
+def wide_offsets(*tensors: torch.Tensor) -> bool:
+    if WIDE_OFFSETS != "auto":
+        return bool(WIDE_OFFSETS)
+    return max(t.numel() for t in tensors) >= 2**31 - 1
 
 
 def launch_config(d: int) -> dict:
@@ -157,15 +183,15 @@ def launch_config(d: int) -> dict:
 @triton.jit
 def _lrpe_fwd_kernel(X, OUT, ANGLES, theta_ptr, dims, strides, B, H, N, l, e, d,
                      stride_xb, stride_xh, stride_xn, stride_ob, stride_oh, stride_on,
-                     M: tl.constexpr, CACHE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                     M: tl.constexpr, CACHE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                     WIDE: tl.constexpr):
     tile, head, part, parts = tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(2)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < N) & (cols[None, :] < d)
-    x_off = head.to(tl.int64) * stride_xh + rows[:, None].to(tl.int64) * stride_xn + cols[None, :]
-    o_off = head.to(tl.int64) * stride_oh + rows[:, None].to(tl.int64) * stride_on + cols[None, :]
+    x_off, stride_xb = _offsets(head, rows, cols, stride_xb, stride_xh, stride_xn, WIDE)
+    o_off, stride_ob = _offsets(head, rows, cols, stride_ob, stride_oh, stride_on, WIDE)
     b0, b1 = part * B // parts, (part + 1) * B // parts
-    stride_xb, stride_ob = tl.cast(stride_xb, tl.int64), tl.cast(stride_ob, tl.int64)
     x = tl.load(X + b0 * stride_xb + x_off, mask=mask, other=0.0).to(tl.float32)
     angle = _angles(theta_ptr, dims, strides, head, rows, cols, l, e, d, M)
     if CACHE:  # write the angle table for the backward
@@ -183,15 +209,15 @@ def _lrpe_fwd_kernel(X, OUT, ANGLES, theta_ptr, dims, strides, B, H, N, l, e, d,
 @triton.jit
 def _lrpe_bwd_kernel(DO, DX, ANGLES, theta_ptr, dims, strides, B, H, N, l, e, d,
                      stride_ob, stride_oh, stride_on, stride_xb, stride_xh, stride_xn,
-                     M: tl.constexpr, CACHE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                     M: tl.constexpr, CACHE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                     WIDE: tl.constexpr):
     tile, head, part, parts = tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(2)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < N) & (cols[None, :] < d)
-    o_off = head.to(tl.int64) * stride_oh + rows[:, None].to(tl.int64) * stride_on + cols[None, :]
-    x_off = head.to(tl.int64) * stride_xh + rows[:, None].to(tl.int64) * stride_xn + cols[None, :]
+    o_off, stride_ob = _offsets(head, rows, cols, stride_ob, stride_oh, stride_on, WIDE)
+    x_off, stride_xb = _offsets(head, rows, cols, stride_xb, stride_xh, stride_xn, WIDE)
     b0, b1 = part * B // parts, (part + 1) * B // parts
-    stride_xb, stride_ob = tl.cast(stride_xb, tl.int64), tl.cast(stride_ob, tl.int64)
     do = DO + b0 * stride_ob + o_off
     do_cos = tl.load(do, mask=mask, other=0.0).to(tl.float32)
     do_sin = tl.load(do + d, mask=mask, other=0.0).to(tl.float32)
@@ -215,9 +241,11 @@ def _grid(b: int, n: int, h: int, block_n: int, device: torch.device) -> tuple[i
     """(token tiles, heads, batch parts). A program streams its batch elements through one tile
     of angles; when tiles x heads alone would not fill the GPU (small grids), the batch is
     split over more programs, each recomputing the tile's angles, so that the loads of
-    different batch elements are in flight at once instead of one after another."""
+    different batch elements are in flight at once instead of one after another; a part keeps
+    at least MIN_BATCH_PER_PROGRAM elements, so the angles are not recomputed for every one."""
     tiles = triton.cdiv(n, block_n)
-    return tiles, h, min(b, max(1, triton.cdiv(PROGRAMS_PER_SM * _multiprocessors(device), tiles * h)))
+    fill = triton.cdiv(PROGRAMS_PER_SM * _multiprocessors(device), tiles * h)
+    return tiles, h, max(1, min(triton.cdiv(b, MIN_BATCH_PER_PROGRAM), fill))
 
 
 @functools.cache
@@ -246,7 +274,7 @@ class _LRPETriton(torch.autograd.Function):
         _lrpe_fwd_kernel[_grid(b, n, h, cfg["BLOCK_N"], x.device)](
             x, out, angles, theta, dims, strides, b, h, n, l, theta.shape[1], d, x.stride(0),
             x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2), M=len(shape),
-            CACHE=cache, **cfg)
+            CACHE=cache, WIDE=wide_offsets(x, out), **cfg)
         ctx.save_for_backward(theta, *([angles] if cache else []))
         ctx.meta = (x.shape, x.dtype, l, cache, shape)
         return out
@@ -262,7 +290,8 @@ class _LRPETriton(torch.autograd.Function):
         _lrpe_bwd_kernel[_grid(b, n, h, cfg["BLOCK_N"], grad_out.device)](
             grad_out, dx, cached[0] if cache else dx, theta, dims, strides, b, h, n, l,
             theta.shape[1], d, grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
-            dx.stride(0), dx.stride(1), dx.stride(2), M=len(shape), CACHE=cache, **cfg)
+            dx.stride(0), dx.stride(1), dx.stride(2), M=len(shape), CACHE=cache,
+            WIDE=wide_offsets(grad_out, dx), **cfg)
         return dx, None, None, None, None
 
 
