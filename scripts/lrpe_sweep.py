@@ -40,6 +40,7 @@ def main(out_path):
     rows, start = [], time.time()
     for shape, e, l in SIZES:
         n = l + math.prod(shape)
+        torch._dynamo.reset()  # a fresh compile per size: past 8 recompiles Dynamo falls back to eager
         gen = torch.Generator(device="cuda").manual_seed(0)
         x = torch.randn(B, H, n, D, device="cuda", dtype=torch.bfloat16, generator=gen, requires_grad=True)
         theta = torch.rand(H, e, device="cuda", generator=gen)
