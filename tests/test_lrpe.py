@@ -161,6 +161,10 @@ def test_lrpe_bars_use_kernel_times_when_the_run_has_them():
     assert ("triton forward faster than torch.compile everywhere (kernel time) "
             "| slowest ratio 0.889x (0 of 3 not faster) | yes |") in bars
     assert any("kernel time" in t["title"] for t in view["tables"])
+    # beside them, the per-call comparison, shown as information
+    per_call = " ".join(view["per_call"].split())
+    assert ("triton forward faster than torch.compile everywhere (time per call, host included) "
+            "| slowest ratio 1.11x (1 of 3 not faster; their kernels take at most") in per_call
 
 
 def test_a_missing_time_on_either_side_fails_the_faster_bar():
