@@ -358,6 +358,28 @@ def fa_view(bench: pd.DataFrame) -> dict:
 LRPE_PROVIDERS = ["triton", "triton_cache", "torch", "torch_compile"]
 
 
+def _faster_than_compile(val: pd.DataFrame, impl: str, direction: str, timing: str, how: str,
+                         kernels_of_slower: bool = False) -> dict | None:
+    """The line "impl faster than torch.compile everywhere" from the pivoted bench rows, on
+    `{direction}{timing}_ms`; a config where either side has no time of that kind counts against
+    it. kernels_of_slower: name the longest kernel time among the configs that are not faster."""
+    a, b = (impl, f"{direction}{timing}_ms"), ("torch_compile", f"{direction}{timing}_ms")
+    if a not in val or b not in val:
+        return None
+    ratio = val[a] / val[b]
+    missing = int(ratio.isna().sum())
+    ratio = ratio.dropna()
+    slower = ratio[ratio >= 1].index
+    detail = f"{len(slower)} of {len(ratio)} not faster"
+    if missing:
+        detail += f"; {missing} configs without both times"
+    if kernels_of_slower and len(slower):
+        detail += f"; their kernels take at most {fmt(1e3 * val.loc[slower, (impl, f'{direction}_kernel_ms')].max())} us"
+    return {"bar": f"{impl} {direction} faster than torch.compile everywhere ({how})",
+            "measured": f"slowest ratio {fmt(ratio.max())}x ({detail})",
+            "met": "yes" if (ratio < 1).all() and not missing else "no"}
+
+
 def lrpe_view(bench: pd.DataFrame) -> dict:
     if bench.empty:
         return {"available": False, "why": "no benchmark results (rule lrpe_bench has not run)"}
@@ -400,15 +422,9 @@ def lrpe_view(bench: pd.DataFrame) -> dict:
     cache_lines = []
     for impl, out in (("triton", bars), ("triton_cache", cache_lines)):
         for direction in ("forward", "backward"):
-            a, b = (impl, f"{direction}{timing}_ms"), ("torch_compile", f"{direction}{timing}_ms")
-            if a in val and b in val:
-                ratio = val[a] / val[b]
-                missing = int(ratio.isna().sum())  # a config where either has no time of this kind
-                ratio = ratio.dropna()
-                out.append({"bar": f"{impl} {direction} faster than torch.compile everywhere ({how})",
-                            "measured": f"slowest ratio {fmt(ratio.max())}x ({int((ratio >= 1).sum())} of {len(ratio)} not faster"
-                                        + (f"; {missing} configs without both times" if missing else "") + ")",
-                            "met": "yes" if (ratio < 1).all() and not missing else "no"})
+            line = _faster_than_compile(val, impl, direction, timing, how)
+            if line:
+                out.append(line)
             a, b = (impl, f"{direction}_peak_mib"), ("torch_compile", f"{direction}_peak_mib")
             if a in val and b in val:
                 over = (val[a] - val[b]).dropna()
@@ -417,23 +433,14 @@ def lrpe_view(bench: pd.DataFrame) -> dict:
                             "met": "yes" if (over <= 0).all() else "no"})
     # With kernel times the bars use them; the same comparison per call (host included) is shown
     # beside them, since at small sizes it measures the host path of each op, not its kernels.
-    per_call = []
-    if kernel:
-        for direction in ("forward", "backward"):
-            a, b = ("triton", f"{direction}_ms"), ("torch_compile", f"{direction}_ms")
-            if a in val and b in val:
-                ratio = (val[a] / val[b]).dropna()
-                slower = ratio[ratio >= 1].index
-                device = val.loc[slower, ("triton", f"{direction}_kernel_ms")] if len(slower) else pd.Series(dtype=float)
-                per_call.append({"line": f"triton {direction} faster than torch.compile everywhere (time per call, host included)",
-                                 "measured": f"slowest ratio {fmt(ratio.max())}x ({len(slower)} of {len(ratio)} not faster"
-                                             + (f"; their kernels take at most {fmt(1e3 * device.max())} us" if len(slower) else "") + ")",
-                                 "holds": "yes" if (ratio < 1).all() else "no"})
-    per_call = table(pd.DataFrame(per_call)) if per_call else ""
+    per_call = [line for direction in ("forward", "backward") if kernel and (line := _faster_than_compile(
+        val, "triton", direction, "", "time per call, host included", kernels_of_slower=True))]
+    as_lines = lambda rows: (table(pd.DataFrame(rows).rename(columns={"bar": "line", "met": "holds"}))
+                             if rows else "")
+    per_call = as_lines(per_call)
     # The issue sets the bars for `triton`; the cache variant is measured against the same lines
     # for comparison (it keeps an fp32 angle table by design, so it holds more memory).
-    cache_lines = (table(pd.DataFrame(cache_lines).rename(columns={"bar": "line", "met": "holds"}))
-                   if cache_lines else "")
+    cache_lines = as_lines(cache_lines)
     copy = ok[ok["metric"] == "copy_gbs"]["mean"]
     first = ok.iloc[0]
     setup = {k: (first[k] if k in first and pd.notna(first[k]) else "?") for k in ("batch", "heads", "d", "dtype")}
