@@ -23,11 +23,15 @@ if ! python3 -c 'import snakemake' 2>/dev/null; then
     export PYTHONPATH=/tmp/lmperf-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+# --rerun-incomplete: a job that --limit stopped after it wrote its CSV but before it exited keeps
+# Snakemake's "incomplete" mark, and every later call would refuse to start; rerunning such a job
+# costs seconds, since its journal holds every finished configuration.
+run=(python3 -m snakemake --cores 1 --rerun-incomplete "${targets[@]}" "${extra[@]}")
 start=$(date +%s)
 if ((limit > 0)); then
-    timeout --signal=INT --kill-after=60 "$limit" python3 -m snakemake --cores 1 "${targets[@]}" "${extra[@]}"
+    timeout --signal=INT --kill-after=60 "$limit" "${run[@]}"
 else
-    python3 -m snakemake --cores 1 "${targets[@]}" "${extra[@]}"
+    "${run[@]}"
 fi
 rc=$?
 echo "gpu_run: snakemake exited $rc after $(( $(date +%s) - start )) s"

@@ -7,10 +7,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kernel=src/lmperf/kernels/lrpe.py
-plan() { python3 -m snakemake -n --quiet rules "$@" -- report/report.md 2>&1 \
-             | sed -n '/^Job stats:/,/^total/p' | sed -n '1,/^total/p'
-         python3 -m snakemake -n "$@" -- report/report.md 2>&1 | grep -q "Nothing to be done" \
-             && echo "(nothing to be done)" || true; }
+# One dry run; prints its job table, or all of Snakemake's output and fails if the dry run fails
+# (e.g. an "incomplete" mark left by a job that was stopped: gpu_run.sh --rerun-incomplete).
+plan() {
+    local out
+    if ! out=$(python3 -m snakemake -n --quiet rules "$@" -- report/report.md 2>&1); then
+        echo "$out"; echo "refresh_demo: the dry run failed (output above)" >&2; return 1
+    fi
+    if grep -q "^Job stats:" <<<"$out"; then
+        sed -n '/^Job stats:/,/^total/p' <<<"$out" | sed -n '1,/^total/p'
+    else
+        echo "(nothing to be done)"
+    fi
+}
 echo "== before: jobs a full build would run"
 plan "$@"
 cp -p "$kernel" "$kernel.orig"

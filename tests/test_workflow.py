@@ -3,6 +3,9 @@ jobs an edit makes stale."""
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -153,3 +156,55 @@ def test_another_library_version_reruns_the_benchmarks(built_copy, tmp_path, lib
     jobs = planned(built_copy, env=env)
     assert jobs.get("e2e_study", 0) > 0 and jobs.get("env") == 1 and jobs.get("report") == 1
     assert planned(built_copy) == {}, "with the real versions nothing is stale"
+
+
+def script(repo: Path, name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run scripts/<name> in `repo` with this interpreter first on PATH as `python3`."""
+    env = {**os.environ, "PYTHONPATH": str(repo / "src"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(["bash", f"scripts/{name}", *args], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_refresh_demo_lists_only_the_lrpe_jobs_and_the_report(built_copy):
+    kernel = built_copy / "src" / "lmperf" / "kernels" / "lrpe.py"
+    before = kernel.read_bytes()
+    proc = script(built_copy, "refresh_demo.sh", *SMOKE)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    first, after = proc.stdout.split("== after")
+    assert "(nothing to be done)" in first
+    fresh = planned(copy_repo(built_copy.parent / "fresh"))
+    jobs = {m[1]: int(m[2]) for m in re.finditer(r"^(\S+)\s+(\d+)$", after, re.M) if m[1] != "total"}
+    assert jobs == {"lrpe_check": 1, "lrpe_bench": fresh["lrpe_bench"], "report": 1}
+    assert kernel.read_bytes() == before, "the demo must put the kernel back"
+
+
+def stop_while_running(repo: Path, target: str) -> None:
+    """Start `target`, interrupt Snakemake once the job has started, then leave the job's output
+    in place, as when a time limit stops a job right after it wrote its CSV."""
+    env = {**os.environ, "PYTHONPATH": str(repo / "src"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", "--force", target, *SMOKE],
+                            cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marks = repo / ".snakemake" / "incomplete"
+    deadline = time.monotonic() + 120
+    while not (marks.is_dir() and any(marks.iterdir())):
+        assert proc.poll() is None and time.monotonic() < deadline, "the job never started"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=120)
+    (repo / target).parent.mkdir(parents=True, exist_ok=True)
+    (repo / target).touch()
+
+
+def test_a_job_stopped_after_writing_is_named_and_gpu_run_redoes_it(built_copy):
+    hw = re.search(r"from the CSVs under `results/([^/]+)/`", (built_copy / "report/report.md").read_text())[1]
+    target = f"results/{hw}/flash_attention/check.csv"
+    stop_while_running(built_copy, target)
+    demo = script(built_copy, "refresh_demo.sh", *SMOKE)
+    assert demo.returncode != 0 and "incomplete" in demo.stdout + demo.stderr
+    run = script(built_copy, "gpu_run.sh", target, "--", *SMOKE)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = (built_copy / target).read_text().splitlines()   # the empty stand-in was replaced
+    assert len(rows) > 1 and "status" in rows[0]
+    assert script(built_copy, "refresh_demo.sh", *SMOKE).returncode == 0
