@@ -32,13 +32,17 @@ def copy_repo(dest: Path) -> Path:
     return dest
 
 
+def workflow_env(repo: Path, env: dict | None = None) -> dict:
+    """The environment the workflow runs in: this interpreter first on PATH (rules run `python`,
+    the GPU scripts `python3`, as `make` arranges with .venv/bin) and the repo's own src/."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return {**os.environ, "PATH": path, "PYTHONPATH": str(repo / "src"), **(env or {})}
+
+
 def snakemake(repo: Path, *args: str, env: dict | None = None, check: bool = True,
               timeout: int = 900) -> subprocess.CompletedProcess:
     """Run Snakemake in `repo` with this interpreter, the repo's own src/ first on the path."""
-    # Rules run `python`: make it this interpreter, as `make` does with .venv/bin.
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    full_env = {**os.environ, "PATH": path, "PYTHONPATH": str(repo / "src"), **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=repo, env=full_env,
+    proc = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=repo, env=workflow_env(repo, env),
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n"

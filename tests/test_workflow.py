@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, SMOKE, copy_repo, snakemake
+from conftest import REPO, SMOKE, copy_repo, snakemake, workflow_env
 
 pytestmark = pytest.mark.slow
 
@@ -21,10 +21,17 @@ def planned(repo: Path, *args: str, env: dict | None = None) -> dict[str, int]:
     """{rule: job count} that a dry run of report/report.md would execute."""
     proc = snakemake(repo, "report/report.md", "-n", *args, "--quiet", "rules", *SMOKE, env=env)
     out = proc.stdout + proc.stderr
-    if "Nothing to be done" in out:
-        return {}
-    stats = out.split("Job stats:")[1]
+    return {} if "Nothing to be done" in out else job_counts(out.split("Job stats:")[1])
+
+
+def job_counts(stats: str) -> dict[str, int]:
+    """{rule: count} from a Snakemake "Job stats" table."""
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\S+)\s+(\d+)$", stats, re.M) if m[1] != "total"}
+
+
+def results_hw(repo: Path) -> str:
+    """The results folder the repo's rendered report was built from."""
+    return re.search(r"from the CSVs under `results/([^/]+)/`", (repo / "report" / "report.md").read_text())[1]
 
 
 @pytest.fixture
@@ -105,8 +112,7 @@ def test_cpu_run_produces_the_report(built_repo):
     assert re.search(r"\| tiny\s+\| 64\s+\| fp32\s+\| eager\s+\| \d", report), "CPU numbers in the tables"
     for png in ("e2e_step_vs_size.png", "e2e_step_vs_context.png"):
         assert (built_repo / "report" / "figures" / png).stat().st_size > 10_000
-    hw = re.search(r"from the CSVs under `results/([^/]+)/`", report)[1]
-    csvs = list((built_repo / "results" / hw / "e2e").rglob("*.csv"))
+    csvs = list((built_repo / "results" / results_hw(built_repo) / "e2e").rglob("*.csv"))
     assert csvs and not list((built_repo / "results").rglob(".journal"))
 
 
@@ -160,9 +166,7 @@ def test_another_library_version_reruns_the_benchmarks(built_copy, tmp_path, lib
 
 def script(repo: Path, name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run scripts/<name> in `repo` with this interpreter first on PATH as `python3`."""
-    env = {**os.environ, "PYTHONPATH": str(repo / "src"),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    return subprocess.run(["bash", f"scripts/{name}", *args], cwd=repo, env=env,
+    return subprocess.run(["bash", f"scripts/{name}", *args], cwd=repo, env=workflow_env(repo),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -174,18 +178,16 @@ def test_refresh_demo_lists_only_the_lrpe_jobs_and_the_report(built_copy):
     first, after = proc.stdout.split("== after")
     assert "(nothing to be done)" in first
     fresh = planned(copy_repo(built_copy.parent / "fresh"))
-    jobs = {m[1]: int(m[2]) for m in re.finditer(r"^(\S+)\s+(\d+)$", after, re.M) if m[1] != "total"}
-    assert jobs == {"lrpe_check": 1, "lrpe_bench": fresh["lrpe_bench"], "report": 1}
+    assert job_counts(after) == {"lrpe_check": 1, "lrpe_bench": fresh["lrpe_bench"], "report": 1}
     assert kernel.read_bytes() == before, "the demo must put the kernel back"
 
 
 def stop_while_running(repo: Path, target: str) -> None:
     """Start `target`, interrupt Snakemake once the job has started, then leave the job's output
     in place, as when a time limit stops a job right after it wrote its CSV."""
-    env = {**os.environ, "PYTHONPATH": str(repo / "src"),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     proc = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", "--force", target, *SMOKE],
-                            cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            cwd=repo, env=workflow_env(repo), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     marks = repo / ".snakemake" / "incomplete"
     deadline = time.monotonic() + 120
     while not (marks.is_dir() and any(marks.iterdir())):
@@ -198,8 +200,7 @@ def stop_while_running(repo: Path, target: str) -> None:
 
 
 def test_a_job_stopped_after_writing_is_named_and_gpu_run_redoes_it(built_copy):
-    hw = re.search(r"from the CSVs under `results/([^/]+)/`", (built_copy / "report/report.md").read_text())[1]
-    target = f"results/{hw}/flash_attention/check.csv"
+    target = f"results/{results_hw(built_copy)}/flash_attention/check.csv"
     stop_while_running(built_copy, target)
     demo = script(built_copy, "refresh_demo.sh", *SMOKE)
     assert demo.returncode != 0 and "incomplete" in demo.stdout + demo.stderr
