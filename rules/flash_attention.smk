@@ -1,6 +1,6 @@
 # FlashAttention-2: correctness against float64, then speed against PyTorch's attention.
 FA = config["flash_attention"][SCALE]
-FA_BENCH_JOBS = list(wf.fa_bench_jobs(FA))
+FA_BENCH_JOBS = list(wf.fa_bench_jobs(FA, config["models"]))
 FA_CSVS = [f"{RESULTS}/flash_attention/check.csv"] + [
     f"{RESULTS}/flash_attention/bench/{job}.csv" for job in FA_BENCH_JOBS]
 FA_KERNELS = ["src/lmperf/kernels/flash_attention_triton.py",
@@ -37,7 +37,7 @@ rule flash_attention_bench:
         f"{LOGS}/flash_attention/bench/{{job}}.log",
     params:
         **PROVENANCE,
-        spec=lambda w: wf.fa_bench_spec(FA, w.job),
+        spec=lambda w: wf.fa_bench_spec(FA, config["models"], w.job),
     wildcard_constraints:
         job="|".join(FA_BENCH_JOBS),
     conda:

@@ -23,6 +23,12 @@ def check_config(config: dict) -> None:
             if len(grid["shape"]) * grid["e"] < grid["d"]:
                 raise ValueError(f"config: lrpe.{scale}.check.grids[{i}]: m * e = "
                                  f"{len(grid['shape'])} * {grid['e']} < d = {grid['d']}")
+    for scale, fa in config["flash_attention"].items():
+        for group in fa["bench"]["groups"]:
+            unknown = [m for m in group.get("models", []) if m not in config["models"]]
+            if unknown:
+                raise ValueError(f"config: flash_attention.{scale}.bench group {group['name']!r} names "
+                                 f"sizes {unknown}, which are not under models: {sorted(config['models'])}")
     for scale, e2e in config["e2e"].items():
         for study, spec in e2e["studies"].items():
             unknown = [s for s in spec["sizes"] if s not in config["models"]]
@@ -49,7 +55,7 @@ def expected_csvs(config: dict, scale: str, results: str) -> list[str]:
     fa, lrpe = config["flash_attention"][scale], config["lrpe"][scale]
     return [f"{results}/env/env.csv", *e2e_csvs(results, config["e2e"][scale]),
             f"{results}/flash_attention/check.csv",
-            *[f"{results}/flash_attention/bench/{job}.csv" for job in fa_bench_jobs(fa)],
+            *[f"{results}/flash_attention/bench/{job}.csv" for job in fa_bench_jobs(fa, config["models"])],
             f"{results}/lrpe/check.csv",
             *[f"{results}/lrpe/bench_{g['dims']}d.csv" for g in lrpe["bench"]["grids"]],
             *[f"{results}/{s}/{s}.csv" for s in ("attention", "precision", "profile", "memory")]]
@@ -63,10 +69,14 @@ def e2e_spec(config: dict, e2e: dict, study: str, size: str) -> str:
                        "models": {size: config["models"][size]}}, sort_keys=True)
 
 
-def fa_bench_jobs(fa: dict) -> dict[str, dict]:
-    """{'<group>_d<D>': spec} : one benchmark job per group and head dim."""
+def fa_bench_jobs(fa: dict, models: dict) -> dict[str, dict]:
+    """{'<group>_d<D>': spec} : one benchmark job per group and head dim; a group of model
+    sizes is one job '<group>', its sizes resolved to their dims."""
     jobs = {}
     for group in fa["bench"]["groups"]:
+        if "models" in group:
+            jobs[group["name"]] = {"groups": [{**group, "models": {m: models[m] for m in group["models"]}}]}
+            continue
         for d in group["head_dims"]:
             jobs[f"{group['name']}_d{d}"] = {"groups": [{**group, "head_dims": [d]}]}
     return jobs
@@ -76,8 +86,8 @@ def fa_check_spec(fa: dict) -> str:
     return json.dumps(fa["check"], sort_keys=True)
 
 
-def fa_bench_spec(fa: dict, job: str) -> str:
-    return json.dumps(fa_bench_jobs(fa)[job], sort_keys=True)
+def fa_bench_spec(fa: dict, models: dict, job: str) -> str:
+    return json.dumps(fa_bench_jobs(fa, models)[job], sort_keys=True)
 
 
 def lrpe_check_spec(lrpe: dict) -> str:

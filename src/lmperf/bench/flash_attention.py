@@ -17,13 +17,20 @@ from lmperf.bench import common
 
 
 def check_cases(spec: dict) -> list[dict]:
+    """impl x dtype x causal x shape; triton_compiled (ours under torch.compile, fullgraph) on
+    `compiled_shapes` (each shape compiles anew, seconds a case)."""
     cases = []
-    for impl, dtype, causal, shape in itertools.product(spec["impls"], spec["dtypes"], spec["causal"],
-                                                        spec["shapes"]):
-        case = {"impl": impl, "dtype": dtype, "causal": causal, "shape": "x".join(map(str, shape))}
-        case["case_id"] = f"{impl}-{dtype}-{'causal' if causal else 'full'}-{case['shape']}"
-        cases.append(case)
+    for impl, dtype, causal in itertools.product(spec["impls"], spec["dtypes"], spec["causal"]):
+        shapes = spec.get("compiled_shapes", spec["shapes"]) if impl == "triton_compiled" else spec["shapes"]
+        for shape in shapes:
+            cases.append(_check_case(impl, dtype, causal, shape))
     return cases
+
+
+def _check_case(impl, dtype, causal, shape) -> dict:
+    case = {"impl": impl, "dtype": dtype, "causal": causal, "shape": "x".join(map(str, shape))}
+    case["case_id"] = f"{impl}-{dtype}-{'causal' if causal else 'full'}-{case['shape']}"
+    return case
 
 
 def measure_check(case: dict) -> list[dict]:
@@ -32,10 +39,15 @@ def measure_check(case: dict) -> list[dict]:
     from lmperf.kernels.attention_contract import compare
 
     cuda = torch.cuda.is_available()
-    if case["impl"] == "triton" and case["dtype"] == "bf16" and not cuda:
+    if case["impl"].startswith("triton") and case["dtype"] == "bf16" and not cuda:
         raise common.NotRun("needs CUDA: Triton's interpreter computes bfloat16 dots wrongly")
     impl = {"torch": flash_attention_torch.FlashAttention2PyTorch.apply,
-            "triton": flash_attention_triton.FlashAttention2Triton.apply}[case["impl"]]
+            "triton": flash_attention_triton.FlashAttention2Triton.apply,
+            "triton_compiled": flash_attention_triton.FlashAttention2Triton.apply}[case["impl"]]
+    if case["impl"] == "triton_compiled":  # Inductor on a GPU; on the CPU the same trace, kernels interpreted
+        import torch._dynamo
+        torch._dynamo.reset()
+        impl = torch.compile(impl, fullgraph=True, backend="inductor" if cuda else "aot_eager")
     seed = random.randrange(2**31)  # fresh inputs every run; the seed is kept to reproduce them
     gen = torch.Generator(device="cuda" if cuda else "cpu").manual_seed(seed)
     shape = tuple(int(x) for x in case["shape"].split("x"))
@@ -52,7 +64,13 @@ def measure_check(case: dict) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 # bench
 
-PROVIDERS = ("triton", "torch_tiled", "plain", "plain_compiled", "sdpa_flash", "sdpa_cudnn", "flex")
+PROVIDERS = ("triton", "triton_compiled", "torch_tiled", "plain", "plain_compiled", "sdpa_flash",
+             "sdpa_cudnn", "flex")
+# How a case is timed. "eager": the provider as it is, forward+backward = fn(q, k, v).backward(dO).
+# "leaderboard" (the CS336 leaderboard's harness): torch.compile around the provider,
+# forward+backward = fn(q, k, v).sum().backward(). Provider triton_compiled is ours under the
+# leaderboard harness whatever the group's harness.
+HARNESSES = ("eager", "leaderboard")
 
 
 def attention_flops(b: int, h: int, n: int, d: int, causal: bool, direction: str) -> float:
@@ -61,13 +79,24 @@ def attention_flops(b: int, h: int, n: int, d: int, causal: bool, direction: str
     return forward * {"forward": 1.0, "backward": 2.5, "fwd_bwd": 3.5}[direction]
 
 
+def _shapes(group: dict):
+    """(heads, head_dim) pairs: the product of `heads` and `head_dims`, or the group's `models`
+    (each model size's heads and d_model / heads)."""
+    if "models" in group:
+        return [(m["n_heads"], m["d_model"] // m["n_heads"], name) for name, m in group["models"].items()]
+    heads = group["heads"] if isinstance(group["heads"], list) else [group["heads"]]
+    return [(h, d, None) for h in heads for d in group["head_dims"]]
+
+
 def bench_cases(spec: dict) -> list[dict]:
     cases = []
     for group in spec["groups"]:
-        for provider, dtype, causal, n, d in itertools.product(
-                group["providers"], group["dtypes"], group["causal"], group["seq_lens"], group["head_dims"]):
-            case = {"group": group["name"], "provider": provider, "dtype": dtype, "causal": causal,
-                    "batch": group["batch"], "heads": group["heads"], "seq_len": n, "head_dim": d,
+        for provider, dtype, causal, n, (heads, d, model) in itertools.product(
+                group["providers"], group["dtypes"], group["causal"], group["seq_lens"], _shapes(group)):
+            harness = "leaderboard" if provider == "triton_compiled" else group.get("harness", "eager")
+            case = {"group": group["name"], "provider": provider, "harness": harness, "dtype": dtype,
+                    "causal": causal, "batch": group["batch"], "heads": heads, "seq_len": n,
+                    "head_dim": d, "model": model or "",
                     "timing_ms": "/".join(map(str, group.get("timing_ms", [25, 100]))),
                     "tiled_max_seq_len": group.get("tiled_max_seq_len", 4096)}
             skip = [s["reason"] for s in group.get("skip", [])
@@ -75,7 +104,7 @@ def bench_cases(spec: dict) -> list[dict]:
             if skip:
                 case["skip_reason"] = skip[0]
             case["case_id"] = (f"{group['name']}-{provider}-{dtype}-{'causal' if causal else 'full'}"
-                               f"-b{group['batch']}h{group['heads']}n{n}d{d}")
+                               f"-b{group['batch']}h{heads}n{n}d{d}")
             cases.append(case)
     return cases
 
@@ -105,42 +134,51 @@ def _compiled_flex():
 
 
 def provider_fn(case: dict):
-    """fn(q, k, v) for the case's provider, or raise Unsupported / NotRun."""
+    """(fn(q, k, v), context) for the case's provider: each timed call runs inside `context()`
+    (SDPA's backend choice; a no-op otherwise). Raises Unsupported / NotRun."""
+    import contextlib
+
     import torch.nn.functional as F
     from lmperf.kernels.flash_attention_torch import FlashAttention2PyTorch
     from lmperf.kernels.flash_attention_triton import FlashAttention2Triton
     from lmperf.model import plain_attention
 
     p, causal, dtype = case["provider"], case["causal"], case["dtype"]
-    if p == "triton":
-        return lambda q, k, v: FlashAttention2Triton.apply(q, k, v, causal)
+    none = contextlib.nullcontext
+    if p in ("triton", "triton_compiled"):
+        return (lambda q, k, v: FlashAttention2Triton.apply(q, k, v, causal)), none
     if p == "torch_tiled":
         if case["seq_len"] > case["tiled_max_seq_len"]:
             raise common.NotRun(f"N > {case['tiled_max_seq_len']} (tiled_max_seq_len): the Python tile loop "
                                 "takes seconds a case above it")
-        return lambda q, k, v: FlashAttention2PyTorch.apply(q, k, v, causal)
+        return (lambda q, k, v: FlashAttention2PyTorch.apply(q, k, v, causal)), none
     if p == "plain":
-        return lambda q, k, v: plain_attention(q, k, v, causal)
+        return (lambda q, k, v: plain_attention(q, k, v, causal)), none
     if p == "plain_compiled":
-        return lambda q, k, v: _compiled_plain()(q, k, v, causal)
+        return (lambda q, k, v: _compiled_plain()(q, k, v, causal)), none
     if p in ("sdpa_flash", "sdpa_cudnn"):
         from torch.nn.attention import SDPBackend, sdpa_kernel
         if dtype == "fp32":
             raise common.Unsupported(f"{p}: fp16/bf16 only")
         backend = SDPBackend.FLASH_ATTENTION if p == "sdpa_flash" else SDPBackend.CUDNN_ATTENTION
-
-        def run(q, k, v):
-            with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        return run
+        return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)), \
+            (lambda: sdpa_kernel(backend))
     if p == "flex":
         from torch.nn.attention.flex_attention import create_block_mask
         n = case["seq_len"]
         mask = None
         if causal:
             mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, n, n, device="cuda")
-        return lambda q, k, v: _compiled_flex()(q, k, v, block_mask=mask)
+        return (lambda q, k, v: _compiled_flex()(q, k, v, block_mask=mask)), none
     raise ValueError(f"unknown provider {p!r}")
+
+
+def _quantile_rows(metric: str, unit: str, q20: float, q50: float, q80: float) -> dict:
+    """A row for one do_bench timing: its median, with the 20% and 80% quantiles of the
+    repeats as the spread (one median is one sample: no std)."""
+    row = common.summarize(metric, unit, [q50])
+    row.update(std=float("nan"), q20=q20, q80=q80)
+    return row
 
 
 def measure_bench(case: dict) -> list[dict]:
@@ -151,41 +189,64 @@ def measure_bench(case: dict) -> list[dict]:
         raise common.NotRun(case["skip_reason"])
     if not torch.cuda.is_available():
         raise common.NotRun("needs CUDA")
-    fn = provider_fn(case)
+    fn, context = provider_fn(case)
+    leaderboard = case.get("harness", "eager") == "leaderboard"
+    if leaderboard:
+        import torch._dynamo
+        _no_donated_buffers()
+        torch._dynamo.reset()  # each case compiles its own graph; no recompile limit across cases
+        fn = torch.compile(fn, fullgraph=True, dynamic=False)
     b, h, n, d = case["batch"], case["heads"], case["seq_len"], case["head_dim"]
     dtype = common.torch_dtype(case["dtype"])
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
     dout = torch.randn(b, h, n, d, device="cuda", dtype=dtype)
     warmup, rep = (int(x) for x in case["timing_ms"].split("/"))
-    bench = functools.partial(triton.testing.do_bench, warmup=warmup, rep=rep, return_mode="median")
-    rows = []
+
+    def bench(f, **kw):
+        def run():
+            with context():
+                f()
+        return triton.testing.do_bench(run, warmup=warmup, rep=rep, quantiles=[0.2, 0.5, 0.8], **kw)
+
     with torch.no_grad():
         times = {"forward": bench(lambda: fn(q, k, v))}
 
     def fwd_bwd():
-        fn(q, k, v).backward(dout)
+        if leaderboard:
+            fn(q, k, v).sum().backward()
+        else:
+            fn(q, k, v).backward(dout)
     times["fwd_bwd"] = bench(fwd_bwd, grad_to_none=[q, k, v])
     note = ""
     try:  # backward alone, replaying one retained graph
-        out = fn(q, k, v)
+        if leaderboard:
+            raise RuntimeError("modified by an inplace operation")  # compiled: not replayable
+        with context():
+            out = fn(q, k, v)
         times["backward"] = bench(lambda: out.backward(dout, retain_graph=True), grad_to_none=[q, k, v])
     except RuntimeError as exc:  # compiled graphs may reuse saved buffers in place
         if "modified by an inplace operation" not in str(exc):
             raise
-        times["backward"] = times["fwd_bwd"] - times["forward"]
+        times["backward"] = tuple(fb - f for fb, f in zip(times["fwd_bwd"], times["forward"]))
         note = "backward = (forward+backward) - forward: this graph cannot be replayed with retain_graph"
     out = None
     config = ""
-    if case["provider"] == "triton":  # what the autotuner chose, for the tuning notes
-        from lmperf.kernels.flash_attention_triton import best_configs
-        config = "; ".join(f"{k}: {v}" for k, v in best_configs().items())
+    if case["provider"] in ("triton", "triton_compiled"):  # the rule table's choice, for the notes
+        from lmperf.kernels import flash_attention_triton as fa
+        bh = b * h
+        bwd = fa.bwd_config(n, d, dtype, case["causal"], bh)
+        config = "; ".join(f"{name}: " + " ".join(f"{k}={v}" for k, v in cfg.items()) for name, cfg in
+                           (("fwd", fa.fwd_config(n, d, dtype, case["causal"], bh)),
+                            ("dq", bwd["dq"]), ("dkdv", bwd["dkdv"])))
+    rows = []
     for direction in ("forward", "backward", "fwd_bwd"):
-        ms = times[direction]
-        row = common.summarize(f"{direction}_ms", "ms", [ms])
+        q20, q50, q80 = times[direction]
+        row = _quantile_rows(f"{direction}_ms", "ms", q20, q50, q80)
         row["message"] = note if direction == "backward" else ""
         rows.append(row)
         flops = attention_flops(b, h, n, d, case["causal"], direction)
-        rows.append(common.summarize(f"{direction}_tflops", "TFLOP/s", [flops / (ms * 1e-3) / 1e12]))
+        tflops = lambda ms: flops / (ms * 1e-3) / 1e12
+        rows.append(_quantile_rows(f"{direction}_tflops", "TFLOP/s", tflops(q80), tflops(q50), tflops(q20)))
     for row in rows:
         row["config"] = config
     return rows

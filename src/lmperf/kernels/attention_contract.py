@@ -6,7 +6,9 @@ import math
 
 import torch
 
-HEAD_DIMS = (16, 32, 64, 128)
+# Head dims: any multiple of 8 from 8 to 256 (both implementations).
+HEAD_DIM_MIN, HEAD_DIM_MAX, HEAD_DIM_STEP = 8, 256, 8
+HEAD_DIMS = tuple(range(HEAD_DIM_MIN, HEAD_DIM_MAX + 1, HEAD_DIM_STEP))
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -27,7 +29,8 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
     if q.shape[-1] not in HEAD_DIMS:
-        raise ValueError(f"head dimension D={q.shape[-1]} is not supported; use one of {HEAD_DIMS}")
+        raise ValueError(f"head dimension D={q.shape[-1]} is not supported; use a multiple of "
+                         f"{HEAD_DIM_STEP} from {HEAD_DIM_MIN} to {HEAD_DIM_MAX}")
     if q.shape[-2] < 1:
         raise ValueError("sequence length N must be at least 1")
 
@@ -56,6 +59,17 @@ def tolerance(torch_error: float, dtype: torch.dtype) -> float:
     return 2 * torch_error + ERROR_FLOOR[dtype]
 
 
+def saved_logsumexp(out: torch.Tensor, shape) -> torch.Tensor:
+    """The logsumexp an implementation saved for backward: the one fp32 tensor of shape
+    q.shape[:-1] among out.grad_fn.saved_tensors."""
+    found = [t for t in out.grad_fn.saved_tensors
+             if t.dtype == torch.float32 and tuple(t.shape) == tuple(shape)]
+    if len(found) != 1:
+        raise AssertionError(f"expected one saved fp32 tensor of shape {tuple(shape)} (the "
+                             f"logsumexp); found {len(found)}")
+    return found[0]
+
+
 def compare(impl_forward, q, k, v, is_causal: bool, grad_out=None) -> list[dict]:
     """Errors of one implementation against float64, beside plain PyTorch in the input dtype.
 
@@ -70,7 +84,7 @@ def compare(impl_forward, q, k, v, is_causal: bool, grad_out=None) -> list[dict]
         qkv = leaves((q, k, v), dt)
         if name == "impl":
             out = impl_forward(*qkv, is_causal)
-            lse = out.grad_fn.saved_tensors[4]
+            lse = saved_logsumexp(out, q.shape[:-1])
         else:
             out, lse = reference(*qkv, is_causal, dtype=dt)
         out.backward(grad_out.to(out.dtype))

@@ -1,0 +1,272 @@
+"""FlashAttention-2 (Triton) tile sweep on a GPU: the data behind the rule table in
+src/lmperf/kernels/flash_attention_triton.py (fwd_config, bwd_config).
+
+For each shape below and each kernel (forward, backward dQ, backward dK/dV) it times every
+candidate config with triton.testing.do_bench (the kernel launch alone, median and 20/80%
+quantiles), checks each candidate's output against the rule table's, and times SDPA-flash and
+SDPA-cuDNN on the same shape for scale. Candidates are compiled first in parallel processes
+(Triton's on-disk cache), so the timing loop only loads them. Every failure is a row.
+
+    python scripts/fa_sweep.py --out DIR [--jobs 14] [--only headline,model_xl]
+
+Writes DIR/fa_sweep.csv (one row per shape x kernel x config, or per peer) as it goes.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+BF16, FP32 = torch.bfloat16, torch.float32
+# name: (batch, heads, N, D, causal, dtype)
+SHAPES = {
+    "headline": (1, 16, 16384, 64, True, BF16),
+    "throughput_causal": (4, 16, 8192, 128, True, BF16),
+    "throughput_full": (4, 16, 8192, 128, False, BF16),
+    "model_xl_1024": (4, 25, 1024, 64, True, BF16),
+    "model_2.7B_1024": (4, 32, 1024, 80, True, BF16),
+    "model_small_256": (4, 12, 256, 64, True, BF16),
+    "model_2.7B_256": (4, 32, 256, 80, True, BF16),
+    "grid_d64_4096": (1, 1, 4096, 64, True, BF16),
+    "grid_d128_32768": (1, 1, 32768, 128, True, BF16),
+    "grid_d16_16384": (1, 1, 16384, 16, True, BF16),
+    "d256": (1, 8, 4096, 256, True, BF16),
+    "fp32_d64_4096": (1, 1, 4096, 64, True, FP32),
+    "fp32_d128_16384": (1, 1, 16384, 128, True, FP32),
+}
+
+FWD = {  # (BLOCK_Q, BLOCK_K, warps, stages)
+    "16bit": [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4), (64, 64, 4, 3),
+              (128, 32, 4, 3), (64, 32, 4, 4)],
+    "d256": [(64, 32, 4, 2), (64, 64, 8, 2), (32, 32, 4, 2), (64, 32, 8, 2), (128, 32, 8, 2)],
+    "fp32": [(64, 32, 4, 2), (64, 64, 4, 2), (64, 32, 8, 2), (128, 32, 8, 2), (32, 32, 4, 2),
+             (64, 16, 4, 3)],
+}
+DQ = {  # (BLOCK_M2, BLOCK_N2, warps, stages)
+    "16bit": [(128, 64, 8, 2), (128, 32, 4, 3), (128, 64, 4, 2), (64, 64, 4, 2), (128, 128, 8, 2),
+              (64, 32, 4, 3), (128, 32, 8, 3)],
+    "d256": [(64, 32, 8, 1), (64, 32, 4, 2), (32, 32, 4, 2), (64, 64, 8, 1)],
+    "fp32": [(64, 32, 4, 2), (64, 64, 8, 2), (32, 32, 4, 2), (128, 32, 8, 2), (64, 16, 4, 3)],
+}
+DKDV = {  # (BLOCK_M, BLOCK_N, warps, stages)
+    "16bit": [(64, 128, 8, 2), (32, 128, 4, 3), (64, 128, 4, 2), (64, 64, 4, 2), (128, 128, 8, 2),
+              (32, 64, 4, 3), (32, 128, 8, 3)],
+    "d256": [(32, 64, 8, 1), (32, 64, 4, 2), (32, 32, 4, 2), (64, 64, 8, 1)],
+    "fp32": [(32, 64, 4, 2), (64, 64, 8, 2), (32, 32, 4, 2), (32, 128, 8, 2), (16, 64, 4, 3)],
+}
+KEYS = {"fwd": ("BLOCK_Q", "BLOCK_K"), "dq": ("BLOCK_M2", "BLOCK_N2"), "dkdv": ("BLOCK_M", "BLOCK_N")}
+TABLES = {"fwd": FWD, "dq": DQ, "dkdv": DKDV}
+FIELDS = ["shape", "batch", "heads", "seq_len", "head_dim", "causal", "dtype", "kernel", "config",
+          "is_rule", "ms", "q20_ms", "q80_ms", "max_abs_diff", "status", "message", "gpu", "torch",
+          "triton", "commit"]
+
+
+def family(d: int, dtype) -> str:
+    return "fp32" if dtype == FP32 else ("d256" if d > 128 else "16bit")
+
+
+def candidates(name: str, kernel: str) -> list[dict]:
+    """The kernel's candidate configs for one shape, the rule table's own first."""
+    from lmperf.kernels import flash_attention_triton as fa
+    b, h, n, d, causal, dtype = SHAPES[name]
+    rule = (fa.fwd_config(n, d, dtype, causal, b * h) if kernel == "fwd"
+            else fa.bwd_config(n, d, dtype, causal, b * h)[kernel])
+    first, second = KEYS[kernel]  # the table's tuple order
+    outer, inner = (second, first) if kernel == "dkdv" else (first, second)  # dK/dV: keys outer
+    out = [rule]
+    for x, y, w, s in TABLES[kernel][family(d, dtype)]:
+        cfg = fa._fit({first: x, second: y, "num_warps": w, "num_stages": s}, n, outer, inner)
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def inputs(name: str, seed: int = 0):
+    b, h, n, d, causal, dtype = SHAPES[name]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, do = (torch.randn(b * h, n, d, device="cuda", dtype=dtype, generator=g) for _ in range(4))
+    return q, k, v, do
+
+
+def runner(name: str, kernel: str, cfg: dict, t):
+    """fn() that launches `kernel` with `cfg` on the prepared tensors t, and the output to check."""
+    from lmperf.kernels import flash_attention_triton as fa
+    b, h, n, d, causal, dtype = SHAPES[name]
+    q, k, v, do, out, lse, delta, dq, dk, dv = t
+    full = {"dq": cfg, "dkdv": cfg}
+    if kernel == "fwd":
+        o2, l2 = torch.empty_like(out), torch.empty_like(lse)
+        return (lambda: fa.launch_forward(q, k, v, o2, l2, causal, cfg)), o2
+    if kernel == "dq":
+        dq2, delta2 = torch.empty_like(dq), torch.empty_like(delta)
+        return (lambda: fa.launch_backward_dq(q, k, v, out, do, lse, delta2, dq2, causal, full)), dq2
+    dk2 = torch.empty_like(dk)
+    return (lambda: fa.launch_backward_dkdv(q, k, v, do, lse, delta, dk2, dv, causal, full)), dk2
+
+
+def prepare(name: str, run_rule: bool = True):
+    """Inputs, and the rule table's forward and backward outputs on them (random stand-ins
+    when not run_rule: enough to compile the candidates)."""
+    from lmperf.kernels import flash_attention_triton as fa
+    b, h, n, d, causal, dtype = SHAPES[name]
+    q, k, v, do = inputs(name)
+    out, lse = torch.empty_like(q), torch.empty(b * h, n, device="cuda", dtype=torch.float32)
+    if not run_rule:
+        out.normal_(), lse.normal_()
+        return q, k, v, do, out, lse, torch.zeros_like(lse), torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    fa.launch_forward(q, k, v, out, lse, causal, fa.fwd_config(n, d, dtype, causal, b * h))
+    delta = torch.empty_like(lse)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    cfg = fa.bwd_config(n, d, dtype, causal, b * h)
+    fa.launch_backward_dq(q, k, v, out, do, lse, delta, dq, causal, cfg)
+    fa.launch_backward_dkdv(q, k, v, do, lse, delta, dk, dv, causal, cfg)
+    torch.cuda.synchronize()
+    return q, k, v, do, out, lse, delta, dq, dk, dv
+
+
+def jobs(names):
+    return [(name, kernel, cfg) for name in names for kernel in ("fwd", "dq", "dkdv")
+            for cfg in candidates(name, kernel)]
+
+
+def compile_shard(names, shard: int, n_shards: int) -> None:
+    """Compile (by launching once) every n_shards-th candidate; errors are left to the timing."""
+    prepared = {}
+    for i, (name, kernel, cfg) in enumerate(jobs(names)):
+        if i % n_shards != shard:
+            continue
+        try:
+            if name not in prepared:
+                prepared = {name: prepare(name, run_rule=False)}
+            fn, _ = runner(name, kernel, cfg, prepared[name])
+            fn()
+        except Exception:  # noqa: BLE001 - the timing pass records it
+            pass
+    torch.cuda.synchronize()
+
+
+def peers(name: str):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    b, h, n, d, causal, dtype = SHAPES[name]
+    if dtype == FP32:
+        return
+    q, k, v, do = (t.view(b, h, n, d) for t in inputs(name, seed=1))
+    for label, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+
+        def fwd():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
+
+        def fwd_bwd():
+            fwd().backward(do)
+        yield f"{label}:fwd", fwd
+        yield f"{label}:fwd_bwd", fwd_bwd
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--jobs", type=int, default=14, help="parallel compile processes (0: none)")
+    ap.add_argument("--only", default="", help="comma-separated shape names")
+    ap.add_argument("--compile-shard", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    names = [s for s in args.only.split(",") if s] or list(SHAPES)
+    if args.compile_shard:
+        i, n = (int(x) for x in args.compile_shard.split("/"))
+        compile_shard(names, i, n)
+        return 0
+
+    import triton
+    import triton.testing
+    from lmperf.bench.common import git_commit
+    t0 = time.time()
+    if args.jobs:
+        procs = [subprocess.Popen([sys.executable, __file__, "--out", str(args.out), "--only", ",".join(names),
+                                   "--compile-shard", f"{i}/{args.jobs}"]) for i in range(args.jobs)]
+        for p in procs:
+            p.wait()
+        print(f"compiled {len(jobs(names))} candidates in {time.time() - t0:.0f} s", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "fa_sweep.csv"
+    prov = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": triton.__version__, "commit": git_commit()}
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, FIELDS)
+        w.writeheader()
+        for name in names:
+            b, h, n, d, causal, dtype = SHAPES[name]
+            base = dict(shape=name, batch=b, heads=h, seq_len=n, head_dim=d, causal=causal,
+                        dtype=str(dtype).removeprefix("torch."), **prov)
+            try:
+                t = prepare(name)
+            except Exception as exc:  # noqa: BLE001
+                w.writerow({**base, "kernel": "all", "status": "error", "message": f"{type(exc).__name__}: {exc}"[:300]})
+                continue
+            ref = {"fwd": t[4], "dq": t[7], "dkdv": t[8]}
+            for kernel in ("fwd", "dq", "dkdv"):
+                for j, cfg in enumerate(candidates(name, kernel)):
+                    row = {**base, "kernel": kernel, "config": " ".join(f"{k}={v}" for k, v in cfg.items()),
+                           "is_rule": j == 0}
+                    try:
+                        fn, out = runner(name, kernel, cfg, t)
+                        out.fill_(float("nan"))
+                        fn()
+                        torch.cuda.synchronize()
+                        row["max_abs_diff"] = float((out.float() - ref[kernel].float()).abs().max())
+                        q20, q50, q80 = triton.testing.do_bench(fn, warmup=10, rep=50, quantiles=[0.2, 0.5, 0.8])
+                        row.update(ms=q50, q20_ms=q20, q80_ms=q80, status="ok")
+                    except Exception as exc:  # noqa: BLE001 - a row per failure
+                        row.update(status="oom" if "out of memory" in str(exc).lower() else "error",
+                                   message=f"{type(exc).__name__}: {exc}"[:300])
+                        torch.cuda.empty_cache()
+                    w.writerow(row)
+                    f.flush()
+            del t
+            for label, fn in peers(name):
+                row = {**base, "kernel": label, "config": "", "is_rule": False}
+                try:
+                    q20, q50, q80 = triton.testing.do_bench(fn, warmup=10, rep=50, quantiles=[0.2, 0.5, 0.8])
+                    row.update(ms=q50, q20_ms=q20, q80_ms=q80, status="ok")
+                except Exception as exc:  # noqa: BLE001
+                    row.update(status="error", message=f"{type(exc).__name__}: {exc}"[:300])
+                w.writerow(row)
+                f.flush()
+            print(f"{name}: done at {time.time() - t0:.0f} s", flush=True)
+            torch.cuda.empty_cache()
+    summarize(path)
+    return 0
+
+
+def summarize(path: Path) -> None:
+    """Best config per shape and kernel against the rule table's, and the peers."""
+    import pandas as pd
+    df = pd.read_csv(path)
+    ok = df[df.status == "ok"]
+    for name, g in ok.groupby("shape", sort=False):
+        parts = []
+        for kernel in ("fwd", "dq", "dkdv"):
+            k = g[g.kernel == kernel]
+            if k.empty:
+                continue
+            best = k.loc[k.ms.idxmin()]
+            rule = k[k.is_rule]
+            rule_ms = float(rule.ms.iloc[0]) if len(rule) else float("nan")
+            parts.append(f"{kernel} rule {rule_ms:.3f} best {best.ms:.3f} [{best.config}]")
+        peers_ = "; ".join(f"{r.kernel} {r.ms:.3f}" for r in g[g.kernel.str.contains(':')].itertuples())
+        print(f"{name}: " + " | ".join(parts) + f" || {peers_}")
+    bad = df[df.status != "ok"]
+    print(f"{len(bad)} failed rows: " + "; ".join(f"{r.shape}/{r.kernel}/{r.config}: {str(r.message)[:80]}"
+                                                  for r in bad.head(10).itertuples()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
