@@ -61,9 +61,13 @@ def tolerance(torch_error: float, dtype: torch.dtype) -> float:
 
 def saved_logsumexp(out: torch.Tensor, shape) -> torch.Tensor:
     """The logsumexp an implementation saved for backward: the one fp32 tensor of shape
-    q.shape[:-1] among out.grad_fn.saved_tensors."""
-    found = [t for t in out.grad_fn.saved_tensors
-             if t.dtype == torch.float32 and tuple(t.shape) == tuple(shape)]
+    q.shape[:-1] among out.grad_fn.saved_tensors. Under torch.compile the saved tensors are the
+    compiled graph's, where L may be kept flattened: then the one fp32 tensor of that many
+    elements, reshaped."""
+    saved = out.grad_fn.saved_tensors
+    found = [t for t in saved if t.dtype == torch.float32 and tuple(t.shape) == tuple(shape)]
+    if not found:
+        found = [t.reshape(shape) for t in saved if t.dtype == torch.float32 and t.numel() == math.prod(shape)]
     if len(found) != 1:
         raise AssertionError(f"expected one saved fp32 tensor of shape {tuple(shape)} (the "
                              f"logsumexp); found {len(found)}")

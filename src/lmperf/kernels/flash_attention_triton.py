@@ -11,8 +11,8 @@ walks the query tiles of one key tile for dK and dV, reading that Delta.
 Causal masking: a query tile [q0, q0+BLOCK_Q) sees key tiles [0, q0) in full and pays nothing
 for the mask there; only the key tiles that cross the diagonal are masked, and key tiles past
 the diagonal are never visited. Ragged sequence ends are masked in the last tile only.
-Programs are ordered heads-fastest and, when causal, longest tile first, so the GPU's last wave
-holds the shortest tiles.
+Programs run tile-fastest (the tiles of one head share its K and V in L2) and, when causal,
+longest tile first within a head.
 
 Head dims: any multiple of 8 from 8 to 256. A tile is D_PAD = next power of two >= max(D, 16)
 wide; columns D..D_PAD are masked to zero on load and never stored.
@@ -57,20 +57,29 @@ def d_pad(d: int) -> int:
     return max(16, _pow2(d))
 
 
+# The H100 sweep (notes/data/fa_sweep_h100_04b7c24.csv, notes/flash_attention.md) in short:
+# long sequences want big tiles (fewer programs re-reading K/V, less loop overhead); short ones,
+# or few programs, want 64-row tiles (more programs in flight, less causal waste on the
+# diagonal); head dims padded to 128 behave like 128; fp32 (tf32x3 dots, 4-byte tiles) and
+# D = 256 fit only 32 x 32 tiles without spilling or running out of shared memory.
+SM_COUNT_H100 = 132
+
+
 def fwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dict:
     """BLOCK_Q, BLOCK_K, num_warps, num_stages of the forward for one call's shape."""
     if INTERPRET:
         return dict(BLOCK_Q=32, BLOCK_K=16, num_warps=4, num_stages=1)
     dp = d_pad(d)
-    if dtype == torch.float32:  # 4-byte tiles: half the tile of 16-bit for the same memory
-        cfg = (dict(BLOCK_Q=64, BLOCK_K=32, num_warps=4, num_stages=2) if dp <= 128
-               else dict(BLOCK_Q=32, BLOCK_K=32, num_warps=4, num_stages=1))
+    if dtype == torch.float32:
+        cfg = dict(BLOCK_Q=32, BLOCK_K=32, num_warps=4, num_stages=2)
+    elif dp > 128:
+        cfg = dict(BLOCK_Q=64, BLOCK_K=32, num_warps=4, num_stages=2)
+    elif n < 8192:
+        cfg = dict(BLOCK_Q=64, BLOCK_K=64, num_warps=4, num_stages=3)
     elif dp <= 64:
-        cfg = dict(BLOCK_Q=128, BLOCK_K=64, num_warps=4, num_stages=3)
-    elif dp == 128:
         cfg = dict(BLOCK_Q=128, BLOCK_K=64, num_warps=8, num_stages=3)
     else:
-        cfg = dict(BLOCK_Q=64, BLOCK_K=32, num_warps=4, num_stages=2)
+        cfg = dict(BLOCK_Q=128, BLOCK_K=128, num_warps=8, num_stages=3)
     return _fit(cfg, n, "BLOCK_Q", "BLOCK_K")
 
 
@@ -81,18 +90,19 @@ def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
         return dict(dq=dict(BLOCK_M2=32, BLOCK_N2=16, num_warps=4, num_stages=1),
                     dkdv=dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1))
     dp = d_pad(d)
-    if dtype == torch.float32 and dp > 128:
-        dq = dict(BLOCK_M2=32, BLOCK_N2=32, num_warps=4, num_stages=1)
-        dkdv = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
-    elif dtype == torch.float32:
-        dq = dict(BLOCK_M2=64, BLOCK_N2=32, num_warps=4, num_stages=2)
-        dkdv = dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2)
-    elif dp <= 128:
-        dq = dict(BLOCK_M2=128, BLOCK_N2=64, num_warps=8, num_stages=2)
-        dkdv = dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2)
+    if dtype == torch.float32 or dp > 128:
+        dq = dict(BLOCK_M2=32, BLOCK_N2=32, num_warps=4, num_stages=2)
+        dkdv = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
+    elif dp <= 64:
+        dq = dict(BLOCK_M2=64, BLOCK_N2=32, num_warps=4, num_stages=3)
+        # 128-key tiles when they alone give every SM several programs; else 64 x 64
+        many = bh * triton.cdiv(n, 128) >= 4 * SM_COUNT_H100
+        dkdv = (dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3) if many
+                else dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2))
     else:
-        dq = dict(BLOCK_M2=64, BLOCK_N2=32, num_warps=8, num_stages=1)
-        dkdv = dict(BLOCK_M=32, BLOCK_N=64, num_warps=8, num_stages=1)
+        dq = (dict(BLOCK_M2=128, BLOCK_N2=128, num_warps=8, num_stages=2) if n >= 1024
+              else dict(BLOCK_M2=64, BLOCK_N2=32, num_warps=4, num_stages=3))
+        dkdv = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
     return dict(dq=_fit(dq, n, "BLOCK_M2", "BLOCK_N2"), dkdv=_fit(dkdv, n, "BLOCK_N", "BLOCK_M"))
 
 
@@ -169,10 +179,10 @@ def _fwd_kernel(Q, K, V, O, L, stride_qb, stride_qn, stride_kb, stride_kn, strid
                 stride_ob, stride_on, N, QK_SCALE: tl.constexpr, D: tl.constexpr,
                 D_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
-    bh = tl.program_id(0).to(tl.int64)
-    q_tile = tl.program_id(1)
+    q_tile = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
     if IS_CAUSAL:  # the last query tile has the most keys: start it first
-        q_tile = tl.num_programs(1) - 1 - q_tile
+        q_tile = tl.num_programs(0) - 1 - q_tile
     q0 = q_tile * BLOCK_Q
     offs_q = q0 + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, D_PAD)
@@ -237,10 +247,10 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ, stride_qb, stride_qn, stride_kb
                    D: tl.constexpr, D_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
                    DOT_PRECISION: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr):
     """dQ of one query tile, and Delta = rowsum(O * dO) of its rows for the dK/dV kernel."""
-    bh = tl.program_id(0).to(tl.int64)
-    q_tile = tl.program_id(1)
+    q_tile = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
     if IS_CAUSAL:
-        q_tile = tl.num_programs(1) - 1 - q_tile
+        q_tile = tl.num_programs(0) - 1 - q_tile
     q0 = q_tile * BLOCK_M2
     offs_q = q0 + tl.arange(0, BLOCK_M2)
     offs_d = tl.arange(0, D_PAD)
@@ -300,8 +310,8 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, stride_qb, stride_qn, stride
                      stride_dvb, stride_dvn, N, QK_SCALE: tl.constexpr, SM_SCALE: tl.constexpr,
                      D: tl.constexpr, D_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
                      DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    bh = tl.program_id(0).to(tl.int64)
-    k_tile = tl.program_id(1)  # causal: the first key tile has the most queries, and starts first
+    k_tile = tl.program_id(0)  # causal: the first key tile has the most queries, and starts first
+    bh = tl.program_id(1).to(tl.int64)
     k0 = k_tile * BLOCK_N
     offs_k = k0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
@@ -352,7 +362,7 @@ def launch_forward(q3, k3, v3, out, lse, is_causal: bool, cfg: dict, launch=lamb
     """Run the forward kernel on (B, N, D) views with config `cfg` (BLOCK_Q, BLOCK_K, warps,
     stages). `launch` wraps the kernel (wrap_triton inside the op; identity for the sweep)."""
     bh, n, d = q3.shape
-    grid = (bh, triton.cdiv(n, cfg["BLOCK_Q"]))
+    grid = (triton.cdiv(n, cfg["BLOCK_Q"]), bh)
     launch(_fwd_kernel)[grid](
         q3, k3, v3, out, lse, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
         v3.stride(0), v3.stride(1), out.stride(0), out.stride(1), n, **_scales(d),
@@ -364,7 +374,7 @@ def launch_backward_dq(q3, k3, v3, o3, do3, lse, delta, dq, is_causal: bool, cfg
     """dQ, and Delta = rowsum(O * dO) for launch_backward_dkdv, with config cfg["dq"]."""
     bh, n, d = q3.shape
     c = cfg["dq"]
-    launch(_bwd_dq_kernel)[(bh, triton.cdiv(n, c["BLOCK_M2"]))](
+    launch(_bwd_dq_kernel)[(triton.cdiv(n, c["BLOCK_M2"]), bh)](
         q3, k3, v3, o3, do3, lse, delta, dq, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
         v3.stride(0), v3.stride(1), o3.stride(0), o3.stride(1), do3.stride(0), do3.stride(1),
         dq.stride(0), dq.stride(1), n, **_scales(d), SM_SCALE=1.0 / math.sqrt(d), IS_CAUSAL=is_causal,
@@ -376,7 +386,7 @@ def launch_backward_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal: bool, c
     """dK and dV (needs the Delta that launch_backward_dq wrote), with config cfg["dkdv"]."""
     bh, n, d = q3.shape
     c = cfg["dkdv"]
-    launch(_bwd_dkdv_kernel)[(bh, triton.cdiv(n, c["BLOCK_N"]))](
+    launch(_bwd_dkdv_kernel)[(triton.cdiv(n, c["BLOCK_N"]), bh)](
         q3, k3, v3, do3, lse, delta, dk, dv, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
         v3.stride(0), v3.stride(1), do3.stride(0), do3.stride(1), dk.stride(0), dk.stride(1),
         dv.stride(0), dv.stride(1), n, **_scales(d), SM_SCALE=1.0 / math.sqrt(d), IS_CAUSAL=is_causal,
@@ -405,24 +415,21 @@ def _backward_fake(q, k, v, out, lse, grad_out, is_causal):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-@_register("lmperf::flash_attention_forward", _forward_fake)
-def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                            is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(O, L): O like q, L the fp32 logsumexp of shape q.shape[:-1]. Inputs (..., N, D)."""
+def _plain(kernel):
+    return kernel
+
+
+def _forward(q, k, v, is_causal: bool, launch):
     check_qkv(q, k, v)
     q3, k3, v3 = _flat(q), _flat(k), _flat(v)
     bh, n, d = q3.shape
     out = q3.new_empty(q3.shape)
     lse = torch.empty((bh, n), dtype=torch.float32, device=q.device)
-    launch_forward(q3, k3, v3, out, lse, is_causal, fwd_config(n, d, q.dtype, is_causal, bh), wrap_triton)
+    launch_forward(q3, k3, v3, out, lse, is_causal, fwd_config(n, d, q.dtype, is_causal, bh), launch)
     return out.view(q.shape), lse.view(q.shape[:-1])
 
 
-@_register("lmperf::flash_attention_backward", _backward_fake)
-def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                             lse: torch.Tensor, grad_out: torch.Tensor,
-                             is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dQ, dK, dV) of flash_attention_forward, from its saved (O, L) and dO."""
+def _backward_kernels(q, k, v, out, lse, grad_out, is_causal: bool, launch):
     q3, k3, v3, o3, do3 = (_flat(t) for t in (q, k, v, out, grad_out))
     bh, n, d = q3.shape
     lse3 = lse.reshape(bh, n)
@@ -430,9 +437,24 @@ def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     delta = torch.empty((bh, n), dtype=torch.float32, device=q.device)
     dq, dk, dv = q3.new_empty(q3.shape), k3.new_empty(k3.shape), v3.new_empty(v3.shape)
     cfg = bwd_config(n, d, q.dtype, is_causal, bh)
-    launch_backward_dq(q3, k3, v3, o3, do3, lse3, delta, dq, is_causal, cfg, wrap_triton)
-    launch_backward_dkdv(q3, k3, v3, do3, lse3, delta, dk, dv, is_causal, cfg, wrap_triton)
+    launch_backward_dq(q3, k3, v3, o3, do3, lse3, delta, dq, is_causal, cfg, launch)
+    launch_backward_dkdv(q3, k3, v3, do3, lse3, delta, dk, dv, is_causal, cfg, launch)
     return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+
+
+@_register("lmperf::flash_attention_forward", _forward_fake)
+def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, L): O like q, L the fp32 logsumexp of shape q.shape[:-1]. Inputs (..., N, D)."""
+    return _forward(q, k, v, is_causal, wrap_triton)
+
+
+@_register("lmperf::flash_attention_backward", _backward_fake)
+def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                             lse: torch.Tensor, grad_out: torch.Tensor,
+                             is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) of flash_attention_forward, from its saved (O, L) and dO."""
+    return _backward_kernels(q, k, v, out, lse, grad_out, is_causal, wrap_triton)
 
 
 def _setup_context(ctx, inputs, output):
@@ -467,7 +489,10 @@ class FlashAttention2Triton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, is_causal=False):
         check_qkv(q, k, v)
-        out, lse = flash_attention_forward(q, k, v, bool(is_causal))
+        if torch.compiler.is_compiling():  # the op: the compiler sees (and launches) the kernels
+            out, lse = flash_attention_forward(q, k, v, bool(is_causal))
+        else:  # eager: the same kernels without the op's dispatch (tens of us a call)
+            out, lse = _forward(q, k, v, bool(is_causal), _plain)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.is_causal = bool(is_causal)
         return out
@@ -475,5 +500,8 @@ class FlashAttention2Triton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out.contiguous(), ctx.is_causal)
+        if torch.compiler.is_compiling():
+            dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out.contiguous(), ctx.is_causal)
+        else:
+            dq, dk, dv = _backward_kernels(q, k, v, out, lse, grad_out.contiguous(), ctx.is_causal, _plain)
         return dq, dk, dv, None
