@@ -82,6 +82,8 @@ def candidates(name: str, kernel: str) -> list[dict]:
     out = [rule]
     for x, y, w, s in TABLES[kernel][family(d, dtype)]:
         cfg = fa._fit({first: x, second: y, "num_warps": w, "num_stages": s}, n, outer, inner)
+        if kernel == "dkdv":
+            cfg["HEADS_FASTEST"] = causal
         if cfg not in out:
             out.append(cfg)
     return out

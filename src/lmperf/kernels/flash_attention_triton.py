@@ -57,11 +57,13 @@ def d_pad(d: int) -> int:
     return max(16, _pow2(d))
 
 
-# The H100 sweep (notes/data/fa_sweep_h100_04b7c24.csv, notes/flash_attention.md) in short:
-# long sequences want big tiles (fewer programs re-reading K/V, less loop overhead); short ones,
-# or few programs, want 64-row tiles (more programs in flight, less causal waste on the
-# diagonal); head dims padded to 128 behave like 128; fp32 (tf32x3 dots, 4-byte tiles) and
-# D = 256 fit only 32 x 32 tiles without spilling or running out of shared memory.
+# The two H100 sweeps (notes/data/fa_sweep_h100_*.csv, notes/flash_attention.md) in short:
+# long sequences want big tiles (fewer programs re-reading K/V); short ones, or few programs,
+# 64-row tiles (more programs in flight, less causal waste on the diagonal); head dims padded
+# to 128 behave like 128; fp32 (tf32x3 dots, 4-byte tiles) and D = 256 want 32-row tiles.
+# Program order: tile-fastest keeps one head's K/V (or Q/dO) in L2 (the non-causal forward ran
+# 20% slower heads-fastest); the causal dK/dV kernel is the exception, faster heads-fastest
+# (its longest tiles, the first of every head, then start together).
 SM_COUNT_H100 = 132
 
 
@@ -71,12 +73,12 @@ def fwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
         return dict(BLOCK_Q=32, BLOCK_K=16, num_warps=4, num_stages=1)
     dp = d_pad(d)
     if dtype == torch.float32:
-        cfg = dict(BLOCK_Q=32, BLOCK_K=32, num_warps=4, num_stages=2)
+        cfg = dict(BLOCK_Q=32, BLOCK_K=32, num_warps=4, num_stages=3)
     elif dp > 128:
-        cfg = dict(BLOCK_Q=64, BLOCK_K=32, num_warps=4, num_stages=2)
-    elif n < 8192:
+        cfg = dict(BLOCK_Q=64, BLOCK_K=32, num_warps=4, num_stages=3)
+    elif n < 8192 or dp <= 32:
         cfg = dict(BLOCK_Q=64, BLOCK_K=64, num_warps=4, num_stages=3)
-    elif dp <= 64:
+    elif dp == 64:
         cfg = dict(BLOCK_Q=128, BLOCK_K=64, num_warps=8, num_stages=3)
     else:
         cfg = dict(BLOCK_Q=128, BLOCK_K=128, num_warps=8, num_stages=3)
@@ -85,24 +87,31 @@ def fwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
 
 def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dict:
     """Configs of the two backward kernels: "dq" walks BLOCK_N2 keys at a time past a tile of
-    BLOCK_M2 query rows; "dkdv" walks BLOCK_M query rows at a time past a tile of BLOCK_N keys."""
+    BLOCK_M2 query rows; "dkdv" walks BLOCK_M query rows at a time past a tile of BLOCK_N keys
+    (HEADS_FASTEST: program order)."""
     if INTERPRET:
         return dict(dq=dict(BLOCK_M2=32, BLOCK_N2=16, num_warps=4, num_stages=1),
-                    dkdv=dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1))
+                    dkdv=dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, HEADS_FASTEST=causal))
     dp = d_pad(d)
-    if dtype == torch.float32 or dp > 128:
+    if dtype == torch.float32:
         dq = dict(BLOCK_M2=32, BLOCK_N2=32, num_warps=4, num_stages=2)
         dkdv = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
-    elif dp <= 64:
-        dq = dict(BLOCK_M2=64, BLOCK_N2=32, num_warps=4, num_stages=3)
-        # 128-key tiles when they alone give every SM several programs; else 64 x 64
-        many = bh * triton.cdiv(n, 128) >= 4 * SM_COUNT_H100
-        dkdv = (dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3) if many
-                else dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2))
+    elif dp > 128:
+        dq = dict(BLOCK_M2=64, BLOCK_N2=32, num_warps=4, num_stages=2)
+        dkdv = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
     else:
-        dq = (dict(BLOCK_M2=128, BLOCK_N2=128, num_warps=8, num_stages=2) if n >= 1024
-              else dict(BLOCK_M2=64, BLOCK_N2=32, num_warps=4, num_stages=3))
-        dkdv = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+        if dp <= 64:
+            dq = dict(BLOCK_M2=64, BLOCK_N2=64, num_warps=4, num_stages=3)
+        elif d == dp:
+            dq = dict(BLOCK_M2=64, BLOCK_N2=64, num_warps=4, num_stages=2)
+        else:  # padded to 128 (e.g. 80)
+            dq = dict(BLOCK_M2=64, BLOCK_N2=32, num_warps=4, num_stages=3)
+        # causal, D <= 64: 128-key tiles when they alone give every SM several programs
+        if causal and dp <= 64 and bh * triton.cdiv(n, 128) >= 4 * SM_COUNT_H100:
+            dkdv = dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3)
+        else:
+            dkdv = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+    dkdv["HEADS_FASTEST"] = causal
     return dict(dq=_fit(dq, n, "BLOCK_M2", "BLOCK_N2"), dkdv=_fit(dkdv, n, "BLOCK_N", "BLOCK_M"))
 
 
@@ -309,9 +318,15 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, stride_qb, stride_qn, stride
                      stride_vb, stride_vn, stride_dob, stride_don, stride_dkb, stride_dkn,
                      stride_dvb, stride_dvn, N, QK_SCALE: tl.constexpr, SM_SCALE: tl.constexpr,
                      D: tl.constexpr, D_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    k_tile = tl.program_id(0)  # causal: the first key tile has the most queries, and starts first
-    bh = tl.program_id(1).to(tl.int64)
+                     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     HEADS_FASTEST: tl.constexpr):
+    # causal: the first key tile has the most queries, and starts first
+    if HEADS_FASTEST:
+        k_tile = tl.program_id(1)
+        bh = tl.program_id(0).to(tl.int64)
+    else:
+        k_tile = tl.program_id(0)
+        bh = tl.program_id(1).to(tl.int64)
     k0 = k_tile * BLOCK_N
     offs_k = k0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
@@ -386,7 +401,8 @@ def launch_backward_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal: bool, c
     """dK and dV (needs the Delta that launch_backward_dq wrote), with config cfg["dkdv"]."""
     bh, n, d = q3.shape
     c = cfg["dkdv"]
-    launch(_bwd_dkdv_kernel)[(triton.cdiv(n, c["BLOCK_N"]), bh)](
+    tiles = triton.cdiv(n, c["BLOCK_N"])
+    launch(_bwd_dkdv_kernel)[(bh, tiles) if c["HEADS_FASTEST"] else (tiles, bh)](
         q3, k3, v3, do3, lse, delta, dk, dv, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
         v3.stride(0), v3.stride(1), do3.stride(0), do3.stride(1), dk.stride(0), dk.stride(1),
         dv.stride(0), dv.stride(1), n, **_scales(d), SM_SCALE=1.0 / math.sqrt(d), IS_CAUSAL=is_causal,
@@ -419,10 +435,16 @@ def _plain(kernel):
     return kernel
 
 
+def _check_heads(bh: int) -> None:
+    if bh > 65535:  # the grid's second dimension
+        raise ValueError(f"at most 65,535 (batch x heads) sequences per call; got {bh}: split the batch")
+
+
 def _forward(q, k, v, is_causal: bool, launch):
     check_qkv(q, k, v)
     q3, k3, v3 = _flat(q), _flat(k), _flat(v)
     bh, n, d = q3.shape
+    _check_heads(bh)
     out = q3.new_empty(q3.shape)
     lse = torch.empty((bh, n), dtype=torch.float32, device=q.device)
     launch_forward(q3, k3, v3, out, lse, is_causal, fwd_config(n, d, q.dtype, is_causal, bh), launch)
