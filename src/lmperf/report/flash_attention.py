@@ -66,6 +66,8 @@ def view(inputs) -> dict:
         return unavailable("no benchmark results (rule flash_attention_bench has not run)")
     if (bench["status"] != "ok").all():
         return unavailable("the benchmark did not run here: " + "; ".join(sorted(set(bench["message"].dropna()))))
+    if CENTER not in bench:  # rows with a mean only (one sample: the same number)
+        bench = bench.assign(**{CENTER: bench["mean"]})
     configs = []
     for (group, dtype, causal, b, h, n, d), g in bench.groupby(
             ["group", "dtype", "causal", "batch", "heads", "seq_len", "head_dim"], sort=False):
