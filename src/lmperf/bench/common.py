@@ -7,6 +7,10 @@ the next case starts on a clean device. Every finished case is appended to a jou
 the output, so a crash that takes the process down loses nothing: a rerun reuses the journalled
 rows and measures only what is left. A case that was started twice and never finished is
 recorded as `error` (the process died in it) instead of being tried a third time.
+
+Why one file of ~370 lines: it is the harness every benchmark imports, read top to bottom in the
+order a case flows (provenance, rows, failures, the journal, run_cases, the CLI); splitting it
+would make each benchmark import four modules for one loop. Timers live in bench/timing.py.
 """
 from __future__ import annotations
 
