@@ -30,7 +30,7 @@ def view(inputs) -> dict:
     ok = df[df["status"] == "ok"]
     largest = [{"case": case_id, "table": pd.DataFrame({
         "rank": g["rank"].astype(int), "MiB": g["mean"], "made by": g["made_by"],
-        "category": g["category"].fillna("")})}
+        "category": g["category"]})}
         for case_id, g in ok[ok["metric"] == "allocation_mib"].groupby("case_id", sort=False)]
     peak = ok[ok["metric"] == "peak_allocated_mib"]
     first = df.iloc[0]
