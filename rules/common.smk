@@ -19,4 +19,5 @@ LOGS = f"logs/{HW}"
 # Every benchmark rule passes these as params: a new hardware or library version reruns it.
 PROVENANCE = {"hw": HW, "torch": VERSIONS["torch"], "triton": VERSIONS["triton"]}
 # Package modules every benchmark imports.
-HARNESS = ["src/lmperf/bench/common.py", "src/lmperf/hardware.py"]
+HARNESS = ["src/lmperf/bench/common.py", "src/lmperf/bench/timing.py", "src/lmperf/hardware.py"]
+

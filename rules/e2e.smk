@@ -1,6 +1,6 @@
 # End-to-end Transformer timings: one job per (study, model size).
 E2E = config["e2e"][SCALE]
-E2E_CSVS = wf.e2e_csvs(RESULTS, E2E)
+E2E_JOBS = wf.e2e_jobs(E2E)  # (study, size) pairs: one job and one CSV each
 
 
 rule e2e_study:
@@ -8,7 +8,7 @@ rule e2e_study:
         model="src/lmperf/model.py",
         code=["src/lmperf/bench/e2e.py", "src/lmperf/flops.py", "src/lmperf/ranges.py", *HARNESS],
     output:
-        f"{RESULTS}/e2e/{{study}}/{{size}}.csv",
+        csv=f"{RESULTS}/e2e/{{study}}/{{size}}.csv",
     log:
         f"{LOGS}/e2e/{{study}}/{{size}}.log",
     params:
@@ -17,14 +17,14 @@ rule e2e_study:
     wildcard_constraints:
         study="|".join(E2E["studies"]),
         size="|".join(map(re.escape, config["models"])),
+    resources:
+        gpu=1,
     conda:
         "../envs/lmperf.yaml"
     shell:
-        "python -m lmperf.bench.e2e --study {wildcards.study} --size {wildcards.size} "
-        "--spec {params.spec:q} --out {output} --hw {params.hw} --log {log} "
-        "--expect-torch {params.torch} --expect-triton {params.triton}"
+        wf.bench("e2e --study {wildcards.study} --size {wildcards.size} --spec {params.spec:q}")
 
 
 rule e2e:
     input:
-        E2E_CSVS,
+        expand(rules.e2e_study.output.csv, zip, study=[s for s, _ in E2E_JOBS], size=[z for _, z in E2E_JOBS]),

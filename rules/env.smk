@@ -2,14 +2,15 @@ rule env:
     input:
         code=["src/lmperf/bench/env.py", *HARNESS],
     output:
-        f"{RESULTS}/env/env.csv",
+        csv=f"{RESULTS}/env/env.csv",
     log:
         f"{LOGS}/env.log",
     params:
         **PROVENANCE,
         scale=SCALE,
+    resources:
+        gpu=1,
     conda:
         "../envs/lmperf.yaml"
     shell:
-        "python -m lmperf.bench.env --out {output} --scale {params.scale} --hw {params.hw} "
-        "--log {log} --expect-torch {params.torch} --expect-triton {params.triton}"
+        wf.bench("env --scale {params.scale}")

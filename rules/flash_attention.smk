@@ -1,8 +1,6 @@
 # FlashAttention-2: correctness against float64, then speed against PyTorch's attention.
 FA = config["flash_attention"][SCALE]
 FA_BENCH_JOBS = list(wf.fa_bench_jobs(FA, config["models"]))
-FA_CSVS = [f"{RESULTS}/flash_attention/check.csv"] + [
-    f"{RESULTS}/flash_attention/bench/{job}.csv" for job in FA_BENCH_JOBS]
 FA_KERNELS = ["src/lmperf/kernels/flash_attention_triton.py",
               "src/lmperf/kernels/flash_attention_torch.py",
               "src/lmperf/kernels/attention_contract.py"]
@@ -13,17 +11,18 @@ rule flash_attention_check:
         kernels=FA_KERNELS,
         code=["src/lmperf/bench/flash_attention.py", *HARNESS],
     output:
-        f"{RESULTS}/flash_attention/check.csv",
+        csv=f"{RESULTS}/flash_attention/check.csv",
     log:
         f"{LOGS}/flash_attention/check.log",
     params:
         **PROVENANCE,
         spec=wf.fa_check_spec(FA),
+    resources:
+        gpu=1,
     conda:
         "../envs/lmperf.yaml"
     shell:
-        "python -m lmperf.bench.flash_attention check --spec {params.spec:q} --out {output} "
-        "--hw {params.hw} --log {log} --expect-torch {params.torch} --expect-triton {params.triton}"
+        wf.bench("flash_attention check --spec {params.spec:q}")
 
 
 rule flash_attention_bench:
@@ -32,7 +31,7 @@ rule flash_attention_bench:
         model=["src/lmperf/model.py", "src/lmperf/ranges.py"],
         code=["src/lmperf/bench/flash_attention.py", *HARNESS],
     output:
-        f"{RESULTS}/flash_attention/bench/{{job}}.csv",
+        csv=f"{RESULTS}/flash_attention/bench/{{job}}.csv",
     log:
         f"{LOGS}/flash_attention/bench/{{job}}.log",
     params:
@@ -40,13 +39,15 @@ rule flash_attention_bench:
         spec=lambda w: wf.fa_bench_spec(FA, config["models"], w.job),
     wildcard_constraints:
         job="|".join(FA_BENCH_JOBS),
+    resources:
+        gpu=1,
     conda:
         "../envs/lmperf.yaml"
     shell:
-        "python -m lmperf.bench.flash_attention bench --spec {params.spec:q} --out {output} "
-        "--hw {params.hw} --log {log} --expect-torch {params.torch} --expect-triton {params.triton}"
+        wf.bench("flash_attention bench --spec {params.spec:q}")
 
 
 rule flash_attention:
     input:
-        FA_CSVS,
+        rules.flash_attention_check.output.csv,
+        expand(rules.flash_attention_bench.output.csv, job=FA_BENCH_JOBS),

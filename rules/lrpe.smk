@@ -1,7 +1,6 @@
 # Multi-dimensional LRPE-cosine: correctness against float64, then speed and memory.
 LRPE = config["lrpe"][SCALE]
 LRPE_DIMS = [str(g["dims"]) for g in LRPE["bench"]["grids"]]
-LRPE_CSVS = [f"{RESULTS}/lrpe/check.csv"] + [f"{RESULTS}/lrpe/bench_{m}d.csv" for m in LRPE_DIMS]
 
 
 rule lrpe_check:
@@ -9,17 +8,18 @@ rule lrpe_check:
         kernel="src/lmperf/kernels/lrpe.py",
         code=["src/lmperf/bench/lrpe.py", *HARNESS],
     output:
-        f"{RESULTS}/lrpe/check.csv",
+        csv=f"{RESULTS}/lrpe/check.csv",
     log:
         f"{LOGS}/lrpe/check.log",
     params:
         **PROVENANCE,
         spec=wf.lrpe_check_spec(LRPE),
+    resources:
+        gpu=1,
     conda:
         "../envs/lmperf.yaml"
     shell:
-        "python -m lmperf.bench.lrpe check --spec {params.spec:q} --out {output} "
-        "--hw {params.hw} --log {log} --expect-torch {params.torch} --expect-triton {params.triton}"
+        wf.bench("lrpe check --spec {params.spec:q}")
 
 
 rule lrpe_bench:
@@ -27,7 +27,7 @@ rule lrpe_bench:
         kernel="src/lmperf/kernels/lrpe.py",
         code=["src/lmperf/bench/lrpe.py", *HARNESS],
     output:
-        f"{RESULTS}/lrpe/bench_{{dims}}d.csv",
+        csv=f"{RESULTS}/lrpe/bench_{{dims}}d.csv",
     log:
         f"{LOGS}/lrpe/bench_{{dims}}d.log",
     params:
@@ -35,13 +35,15 @@ rule lrpe_bench:
         spec=lambda w: wf.lrpe_bench_spec(LRPE, w.dims),
     wildcard_constraints:
         dims="|".join(LRPE_DIMS),
+    resources:
+        gpu=1,
     conda:
         "../envs/lmperf.yaml"
     shell:
-        "python -m lmperf.bench.lrpe bench --spec {params.spec:q} --out {output} "
-        "--hw {params.hw} --log {log} --expect-torch {params.torch} --expect-triton {params.triton}"
+        wf.bench("lrpe bench --spec {params.spec:q}")
 
 
 rule lrpe:
     input:
-        LRPE_CSVS,
+        rules.lrpe_check.output.csv,
+        expand(rules.lrpe_bench.output.csv, dims=LRPE_DIMS),

@@ -7,14 +7,16 @@ rule memory:
         model=["src/lmperf/model.py", "src/lmperf/ranges.py"],
         code=["src/lmperf/bench/memory.py", "src/lmperf/bench/e2e.py", *HARNESS],
     output:
-        f"{RESULTS}/memory/memory.csv",
+        csv=f"{RESULTS}/memory/memory.csv",
+        html=directory(f"{RESULTS}/memory/html"),  # one snapshot page per case (not in git)
     log:
         f"{LOGS}/memory.log",
     params:
         **PROVENANCE,
         spec=wf.memory_spec(config, MEMORY),
+    resources:
+        gpu=1,
     conda:
         "../envs/lmperf.yaml"
     shell:
-        "python -m lmperf.bench.memory --spec {params.spec:q} --out {output} "
-        "--hw {params.hw} --log {log} --expect-torch {params.torch} --expect-triton {params.triton}"
+        wf.bench("memory --spec {params.spec:q}")

@@ -5,13 +5,14 @@ rule precision:
     input:
         code=["src/lmperf/bench/precision.py", *HARNESS],
     output:
-        f"{RESULTS}/precision/precision.csv",
+        csv=f"{RESULTS}/precision/precision.csv",
     log:
         f"{LOGS}/precision.log",
     params:
         **PROVENANCE,
+    resources:
+        gpu=1,
     conda:
         "../envs/lmperf.yaml"
     shell:
-        "python -m lmperf.bench.precision --out {output} "
-        "--hw {params.hw} --log {log} --expect-torch {params.torch} --expect-triton {params.triton}"
+        wf.bench("precision")

@@ -8,14 +8,15 @@ rule profile:
         code=["src/lmperf/bench/profile.py", "src/lmperf/bench/e2e.py", "src/lmperf/ranges.py",
               *HARNESS],
     output:
-        f"{RESULTS}/profile/profile.csv",
+        csv=f"{RESULTS}/profile/profile.csv",
     log:
         f"{LOGS}/profile.log",
     params:
         **PROVENANCE,
         spec=wf.profile_spec(config, PROFILE),
+    resources:
+        gpu=1,
     conda:
         "../envs/lmperf.yaml"
     shell:
-        "python -m lmperf.bench.profile --spec {params.spec:q} --out {output} "
-        "--hw {params.hw} --log {log} --expect-torch {params.torch} --expect-triton {params.triton}"
+        wf.bench("profile --spec {params.spec:q}")

@@ -1,26 +1,32 @@
-REPORT_FIGURES = ["report/figures/e2e_step_vs_size.png", "report/figures/e2e_step_vs_context.png",
-                  "report/figures/fa_tflops_vs_seq_len.png", "report/figures/lrpe_bandwidth.png",
-                  "report/figures/attention_vs_seq_len.png", "report/figures/memory_timelines.png"]
+# The report: every section's results (the outputs of the rule named after the section) ->
+# report/report.md and its figures. Sections, their figures and their order: lmperf.report.sections.
+from lmperf.report.sections import SECTIONS, figure_paths  # noqa: E402
+
+
+RULE_NAMES = {r.name for r in workflow.rules}  # sections without results (correctness) have none
+REPORT_RESULTS = [f for s in SECTIONS if s.name in RULE_NAMES for f in wf.results_of(getattr(rules, s.name))]
 
 
 rule report:
     input:
-        # Every CSV a full run writes at this scale: the same list the report names as missing
-        # when it renders from an incomplete folder (lmperf.workflow.expected_csvs).
-        results=wf.expected_csvs(config, SCALE, RESULTS),
+        # Every CSV a full run writes at this scale; the renderer names the missing ones when it
+        # renders from an incomplete folder (they reach it as params.expected).
+        results=REPORT_RESULTS,
         templates=sorted(str(p) for p in Path("templates").glob("*.md.j2")),
-        code=["src/lmperf/report/__main__.py", "src/lmperf/report/render.py",
-              "src/lmperf/report/sections.py", "src/lmperf/report/figures.py"],
+        code=sorted(str(p) for p in Path("src/lmperf/report").glob("*.py")),
     output:
         report="report/report.md",
-        figures=REPORT_FIGURES,
+        figures=[str(p) for p in figure_paths("report/figures").values()],
     log:
         f"{LOGS}/report.log",
     params:
         hw=HW,
         scale=SCALE,
+        bars=json.dumps(config["report"], sort_keys=True),
+        expected=lambda wildcards, input: json.dumps(list(input.results)),
     conda:
         "../envs/lmperf.yaml"
     shell:
         "python -m lmperf.report --results results/{params.hw} --scale {params.scale} "
-        "--templates templates --out {output.report} --figures report/figures > {log} 2>&1"
+        "--templates templates --out {output.report} --figures report/figures "
+        "--bars {params.bars:q} --expected {params.expected:q} > {log} 2>&1"

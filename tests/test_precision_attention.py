@@ -6,7 +6,8 @@ import torch
 
 from lmperf.bench import attention, precision
 from lmperf.model import plain_attention
-from lmperf.report.sections import attention_view
+from lmperf.report import attention as attention_report
+from lmperf.report.sections import Inputs
 
 
 def test_accumulation_values_are_the_ieee_results():
@@ -56,7 +57,8 @@ def test_attention_view_names_the_first_oom_and_the_growth():
                               ("allocated_before_backward_mib", (n / 1024) ** 2 * 32),
                               ("predicted_saved_mib", (n / 1024) ** 2 * 32)):
             rows.append({**base, "metric": metric, "mean": value, "std": 0.1})
-    view = attention_view(pd.DataFrame(rows))
+    view = attention_report.view(Inputs(results=None, frames={"attention": pd.DataFrame(rows)}, bars={}, out_dir=None))
     assert view["first_oom"] == {"impl": "eager", "d": 64, "N": 8192}
-    assert view["growth"] == {"n0": 2048, "n1": 4096, "exponent": "2.00"}
-    assert "| eager  | 64  | 8192 | oom" in view["table"]
+    assert view["growth"]["n0"] == 2048 and view["growth"]["n1"] == 4096
+    assert view["growth"]["exponent"] == pytest.approx(2.0)
+    assert view["table"].set_index("N").loc[8192, "forward ms"] == "oom"

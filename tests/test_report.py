@@ -5,16 +5,28 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lmperf.report import render, sections
+from lmperf.report import e2e, flash_attention, render
+from lmperf.report.format import Spread, fmt, table
+from lmperf.report.sections import SECTIONS, Inputs
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "results" / "h100-80gb-hbm3"
+BARS = render.bars_from_config(REPO / "config" / "config.yaml")
+
+
+def run(results, tmp_path, scale="full", expected=None):
+    return render.render(results, REPO / "templates", tmp_path / "r.md", tmp_path / "fig", scale, BARS, expected)
+
+
+def inputs(results: Path, bars=BARS) -> Inputs:
+    return Inputs(results=results, frames={s.name: render.load_section(results, s.name) for s in SECTIONS},
+                  bars=bars, out_dir=results)
 
 
 @pytest.fixture
 def rendered(tmp_path):
     out = tmp_path / "report" / "report.md"
-    text = render.render(FIXTURE, REPO / "templates", out, tmp_path / "report" / "figures", "full")
+    text = render.render(FIXTURE, REPO / "templates", out, tmp_path / "report" / "figures", "full", BARS)
     return text, out
 
 
@@ -22,24 +34,25 @@ def rows(study, size):
     return pd.read_csv(FIXTURE / "e2e" / study / f"{size}.csv")
 
 
-def test_tables_hold_the_csv_numbers(rendered):
-    text, _ = rendered
+def test_views_hold_the_csv_numbers():
+    view = e2e.view(inputs(FIXTURE))
     df = rows("variants", "2.7B")
     step = df[(df.case_id == "2.7B-ctx256-bf16-compiled-train-warmup5") & (df.metric == "step_ms")].iloc[0]
-    cell = re.escape(sections.mean_std(step["mean"], step["std"]))
-    assert re.search(rf"\|\s+{cell}\s+\|", text)
+    train = view["variants_train"].set_index(["size", "dtype", "compile"])
+    assert train.loc[("2.7B", "bf16", "compiled"), "step ms"] == Spread(step["mean"], step["std"])
     mfu = df[(df.case_id == "2.7B-ctx256-fp32-compiled-forward-warmup5") & (df.metric == "mfu_pct")].iloc[0]
-    assert f"The best MFU measured is {sections.fmt(mfu['mean'])}%" in " ".join(text.split())
+    assert view["best_mfu"]["value"] == mfu["mean"] and view["best_mfu"]["mode"] == "forward"
+    assert view["peaks"] == {"fp32": 67.0, "bf16": 989.0}  # the rows' peak_tflops column
 
 
-def test_prose_ratio_is_computed_from_the_csvs(rendered):
-    text, _ = rendered
+def test_prose_ratio_is_computed_from_the_csvs():
     df = pd.concat([rows("variants", "small"), rows("variants", "2.7B")])
     ok = df[df["status"] == "ok"]
     f = ok[ok.metric == "forward_ms"].set_index("case_id")["mean"]
     b = ok[ok.metric == "backward_ms"].set_index("case_id")["mean"]
-    ratio = (b / f.reindex(b.index)).mean()
-    assert f"the backward pass takes {sections.fmt(ratio)}× the forward on average" in " ".join(text.split())
+    ratio = (b / f.reindex(b.index)).dropna()
+    got = e2e.view(inputs(FIXTURE))["backward_over_forward"]
+    assert got["n"] == len(ratio) and got["mean"] == pytest.approx(ratio.mean())
 
 
 def test_case_count_is_per_study(rendered):
@@ -50,10 +63,11 @@ def test_case_count_is_per_study(rendered):
     assert f"{n} cases, {n_bad} of them not `ok`." in text
 
 
-def test_oom_cases_are_shown_with_their_status(rendered):
-    text, _ = rendered
-    assert "| 2.7B   | 1024      | fp32    | oom" in text
-    assert "2.7B-ctx1024-bf16-eager-train-warmup5 | oom" in text
+def test_oom_cases_are_shown_with_their_status():
+    view = e2e.view(inputs(FIXTURE))
+    context = view["context"].set_index(["size", "context", "dtype"])
+    assert context.loc[("2.7B", 1024, "fp32"), "step ms"] == "oom"
+    assert "2.7B-ctx1024-bf16-eager-train-warmup5" in set(view["failures"].query("status == 'oom'")["case_id"])
 
 
 def test_environment_section_and_figures(rendered):
@@ -69,7 +83,7 @@ def test_environment_section_and_figures(rendered):
 def test_missing_results_say_why(tmp_path):
     empty = tmp_path / "results" / "cpu"
     empty.mkdir(parents=True)
-    text = render.render(empty, REPO / "templates", tmp_path / "r.md", tmp_path / "fig", "smoke")
+    text = run(empty, tmp_path, "smoke")
     assert "Not available: no end-to-end results" in text
     assert "Missing: no " in text
 
@@ -82,7 +96,7 @@ def test_cpu_results_have_no_mfu_and_say_so(tmp_path):
         if "metric" in df:
             df = df[df["metric"] != "mfu_pct"]
             df.to_csv(csv, index=False)
-    text = render.render(results, REPO / "templates", tmp_path / "r.md", tmp_path / "fig", "smoke")
+    text = run(results, tmp_path, "smoke")
     assert "**MFU** is not shown" in text
     assert "MFU %" not in text
 
@@ -97,10 +111,14 @@ def test_journals_of_unfinished_runs_are_not_read(tmp_path):
     assert len(df) == sum(len(pd.read_csv(p)) for p in (FIXTURE / "e2e").rglob("*.csv"))
 
 
-def test_fmt():
-    assert sections.fmt(1234.5) == "1,234"
-    assert sections.fmt(0.012345) == "0.0123"
-    assert sections.fmt(float("nan")) == "n/a"
+def test_fmt_and_the_table_filter():
+    assert fmt(1234.5) == "1,234"
+    assert fmt(0.012345) == "0.0123"
+    assert fmt(float("nan")) == "n/a"
+    text = table(pd.DataFrame({"N": [1024], "ms": [Spread(1.5, 0.25)], "q": [Spread(2.0, q20=1.5, q80=2.5)],
+                               "empty": [None], "_kept_for_tests": [1.0]}))
+    assert "| 1024 " in text and "1.50 ± 0.25" in text and "2.00 [1.50, 2.50]" in text
+    assert "empty" not in text and "_kept" not in text
 
 
 def test_readme_results_block_is_a_fresh_render_of_the_committed_results():
@@ -115,14 +133,19 @@ def test_readme_results_block_is_a_fresh_render_of_the_committed_results():
 FA_FIXTURE = REPO / "tests" / "fixtures" / "results" / "h200"
 
 
-def test_flash_attention_section_reads_bars_off_the_same_run(tmp_path):
-    text = render.render(FA_FIXTURE, REPO / "templates", tmp_path / "r.md", tmp_path / "fig", "full")
+def test_flash_attention_section_reads_bars_off_the_same_run():
     df = pd.read_csv(FA_FIXTURE / "flash_attention" / "bench" / "headline_d64.csv")
-    fb = df[df.metric == "fwd_bwd_ms"].set_index("provider")["mean"]
+    fb = df[df.metric == "fwd_bwd_ms"].set_index("provider")["median"]
     ratio = fb["triton"] / fb["sdpa_flash"]
-    met = "yes" if ratio <= 0.75 else "no"
-    assert re.search(rf"headline forward\+backward <= 0.75x SDPA-flash time \|\s+{sections.fmt(ratio)}x\s+\|\s+{met}", text)
-    assert "### headline: 1 x 16 heads x 16384 tokens x D 64, bf16, causal" in text
+    bars = flash_attention.view(inputs(FA_FIXTURE))["bars"].set_index("bar")
+    line = bars.loc["headline forward+backward <= 0.75x SDPA-flash time"]
+    assert line["_value"] == pytest.approx(ratio) and line["met"] == (ratio <= 0.75)
+
+
+def test_flash_attention_bars_follow_the_thresholds_in_the_config():
+    bars = {**BARS, "flash_attention": {**BARS["flash_attention"], "headline_vs_sdpa_flash": 10.0}}
+    line = flash_attention.view(inputs(FA_FIXTURE, bars))["bars"].iloc[0]
+    assert line["bar"] == "headline forward+backward <= 10x SDPA-flash time" and line["met"]
 
 
 def test_correctness_section_counts_checks_and_flags_failures(tmp_path):
@@ -131,21 +154,20 @@ def test_correctness_section_counts_checks_and_flags_failures(tmp_path):
     check = results / "flash_attention" / "check.csv"
     df = pd.read_csv(check)
     n_triton_fp16 = int((df.impl.eq("triton") & df.dtype.eq("fp16")).sum())
-    text = render.render(results, REPO / "templates", tmp_path / "r.md", tmp_path / "fig", "full")
+    text = run(results, tmp_path)
     assert re.search(rf"flash_attention / triton \| fp16\s+\| \d+\s+\| {n_triton_fp16}/{n_triton_fp16}", text)
     assert "Every check that ran passed." in text
     bad = df.index[df.impl.eq("triton") & df.dtype.eq("fp16")][0]
     df.loc[bad, ["mean", "passed"]] = [1.0, False]
     df.to_csv(check, index=False)
-    text = render.render(results, REPO / "templates", tmp_path / "r.md", tmp_path / "fig", "full")
+    text = run(results, tmp_path)
     assert "**Failing checks:**" in text and "| FAIL" in text
 
 
 def test_report_lists_the_result_files_a_full_run_would_write_but_are_missing(tmp_path):
     results = tmp_path / "results" / "x"
     shutil.copytree(FA_FIXTURE, results)
-    missing, expected = render.missing_csvs(results, "full")
-    assert expected > 20 and "flash_attention/bench/grid_d64.csv" in missing
-    assert "flash_attention/bench/headline_d64.csv" not in missing  # the fixture has it
-    text = render.render(results, REPO / "templates", tmp_path / "r.md", tmp_path / "fig", "full")
-    assert f"**Not measured yet:** {len(missing)} of the {expected} result files" in text
+    expected = [str(results / "flash_attention" / "bench" / f) for f in ("grid_d64.csv", "headline_d64.csv")]
+    assert render.missing(results, expected) == ["flash_attention/bench/grid_d64.csv"]
+    text = run(results, tmp_path, expected=expected)
+    assert "**Not measured yet:** 1 of the 2 result files" in text

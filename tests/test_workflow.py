@@ -107,7 +107,7 @@ def test_cpu_run_produces_the_report(built_repo):
     assert re.search(r"lrpe / triton_cache\s*\| fp32 .* pass", report)
     assert "| fp16 accumulator, fp16 addends                    | 9.953125" in report
     assert re.search(r"\| eager\s+\| 16\s+\| 64\s+\| [0-9.]+ ± ", report), "attention timings"
-    assert re.search(r"\| forward\s+\| [0-9.,]+\s+\| [0-9.]+%", report), "profile shares"
+    assert re.search(r"\| forward\s+\| [0-9.,]+\s+\| [0-9.]+\s", report), "profile shares"
     assert "## Memory" in report and "![Active memory over one step]" in report
     assert re.search(r"\| tiny\s+\| 64\s+\| fp32\s+\| eager\s+\| \d", report), "CPU numbers in the tables"
     for png in ("e2e_step_vs_size.png", "e2e_step_vs_context.png"):
@@ -209,3 +209,50 @@ def test_a_job_stopped_after_writing_is_named_and_gpu_run_redoes_it(built_copy):
     rows = (built_copy / target).read_text().splitlines()   # the empty stand-in was replaced
     assert len(rows) > 1 and "status" in rows[0]
     assert script(built_copy, "refresh_demo.sh", *SMOKE).returncode == 0
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# Stands in for `python -m lmperf.<...> --out PATH ...`: records when it ran, writes its outputs.
+prev=""; out=""
+for a in "$@"; do [ "$prev" = "--out" ] && out="$a"; prev="$a"; done
+echo "start $(date +%s.%N)" >> "$JOBS_LOG"
+sleep 0.4
+mkdir -p "$(dirname "$out")" && echo "fake" > "$out"
+case "$out" in */memory/memory.csv) mkdir -p "$(dirname "$out")/html";; esac
+echo "end $(date +%s.%N)" >> "$JOBS_LOG"
+"""
+GPU_TARGETS = ("env", "e2e", "precision", "attention", "profile", "memory", "flash_attention", "lrpe")
+
+
+def most_at_once(log: Path) -> int:
+    """The largest number of jobs running at the same time, from start/end lines."""
+    events = sorted((float(t), kind == "start") for kind, t in (line.split() for line in log.read_text().splitlines()))
+    running = peak = 0
+    for _, start in events:  # at equal times an end sorts first
+        running += 1 if start else -1
+        peak = max(peak, running)
+    return peak
+
+
+@pytest.mark.parametrize("profile, expected", [([], 1), (["--workflow-profile", "none"], None)])
+def test_cores_8_runs_one_gpu_job_at_a_time(fresh_copy, tmp_path, profile, expected):
+    """Every GPU rule asks for gpu=1 and profiles/default caps gpu at 1: with --cores 8 the jobs
+    run one after another. Without the profile (the control) they overlap."""
+    proc = snakemake(fresh_copy, *GPU_TARGETS, "-n", "--cores", "8", *SMOKE)
+    dry = proc.stdout + proc.stderr
+    assert "Using workflow specific profile profiles/default" in dry
+    blocks = [b for b in dry.split("\n\n") if re.search(r"^(local)?rule (?!e2e:|lrpe:|flash_attention:)", b, re.M)]
+    assert blocks and all("gpu=1" in b for b in blocks), "a GPU rule without resources: gpu=1"
+    bin_dir, log = tmp_path / "bin", tmp_path / "jobs.log"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(FAKE_PYTHON)
+    (bin_dir / "python").chmod(0o755)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "JOBS_LOG": str(log)}
+    snakemake(fresh_copy, *GPU_TARGETS, "--cores", "8", *profile, *SMOKE, env=env)
+    peak = most_at_once(log)
+    assert peak == 1 if expected == 1 else peak > 1, f"{peak} GPU jobs ran at once"
+
+
+def test_editing_one_report_section_reruns_only_the_report(built_copy):
+    edit(built_copy / "src" / "lmperf" / "report" / "lrpe.py", "\n# edited\n")
+    assert planned(built_copy) == {"report": 1}

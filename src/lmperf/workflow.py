@@ -45,20 +45,23 @@ def machine(config: dict) -> tuple[str, str]:
     return hw, scale
 
 
-def e2e_csvs(results: str, e2e: dict) -> list[str]:
-    return [f"{results}/e2e/{study}/{size}.csv"
-            for study, spec in e2e["studies"].items() for size in spec["sizes"]]
+def bench(args: str) -> str:
+    """A benchmark rule's shell command (its CSV output named `csv`):
+    `python -m lmperf.bench.<args>`, then the tail every
+    benchmark shares: where to write, provenance, the log, and the library versions the
+    benchmark must find (it refuses to run with others)."""
+    return (f"python -m lmperf.bench.{args} --out {{output.csv}} --hw {{params.hw}} --log {{log}} "
+            "--expect-torch {params.torch} --expect-triton {params.triton}")
 
 
-def expected_csvs(config: dict, scale: str, results: str) -> list[str]:
-    """Every results CSV a full run of the DAG writes at this scale (the report's inputs)."""
-    fa, lrpe = config["flash_attention"][scale], config["lrpe"][scale]
-    return [f"{results}/env/env.csv", *e2e_csvs(results, config["e2e"][scale]),
-            f"{results}/flash_attention/check.csv",
-            *[f"{results}/flash_attention/bench/{job}.csv" for job in fa_bench_jobs(fa, config["models"])],
-            f"{results}/lrpe/check.csv",
-            *[f"{results}/lrpe/bench_{g['dims']}d.csv" for g in lrpe["bench"]["grids"]],
-            *[f"{results}/{s}/{s}.csv" for s in ("attention", "precision", "profile", "memory")]]
+def results_of(rule) -> list[str]:
+    """The result CSVs of a section's rule: a job's outputs, or an aggregate rule's inputs."""
+    return [str(f) for f in (rule.output or rule.input) if str(f).endswith(".csv")]
+
+
+def e2e_jobs(e2e: dict) -> list[tuple[str, str]]:
+    """(study, size) of every end-to-end job: one CSV each."""
+    return [(study, size) for study, spec in e2e["studies"].items() for size in spec["sizes"]]
 
 
 def e2e_spec(config: dict, e2e: dict, study: str, size: str) -> str:

@@ -8,17 +8,14 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-import time
 
-from lmperf.bench import common
-
+from lmperf.bench import common, timing
 
 def predicted_saved_bytes(batch: int, seq_len: int, d: int, element_bytes: int = 4) -> int:
     """What eager attention holds between forward and backward, beyond nothing: q, k, v and the
     output (B x N x d each) and the softmax output P (B x N x N), which softmax's and PV's
     backward both need. The scaled scores are freed: softmax's backward uses its output."""
     return element_bytes * (4 * batch * seq_len * d + batch * seq_len * seq_len)
-
 
 def cases(spec: dict) -> list[dict]:
     out = []
@@ -27,13 +24,11 @@ def cases(spec: dict) -> list[dict]:
                     "iters": spec["iters"], "case_id": f"{impl}-d{d}-n{n}"})
     return out
 
-
 @functools.cache
 def _compiled():
     import torch
     from lmperf.model import plain_attention
     return torch.compile(plain_attention)
-
 
 def measure(case: dict) -> list[dict]:
     import torch
@@ -41,7 +36,7 @@ def measure(case: dict) -> list[dict]:
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync = timing.synchronizer()
     fn = plain_attention if case["impl"] == "eager" else _compiled()
     b, n, d, iters = case["batch"], case["seq_len"], case["head_dim"], case["iters"]
     q, k, v = (torch.randn(b, n, d, device=device, requires_grad=True) for _ in range(3))
@@ -53,11 +48,9 @@ def measure(case: dict) -> list[dict]:
     sync()
     forward_s = []
     for _ in range(iters):
-        t0 = time.perf_counter()
-        with torch.no_grad():
+        with timing.timed(sync) as t, torch.no_grad():
             fn(q, k, v, False)
-        sync()
-        forward_s.append(time.perf_counter() - t0)
+        forward_s.append(t.seconds)
     rows = [common.summarize("forward_ms", "ms", [t * 1e3 for t in forward_s])]
     backward_s, before_backward = [], []
     for _ in range(iters):
@@ -65,10 +58,9 @@ def measure(case: dict) -> list[dict]:
         sync()
         if cuda:
             before_backward.append(torch.cuda.memory_allocated())
-        t0 = time.perf_counter()
-        out.backward(grad)
-        sync()
-        backward_s.append(time.perf_counter() - t0)
+        with timing.timed(sync) as t:
+            out.backward(grad)
+        backward_s.append(t.seconds)
         q.grad = k.grad = v.grad = out = None
     rows.append(common.summarize("backward_ms", "ms", [t * 1e3 for t in backward_s]))
     predicted = predicted_saved_bytes(b, n, d)
@@ -78,7 +70,6 @@ def measure(case: dict) -> list[dict]:
                                      [x / 2**20 for x in before_backward]))
     return rows
 
-
 def main(argv=None):
     p = common.base_parser(__doc__)
     p.add_argument("--spec", required=True, help="the grid as JSON (see config/config.yaml)")
@@ -87,7 +78,6 @@ def main(argv=None):
     spec = json.loads(args.spec)
     common.run_cases(section="attention", study="attention", cases=cases(spec), measure=measure,
                      out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={"spec": spec})
-
 
 if __name__ == "__main__":
     main()

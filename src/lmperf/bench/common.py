@@ -7,6 +7,10 @@ the next case starts on a clean device. Every finished case is appended to a jou
 the output, so a crash that takes the process down loses nothing: a rerun reuses the journalled
 rows and measures only what is left. A case that was started twice and never finished is
 recorded as `error` (the process died in it) instead of being tried a third time.
+
+Why one file of ~370 lines: it is the harness every benchmark imports, read top to bottom in the
+order a case flows (provenance, rows, failures, the journal, run_cases, the CLI); splitting it
+would make each benchmark import four modules for one loop. Timers live in bench/timing.py.
 """
 from __future__ import annotations
 
@@ -33,8 +37,8 @@ from lmperf import hardware
 # Columns every results row has, in this order; benchmark-specific case columns go between
 # CASE_START and the metric columns.
 ID_COLUMNS = ["section", "study", "case_id"]
-METRIC_COLUMNS = ["metric", "unit", "mean", "std", "median", "min", "max", "n", "samples",
-                  "status", "message"]
+METRIC_COLUMNS = ["metric", "unit", "mean", "std", "median", "q20", "q80", "min", "max", "n",
+                  "samples", "status", "message"]
 PROVENANCE_COLUMNS = ["hw", "gpu", "torch", "triton", "cuda", "python", "commit", "measured_at"]
 
 FAULT_ENV = "LMPERF_INJECT_FAULT"  # e.g. "oom@small-fp32,crash@medium": for tests of failure paths
@@ -124,13 +128,14 @@ def is_device_work(e) -> bool:
 
 
 def summarize(metric: str, unit: str, samples: Iterable[float]) -> dict:
-    """One tidy row for a metric measured over several steps (per-step values kept)."""
+    """One tidy row for a metric measured over several steps (per-step values kept). With one
+    sample there is no spread to state: std is left empty, not 0."""
     xs = [float(x) for x in samples]
     finite = [x for x in xs if math.isfinite(x)]
     return {
         "metric": metric, "unit": unit,
         "mean": statistics.fmean(finite) if finite else math.nan,
-        "std": statistics.stdev(finite) if len(finite) > 1 else (0.0 if finite else math.nan),
+        "std": statistics.stdev(finite) if len(finite) > 1 else math.nan,
         "median": statistics.median(finite) if finite else math.nan,
         "min": min(finite) if finite else math.nan,
         "max": max(finite) if finite else math.nan,
@@ -138,6 +143,15 @@ def summarize(metric: str, unit: str, samples: Iterable[float]) -> dict:
         "samples": ";".join(f"{x:.6g}" for x in xs),
         "status": "ok", "message": "",
     }
+
+
+def summarize_quantiles(metric: str, unit: str, median: float, q20: float, q80: float) -> dict:
+    """One tidy row for a timing that `triton.testing.do_bench` summarised as quantiles
+    (`bench.timing.do_bench_quantiles`): the median and the 20% / 80% quantiles of its repeats.
+    `mean`, `std` and `samples` stay empty (do_bench does not return them); the report reads
+    `median` for these rows and shows [q20, q80] as their spread."""
+    return {**failure_row("ok", ""), "metric": metric, "unit": unit, "median": float(median),
+            "q20": float(q20), "q80": float(q80), "min": math.nan, "max": math.nan, "n": math.nan}
 
 
 def failure_row(status: str, message: str) -> dict:
@@ -318,6 +332,7 @@ def run_cases(*, section: str, study: str, cases: list[dict], measure: Callable[
     all_rows = [{"section": section, "study": study, **r}
                 for case in cases for r in journal.rows[case["case_id"]]]
     df = pd.DataFrame(all_rows)
+    df = df.reindex(columns=[*df.columns, *(c for c in ("q20", "q80") if c not in df)])
     case_cols = [c for c in df.columns if c not in ID_COLUMNS + METRIC_COLUMNS + PROVENANCE_COLUMNS]
     df = df[ID_COLUMNS + case_cols + METRIC_COLUMNS + PROVENANCE_COLUMNS]
     write_csv_atomic(df, out_csv)

@@ -8,14 +8,12 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import time
 
 from lmperf import hardware
-from lmperf.bench import common
+from lmperf.bench import common, timing
 
 DTYPES = ("fp32", "bf16")
 MODES = ("forward", "train")
-
 
 def study_cases(spec: dict, size: str) -> list[dict]:
     """The study's grid for one model size: the product of its lists, as data."""
@@ -31,14 +29,12 @@ def study_cases(spec: dict, size: str) -> list[dict]:
         cases.append(case)
     return cases
 
-
 def compile_blocks(model) -> None:
     """torch.compile each Transformer block (regional compilation). The blocks share one
     compiled graph, so compile time does not grow with depth; embedding, final norm and head stay
     eager. PyTorch's recipe for models made of repeated blocks."""
     for block in model.blocks:
         block.compile()
-
 
 def setup(case: dict, model_dims: dict):
     """Model, optimizer (training only), batch and autocast context of one case, on the device."""
@@ -57,7 +53,6 @@ def setup(case: dict, model_dims: dict):
                 if case["dtype"] == "bf16" else contextlib.nullcontext())
     tokens = torch.randint(cfg.vocab_size, (case["batch_size"], case["context"] + 1), device=device)
     return cfg, model, optimizer, tokens[:, :-1], tokens[:, 1:], autocast
-
 
 def step(model, optimizer, inputs, targets, autocast, around) -> None:
     """One forward pass (mode forward, optimizer None) or training step, each phase inside
@@ -79,14 +74,13 @@ def step(model, optimizer, inputs, targets, autocast, around) -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-
 def measure(case: dict, model_dims: dict) -> list[dict]:
     import torch
     from lmperf.model import count_parameters
     from lmperf.flops import flops_per_token
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync = timing.synchronizer()
     cfg, model, optimizer, inputs, targets, autocast = setup(case, model_dims)
     b, n = case["batch_size"], case["context"]
 
@@ -96,10 +90,9 @@ def measure(case: dict, model_dims: dict) -> list[dict]:
 
         @contextlib.contextmanager
         def timer(phase):
-            t0 = time.perf_counter()
-            yield
-            sync()
-            times[phase] = time.perf_counter() - t0
+            with timing.timed(sync) as t:
+                yield
+            times[phase] = t.seconds
         step(model, optimizer, inputs, targets, autocast, timer)
         return times
 
@@ -124,14 +117,13 @@ def measure(case: dict, model_dims: dict) -> list[dict]:
     peak = hardware.peak_tflops(torch.cuda.get_device_name(), case["dtype"]) if device == "cuda" else None
     if peak:
         row = common.summarize("mfu_pct", "%", [100 * flops_per_step / (s / 1e3) / 1e12 / peak for s in step_ms])
-        row["message"] = f"peak {peak:g} TFLOP/s ({case['dtype']} dense, datasheet)"
+        row["peak_tflops"] = peak  # the dense datasheet peak of the case's dtype (hardware.py)
         rows.append(row)
     rows.append(common.summarize("first_step_ms", "ms", [first_step_s * 1e3]))
     rows.append(common.summarize("parameters", "count", [count_parameters(cfg)]))
     if device == "cuda":
         rows.append(common.summarize("peak_allocated_mib", "MiB", [torch.cuda.max_memory_allocated() / 2**20]))
     return rows
-
 
 def main(argv=None):
     p = common.base_parser(__doc__)
@@ -149,7 +141,6 @@ def main(argv=None):
     common.run_cases(section="e2e", study=args.study, cases=cases,
                      measure=lambda case: measure(case, dims), out_csv=args.out, hw=args.hw,
                      log_path=args.log, fingerprint={"spec": spec, "size": args.size})
-
 
 if __name__ == "__main__":
     main()

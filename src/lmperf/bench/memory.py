@@ -16,7 +16,7 @@ import itertools
 import json
 from pathlib import Path
 
-from lmperf.bench import common, e2e
+from lmperf.bench import common, e2e, timing
 
 TIMELINE_POINTS = 400
 TOP_ALLOCATIONS = 8
@@ -86,7 +86,7 @@ def record_snapshot(run_step, cuda: bool) -> dict:
         torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
         try:
             run_step()
-            torch.cuda.synchronize()
+            timing.synchronizer()()
             return torch.cuda.memory._snapshot()
         finally:
             torch.cuda.memory._record_memory_history(enabled=None)
@@ -117,8 +117,8 @@ def measure(case: dict, dims: dict, html_dir: Path) -> list[dict]:
     nothing = lambda phase: contextlib.nullcontext()
     run_step = lambda: e2e.step(model, optimizer, inputs, targets, autocast, nothing)
     run_step()  # warm-up: optimizer state and allocator pools exist before the recorded step
+    timing.synchronizer()()
     if cuda:
-        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         baseline = torch.cuda.memory_allocated()
     else:

@@ -13,7 +13,7 @@ import contextlib
 import json
 import re
 
-from lmperf.bench import common, e2e
+from lmperf.bench import common, e2e, timing
 
 PHASES = ("forward", "backward", "optimizer")
 ATTENTION_PARTS = ("attention.scores", "attention.softmax", "attention.values")
@@ -93,7 +93,7 @@ def measure(case: dict, models: dict) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.cuda.is_available()
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync = timing.synchronizer()
     cfg, model, optimizer, inputs, targets, autocast = e2e.setup(case, models[case["size"]])
     nothing = lambda phase: contextlib.nullcontext()
     for _ in range(case["warmup"]):

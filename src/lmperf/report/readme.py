@@ -12,7 +12,9 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
-from lmperf.report import sections
+from lmperf.report.e2e import peaks, size_order
+from lmperf.report.env import measured_seconds
+from lmperf.report.format import fmt, table
 from lmperf.report.render import load_section
 
 BEGIN = "<!-- results:begin (rendered by python -m lmperf.report.readme; do not edit) -->"
@@ -26,18 +28,18 @@ def headline(e2e: pd.DataFrame) -> str:
                  .map({"true": "compiled", "false": "eager"}))
     step = v[v["metric"] == "step_ms"].pivot_table(index="size", columns="variant", values="mean")
     mfu = v[v["metric"] == "mfu_pct"].pivot_table(index="size", columns="variant", values="mean")
-    order = [s for s in sections.size_order(e2e) if s in step.index]
+    order = [s for s in size_order(e2e) if s in step.index]
     rows = []
     for size in order:
         row = {"model": size}
         for variant in ("fp32 eager", "fp32 compiled", "bf16 eager", "bf16 compiled"):
             if variant in step.columns:
-                cell = f"{sections.fmt(step.loc[size, variant])} ms"
+                cell = f"{fmt(step.loc[size, variant])} ms"
                 if variant in mfu.columns:
-                    cell += f" ({sections.fmt(mfu.loc[size, variant])}% MFU)"
+                    cell += f" ({fmt(mfu.loc[size, variant])}% MFU)"
                 row[variant] = cell
         rows.append(row)
-    return sections.table(pd.DataFrame(rows))
+    return table(pd.DataFrame(rows))
 
 
 FA_PROVIDERS = {"triton": "ours (Triton)", "sdpa_flash": "SDPA-flash", "sdpa_cudnn": "SDPA-cuDNN",
@@ -46,8 +48,9 @@ LRPE_PROVIDERS = {"triton": "ours (Triton)", "triton_cache": "ours, angle cache"
                   "torch_compile": "torch.compile", "torch": "PyTorch"}
 
 
-def _mean(df: pd.DataFrame, metric: str) -> float | None:
-    m = df[(df["metric"] == metric) & (df["status"] == "ok")]["mean"]
+def _median(df: pd.DataFrame, metric: str) -> float | None:
+    """A kernel bench's value: do_bench's median (its rows may have no mean)."""
+    m = df[(df["metric"] == metric) & (df["status"] == "ok")]["median"]
     return float(m.iloc[0]) if len(m) else None
 
 
@@ -59,8 +62,8 @@ def kernels(fa: pd.DataFrame, lrpe: pd.DataFrame) -> str:
     def fa_row(what: str, sel, metric: str):
         row = {"kernel, configuration": what}
         for p, label in FA_PROVIDERS.items():
-            v = _mean(sel[sel["provider"] == p], metric)
-            row[label] = "" if v is None else sections.fmt(v)
+            v = _median(sel[sel["provider"] == p], metric)
+            row[label] = "" if v is None else fmt(v)
         rows.append(row)
     if not fa.empty:
         head = fa[fa["group"] == "headline"]
@@ -69,7 +72,7 @@ def kernels(fa: pd.DataFrame, lrpe: pd.DataFrame) -> str:
             fa_row("FlashAttention-2 fwd+bwd ms, 16 heads x 16,384 x 64, causal, bf16", head, "fwd_bwd_ms")
         if not thr.empty:
             fa_row("FlashAttention-2 forward TFLOP/s, 4 x 16 heads x 8,192 x 128, bf16", thr, "forward_tflops")
-    out = sections.table(pd.DataFrame(rows)) if rows else ""
+    out = table(pd.DataFrame(rows)) if rows else ""
     ok = lrpe[(lrpe["status"] == "ok") & (lrpe["dims"] == 1) & (lrpe["l"] == 0)] if not lrpe.empty else lrpe
     if not ok.empty:
         side = ok["side"].max()
@@ -79,10 +82,10 @@ def kernels(fa: pd.DataFrame, lrpe: pd.DataFrame) -> str:
             row = {f"LRPE-cosine 1-D, {int(side):,} tokens, bf16": f"{direction} ms (share of copy bandwidth)"}
             for p, label in LRPE_PROVIDERS.items():
                 g = big[big["provider"] == p]
-                ms, frac = _mean(g, f"{direction}_ms"), _mean(g, f"{direction}_copy_fraction")
-                row[label] = "" if ms is None else f"{sections.fmt(ms)} ({sections.fmt(100 * frac)}%)"
+                ms, frac = _median(g, f"{direction}_ms"), _median(g, f"{direction}_copy_fraction")
+                row[label] = "" if ms is None else f"{fmt(ms)} ({fmt(100 * frac)}%)"
             lrows.append(row)
-        out += "\n\n" + sections.table(pd.DataFrame(lrows))
+        out += "\n\n" + table(pd.DataFrame(lrows))
     return out
 
 
@@ -94,13 +97,13 @@ def render_block(results: Path, templates: Path) -> str:
     fa = fa[fa["study"] == "bench"] if not fa.empty else fa
     lrpe = load_section(results, "lrpe")
     lrpe = lrpe[lrpe["study"] == "bench"] if not lrpe.empty else lrpe
-    seconds = sections.measured_seconds({"e2e": e2e})
+    seconds = measured_seconds({"e2e": e2e})
     context = {"hw": results.name, "facts": facts, "headline": headline(e2e),
                "kernels": kernels(fa, lrpe),
                "context": int(e2e[e2e["study"] == "variants"]["context"].iloc[0]),
                "batch_size": int(e2e["batch_size"].iloc[0]),
-               "minutes": sections.fmt(sum(seconds.values()) / 60),
-               "peaks": sorted(set(e2e[e2e["metric"] == "mfu_pct"]["message"].dropna()))}
+               "minutes": fmt(sum(seconds.values()) / 60),
+               "peaks": peaks(e2e[(e2e["metric"] == "mfu_pct") & (e2e["status"] == "ok")])}
     env_j2 = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), trim_blocks=True,
                                 lstrip_blocks=True, undefined=jinja2.StrictUndefined)
     return env_j2.get_template("readme_results.md.j2").render(**context).strip()

@@ -1,0 +1,33 @@
+"""Correctness: the `check` rows of every kernel section (against float64), one line per kernel
+and dtype, with the worst error against its tolerance."""
+from __future__ import annotations
+
+import pandas as pd
+
+KERNEL_SECTIONS = ("flash_attention", "lrpe")
+
+
+def view(inputs) -> dict:
+    lines, skipped, failures = [], [], []
+    for section in KERNEL_SECTIONS:
+        df = inputs.rows(section, "check")
+        if df.empty:
+            continue
+        for (impl, dtype), g in df[df["status"] == "ok"].groupby(["impl", "dtype"], sort=False):
+            worst = g.loc[(g["mean"] / g["tolerance"]).idxmax()]
+            passed = g["passed"].astype(str).str.lower() == "true"
+            lines.append({"kernel": f"{section} / {impl}", "dtype": dtype,
+                          "cases": g["case_id"].nunique(), "checks passed": f"{int(passed.sum())}/{len(g)}",
+                          "worst error / tolerance": worst["mean"] / worst["tolerance"],
+                          "worst error": worst["mean"], "its tolerance": worst["tolerance"],
+                          "where": f"{worst['metric'].replace('_max_abs_err', '')} {worst['case_id']}",
+                          "result": "pass" if passed.all() else "FAIL"})
+            failures += [{"section": section, "case_id": r.case_id, "metric": r.metric,
+                          "error": r.mean, "tolerance": r.tolerance} for r in g[~passed].itertuples()]
+        for (impl, dtype, status, message), g in df[df["status"] != "ok"].groupby(
+                ["impl", "dtype", "status", "message"], sort=False):
+            skipped.append({"kernel": f"{section} / {impl}", "dtype": dtype, "status": status,
+                            "cases": g["case_id"].nunique(), "why": message})
+    return {"available": bool(lines or skipped), "table": pd.DataFrame(lines),
+            "skipped": pd.DataFrame(skipped), "failures": failures,
+            "all_pass": bool(lines) and not failures}

@@ -1,0 +1,177 @@
+"""End-to-end Transformer timings: the variants (dtype x compile), warm-up and context studies
+of `results/<hw>/e2e/`, and their two figures."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from lmperf.report.format import Spread, cell, ratio_range, unavailable
+from lmperf.report.plot import empty, plt, save
+
+CASE_KEYS = ["size", "context", "dtype", "compile", "mode", "warmup"]
+# Metrics shown as mean ± std over the timed steps; the rest show the mean alone.
+SPREAD_METRICS = {"forward_ms", "backward_ms", "optimizer_ms", "step_ms"}
+
+
+def size_order(df: pd.DataFrame) -> list[str]:
+    """Model sizes from smallest to largest, by their parameter counts in the results."""
+    params = df[df["metric"] == "parameters"].groupby("size")["mean"].first()
+    sizes = list(dict.fromkeys(df["size"]))
+    return sorted(sizes, key=lambda s: params.get(s, math.inf))
+
+
+def wide(df: pd.DataFrame, metrics: dict[str, str]) -> pd.DataFrame:
+    """One row per case: its keys, then each metric's value (a Spread for the phase times, the
+    status for a case that did not run)."""
+    metrics = {m: label for m, label in metrics.items() if m in set(df["metric"])}
+    out = []
+    for _, g in df.groupby("case_id", sort=False):
+        row = {k: g.iloc[0][k] for k in CASE_KEYS}
+        for metric, label in metrics.items():
+            row[label] = cell(g, metric, spread=metric in SPREAD_METRICS)
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def metric_frame(df: pd.DataFrame, metric: str) -> pd.Series:
+    """Means of one metric of the ok cases, indexed by the case keys."""
+    return df[(df["metric"] == metric) & (df["status"] == "ok")].set_index(CASE_KEYS)["mean"]
+
+
+def ordered(df: pd.DataFrame) -> pd.DataFrame:
+    df = df.copy()
+    df["compile"] = df["compile"].astype(str).str.lower().map({"true": "compiled", "false": "eager"})
+    order = {"size": {s: i for i, s in enumerate(size_order(df))},
+             "dtype": {"fp32": 0, "bf16": 1}, "compile": {"eager": 0, "compiled": 1}}
+    return df.sort_values(by=CASE_KEYS, kind="stable",
+                          key=lambda col: col.map(order[col.name]) if col.name in order else col)
+
+
+def peaks(mfu: pd.DataFrame) -> dict[str, float]:
+    """{dtype: peak TFLOP/s} the MFU rows were computed against (the `peak_tflops` column)."""
+    if mfu.empty or "peak_tflops" not in mfu:
+        return {}
+    return {d: float(p) for d, p in mfu.groupby("dtype")["peak_tflops"].first().items()}
+
+
+def view(inputs) -> dict:
+    df = inputs.rows("e2e")
+    if df.empty:
+        return unavailable("no end-to-end results (rule e2e_study has not run)")
+    df = ordered(df)
+    view = {"available": True, "studies": sorted(df["study"].unique())}
+    cases = df.drop_duplicates(["study", "case_id"])  # one case id can be in several studies
+    view["n_cases"] = len(cases)
+    failed = cases[cases["status"] != "ok"][["study", "case_id", "status", "message"]].copy()
+    failed["message"] = [m if len(m) <= 110 else m[:110] + "…" for m in failed["message"].astype(str)]
+    view["failures"] = failed
+    view["n_failures"] = len(failed)
+    view["batch_size"] = int(cases["batch_size"].iloc[0])
+    view["timed_steps"] = int(cases["timed_steps"].iloc[0])
+    mfu = df[(df["metric"] == "mfu_pct") & (df["status"] == "ok")]
+    view["has_mfu"] = not mfu.empty
+    view["peaks"] = peaks(mfu)
+    if not mfu.empty:
+        best = mfu.loc[mfu["mean"].idxmax()]
+        view["best_mfu"] = {"value": float(best["mean"]), **{k: best[k] for k in CASE_KEYS}}
+    view.update(variants(df[df["study"] == "variants"]))
+    view.update(warmup(df[df["study"] == "warmup"]))
+    view.update(context(df[df["study"] == "context"]))
+    return view
+
+
+def variants(df: pd.DataFrame) -> dict:
+    if df.empty:
+        return {}
+    train, fwd = df[df["mode"] == "train"], df[df["mode"] == "forward"]
+    out = {"variants_train": wide(train, {
+        "forward_ms": "forward ms", "backward_ms": "backward ms", "optimizer_ms": "optimizer ms",
+        "step_ms": "step ms", "tokens_per_s": "tokens/s", "mfu_pct": "MFU %",
+        "peak_allocated_mib": "peak MiB", "first_step_ms": "first step ms"}).drop(columns=["mode", "warmup"]),
+        "variants_forward": wide(fwd, {
+            "forward_ms": "forward ms", "tokens_per_s": "tokens/s", "mfu_pct": "MFU %",
+            "peak_allocated_mib": "peak MiB", "first_step_ms": "first step ms"}).drop(columns=["mode", "warmup"])}
+    f, b = metric_frame(train, "forward_ms"), metric_frame(train, "backward_ms")
+    out["backward_over_forward"] = ratio_range(b / f)
+    step = metric_frame(df, "step_ms").reset_index()
+    eager = step[step["compile"] == "eager"].pivot_table(index=["size", "context", "mode"],
+                                                         columns="dtype", values="mean")
+    out["bf16_speedup_train"] = ratio_range(
+        (eager["fp32"] / eager["bf16"]).xs("train", level="mode")
+        if {"fp32", "bf16"} <= set(eager.columns) else pd.Series(dtype=float))
+    by_compile = step.pivot_table(index=["size", "context", "dtype", "mode"], columns="compile", values="mean")
+    out["compile_speedup"] = {}
+    if {"eager", "compiled"} <= set(by_compile.columns):
+        speedup = by_compile["eager"] / by_compile["compiled"]
+        out["compile_speedup"] = {mode: ratio_range(speedup.xs(mode, level="mode"))
+                                  for mode in speedup.index.get_level_values("mode").unique()}
+    return out
+
+
+def warmup(df: pd.DataFrame) -> dict:
+    if df.empty:
+        return {}
+    out = {"warmup": wide(df, {"step_ms": "step ms (mean ± std)", "first_step_ms": "first step ms"})
+           .drop(columns=["compile", "mode", "context"])}
+    step = df[(df["metric"] == "step_ms") & (df["status"] == "ok")]
+    std = step.pivot_table(index="size", columns="warmup", values="std")
+    lo, hi = min(std.columns), max(std.columns)
+    out["warmup_std_ratio"] = {"cold": int(lo), "warm": int(hi), **ratio_range(std[lo] / std[hi])}
+    return out
+
+
+def context(df: pd.DataFrame) -> dict:
+    if df.empty:
+        return {}
+    out = {"context": wide(df, {"step_ms": "step ms", "tokens_per_s": "tokens/s", "mfu_pct": "MFU %",
+                                "peak_allocated_mib": "peak MiB"}).drop(columns=["compile", "mode", "warmup"])}
+    per = metric_frame(df, "step_ms").reset_index().pivot_table(index=["size", "dtype"],
+                                                                columns="context", values="mean")
+    lo, hi = min(per.columns), max(per.columns)
+    out["context_growth"] = {"short": int(lo), "long": int(hi), "factor": int(hi // lo),
+                             **ratio_range(per[hi] / per[lo])}
+    out["context_oom"] = df.drop_duplicates("case_id").query("status == 'oom'")[["size", "context", "dtype"]]
+    return out
+
+
+def figures(inputs, paths: dict) -> None:
+    df = inputs.rows("e2e")
+    ok = df[(df["metric"] == "step_ms") & (df["status"] == "ok")] if not df.empty else df
+    variants = ok[(ok["study"] == "variants") & (ok["mode"] == "train")] if not ok.empty else ok
+    if variants.empty:
+        empty(paths["step_vs_size"], "training step vs model size")
+    else:
+        sizes = size_order(df)
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for (dtype, compiled), g in variants.groupby(["dtype", "compile"]):
+            g = g.set_index("size").reindex([s for s in sizes if s in set(g["size"])])
+            label = f"{dtype}, {'compiled' if str(compiled).lower() == 'true' else 'eager'}"
+            ax.errorbar(g.index, g["mean"], yerr=g["std"], marker="o", capsize=3, label=label)
+        ax.set_yscale("log")
+        ax.set_xlabel("model size")
+        ax.set_ylabel("training step (ms, mean ± std)")
+        ax.set_title(f"Training step vs model size (context {int(variants['context'].iloc[0])})")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        save(fig, paths["step_vs_size"])
+    context = ok[ok["study"] == "context"] if not ok.empty else ok
+    if context.empty:
+        empty(paths["step_vs_context"], "training step vs context")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, size in enumerate(size_order(df)):
+        for dtype, style in (("fp32", "-"), ("bf16", "--")):
+            g = context[(context["size"] == size) & (context["dtype"] == dtype)].sort_values("context")
+            if not g.empty:
+                ax.plot(g["context"], g["mean"], style, marker="o", color=colors[i % len(colors)],
+                        label=f"{size} {dtype}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("training step (ms)")
+    ax.set_title("Training step vs context length (eager; solid fp32, dashed bf16)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(ncol=2, fontsize="small")
+    save(fig, paths["step_vs_context"])

@@ -1,0 +1,52 @@
+"""Environment: the machine and libraries of `results/<hw>/env/env.csv`, and per section the
+commits its rows were measured at and the GPU minutes they took."""
+from __future__ import annotations
+
+import pandas as pd
+
+from lmperf.report.format import unavailable
+
+LABELS = {"gpu": "GPU", "gpu_memory_gib": "GPU memory (GiB)", "gpu_multiprocessors": "GPU SMs",
+          "driver": "NVIDIA driver", "cuda": "CUDA (torch build)", "torch": "torch",
+          "triton": "triton", "python": "Python", "cpu": "CPU", "cpu_threads": "CPU threads (torch)",
+          "os": "OS", "commit": "git commit (at measurement)", "measured_at": "measured at",
+          "scale": "scale", "hw": "results folder"}
+
+
+def measured_seconds(frames: dict[str, pd.DataFrame]) -> dict[str, float]:
+    """Per section, the sum of the per-case wall times in its CSVs (process start-up excluded)."""
+    return {section: float(df.drop_duplicates(["study", "case_id"])["wall_s"].sum())
+            for section, df in frames.items() if not df.empty and "wall_s" in df}
+
+
+def commits(frames: list[pd.DataFrame]) -> list[str]:
+    return sorted({c for df in frames if "commit" in df for c in df["commit"].dropna().astype(str)})
+
+
+def provenance(frames: dict[str, pd.DataFrame], seconds: dict[str, float]) -> pd.DataFrame:
+    """Per section: the commits its rows were measured at, when, and its GPU minutes, so a
+    report assembled from several runs says so."""
+    rows = []
+    for section, df in frames.items():
+        if df.empty or "commit" not in df:
+            continue
+        when = pd.to_datetime(df["measured_at"], utc=True, errors="coerce").dropna()
+        span = "" if when.empty else (f"{when.min():%Y-%m-%d %H:%M}" if when.min() == when.max()
+                                      else f"{when.min():%Y-%m-%d %H:%M} to {when.max():%H:%M} UTC")
+        rows.append({"section": section, "commit(s)": ", ".join(commits([df])), "measured": span,
+                     "GPU min": seconds.get(section, 0.0) / 60})
+    return pd.DataFrame(rows)
+
+
+def view(inputs) -> dict:
+    frames = {s: df for s, df in inputs.frames.items() if s != "env"}
+    seconds = measured_seconds(frames)
+    timing = {"per_section": {k: v / 60 for k, v in seconds.items()},
+              "total_min": sum(seconds.values()) / 60,
+              "provenance": provenance(frames, seconds)} if seconds else None
+    env = inputs.rows("env")
+    if env.empty:
+        return unavailable(f"no {inputs.results}/env/env.csv", facts={}, timing=timing)
+    facts = dict(zip(env["key"], env["value"].astype(str)))
+    table = pd.DataFrame([{"": LABELS.get(k, k), "value": v} for k, v in facts.items()])
+    return {"available": True, "facts": facts, "table": table, "timing": timing}

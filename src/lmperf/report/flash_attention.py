@@ -1,0 +1,129 @@
+"""FlashAttention-2 (Triton) against PyTorch's attention: the bars, one table per headline
+configuration, the grid (forward+backward ms per sequence length) and its TFLOP/s figure."""
+from __future__ import annotations
+
+import pandas as pd
+
+from lmperf.report.format import bar, cell, fmt, unavailable
+from lmperf.report.plot import empty, plt, save
+
+PEERS = ["sdpa_flash", "sdpa_cudnn", "flex", "plain_compiled", "plain", "torch_tiled"]
+DIRECTIONS = {"forward": "forward", "backward": "backward", "fwd_bwd": "forward+backward"}
+# do_bench gives medians (and, in newer rows, the 20% and 80% quantiles), not means.
+CENTER = "median"
+
+
+def config_table(df: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """Providers x directions (ms and TFLOP/s) for one configuration, and ours/peer time ratios."""
+    rows = []
+    for provider, g in df.groupby("provider", sort=False):
+        row = {"provider": provider}
+        for d, label in DIRECTIONS.items():
+            row[f"{label} ms"] = cell(g, f"{d}_ms", spread=True, column=CENTER)
+            row[f"{label} TFLOP/s"] = cell(g, f"{d}_tflops", column=CENTER)
+        rows.append(row)
+    ms = df[df["metric"].str.endswith("_ms") & (df["status"] == "ok")].set_index(["provider", "metric"])[CENTER]
+    ratios = {(peer, d): ms[("triton", f"{d}_ms")] / ms[(peer, f"{d}_ms")]
+              for peer in PEERS for d in DIRECTIONS
+              if ("triton", f"{d}_ms") in ms.index and (peer, f"{d}_ms") in ms.index}
+    order = {"triton": 0, **{p: i + 1 for i, p in enumerate(PEERS)}}
+    rows.sort(key=lambda r: order.get(r["provider"], 99))
+    return pd.DataFrame(rows), ratios
+
+
+def bars(configs: list[dict], grid: pd.DataFrame, limits: dict) -> list[dict]:
+    """The issue's bars, read off the same run; thresholds from config/config.yaml's report."""
+    out = []
+    for c in configs:
+        r = c["ratios"]
+        if c["group"] == "headline" and ("sdpa_flash", "fwd_bwd") in r:
+            x, limit = r[("sdpa_flash", "fwd_bwd")], limits["headline_vs_sdpa_flash"]
+            out.append(bar(f"headline forward+backward <= {limit:g}x SDPA-flash time", x, f"{fmt(x)}x", x <= limit))
+            if ("sdpa_cudnn", "fwd_bwd") in r:
+                x, limit = r[("sdpa_cudnn", "fwd_bwd")], limits["headline_vs_sdpa_cudnn"]
+                out.append(bar("stretch: headline forward+backward <= cuDNN time", x, f"{fmt(x)}x", x <= limit))
+        if c["group"] == "throughput" and c["causal"] == "non-causal" and ("sdpa_flash", "forward") in r:
+            x, limit = 1 / r[("sdpa_flash", "forward")], limits["throughput_vs_sdpa_flash"]
+            out.append(bar(f"throughput forward (non-causal) >= {limit:g}x SDPA-flash TFLOP/s", x,
+                           f"{fmt(x)}x", x >= limit))
+            if ("sdpa_cudnn", "forward") in r:
+                x, limit = 1 / r[("sdpa_cudnn", "forward")], limits["throughput_vs_sdpa_cudnn"]
+                out.append(bar("stretch: throughput forward >= cuDNN TFLOP/s", x, f"{fmt(x)}x", x >= limit))
+    fb = grid[(grid["metric"] == "fwd_bwd_ms") & (grid["status"] == "ok")] if not grid.empty else grid
+    if not fb.empty:
+        wide_ms = fb.pivot_table(index=["dtype", "head_dim", "seq_len"], columns="provider", values=CENTER)
+        if {"triton", "plain_compiled"} <= set(wide_ms.columns):
+            slower = int((wide_ms["triton"] > wide_ms["plain_compiled"]).sum())
+            shapes = int(wide_ms["plain_compiled"].notna().sum())
+            out.append(bar("grid: nowhere slower than torch.compile'd PyTorch attention (fwd+bwd)", slower,
+                           f"slower in {slower} of {shapes} shapes", slower == 0))
+    return out
+
+
+def view(inputs) -> dict:
+    bench = inputs.rows("flash_attention", "bench")
+    if bench.empty:
+        return unavailable("no benchmark results (rule flash_attention_bench has not run)")
+    if (bench["status"] != "ok").all():
+        return unavailable("the benchmark did not run here: " + "; ".join(sorted(set(bench["message"].dropna()))))
+    if CENTER not in bench:  # rows with a mean only (one sample: the same number)
+        bench = bench.assign(**{CENTER: bench["mean"]})
+    configs = []
+    for (group, dtype, causal, b, h, n, d), g in bench.groupby(
+            ["group", "dtype", "causal", "batch", "heads", "seq_len", "head_dim"], sort=False):
+        if group == "grid":
+            continue
+        table, ratios = config_table(g)
+        mode = "causal" if str(causal).lower() == "true" else "non-causal"
+        notes = sorted({f"{r.provider}: {r.message}" for r in g[g["metric"] == "backward_ms"].itertuples()
+                        if isinstance(r.message, str) and r.message})
+        configs.append({"name": f"{group}: {int(b)} x {int(h)} heads x {int(n)} tokens x D {int(d)}, {dtype}, {mode}",
+                        "group": group, "causal": mode, "table": table, "notes": notes, "ratios": ratios})
+    grid = bench[bench["group"] == "grid"]
+    view = {"available": True, "configs": configs,
+            "bars": pd.DataFrame(bars(configs, grid, inputs.bars["flash_attention"]))}
+    if not grid.empty:
+        view["grid"] = grid_tables(grid)
+        left_out = grid[grid["status"].isin(["skipped", "unsupported"])].drop_duplicates(["provider", "message"])
+        view["grid_left_out"] = [f"{r.provider} ({r.status}): {r.message}" for r in left_out.itertuples()]
+    return view
+
+
+def grid_tables(grid: pd.DataFrame) -> list[dict]:
+    """Per dtype and head dim: forward+backward ms, one row per sequence length, one column per provider."""
+    out = []
+    for (dtype, d), g in grid.groupby(["dtype", "head_dim"], sort=False):
+        cells = {}
+        for (n, provider), c in g.groupby(["seq_len", "provider"], sort=False):
+            cells.setdefault(n, {"N": int(n)})[provider] = cell(c, "fwd_bwd_ms", spread=True, column=CENTER)
+        out.append({"dtype": dtype, "head_dim": int(d), "table": pd.DataFrame(list(cells.values()))})
+    return out
+
+
+def figures(inputs, paths: dict) -> None:
+    """TFLOP/s (forward+backward) against sequence length, one panel per head dim and dtype."""
+    path = paths["fa_tflops"]
+    bench = inputs.rows("flash_attention", "bench")
+    grid = bench[(bench["group"] == "grid") & (bench["metric"] == "fwd_bwd_tflops")
+                 & (bench["status"] == "ok")] if not bench.empty else bench
+    if grid.empty:
+        empty(path, "FlashAttention-2 grid")
+        return
+    panels = sorted(grid.groupby(["dtype", "head_dim"]).groups)
+    cols, rows = min(4, len(panels)), -(-len(panels) // 4)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False)
+    # One colour per provider in every panel (fp32 panels lack the SDPA backends).
+    colours = {p: f"C{i}" for i, p in enumerate(sorted(grid["provider"].unique()))}
+    for ax, (dtype, d) in zip(axes.flat, panels):
+        g = grid[(grid["dtype"] == dtype) & (grid["head_dim"] == d)]
+        for provider, p in g.groupby("provider"):
+            p = p.sort_values("seq_len")
+            ax.plot(p["seq_len"], p[CENTER], marker="o", lw=2.5 if provider == "triton" else 1,
+                    label=provider, color=colours[provider])
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{dtype}, D={int(d)}")
+        ax.legend(fontsize="x-small")
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("TFLOP/s (fwd+bwd)")
+        ax.grid(True, alpha=0.3)
+    save(fig, path)

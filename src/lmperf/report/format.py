@@ -1,0 +1,106 @@
+"""The one place the report formats values. Views return numbers, strings (a case's status,
+e.g. `oom`) and `Spread`s in plain frames and dicts; templates turn them into text with the
+`fmt` and `table` filters defined here."""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+
+
+class Spread(NamedTuple):
+    """A measurement with its spread: `mean ± std`, or the median and its 20%-80% quantiles."""
+    center: float
+    std: float = math.nan
+    q20: float = math.nan
+    q80: float = math.nan
+
+    def __str__(self) -> str:
+        if _finite(self.q20) and _finite(self.q80):
+            return f"{fmt(self.center)} [{fmt(self.q20)}, {fmt(self.q80)}]"
+        if _finite(self.std):
+            return f"{fmt(self.center)} ± {fmt(self.std, 2)}"
+        return fmt(self.center)
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def fmt(x, digits: int = 3) -> str:
+    """A number with `digits` significant digits, no scientific notation for everyday sizes."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "n/a"
+    if x == 0:
+        return "0"
+    magnitude = math.floor(math.log10(abs(x)))
+    decimals = max(0, digits - 1 - magnitude)
+    return f"{x:,.{decimals}f}"
+
+
+def show(value) -> str:
+    """A table cell as text: floats with `fmt`, integers as they are, a `Spread` as its
+    mean ± std (or median [q20, q80]), strings (statuses, names) verbatim, missing as empty."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return ""
+    if isinstance(value, Spread):
+        return str(value)
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        return fmt(float(value))
+    return str(value)
+
+
+def cell(case: pd.DataFrame, metric: str, spread: bool = False, column: str = "mean"):
+    """One case's value of one metric, the rule every view shares: the case's status if it did
+    not run `ok`, else its `column` (a `Spread` with the row's std or quantiles when `spread`);
+    None when the case has no such metric."""
+    if case.empty:
+        return None
+    status = case["status"].iloc[0]
+    if status != "ok":
+        return status
+    row = case[case["metric"] == metric]
+    if row.empty:
+        return None
+    r = row.iloc[0]
+    if not spread:
+        return float(r[column])
+    get = lambda key: float(r[key]) if key in r and pd.notna(r[key]) else math.nan
+    one_sample = "n" in r and pd.notna(r["n"]) and r["n"] <= 1  # a std of 0 there is no spread
+    return Spread(float(r[column]), math.nan if one_sample else get("std"), get("q20"), get("q80"))
+
+
+def unavailable(why: str, **extra) -> dict:
+    """The view of a section without results: the template prints `Not available: <why>.`"""
+    return {"available": False, "why": why, **extra}
+
+
+def table(df: pd.DataFrame | None) -> str:
+    """A markdown table of a view's frame (the `table` filter). Columns that are empty in every
+    row (e.g. MFU on a CPU) and columns named `_...` (values the view keeps for tests) are left out."""
+    if df is None or not len(df):
+        return "(no rows)"
+    text = df.loc[:, [c for c in df.columns if not str(c).startswith("_")]].map(show)
+    text = text.loc[:, [c for c in text.columns if (text[c] != "").any()]]
+    return text.to_markdown(index=False, disable_numparse=True)
+
+
+def ratio_range(ratios: pd.Series) -> dict:
+    """{n, min, max, mean} of a series of ratios (NaN dropped): the numbers prose quotes."""
+    ratios = ratios.dropna()
+    if ratios.empty:
+        return {"n": 0}
+    return {"n": len(ratios), "min": float(ratios.min()), "max": float(ratios.max()),
+            "mean": float(ratios.mean())}
+
+
+def bar(text: str, value: float, measured: str, met: bool) -> dict:
+    """One line of a section's bars: what is asked, the measured value (kept as a number for
+    tests, `_value`), how the report states it, and whether it holds."""
+    return {"bar": text, "measured": measured, "met": bool(met), "_value": float(value)}

@@ -1,0 +1,51 @@
+"""The report renders from the committed H100 CSVs with every number its tables held before the
+report side was restructured (tests/fixtures/report_numbers_h100.json, captured from the
+report/report.md of dff03a4 by tests/report_numbers.py)."""
+import json
+from pathlib import Path
+
+import pytest
+
+from lmperf.report import render
+from report_numbers import table_numbers
+
+REPO = Path(__file__).resolve().parents[1]
+BEFORE = json.loads((REPO / "tests" / "fixtures" / "report_numbers_h100.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("report") / "report.md"
+    return render.render(REPO / "results" / "h100-80gb-hbm3", REPO / "templates", out,
+                         out.parent / "figures", "full", render.bars_from_config(REPO / "config" / "config.yaml"))
+
+
+@pytest.mark.parametrize("section", sorted(BEFORE))
+def test_every_table_number_is_still_in_its_section(rendered, section):
+    after = table_numbers(rendered)
+    assert section in after, f"section {section!r} has no table any more"
+    lost = sorted(set(BEFORE[section]) - set(after[section]))
+    assert not lost, f"{section}: {len(lost)} numbers of its tables are gone, e.g. {lost[:20]}"
+
+
+def lines_above_the_folds(text: str) -> int:
+    depth, n = 0, 0
+    for line in text.splitlines():
+        if line.startswith("<details"):
+            depth += 1
+        elif line.startswith("</details>"):
+            depth -= 1
+        elif depth == 0:
+            n += 1
+    return n
+
+
+def test_the_report_above_its_folds_is_at_most_half_what_it_was(rendered):
+    before = 1615  # lines of report/report.md at dff03a4, no folds
+    assert lines_above_the_folds(rendered) <= before // 2
+    assert rendered.count("<details") == rendered.count("</details>")
+
+
+def test_the_report_package_imports_nothing_from_bench():
+    for path in (REPO / "src" / "lmperf" / "report").glob("*.py"):
+        assert "lmperf.bench" not in path.read_text(), f"{path.name} imports from the bench side"
