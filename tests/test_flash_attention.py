@@ -113,6 +113,7 @@ def test_a_skipped_provider_becomes_a_row_that_says_why():
     from lmperf.bench.flash_attention import bench_cases, measure_bench
     group = {"name": "g", "batch": 1, "heads": 1, "causal": [True], "dtypes": ["bf16", "fp32"],
              "seq_lens": [128], "head_dims": [32], "providers": ["flex", "plain"],
+             "timing_ms": [25, 100], "tiled_max_seq_len": 4096,
              "skip": [{"provider": "flex", "dtype": "fp32", "reason": "cut for time"}]}
     cases = {c["case_id"]: c for c in bench_cases({"groups": [group]})}
     assert len(cases) == 4

@@ -106,6 +106,9 @@ def check_environment(args) -> None:
         if not torch.cuda.is_available():
             sys.exit(f"error: --hw {args.hw} names a GPU, but torch {torch.__version__} sees no "
                      f"CUDA device (a CPU-only torch build?); results would be mislabelled")
+    import torch
+    if not torch.cuda.is_available():  # Triton kernels run in its interpreter; set before import
+        os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -364,9 +367,6 @@ def check_bench_main(doc: str, section: str, studies: dict, argv=None) -> None:
         p.add_argument("--spec", required=True, help="the grid as JSON (see config/config.yaml)")
     args = top.parse_args(argv)
     check_environment(args)
-    import torch
-    if not torch.cuda.is_available():  # Triton kernels run in its interpreter; set before import
-        os.environ.setdefault("TRITON_INTERPRET", "1")
     spec = json.loads(args.spec)
     cases, measure = studies[args.command]
     run_cases(section=section, study=args.command, cases=cases(spec), measure=measure,

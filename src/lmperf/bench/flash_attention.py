@@ -10,7 +10,7 @@ import functools
 import itertools
 import random
 
-from lmperf.bench import common
+from lmperf.bench import common, timing
 
 # ---------------------------------------------------------------------------------------------
 # check
@@ -97,8 +97,8 @@ def bench_cases(spec: dict) -> list[dict]:
             case = {"group": group["name"], "provider": provider, "harness": harness, "dtype": dtype,
                     "causal": causal, "batch": group["batch"], "heads": heads, "seq_len": n,
                     "head_dim": d, "model": model or "",
-                    "timing_ms": "/".join(map(str, group.get("timing_ms", [25, 100]))),
-                    "tiled_max_seq_len": group.get("tiled_max_seq_len", 4096)}
+                    "timing_ms": "/".join(map(str, group["timing_ms"])),
+                    "tiled_max_seq_len": group["tiled_max_seq_len"]}
             skip = [s["reason"] for s in group.get("skip", [])
                     if (s["provider"], s["dtype"]) == (provider, dtype)]
             if skip:
@@ -173,14 +173,6 @@ def provider_fn(case: dict):
     raise ValueError(f"unknown provider {p!r}")
 
 
-def _quantile_rows(metric: str, unit: str, q20: float, q50: float, q80: float) -> dict:
-    """A row for one do_bench timing: its median, with the 20% and 80% quantiles of the
-    repeats as the spread (one median is one sample: no std)."""
-    row = common.summarize(metric, unit, [q50])
-    row.update(std=float("nan"), q20=q20, q80=q80)
-    return row
-
-
 def measure_bench(case: dict) -> list[dict]:
     import torch
     import triton.testing
@@ -202,11 +194,11 @@ def measure_bench(case: dict) -> list[dict]:
     dout = torch.randn(b, h, n, d, device="cuda", dtype=dtype)
     warmup, rep = (int(x) for x in case["timing_ms"].split("/"))
 
-    def bench(f, **kw):
+    def bench(f, **kw):  # (median, q20, q80) in ms
         def run():
             with context():
                 f()
-        return triton.testing.do_bench(run, warmup=warmup, rep=rep, quantiles=[0.2, 0.5, 0.8], **kw)
+        return timing.do_bench_quantiles(run, warmup_ms=warmup, rep_ms=rep, **kw)
 
     with torch.no_grad():
         times = {"forward": bench(lambda: fn(q, k, v))}
@@ -227,7 +219,8 @@ def measure_bench(case: dict) -> list[dict]:
     except RuntimeError as exc:  # compiled graphs may reuse saved buffers in place
         if "modified by an inplace operation" not in str(exc):
             raise
-        times["backward"] = tuple(fb - f for fb, f in zip(times["fwd_bwd"], times["forward"]))
+        # quantiles do not subtract: the median only
+        times["backward"] = (times["fwd_bwd"][0] - times["forward"][0], float("nan"), float("nan"))
         note = "backward = (forward+backward) - forward: this graph cannot be replayed with retain_graph"
     out = None
     config = ""
@@ -240,13 +233,13 @@ def measure_bench(case: dict) -> list[dict]:
                             ("dq", bwd["dq"]), ("dkdv", bwd["dkdv"])))
     rows = []
     for direction in ("forward", "backward", "fwd_bwd"):
-        q20, q50, q80 = times[direction]
-        row = _quantile_rows(f"{direction}_ms", "ms", q20, q50, q80)
+        ms, q20, q80 = times[direction]
+        row = common.summarize_quantiles(f"{direction}_ms", "ms", ms, q20, q80)
         row["message"] = note if direction == "backward" else ""
         rows.append(row)
         flops = attention_flops(b, h, n, d, case["causal"], direction)
-        tflops = lambda ms: flops / (ms * 1e-3) / 1e12
-        rows.append(_quantile_rows(f"{direction}_tflops", "TFLOP/s", tflops(q80), tflops(q50), tflops(q20)))
+        tflops = lambda t: flops / (t * 1e-3) / 1e12  # the 20% quantile of TFLOP/s is the 80% of time
+        rows.append(common.summarize_quantiles(f"{direction}_tflops", "TFLOP/s", tflops(ms), tflops(q80), tflops(q20)))
     for row in rows:
         row["config"] = config
     return rows
