@@ -145,7 +145,8 @@ def torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
 def test_allreduce_cli_under_torchrun_writes_one_csv_from_rank_0(tmp_path):
     out = tmp_path / "distributed" / "allreduce_n2.csv"
     spec = {"backends": {"nccl": [1], "gloo": [1]}, "warmup": 1, "iters": 3}
-    proc = torchrun(2, "allreduce", "--spec", json.dumps(spec), "--out", str(out), "--hw", "cpu")
+    proc = torchrun(2, "allreduce", "--spec", json.dumps(spec), "--out", str(out), "--hw", "cpu",
+                    "--progress-log", str(tmp_path / "allreduce.log"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     df = pd.read_csv(out)
     assert list(df["study"].unique()) == ["allreduce"]
@@ -158,6 +159,7 @@ def test_allreduce_cli_under_torchrun_writes_one_csv_from_rank_0(tmp_path):
     assert gloo.loc["busbw_gbps", "mean"] == pytest.approx(gloo.loc["algbw_gbps", "mean"])  # n = 2
     assert gloo.loc["time_ms", "n"] == 3
     assert [p.name for p in out.parent.iterdir()] == ["allreduce_n2.csv"]  # no journal, no rank CSVs
+    assert "case 3/3" in (tmp_path / "allreduce.log").read_text()
 
 
 @pytest.mark.slow
@@ -180,3 +182,64 @@ def test_ddp_cli_under_torchrun_measures_every_variant(tmp_path):
     assert fsdp.loc["param_mib", "mean"] == pytest.approx(ddp.loc["param_mib", "mean"] / 2, rel=0.05)
     zero = df[df["case_id"] == "tiny-zero-n2"].set_index("metric")
     assert zero.loc["optimizer_state_mib", "max"] < 0.75 * ddp.loc["optimizer_state_mib", "mean"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The report section, from rows shaped like a 2-GPU run's
+
+
+def _rows(study: str, case: dict, metrics: dict) -> list[dict]:
+    base = {"section": "distributed", "study": study, "hw": "h200-x2", "gpu": "NVIDIA H200",
+            "torch": "2.11.0", "commit": "abc", "status": "ok", "message": ""}
+    return [{**base, **case, "metric": m, "mean": v, "median": v, "std": 0.0, "max": v}
+            for m, v in metrics.items()]
+
+
+def gpu_frame() -> pd.DataFrame:
+    rows = _rows("allreduce", {"case_id": "link-n2", "kind": "link"}, {"link_peak_driver_gbps": 478.0})
+    for mb, busbw in ((1, 40.0), (1000, 380.0)):
+        rows += _rows("allreduce", {"case_id": f"nccl-{mb}MB-n2", "kind": "allreduce", "backend": "nccl",
+                                    "world_size": 2, "size_mb": mb},
+                      {"time_ms": mb / busbw, "algbw_gbps": busbw, "busbw_gbps": busbw})
+    ddp = lambda v, n, b, step, exposed, peak: _rows(
+        "ddp", {"case_id": f"xl-{v}-b{b}-n{n}", "size": "xl", "variant": v, "bucket_cap_mb": b,
+                "world_size": n, "global_batch": 4 * n},
+        {"step_ms": step, "tokens_per_s": 4 * n * 256 / step * 1e3, "exposed_comm_ms": exposed,
+         "comm_ms": 20.0, "peak_allocated_mib": peak, "param_mib": 1.0, "grad_mib": 1.0,
+         "optimizer_state_mib": 1.0, "activations_mib": peak - 3})
+    rows += ddp("single", 1, None, 100.0, float("nan"), 50_000.0)
+    rows += ddp("ddp", 2, 1, 120.0, 15.0, 60_000.0) + ddp("ddp", 2, 25, 105.0, 5.0, 60_000.0)
+    rows += ddp("fsdp2", 2, None, 115.0, 8.0, 30_000.0)
+    df = pd.DataFrame(rows)
+    df.loc[len(df)] = {**df.iloc[-1].to_dict(), "case_id": "xl-ddp-b1-n4", "world_size": 4,
+                       "metric": "", "mean": float("nan"), "status": "skipped",
+                       "message": "needs 4 GPUs (this machine has 2)"}
+    return df
+
+
+def test_report_view_reads_the_bars_off_the_rows(tmp_path):
+    from lmperf.report import distributed as R
+
+    bars = R.bars_from_config()
+    assert set(bars) == {"busbw_fraction_of_link", "ddp_speedup_2gpu", "exposed_comm_fraction",
+                         "fsdp2_memory_vs_ddp"}
+    view = R.view(gpu_frame(), bars)
+    got = view["bars"].set_index("bar")
+    busbw = got.filter(like="NCCL", axis=0).iloc[0]
+    assert busbw["measured"] == "380 GB/s = 79.5%" and busbw["met"] == "yes"  # 380 / 478
+    speedup = got.filter(like="tokens/s", axis=0).iloc[0]
+    assert "25 MB buckets (best)" in speedup.name  # the faster bucket, not the first
+    assert speedup["measured"] == f"{R.fmt(2 * 100 / 105)}x" and speedup["met"] == "yes"
+    exposed = got.filter(like="exposed", axis=0).iloc[0]
+    assert exposed["measured"].startswith("4.8%") and exposed["met"] == "yes"
+    memory = got.filter(like="FSDP2", axis=0).iloc[0]
+    assert memory["measured"].startswith("0.500x (30,000 vs 60,000 MiB)") and memory["met"] == "yes"
+    assert view["not_run"] == ["`xl-ddp-b1-n4` (ddp): skipped, needs 4 GPUs (this machine has 2)"]
+    paths = R.figures(gpu_frame(), tmp_path)
+    assert all(p.stat().st_size > 1000 for p in paths.values())
+
+
+def test_report_view_without_results_says_so():
+    from lmperf.report import distributed as R
+
+    assert R.view(pd.DataFrame(), R.bars_from_config())["available"] is False

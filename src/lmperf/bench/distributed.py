@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from lmperf.bench import common
@@ -574,6 +575,9 @@ def main(argv=None):
     for name in STUDIES:
         p = sub.add_parser(name, parents=[common.base_parser(__doc__, add_help=False)])
         p.add_argument("--spec", required=True, help="the study's grid as JSON (config/config.yaml)")
+        # torchrun reads every option up to its script's, and refuses --log as a prefix of its own
+        # --log-dir / --logs-specs: under torchrun, name the progress log this way
+        p.add_argument("--progress-log", dest="log", type=Path, help="the same as --log")
     args = top.parse_args(argv)
     common.check_environment(args)
     spec = json.loads(args.spec)
