@@ -2,6 +2,7 @@
 as one process on the same global batch (Gloo, 2 processes); the CLI under torchrun writes one
 CSV from rank 0, with a `skipped` "needs N GPUs" row for NCCL; the interval and parsing helpers."""
 import json
+import re
 import os
 import subprocess
 import sys
@@ -243,3 +244,37 @@ def test_report_view_without_results_says_so():
     from lmperf.report import distributed as R
 
     assert R.view(pd.DataFrame(), R.bars_from_config())["available"] is False
+
+
+# ---------------------------------------------------------------------------------------------
+# The SLURM profile
+
+
+def test_slurm_profile_plans_the_workflow_and_maps_gpus_to_sbatch(tmp_path):
+    """A dry run with profiles/slurm (the executor plugin must be installed: the profile names
+    it, and Snakemake refuses an executor it does not know), each distributed job asking for as
+    many GPUs as it starts processes, and the plugin turning that into sbatch's --gpus."""
+    from types import SimpleNamespace
+
+    from conftest import SMOKE, copy_repo, snakemake
+    try:
+        from snakemake_executor_plugin_slurm.utils import set_gres_string
+    except ImportError:
+        pytest.fail("snakemake-executor-plugin-slurm is missing: envs/setup.sh installs it "
+                    "(envs/requirements.txt)")
+    repo = copy_repo(tmp_path / "lmperf")
+    path = os.pathsep.join([str(repo / "src"), os.environ.get("PYTHONPATH", "")])
+    proc = snakemake(repo, "-n", "--profile", "profiles/slurm", "--forceall", "distributed",
+                     "report/report.md", *SMOKE, env={"PYTHONPATH": path})
+    out = proc.stdout + proc.stderr
+    jobs = {m[1]: m[2] for m in re.finditer(
+        r"rule distributed_study:.*?output: (\S+).*?resources: ([^\n]*)", out, re.S)}
+    assert sorted(Path(o).name for o in jobs) == ["allreduce_n2.csv", "ddp_n1.csv", "ddp_n2.csv"]
+    for output, resources in jobs.items():
+        procs = re.search(r"_n(\d+)\.csv", output)[1]
+        assert f"gpu={procs}" in resources and "slurm_partition=gpu" in resources
+        assert "--gpu-bind=none" in resources
+    report = re.search(r"rule report:.*?resources: ([^\n]*)", out, re.S)[1]
+    assert "gpu=0" in report
+    resources = type("Resources", (dict,), {"__getattr__": dict.get})
+    assert set_gres_string(SimpleNamespace(resources=resources(gpu=2))) == " --gpus=2"
