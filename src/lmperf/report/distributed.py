@@ -316,3 +316,35 @@ def figures(df: pd.DataFrame, out: Path) -> dict[str, Path]:
         ax.legend(fontsize=7)
         _save(fig, paths["dist_step_vs_gpus"])
     return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# The section alone (before it is wired into report/report.md, or to preview a run)
+
+
+def main(argv=None) -> None:
+    """python -m lmperf.report.distributed --results results/h200-x2 --out report/distributed/distributed.md"""
+    import argparse
+
+    import jinja2
+
+    p = argparse.ArgumentParser(description="Render the 'Scaling across GPUs' section alone.")
+    p.add_argument("--results", type=Path, required=True, help="results/<gpu>-x<count> folder")
+    p.add_argument("--templates", type=Path, default=Path("templates"))
+    p.add_argument("--out", type=Path, required=True, help="markdown file to write")
+    args = p.parse_args(argv)
+    df = load(args.results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    figs = figures(df, args.out.parent / "figures")
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(args.templates), trim_blocks=True,
+                             lstrip_blocks=True, undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True)
+    text = env.get_template("distributed.md.j2").render(
+        distributed=view(df, bars_from_config()),
+        figures={k: str(Path(v).relative_to(args.out.parent)) for k, v in figs.items()})
+    args.out.write_text(text)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
