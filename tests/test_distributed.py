@@ -296,3 +296,20 @@ def test_gpu_script_runs_every_job_and_renders_the_section_on_a_cpu(tmp_path):
     again = subprocess.run(["bash", "scripts/distributed_gpu.sh", "--scale", "smoke"], cwd=repo,
                            env=workflow_env(repo), capture_output=True, text=True, timeout=300)
     assert again.stdout.count("exists, skipped") == 3
+
+
+def test_workflow_helpers_name_jobs_specs_and_bad_sizes():
+    import yaml
+
+    from lmperf import hardware, workflow
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    smoke = config["distributed"]["smoke"]
+    assert workflow.distributed_csvs("results/cpu", smoke) == [
+        "results/cpu/distributed/allreduce_n2.csv", "results/cpu/distributed/ddp_n1.csv",
+        "results/cpu/distributed/ddp_n2.csv"]
+    spec = json.loads(workflow.distributed_spec(config, smoke, "ddp"))
+    assert "procs" not in spec and spec["models"] == {"tiny": config["models"]["tiny"]}
+    assert hardware.machine_slug("NVIDIA H200", 2) == "h200-x2" and hardware.machine_slug(None, 0) == "cpu"
+    config["distributed"]["full"]["ddp"]["sizes"] = ["xl", "huge"]
+    with pytest.raises(ValueError, match=r"distributed.full.ddp.sizes names \['huge'\]"):
+        workflow.check_distributed_config(config)
