@@ -21,14 +21,16 @@ while (($#)); do
         *) echo "distributed_gpu: unknown argument $1" >&2; exit 2 ;;
     esac
 done
-# pandas and pyyaml (the harness and the config), matplotlib (the figures): from the wheelhouse
-# that scripts/wheelhouse.sh builds, where the machine's python3 lacks them
-if ! python3 -c 'import pandas, yaml, matplotlib, tabulate' 2>/dev/null; then
-    [[ -d $wheels ]] || { echo "distributed_gpu: pandas/pyyaml missing and no wheelhouse at $wheels" >&2; exit 1; }
+# pandas and pyyaml (the harness and the config; required), matplotlib and tabulate (the
+# rendered section; optional): from the wheelhouse scripts/wheelhouse.sh builds, where the
+# machine's python3 lacks them
+if ! python3 -c 'import pandas, yaml, matplotlib, tabulate' 2>/dev/null && [[ -d $wheels ]]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/lmperf-site "$wheels"/*.whl \
         || { echo "distributed_gpu: installing the wheelhouse failed" >&2; exit 1; }
     export PYTHONPATH=/tmp/lmperf-site${PYTHONPATH:+:$PYTHONPATH}
 fi
+python3 -c 'import pandas, yaml' 2>/dev/null \
+    || { echo "distributed_gpu: python3 lacks pandas or pyyaml, and no wheelhouse at $wheels" >&2; exit 1; }
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 # one line per job: study, processes, spec (JSON), those this machine has GPUs for first
 plan=$(python3 - "$scale" <<'PY'
