@@ -16,6 +16,7 @@ include: "rules/attention.smk"
 include: "rules/precision.smk"
 include: "rules/profile.smk"
 include: "rules/memory.smk"
+include: "rules/distributed.smk"
 include: "rules/report.smk"
 
 

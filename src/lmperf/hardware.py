@@ -65,3 +65,21 @@ def library_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             out[lib] = "none"
     return out
+
+
+def gpu_count() -> int:
+    """How many GPUs nvidia-smi lists, without importing torch; 0 without nvidia-smi."""
+    if not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.strip())
+
+
+def machine_slug(name: str | None, count: int) -> str:
+    """Directory name for results that depend on the GPU count: 'cpu', or the GPU's slug and
+    the count, e.g. 2 x 'NVIDIA H200' -> 'h200-x2'."""
+    return "cpu" if not name else f"{hw_slug(name)}-x{count}"

@@ -111,3 +111,40 @@ def profile_spec(config: dict, prof: dict) -> str:
 
 def memory_spec(config: dict, mem: dict) -> str:
     return json.dumps({**mem, "model": config["models"][mem["size"]]}, sort_keys=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scaling across GPUs (rules/distributed.smk): one torchrun job per study and process count
+
+DISTRIBUTED_STUDIES = ("allreduce", "ddp")
+
+
+def check_distributed_config(config: dict) -> None:
+    """The distributed section's sizes are model names (raise ValueError naming the key)."""
+    for scale in ("full", "smoke"):
+        unknown = [s for s in config["distributed"][scale]["ddp"]["sizes"] if s not in config["models"]]
+        if unknown:
+            raise ValueError(f"config: distributed.{scale}.ddp.sizes names {unknown}, which are "
+                             f"not under models: {sorted(config['models'])}")
+
+
+def distributed_hw(config: dict) -> str:
+    """The results folder of the multi-GPU section: '<gpu>-x<count>' ('h200-x2') so that boxes
+    with different GPU counts never mix, 'cpu' without a GPU, or config `hw` when it is set."""
+    if config["hw"] != "auto":
+        return config["hw"]
+    return hardware.machine_slug(hardware.gpu_name(), hardware.gpu_count())
+
+
+def distributed_csvs(results: str, dist: dict) -> list[str]:
+    """Every CSV of the section at one scale: <results>/distributed/<study>_n<procs>.csv."""
+    return [f"{results}/distributed/{study}_n{n}.csv"
+            for study in DISTRIBUTED_STUDIES for n in dist[study]["procs"]]
+
+
+def distributed_spec(config: dict, dist: dict, study: str) -> str:
+    """One study's spec (the process count is the job's, not the spec's), with the model dims."""
+    spec = {k: v for k, v in dist[study].items() if k != "procs"}
+    if study == "ddp":
+        spec["models"] = {s: config["models"][s] for s in spec["sizes"]}
+    return json.dumps(spec, sort_keys=True)

@@ -1,0 +1,37 @@
+# Scaling across GPUs: all-reduce and the data-parallel training step, one torchrun job per study
+# and process count, each declaring as many GPUs. Results go to their own folder, named with the
+# GPU count (results/h200-x2/), so single- and multi-GPU runs never mix.
+DIST = config["distributed"][SCALE]
+DIST_HW = wf.distributed_hw(config)
+DIST_CSVS = wf.distributed_csvs(f"results/{DIST_HW}", DIST)
+wf.check_distributed_config(config)
+
+
+rule distributed_study:
+    input:
+        model="src/lmperf/model.py",
+        code=["src/lmperf/bench/distributed.py", "src/lmperf/ranges.py", *HARNESS],
+    output:
+        f"results/{DIST_HW}/distributed/{{study}}_n{{procs}}.csv",
+    log:
+        f"logs/{DIST_HW}/distributed/{{study}}_n{{procs}}.log",
+    params:
+        **{**PROVENANCE, "hw": DIST_HW},
+        spec=lambda w: wf.distributed_spec(config, DIST, w.study),
+    resources:
+        gpu=lambda w: int(w.procs),
+    wildcard_constraints:
+        study="|".join(wf.DISTRIBUTED_STUDIES),
+        procs=r"\d+",
+    conda:
+        "../envs/lmperf.yaml"
+    shell:
+        # torchrun, run as `python -m torch.distributed.run` so that it is the environment's own
+        "python -m torch.distributed.run --standalone --nproc_per_node={wildcards.procs} "
+        "-m lmperf.bench.distributed {wildcards.study} --spec {params.spec:q} --out {output} "
+        "--hw {params.hw} --progress-log {log} --expect-torch {params.torch} --expect-triton {params.triton}"
+
+
+rule distributed:
+    input:
+        DIST_CSVS,

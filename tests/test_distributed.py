@@ -1,0 +1,315 @@
+"""Scaling across GPUs, checked on a CPU: every data-parallel variant trains to the same weights
+as one process on the same global batch (Gloo, 2 processes); the CLI under torchrun writes one
+CSV from rank 0, with a `skipped` "needs N GPUs" row for NCCL; the interval and parsing helpers."""
+import json
+import re
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from lmperf.bench import distributed as D
+from lmperf.model import ModelConfig
+
+REPO = Path(__file__).resolve().parents[1]
+CFG = ModelConfig(d_model=32, d_ff=64, n_layers=2, n_heads=2, vocab_size=256, context_length=16)
+WORLD, STEPS, GLOBAL_BATCH = 2, 3, 4
+# (variant, bucket_cap_mb): DDP with one bucket and with many (the tiny model's gradients are
+# about 0.1 MB, so 0.01 MB buckets split them into several all-reduces that overlap backward).
+CASES = [("per_param", None), ("flat", None), ("ddp", 25), ("ddp", 0.01), ("fsdp2", None),
+         ("zero", 25)]
+# SGD with momentum, not AdamW: Adam divides by sqrt(v), so a weight whose gradient is pure
+# rounding noise (about 1e-9) would move by up to lr in either direction and no tolerance could
+# tell a wrong reduction from reordered sums. SGD passes a gradient error through linearly.
+OPTIMIZER = (torch.optim.SGD, {"lr": 0.5, "momentum": 0.9})
+
+
+def batches() -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(CFG.vocab_size, (GLOBAL_BATCH, CFG.context_length + 1), generator=gen)
+            for _ in range(STEPS)]
+
+
+def _train_every_variant(rank: int, world: int, store: str, out: str) -> None:
+    """One spawned rank: join the Gloo group, train each variant, rank 0 saves the weights."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        for variant, bucket in CASES:
+            state = D.train_steps(variant, CFG, rank, world, batches(), *OPTIMIZER, bucket_cap_mb=bucket)
+            if rank == 0:
+                torch.save(state, Path(out) / f"{variant}-{bucket}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("weights")
+    mp.spawn(_train_every_variant, args=(WORLD, str(out / "store"), str(out)), nprocs=WORLD)
+    return out
+
+
+def test_single_process_reference_is_deterministic():
+    a = D.train_steps("single", CFG, 0, 1, batches(), *OPTIMIZER)
+    b = D.train_steps("single", CFG, 0, 1, batches(), *OPTIMIZER)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("variant, bucket", CASES, ids=[f"{v}-{b}" for v, b in CASES])
+def test_two_processes_match_one_process_on_the_same_global_batch(trained, variant, bucket):
+    reference = D.train_steps("single", CFG, 0, 1, batches(), *OPTIMIZER)
+    start = D.train_steps("single", CFG, 0, 1, [], *OPTIMIZER)
+    got = torch.load(trained / f"{variant}-{bucket}.pt")
+    assert got.keys() == reference.keys()
+    for name, want in reference.items():
+        # fp32; the only difference is the order of summation (two half-batch means averaged
+        # against one full-batch mean, and the reduction's own order). Measured: at most 2.2e-8
+        # absolute after 3 steps, on weights that moved by up to 0.12. atol 1e-6 is 45x the
+        # measured error and 1e5x below the training's own change (asserted below), so a
+        # missing, doubled or misplaced reduction fails (test_a_wrong_reduction_...).
+        torch.testing.assert_close(got[name], want, rtol=1e-5, atol=1e-6, msg=name)
+    moved = max((reference[k] - start[k]).abs().max().item() for k in reference)
+    assert moved > 1e-2, "the reference did not train: the comparison would prove nothing"
+
+
+def test_a_wrong_reduction_is_caught_by_the_same_tolerance():
+    """Summing instead of averaging (world 2 -> gradients doubled) must fail the comparison."""
+    reference = D.train_steps("single", CFG, 0, 1, batches(), *OPTIMIZER)
+    doubled = D.train_steps("single", CFG, 0, 1, batches(), OPTIMIZER[0], {**OPTIMIZER[1], "lr": 1.0})
+    with pytest.raises(AssertionError):
+        for name in reference:
+            torch.testing.assert_close(doubled[name], reference[name], rtol=1e-5, atol=1e-6)
+
+
+def test_bus_bandwidth_follows_nccl_tests():
+    assert D.bus_bandwidth(100.0, 2) == 100.0
+    assert D.bus_bandwidth(100.0, 4) == 150.0
+    assert D.bus_bandwidth(100.0, 8) == 175.0
+
+
+def test_exposed_communication_is_what_no_compute_kernel_overlaps():
+    kernels = [("gemm", 0, 10), ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 5, 15),
+               ("elementwise", 12, 13), ("ncclKernel_AllReduce", 20, 22), ("gemm", 21, 30)]
+    got = D.comm_exposure(kernels)
+    assert got["comm_us"] == 12  # [5, 15) and [20, 22)
+    assert got["compute_us"] == 10 + 1 + 9
+    assert got["exposed_comm_us"] == 12 - 5 - 1 - 1  # hidden by [5,10), [12,13) and [21,22)
+    assert D.union([(3, 4), (0, 2), (1, 3)]) == [(0, 4)]
+
+
+TOPO = """\x1b[4mGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m
+GPU0\t X \tNV18\tSYS\t0-63\t0\t\tN/A
+GPU1\tNV18\t X \tSYS\t0-63\t0\t\tN/A
+NIC0\tSYS\tSYS\t X \t\t\t\t
+
+Legend:
+  X    = Self
+  NV#  = Connection traversing a bonded set of # NVLinks
+"""
+NVLINK = "GPU 0: NVIDIA H200 (UUID: GPU-x)\n\t Link 0: 26.562 GB/s\n\t Link 1: 26.562 GB/s\n\t Link 2: <inactive>\n"
+
+
+def test_link_from_nvidia_smi_text():
+    assert D.topo_link(TOPO) == "NV18"
+    assert D.topo_link(TOPO.replace("NV18", "PIX")) == "PIX"
+    assert D.topo_link("GPU0\n GPU0\t X \n") is None  # one GPU: no pair
+    assert D.nvlink_speeds(NVLINK) == [26.562, 26.562]
+
+
+def test_grids_are_data():
+    spec = {"sizes": ["tiny"], "variants": ["per_param", "ddp", "fsdp2", "zero"],
+            "bucket_caps_mb": [1, 25], "batch_per_gpu": 2, "context": 16, "dtype": "fp32",
+            "warmup": 1, "timed_steps": 2, "profiled_steps": 1}
+    two = [c["case_id"] for c in D.ddp_cases(spec, 2)]
+    assert two == ["tiny-per_param-n2", "tiny-ddp-b1-n2", "tiny-ddp-b25-n2", "tiny-fsdp2-n2", "tiny-zero-n2"]
+    one = D.ddp_cases(spec, 1)
+    assert [c["variant"] for c in one] == ["single"] and one[0]["global_batch"] == 2
+    assert D.ddp_cases(spec, 2)[0]["global_batch"] == 4  # same per-GPU batch, twice the global one
+    ar = D.allreduce_cases({"backends": {"nccl": [1], "gloo": [1, 10]}, "warmup": 1, "iters": 2}, 2)
+    assert [c["case_id"] for c in ar] == ["link-n2", "nccl-1MB-n2", "gloo-1MB-n2", "gloo-10MB-n2"]
+
+
+def torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc_per_node={nproc}", "-m", "lmperf.bench.distributed", *args],
+                          env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_allreduce_cli_under_torchrun_writes_one_csv_from_rank_0(tmp_path):
+    out = tmp_path / "distributed" / "allreduce_n2.csv"
+    spec = {"backends": {"nccl": [1], "gloo": [1]}, "warmup": 1, "iters": 3}
+    proc = torchrun(2, "allreduce", "--spec", json.dumps(spec), "--out", str(out), "--hw", "cpu",
+                    "--progress-log", str(tmp_path / "allreduce.log"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = pd.read_csv(out)
+    assert list(df["study"].unique()) == ["allreduce"]
+    status = df.drop_duplicates("case_id").set_index("case_id")["status"]
+    assert status["gloo-1MB-n2"] == "ok"
+    nccl = df[df["case_id"] == "nccl-1MB-n2"].iloc[0]
+    assert nccl["status"] == "skipped" and nccl["message"].startswith("needs 2 GPUs")
+    assert df[df["case_id"] == "link-n2"]["status"].iloc[0] == "skipped"  # no GPU link on a CPU
+    gloo = df[df["case_id"] == "gloo-1MB-n2"].set_index("metric")
+    assert gloo.loc["busbw_gbps", "mean"] == pytest.approx(gloo.loc["algbw_gbps", "mean"])  # n = 2
+    assert gloo.loc["time_ms", "n"] == 3
+    assert [p.name for p in out.parent.iterdir()] == ["allreduce_n2.csv"]  # no journal, no rank CSVs
+    assert "case 3/3" in (tmp_path / "allreduce.log").read_text()
+
+
+@pytest.mark.slow
+def test_ddp_cli_under_torchrun_measures_every_variant(tmp_path):
+    out = tmp_path / "ddp_n2.csv"
+    spec = {"sizes": ["tiny"], "models": {"tiny": {"d_model": 32, "d_ff": 64, "n_layers": 2, "n_heads": 2}},
+            "variants": ["per_param", "flat", "ddp", "fsdp2", "zero"], "bucket_caps_mb": [1],
+            "batch_per_gpu": 2, "context": 16, "dtype": "fp32", "warmup": 1, "timed_steps": 2,
+            "profiled_steps": 1}
+    proc = torchrun(2, "ddp", "--spec", json.dumps(spec), "--out", str(out), "--hw", "cpu")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = pd.read_csv(out)
+    assert (df["status"] == "ok").all(), df[df["status"] != "ok"][["case_id", "message"]]
+    flat = df[df["case_id"] == "tiny-flat-n2"].set_index("metric")
+    assert {"forward_ms", "backward_ms", "allreduce_ms", "optimizer_ms", "step_ms", "tokens_per_s",
+            "param_mib", "grad_mib", "optimizer_state_mib"} <= set(flat.index)
+    fsdp = df[df["case_id"] == "tiny-fsdp2-n2"].set_index("metric")
+    ddp = df[df["case_id"] == "tiny-ddp-b1-n2"].set_index("metric")
+    # FSDP2 holds half the parameters and optimizer state per rank; ZeRO half the state
+    assert fsdp.loc["param_mib", "mean"] == pytest.approx(ddp.loc["param_mib", "mean"] / 2, rel=0.05)
+    zero = df[df["case_id"] == "tiny-zero-n2"].set_index("metric")
+    assert zero.loc["optimizer_state_mib", "max"] < 0.75 * ddp.loc["optimizer_state_mib", "mean"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The report section, from rows shaped like a 2-GPU run's
+
+
+def _rows(study: str, case: dict, metrics: dict) -> list[dict]:
+    base = {"section": "distributed", "study": study, "hw": "h200-x2", "gpu": "NVIDIA H200",
+            "torch": "2.11.0", "commit": "abc", "status": "ok", "message": ""}
+    return [{**base, **case, "metric": m, "mean": v, "median": v, "std": 0.0, "max": v}
+            for m, v in metrics.items()]
+
+
+def gpu_frame() -> pd.DataFrame:
+    rows = _rows("allreduce", {"case_id": "link-n2", "kind": "link"}, {"link_peak_driver_gbps": 478.0})
+    for mb, busbw in ((1, 40.0), (1000, 380.0)):
+        rows += _rows("allreduce", {"case_id": f"nccl-{mb}MB-n2", "kind": "allreduce", "backend": "nccl",
+                                    "world_size": 2, "size_mb": mb},
+                      {"time_ms": mb / busbw, "algbw_gbps": busbw, "busbw_gbps": busbw})
+    ddp = lambda v, n, b, step, exposed, peak: _rows(
+        "ddp", {"case_id": f"xl-{v}-b{b}-n{n}", "size": "xl", "variant": v, "bucket_cap_mb": b,
+                "world_size": n, "global_batch": 4 * n},
+        {"step_ms": step, "tokens_per_s": 4 * n * 256 / step * 1e3, "exposed_comm_ms": exposed,
+         "comm_ms": 20.0, "peak_allocated_mib": peak, "param_mib": 1.0, "grad_mib": 1.0,
+         "optimizer_state_mib": 1.0, "activations_mib": peak - 3})
+    rows += ddp("single", 1, None, 100.0, float("nan"), 50_000.0)
+    rows += ddp("ddp", 2, 1, 120.0, 15.0, 60_000.0) + ddp("ddp", 2, 25, 105.0, 5.0, 60_000.0)
+    rows += ddp("fsdp2", 2, None, 115.0, 8.0, 30_000.0)
+    df = pd.DataFrame(rows)
+    df.loc[len(df)] = {**df.iloc[-1].to_dict(), "case_id": "xl-ddp-b1-n4", "world_size": 4,
+                       "metric": "", "mean": float("nan"), "status": "skipped",
+                       "message": "needs 4 GPUs (this machine has 2)"}
+    return df
+
+
+def test_report_view_reads_the_bars_off_the_rows(tmp_path):
+    from lmperf.report import distributed as R
+
+    bars = R.bars_from_config()
+    assert set(bars) == {"busbw_fraction_of_link", "ddp_speedup_2gpu", "exposed_comm_fraction",
+                         "fsdp2_memory_vs_ddp"}
+    view = R.view(gpu_frame(), bars)
+    got = view["bars"].set_index("bar")
+    busbw = got.filter(like="NCCL", axis=0).iloc[0]
+    assert busbw["measured"] == "380 GB/s = 79.5%" and busbw["met"] == "yes"  # 380 / 478
+    speedup = got.filter(like="tokens/s", axis=0).iloc[0]
+    assert "25 MB buckets (best)" in speedup.name  # the faster bucket, not the first
+    assert speedup["measured"] == f"{R.fmt(2 * 100 / 105)}x" and speedup["met"] == "yes"
+    exposed = got.filter(like="exposed", axis=0).iloc[0]
+    assert exposed["measured"].startswith("4.8%") and exposed["met"] == "yes"
+    memory = got.filter(like="FSDP2", axis=0).iloc[0]
+    assert memory["measured"].startswith("0.500x (30,000 vs 60,000 MiB)") and memory["met"] == "yes"
+    assert view["not_run"] == ["`xl-ddp-b1-n4` (ddp): skipped, needs 4 GPUs (this machine has 2)"]
+    paths = R.figures(gpu_frame(), tmp_path)
+    assert all(p.stat().st_size > 1000 for p in paths.values())
+
+
+def test_report_view_without_results_says_so():
+    from lmperf.report import distributed as R
+
+    assert R.view(pd.DataFrame(), R.bars_from_config())["available"] is False
+
+
+# ---------------------------------------------------------------------------------------------
+# The SLURM profile
+
+
+def test_slurm_profile_plans_the_workflow_and_maps_gpus_to_sbatch(tmp_path):
+    """A dry run with profiles/slurm (the executor plugin must be installed: the profile names
+    it, and Snakemake refuses an executor it does not know), each distributed job asking for as
+    many GPUs as it starts processes, and the plugin turning that into sbatch's --gpus."""
+    from types import SimpleNamespace
+
+    from conftest import SMOKE, copy_repo, snakemake
+    try:
+        from snakemake_executor_plugin_slurm.utils import set_gres_string
+    except ImportError:
+        pytest.fail("snakemake-executor-plugin-slurm is missing: envs/setup.sh installs it "
+                    "(envs/requirements.txt)")
+    repo = copy_repo(tmp_path / "lmperf")
+    path = os.pathsep.join([str(repo / "src"), os.environ.get("PYTHONPATH", "")])
+    proc = snakemake(repo, "-n", "--profile", "profiles/slurm", "--forceall", "distributed",
+                     "report/report.md", *SMOKE, env={"PYTHONPATH": path})
+    out = proc.stdout + proc.stderr
+    jobs = {m[1]: m[2] for m in re.finditer(
+        r"rule distributed_study:.*?output: (\S+).*?resources: ([^\n]*)", out, re.S)}
+    assert sorted(Path(o).name for o in jobs) == ["allreduce_n2.csv", "ddp_n1.csv", "ddp_n2.csv"]
+    for output, resources in jobs.items():
+        procs = re.search(r"_n(\d+)\.csv", output)[1]
+        assert f"gpu={procs}" in resources and "slurm_partition=gpu" in resources
+        assert "--gpu-bind=none" in resources
+    report = re.search(r"rule report:.*?resources: ([^\n]*)", out, re.S)[1]
+    assert "gpu=0" in report
+    resources = type("Resources", (dict,), {"__getattr__": dict.get})
+    assert set_gres_string(SimpleNamespace(resources=resources(gpu=2))) == " --gpus=2"
+
+
+@pytest.mark.slow
+def test_gpu_script_runs_every_job_and_renders_the_section_on_a_cpu(tmp_path):
+    """scripts/distributed_gpu.sh at smoke scale on a CPU: every job of the section's plan, CSVs
+    under results/cpu/distributed/, and the section rendered alone (about a minute on 2 cores)."""
+    from conftest import copy_repo, workflow_env
+    repo = copy_repo(tmp_path / "lmperf")
+    proc = subprocess.run(["bash", "scripts/distributed_gpu.sh", "--scale", "smoke", "--limit", "400"],
+                          cwd=repo, env=workflow_env(repo), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    csvs = sorted(p.name for p in (repo / "results" / "cpu" / "distributed").glob("*.csv"))
+    assert csvs == ["allreduce_n2.csv", "ddp_n1.csv", "ddp_n2.csv"]
+    text = (repo / "report" / "distributed" / "distributed.md").read_text()
+    assert "## Scaling across GPUs" in text and "needs 2 GPUs" in text
+    again = subprocess.run(["bash", "scripts/distributed_gpu.sh", "--scale", "smoke"], cwd=repo,
+                           env=workflow_env(repo), capture_output=True, text=True, timeout=300)
+    assert again.stdout.count("exists, skipped") == 3
+
+
+def test_workflow_helpers_name_jobs_specs_and_bad_sizes():
+    import yaml
+
+    from lmperf import hardware, workflow
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    smoke = config["distributed"]["smoke"]
+    assert workflow.distributed_csvs("results/cpu", smoke) == [
+        "results/cpu/distributed/allreduce_n2.csv", "results/cpu/distributed/ddp_n1.csv",
+        "results/cpu/distributed/ddp_n2.csv"]
+    spec = json.loads(workflow.distributed_spec(config, smoke, "ddp"))
+    assert "procs" not in spec and spec["models"] == {"tiny": config["models"]["tiny"]}
+    assert hardware.machine_slug("NVIDIA H200", 2) == "h200-x2" and hardware.machine_slug(None, 0) == "cpu"
+    config["distributed"]["full"]["ddp"]["sizes"] = ["xl", "huge"]
+    with pytest.raises(ValueError, match=r"distributed.full.ddp.sizes names \['huge'\]"):
+        workflow.check_distributed_config(config)
