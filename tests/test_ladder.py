@@ -106,3 +106,30 @@ def test_optimizer_axis_names_the_implementation():
                      "optimizers": ["foreach", "fused"]}}
     ids = [c["case_id"] for c in e2e.study_cases(spec, "tiny")]
     assert ids == ["tiny-ctx8-fp32-eager-train-warmup0", "tiny-ctx8-fp32-eager-train-warmup0-fused"]
+
+
+def test_report_reads_the_bars_off_the_ladder_rows():
+    import pandas as pd
+    from lmperf.report import e2e as report
+    from lmperf.report.render import bars_from_config
+    from tests.conftest import REPO
+
+    bars = bars_from_config(REPO / "config" / "config.yaml")["e2e"]
+    rows = []
+    for case in ladder.cases(SPEC, bars["ladder_size"], cuda=True):
+        if case["name"] == "floors":
+            metrics = {"copy_gb_per_s": 3000.0, "bf16_matmul_tflops": 700.0}
+        else:
+            r = case["rung"]
+            metrics = {"step_ms": 100.0, "tokens_per_s": 1000.0 * r, "mfu_pct": 5.0 * r, "forward_ms": 30.0,
+                       "backward_ms": 60.0, "optimizer_ms": 10.0, "optimizer_floor_ms": 8.0,
+                       "forward_floor_ms": 20.0, "backward_floor_ms": 40.0}
+        rows += [{**case, "study": "ladder", "metric": m, "mean": v, "status": "ok",
+                  "attention_backend": case["attention"]} for m, v in metrics.items()]
+    view = report.ladder(pd.DataFrame(rows), bars)
+    best = view["ladder_best"][bars["ladder_size"]]
+    assert best["rung"] == 10 and best["attention"] == "flash-triton"  # the last rung: highest MFU here
+    assert best["vs_assignment"] == 10 / 4  # rung 4 is the assignment's setting
+    table = view["ladder_bars"].set_index("bar")
+    assert list(table["_value"]) == [50.0, 50.0, 2.5, 1.25]
+    assert list(table["met"]) == [True, False, False, True]
