@@ -50,7 +50,7 @@ def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
                    "timed_steps": spec["timed_steps"], "checkpoint_candidates": ""}
     out = [{**common_keys, **settings, "rung": 0, "name": "floors",
             "change": "device rates: copy bandwidth, bf16 matmul", "needs_cuda": True}]
-    steps = [(*r,) for r in RUNGS]
+    steps = list(RUNGS)
     steps += [(f"ctx{c}", f"context {c:,} (same batch)", {"context": c}, False) for c in spec["contexts"]]
     ck = spec["checkpoint"]
     steps.append(("checkpoint", f"activation checkpointing at context {ck['context']:,}: every k-th "
