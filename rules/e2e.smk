@@ -1,4 +1,4 @@
-# End-to-end Transformer timings: one job per (study, model size).
+# End-to-end Transformer timings: one job per (study, model size); the ladder study is one of them.
 E2E = config["e2e"][SCALE]
 E2E_JOBS = wf.e2e_jobs(E2E)  # (study, size) pairs: one job and one CSV each
 
@@ -6,7 +6,8 @@ E2E_JOBS = wf.e2e_jobs(E2E)  # (study, size) pairs: one job and one CSV each
 rule e2e_study:
     input:
         model="src/lmperf/model.py",
-        code=["src/lmperf/bench/e2e.py", "src/lmperf/flops.py", "src/lmperf/ranges.py", *HARNESS],
+        code=["src/lmperf/bench/e2e.py", "src/lmperf/bench/ladder.py", "src/lmperf/flops.py",
+              "src/lmperf/ranges.py", *HARNESS],
     output:
         csv=f"{RESULTS}/e2e/{{study}}/{{size}}.csv",
     log:

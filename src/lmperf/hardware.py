@@ -11,23 +11,24 @@ from importlib import metadata
 
 # Dense peak TFLOP/s by datasheet, keyed by a substring of torch.cuda.get_device_name().
 # "fp32" is the plain (non-tensor-core) fp32 rate: PyTorch's default matmul precision
-# ("highest") does not use TF32. "bf16" is the dense tensor-core rate without sparsity.
+# ("highest") does not use TF32. "tf32" is the dense tensor-core rate of fp32 matmuls run as TF32
+# (set_float32_matmul_precision("high")). "bf16" is the dense tensor-core rate without sparsity.
 PEAK_TFLOPS = {
-    "H100 80GB HBM3": {"fp32": 67.0, "bf16": 989.0},  # H100 SXM5
-    "H100 PCIe": {"fp32": 51.0, "bf16": 756.0},
-    "H100 NVL": {"fp32": 60.0, "bf16": 835.0},
-    "H200": {"fp32": 67.0, "bf16": 989.0},  # same compute as H100 SXM5
-    "A100-SXM4-80GB": {"fp32": 19.5, "bf16": 312.0},
-    "A100-SXM4-40GB": {"fp32": 19.5, "bf16": 312.0},
-    "A100-PCIE": {"fp32": 19.5, "bf16": 312.0},
-    "A800": {"fp32": 19.5, "bf16": 312.0},
-    "L40S": {"fp32": 91.6, "bf16": 362.0},
-    "RTX 4090": {"fp32": 82.6, "bf16": 165.0},
+    "H100 80GB HBM3": {"fp32": 67.0, "tf32": 494.7, "bf16": 989.0},  # H100 SXM5
+    "H100 PCIe": {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0},
+    "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.0},
+    "H200": {"fp32": 67.0, "tf32": 494.7, "bf16": 989.0},  # same compute as H100 SXM5
+    "A100-SXM4-80GB": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0},
+    "A100-SXM4-40GB": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0},
+    "A100-PCIE": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0},
+    "A800": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0},
+    "L40S": {"fp32": 91.6, "tf32": 183.0, "bf16": 362.0},
+    "RTX 4090": {"fp32": 82.6, "tf32": 82.6, "bf16": 165.0},
 }
 
 
 def peak_tflops(gpu_name: str, dtype: str) -> float | None:
-    """Peak dense TFLOP/s for `dtype` ('fp32' or 'bf16') on this GPU, or None if unknown."""
+    """Peak dense TFLOP/s for `dtype` ('fp32', 'tf32' or 'bf16') on this GPU, or None if unknown."""
     for key, peaks in PEAK_TFLOPS.items():
         if key in gpu_name:
             return peaks.get(dtype)

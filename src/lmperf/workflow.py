@@ -67,9 +67,12 @@ def e2e_jobs(e2e: dict) -> list[tuple[str, str]]:
 def e2e_spec(config: dict, e2e: dict, study: str, size: str) -> str:
     """The JSON spec of one e2e job: a rerun trigger for exactly what that job measures."""
     spec = e2e["studies"][study]
+    models = {size: config["models"][size]}
+    if "ladder" in spec:
+        return json.dumps({"ladder": spec["ladder"], "models": models}, sort_keys=True)
     return json.dumps({"batch_size": e2e["batch_size"], "timed_steps": e2e["timed_steps"],
-                       "attention": spec["attention"], "grid": spec["grid"],
-                       "models": {size: config["models"][size]}}, sort_keys=True)
+                       "attention": spec["attention"], "grid": spec["grid"], "models": models},
+                      sort_keys=True)
 
 
 def fa_bench_jobs(fa: dict, models: dict) -> dict[str, dict]:

@@ -1,11 +1,13 @@
 """End-to-end timings of the Transformer LM: forward only, or a training step timed per phase
-(forward, backward, optimizer). One study and one model size per call.
+(forward, backward, optimizer). One study and one model size per call. The ladder study (one
+change a rung, from the assignment's setting to the GPU's limit) is built in bench/ladder.py.
 
     python -m lmperf.bench.e2e --spec '{...}' --size small --out results/cpu/e2e/variants/small.csv --hw cpu
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 
@@ -14,18 +16,21 @@ from lmperf.bench import common, timing
 
 DTYPES = ("fp32", "bf16")
 MODES = ("forward", "train")
+OPTIMIZERS = ("foreach", "fused")  # AdamW's implementation: PyTorch's default on CUDA, or one kernel
 
 def study_cases(spec: dict, size: str) -> list[dict]:
     """The study's grid for one model size: the product of its lists, as data."""
     grid = spec["grid"]
     cases = []
-    for context, dtype, compiled, mode, warmup in itertools.product(
-            grid["contexts"], grid["dtypes"], grid["compile"], grid["modes"], grid["warmup"]):
+    for context, dtype, compiled, mode, warmup, optimizer in itertools.product(
+            grid["contexts"], grid["dtypes"], grid["compile"], grid["modes"], grid["warmup"],
+            grid.get("optimizers", ["foreach"])):
         case = {"size": size, "context": context, "dtype": dtype, "compile": bool(compiled),
                 "mode": mode, "warmup": warmup, "batch_size": spec["batch_size"],
-                "timed_steps": spec["timed_steps"], "attention": spec.get("attention", "plain")}
+                "timed_steps": spec["timed_steps"], "attention": spec.get("attention", "plain"),
+                "optimizer": optimizer}
         case["case_id"] = (f"{size}-ctx{context}-{dtype}-{'compiled' if compiled else 'eager'}"
-                           f"-{mode}-warmup{warmup}")
+                           f"-{mode}-warmup{warmup}" + ("" if optimizer == "foreach" else f"-{optimizer}"))
         cases.append(case)
     return cases
 
@@ -35,6 +40,49 @@ def compile_blocks(model) -> None:
     eager. PyTorch's recipe for models made of repeated blocks."""
     for block in model.blocks:
         block.compile()
+
+def checkpoint_blocks(model, every: int) -> int:
+    """Activation checkpointing on every `every`-th Transformer block (blocks 0, every, 2*every,
+    ...; none for 0): such a block keeps only its input for backward and recomputes the rest
+    there. Call before compile_blocks (the compiled block then traces the checkpoint). Calling it
+    again re-chooses the blocks. Returns how many blocks are checkpointed."""
+    import torch.utils.checkpoint
+
+    def checkpointed(block, *args):
+        return torch.utils.checkpoint.checkpoint(type(block).forward, block, *args, use_reentrant=False)
+
+    n = 0
+    for i, block in enumerate(model.blocks):
+        block.__dict__.pop("forward", None)  # back to Block.forward
+        if every and i % every == 0:
+            block.forward = functools.partial(checkpointed, block)
+            n += 1
+    return n
+
+
+def make_optimizer(model, impl: str):
+    """AdamW (lr 1e-4, PyTorch's other defaults) in the implementation `impl`: 'foreach' (PyTorch's
+    default on CUDA: a few kernels per parameter group, with temporaries) or 'fused' (one kernel)."""
+    import torch
+
+    if impl not in OPTIMIZERS:
+        raise ValueError(f"optimizer={impl!r}; choose one of {OPTIMIZERS}")
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, **{impl: True})
+
+
+@contextlib.contextmanager
+def matmul_precision(tf32: bool):
+    """fp32 matmuls as TF32 on tensor cores ('high') inside the block when `tf32`, else PyTorch's
+    default ('highest'); the previous setting is restored after."""
+    import torch
+
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
 
 def setup(case: dict, model_dims: dict):
     """Model, optimizer (training only), batch and autocast context of one case, on the device."""
@@ -46,7 +94,9 @@ def setup(case: dict, model_dims: dict):
     torch.manual_seed(0)
     with torch.device(device):  # initialise on the device: a 3B model is slow to init on a CPU
         model = TransformerLM(cfg)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4) if case["mode"] == "train" else None
+    optimizer = (make_optimizer(model, case.get("optimizer", "foreach"))
+                 if case["mode"] == "train" else None)
+    checkpoint_blocks(model, case.get("checkpoint_every", 0))
     if case["compile"]:
         compile_blocks(model)
     autocast = (torch.autocast(device_type=device, dtype=torch.bfloat16)
@@ -75,13 +125,23 @@ def step(model, optimizer, inputs, targets, autocast, around) -> None:
         optimizer.zero_grad(set_to_none=True)
 
 def measure(case: dict, model_dims: dict) -> list[dict]:
+    with matmul_precision(case.get("tf32", False)):
+        return time_steps(case, *setup(case, model_dims))
+
+
+def peak_key(case: dict) -> str:
+    """Which peak of hardware.PEAK_TFLOPS a case's MFU is against: its dtype, or 'tf32'."""
+    return "tf32" if case["dtype"] == "fp32" and case.get("tf32") else case["dtype"]
+
+
+def time_steps(case: dict, cfg, model, optimizer, inputs, targets, autocast) -> list[dict]:
+    """Warm-up steps, then timed steps of a set-up case: the rows of its metrics."""
     import torch
     from lmperf.model import count_parameters
     from lmperf.flops import flops_per_token
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = inputs.device.type
     sync = timing.synchronizer()
-    cfg, model, optimizer, inputs, targets, autocast = setup(case, model_dims)
     b, n = case["batch_size"], case["context"]
 
     def timed_step() -> dict:
@@ -114,7 +174,7 @@ def measure(case: dict, model_dims: dict) -> list[dict]:
     rows.append(common.summarize("step_ms", "ms", step_ms))
     rows.append(common.summarize("tokens_per_s", "tokens/s", [tokens_per_step / (s / 1e3) for s in step_ms]))
     rows.append(common.summarize("tflops", "TFLOP/s", [flops_per_step / (s / 1e3) / 1e12 for s in step_ms]))
-    peak = hardware.peak_tflops(torch.cuda.get_device_name(), case["dtype"]) if device == "cuda" else None
+    peak = hardware.peak_tflops(torch.cuda.get_device_name(), peak_key(case)) if device == "cuda" else None
     if peak:
         row = common.summarize("mfu_pct", "%", [100 * flops_per_step / (s / 1e3) / 1e12 / peak for s in step_ms])
         row["peak_tflops"] = peak  # the dense datasheet peak of the case's dtype (hardware.py)
@@ -130,17 +190,22 @@ def main(argv=None):
     p.add_argument("--study", required=True, help="study name (variants, warmup, context, ...)")
     p.add_argument("--size", required=True, help="model size name")
     p.add_argument("--spec", required=True, help="the study's spec as JSON: batch_size, timed_steps, "
-                   "grid, and the model dims under 'models'")
+                   "grid (or, for the ladder study, 'ladder'), and the model dims under 'models'")
     args = p.parse_args(argv)
     common.check_environment(args)
     spec = json.loads(args.spec)
     if args.size not in spec["models"]:
         p.error(f"--size {args.size!r} is not among the spec's models {sorted(spec['models'])}")
     dims = spec["models"][args.size]
-    cases = study_cases(spec, args.size)
-    common.run_cases(section="e2e", study=args.study, cases=cases,
-                     measure=lambda case: measure(case, dims), out_csv=args.out, hw=args.hw,
-                     log_path=args.log, fingerprint={"spec": spec, "size": args.size})
+    if "ladder" in spec:  # the ladder study: its rungs, each with its extra rows (bench/ladder.py)
+        import torch
+        from lmperf.bench import ladder
+        cases = ladder.cases(spec["ladder"], args.size, cuda=torch.cuda.is_available())
+        run = lambda case: ladder.measure(case, dims, spec["ladder"])
+    else:
+        cases, run = study_cases(spec, args.size), lambda case: measure(case, dims)
+    common.run_cases(section="e2e", study=args.study, cases=cases, measure=run, out_csv=args.out,
+                     hw=args.hw, log_path=args.log, fingerprint={"spec": spec, "size": args.size})
 
 if __name__ == "__main__":
     main()

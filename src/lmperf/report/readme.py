@@ -12,7 +12,7 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
-from lmperf.report.e2e import peaks, size_order
+from lmperf.report.e2e import ladder as ladder_view, peaks, size_order
 from lmperf.report.env import measured_seconds
 from lmperf.report.format import fmt, table
 from lmperf.report.render import load_section
@@ -21,14 +21,16 @@ BEGIN = "<!-- results:begin (rendered by python -m lmperf.report.readme; do not 
 END = "<!-- results:end -->"
 
 
-def headline(e2e: pd.DataFrame) -> str:
-    """Per model size: the training step in each variant at the variants study's context."""
+def headline(e2e: pd.DataFrame) -> tuple[str, dict | None]:
+    """Per model size: the training step in each variant at the variants study's context, and the
+    best rung of the ladder where there is one; (the table, one best rung for the prose or None)."""
     v = e2e[(e2e["study"] == "variants") & (e2e["mode"] == "train") & (e2e["status"] == "ok")]
     v = v.assign(variant=v["dtype"] + " " + v["compile"].astype(str).str.lower()
                  .map({"true": "compiled", "false": "eager"}))
     step = v[v["metric"] == "step_ms"].pivot_table(index="size", columns="variant", values="mean")
     mfu = v[v["metric"] == "mfu_pct"].pivot_table(index="size", columns="variant", values="mean")
     order = [s for s in size_order(e2e) if s in step.index]
+    best = ladder_view(e2e[e2e["study"] == "ladder"], {}).get("ladder_best", {}) if "rung" in e2e else {}
     rows = []
     for size in order:
         row = {"model": size}
@@ -38,8 +40,14 @@ def headline(e2e: pd.DataFrame) -> str:
                 if variant in mfu.columns:
                     cell += f" ({fmt(mfu.loc[size, variant])}% MFU)"
                 row[variant] = cell
+        if best:
+            b = best.get(size)
+            row["best rung of the ladder"] = "" if b is None else (
+                f"{fmt(b['step_ms'])} ms ({fmt(b['mfu'])}% MFU; {b['batch_size']} x {b['context']:,}, "
+                f"{b['backend'] or b['attention']}, AdamW {b['optimizer']}; {fmt(b['vs_assignment'])}x "
+                f"the bf16 compiled tokens/s)")
         rows.append(row)
-    return table(pd.DataFrame(rows))
+    return table(pd.DataFrame(rows)), next(iter(best.values()), None)
 
 
 FA_PROVIDERS = {"triton": "ours (Triton)", "sdpa_flash": "SDPA-flash", "sdpa_cudnn": "SDPA-cuDNN",
@@ -98,7 +106,8 @@ def render_block(results: Path, templates: Path) -> str:
     lrpe = load_section(results, "lrpe")
     lrpe = lrpe[lrpe["study"] == "bench"] if not lrpe.empty else lrpe
     seconds = measured_seconds({"e2e": e2e})
-    context = {"hw": results.name, "facts": facts, "headline": headline(e2e),
+    table_text, best = headline(e2e)
+    context = {"hw": results.name, "facts": facts, "headline": table_text, "ladder": best,
                "kernels": kernels(fa, lrpe),
                "context": int(e2e[e2e["study"] == "variants"]["context"].iloc[0]),
                "batch_size": int(e2e["batch_size"].iloc[0]),

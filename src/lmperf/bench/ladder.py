@@ -1,0 +1,269 @@
+"""The ladder: from the assignment's setting to the GPU's limit, one change a rung, every rung
+measured in the same job (run through `python -m lmperf.bench.e2e --study ladder`).
+
+Each rung is the rung before plus one change (RUNGS, then one rung per longer context, then
+activation checkpointing). A rung that needs CUDA becomes a `skipped` row where there is none, and
+its change is not carried to the rungs after it. Every rung is timed like the other e2e studies
+(bench/e2e.py: warm-up, then timed steps per phase), and adds:
+
+- the FLOPs of one step counted by `torch.utils.flop_counter.FlopCounterMode` (on fake tensors
+  of the rung's device: no memory, no time), beside the closed form MFU uses (lmperf.flops);
+- which attention kernel ran (from a profiled step's op and kernel names);
+- floors: the optimizer phase against params x 28 bytes / the copy bandwidth, the forward and
+  backward against the bf16 matmul rate, both rates measured in this job (the `floors` case).
+
+The checkpointing rung chooses how many blocks to checkpoint by measured peak memory: every k-th
+block for k in the configured order (fewest checkpointed blocks first), one step each, the first
+whose peak fits under `memory_budget` x the device's memory.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+
+from lmperf.bench import common, e2e, timing
+
+# The rungs before the longer contexts, in order: (rung, what changes, the case keys it sets,
+# whether it needs CUDA). The base is the assignment's model and optimizer in fp32, eager.
+BASE = {"dtype": "fp32", "tf32": False, "compile": False, "optimizer": "foreach",
+        "attention": "plain", "checkpoint_every": 0}
+RUNGS = [
+    ("fp32_eager", "fp32, eager, AdamW default (foreach), plain attention", {}, False),
+    ("tf32", "TF32 matmuls: set_float32_matmul_precision('high')", {"tf32": True}, True),
+    ("bf16", "bf16 autocast", {"dtype": "bf16"}, False),
+    ("compiled", "torch.compile, regional (= the assignment's setting, bf16 compiled)", {"compile": True}, False),
+    ("fused_adamw", "AdamW(fused=True)", {"optimizer": "fused"}, False),
+    ("sdpa", "attention: SDPA", {"attention": "sdpa"}, False),
+    ("flash_triton", "attention: our FlashAttention-2 (Triton, bf16)", {"attention": "flash-triton"}, True),
+]
+ASSIGNMENT_RUNG = "compiled"  # the assignment's setting: batch x context as given, bf16 compiled
+ADAMW_BYTES_PER_PARAM = 28  # fp32 param, grad, exp_avg, exp_avg_sq read; param, exp_avg, exp_avg_sq written
+
+
+def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
+    """The floors case, then the rungs of one model size, each the one before plus its change.
+    Without CUDA a rung that needs it is kept (it becomes a `skipped` row) but changes nothing
+    for the rungs after it."""
+    settings = {**BASE, "context": spec["context"], "batch_size": spec["batch_size"]}
+    common_keys = {"size": size, "mode": "train", "warmup": spec["warmup"],
+                   "timed_steps": spec["timed_steps"], "checkpoint_candidates": ""}
+    out = [{**common_keys, **settings, "rung": 0, "name": "floors",
+            "change": "device rates: copy bandwidth, bf16 matmul", "needs_cuda": True}]
+    steps = list(RUNGS)
+    steps += [(f"ctx{c}", f"context {c:,} (same batch)", {"context": c}, False) for c in spec["contexts"]]
+    ck = spec["checkpoint"]
+    steps.append(("checkpoint", f"activation checkpointing at context {ck['context']:,}: every k-th "
+                  f"block, k by measured peak memory", {"context": ck["context"]}, False))
+    for i, (name, change, sets, needs_cuda) in enumerate(steps, start=1):
+        case = {**common_keys, **settings, **sets, "rung": i, "name": name, "change": change,
+                "needs_cuda": needs_cuda}
+        if name == "checkpoint":
+            case["checkpoint_candidates"] = ",".join(map(str, ck["every"]))
+        out.append(case)
+        if cuda or not needs_cuda:
+            settings.update(sets)
+    for case in out:
+        case["case_id"] = f"{size}-rung{case['rung']:02d}-{case['name']}"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurements
+
+
+@functools.cache
+def device_rates(gemm_size: int, copy_mib: int) -> dict:
+    """The rates the floors are against, measured once a process with do_bench: a device-to-
+    device copy (bytes read + written per second) and an n x n x n bf16 matmul (FLOP/s)."""
+    import torch
+
+    src = torch.empty(copy_mib * 2**20, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy_ms = timing.do_bench_quantiles(lambda: dst.copy_(src), warmup_ms=25, rep_ms=100)
+    a, b = (torch.randn(gemm_size, gemm_size, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    gemm_ms = timing.do_bench_quantiles(lambda: a @ b, warmup_ms=25, rep_ms=100)
+    return {"copy_ms": copy_ms, "gemm_ms": gemm_ms,
+            "copy_bytes_per_s": 2 * src.numel() / (copy_ms[0] / 1e3),
+            "matmul_flops_per_s": 2 * gemm_size**3 / (gemm_ms[0] / 1e3)}
+
+
+def floors_rows(spec: dict) -> list[dict]:
+    rates = device_rates(spec["floors"]["gemm_size"], spec["floors"]["copy_mib"])
+    return [common.summarize_quantiles("copy_ms", "ms", *rates["copy_ms"]),
+            common.summarize("copy_gb_per_s", "GB/s", [rates["copy_bytes_per_s"] / 1e9]),
+            common.summarize_quantiles("bf16_matmul_ms", "ms", *rates["gemm_ms"]),
+            common.summarize("bf16_matmul_tflops", "TFLOP/s", [rates["matmul_flops_per_s"] / 1e12])]
+
+
+def phase_floors(cfg, case: dict, spec: dict) -> list[dict]:
+    """Each phase's floor at this job's measured rates: the optimizer moves every parameter's
+    28 bytes once; forward and backward (2x forward) run their closed-form FLOPs at the bf16
+    matmul rate (recomputation by checkpointing not included: it is not the model's work)."""
+    from lmperf.flops import flops_per_token
+    from lmperf.model import count_parameters
+
+    rates = device_rates(spec["floors"]["gemm_size"], spec["floors"]["copy_mib"])
+    tokens = case["batch_size"] * case["context"]
+    forward = flops_per_token(cfg, case["context"], "forward") * tokens
+    floor = lambda work, rate: [1e3 * work / rate]
+    return [common.summarize("optimizer_floor_ms", "ms",
+                             floor(count_parameters(cfg) * ADAMW_BYTES_PER_PARAM, rates["copy_bytes_per_s"])),
+            common.summarize("forward_floor_ms", "ms", floor(forward, rates["matmul_flops_per_s"])),
+            common.summarize("backward_floor_ms", "ms", floor(2 * forward, rates["matmul_flops_per_s"]))]
+
+
+def route_attention_through_op(model) -> None:
+    """Eager FlashAttention2Triton launches its kernels directly (no op dispatch, to save tens of
+    us a call), which a dispatch mode such as FlopCounterMode cannot see; call the same kernels
+    through their op (torch.ops.lmperf.flash_attention_forward, with its autograd) instead."""
+    import torch
+
+    def attend(q, k, v, is_causal):
+        return torch.ops.lmperf.flash_attention_forward(q, k, v, is_causal)[0]
+    for block in model.blocks:
+        block.attn.attend = attend
+
+
+def count_step_flops(case: dict, dims: dict, device: str) -> dict[str, int]:
+    """{'total', 'attention'} FLOPs of one training step (forward + loss + backward; AdamW has no
+    matmuls) as FlopCounterMode counts them, on fake tensors of `device`: the ops dispatch as
+    they would there (SDPA picks its kernel), with no memory and no compute."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from lmperf.flops import register_attention_formulas, split_counts
+    from lmperf.model import ModelConfig, TransformerLM
+
+    register_attention_formulas()
+    cfg = ModelConfig(**dims, context_length=case["context"], attention=case["attention"])
+    with torch.device("meta"):
+        model = TransformerLM(cfg)
+    if case["attention"] == "flash-triton":
+        route_attention_through_op(model)
+    e2e.checkpoint_blocks(model, case.get("checkpoint_every", 0))
+    autocast = (torch.autocast(device_type=device, dtype=torch.bfloat16)
+                if case["dtype"] == "bf16" else contextlib.nullcontext())
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = model.to_empty(device=device)
+        tokens = torch.randint(cfg.vocab_size, (case["batch_size"], case["context"] + 1), device=device)
+        with FlopCounterMode(display=False) as counter:
+            with autocast:
+                logits = model(tokens[:, :-1])
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+            loss.backward()
+    return split_counts(counter.get_flop_counts()["Global"])
+
+
+def flop_rows(cfg, case: dict, dims: dict, device: str) -> list[dict]:
+    from lmperf.flops import closed_form_attention, flops_per_token
+
+    tokens = case["batch_size"] * case["context"]
+    try:  # a check beside the timing: if counting fails, the rung's timings still stand
+        counted = count_step_flops(case, dims, device)
+        note = ""
+    except Exception as exc:  # noqa: BLE001
+        counted, note = {"total": float("nan"), "attention": float("nan")}, "count failed: " + common.classify_failure(exc)[1]
+    rows = [common.summarize("counted_flops", "FLOP", [counted["total"]]),
+            common.summarize("counted_attention_flops", "FLOP", [counted["attention"]]),
+            common.summarize("closed_form_flops", "FLOP", [flops_per_token(cfg, case["context"], "train") * tokens]),
+            common.summarize("closed_form_attention_flops", "FLOP",
+                             [closed_form_attention(cfg, case["context"], "train") * tokens])]
+    return [{**r, "message": note} for r in rows]
+
+
+# Substrings of profiler op and kernel names -> the attention kernel they belong to; first match wins.
+BACKENDS = [("lmperf::flash_attention", "flash-triton (ours)"), ("_fwd_kernel", "flash-triton (ours)"),
+            ("cudnn_attention", "cudnn"), ("flash_attention", "flash"), ("efficient_attention", "efficient"),
+            ("attention_math", "math")]
+
+
+def attention_backend(case: dict, model, optimizer, inputs, targets, autocast) -> str:
+    """Which attention kernel a training step runs, read from one profiled step's op and kernel
+    names ('plain matmuls' for the model's own attention)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if case["attention"] == "plain":
+        return "plain matmuls"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        e2e.step(model, optimizer, inputs, targets, autocast, lambda phase: contextlib.nullcontext())
+        timing.synchronizer()()
+    names = [e.key for e in prof.key_averages()]
+    for pattern, backend in BACKENDS:
+        if any(pattern in name for name in names):
+            return backend
+    return "unknown"
+
+
+def one_step_peak_mib(model, optimizer, inputs, targets, autocast) -> float | None:
+    """Peak allocated MiB of one training step, None if it ran out of memory (freed again)."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    try:
+        e2e.step(model, optimizer, inputs, targets, autocast, lambda phase: contextlib.nullcontext())
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() / 2**20
+    except torch.OutOfMemoryError:
+        return None
+    finally:
+        optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def choose_checkpointing(case: dict, spec: dict, model, optimizer, inputs, targets, autocast) -> tuple[int, list[dict]]:
+    """(k, rows): checkpoint every k-th block for the first k of the candidates (fewest
+    checkpointed blocks first) whose one-step peak fits under the budget, and one row per try.
+    Without CUDA there is no peak to measure: the last candidate (the most memory saved)."""
+    import torch
+
+    candidates = [int(k) for k in case["checkpoint_candidates"].split(",")]
+    if not torch.cuda.is_available():
+        return candidates[-1], []
+    budget_mib = spec["checkpoint"]["memory_budget"] * torch.cuda.get_device_properties(0).total_memory / 2**20
+    rows = []
+    for k in candidates:
+        e2e.checkpoint_blocks(model, k)
+        peak = one_step_peak_mib(model, optimizer, inputs, targets, autocast)
+        row = common.summarize("trial_peak_allocated_mib", "MiB", [float("nan") if peak is None else peak])
+        rows.append({**row, "checkpoint_every": k, "message": "oom" if peak is None else ""})
+        if peak is not None and peak <= budget_mib:
+            return k, rows
+    raise torch.OutOfMemoryError(f"out of memory: no checkpointing of {candidates} fits under "
+                                 f"{budget_mib:,.0f} MiB")
+
+
+def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if case["needs_cuda"] and not cuda:
+        raise common.NotRun("needs CUDA")
+    if case["name"] == "floors":
+        return floors_rows(spec)
+    device = "cuda" if cuda else "cpu"
+    rows = []
+    with e2e.matmul_precision(case["tf32"]):
+        cfg, model, optimizer, inputs, targets, autocast = e2e.setup(case, dims)
+        if case["checkpoint_candidates"]:
+            every, tries = choose_checkpointing(case, spec, model, optimizer, inputs, targets, autocast)
+            case = {**case, "checkpoint_every": every}
+            e2e.checkpoint_blocks(model, every)
+            rows += tries + [common.summarize("checkpoint_every", "blocks", [every]),
+                             common.summarize("checkpointed_blocks", "blocks",
+                                              [len(range(0, cfg.n_layers, every))])]
+        rows += e2e.time_steps(case, cfg, model, optimizer, inputs, targets, autocast)
+        try:
+            backend = attention_backend(case, model, optimizer, inputs, targets, autocast)
+        except Exception as exc:  # noqa: BLE001  (the timings stand without it)
+            backend = "unknown (" + common.classify_failure(exc)[1][:80] + ")"
+    del model, optimizer
+    rows += flop_rows(cfg, case, dims, device)
+    if cuda:
+        rows += phase_floors(cfg, case, spec)
+    return [{"checkpoint_every": case["checkpoint_every"], **r, "attention_backend": backend} for r in rows]

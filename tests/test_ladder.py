@@ -1,0 +1,135 @@
+"""The ladder study (bench/ladder.py): how its rungs are built, and the FLOP count it checks MFU with."""
+import pytest
+import torch
+
+from lmperf.bench import e2e, ladder
+from lmperf.flops import closed_form_attention, flops_per_token
+from lmperf.model import ModelConfig, TransformerLM
+
+SPEC = {"batch_size": 2, "context": 32, "warmup": 1, "timed_steps": 2, "contexts": [64, 128],
+        "checkpoint": {"context": 128, "every": [2, 1], "memory_budget": 0.9},
+        "floors": {"gemm_size": 256, "copy_mib": 16}}
+DIMS = {"d_model": 64, "d_ff": 128, "n_layers": 4, "n_heads": 4}
+SETTINGS = [*ladder.BASE, "context", "batch_size"]
+
+
+def changed(before: dict, after: dict) -> dict:
+    return {k: after[k] for k in SETTINGS if before[k] != after[k]}
+
+
+def test_each_rung_changes_one_thing_on_a_gpu():
+    cases = ladder.cases(SPEC, "tiny", cuda=True)
+    assert [c["name"] for c in cases] == ["floors", *(r[0] for r in ladder.RUNGS), "ctx64", "ctx128", "checkpoint"]
+    assert len({c["case_id"] for c in cases}) == len(cases)
+    rungs = cases[1:]
+    assert changed({**ladder.BASE, "context": 32, "batch_size": 2}, rungs[0]) == {}
+    steps = [changed(a, b) for a, b in zip(rungs, rungs[1:])]
+    assert steps == [{"tf32": True}, {"dtype": "bf16"}, {"compile": True}, {"optimizer": "fused"},
+                     {"attention": "sdpa"}, {"attention": "flash-triton"}, {"context": 64},
+                     {"context": 128}, {}]  # the checkpointing rung: same context, k chosen when run
+    assert rungs[-1]["checkpoint_candidates"] == "2,1" and all(not c["checkpoint_candidates"] for c in rungs[:-1])
+    assignment = next(c for c in rungs if c["name"] == ladder.ASSIGNMENT_RUNG)
+    assert (assignment["dtype"], assignment["compile"], assignment["optimizer"], assignment["attention"],
+            assignment["context"], assignment["batch_size"]) == ("bf16", True, "foreach", "plain", 32, 2)
+
+
+def test_without_cuda_a_rung_that_needs_it_is_kept_but_changes_nothing_after_it():
+    cases = {c["name"]: c for c in ladder.cases(SPEC, "tiny", cuda=False)}
+    assert cases["tf32"]["needs_cuda"] and cases["flash_triton"]["needs_cuda"] and cases["floors"]["needs_cuda"]
+    assert all(not cases[n]["tf32"] for n in ("bf16", "compiled", "checkpoint"))
+    assert cases["ctx64"]["attention"] == "sdpa"  # flash-triton was skipped: SDPA stays
+    with pytest.raises(ladder.common.NotRun, match="needs CUDA"):
+        ladder.measure(cases["tf32"], DIMS, SPEC)
+
+
+def fake_count(attention="plain", dtype="fp32", every=0, context=32):
+    case = {**ladder.BASE, "attention": attention, "dtype": dtype, "checkpoint_every": every,
+            "context": context, "batch_size": 2}
+    return ladder.count_step_flops(case, DIMS, "cpu")
+
+
+def closed(context=32):
+    cfg = ModelConfig(**DIMS, context_length=context)
+    return (flops_per_token(cfg, context, "train") * 2 * context,
+            closed_form_attention(cfg, context, "train") * 2 * context)
+
+
+def test_flop_count_of_plain_attention_equals_the_closed_form():
+    counted, (total, attention) = fake_count(), closed()
+    assert counted == {"total": total, "attention": attention}
+
+
+@pytest.mark.parametrize("attention, backward_matmuls", [("sdpa", 5), ("flash-triton", 7)])
+def test_flop_count_of_fused_attention_counts_its_backward_recomputation(attention, backward_matmuls):
+    # The closed form counts 2 attention matmuls forward and 4 backward; SDPA's formula counts 5
+    # backward (it recomputes the scores), our kernels 7 (each backward kernel recomputes them).
+    counted, (total, attention_closed) = fake_count(attention, "bf16"), closed()
+    assert counted["attention"] == attention_closed * (2 + backward_matmuls) // 6
+    assert counted["total"] - counted["attention"] == total - attention_closed
+
+
+def test_flop_count_includes_checkpointing_recomputation():
+    # every=2 on 4 blocks: blocks 0 and 2 run their forward again in backward, up to the last
+    # tensor backward needs (torch's checkpoint stops early): all but the output projection w2.
+    plain, ck = fake_count(context=64), fake_count(every=2, context=64)
+    cfg = ModelConfig(**DIMS, context_length=64)
+    tokens = 2 * 64
+    block_forward = (flops_per_token(cfg, 64, "forward") - 2 * cfg.d_model * cfg.vocab_size) / cfg.n_layers * tokens
+    w2 = 2 * cfg.d_ff * cfg.d_model * tokens
+    assert ck["total"] - plain["total"] == 2 * (block_forward - w2)
+
+
+def test_checkpointed_blocks_give_the_same_gradients():
+    torch.manual_seed(0)
+    cfg = ModelConfig(**DIMS, vocab_size=97, context_length=16)
+    model = TransformerLM(cfg)
+    tokens = torch.randint(cfg.vocab_size, (2, 16))
+
+    def grads(every):
+        model.zero_grad(set_to_none=True)
+        assert e2e.checkpoint_blocks(model, every) == len(range(0, cfg.n_layers, every)) if every else True
+        model(tokens).sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+    for a, b in zip(grads(0), grads(2)):
+        torch.testing.assert_close(a, b)
+    assert e2e.checkpoint_blocks(model, 0) == 0 and all("forward" not in b.__dict__ for b in model.blocks)
+
+
+def test_optimizer_axis_names_the_implementation():
+    model = torch.nn.Linear(4, 4)
+    assert e2e.make_optimizer(model, "fused").defaults["fused"] is True
+    assert e2e.make_optimizer(model, "foreach").defaults["foreach"] is True
+    with pytest.raises(ValueError, match="optimizer='sgd'"):
+        e2e.make_optimizer(model, "sgd")
+    spec = {"batch_size": 1, "timed_steps": 2,
+            "grid": {"contexts": [8], "dtypes": ["fp32"], "compile": [False], "modes": ["train"], "warmup": [0],
+                     "optimizers": ["foreach", "fused"]}}
+    ids = [c["case_id"] for c in e2e.study_cases(spec, "tiny")]
+    assert ids == ["tiny-ctx8-fp32-eager-train-warmup0", "tiny-ctx8-fp32-eager-train-warmup0-fused"]
+
+
+def test_report_reads_the_bars_off_the_ladder_rows():
+    import pandas as pd
+    from lmperf.report import e2e as report
+    from lmperf.report.render import bars_from_config
+    from tests.conftest import REPO
+
+    bars = bars_from_config(REPO / "config" / "config.yaml")["e2e"]
+    rows = []
+    for case in ladder.cases(SPEC, bars["ladder_size"], cuda=True):
+        if case["name"] == "floors":
+            metrics = {"copy_gb_per_s": 3000.0, "bf16_matmul_tflops": 700.0}
+        else:
+            r = case["rung"]
+            metrics = {"step_ms": 100.0, "tokens_per_s": 1000.0 * r, "mfu_pct": 5.0 * r, "forward_ms": 30.0,
+                       "backward_ms": 60.0, "optimizer_ms": 10.0, "optimizer_floor_ms": 8.0,
+                       "forward_floor_ms": 20.0, "backward_floor_ms": 40.0}
+        rows += [{**case, "study": "ladder", "metric": m, "mean": v, "status": "ok",
+                  "attention_backend": case["attention"]} for m, v in metrics.items()]
+    view = report.ladder(pd.DataFrame(rows), bars)
+    best = view["ladder_best"][bars["ladder_size"]]
+    assert best["rung"] == 10 and best["attention"] == "flash-triton"  # the last rung: highest MFU here
+    assert best["vs_assignment"] == 10 / 4  # rung 4 is the assignment's setting
+    table = view["ladder_bars"].set_index("bar")
+    assert list(table["_value"]) == [50.0, 50.0, 2.5, 1.25]
+    assert list(table["met"]) == [True, False, False, True]
