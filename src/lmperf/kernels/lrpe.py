@@ -274,57 +274,90 @@ def _axes_args(shape) -> tuple[int, ...]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The PyTorch ops: torch.ops.lmperf.lrpe_forward, lrpe_forward_cached and lrpe_backward.
-# triton_op + wrap_triton let torch.compile (fullgraph) trace into the launches, so Inductor
-# sees the kernels; the fake implementations give shapes without launching anything (under
-# TRITON_INTERPRET wrap_triton hands back the plain interpreted kernel, which cannot run on
-# fake tensors). Inputs are checked once, in lrpe_cosine_md.
+# Launchers, and the two ways in: an autograd.Function for eager calls, and PyTorch ops
+# (torch.ops.lmperf.lrpe_forward, lrpe_forward_cached, lrpe_backward) for torch.compile.
+# Both run the same launchers; `launch` wraps the kernel (wrap_triton inside the ops, so that
+# Inductor sees the kernels; the plain kernel in eager). Eager calls skip the ops because the
+# custom-op dispatch (schema defaults, redispatch, its own autograd wrapper) doubles the host
+# time of a call, which is what the small benchmark cases measure.
 
 
-def _forward(x, theta, shape, l, cache):
+def _plain(kernel):
+    return kernel
+
+
+def _launch_forward(x, theta, shape, l, cache: bool, launch=_plain):
+    """(output, the fp32 angle table (h, N, d) if `cache` else the output again)."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     b, h, n, d = x.shape
     theta = theta.contiguous()
     out = torch.empty(b, h, n, 2 * d, dtype=x.dtype, device=x.device)
     angles = torch.empty(h, n, d, dtype=torch.float32, device=x.device) if cache else out
     cfg = launch_config(d)
-    wrap_triton(_lrpe_fwd_kernel)[_grid(b, n, h, cfg["BLOCK_N"], x.device)](
+    launch(_lrpe_fwd_kernel)[_grid(b, n, h, cfg["BLOCK_N"], x.device)](
         x, out, angles, theta, *_axes_args(shape), b, h, n, l, theta.shape[1], d, x.stride(0),
         x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2), M=len(shape),
         CACHE=cache, WIDE=wide_offsets(x, out), **cfg)
     return out, angles
 
 
-@triton_op("lmperf::lrpe_forward", mutates_args=())
-def lrpe_forward(x: torch.Tensor, theta: torch.Tensor, shape: list[int], l: int) -> torch.Tensor:
-    """[x cos(Theta), x sin(Theta)], angles computed on the fly."""
-    return _forward(x, theta, shape, l, cache=False)[0]
-
-
-@triton_op("lmperf::lrpe_forward_cached", mutates_args=())
-def lrpe_forward_cached(x: torch.Tensor, theta: torch.Tensor, shape: list[int],
-                        l: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output, the fp32 angle table (h, N, d) for the backward)."""
-    return _forward(x, theta, shape, l, cache=True)
-
-
-@triton_op("lmperf::lrpe_backward", mutates_args=())
-def lrpe_backward(grad_out: torch.Tensor, theta: torch.Tensor, angles: Optional[torch.Tensor],
-                  shape: list[int], l: int) -> torch.Tensor:
-    """dx = dO_cos cos(Theta) + dO_sin sin(Theta); the angles from `angles` when given (the
-    cached forward's table), else computed again."""
+def _launch_backward(grad_out, theta, angles, shape, l, launch=_plain):
+    """dx from dO (b, h, N, 2d); the angles from `angles` (the cached forward's table) when
+    it is not None, else computed again."""
     grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
     b, h, n, d2 = grad_out.shape
     d = d2 // 2
     theta = theta.contiguous()
     dx = torch.empty(b, h, n, d, dtype=grad_out.dtype, device=grad_out.device)
     cfg = launch_config(d)
-    wrap_triton(_lrpe_bwd_kernel)[_grid(b, n, h, cfg["BLOCK_N"], grad_out.device)](
+    launch(_lrpe_bwd_kernel)[_grid(b, n, h, cfg["BLOCK_N"], grad_out.device)](
         grad_out, dx, dx if angles is None else angles, theta, *_axes_args(shape), b, h, n, l,
         theta.shape[1], d, grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
         dx.stride(0), dx.stride(1), dx.stride(2), M=len(shape), CACHE=angles is not None,
         WIDE=wide_offsets(grad_out, dx), **cfg)
     return dx
+
+
+class _LRPETriton(torch.autograd.Function):
+    """Eager calls: saves theta, plus the angle table when `cache`."""
+
+    @staticmethod
+    def forward(ctx, x, theta, shape, l, cache):
+        out, angles = _launch_forward(x, theta, shape, l, cache)
+        ctx.save_for_backward(theta, *([angles] if cache else []))
+        ctx.shape, ctx.l = shape, l
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        theta, *angles = ctx.saved_tensors
+        return _launch_backward(grad_out, theta, angles[0] if angles else None, ctx.shape, ctx.l), \
+            None, None, None, None
+
+
+# The ops. Their fake implementations give shapes without launching anything (under
+# TRITON_INTERPRET wrap_triton hands back the plain interpreted kernel, which cannot run on
+# fake tensors). Inputs are checked once, in lrpe_cosine_md.
+
+
+@triton_op("lmperf::lrpe_forward", mutates_args=())
+def lrpe_forward(x: torch.Tensor, theta: torch.Tensor, shape: list[int], l: int) -> torch.Tensor:
+    """[x cos(Theta), x sin(Theta)], angles computed on the fly."""
+    return _launch_forward(x, theta, shape, l, False, wrap_triton)[0]
+
+
+@triton_op("lmperf::lrpe_forward_cached", mutates_args=())
+def lrpe_forward_cached(x: torch.Tensor, theta: torch.Tensor, shape: list[int],
+                        l: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, the fp32 angle table (h, N, d) for the backward)."""
+    return _launch_forward(x, theta, shape, l, True, wrap_triton)
+
+
+@triton_op("lmperf::lrpe_backward", mutates_args=())
+def lrpe_backward(grad_out: torch.Tensor, theta: torch.Tensor, angles: Optional[torch.Tensor],
+                  shape: list[int], l: int) -> torch.Tensor:
+    """dx = dO_cos cos(Theta) + dO_sin sin(Theta), the angles from `angles` when given."""
+    return _launch_backward(grad_out, theta, angles, shape, l, wrap_triton)
 
 
 @lrpe_forward.register_fake
@@ -358,7 +391,8 @@ def _save_theta_and_angles(ctx, inputs, output):
 
 def _backward(ctx, grad_out, *grad_angles):
     theta, *angles = ctx.saved_tensors
-    return lrpe_backward(grad_out, theta, angles[0] if angles else None, ctx.shape, ctx.l), None, None, None
+    dx = lrpe_backward(grad_out, theta, angles[0] if angles else None, ctx.shape, ctx.l)
+    return dx, None, None, None
 
 
 lrpe_forward.register_autograd(_backward, setup_context=_save_theta)
@@ -368,13 +402,17 @@ lrpe_forward_cached.register_autograd(_backward, setup_context=_save_theta_and_a
 def lrpe_cosine_md(x: torch.Tensor, theta: torch.Tensor, shape, l: int = 0,
                    impl: str = "triton") -> torch.Tensor:
     """[x cos(Theta), x sin(Theta)] for x (b, h, l + prod(shape), d) and theta (h, e); see the
-    module docstring. Differentiable with respect to x; theta is a fixed buffer."""
+    module docstring. Differentiable with respect to x; theta is a fixed buffer. Works under
+    torch.compile(fullgraph=True), forward and backward."""
     shape = check_inputs(x, theta, shape, l, impl)
+    theta = theta.detach()
     if impl == "torch":
-        return lrpe_torch(x, theta.detach(), shape, l)
+        return lrpe_torch(x, theta, shape, l)
+    if not torch.compiler.is_compiling():
+        return _LRPETriton.apply(x, theta, shape, l, impl == "triton_cache")
     if impl == "triton":
-        return lrpe_forward(x, theta.detach(), list(shape), l)
-    return lrpe_forward_cached(x, theta.detach(), list(shape), l)[0]
+        return lrpe_forward(x, theta, list(shape), l)
+    return lrpe_forward_cached(x, theta, list(shape), l)[0]
 
 
 # ---------------------------------------------------------------------------------------------
