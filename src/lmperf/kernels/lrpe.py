@@ -444,3 +444,26 @@ def tolerance(ref: torch.Tensor, angles: torch.Tensor, x: torch.Tensor, dtype: t
     rounding = float((ref.to(dtype).double() - ref).abs().max())
     angle_err = 2 * UNIT_ROUNDOFF[torch.float32] * float(angles.abs().max()) * float(x.abs().max())
     return 2 * rounding + 4 * angle_err + 1e-12
+
+
+def compare(x: torch.Tensor, theta: torch.Tensor, shape, l: int, impl: str,
+            grad_out: torch.Tensor | None = None) -> list[dict]:
+    """Errors of lrpe_cosine_md(impl) against float64 (`reference_float64`), forward and dx, in
+    x's dtype; the one check the tests and the benchmark's check share. grad_out is dO
+    (standard normal in x's dtype when None). Returns one dict per quantity ("out", "dx"):
+    max_abs_err, tolerance (`tolerance`), passed."""
+    x = x.detach().requires_grad_()
+    out = lrpe_cosine_md(x, theta, shape, l, impl)
+    if out.shape != (*x.shape[:-1], 2 * x.shape[-1]) or out.dtype != x.dtype:
+        raise AssertionError(f"{impl}: output {tuple(out.shape)} {out.dtype} for x {tuple(x.shape)} {x.dtype}")
+    grad_out = torch.randn_like(out) if grad_out is None else grad_out
+    out.backward(grad_out)
+    ref, angles = reference_float64(x.detach(), theta, shape, l)
+    g64, d = grad_out.double(), x.shape[-1]
+    dx_ref = g64[..., :d] * angles.cos() + g64[..., d:] * angles.sin()
+    rows = []
+    for quantity, got, want, scale in (("out", out.detach(), ref, x.detach()), ("dx", x.grad, dx_ref, g64)):
+        err = float((got.double() - want).abs().max())  # nan if got has a nan: fails
+        tol = tolerance(want, angles, scale, x.dtype)
+        rows.append({"quantity": quantity, "max_abs_err": err, "tolerance": tol, "passed": bool(err <= tol)})
+    return rows
