@@ -319,3 +319,19 @@ def test_inductor_compiles_our_kernels_themselves(impl):
     _, code = run_and_get_code(lambda: step(x).backward())
     code = "\n".join(code)
     assert "_lrpe_fwd_kernel" in code and "_lrpe_bwd_kernel" in code
+
+
+def test_check_rows_come_from_compare_with_no_spread_claimed():
+    from lmperf.bench.lrpe import check_cases, measure_check
+    spec = {"impls": ["triton"], "dtypes": ["fp32"], "grids": [{"shape": [3, 5], "d": 20, "e": 10}],
+            "extra_tokens": [5], "batch": 2, "heads": 3}
+    rows = measure_check(check_cases(spec)[0])
+    assert [r["metric"] for r in rows] == ["out_max_abs_err", "dx_max_abs_err"]
+    assert all(r["passed"] and r["mean"] <= r["tolerance"] and math.isnan(r["std"]) for r in rows)
+
+
+def test_timing_rows_carry_quantiles_not_a_zero_std():
+    from lmperf.bench.lrpe import quantile_row
+    row = quantile_row("forward_ms", "ms", 1.0, 1.1, 1.3)
+    assert (row["q20"], row["median"], row["mean"], row["q80"]) == (1.0, 1.1, 1.1, 1.3)
+    assert all(math.isnan(row[k]) for k in ("std", "min", "max"))

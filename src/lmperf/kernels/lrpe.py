@@ -287,15 +287,17 @@ def _plain(kernel):
 
 
 def _launch_forward(x, theta, shape, l, cache: bool, launch=_plain):
-    """(output, the fp32 angle table (h, N, d) if `cache` else the output again)."""
+    """(output, the fp32 angle table (h, N, d) if `cache` else None). Without the cache the
+    kernel's ANGLES argument is never dereferenced; it gets theta, so that no tensor the kernel
+    writes is passed twice (Inductor's functionalization of a kernel would copy it)."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     b, h, n, d = x.shape
     theta = theta.contiguous()
     out = torch.empty(b, h, n, 2 * d, dtype=x.dtype, device=x.device)
-    angles = torch.empty(h, n, d, dtype=torch.float32, device=x.device) if cache else out
+    angles = torch.empty(h, n, d, dtype=torch.float32, device=x.device) if cache else None
     cfg = launch_config(d)
     launch(_lrpe_fwd_kernel)[_grid(b, n, h, cfg["BLOCK_N"], x.device)](
-        x, out, angles, theta, *_axes_args(shape), b, h, n, l, theta.shape[1], d, x.stride(0),
+        x, out, theta if angles is None else angles, theta, *_axes_args(shape), b, h, n, l, theta.shape[1], d, x.stride(0),
         x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2), M=len(shape),
         CACHE=cache, WIDE=wide_offsets(x, out), **cfg)
     return out, angles
@@ -303,7 +305,7 @@ def _launch_forward(x, theta, shape, l, cache: bool, launch=_plain):
 
 def _launch_backward(grad_out, theta, angles, shape, l, launch=_plain):
     """dx from dO (b, h, N, 2d); the angles from `angles` (the cached forward's table) when
-    it is not None, else computed again."""
+    it is not None, else computed again (ANGLES gets theta, as in the forward)."""
     grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
     b, h, n, d2 = grad_out.shape
     d = d2 // 2
@@ -311,7 +313,7 @@ def _launch_backward(grad_out, theta, angles, shape, l, launch=_plain):
     dx = torch.empty(b, h, n, d, dtype=grad_out.dtype, device=grad_out.device)
     cfg = launch_config(d)
     launch(_lrpe_bwd_kernel)[_grid(b, n, h, cfg["BLOCK_N"], grad_out.device)](
-        grad_out, dx, dx if angles is None else angles, theta, *_axes_args(shape), b, h, n, l,
+        grad_out, dx, theta if angles is None else angles, theta, *_axes_args(shape), b, h, n, l,
         theta.shape[1], d, grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
         dx.stride(0), dx.stride(1), dx.stride(2), M=len(shape), CACHE=angles is not None,
         WIDE=wide_offsets(grad_out, dx), **cfg)
