@@ -15,6 +15,14 @@ Implementations (`impl`):
 The Triton kernels own a tile of tokens of one head: Theta, cos and sin depend on (head,
 token, feature) only, so each program computes them once and streams every batch element
 through them.
+
+The Triton impls are also PyTorch ops (torch.ops.lmperf.lrpe_forward, lrpe_forward_cached,
+lrpe_backward; torch.library.triton_op), which torch.compile(fullgraph=True) traces forward and
+backward; eager calls take an autograd.Function over the same launchers (less host time).
+
+Why one file of ~470 lines: as in the Triton tutorials, the kernel, its launchers, the ops, the
+PyTorch reference and the float64 contract (`compare`, shared by tests and benchmark) sit side
+by side, and the workflow reruns the LRPE jobs when this one file changes.
 """
 from __future__ import annotations
 
