@@ -284,17 +284,14 @@ def _axes_args(shape) -> tuple[int, ...]:
 # ---------------------------------------------------------------------------------------------
 # Launchers, and the two ways in: an autograd.Function for eager calls, and PyTorch ops
 # (torch.ops.lmperf.lrpe_forward, lrpe_forward_cached, lrpe_backward) for torch.compile.
-# Both run the same launchers; `launch` wraps the kernel (wrap_triton inside the ops, so that
-# Inductor sees the kernels; the plain kernel in eager). Eager calls skip the ops because the
+# Both run the same launchers, given the kernel: wrap_triton(kernel) inside the ops, so that
+# Inductor sees the kernels (and torch.library finds them, for its compile caches' keys), the
+# plain kernel in eager. Eager calls skip the ops because the
 # custom-op dispatch (schema defaults, redispatch, its own autograd wrapper) doubles the host
 # time of a call, which is what the small benchmark cases measure.
 
 
-def _plain(kernel):
-    return kernel
-
-
-def _launch_forward(x, theta, shape, l, cache: bool, launch=_plain):
+def _launch_forward(kernel, x, theta, shape, l, cache: bool):
     """(output, the fp32 angle table (h, N, d) if `cache` else None). Without the cache the
     kernel's ANGLES argument is never dereferenced; it gets theta, so that no tensor the kernel
     writes is passed twice (Inductor's functionalization of a kernel would copy it)."""
@@ -304,14 +301,14 @@ def _launch_forward(x, theta, shape, l, cache: bool, launch=_plain):
     out = torch.empty(b, h, n, 2 * d, dtype=x.dtype, device=x.device)
     angles = torch.empty(h, n, d, dtype=torch.float32, device=x.device) if cache else None
     cfg = launch_config(d)
-    launch(_lrpe_fwd_kernel)[_grid(b, n, h, cfg["BLOCK_N"], x.device)](
-        x, out, theta if angles is None else angles, theta, *_axes_args(shape), b, h, n, l, theta.shape[1], d, x.stride(0),
-        x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2), M=len(shape),
-        CACHE=cache, WIDE=wide_offsets(x, out), **cfg)
+    kernel[_grid(b, n, h, cfg["BLOCK_N"], x.device)](
+        x, out, theta if angles is None else angles, theta, *_axes_args(shape), b, h, n, l,
+        theta.shape[1], d, x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1),
+        out.stride(2), M=len(shape), CACHE=cache, WIDE=wide_offsets(x, out), **cfg)
     return out, angles
 
 
-def _launch_backward(grad_out, theta, angles, shape, l, launch=_plain):
+def _launch_backward(kernel, grad_out, theta, angles, shape, l):
     """dx from dO (b, h, N, 2d); the angles from `angles` (the cached forward's table) when
     it is not None, else computed again (ANGLES gets theta, as in the forward)."""
     grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
@@ -320,7 +317,7 @@ def _launch_backward(grad_out, theta, angles, shape, l, launch=_plain):
     theta = theta.contiguous()
     dx = torch.empty(b, h, n, d, dtype=grad_out.dtype, device=grad_out.device)
     cfg = launch_config(d)
-    launch(_lrpe_bwd_kernel)[_grid(b, n, h, cfg["BLOCK_N"], grad_out.device)](
+    kernel[_grid(b, n, h, cfg["BLOCK_N"], grad_out.device)](
         grad_out, dx, theta if angles is None else angles, theta, *_axes_args(shape), b, h, n, l,
         theta.shape[1], d, grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
         dx.stride(0), dx.stride(1), dx.stride(2), M=len(shape), CACHE=angles is not None,
@@ -333,7 +330,7 @@ class _LRPETriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, theta, shape, l, cache):
-        out, angles = _launch_forward(x, theta, shape, l, cache)
+        out, angles = _launch_forward(_lrpe_fwd_kernel, x, theta, shape, l, cache)
         ctx.save_for_backward(theta, *([angles] if cache else []))
         ctx.shape, ctx.l = shape, l
         return out
@@ -341,8 +338,9 @@ class _LRPETriton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         theta, *angles = ctx.saved_tensors
-        return _launch_backward(grad_out, theta, angles[0] if angles else None, ctx.shape, ctx.l), \
-            None, None, None, None
+        dx = _launch_backward(_lrpe_bwd_kernel, grad_out, theta, angles[0] if angles else None,
+                              ctx.shape, ctx.l)
+        return dx, None, None, None, None
 
 
 # The ops. Their fake implementations give shapes without launching anything (under
@@ -353,21 +351,21 @@ class _LRPETriton(torch.autograd.Function):
 @triton_op("lmperf::lrpe_forward", mutates_args=())
 def lrpe_forward(x: torch.Tensor, theta: torch.Tensor, shape: list[int], l: int) -> torch.Tensor:
     """[x cos(Theta), x sin(Theta)], angles computed on the fly."""
-    return _launch_forward(x, theta, shape, l, False, wrap_triton)[0]
+    return _launch_forward(wrap_triton(_lrpe_fwd_kernel), x, theta, shape, l, False)[0]
 
 
 @triton_op("lmperf::lrpe_forward_cached", mutates_args=())
 def lrpe_forward_cached(x: torch.Tensor, theta: torch.Tensor, shape: list[int],
                         l: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(output, the fp32 angle table (h, N, d) for the backward)."""
-    return _launch_forward(x, theta, shape, l, True, wrap_triton)
+    return _launch_forward(wrap_triton(_lrpe_fwd_kernel), x, theta, shape, l, True)
 
 
 @triton_op("lmperf::lrpe_backward", mutates_args=())
 def lrpe_backward(grad_out: torch.Tensor, theta: torch.Tensor, angles: Optional[torch.Tensor],
                   shape: list[int], l: int) -> torch.Tensor:
     """dx = dO_cos cos(Theta) + dO_sin sin(Theta), the angles from `angles` when given."""
-    return _launch_backward(grad_out, theta, angles, shape, l, wrap_triton)
+    return _launch_backward(wrap_triton(_lrpe_bwd_kernel), grad_out, theta, angles, shape, l)
 
 
 @lrpe_forward.register_fake
