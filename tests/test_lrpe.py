@@ -335,3 +335,21 @@ def test_timing_rows_carry_quantiles_not_a_zero_std():
     row = quantile_row("forward_ms", "ms", 1.0, 1.1, 1.3)
     assert (row["q20"], row["median"], row["mean"], row["q80"]) == (1.0, 1.1, 1.1, 1.3)
     assert all(math.isnan(row[k]) for k in ("std", "min", "max"))
+
+
+def test_torch_library_finds_each_ops_kernel():
+    """torch.library reads each triton_op's kernels from its source (wrap_triton(kernel) calls,
+    followed into helpers) for the keys of torch.compile's caches: a kernel it misses could be
+    served stale from the cache after an edit. Compiled kernels only, so outside the interpreter."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = ("from lmperf.kernels import lrpe\n"
+            "from torch._library.triton import get_triton_kernels_for_op as k\n"
+            "print([[f.fn.__name__ for f in k(f'lmperf::{op}')] for op in "
+            "('lrpe_forward', 'lrpe_forward_cached', 'lrpe_backward')])")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[-2] == "[['_lrpe_fwd_kernel'], ['_lrpe_fwd_kernel'], ['_lrpe_bwd_kernel']]"
