@@ -2,9 +2,12 @@
 VENV ?= .venv
 CORES ?= 1
 SNAKEMAKE_ARGS ?=
+# The kernel tests run a second time under the newest Triton, in a venv of its own.
+NEWEST_VENV ?= .venv-triton-newest
+KERNEL_TESTS ?= tests/test_lrpe.py tests/test_flash_attention.py
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup report test clean-results
+.PHONY: setup report test test-triton-newest clean-results
 
 setup:
 	envs/setup.sh $(VENV)
@@ -12,8 +15,16 @@ setup:
 report: setup
 	snakemake --cores $(CORES) report/report.md $(SNAKEMAKE_ARGS)
 
+# The whole suite with the pinned torch and triton, then the kernel tests with the newest triton.
 test: setup
 	python -m pytest $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-triton-newest
+
+# The kernel tests under the newest Triton's interpreter (envs/requirements-triton-newest.txt:
+# the same CPU torch, the newest triton), whatever the machine.
+test-triton-newest:
+	envs/setup.sh $(NEWEST_VENV) envs/requirements-triton-newest.txt
+	$(NEWEST_VENV)/bin/python -m pytest $(KERNEL_TESTS) $(PYTEST_ARGS)
 
 # Remove this machine's results (keeps other machines' committed results).
 clean-results:

@@ -18,7 +18,8 @@ ANYWHERE_IGNORE = shutil.ignore_patterns("__pycache__", "*.egg-info")
 
 
 def _ignore(folder: str, names: list[str]) -> set[str]:
-    top = TOP_LEVEL_IGNORE if Path(folder) == REPO else set()
+    # .venv* too: make test's second venv (.venv-triton-newest, ~2 GB) is no part of a copy
+    top = TOP_LEVEL_IGNORE | {n for n in names if n.startswith(".venv")} if Path(folder) == REPO else set()
     return top | set(ANYWHERE_IGNORE(folder, names))
 
 

@@ -1,5 +1,6 @@
 """Multi-dimensional LRPE-cosine against an independent float64 implementation, every impl
 (Triton under its interpreter when there is no GPU)."""
+import contextlib
 import math
 
 import pytest
@@ -8,7 +9,8 @@ import triton
 import triton.language as tl
 
 from lmperf import lrpe_cosine_md
-from lmperf.kernels.lrpe import _sincos, reference_float64, tolerance
+from lmperf.kernels import lrpe
+from lmperf.kernels.lrpe import _sincos, compare, reference_float64
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -19,25 +21,16 @@ GRIDS = [((13,), 24, 24), ((3, 5), 20, 10), ((3, 1, 5), 36, 12), ((2, 3, 1, 3), 
 
 
 def run(impl, shape, l, d, e, dtype, h=3, b=2, theta_scale=1.0):
+    """Check impl against float64 (lrpe.compare, the check the benchmark runs too); return the
+    inputs it drew."""
     if impl != "torch" and dtype == torch.bfloat16 and not CUDA:
         pytest.skip("needs CUDA: bf16 in Triton is checked on the GPU")
     n = l + math.prod(shape)
-    x = torch.randn(b, h, n, d, device=DEVICE).to(dtype).requires_grad_()
+    x = torch.randn(b, h, n, d, device=DEVICE).to(dtype)
     theta = torch.rand(h, e, device=DEVICE) * theta_scale
-    out = lrpe_cosine_md(x, theta, shape, l, impl)
-    assert out.shape == (b, h, n, 2 * d) and out.dtype == dtype
-    ref, angles = reference_float64(x.detach(), theta, shape, l)
-    err = float((out.detach().double() - ref).abs().max())
-    assert err <= tolerance(ref, angles, x.detach(), dtype), f"forward error {err:.3g}"
-    grad = torch.randn_like(out)
-    out.backward(grad)
-    # dx = dO_cos cos + dO_sin sin, in float64
-    g64 = grad.double()
-    dx_ref = g64[..., :d] * angles.cos() + g64[..., d:] * angles.sin()
-    dx_err = float((x.grad.double() - dx_ref).abs().max())
-    assert dx_err <= tolerance(dx_ref, angles, g64.abs().amax(-1, keepdim=True), dtype), \
-        f"dx error {dx_err:.3g}"
-    return out, angles
+    bad = [r for r in compare(x, theta, shape, l, impl) if not r["passed"]]
+    assert not bad, f"{impl} {shape} l={l} {dtype}: {bad}"
+    return x, theta
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -51,7 +44,8 @@ def test_matches_float64(impl, dtype, l, grid):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_extra_tokens_pass_through_and_sin_half_is_zero(impl):
-    out, _ = run(impl, (4, 3), 5, 16, 8, torch.float32)
+    x, theta = run(impl, (4, 3), 5, 16, 8, torch.float32)
+    out = lrpe_cosine_md(x, theta, (4, 3), 5, impl)
     # Theta = 0 for the l extra tokens: cos half = x, sin half = 0.
     assert torch.all(out[:, :, :5, 16:] == 0)
 
@@ -61,7 +55,8 @@ def test_unencoded_axis_when_d_runs_out(impl):
     # d=16, m=3, e=8: axes 1 and 2 take all features, axis 3 gets none, so tokens that differ
     # only along the last axis get the same angles.
     shape = (2, 3, 5)
-    out, angles = run(impl, shape, 0, 16, 8, torch.float32)
+    x, theta = run(impl, shape, 0, 16, 8, torch.float32)
+    angles = reference_float64(x, theta, shape, 0)[1]  # what run checked impl against
     grid = angles.reshape(angles.shape[0], *shape, 16)
     assert torch.equal(grid[:, :, :, 0], grid[:, :, :, 4])
     assert not torch.equal(grid[:, 0, 0], grid[:, 1, 0])
@@ -74,12 +69,18 @@ def test_large_angles(impl):
     run(impl, (1001,), 0, 16, 16, torch.float32, h=1, b=1, theta_scale=3.0)
 
 
-def test_triton_keeps_nothing_of_size_n_by_d_and_cache_keeps_the_angles():
+@pytest.mark.parametrize("way_in", ["eager", "op"])
+def test_triton_keeps_nothing_of_size_n_by_d_and_cache_keeps_the_angles(way_in):
+    """The same for eager calls and for the ops torch.compile traces."""
     x = torch.randn(2, 3, 40, 16, device=DEVICE, requires_grad=True)
     theta = torch.rand(3, 16, device=DEVICE)
     big = lambda out: [t for t in out.grad_fn.saved_tensors if t.numel() >= 40 * 16]
-    assert big(lrpe_cosine_md(x, theta, (40,), 0, "triton")) == []
-    cached = big(lrpe_cosine_md(x, theta, (40,), 0, "triton_cache"))
+    if way_in == "eager":
+        plain, cached = (lrpe_cosine_md(x, theta, (40,), 0, impl) for impl in ("triton", "triton_cache"))
+    else:
+        plain, cached = lrpe.lrpe_forward(x, theta, [40], 0), lrpe.lrpe_forward_cached(x, theta, [40], 0)[0]
+    assert big(plain) == []
+    cached = big(cached)
     assert len(cached) == 1 and cached[0].shape == (3, 40, 16) and cached[0].dtype == torch.float32
 
 
@@ -244,3 +245,111 @@ def test_sincos_matches_float64():
     for name, got, want in (("sin", s, a64.sin()), ("cos", c, a64.cos())):
         excess = (got.double() - want).abs() - bound
         assert float(excess.max()) <= 0, f"{name} error over the bound at a = {float(a64[excess.argmax()])}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The PyTorch ops (torch.ops.lmperf.lrpe_*) and torch.compile
+#
+# On a GPU, AOT dispatch decomposes the ops into their wrap_triton'd kernels, so that Inductor
+# compiles the kernels themselves (where the tuple error of issue #13 was). Under
+# TRITON_INTERPRET (a CPU) wrap_triton hands back the interpreted kernel, which cannot run on
+# the FakeTensors and FunctionalTensors that this decomposition traces with; with
+# decompose_custom_triton_ops off the ops stay opaque in the graph (their fake implementations
+# give the shapes, their bodies run the kernels at run time). That is what a CPU checks: the
+# schemas, fake and autograd registrations, and a full graph forward and backward.
+NO_INDUCTOR_KERNELS = ("needs CUDA: under TRITON_INTERPRET wrap_triton returns the interpreted kernel, "
+                       "which cannot run on the fake tensors Inductor traces the ops' kernels with")
+
+
+def ops_traced_as_on_this_device():
+    if CUDA:
+        return contextlib.nullcontext()
+    return torch._functorch.config.patch(decompose_custom_triton_ops=False)
+
+
+def op_samples(dtype):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 5 + 35, 20, generator=gen).to(DEVICE, dtype).requires_grad_()
+    theta = torch.rand(3, 10, generator=gen).to(DEVICE)
+    grad = torch.randn(2, 3, 40, 40, generator=gen).to(DEVICE, dtype)
+    angles = torch.rand(3, 40, 20, generator=gen).to(DEVICE)
+    return {"forward": (lrpe.lrpe_forward, (x, theta, [5, 7], 5)),
+            "forward_cached": (lrpe.lrpe_forward_cached, (x, theta, [5, 7], 5)),
+            "backward": (lrpe.lrpe_backward, (grad, theta, None, [5, 7], 5)),
+            "backward_cached": (lrpe.lrpe_backward, (grad, theta, angles, [5, 7], 5))}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("op", ["forward", "forward_cached", "backward", "backward_cached"])
+def test_ops_pass_opcheck(op, dtype):
+    """torch.library.opcheck's default tests: schema, autograd registration, fake tensor,
+    AOT dispatch with dynamic shapes."""
+    if dtype == torch.bfloat16 and not CUDA:
+        pytest.skip("needs CUDA: bf16 in Triton is checked on the GPU")
+    fn, args = op_samples(dtype)[op]
+    with ops_traced_as_on_this_device():
+        torch.library.opcheck(fn, args)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_compiles_in_one_graph_forward_and_backward(impl, dynamic):
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    x = torch.randn(2, 3, 40, 20, device=DEVICE).to(dtype).requires_grad_()
+    theta = torch.rand(3, 10, device=DEVICE)
+
+    def step(x, theta):
+        return lrpe_cosine_md(x, theta, (5, 7), 5, impl).float().square().sum()
+
+    want = torch.autograd.grad(step(x, theta), x)[0]
+    torch._dynamo.reset()
+    with ops_traced_as_on_this_device():
+        got = torch.autograd.grad(torch.compile(step, fullgraph=True, dynamic=dynamic)(x, theta), x)[0]
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.skipif(not CUDA, reason=NO_INDUCTOR_KERNELS)
+@pytest.mark.parametrize("impl", ["triton", "triton_cache"])
+def test_inductor_compiles_our_kernels_themselves(impl):
+    from torch._inductor.utils import run_and_get_code
+    x = torch.randn(4, 2, 64, 32, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    theta = torch.rand(2, 32, device=DEVICE)
+    torch._dynamo.reset()
+    step = torch.compile(lambda x: lrpe_cosine_md(x, theta, (64,), 0, impl).sum(), fullgraph=True)
+    _, code = run_and_get_code(lambda: step(x).backward())
+    code = "\n".join(code)
+    assert "_lrpe_fwd_kernel" in code and "_lrpe_bwd_kernel" in code
+
+
+def test_check_rows_come_from_compare_with_no_spread_claimed():
+    from lmperf.bench.lrpe import check_cases, measure_check
+    spec = {"impls": ["triton"], "dtypes": ["fp32"], "grids": [{"shape": [3, 5], "d": 20, "e": 10}],
+            "extra_tokens": [5], "batch": 2, "heads": 3}
+    rows = measure_check(check_cases(spec)[0])
+    assert [r["metric"] for r in rows] == ["out_max_abs_err", "dx_max_abs_err"]
+    assert all(r["passed"] and r["mean"] <= r["tolerance"] and math.isnan(r["std"]) for r in rows)
+
+
+def test_timing_rows_carry_quantiles_not_a_zero_std():
+    from lmperf.bench.lrpe import quantile_row
+    row = quantile_row("forward_ms", "ms", 1.0, 1.1, 1.3)
+    assert (row["q20"], row["median"], row["mean"], row["q80"]) == (1.0, 1.1, 1.1, 1.3)
+    assert all(math.isnan(row[k]) for k in ("std", "min", "max"))
+
+
+def test_torch_library_finds_each_ops_kernel():
+    """torch.library reads each triton_op's kernels from its source (wrap_triton(kernel) calls,
+    followed into helpers) for the keys of torch.compile's caches: a kernel it misses could be
+    served stale from the cache after an edit. Compiled kernels only, so outside the interpreter."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = ("from lmperf.kernels import lrpe\n"
+            "from torch._library.triton import get_triton_kernels_for_op as k\n"
+            "print([[f.fn.__name__ for f in k(f'lmperf::{op}')] for op in "
+            "('lrpe_forward', 'lrpe_forward_cached', 'lrpe_backward')])")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[-2] == "[['_lrpe_fwd_kernel'], ['_lrpe_fwd_kernel'], ['_lrpe_bwd_kernel']]"

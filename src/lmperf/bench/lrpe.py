@@ -29,7 +29,7 @@ def check_cases(spec: dict) -> list[dict]:
 
 def measure_check(case: dict) -> list[dict]:
     import torch
-    from lmperf.kernels.lrpe import lrpe_cosine_md, reference_float64, tolerance
+    from lmperf.kernels.lrpe import compare
 
     cuda = torch.cuda.is_available()
     if case["impl"] != "torch" and case["dtype"] == "bf16" and not cuda:
@@ -42,20 +42,11 @@ def measure_check(case: dict) -> list[dict]:
     dtype = common.torch_dtype(case["dtype"])
     x = torch.randn(case["batch"], case["heads"], n, case["d"], generator=gen, device=device).to(dtype)
     theta = torch.rand(case["heads"], case["e"], generator=gen, device=device)
-    x.requires_grad_()
-    out = lrpe_cosine_md(x, theta, shape, case["l"], case["impl"])
-    grad = torch.randn(out.shape, generator=gen, device=device).to(dtype)
-    out.backward(grad)
-    ref, angles = reference_float64(x.detach(), theta, shape, case["l"])
-    g64, d = grad.double(), case["d"]
-    dx_ref = g64[..., :d] * angles.cos() + g64[..., d:] * angles.sin()
+    grad = torch.randn(*x.shape[:-1], 2 * case["d"], generator=gen, device=device).to(dtype)
     rows = []
-    for quantity, got, want, scale in (("out", out.detach(), ref, x.detach()),
-                                       ("dx", x.grad, dx_ref, g64.abs().amax(-1))):
-        err = float((got.double() - want).abs().max())
-        tol = tolerance(want, angles, scale, dtype)
-        row = common.summarize(f"{quantity}_max_abs_err", "abs", [err])
-        row.update(tolerance=tol, passed=bool(err <= tol), seed=seed)
+    for r in compare(x, theta, shape, case["l"], case["impl"], grad_out=grad):
+        row = one_value(f"{r['quantity']}_max_abs_err", "abs", r["max_abs_err"])
+        row.update(tolerance=r["tolerance"], passed=r["passed"], seed=seed)
         rows.append(row)
     return rows
 
@@ -79,15 +70,39 @@ def _compiled_torch():
     return torch.compile(lrpe_torch, dynamic=False)
 
 
+# Timings are do_bench's quantiles over its repeats: 20%, median, 80%.
+QUANTILES = (0.2, 0.5, 0.8)
+
+
+def one_value(metric: str, unit: str, value: float) -> dict:
+    """A row for one measured number: no spread to claim, so std is empty (summarize writes 0
+    for a single sample)."""
+    return dict(common.summarize(metric, unit, [value]), std=math.nan)
+
+
+def quantile_row(metric: str, unit: str, q20: float, median: float, q80: float) -> dict:
+    """A row for a quantity do_bench summarised by quantiles of its repeats: the median as mean
+    and median (what the report reads), q20 and q80 beside it; std, min and max are empty
+    (do_bench keeps no samples to take them from)."""
+    return dict(one_value(metric, unit, median), min=math.nan, max=math.nan, q20=q20, q80=q80)
+
+
 @functools.cache
-def copy_bandwidth_gbs() -> float:
-    """Device-to-device copy bandwidth of this GPU, measured now (bytes read + written)."""
+def copy_bandwidth_quantiles() -> tuple[float, float, float]:
+    """Device-to-device copy bandwidth of this GPU in GB/s (bytes read + written), measured
+    now: (20%, median, 80%) over do_bench's repeats."""
     import torch
     import triton.testing
     src = torch.randn(2**28, device="cuda")  # 1 GiB
     dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
-    return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
+    q = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, quantiles=list(QUANTILES))
+    gbs = lambda ms: 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
+    return gbs(q[2]), gbs(q[1]), gbs(q[0])  # the slowest repeats give the lowest bandwidth
+
+
+def copy_bandwidth_gbs() -> float:
+    """The median of copy_bandwidth_quantiles(): the denominator of every copy fraction."""
+    return copy_bandwidth_quantiles()[1]
 
 
 KERNEL_CALLS = 10
@@ -174,14 +189,14 @@ def measure_bench(case: dict) -> list[dict]:
     x = torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen, requires_grad=True)
     theta = torch.rand(h, case["e"], device="cuda", generator=gen)
     grad = torch.randn(b, h, n, 2 * d, device="cuda", dtype=dtype, generator=gen)
-    bench = functools.partial(triton.testing.do_bench, warmup=25, rep=100, return_mode="median")
+    bench = functools.partial(triton.testing.do_bench, warmup=25, rep=100, quantiles=list(QUANTILES))
     x_bytes = x.numel() * x.element_size()
     floor_bytes = 3 * x_bytes  # read x, write out (2d); backward: read dO (2d), write dx
     copy = copy_bandwidth_gbs()
     rows = []
 
     # forward: speed, then peak memory during one call (inputs included), as the seed measures
-    fwd_ms = bench(lambda: fn(x, theta))
+    fwd_ms = bench(lambda: fn(x, theta))  # [q20, median, q80]
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
@@ -197,14 +212,16 @@ def measure_bench(case: dict) -> list[dict]:
     torch.cuda.synchronize()
     bwd_peak, bwd_extra = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_allocated() - before
 
-    for direction, ms, peak, extra in (("forward", fwd_ms, fwd_peak, fwd_extra),
-                                       ("backward", bwd_ms, bwd_peak, bwd_extra)):
-        gbs = floor_bytes / (ms * 1e-3) / 1e9
-        rows += [common.summarize(f"{direction}_ms", "ms", [ms]),
-                 common.summarize(f"{direction}_peak_mib", "MiB", [peak / 2**20]),
-                 common.summarize(f"{direction}_extra_mib", "MiB", [extra / 2**20]),
-                 common.summarize(f"{direction}_gbs", "GB/s", [gbs]),
-                 common.summarize(f"{direction}_copy_fraction", "fraction", [gbs / copy])]
+    gbs = lambda ms: floor_bytes / (ms * 1e-3) / 1e9
+    for direction, (q20, ms, q80), peak, extra in (("forward", fwd_ms, fwd_peak, fwd_extra),
+                                                   ("backward", bwd_ms, bwd_peak, bwd_extra)):
+        # bandwidths from the same quantiles: the 80% time gives the 20% bandwidth
+        rows += [quantile_row(f"{direction}_ms", "ms", q20, ms, q80),
+                 one_value(f"{direction}_peak_mib", "MiB", peak / 2**20),
+                 one_value(f"{direction}_extra_mib", "MiB", extra / 2**20),
+                 quantile_row(f"{direction}_gbs", "GB/s", gbs(q80), gbs(ms), gbs(q20)),
+                 quantile_row(f"{direction}_copy_fraction", "fraction", gbs(q80) / copy, gbs(ms) / copy,
+                              gbs(q20) / copy)]
     # The same without the host: the kernels' device time (what the bandwidth bar is about).
     device = {}
     try:
@@ -215,13 +232,12 @@ def measure_bench(case: dict) -> list[dict]:
         rows[0]["message"] = (f"no kernel time for the {('forward', 'backward')[len(device)]}: "
                               f"{type(exc).__name__}: {exc}")[:300]
     out = None
-    for direction, ms in device.items():
-        gbs = floor_bytes / (ms * 1e-3) / 1e9
-        rows += [dict(common.summarize(f"{direction}_kernel_ms", "ms", [ms]), kernel_calls=KERNEL_CALLS),
-                 common.summarize(f"{direction}_kernel_gbs", "GB/s", [gbs]),
-                 common.summarize(f"{direction}_kernel_copy_fraction", "fraction", [gbs / copy])]
-    rows.append(common.summarize("copy_gbs", "GB/s", [copy]))
-    rows.append(common.summarize("x_elements", "count", [x.numel()]))
+    for direction, ms in device.items():  # the mean of KERNEL_CALLS calls' summed device time
+        rows += [dict(one_value(f"{direction}_kernel_ms", "ms", ms), kernel_calls=KERNEL_CALLS),
+                 one_value(f"{direction}_kernel_gbs", "GB/s", gbs(ms)),
+                 one_value(f"{direction}_kernel_copy_fraction", "fraction", gbs(ms) / copy)]
+    rows.append(quantile_row("copy_gbs", "GB/s", *copy_bandwidth_quantiles()))
+    rows.append(one_value("x_elements", "count", x.numel()))
     config = ""
     if provider.startswith("triton"):  # the tile it ran with, for the tuning notes
         from lmperf.kernels import lrpe

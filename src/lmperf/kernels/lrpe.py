@@ -15,16 +15,26 @@ Implementations (`impl`):
 The Triton kernels own a tile of tokens of one head: Theta, cos and sin depend on (head,
 token, feature) only, so each program computes them once and streams every batch element
 through them.
+
+The Triton impls are also PyTorch ops (torch.ops.lmperf.lrpe_forward, lrpe_forward_cached,
+lrpe_backward; torch.library.triton_op), which torch.compile(fullgraph=True) traces forward and
+backward; eager calls take an autograd.Function over the same launchers (less host time).
+
+Why one file of ~470 lines: as in the Triton tutorials, the kernel, its launchers, the ops, the
+PyTorch reference and the float64 contract (`compare`, shared by tests and benchmark) sit side
+by side, and the workflow reruns the LRPE jobs when this one file changes.
 """
 from __future__ import annotations
 
 import functools
 import math
 import os
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
+from torch.library import triton_op, wrap_triton
 
 IMPLS = ("torch", "triton", "triton_cache")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -181,10 +191,13 @@ def launch_config(d: int) -> dict:
 
 
 @triton.jit
-def _lrpe_fwd_kernel(X, OUT, ANGLES, theta_ptr, dims, strides, B, H, N, l, e, d,
+def _lrpe_fwd_kernel(X, OUT, ANGLES, theta_ptr, D0, D1, D2, D3, D4, D5, D6, D7,
+                     S0, S1, S2, S3, S4, S5, S6, S7, B, H, N, l, e, d,
                      stride_xb, stride_xh, stride_xn, stride_ob, stride_oh, stride_on,
                      M: tl.constexpr, CACHE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                      WIDE: tl.constexpr):
+    # The grid's sizes (D*) and row-major strides (S*); only the first M are read (see _axes_args).
+    dims, strides = (D0, D1, D2, D3, D4, D5, D6, D7), (S0, S1, S2, S3, S4, S5, S6, S7)
     tile, head, part, parts = tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(2)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
@@ -198,7 +211,9 @@ def _lrpe_fwd_kernel(X, OUT, ANGLES, theta_ptr, dims, strides, B, H, N, l, e, d,
         tl.store(ANGLES + (head * N + rows[:, None]).to(tl.int64) * d + cols[None, :], angle, mask=mask)
     sin, cos = _sincos(angle)
     for b in range(b0, b1):  # the same angles serve every batch element of this part
-        x_next = tl.load(X + (b + 1) * stride_xb + x_off, mask=mask & (b + 1 < b1),
+        # where(more, mask, False), not mask & more: the same code once compiled, and Triton
+        # 3.9's interpreter splats a scalar int1 to int32, which its masked load refuses
+        x_next = tl.load(X + (b + 1) * stride_xb + x_off, mask=tl.where(b + 1 < b1, mask, False),
                          other=0.0).to(tl.float32)
         out = OUT + b * stride_ob + o_off
         tl.store(out, (x * cos).to(OUT.dtype.element_ty), mask=mask)
@@ -207,10 +222,12 @@ def _lrpe_fwd_kernel(X, OUT, ANGLES, theta_ptr, dims, strides, B, H, N, l, e, d,
 
 
 @triton.jit
-def _lrpe_bwd_kernel(DO, DX, ANGLES, theta_ptr, dims, strides, B, H, N, l, e, d,
+def _lrpe_bwd_kernel(DO, DX, ANGLES, theta_ptr, D0, D1, D2, D3, D4, D5, D6, D7,
+                     S0, S1, S2, S3, S4, S5, S6, S7, B, H, N, l, e, d,
                      stride_ob, stride_oh, stride_on, stride_xb, stride_xh, stride_xn,
                      M: tl.constexpr, CACHE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                      WIDE: tl.constexpr):
+    dims, strides = (D0, D1, D2, D3, D4, D5, D6, D7), (S0, S1, S2, S3, S4, S5, S6, S7)
     tile, head, part, parts = tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(2)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
@@ -228,7 +245,7 @@ def _lrpe_bwd_kernel(DO, DX, ANGLES, theta_ptr, dims, strides, B, H, N, l, e, d,
         angle = _angles(theta_ptr, dims, strides, head, rows, cols, l, e, d, M)
     sin, cos = _sincos(angle)
     for b in range(b0, b1):
-        more = mask & (b + 1 < b1)
+        more = tl.where(b + 1 < b1, mask, False)  # see the forward
         do = DO + (b + 1) * stride_ob + o_off
         next_cos = tl.load(do, mask=more, other=0.0).to(tl.float32)
         next_sin = tl.load(do + d, mask=more, other=0.0).to(tl.float32)
@@ -255,54 +272,155 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _grid_meta(shape):
-    """The grid's sizes and row-major strides, as tuples of ints passed by value (a device
-    tensor for them would be an allocation of its own)."""
-    return tuple(shape), tuple(math.prod(shape[k + 1:]) for k in range(len(shape)))
+def _axes_args(shape) -> tuple[int, ...]:
+    """The grid's sizes, then its row-major strides, each padded with 1s to MAX_AXES: plain
+    ints passed by value (a device tensor for them would be an allocation of its own, and a
+    tuple argument is what Inductor cannot pass to a user-defined Triton kernel)."""
+    pad = (1,) * (MAX_AXES - len(shape))
+    strides = tuple(math.prod(shape[k + 1:]) for k in range(len(shape)))
+    return (*shape, *pad, *strides, *pad)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launchers, and the two ways in: an autograd.Function for eager calls, and PyTorch ops
+# (torch.ops.lmperf.lrpe_forward, lrpe_forward_cached, lrpe_backward) for torch.compile.
+# Both run the same launchers, given the kernel: wrap_triton(kernel) inside the ops, so that
+# Inductor sees the kernels (and torch.library finds them, for its compile caches' keys), the
+# plain kernel in eager. Eager calls skip the ops because the
+# custom-op dispatch (schema defaults, redispatch, its own autograd wrapper) doubles the host
+# time of a call, which is what the small benchmark cases measure.
+
+
+def _launch_forward(kernel, x, theta, shape, l, cache: bool):
+    """(output, the fp32 angle table (h, N, d) if `cache` else None). Without the cache the
+    kernel's ANGLES argument is never dereferenced; it gets theta, so that no tensor the kernel
+    writes is passed twice (Inductor's functionalization of a kernel would copy it)."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    b, h, n, d = x.shape
+    theta = theta.contiguous()
+    out = torch.empty(b, h, n, 2 * d, dtype=x.dtype, device=x.device)
+    angles = torch.empty(h, n, d, dtype=torch.float32, device=x.device) if cache else None
+    cfg = launch_config(d)
+    kernel[_grid(b, n, h, cfg["BLOCK_N"], x.device)](
+        x, out, theta if angles is None else angles, theta, *_axes_args(shape), b, h, n, l,
+        theta.shape[1], d, x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1),
+        out.stride(2), M=len(shape), CACHE=cache, WIDE=wide_offsets(x, out), **cfg)
+    return out, angles
+
+
+def _launch_backward(kernel, grad_out, theta, angles, shape, l):
+    """dx from dO (b, h, N, 2d); the angles from `angles` (the cached forward's table) when
+    it is not None, else computed again (ANGLES gets theta, as in the forward)."""
+    grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
+    b, h, n, d2 = grad_out.shape
+    d = d2 // 2
+    theta = theta.contiguous()
+    dx = torch.empty(b, h, n, d, dtype=grad_out.dtype, device=grad_out.device)
+    cfg = launch_config(d)
+    kernel[_grid(b, n, h, cfg["BLOCK_N"], grad_out.device)](
+        grad_out, dx, theta if angles is None else angles, theta, *_axes_args(shape), b, h, n, l,
+        theta.shape[1], d, grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
+        dx.stride(0), dx.stride(1), dx.stride(2), M=len(shape), CACHE=angles is not None,
+        WIDE=wide_offsets(grad_out, dx), **cfg)
+    return dx
 
 
 class _LRPETriton(torch.autograd.Function):
+    """Eager calls: saves theta, plus the angle table when `cache`."""
+
     @staticmethod
     def forward(ctx, x, theta, shape, l, cache):
-        x = x if x.stride(-1) == 1 else x.contiguous()
-        b, h, n, d = x.shape
-        theta = theta.contiguous()
-        dims, strides = _grid_meta(shape)
-        out = torch.empty(b, h, n, 2 * d, dtype=x.dtype, device=x.device)
-        angles = torch.empty(h, n, d, dtype=torch.float32, device=x.device) if cache else out
-        cfg = launch_config(d)
-        _lrpe_fwd_kernel[_grid(b, n, h, cfg["BLOCK_N"], x.device)](
-            x, out, angles, theta, dims, strides, b, h, n, l, theta.shape[1], d, x.stride(0),
-            x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2), M=len(shape),
-            CACHE=cache, WIDE=wide_offsets(x, out), **cfg)
+        out, angles = _launch_forward(_lrpe_fwd_kernel, x, theta, shape, l, cache)
         ctx.save_for_backward(theta, *([angles] if cache else []))
-        ctx.meta = (x.shape, x.dtype, l, cache, shape)
+        ctx.shape, ctx.l = shape, l
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        theta, *cached = ctx.saved_tensors
-        (b, h, n, d), dtype, l, cache, shape = ctx.meta
-        dims, strides = _grid_meta(shape)
-        grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
-        dx = torch.empty(b, h, n, d, dtype=dtype, device=grad_out.device)
-        cfg = launch_config(d)
-        _lrpe_bwd_kernel[_grid(b, n, h, cfg["BLOCK_N"], grad_out.device)](
-            grad_out, dx, cached[0] if cache else dx, theta, dims, strides, b, h, n, l,
-            theta.shape[1], d, grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
-            dx.stride(0), dx.stride(1), dx.stride(2), M=len(shape), CACHE=cache,
-            WIDE=wide_offsets(grad_out, dx), **cfg)
+        theta, *angles = ctx.saved_tensors
+        dx = _launch_backward(_lrpe_bwd_kernel, grad_out, theta, angles[0] if angles else None,
+                              ctx.shape, ctx.l)
         return dx, None, None, None, None
+
+
+# The ops. Their fake implementations give shapes without launching anything (under
+# TRITON_INTERPRET wrap_triton hands back the plain interpreted kernel, which cannot run on
+# fake tensors). Inputs are checked once, in lrpe_cosine_md.
+
+
+@triton_op("lmperf::lrpe_forward", mutates_args=())
+def lrpe_forward(x: torch.Tensor, theta: torch.Tensor, shape: list[int], l: int) -> torch.Tensor:
+    """[x cos(Theta), x sin(Theta)], angles computed on the fly."""
+    return _launch_forward(wrap_triton(_lrpe_fwd_kernel), x, theta, shape, l, False)[0]
+
+
+@triton_op("lmperf::lrpe_forward_cached", mutates_args=())
+def lrpe_forward_cached(x: torch.Tensor, theta: torch.Tensor, shape: list[int],
+                        l: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, the fp32 angle table (h, N, d) for the backward)."""
+    return _launch_forward(wrap_triton(_lrpe_fwd_kernel), x, theta, shape, l, True)
+
+
+@triton_op("lmperf::lrpe_backward", mutates_args=())
+def lrpe_backward(grad_out: torch.Tensor, theta: torch.Tensor, angles: Optional[torch.Tensor],
+                  shape: list[int], l: int) -> torch.Tensor:
+    """dx = dO_cos cos(Theta) + dO_sin sin(Theta), the angles from `angles` when given."""
+    return _launch_backward(wrap_triton(_lrpe_bwd_kernel), grad_out, theta, angles, shape, l)
+
+
+@lrpe_forward.register_fake
+def _(x, theta, shape, l):
+    b, h, n, d = x.shape
+    return x.new_empty(b, h, n, 2 * d)
+
+
+@lrpe_forward_cached.register_fake
+def _(x, theta, shape, l):
+    b, h, n, d = x.shape
+    return x.new_empty(b, h, n, 2 * d), x.new_empty(h, n, d, dtype=torch.float32)
+
+
+@lrpe_backward.register_fake
+def _(grad_out, theta, angles, shape, l):
+    b, h, n, d2 = grad_out.shape
+    return grad_out.new_empty(b, h, n, d2 // 2)
+
+
+def _save_theta(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1])
+    ctx.shape, ctx.l = inputs[2], inputs[3]
+
+
+def _save_theta_and_angles(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1], output[1])
+    ctx.shape, ctx.l = inputs[2], inputs[3]
+    ctx.mark_non_differentiable(output[1])
+
+
+def _backward(ctx, grad_out, *grad_angles):
+    theta, *angles = ctx.saved_tensors
+    dx = lrpe_backward(grad_out, theta, angles[0] if angles else None, ctx.shape, ctx.l)
+    return dx, None, None, None
+
+
+lrpe_forward.register_autograd(_backward, setup_context=_save_theta)
+lrpe_forward_cached.register_autograd(_backward, setup_context=_save_theta_and_angles)
 
 
 def lrpe_cosine_md(x: torch.Tensor, theta: torch.Tensor, shape, l: int = 0,
                    impl: str = "triton") -> torch.Tensor:
     """[x cos(Theta), x sin(Theta)] for x (b, h, l + prod(shape), d) and theta (h, e); see the
-    module docstring. Differentiable with respect to x; theta is a fixed buffer."""
+    module docstring. Differentiable with respect to x; theta is a fixed buffer. Works under
+    torch.compile(fullgraph=True), forward and backward."""
     shape = check_inputs(x, theta, shape, l, impl)
+    theta = theta.detach()
     if impl == "torch":
-        return lrpe_torch(x, theta.detach(), shape, l)
-    return _LRPETriton.apply(x, theta.detach(), shape, l, impl == "triton_cache")
+        return lrpe_torch(x, theta, shape, l)
+    if not torch.compiler.is_compiling():
+        return _LRPETriton.apply(x, theta, shape, l, impl == "triton_cache")
+    if impl == "triton":
+        return lrpe_forward(x, theta, list(shape), l)
+    return lrpe_forward_cached(x, theta, list(shape), l)[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,3 +452,26 @@ def tolerance(ref: torch.Tensor, angles: torch.Tensor, x: torch.Tensor, dtype: t
     rounding = float((ref.to(dtype).double() - ref).abs().max())
     angle_err = 2 * UNIT_ROUNDOFF[torch.float32] * float(angles.abs().max()) * float(x.abs().max())
     return 2 * rounding + 4 * angle_err + 1e-12
+
+
+def compare(x: torch.Tensor, theta: torch.Tensor, shape, l: int, impl: str,
+            grad_out: torch.Tensor | None = None) -> list[dict]:
+    """Errors of lrpe_cosine_md(impl) against float64 (`reference_float64`), forward and dx, in
+    x's dtype; the one check the tests and the benchmark's check share. grad_out is dO
+    (standard normal in x's dtype when None). Returns one dict per quantity ("out", "dx"):
+    max_abs_err, tolerance (`tolerance`), passed."""
+    x = x.detach().requires_grad_()
+    out = lrpe_cosine_md(x, theta, shape, l, impl)
+    if out.shape != (*x.shape[:-1], 2 * x.shape[-1]) or out.dtype != x.dtype:
+        raise AssertionError(f"{impl}: output {tuple(out.shape)} {out.dtype} for x {tuple(x.shape)} {x.dtype}")
+    grad_out = torch.randn_like(out) if grad_out is None else grad_out
+    out.backward(grad_out)
+    ref, angles = reference_float64(x.detach(), theta, shape, l)
+    g64, d = grad_out.double(), x.shape[-1]
+    dx_ref = g64[..., :d] * angles.cos() + g64[..., d:] * angles.sin()
+    rows = []
+    for quantity, got, want, scale in (("out", out.detach(), ref, x.detach()), ("dx", x.grad, dx_ref, g64)):
+        err = float((got.double() - want).abs().max())  # nan if got has a nan: fails
+        tol = tolerance(want, angles, scale, x.dtype)
+        rows.append({"quantity": quantity, "max_abs_err": err, "tolerance": tol, "passed": bool(err <= tol)})
+    return rows
