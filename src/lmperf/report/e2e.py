@@ -139,7 +139,9 @@ def ladder(df: pd.DataFrame, limits: dict) -> dict:
     out["ladder_rates"] = {size: {m: float(v) for m, v in g.set_index("metric")["mean"].items()
                                   if m in ("copy_gb_per_s", "bf16_matmul_tflops")}
                            for size, g in rates.groupby("size")}
-    key = "mfu_pct" if (ok["metric"] == "mfu_pct").any() else "tokens_per_s"
+    # The best rung is the fastest (tokens/s): MFU is against each rung's own dtype peak (fp32
+    # eager against 67 TFLOP/s, bf16 against 989), so it does not rank rungs of different dtypes.
+    key = "tokens_per_s"
     best, floors, flops = {}, [], []
     for size, g in ok[ok["name"] != "floors"].groupby("size", sort=False):
         score = g[g["metric"] == key].set_index("case_id")["mean"]
