@@ -11,6 +11,10 @@ each case to the other ranks over a Gloo control group and gathers their numbers
 needs more GPUs than the machine has is a `skipped` row "needs N GPUs", never a crash. A rank
 that dies mid-collective takes the job down (torchrun stops the others); the journal keeps every
 finished case, and a case that killed the job twice is an `error` row, as in every section.
+
+One file above 300 lines on purpose: the rank-0 harness, the control-group protocol and the two
+studies share the same process group set-up and case hand-off; split apart, each piece would
+need the others to be read.
 """
 from __future__ import annotations
 
