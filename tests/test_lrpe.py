@@ -136,46 +136,59 @@ def _synthetic_rows(kernel_speedup=None):
     return rows
 
 
+def _lrpe_view(rows):
+    """The report's LRPE view of synthetic bench rows, with config/config.yaml's thresholds."""
+    import pandas as pd
+    from pathlib import Path
+    from lmperf.report import lrpe as lrpe_report
+    from lmperf.report.render import bars_from_config
+    from lmperf.report.sections import Inputs
+    repo = Path(__file__).resolve().parents[1]
+    frames = {"lrpe": pd.DataFrame(rows).assign(study="bench")}
+    return lrpe_report.view(Inputs(results=repo, frames=frames, out_dir=repo,
+                                   bars=bars_from_config(repo / "config" / "config.yaml")))
+
+
+def _bar(frame, start: str):
+    """The one bar line whose text starts with `start`."""
+    hit = frame[frame["bar"].str.startswith(start)]
+    assert len(hit) == 1, (start, list(frame["bar"]))
+    return hit.iloc[0]
+
+
 def test_lrpe_bars_are_computed_from_the_rows():
     """Synthetic rows (not measurements): the view must flag each bar from the numbers given."""
-    import pandas as pd
-    from lmperf.report.sections import lrpe_view
-    view = lrpe_view(pd.DataFrame(_synthetic_rows()))
+    view = _lrpe_view(_synthetic_rows())
     assert not view["kernel"]
-    bars = " ".join(view["bars"].split())
-    assert ("triton forward >= 85% of copy bandwidth (x >= 16M elements, 2 configs; time per call) "
-            "| worst 80.0% | no |") in bars
-    assert ("triton forward faster than torch.compile everywhere (time per call) | slowest ratio 1.11x "
-            "(1 of 3 not faster) | no |") in bars
-    assert "triton forward peak memory <= torch.compile everywhere | largest excess 10.0 MiB | no |" in bars
+    bars = view["bars"]
+    line = _bar(bars, "triton forward >= 85% of copy bandwidth")
+    assert line["_value"] == pytest.approx(0.80) and not line["met"]
+    line = _bar(bars, "triton forward faster than torch.compile everywhere (time per call)")
+    assert line["_value"] == pytest.approx(1.0 / 0.9) and not line["met"]
+    line = _bar(bars, "triton forward peak memory <= torch.compile everywhere")
+    assert line["_value"] == pytest.approx(10.0) and not line["met"]
 
 
 def test_lrpe_bars_use_kernel_times_when_the_run_has_them():
-    import pandas as pd
-    from lmperf.report.sections import lrpe_view
-    view = lrpe_view(pd.DataFrame(_synthetic_rows(kernel_speedup=1.25)))
+    view = _lrpe_view(_synthetic_rows(kernel_speedup=1.25))
     assert view["kernel"] and view["kernel_calls"] == 10
-    bars = " ".join(view["bars"].split())
+    bars = view["bars"]
     # 0.8 x 1.25 = 100% of copy bandwidth, and 1.0 / 1.25 = 0.8 ms against the peer's 0.9 ms
-    assert ("triton forward >= 85% of copy bandwidth (x >= 16M elements, 2 configs; kernel time) "
-            "| worst 100% | yes |") in bars
-    assert ("triton forward faster than torch.compile everywhere (kernel time) "
-            "| slowest ratio 0.889x (0 of 3 not faster) | yes |") in bars
-    assert any("kernel time" in t["title"] for t in view["tables"])
+    line = _bar(bars, "triton forward >= 85% of copy bandwidth (x >= 16M elements, 2 configs; kernel time)")
+    assert line["_value"] == pytest.approx(1.0) and line["met"]
+    line = _bar(bars, "triton forward faster than torch.compile everywhere (kernel time)")
+    assert line["_value"] == pytest.approx(0.8 / 0.9) and line["met"]
     # beside them, the per-call comparison, shown as information
-    per_call = " ".join(view["per_call"].split())
-    assert ("triton forward faster than torch.compile everywhere (time per call, host included) "
-            "| slowest ratio 1.11x (1 of 3 not faster; their kernels take at most") in per_call
+    line = _bar(view["per_call"], "triton forward faster than torch.compile everywhere (time per call, host included)")
+    assert line["_value"] == pytest.approx(1.0 / 0.9) and not line["met"]
 
 
 def test_a_missing_time_on_either_side_fails_the_faster_bar():
     """A config where only one side has a kernel time is not counted as a win."""
-    import pandas as pd
-    from lmperf.report.sections import lrpe_view
     rows = [r for r in _synthetic_rows(kernel_speedup=1.25)
             if not (r["provider"] == "torch_compile" and r["side"] == 256 and r["metric"] == "forward_kernel_ms")]
-    bars = " ".join(lrpe_view(pd.DataFrame(rows))["bars"].split())
-    assert "(0 of 2 not faster; 1 configs without both times) | no |" in bars
+    line = _bar(_lrpe_view(rows)["bars"], "triton forward faster than torch.compile everywhere (kernel time)")
+    assert not line["met"] and "1 configs without both times" in line["measured"]
 
 
 class _Avg:  # the fields of a profiler key_averages() entry that device_us reads

@@ -51,23 +51,3 @@ class Inputs:
     def rows(self, section: str, study: str | None = None):
         df = self.frames[section]
         return df[df["study"] == study] if study is not None and not df.empty else df
-
-
-def lrpe_view(bench) -> dict:
-    """Deprecated adapter, kept only until tests/test_lrpe.py (owned by the LRPE engineer; see
-    HANDOFF.md) moves to `lmperf.report.lrpe.view`: the LRPE view of a bare frame of bench rows,
-    with its bars and per-call lines as markdown and the thresholds of config/config.yaml."""
-    from lmperf.report import lrpe
-    from lmperf.report.format import table
-    from lmperf.report.render import bars_from_config
-    bench = bench if "study" in bench else bench.assign(study="bench")
-    inputs = Inputs(results=Path("."), frames={"lrpe": bench}, out_dir=Path("."),
-                    bars=bars_from_config(Path(__file__).resolve().parents[3] / "config" / "config.yaml"))
-    view = lrpe.view(inputs)
-    if not view["available"]:
-        return view
-    for key in ("bars", "per_call", "cache_lines"):
-        view[key] = table(view[key]) if not view[key].empty else ""
-    timing = ", per call and kernel time" if view["kernel"] else ", per call"
-    view["tables"] = [{"title": f"{t['dims']}-D grid{timing}", "table": table(t["table"])} for t in view["tables"]]
-    return view
