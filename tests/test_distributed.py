@@ -264,7 +264,8 @@ def test_slurm_profile_plans_the_workflow_and_maps_gpus_to_sbatch(tmp_path):
                     "(envs/requirements.txt)")
     repo = copy_repo(tmp_path / "lmperf")
     path = os.pathsep.join([str(repo / "src"), os.environ.get("PYTHONPATH", "")])
-    proc = snakemake(repo, "-n", "--profile", "profiles/slurm", "--forceall", "distributed",
+    proc = snakemake(repo, "-n", "--profile", "profiles/slurm", "--workflow-profile", "none",
+                     "--forceall", "distributed",
                      "report/report.md", *SMOKE, env={"PYTHONPATH": path})
     out = proc.stdout + proc.stderr
     jobs = {m[1]: m[2] for m in re.finditer(
