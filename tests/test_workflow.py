@@ -111,8 +111,8 @@ def test_cpu_run_produces_the_report(built_repo):
     assert "## Memory" in report and "![Active memory over one step]" in report
     # Scaling across GPUs from the CPU's Gloo smoke run (results/cpu/distributed/)
     assert "## Scaling across GPUs" in report and "Measured on the CPU (Gloo)" in report
-    assert re.search(r"\| gloo\s+\| 2\s+\| 1\s+\| [0-9.]+", report), "Gloo all-reduce rows"
-    assert "needs 2 GPUs" not in report or "(allreduce): skipped" in report
+    assert re.search(r"\| gloo\s+\| 2\s+\| 1\.00\s+\| [0-9.]+", report), "Gloo all-reduce rows"
+    assert "(allreduce): skipped, needs 2 GPUs" in report  # NCCL without GPUs
     assert re.search(r"\| tiny\s+\| 64\s+\| fp32\s+\| eager\s+\| \d", report), "CPU numbers in the tables"
     for png in ("e2e_step_vs_size.png", "e2e_step_vs_context.png"):
         assert (built_repo / "report" / "figures" / png).stat().st_size > 10_000
