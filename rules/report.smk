@@ -3,6 +3,9 @@
 from lmperf.report.sections import SECTIONS, figure_paths  # noqa: E402
 
 
+# A section's results are the outputs of the rule named after it; for `distributed` those are
+# results/<gpu>-x<count>/distributed/*.csv on this machine (results/cpu/ on a CPU), which the
+# renderer reads beside results/<hw>/ (lmperf.report.sections.result_dirs).
 RULE_NAMES = {r.name for r in workflow.rules}  # sections without results (correctness) have none
 REPORT_RESULTS = [f for s in SECTIONS if s.name in RULE_NAMES for f in wf.results_of(getattr(rules, s.name))]
 

@@ -218,32 +218,70 @@ def gpu_frame() -> pd.DataFrame:
     return df
 
 
+def _inputs(df: pd.DataFrame, tmp_path: Path):
+    from lmperf.report import render
+    from lmperf.report.sections import Inputs
+    return Inputs(results=tmp_path, frames={"distributed": df}, out_dir=tmp_path,
+                  bars=render.bars_from_config(REPO / "config" / "config.yaml"))
+
+
 def test_report_view_reads_the_bars_off_the_rows(tmp_path):
     from lmperf.report import distributed as R
 
-    bars = R.bars_from_config()
-    assert set(bars) == {"busbw_fraction_of_link", "ddp_speedup_2gpu", "exposed_comm_fraction",
-                         "fsdp2_memory_vs_ddp"}
-    view = R.view(gpu_frame(), bars)
+    inputs = _inputs(gpu_frame(), tmp_path)
+    assert set(inputs.bars["distributed"]) == {"busbw_fraction_of_link", "ddp_speedup_2gpu",
+                                               "exposed_comm_fraction", "fsdp2_memory_vs_ddp"}
+    view = R.view(inputs)
     got = view["bars"].set_index("bar")
     busbw = got.filter(like="NCCL", axis=0).iloc[0]
-    assert busbw["measured"] == "380 GB/s = 79.5%" and busbw["met"] == "yes"  # 380 / 478
+    assert busbw["_value"] == pytest.approx(380 / 478)
     speedup = got.filter(like="tokens/s", axis=0).iloc[0]
     assert "25 MB buckets (best)" in speedup.name  # the faster bucket, not the first
-    assert speedup["measured"] == f"{R.fmt(2 * 100 / 105)}x" and speedup["met"] == "yes"
+    assert speedup["_value"] == pytest.approx(2 * 100 / 105)
     exposed = got.filter(like="exposed", axis=0).iloc[0]
-    assert exposed["measured"].startswith("4.8%") and exposed["met"] == "yes"
+    assert exposed["_value"] == pytest.approx(5 / 105)
     memory = got.filter(like="FSDP2", axis=0).iloc[0]
-    assert memory["measured"].startswith("0.500x (30,000 vs 60,000 MiB)") and memory["met"] == "yes"
-    assert view["not_run"] == ["`xl-ddp-b1-n4` (ddp): skipped, needs 4 GPUs (this machine has 2)"]
-    paths = R.figures(gpu_frame(), tmp_path)
+    assert memory["_value"] == pytest.approx(0.5)
+    assert got["met"].tolist() == [True] * 4
+    assert view["link_peak"]["gbps"] == 478.0 and view["folders"] == ["h200-x2"]
+    ar = view["allreduce"].set_index("size (MB)")
+    assert ar.loc[1000, "busbw (GB/s)"] == 380.0 and ar.loc[1, "time (ms, median)"] == pytest.approx(1 / 40)
+    (xl,) = view["sizes"]
+    steps = xl["steps"].set_index("variant")
+    assert steps.loc["DDP, 25 MB buckets", "step (ms)"].center == 105.0
+    assert steps.loc["DDP, 25 MB buckets", "scaling efficiency"] == pytest.approx(100 / 105)
+    assert steps.loc["FSDP2", "exposed share (%)"] == pytest.approx(100 * 8 / 115)
+    assert xl["memory"].set_index("variant").loc["FSDP2", "peak allocated"] == 30_000.0
+    assert view["not_run"].to_dict("records") == [{"case": "xl-ddp-b1-n4", "study": "ddp", "status": "skipped",
+                                                   "message": "needs 4 GPUs (this machine has 2)"}]
+    paths = {"dist_busbw": tmp_path / "busbw.png", "dist_step_vs_gpus": tmp_path / "step.png"}
+    R.figures(inputs, paths)
     assert all(p.stat().st_size > 1000 for p in paths.values())
 
 
-def test_report_view_without_results_says_so():
+def test_report_view_without_results_says_so(tmp_path):
     from lmperf.report import distributed as R
 
-    assert R.view(pd.DataFrame(), R.bars_from_config())["available"] is False
+    view = R.view(_inputs(pd.DataFrame(), tmp_path))
+    assert view == {"available": False, "why": "no multi-GPU results yet (scripts/distributed_gpu.sh "
+                                               "on a machine with 2+ GPUs)"}
+
+
+def test_report_of_a_machine_reads_its_multi_gpu_folders(tmp_path):
+    """results/h200's report reads results/h200-x2 and -x4 (not h200-nvl-x2); the CPU's its own."""
+    from lmperf.report import render
+    from lmperf.report.sections import result_dirs
+
+    df = gpu_frame()
+    for folder in ("h200-x4", "h200-x2", "h200-nvl-x2", "cpu"):
+        (tmp_path / folder / "distributed").mkdir(parents=True)
+        df.assign(hw=folder).to_csv(tmp_path / folder / "distributed" / "allreduce_n2.csv", index=False)
+    (tmp_path / "h200").mkdir()
+    assert result_dirs(tmp_path / "h200", "distributed") == [
+        tmp_path / "h200" / "distributed", tmp_path / "h200-x2" / "distributed", tmp_path / "h200-x4" / "distributed"]
+    assert result_dirs(tmp_path / "h200", "e2e") == [tmp_path / "h200" / "e2e"]
+    assert sorted(render.load_section(tmp_path / "h200", "distributed")["hw"].unique()) == ["h200-x2", "h200-x4"]
+    assert set(render.load_section(tmp_path / "cpu", "distributed")["hw"]) == {"cpu"}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -109,6 +109,10 @@ def test_cpu_run_produces_the_report(built_repo):
     assert re.search(r"\| eager\s+\| 16\s+\| 64\s+\| [0-9.]+ ± ", report), "attention timings"
     assert re.search(r"\| forward\s+\| [0-9.,]+\s+\| [0-9.]+\s", report), "profile shares"
     assert "## Memory" in report and "![Active memory over one step]" in report
+    # Scaling across GPUs from the CPU's Gloo smoke run (results/cpu/distributed/)
+    assert "## Scaling across GPUs" in report and "Measured on the CPU (Gloo)" in report
+    assert re.search(r"\| gloo\s+\| 2\s+\| 1\.00\s+\| [0-9.]+", report), "Gloo all-reduce rows"
+    assert "(allreduce): skipped, needs 2 GPUs" in report  # NCCL without GPUs
     assert re.search(r"\| tiny\s+\| 64\s+\| fp32\s+\| eager\s+\| \d", report), "CPU numbers in the tables"
     for png in ("e2e_step_vs_size.png", "e2e_step_vs_context.png"):
         assert (built_repo / "report" / "figures" / png).stat().st_size > 10_000
@@ -133,10 +137,11 @@ def test_editing_the_model_reruns_its_rules_and_the_report_only(built_copy):
     edit(built_copy / "src" / "lmperf" / "model.py", "\n# edited\n")
     jobs = planned(built_copy)
     fresh = planned(copy_repo(built_copy.parent / "fresh"))
-    # The rules that import the model: the end-to-end jobs, and the two attention benchmarks
-    # (plain PyTorch attention is the model's).
+    # The rules that import the model: the end-to-end jobs, the two attention benchmarks
+    # (plain PyTorch attention is the model's) and the distributed jobs.
     assert jobs == {"e2e_study": fresh["e2e_study"], "attention": 1, "profile": 1, "memory": 1,
-                    "flash_attention_bench": fresh["flash_attention_bench"], "report": 1}
+                    "flash_attention_bench": fresh["flash_attention_bench"],
+                    "distributed_study": fresh["distributed_study"], "report": 1}
 
 
 def test_editing_the_lrpe_kernel_reruns_only_its_rules_and_the_report(built_copy):

@@ -20,14 +20,16 @@ import jinja2
 import pandas as pd
 
 from lmperf.report import format as fmt
-from lmperf.report.sections import SECTIONS, Inputs, figure_paths
+from lmperf.report.sections import SECTIONS, Inputs, figure_paths, result_dirs
 
 CONFIG = Path("config/config.yaml")
 
 
 def load_section(results: Path, section: str) -> pd.DataFrame:
-    """All CSVs under results/<section>/ (journals of unfinished runs excluded), concatenated."""
-    paths = sorted(p for p in (results / section).rglob("*.csv") if ".journal" not in p.parts)
+    """All CSVs of a section's folders (`sections.result_dirs`: results/<section>/, and the
+    multi-GPU folders' for `distributed`), journals of unfinished runs excluded, concatenated."""
+    paths = [p for d in result_dirs(results, section)
+             for p in sorted(d.rglob("*.csv")) if ".journal" not in p.parts]
     frames = [pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in paths]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 

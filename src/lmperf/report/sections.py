@@ -4,11 +4,16 @@ report rule (its figure outputs) and the report template loop over.
 A section `<name>` is one entry here, one module `lmperf.report.<name>` and one template
 `templates/<name>.md.j2`. The module has `view(inputs) -> dict` (numbers and frames, no
 markdown) and, when the entry names figures, `figures(inputs, paths) -> None` writing them.
-Its results, if any, are the CSVs under `results/<hw>/<name>/`. This module imports nothing
-heavy: the Snakefile reads it while planning.
+Its results, if any, are the CSVs under `results/<hw>/<name>/` (`result_dirs`), with one
+exception: `distributed` (Scaling across GPUs) runs on machines named by their GPU count, so the
+report of results/<hw> reads results/<hw>/distributed/ (the CPU's Gloo run, or a `hw` set in the
+config) and results/<hw>-x<N>/distributed/ for every N (e.g. results/h200 -> results/h200-x2 and
+results/h200-x4): the folders rules/distributed.smk writes on a machine of that GPU. This
+module imports nothing heavy: the Snakefile reads it while planning.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +35,25 @@ SECTIONS = [
     Section("attention", {"attention": "attention_vs_seq_len.png"}),
     Section("flash_attention", {"fa_tflops": "fa_tflops_vs_seq_len.png"}),
     Section("lrpe", {"lrpe_bandwidth": "lrpe_bandwidth.png"}),
+    Section("distributed", {"dist_busbw": "distributed_busbw_vs_size.png",
+                            "dist_step_vs_gpus": "distributed_step_vs_gpus.png"}),
 ]
+# Sections whose results come from the multi-GPU folders results/<hw>-x<N>/ too.
+MULTI_GPU = {"distributed"}
+
+
+def result_dirs(results: str | Path, section: str) -> list[Path]:
+    """The folders whose CSVs are a section's rows in the report of `results` (results/<hw>):
+    results/<hw>/<section>/, and for a multi-GPU section also results/<hw>-x<N>/<section>/ for
+    every GPU count N there is, in order of N."""
+    results = Path(results)
+    dirs = [results / section]
+    if section in MULTI_GPU:
+        pattern = re.compile(re.escape(results.name) + r"-x(\d+)")
+        counts = sorted((int(m[1]), p) for p in results.parent.glob(f"{results.name}-x*")
+                        if (m := pattern.fullmatch(p.name)))
+        dirs += [p / section for _, p in counts]
+    return dirs
 
 
 def figure_paths(figures_dir: str | Path) -> dict[str, Path]:
