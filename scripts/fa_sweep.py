@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import itertools
-import os
 import subprocess
 import sys
 import time

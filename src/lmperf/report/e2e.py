@@ -7,7 +7,7 @@ import math
 
 import pandas as pd
 
-from lmperf.report.format import Spread, bar, cell, fmt, ratio_range, unavailable
+from lmperf.report.format import bar, cell, fmt, ratio_range, unavailable
 from lmperf.report.plot import empty, plt, save
 
 CASE_KEYS = ["size", "context", "dtype", "compile", "mode", "warmup"]
