@@ -39,6 +39,8 @@ SHAPES = {
     "fp32_d64_4096": (1, 1, 4096, 64, True, FP32),
     "fp32_d128_16384": (1, 1, 16384, 128, True, FP32),
     "fp32_d128_4096": (1, 1, 4096, 128, True, FP32),
+    "fp32_d128_8192": (1, 1, 8192, 128, True, FP32),
+    "fp32_d64_2048": (1, 1, 2048, 64, True, FP32),
 }
 
 FWD = {  # (BLOCK_Q, BLOCK_K, warps, stages)
@@ -86,8 +88,12 @@ def candidates(name: str, kernel: str) -> list[dict]:
         cfg = fa._fit({first: x, second: y, "num_warps": w, "num_stages": s}, n, outer, inner)
         if kernel == "dkdv":
             cfg["HEADS_FASTEST"] = causal
+        if kernel != "fwd":
+            cfg["SPLIT"] = 1
         if cfg not in out:
             out.append(cfg)
+    if kernel != "fwd" and dtype == FP32:  # fp32 backward: each candidate with the loop split in two too
+        out += [c2 for c in list(out) if (c2 := {**c, "SPLIT": 3 - c.get("SPLIT", 1)}) not in out]
     return out
 
 
@@ -107,11 +113,22 @@ def runner(name: str, kernel: str, cfg: dict, t):
     if kernel == "fwd":
         o2, l2 = torch.empty_like(out), torch.empty_like(lse)
         return (lambda: fa.launch_forward(q, k, v, o2, l2, causal, cfg)), o2
+    split = cfg.get("SPLIT", 1) > 1  # the parts add into zeroed outputs: zeroing is part of the cost
     if kernel == "dq":
         dq2, delta2 = torch.empty_like(dq), torch.empty_like(delta)
-        return (lambda: fa.launch_backward_dq(q, k, v, out, do, lse, delta2, dq2, causal, full)), dq2
-    dk2 = torch.empty_like(dk)
-    return (lambda: fa.launch_backward_dkdv(q, k, v, do, lse, delta, dk2, dv, causal, full)), dk2
+
+        def run_dq():
+            if split:
+                dq2.zero_()
+            fa.launch_backward_dq(q, k, v, out, do, lse, delta2, dq2, causal, full)
+        return run_dq, dq2
+    dk2, dv2 = torch.empty_like(dk), torch.empty_like(dv)
+
+    def run_dkdv():
+        if split:
+            dk2.zero_(), dv2.zero_()
+        fa.launch_backward_dkdv(q, k, v, do, lse, delta, dk2, dv2, causal, full)
+    return run_dkdv, dk2
 
 
 def prepare(name: str, run_rule: bool = True):
@@ -126,7 +143,7 @@ def prepare(name: str, run_rule: bool = True):
         return q, k, v, do, out, lse, torch.zeros_like(lse), torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     fa.launch_forward(q, k, v, out, lse, causal, fa.fwd_config(n, d, dtype, causal, b * h))
     delta = torch.empty_like(lse)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)  # zeroed: SPLIT adds
     cfg = fa.bwd_config(n, d, dtype, causal, b * h)
     fa.launch_backward_dq(q, k, v, out, do, lse, delta, dq, causal, cfg)
     fa.launch_backward_dkdv(q, k, v, do, lse, delta, dk, dv, causal, cfg)

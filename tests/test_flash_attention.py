@@ -191,3 +191,68 @@ def test_tile_configs_depend_only_on_the_call():
     for n in (1, 4097, 128):
         fa.fwd_config(n, 64, torch.bfloat16, True, 1)
     assert fa.fwd_config(16384, 64, torch.bfloat16, True, 16) == first
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("n", [1, 33, 70, 130])
+def test_split_backward_matches_float64(monkeypatch, causal, n):
+    """fp32 at low parallelism splits each backward tile's loop over two programs that add
+    their partial sums atomically: forced here at every length, checked against float64."""
+    fa = flash_attention_triton
+    rule = fa.bwd_config
+
+    def split(*args):
+        cfg = rule(*args)
+        return {name: {**c, "SPLIT": 2} for name, c in cfg.items()}
+    monkeypatch.setattr(fa, "_bwd_config", split)
+    check("triton", (1, 2, n, 40), torch.float32, causal)
+
+
+def test_split_is_chosen_for_fp32_with_few_programs_only():
+    fa = flash_attention_triton
+    if fa.INTERPRET:
+        pytest.skip("the interpreter's configs are fixed small tiles")
+    assert fa.bwd_config(4096, 128, torch.float32, True, 1)["dkdv"]["SPLIT"] == 2
+    assert fa.bwd_config(4096, 128, torch.float32, True, 64)["dkdv"]["SPLIT"] == 1
+    assert fa.bwd_config(4096, 128, torch.bfloat16, True, 1)["dkdv"]["SPLIT"] == 1
+
+
+def test_eager_launcher_goes_through_the_jit_once_per_specialisation(monkeypatch):
+    """The eager path's launcher: the JIT compiles on the first call of a specialisation; later
+    calls launch the compiled kernel with the arguments then the constexprs in parameter order;
+    a new alignment or constexpr goes through the JIT again."""
+    fa = flash_attention_triton
+    calls = []
+
+    class Compiled:
+        function, packed_metadata = "fn", "meta"
+
+        def run(self, *args):
+            calls.append(("direct", args))
+
+    class Param:
+        def __init__(self, name):
+            self.name = name
+
+    class Kernel:
+        params = [Param(n) for n in ("X", "n", "A", "B")]
+
+        def __getitem__(self, grid):
+            def jit(*args, **kw):
+                calls.append(("jit", grid, args, kw))
+                return Compiled()
+            return jit
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 7, raising=False)
+    launch = fa._Launcher(Kernel())
+    x = torch.zeros(64)
+    launch[(3,)](x, 32, A=1, B="b", num_warps=4)
+    launch[(3, 2)](x, 32, A=1, B="b", num_warps=4)
+    assert calls[0][0] == "jit" and calls[1] == ("direct", (3, 2, 1, 7, "fn", "meta", None, None, None, x, 32, 1, "b"))
+    launch[(3,)](x[1:], 32, A=1, B="b", num_warps=4)  # 4-byte aligned: a specialisation of its own
+    launch[(3,)](x, 33, A=1, B="b", num_warps=4)  # not a multiple of 16
+    launch[(3,)](x, 32, A=2, B="b", num_warps=4)  # another constexpr
+    assert [c[0] for c in calls[2:]] == ["jit", "jit", "jit"]
+    launch[(3,)](x, 48, A=1, B="b", num_warps=4)  # the same specialisation as (x, 32)
+    assert calls[-1][0] == "direct" and calls[-1][1][-4:] == (x, 48, 1, "b")

@@ -98,7 +98,7 @@ def bench_cases(spec: dict) -> list[dict]:
                     "causal": causal, "batch": group["batch"], "heads": heads, "seq_len": n,
                     "head_dim": d, "model": model or "",
                     "timing_ms": "/".join(map(str, group["timing_ms"])),
-                    "tiled_max_seq_len": group["tiled_max_seq_len"]}
+                    "tiled_max_seq_len": group["tiled_max_seq_len"], "gpu_time": bool(group.get("gpu_time"))}
             skip = [s["reason"] for s in group.get("skip", [])
                     if (s["provider"], s["dtype"]) == (provider, dtype)]
             if skip:
@@ -175,7 +175,6 @@ def provider_fn(case: dict):
 
 def measure_bench(case: dict) -> list[dict]:
     import torch
-    import triton.testing
 
     if case.get("skip_reason"):  # left out by the config: a row that says why
         raise common.NotRun(case["skip_reason"])
@@ -222,6 +221,21 @@ def measure_bench(case: dict) -> list[dict]:
         # quantiles do not subtract: the median only
         times["backward"] = (times["fwd_bwd"][0] - times["forward"][0], float("nan"), float("nan"))
         note = "backward = (forward+backward) - forward: this graph cannot be replayed with retain_graph"
+    gpu_rows = []
+    if case.get("gpu_time"):  # the same forward+backward replayed as a CUDA graph: the GPU's time alone
+        def graphed():
+            with context():
+                fwd_bwd()
+        try:
+            ms, q20, q80 = timing.do_bench_cudagraph_quantiles(graphed, rep_ms=rep, grad_to_none=[q, k, v])
+            gpu_rows = [common.summarize_quantiles("fwd_bwd_gpu_ms", "ms", ms, q20, q80)]
+            flops = attention_flops(b, h, n, d, case["causal"], "fwd_bwd")
+            gpu_rows.append(common.summarize_quantiles("fwd_bwd_gpu_tflops", "TFLOP/s", flops / (ms * 1e-3) / 1e12,
+                                                       flops / (q80 * 1e-3) / 1e12, flops / (q20 * 1e-3) / 1e12))
+        except Exception as exc:  # a capture that fails is a row; the host-timed rows stand
+            status, message = common.classify_failure(exc)
+            gpu_rows = [{**common.failure_row(status, "CUDA graph: " + message), "metric": "fwd_bwd_gpu_ms",
+                         "unit": "ms"}]
     out = None
     config = ""
     if case["provider"] in ("triton", "triton_compiled"):  # the rule table's choice, for the notes
@@ -240,6 +254,7 @@ def measure_bench(case: dict) -> list[dict]:
         flops = attention_flops(b, h, n, d, case["causal"], direction)
         tflops = lambda t: flops / (t * 1e-3) / 1e12  # the 20% quantile of TFLOP/s is the 80% of time
         rows.append(common.summarize_quantiles(f"{direction}_tflops", "TFLOP/s", tflops(ms), tflops(q80), tflops(q20)))
+    rows += gpu_rows
     for row in rows:
         row["config"] = config
     return rows

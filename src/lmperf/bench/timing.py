@@ -5,6 +5,7 @@ for kernels.
     sync = timing.synchronizer()           # torch.cuda.synchronize on a GPU, a no-op on a CPU
     with timing.timed(sync) as t: work()   # t.seconds after the block
     median, q20, q80 = timing.do_bench_quantiles(fn, warmup_ms=25, rep_ms=100)
+    median, q20, q80 = timing.do_bench_cudagraph_quantiles(fn, rep_ms=100)  # GPU time, no host
 """
 from __future__ import annotations
 
@@ -44,4 +45,13 @@ def do_bench_quantiles(fn: Callable, warmup_ms: int, rep_ms: int, **kwargs) -> t
     flush before each repeat); kwargs go to do_bench (e.g. grad_to_none)."""
     import triton.testing
     median, q20, q80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=list(QUANTILES), **kwargs)
+    return float(median), float(q20), float(q80)
+
+
+def do_bench_cudagraph_quantiles(fn: Callable, rep_ms: int, **kwargs) -> tuple[float, float, float]:
+    """(median, 20% quantile, 80% quantile) in ms of `fn` replayed as a CUDA graph by
+    `triton.testing.do_bench_cudagraph` (no host time, no L2 flush): what `fn` costs the GPU
+    when the host runs ahead of it, as it does in a training step."""
+    import triton.testing
+    median, q20, q80 = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, quantiles=list(QUANTILES), **kwargs)
     return float(median), float(q20), float(q80)
