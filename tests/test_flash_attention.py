@@ -251,8 +251,8 @@ def test_eager_launcher_goes_through_the_jit_once_per_specialisation(monkeypatch
     launch[(3, 2)](x, 32, A=1, B="b", num_warps=4)
     assert calls[0][0] == "jit" and calls[1] == ("direct", (3, 2, 1, 7, "fn", "meta", None, None, None, x, 32, 1, "b"))
     launch[(3,)](x[1:], 32, A=1, B="b", num_warps=4)  # 4-byte aligned: a specialisation of its own
-    launch[(3,)](x, 33, A=1, B="b", num_warps=4)  # not a multiple of 16
+    launch[(3,)](x, 33, A=1, B="b", num_warps=4)  # another int
     launch[(3,)](x, 32, A=2, B="b", num_warps=4)  # another constexpr
     assert [c[0] for c in calls[2:]] == ["jit", "jit", "jit"]
-    launch[(3,)](x, 48, A=1, B="b", num_warps=4)  # the same specialisation as (x, 32)
-    assert calls[-1][0] == "direct" and calls[-1][1][-4:] == (x, 48, 1, "b")
+    launch[(5,)](x, 33, A=1, B="b", num_warps=4)  # seen before: direct
+    assert calls[-1][0] == "direct" and calls[-1][1][0] == 5 and calls[-1][1][-4:] == (x, 33, 1, "b")

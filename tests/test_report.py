@@ -148,17 +148,31 @@ def test_flash_attention_section_reads_bars_off_the_same_run():
 def test_flash_attention_model_group_bar_counts_the_shapes_where_ours_is_slower(tmp_path):
     bench = tmp_path / "flash_attention" / "bench"
     shutil.copytree(FA_FIXTURE, tmp_path, dirs_exist_ok=True)
-    rows = []
-    for model, heads, ours_ms, flash_ms in (("small", 12, 1.0, 2.0), ("xl", 25, 3.0, 2.0), ("2.7B", 32, 1.0, 1.0)):
-        for provider, ms in (("triton", ours_ms), ("sdpa_flash", flash_ms)):
-            rows.append({"section": "flash_attention", "study": "bench", "case_id": f"{model}-{provider}",
-                         "group": "model", "provider": provider, "harness": "leaderboard", "dtype": "bf16",
-                         "causal": True, "batch": 4, "heads": heads, "seq_len": 256, "head_dim": 64,
-                         "model": model, "metric": "fwd_bwd_ms", "unit": "ms", "median": ms, "status": "ok"})
-    pd.DataFrame(rows).to_csv(bench / "model.csv", index=False)
-    bars = flash_attention.view(inputs(tmp_path))["bars"].set_index("bar")
-    line = bars.loc["model group: forward+backward no slower than sdpa_flash at every shape"]
+
+    def write(gpu: bool):
+        rows = []
+        # (ms: do_bench, GPU): ours slower by do_bench at xl, by GPU time at small
+        for model, heads, ours_ms, flash_ms in (("small", 12, (1.0, 0.5), (2.0, 0.4)),
+                                                ("xl", 25, (3.0, 0.1), (2.0, 0.2)),
+                                                ("2.7B", 32, (1.0, 0.3), (1.0, 0.3))):
+            for provider, ms in (("triton", ours_ms), ("sdpa_flash", flash_ms)):
+                for metric, value in (("fwd_bwd_ms", ms[0]), ("fwd_bwd_gpu_ms", ms[1]))[:1 + gpu]:
+                    rows.append({"section": "flash_attention", "study": "bench", "case_id": f"{model}-{provider}",
+                                 "group": "model", "provider": provider, "harness": "leaderboard", "dtype": "bf16",
+                                 "causal": True, "batch": 4, "heads": heads, "seq_len": 256, "head_dim": 64,
+                                 "model": model, "metric": metric, "unit": "ms", "median": value, "status": "ok"})
+        pd.DataFrame(rows).to_csv(bench / "model.csv", index=False)
+        return flash_attention.view(inputs(tmp_path))
+
+    view = write(gpu=False)
+    line = view["bars"].set_index("bar").loc["model group: forward+backward time no slower than sdpa_flash at every shape"]
     assert line["_value"] == 1 and not line["met"]  # xl: 3.0 ms against 2.0; a tie is not slower
+    view = write(gpu=True)  # the GPU time decides where it was measured; do_bench's stays in view
+    bars = view["bars"].set_index("bar")
+    line = bars.loc["model group: forward+backward GPU time (CUDA graph) no slower than sdpa_flash at every shape"]
+    assert line["_value"] == 1 and not line["met"]  # small: 0.5 ms against 0.4
+    assert view["model"].attrs["metric"] == "fwd_bwd_gpu_ms"
+    assert view["model_host"]["ours / sdpa_flash"].tolist() == [0.5, 1.5, 1.0]
 
 
 def test_flash_attention_bars_follow_the_thresholds_in_the_config():
@@ -190,3 +204,17 @@ def test_report_lists_the_result_files_a_full_run_would_write_but_are_missing(tm
     assert render.missing(results, expected) == ["flash_attention/bench/grid_d64.csv"]
     text = run(results, tmp_path, expected=expected)
     assert "**Not measured yet:** 1 of the 2 result files" in text
+
+
+def test_flash_attention_grid_bar_uses_the_gpu_time_where_both_were_measured():
+    rows = []
+    for n, (ours, compiled) in {128: ((1.0, 0.02), (0.9, 0.05)), 4096: ((1.3, 1.3), (1.2, 1.4))}.items():
+        for provider, ms in (("triton", ours), ("plain_compiled", compiled)):
+            for metric, value in zip(("fwd_bwd_ms", "fwd_bwd_gpu_ms"), ms):
+                rows.append({"dtype": "fp32", "head_dim": 128, "seq_len": n, "provider": provider,
+                             "metric": metric, "median": value, "status": "ok"})
+    grid = pd.DataFrame(rows)
+    assert flash_attention.grid_slower(grid, "fwd_bwd_ms") == (2, 2)
+    assert flash_attention.grid_slower(grid, "fwd_bwd_gpu_ms") == (0, 2)
+    line = flash_attention.bars([], grid, pd.DataFrame(), BARS["flash_attention"])[0]
+    assert "GPU time" in line["bar"] and line["met"]

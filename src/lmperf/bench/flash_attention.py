@@ -94,11 +94,13 @@ def bench_cases(spec: dict) -> list[dict]:
         for provider, dtype, causal, n, (heads, d, model) in itertools.product(
                 group["providers"], group["dtypes"], group["causal"], group["seq_lens"], _shapes(group)):
             harness = "leaderboard" if provider == "triton_compiled" else group.get("harness", "eager")
+            gpu_time = group.get("gpu_time", False)
             case = {"group": group["name"], "provider": provider, "harness": harness, "dtype": dtype,
                     "causal": causal, "batch": group["batch"], "heads": heads, "seq_len": n,
                     "head_dim": d, "model": model or "",
                     "timing_ms": "/".join(map(str, group["timing_ms"])),
-                    "tiled_max_seq_len": group["tiled_max_seq_len"], "gpu_time": bool(group.get("gpu_time"))}
+                    "tiled_max_seq_len": group["tiled_max_seq_len"],
+                    "gpu_time": gpu_time is True or provider in (gpu_time or ())}
             skip = [s["reason"] for s in group.get("skip", [])
                     if (s["provider"], s["dtype"]) == (provider, dtype)]
             if skip:

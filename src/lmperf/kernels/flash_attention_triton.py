@@ -488,9 +488,12 @@ class _Launcher:
     every argument on each call (88 us a launch on the H100 machine's host, scripts/fa_host_probe.py);
     here the first call of each specialisation goes through the JIT, which compiles and returns
     the kernel, and later calls launch that compiled kernel directly. The cache key is at least
-    as fine as Triton's specialisation: each tensor's dtype and 16-byte alignment, each int's
-    ==1, divisibility by 16 and 32-bit range, the constexprs and the device. Launch hooks (a
-    profiler) or a Triton whose compiled kernels lack this launcher fall back to the JIT path."""
+    as fine as Triton's specialisation: each tensor's dtype and address mod 16, every other
+    argument's value (strides, lengths), the constexprs and the device: one entry per shape
+    seen, at most MAX_ENTRIES. Launch hooks (a profiler) or a Triton whose compiled kernels
+    lack this launcher fall back to the JIT path."""
+
+    MAX_ENTRIES = 4096
 
     def __init__(self, kernel):
         self.kernel, self.cache, self.ok = kernel, {}, True
@@ -499,17 +502,10 @@ class _Launcher:
     def __getitem__(self, grid):
         return lambda *args, **kw: self.launch(grid, args, kw)
 
-    @staticmethod
-    def _spec(a):
-        if isinstance(a, torch.Tensor):
-            return a.dtype, a.data_ptr() % 16 == 0
-        if isinstance(a, int) and not isinstance(a, bool):
-            return a == 1, a % 16 == 0, -2**31 <= a < 2**31
-        return type(a), a
-
     def launch(self, grid, args, kw):
         device = torch.cuda.current_device()
-        key = (device, tuple(map(self._spec, args)), tuple(kw.items()))
+        key = (device, tuple((a.dtype, a.data_ptr() % 16) if isinstance(a, torch.Tensor) else a for a in args),
+               tuple(kw.items()))
         hit = self.cache.get(key) if self.ok else None
         if hit is None or _hooks_active():
             compiled = self.kernel[grid](*args, **kw)
@@ -517,6 +513,8 @@ class _Launcher:
                 try:  # what a direct launch needs: the constexprs in parameter order
                     tail = tuple(kw[name] for name in self.params[len(args):])
                     compiled.run, compiled.function, compiled.packed_metadata  # noqa: B018
+                    if len(self.cache) >= self.MAX_ENTRIES:
+                        self.cache.clear()
                     self.cache[key] = (compiled, tail)
                 except (KeyError, AttributeError):
                     self.ok = False
