@@ -48,7 +48,7 @@ def _flash_triton_forward_flops(q_shape, k_shape, v_shape, *args, out_shape=None
 
 def _flash_triton_backward_flops(q_shape, k_shape, v_shape, out_shape_, lse_shape, grad_out_shape,
                                  *args, out_shape=None, **kwargs) -> int:
-    """Our backward: two kernels without atomics, seven matmuls of the forward's size: the dQ
+    """Our backward: two kernels, seven matmuls of the forward's size: the dQ
     kernel recomputes S and computes dP = dO V^T and dQ = dS K; the dK/dV kernel recomputes S
     (and P) and dP, and computes dV = P^T dO and dK = dS^T Q."""
     from torch.utils.flop_counter import sdpa_flop_count

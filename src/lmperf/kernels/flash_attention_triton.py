@@ -2,11 +2,16 @@
 `..._backward`, registered with `torch.library.triton_op` so that `torch.compile` (fullgraph)
 traces through them, and `FlashAttention2Triton.apply(q, k, v, is_causal=False)` on top. The
 algorithm, with its invariants, is described in flash_attention_torch.py; this file mirrors it
-tile for tile.
+tile for tile. One file (about 640 lines) on purpose: the rule table, the kernels, their
+launchers and the ops change together (a tile config is only valid for the kernel beside it),
+and every change here re-measures the whole FlashAttention section.
 
-Launches: one forward kernel; backward is two kernels without atomics. The first walks the key
-tiles of one query tile for dQ and also writes Delta = rowsum(O * dO) of its rows; the second
-walks the query tiles of one key tile for dK and dV, reading that Delta.
+Launches: one forward kernel; backward is two kernels. The first walks the key tiles of one
+query tile for dQ and also writes Delta = rowsum(O * dO) of its rows; the second walks the
+query tiles of one key tile for dK and dV, reading that Delta. fp32 at low parallelism (few
+programs, long loops) splits each tile's loop over two programs that add their fp32 partial
+sums with atomics (SPLIT = 2: two addends onto zero, so the result does not depend on order).
+Eager calls launch through `_Launcher` (Triton's JIT once per specialisation).
 
 Causal masking: a query tile [q0, q0+BLOCK_Q) sees key tiles [0, q0) in full and pays nothing
 for the mask there; only the key tiles that cross the diagonal are masked, and key tiles past
@@ -122,9 +127,18 @@ def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
     return dict(dq=_fit(dq, n, "BLOCK_M2", "BLOCK_N2"), dkdv=_fit(dkdv, n, "BLOCK_N", "BLOCK_M"))
 
 
-# the launch path's memo of the two rules (their dicts are only read there)
-_fwd_config = functools.lru_cache(maxsize=1024)(fwd_config)
-_bwd_config = functools.lru_cache(maxsize=1024)(bwd_config)
+_fwd_memo = functools.lru_cache(maxsize=1024)(fwd_config)
+_bwd_memo = functools.lru_cache(maxsize=1024)(bwd_config)
+
+
+def _fwd_config(n, d, dtype, causal, bh):
+    """The launch path's memo of the rule (its dicts are only read there); traced symbolic
+    sizes (SymInt, unhashable) go to the rule itself."""
+    return (_fwd_memo if type(n) is type(d) is type(bh) is int else fwd_config)(n, d, dtype, causal, bh)
+
+
+def _bwd_config(n, d, dtype, causal, bh):
+    return (_bwd_memo if type(n) is type(d) is type(bh) is int else bwd_config)(n, d, dtype, causal, bh)
 
 
 def _fit(cfg: dict, n: int, outer: str, inner: str) -> dict:
@@ -598,9 +612,15 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def _backward(ctx, grad_out, grad_lse):
+def _backward(ctx, grad_out, *_, direct: bool = False):
+    """(dQ, dK, dV, None) from the saved (q, k, v, O, L): the backward op, or with `direct` the
+    kernels without the op's dispatch (FlashAttention2Triton in eager mode). The op's own
+    autograd always takes the op, so that every trace (Dynamo, AOTAutograd, opcheck) sees it."""
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out.contiguous(), ctx.is_causal)
+    if direct:
+        dq, dk, dv = _backward_kernels(q, k, v, out, lse, grad_out.contiguous(), ctx.is_causal, _plain)
+    else:
+        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out.contiguous(), ctx.is_causal)
     return dq, dk, dv, None
 
 
@@ -632,9 +652,4 @@ class FlashAttention2Triton(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, lse = ctx.saved_tensors
-        if torch.compiler.is_compiling():
-            dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out.contiguous(), ctx.is_causal)
-        else:
-            dq, dk, dv = _backward_kernels(q, k, v, out, lse, grad_out.contiguous(), ctx.is_causal, _plain)
-        return dq, dk, dv, None
+        return _backward(ctx, grad_out, direct=not torch.compiler.is_compiling())
