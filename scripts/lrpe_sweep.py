@@ -13,6 +13,8 @@ import time
 import torch
 
 from lmperf.bench.lrpe import _compiled_torch, copy_bandwidth_gbs, kernel_ms
+
+KERNEL_CALLS, COPY_WINDOWS = 10, (25, 200)  # config/schema.yaml's lrpe bench defaults
 from lmperf.kernels import lrpe
 
 B, H, D = 12, 12, 128
@@ -29,14 +31,14 @@ SETTINGS = [(2048, 4, 16, 2, "auto"),
 
 
 def times(fn, x, theta, grad):
-    fwd = kernel_ms(lambda: fn(x, theta))
+    fwd = kernel_ms(lambda: fn(x, theta), KERNEL_CALLS)
     out = fn(x, theta)
-    bwd = kernel_ms(lambda: torch.autograd.grad(out, x, grad, retain_graph=True))
+    bwd = kernel_ms(lambda: torch.autograd.grad(out, x, grad, retain_graph=True), KERNEL_CALLS)
     return fwd, bwd
 
 
 def main(out_path):
-    copy = copy_bandwidth_gbs()
+    copy = copy_bandwidth_gbs(*COPY_WINDOWS)
     rows, start = [], time.time()
     for shape, e, l in SIZES:
         n = l + math.prod(shape)

@@ -104,6 +104,7 @@ def test_bad_input_is_a_clear_value_error(args, message):
 def test_bench_grid_follows_the_seed():
     from lmperf.bench.lrpe import bench_cases
     spec = {"batch": 12, "heads": 12, "d": 128, "dtype": "bf16", "extra_tokens": [0, 10],
+            "timing_ms": [25, 100], "copy_timing_ms": [25, 200], "kernel_calls": 10,
             "providers": ["triton", "torch"]}
     for dims, sizes, e in ((1, [256, 32768], 128), (2, [16, 128], 64), (3, [4, 32], 64)):
         cases = bench_cases({**spec, "dims": dims, "sizes": sizes})

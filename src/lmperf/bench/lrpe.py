@@ -57,7 +57,10 @@ def bench_cases(spec: dict) -> list[dict]:
     e = 1 << math.ceil(math.log2(math.ceil(spec["d"] / m)))  # next power of two of ceil(d/m)
     for n, l, provider in itertools.product(spec["sizes"], spec["extra_tokens"], spec["providers"]):
         case = {"dims": m, "side": n, "tokens": l + n**m, "l": l, "provider": provider, "batch": spec["batch"],
-                "heads": spec["heads"], "d": spec["d"], "e": e, "dtype": spec["dtype"]}
+                "heads": spec["heads"], "d": spec["d"], "e": e, "dtype": spec["dtype"],
+                # timing windows and calls (config/schema.yaml's defaults)
+                "timing_ms": "/".join(map(str, spec["timing_ms"])),
+                "copy_timing_ms": "/".join(map(str, spec["copy_timing_ms"])), "kernel_calls": spec["kernel_calls"]}
         case["case_id"] = f"{m}d-n{n}-l{l}-{provider}"
         cases.append(case)
     return cases
@@ -88,24 +91,27 @@ def quantile_row(metric: str, unit: str, q20: float, median: float, q80: float) 
 
 
 @functools.cache
-def copy_bandwidth_quantiles() -> tuple[float, float, float]:
+def copy_bandwidth_quantiles(warmup_ms: int, rep_ms: int) -> tuple[float, float, float]:
     """Device-to-device copy bandwidth of this GPU in GB/s (bytes read + written), measured
-    now: (20%, median, 80%) over do_bench's repeats."""
+    now: (20%, median, 80%) over do_bench's repeats (windows: the spec's copy_timing_ms)."""
     import torch
     import triton.testing
     src = torch.randn(2**28, device="cuda")  # 1 GiB
     dst = torch.empty_like(src)
-    q = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, quantiles=list(QUANTILES))
+    q = triton.testing.do_bench(lambda: dst.copy_(src), warmup=warmup_ms, rep=rep_ms, quantiles=list(QUANTILES))
     gbs = lambda ms: 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
     return gbs(q[2]), gbs(q[1]), gbs(q[0])  # the slowest repeats give the lowest bandwidth
 
 
-def copy_bandwidth_gbs() -> float:
+def copy_bandwidth_gbs(warmup_ms: int, rep_ms: int) -> float:
     """The median of copy_bandwidth_quantiles(): the denominator of every copy fraction."""
-    return copy_bandwidth_quantiles()[1]
+    return copy_bandwidth_quantiles(warmup_ms, rep_ms)[1]
 
 
-KERNEL_CALLS = 10
+def windows(text: str) -> tuple[int, int]:
+    """A case's "warmup/rep" windows in ms (the schema's timing_ms, copy_timing_ms)."""
+    warmup, rep = (int(x) for x in text.split("/"))
+    return warmup, rep
 
 
 def device_us(key_averages, calls: int, flush_kernels: dict) -> float:
@@ -147,7 +153,7 @@ def _flush_kernels() -> dict:
     return kernels
 
 
-def kernel_ms(call) -> float:
+def kernel_ms(call, calls: int) -> float:
     """Device time of one call with the host left out, from the profiler's (CUPTI's) record of
     the GPU work it launched, cold L2 as in do_bench: at small sizes a plain call's time is the
     host's (Python, the autograd engine's thread hand-off), not the kernels'. Gaps between
@@ -161,11 +167,11 @@ def kernel_ms(call) -> float:
         call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(KERNEL_CALLS):
+        for _ in range(calls):
             buf.bitwise_not_()
             call()
         torch.cuda.synchronize()
-    return device_us(prof.key_averages(), KERNEL_CALLS, flush_kernels) / 1e3
+    return device_us(prof.key_averages(), calls, flush_kernels) / 1e3
 
 
 def measure_bench(case: dict) -> list[dict]:
@@ -189,10 +195,12 @@ def measure_bench(case: dict) -> list[dict]:
     x = torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen, requires_grad=True)
     theta = torch.rand(h, case["e"], device="cuda", generator=gen)
     grad = torch.randn(b, h, n, 2 * d, device="cuda", dtype=dtype, generator=gen)
-    bench = functools.partial(triton.testing.do_bench, warmup=25, rep=100, quantiles=list(QUANTILES))
+    warmup, rep_ms = windows(case["timing_ms"])
+    copy_windows, calls = windows(case["copy_timing_ms"]), case["kernel_calls"]
+    bench = functools.partial(triton.testing.do_bench, warmup=warmup, rep=rep_ms, quantiles=list(QUANTILES))
     x_bytes = x.numel() * x.element_size()
     floor_bytes = 3 * x_bytes  # read x, write out (2d); backward: read dO (2d), write dx
-    copy = copy_bandwidth_gbs()
+    copy = copy_bandwidth_gbs(*copy_windows)
     rows = []
 
     # forward: speed, then peak memory during one call (inputs included), as the seed measures
@@ -225,18 +233,18 @@ def measure_bench(case: dict) -> list[dict]:
     # The same without the host: the kernels' device time (what the bandwidth bar is about).
     device = {}
     try:
-        device["forward"] = kernel_ms(lambda: fn(x, theta))
+        device["forward"] = kernel_ms(lambda: fn(x, theta), calls)
         out = fn(x, theta)
-        device["backward"] = kernel_ms(lambda: torch.autograd.grad(out, x, grad, retain_graph=True))
+        device["backward"] = kernel_ms(lambda: torch.autograd.grad(out, x, grad, retain_graph=True), calls)
     except Exception as exc:  # the call times above still stand
         rows[0]["message"] = (f"no kernel time for the {('forward', 'backward')[len(device)]}: "
                               f"{type(exc).__name__}: {exc}")[:300]
     out = None
-    for direction, ms in device.items():  # the mean of KERNEL_CALLS calls' summed device time
-        rows += [dict(one_value(f"{direction}_kernel_ms", "ms", ms), kernel_calls=KERNEL_CALLS),
+    for direction, ms in device.items():  # the mean of `calls` calls' summed device time
+        rows += [dict(one_value(f"{direction}_kernel_ms", "ms", ms), kernel_calls=calls),
                  one_value(f"{direction}_kernel_gbs", "GB/s", gbs(ms)),
                  one_value(f"{direction}_kernel_copy_fraction", "fraction", gbs(ms) / copy)]
-    rows.append(quantile_row("copy_gbs", "GB/s", *copy_bandwidth_quantiles()))
+    rows.append(quantile_row("copy_gbs", "GB/s", *copy_bandwidth_quantiles(*copy_windows)))
     rows.append(one_value("x_elements", "count", x.numel()))
     config = ""
     if provider.startswith("triton"):  # the tile it ran with, for the tuning notes
