@@ -352,3 +352,15 @@ def test_workflow_helpers_name_jobs_specs_and_bad_sizes():
     config["distributed"]["full"]["ddp"]["sizes"] = ["xl", "huge"]
     with pytest.raises(ValueError, match=r"distributed.full.ddp.sizes names \['huge'\]"):
         workflow.check_distributed_config(config)
+
+
+def test_a_report_without_multi_gpu_results_names_other_machines_results(tmp_path):
+    """results/h100's report reads no h200 folder, but says where it is and where it renders."""
+    from lmperf.report.distributed import elsewhere
+
+    (tmp_path / "h100").mkdir()
+    assert elsewhere(tmp_path / "h100") == ""
+    (tmp_path / "h200-x2" / "distributed").mkdir(parents=True)
+    (tmp_path / "h200-x4").mkdir()  # no distributed folder: not named
+    text = elsewhere(tmp_path / "h100")
+    assert "h200-x2" in text and "report/distributed/h200-x2/distributed.md" in text and "h200-x4" not in text

@@ -6,11 +6,13 @@ thresholds of config/config.yaml's `report.distributed`; and its two figures.
 
     python -m lmperf.report.distributed --results results/h200-x2 --out report/distributed/distributed.md
 
-renders the section alone (scripts/distributed_gpu.sh's preview of a run).
+renders the section alone (scripts/distributed_gpu.sh's preview of a run). About 300 lines in
+one module, like bench/distributed.py: its entry point is what the GPU script runs alone.
 """
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -23,7 +25,7 @@ MEMORY = ["param_mib", "grad_mib", "optimizer_state_mib", "activations_mib", "pe
 VARIANT_NAMES = {"single": "one GPU", "per_param": "all-reduce per parameter",
                  "flat": "one flattened all-reduce", "ddp": "DDP", "fsdp2": "FSDP2",
                  "zero": "DDP + ZeroRedundancyOptimizer"}
-NO_RESULTS = "no multi-GPU results yet (scripts/distributed_gpu.sh on a machine with 2+ GPUs)"
+NO_RESULTS = "no multi-GPU results of this machine yet (scripts/distributed_gpu.sh on a machine with 2+ GPUs)"
 NOT_MEASURED = "not measured"
 
 
@@ -107,13 +109,25 @@ def frames(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 # The view
 
 
+def elsewhere(results: Path) -> str:
+    """Where other machines' multi-GPU results and their rendered sections are, if any (a report
+    reads only its own machine's results/<hw>-x<N>/; another GPU's stay under their own name)."""
+    folders = sorted(p for p in results.parent.glob("*-x*") if (p / "distributed").is_dir()
+                     and re.fullmatch(r".+-x\d+", p.name) and not p.name.startswith(results.name + "-x"))
+    if not folders:
+        return ""
+    return "; measured on other machines: " + ", ".join(
+        f"{p.name} (`{p.parent.name}/{p.name}/distributed/`, rendered in `report/distributed/{p.name}/distributed.md`)"
+        for p in folders)
+
+
 def view(inputs) -> dict:
     """Everything templates/distributed.md.j2 places: frames and numbers (text only through the
     `table` and `fmt` filters), and the bars with the thresholds of `inputs.bars["distributed"]`,
     each measured or saying why it could not be."""
     df = inputs.rows("distributed")
     if df.empty:
-        return unavailable(NO_RESULTS)
+        return unavailable(NO_RESULTS + elsewhere(Path(inputs.results)))
     limits = inputs.bars["distributed"]
     gpus = sorted({g for g in df["gpu"].astype(str) if g != "none"})
     out = {"available": True, "folders": sorted(df["hw"].astype(str).unique()),

@@ -1,6 +1,8 @@
 """End-to-end Transformer timings: the ladder (one change a rung, with its bars, floors and FLOP
 counts), the variants (dtype x compile), warm-up and context studies of `results/<hw>/e2e/`, and
-their figures."""
+their figures. One module of ~330 lines, as bench/e2e.py is one section: the four studies share
+the row schema, the MFU and floor arithmetic and one figure style, and the report rule reruns
+only the report when it changes."""
 from __future__ import annotations
 
 import math
