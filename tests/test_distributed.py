@@ -263,8 +263,8 @@ def test_report_view_without_results_says_so(tmp_path):
     from lmperf.report import distributed as R
 
     view = R.view(_inputs(pd.DataFrame(), tmp_path))
-    assert view == {"available": False, "why": "no multi-GPU results yet (scripts/distributed_gpu.sh "
-                                               "on a machine with 2+ GPUs)"}
+    assert view == {"available": False, "why": "no multi-GPU results of this machine yet "
+                                               "(scripts/distributed_gpu.sh on a machine with 2+ GPUs)"}
 
 
 def test_report_of_a_machine_reads_its_multi_gpu_folders(tmp_path):
@@ -330,7 +330,7 @@ def test_gpu_script_runs_every_job_and_renders_the_section_on_a_cpu(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     csvs = sorted(p.name for p in (repo / "results" / "cpu" / "distributed").glob("*.csv"))
     assert csvs == ["allreduce_n2.csv", "ddp_n1.csv", "ddp_n2.csv"]
-    text = (repo / "report" / "distributed" / "distributed.md").read_text()
+    text = (repo / "report" / "distributed" / "cpu" / "distributed.md").read_text()
     assert "## Scaling across GPUs" in text and "needs 2 GPUs" in text
     again = subprocess.run(["bash", "scripts/distributed_gpu.sh", "--scale", "smoke"], cwd=repo,
                            env=workflow_env(repo), capture_output=True, text=True, timeout=300)

@@ -4,7 +4,7 @@ the rows of the multi-GPU results folder(s) of the report's machine (see `sectio
 results/<hw>-x<N>/distributed/, or results/<hw>/distributed/ for the CPU's Gloo run) with the
 thresholds of config/config.yaml's `report.distributed`; and its two figures.
 
-    python -m lmperf.report.distributed --results results/h200-x2 --out report/distributed/distributed.md
+    python -m lmperf.report.distributed --results results/h200-x2 --out report/distributed/h200-x2/distributed.md
 
 renders the section alone (scripts/distributed_gpu.sh's preview of a run). About 300 lines in
 one module, like bench/distributed.py: its entry point is what the GPU script runs alone.
