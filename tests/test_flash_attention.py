@@ -123,6 +123,15 @@ def test_a_skipped_provider_becomes_a_row_that_says_why():
         measure_bench(skipped[0])
 
 
+@pytest.mark.parametrize("gpu_time, timed", [(True, {"flex", "plain"}), (["plain"], {"plain"}), (False, set())])
+def test_cuda_graph_timing_is_asked_per_group_or_per_provider(gpu_time, timed):
+    from lmperf.bench.flash_attention import bench_cases
+    group = {"name": "g", "batch": 1, "heads": 1, "causal": [True], "dtypes": ["bf16"], "seq_lens": [128],
+             "head_dims": [32], "providers": ["flex", "plain"], "timing_ms": [25, 100],
+             "tiled_max_seq_len": 4096, "gpu_time": gpu_time}
+    assert {c["provider"] for c in bench_cases({"groups": [group]}) if c["gpu_time"]} == timed
+
+
 # ---------------------------------------------------------------------------------------------
 # The Triton kernels as PyTorch ops: torch.compile and torch.library's own checks.
 # On a GPU torch.compile runs Inductor (which launches the kernels itself); on the CPU it runs
