@@ -133,6 +133,8 @@ def model_table(model: pd.DataFrame, metric: str | None = None) -> pd.DataFrame:
     keys = ["model", "heads", "head_dim", "seq_len"] if "model" in fb else ["heads", "head_dim", "seq_len"]
     wide_ms = fb.pivot_table(index=keys, columns="provider", values=CENTER, sort=False)
     out = wide_ms.reset_index()
+    for key in keys[1:] if keys[0] == "model" else keys:  # heads, head dim, N: integers
+        out[key] = out[key].astype(int)
     for peer in ("sdpa_flash", "sdpa_cudnn"):
         if {"triton", peer} <= set(wide_ms.columns):
             out[f"ours / {peer}"] = (wide_ms["triton"] / wide_ms[peer]).to_numpy()
