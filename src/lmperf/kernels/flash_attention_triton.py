@@ -307,7 +307,10 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ, stride_qb, stride_qn, stride_kb
     do = _load(DO + bh * stride_dob + offs_q[:, None] * stride_don + offs_d[None, :], offs_q, N, offs_d, D, D_PAD, True)
     o = _load(O + bh * stride_ob + offs_q[:, None] * stride_on + offs_d[None, :], offs_q, N, offs_d, D, D_PAD, True)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(Delta + bh * N + offs_q, delta, mask=rows_in & (part == 0))
+    if SPLIT == 1:
+        tl.store(Delta + bh * N + offs_q, delta, mask=rows_in)
+    elif part == 0:  # one of the parts writes Delta
+        tl.store(Delta + bh * N + offs_q, delta, mask=rows_in)
     # Rows >= N: L = +inf, so P = 0 there.
     lse2 = tl.load(L + bh * N + offs_q, mask=rows_in, other=float("inf")) * 1.4426950408889634
     dq = tl.zeros([BLOCK_M2, D_PAD], tl.float32)
