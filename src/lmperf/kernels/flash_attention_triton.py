@@ -2,7 +2,7 @@
 `..._backward`, registered with `torch.library.triton_op` so that `torch.compile` (fullgraph)
 traces through them, and `FlashAttention2Triton.apply(q, k, v, is_causal=False)` on top. The
 algorithm, with its invariants, is described in flash_attention_torch.py; this file mirrors it
-tile for tile. One file (about 640 lines) on purpose: the rule table, the kernels, their
+tile for tile. One file (about 590 lines) on purpose: the rule table, the kernels, their
 launchers and the ops change together (a tile config is only valid for the kernel beside it),
 and every change here re-measures the whole FlashAttention section.
 
@@ -11,7 +11,6 @@ query tile for dQ and also writes Delta = rowsum(O * dO) of its rows; the second
 query tiles of one key tile for dK and dV, reading that Delta. fp32 at low parallelism (few
 programs, long loops) splits each tile's loop over two programs that add their fp32 partial
 sums with atomics (SPLIT = 2: two addends onto zero, so the result does not depend on order).
-Eager calls launch through `_Launcher` (Triton's JIT once per specialisation).
 
 Causal masking: a query tile [q0, q0+BLOCK_Q) sees key tiles [0, q0) in full and pays nothing
 for the mask there; only the key tiles that cross the diagonal are masked, and key tiles past
@@ -171,20 +170,17 @@ def _load(ptrs, rows, N, offs_d, D: tl.constexpr, D_PAD: tl.constexpr, MASK_ROWS
 
 
 @triton.jit
-def _store(ptrs, x, rows, N, offs_d, D: tl.constexpr, D_PAD: tl.constexpr):
+def _store(ptrs, x, rows, N, offs_d, D: tl.constexpr, D_PAD: tl.constexpr, ADD: tl.constexpr = False):
+    """Write a [rows, D_PAD] tile (rows < N, columns < D); with ADD an atomic add instead (the
+    SPLIT = 2 backward's fp32 partial sums)."""
     if D == D_PAD:
-        tl.store(ptrs, x, mask=rows[:, None] < N)
+        mask = rows[:, None] < N
     else:
-        tl.store(ptrs, x, mask=(rows[:, None] < N) & (offs_d[None, :] < D))
-
-
-@triton.jit
-def _add(ptrs, x, rows, N, offs_d, D: tl.constexpr, D_PAD: tl.constexpr):
-    """Atomic fp32 add of a tile (the SPLIT = 2 backward's partial sums)."""
-    if D == D_PAD:
-        tl.atomic_add(ptrs, x, mask=rows[:, None] < N)
+        mask = (rows[:, None] < N) & (offs_d[None, :] < D)
+    if ADD:
+        tl.atomic_add(ptrs, x, mask=mask)
     else:
-        tl.atomic_add(ptrs, x, mask=(rows[:, None] < N) & (offs_d[None, :] < D))
+        tl.store(ptrs, x, mask=mask)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,11 +331,8 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ, stride_qb, stride_qn, stride_kb
         else:
             dq = _bwd_dq_tiles(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_vn, offs_q, offs_d,
                                hi, N, N, QK_SCALE, D, D_PAD, False, True, BLOCK_N2, DOT_PRECISION)
-    ptrs = DQ + bh * stride_dqb + offs_q[:, None] * stride_dqn + offs_d[None, :]
-    if SPLIT == 1:
-        _store(ptrs, (dq * SM_SCALE).to(DQ.dtype.element_ty), offs_q, N, offs_d, D, D_PAD)
-    else:
-        _add(ptrs, dq * SM_SCALE, offs_q, N, offs_d, D, D_PAD)
+    _store(DQ + bh * stride_dqb + offs_q[:, None] * stride_dqn + offs_d[None, :],
+           (dq * SM_SCALE).to(DQ.dtype.element_ty), offs_q, N, offs_d, D, D_PAD, SPLIT > 1)
 
 
 @triton.jit
@@ -409,14 +402,10 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, stride_qb, stride_qn, stride
         lo = tl.where(part == 0, lo, mid)
     dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, Qb, DOb, Lb, Deltab, stride_qn, stride_don, offs_k,
                              offs_d, lo, hi, N, QK_SCALE, D, D_PAD, False, BLOCK_M, DOT_PRECISION)
-    dk_ptrs = DK + bh * stride_dkb + offs_k[:, None] * stride_dkn + offs_d[None, :]
-    dv_ptrs = DV + bh * stride_dvb + offs_k[:, None] * stride_dvn + offs_d[None, :]
-    if SPLIT == 1:
-        _store(dk_ptrs, (dk * SM_SCALE).to(DK.dtype.element_ty), offs_k, N, offs_d, D, D_PAD)
-        _store(dv_ptrs, dv.to(DV.dtype.element_ty), offs_k, N, offs_d, D, D_PAD)
-    else:
-        _add(dk_ptrs, dk * SM_SCALE, offs_k, N, offs_d, D, D_PAD)
-        _add(dv_ptrs, dv, offs_k, N, offs_d, D, D_PAD)
+    _store(DK + bh * stride_dkb + offs_k[:, None] * stride_dkn + offs_d[None, :],
+           (dk * SM_SCALE).to(DK.dtype.element_ty), offs_k, N, offs_d, D, D_PAD, SPLIT > 1)
+    _store(DV + bh * stride_dvb + offs_k[:, None] * stride_dvn + offs_d[None, :],
+           dv.to(DV.dtype.element_ty), offs_k, N, offs_d, D, D_PAD, SPLIT > 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -500,64 +489,9 @@ def _backward_fake(q, k, v, out, lse, grad_out, is_causal):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-class _Launcher:
-    """kernel[grid](*args, **constexprs) for the eager path. Triton's JIT binds and specialises
-    every argument on each call (88 us a launch on the H100 machine's host, scripts/fa_host_probe.py);
-    here the first call of each specialisation goes through the JIT, which compiles and returns
-    the kernel, and later calls launch that compiled kernel directly. The cache key is at least
-    as fine as Triton's specialisation: each tensor's dtype and address mod 16, every other
-    argument's value (strides, lengths), the constexprs and the device: one entry per shape
-    seen, at most MAX_ENTRIES. Launch hooks (a profiler) or a Triton whose compiled kernels
-    lack this launcher fall back to the JIT path."""
-
-    MAX_ENTRIES = 4096
-
-    def __init__(self, kernel):
-        self.kernel, self.cache, self.ok = kernel, {}, True
-        self.params = [p.name for p in kernel.params]
-
-    def __getitem__(self, grid):
-        return lambda *args, **kw: self.launch(grid, args, kw)
-
-    def launch(self, grid, args, kw):
-        device = torch.cuda.current_device()
-        key = (device, tuple((a.dtype, a.data_ptr() % 16) if isinstance(a, torch.Tensor) else a for a in args),
-               tuple(kw.items()))
-        hit = self.cache.get(key) if self.ok else None
-        if hit is None or _hooks_active():
-            compiled = self.kernel[grid](*args, **kw)
-            if self.ok and hit is None:
-                try:  # what a direct launch needs: the constexprs in parameter order
-                    tail = tuple(kw[name] for name in self.params[len(args):])
-                    compiled.run, compiled.function, compiled.packed_metadata  # noqa: B018
-                    if len(self.cache) >= self.MAX_ENTRIES:
-                        self.cache.clear()
-                    self.cache[key] = (compiled, tail)
-                except (KeyError, AttributeError):
-                    self.ok = False
-            return
-        compiled, tail = hit
-        g = tuple(grid) + (1, 1)
-        compiled.run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(device), compiled.function,
-                     compiled.packed_metadata, None, None, None, *args, *tail)
-
-
-_LAUNCHERS: dict = {}
-
-
-def _hooks_active() -> bool:
-    """Whether a launch hook is set (Triton 3.6 keeps them in a HookChain, empty by default)."""
-    runtime = triton.knobs.runtime
-    return any(getattr(h, "calls", h is not None) for h in (runtime.launch_enter_hook, runtime.launch_exit_hook))
-
-
 def _plain(kernel):
-    """The eager path's launcher of `kernel` (Triton's JIT under the interpreter)."""
-    if INTERPRET:
-        return kernel
-    if kernel not in _LAUNCHERS:
-        _LAUNCHERS[kernel] = _Launcher(kernel)
-    return _LAUNCHERS[kernel]
+    """The eager path launches through Triton's JIT, without the op's dispatch."""
+    return kernel
 
 
 def _check_heads(bh: int) -> None:
