@@ -1,4 +1,6 @@
 """The ladder study (bench/ladder.py): how its rungs are built, and the FLOP count it checks MFU with."""
+import contextlib
+
 import pytest
 import torch
 
@@ -133,3 +135,38 @@ def test_report_reads_the_bars_off_the_ladder_rows():
     table = view["ladder_bars"].set_index("bar")
     assert list(table["_value"]) == [50.0, 50.0, 2.5, 1.25]
     assert list(table["met"]) == [True, False, False, True]
+
+
+def test_accumulation_rung_follows_its_context_and_changes_one_thing():
+    spec = {**SPEC, "accumulate": {"context": 64, "micro_batches": 4}}
+    cases = ladder.cases(spec, "tiny", cuda=True)
+    names = [c["name"] for c in cases]
+    assert names[names.index("ctx64") + 1] == "accumulate4"
+    i = names.index("accumulate4")
+    assert changed(cases[i - 1], cases[i]) == {"micro_batches": 4}
+    assert "global batch 8" in cases[i]["change"]
+    base = ladder.cases({**SPEC, "accumulate": {"context": 32, "micro_batches": 2}}, "tiny", cuda=True)
+    assert [c["name"] for c in base][len(ladder.RUNGS) + 1] == "accumulate2"  # after the last RUNGS rung
+
+
+def test_accumulated_micro_batches_give_one_batch_gradients():
+    """e2e.step with k micro-batches: the loss of each scaled by 1/k, gradients accumulated; the
+    same gradients as one step on the whole batch, and each phase seen k times."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(**DIMS, vocab_size=97, context_length=16)
+    model = TransformerLM(cfg)
+    tokens = torch.randint(cfg.vocab_size, (4, 17))
+    seen = []
+
+    class Capture(torch.optim.SGD):  # keeps the gradients the step saw
+        def step(self, closure=None):
+            self.grads = [p.grad.clone() for p in model.parameters()]
+
+    def grads(k):
+        opt = Capture(model.parameters(), lr=0.0)
+        around = lambda phase: (seen.append(phase), contextlib.nullcontext())[1]
+        e2e.step(model, opt, tokens[:, :-1], tokens[:, 1:], contextlib.nullcontext(), around, k)
+        return opt.grads
+    for a, b in zip(grads(1), grads(4)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert seen[3:] == ["forward", "backward"] * 4 + ["optimizer"]

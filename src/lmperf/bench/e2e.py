@@ -101,12 +101,17 @@ def setup(case: dict, model_dims: dict):
         compile_blocks(model)
     autocast = (torch.autocast(device_type=device, dtype=torch.bfloat16)
                 if case["dtype"] == "bf16" else contextlib.nullcontext())
-    tokens = torch.randint(cfg.vocab_size, (case["batch_size"], case["context"] + 1), device=device)
+    # micro_batches > 1 (gradient accumulation): that many batches of batch_size a step
+    rows = case["batch_size"] * case.get("micro_batches", 1)
+    tokens = torch.randint(cfg.vocab_size, (rows, case["context"] + 1), device=device)
     return cfg, model, optimizer, tokens[:, :-1], tokens[:, 1:], autocast
 
-def step(model, optimizer, inputs, targets, autocast, around) -> None:
+def step(model, optimizer, inputs, targets, autocast, around, micro_batches: int = 1) -> None:
     """One forward pass (mode forward, optimizer None) or training step, each phase inside
-    `around(phase)`: a timer, a profiler, or both. Phases are also named ranges (NVTX)."""
+    `around(phase)`: a timer, a profiler, or both. Phases are also named ranges (NVTX). With
+    micro_batches = k the batch is split in k along its first dimension, forward and backward
+    run once per part (gradients accumulate, each loss scaled by 1/k: the mean over the whole
+    batch), then the optimizer steps once; `around` sees each phase k times."""
     import torch
     from lmperf.ranges import annotate
 
@@ -114,12 +119,15 @@ def step(model, optimizer, inputs, targets, autocast, around) -> None:
         with around("forward"), annotate("phase.forward"), torch.no_grad(), autocast:
             model(inputs)
         return
-    with around("forward"), annotate("phase.forward"):
-        with autocast:
-            logits = model(inputs)
-            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-    with around("backward"), annotate("phase.backward"):
-        loss.backward()
+    for x, y in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)):
+        with around("forward"), annotate("phase.forward"):
+            with autocast:
+                logits = model(x)
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+                if micro_batches > 1:
+                    loss = loss / micro_batches
+        with around("backward"), annotate("phase.backward"):
+            loss.backward()
     with around("optimizer"), annotate("phase.optimizer"):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -149,11 +157,11 @@ def time_steps(case: dict, cfg, model, optimizer, inputs, targets, autocast) -> 
         times = {}
 
         @contextlib.contextmanager
-        def timer(phase):
+        def timer(phase):  # a phase seen once per micro-batch: its times add up
             with timing.timed(sync) as t:
                 yield
-            times[phase] = t.seconds
-        step(model, optimizer, inputs, targets, autocast, timer)
+            times[phase] = times.get(phase, 0.0) + t.seconds
+        step(model, optimizer, inputs, targets, autocast, timer, case.get("micro_batches", 1))
         return times
 
     sync()
@@ -168,7 +176,7 @@ def time_steps(case: dict, cfg, model, optimizer, inputs, targets, autocast) -> 
 
     phases = {p: [t[p] * 1e3 for t in timed] for p in timed[0]}
     step_ms = [sum(t.values()) * 1e3 for t in timed]
-    tokens_per_step = b * n
+    tokens_per_step = b * n * case.get("micro_batches", 1)
     flops_per_step = flops_per_token(cfg, n, case["mode"]) * tokens_per_step
     rows = [common.summarize(f"{p}_ms", "ms", xs) for p, xs in phases.items()]
     rows.append(common.summarize("step_ms", "ms", step_ms))

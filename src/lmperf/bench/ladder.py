@@ -1,8 +1,8 @@
 """The ladder: from the assignment's setting to the GPU's limit, one change a rung, every rung
 measured in the same job (run through `python -m lmperf.bench.e2e --study ladder`).
 
-Each rung is the rung before plus one change (RUNGS, then one rung per longer context, then
-activation checkpointing). A rung that needs CUDA becomes a `skipped` row where there is none, and
+Each rung is the rung before plus one change (RUNGS, then one rung per longer context, gradient
+accumulation after the context `accumulate.context` if configured, then activation checkpointing). A rung that needs CUDA becomes a `skipped` row where there is none, and
 its change is not carried to the rungs after it. Every rung is timed like the other e2e studies
 (bench/e2e.py: warm-up, then timed steps per phase), and adds:
 
@@ -27,7 +27,7 @@ from lmperf.bench import common, e2e, timing
 # The rungs before the longer contexts, in order: (rung, what changes, the case keys it sets,
 # whether it needs CUDA). The base is the assignment's model and optimizer in fp32, eager.
 BASE = {"dtype": "fp32", "tf32": False, "compile": False, "optimizer": "foreach",
-        "attention": "plain", "checkpoint_every": 0}
+        "attention": "plain", "checkpoint_every": 0, "micro_batches": 1}
 RUNGS = [
     ("fp32_eager", "fp32, eager, AdamW default (foreach), plain attention", {}, False),
     ("tf32", "TF32 matmuls: set_float32_matmul_precision('high')", {"tf32": True}, True),
@@ -51,7 +51,19 @@ def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
     out = [{**common_keys, **settings, "rung": 0, "name": "floors",
             "change": "device rates: copy bandwidth, bf16 matmul", "needs_cuda": True}]
     steps = list(RUNGS)
-    steps += [(f"ctx{c}", f"context {c:,} (same batch)", {"context": c}, False) for c in spec["contexts"]]
+    accumulate = spec.get("accumulate")
+
+    def accumulate_after(c: int) -> None:  # the accumulation rung, after the rung at context c
+        if accumulate and accumulate["context"] == c:
+            k = accumulate["micro_batches"]
+            steps.append((f"accumulate{k}", f"gradient accumulation: {k} micro-batches of "
+                          f"{spec['batch_size']} x {c:,} a step (global batch {k * spec['batch_size']}; "
+                          f"the optimizer's time spread over {k}x the tokens; not the model's math)",
+                          {"micro_batches": k}, False))
+    accumulate_after(spec["context"])
+    for c in spec["contexts"]:
+        steps.append((f"ctx{c}", f"context {c:,} (same batch)", {"context": c}, False))
+        accumulate_after(c)
     ck = spec["checkpoint"]
     steps.append(("checkpoint", f"activation checkpointing at context {ck['context']:,}: every k-th "
                   f"block, k by measured peak memory", {"context": ck["context"]}, False))
@@ -104,7 +116,7 @@ def phase_floors(cfg, case: dict, spec: dict) -> list[dict]:
     from lmperf.model import count_parameters
 
     rates = device_rates(spec["floors"]["gemm_size"], spec["floors"]["copy_mib"])
-    tokens = case["batch_size"] * case["context"]
+    tokens = case["batch_size"] * case["context"] * case.get("micro_batches", 1)
     forward = flops_per_token(cfg, case["context"], "forward") * tokens
     floor = lambda work, rate: [1e3 * work / rate]
     return [common.summarize("optimizer_floor_ms", "ms",
@@ -157,6 +169,8 @@ def count_step_flops(case: dict, dims: dict, device: str) -> dict[str, int]:
 
 
 def flop_rows(cfg, case: dict, dims: dict, device: str) -> list[dict]:
+    """Counted and closed-form FLOPs of one micro-batch's forward and backward (the whole step
+    when micro_batches is 1): the check of the closed form that MFU uses."""
     from lmperf.flops import closed_form_attention, flops_per_token
 
     tokens = case["batch_size"] * case["context"]
@@ -189,7 +203,8 @@ def attention_backend(case: dict, model, optimizer, inputs, targets, autocast) -
         return "plain matmuls"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities) as prof:
-        e2e.step(model, optimizer, inputs, targets, autocast, lambda phase: contextlib.nullcontext())
+        e2e.step(model, optimizer, inputs, targets, autocast, lambda phase: contextlib.nullcontext(),
+                 case.get("micro_batches", 1))
         timing.synchronizer()()
     names = [e.key for e in prof.key_averages()]
     for pattern, backend in BACKENDS:
@@ -198,14 +213,14 @@ def attention_backend(case: dict, model, optimizer, inputs, targets, autocast) -
     return "unknown"
 
 
-def one_step_peak_mib(model, optimizer, inputs, targets, autocast) -> float | None:
+def one_step_peak_mib(model, optimizer, inputs, targets, autocast, micro_batches: int = 1) -> float | None:
     """Peak allocated MiB of one training step, None if it ran out of memory (freed again)."""
     import torch
 
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     try:
-        e2e.step(model, optimizer, inputs, targets, autocast, lambda phase: contextlib.nullcontext())
+        e2e.step(model, optimizer, inputs, targets, autocast, lambda phase: contextlib.nullcontext(), micro_batches)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() / 2**20
     except torch.OutOfMemoryError:
@@ -229,7 +244,7 @@ def choose_checkpointing(case: dict, spec: dict, model, optimizer, inputs, targe
     rows = []
     for k in candidates:
         e2e.checkpoint_blocks(model, k)
-        peak = one_step_peak_mib(model, optimizer, inputs, targets, autocast)
+        peak = one_step_peak_mib(model, optimizer, inputs, targets, autocast, case.get("micro_batches", 1))
         row = common.summarize("trial_peak_allocated_mib", "MiB", [float("nan") if peak is None else peak])
         rows.append({**row, "checkpoint_every": k, "message": "oom" if peak is None else ""})
         if peak is not None and peak <= budget_mib:

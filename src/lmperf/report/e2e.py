@@ -155,6 +155,8 @@ def ladder(df: pd.DataFrame, limits: dict) -> dict:
         tokens = _value(g, case_id, "tokens_per_s")
         best[size] = {"rung": int(first["rung"]), "change": first["change"], "context": int(first["context"]),
                       "batch_size": int(first["batch_size"]), "warmup": int(first["warmup"]),
+                      "micro_batches": int(first["micro_batches"]) if "micro_batches" in first
+                      and pd.notna(first["micro_batches"]) else 1,
                       "timed_steps": int(first["timed_steps"]),
                       "attention": first["attention"], "backend": first.get("attention_backend"),
                       "optimizer": first["optimizer"], "mfu": _value(g, case_id, "mfu_pct"),

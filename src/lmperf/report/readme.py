@@ -43,7 +43,9 @@ def headline(e2e: pd.DataFrame) -> tuple[str, dict | None]:
         if best:
             b = best.get(size)
             row["best rung of the ladder"] = "" if b is None else (
-                f"{fmt(b['step_ms'])} ms ({fmt(b['mfu'])}% MFU; {b['batch_size']} x {b['context']:,}, "
+                f"{fmt(b['step_ms'])} ms ({fmt(b['mfu'])}% MFU; "
+                f"{str(b['micro_batches']) + ' micro-batches of ' if b['micro_batches'] > 1 else ''}"
+                f"{b['batch_size']} x {b['context']:,}, "
                 f"{b['backend'] or b['attention']}, AdamW {b['optimizer']}; {fmt(b['vs_assignment'])}x "
                 f"the bf16 compiled tokens/s)")
         rows.append(row)
