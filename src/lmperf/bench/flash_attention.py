@@ -191,8 +191,10 @@ def measure_bench(case: dict) -> list[dict]:
         fn = torch.compile(fn, fullgraph=True, dynamic=False)
     b, h, n, d = case["batch"], case["heads"], case["seq_len"], case["head_dim"]
     dtype = common.torch_dtype(case["dtype"])
-    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
-    dout = torch.randn(b, h, n, d, device="cuda", dtype=dtype)
+    # a generator of the case's own: a CUDA-graph capture that fails leaves the default one unusable
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen).requires_grad_() for _ in range(3))
+    dout = torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen)
     warmup, rep = (int(x) for x in case["timing_ms"].split("/"))
 
     def bench(f, **kw):  # (median, q20, q80) in ms

@@ -58,6 +58,11 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
+def _cdiv(a, b):
+    """ceil(a / b) in plain Python (triton.cdiv is a JIT function: about 7 us a call from Python)."""
+    return (a + b - 1) // b
+
+
 def d_pad(d: int) -> int:
     return max(16, _pow2(d))
 
@@ -104,7 +109,7 @@ def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
         dq = dict(BLOCK_M2=32, BLOCK_N2=32, num_warps=4, num_stages=2)
         dkdv = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
         # few programs and long loops: two programs per tile (fp32 outputs take atomic adds)
-        if n >= 2048 and bh * triton.cdiv(n, 32) < 2 * SM_COUNT_H100:
+        if n >= 2048 and bh * _cdiv(n, 32) < 2 * SM_COUNT_H100:
             split = 2
     elif dp > 128:
         dq = dict(BLOCK_M2=64, BLOCK_N2=32, num_warps=4, num_stages=2)
@@ -117,7 +122,7 @@ def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
         else:  # padded to 128 (e.g. 80)
             dq = dict(BLOCK_M2=64, BLOCK_N2=32, num_warps=4, num_stages=3)
         # causal, D <= 64: 128-key tiles when they alone give every SM several programs
-        if causal and dp <= 64 and bh * triton.cdiv(n, 128) >= 4 * SM_COUNT_H100:
+        if causal and dp <= 64 and bh * _cdiv(n, 128) >= 4 * SM_COUNT_H100:
             dkdv = dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3)
         else:
             dkdv = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
@@ -433,7 +438,7 @@ def launch_forward(q3, k3, v3, out, lse, is_causal: bool, cfg: dict, launch=lamb
     """Run the forward kernel on (B, N, D) views with config `cfg` (BLOCK_Q, BLOCK_K, warps,
     stages). `launch` wraps the kernel (wrap_triton inside the op; identity for the sweep)."""
     bh, n, d = q3.shape
-    grid = (triton.cdiv(n, cfg["BLOCK_Q"]), bh)
+    grid = (_cdiv(n, cfg["BLOCK_Q"]), bh)
     launch(_fwd_kernel)[grid](
         q3, k3, v3, out, lse, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
         v3.stride(0), v3.stride(1), out.stride(0), out.stride(1), n, **_scales(d),
@@ -446,7 +451,7 @@ def launch_backward_dq(q3, k3, v3, o3, do3, lse, delta, dq, is_causal: bool, cfg
     SPLIT = 2 in the config, dq must be fp32 and zeroed (the two parts add into it)."""
     bh, n, d = q3.shape
     c = {"SPLIT": 1, **cfg["dq"]}
-    launch(_bwd_dq_kernel)[(triton.cdiv(n, c["BLOCK_M2"]) * c["SPLIT"], bh)](
+    launch(_bwd_dq_kernel)[(_cdiv(n, c["BLOCK_M2"]) * c["SPLIT"], bh)](
         q3, k3, v3, o3, do3, lse, delta, dq, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
         v3.stride(0), v3.stride(1), o3.stride(0), o3.stride(1), do3.stride(0), do3.stride(1),
         dq.stride(0), dq.stride(1), n, **_scales(d), SM_SCALE=1.0 / math.sqrt(d), IS_CAUSAL=is_causal,
@@ -459,7 +464,7 @@ def launch_backward_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal: bool, c
     SPLIT = 2 in the config, dk and dv must be fp32 and zeroed."""
     bh, n, d = q3.shape
     c = {"SPLIT": 1, **cfg["dkdv"]}
-    tiles = triton.cdiv(n, c["BLOCK_N"]) * c["SPLIT"]
+    tiles = _cdiv(n, c["BLOCK_N"]) * c["SPLIT"]
     launch(_bwd_dkdv_kernel)[(bh, tiles) if c["HEADS_FASTEST"] else (tiles, bh)](
         q3, k3, v3, do3, lse, delta, dk, dv, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
         v3.stride(0), v3.stride(1), do3.stride(0), do3.stride(1), dk.stride(0), dk.stride(1),
