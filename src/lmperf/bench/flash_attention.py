@@ -225,6 +225,9 @@ def measure_bench(case: dict) -> list[dict]:
         # quantiles do not subtract: the median only
         times["backward"] = (times["fwd_bwd"][0] - times["forward"][0], float("nan"), float("nan"))
         note = "backward = (forward+backward) - forward: this graph cannot be replayed with retain_graph"
+    # free the retained graph first: it keeps the leaves' AccumulateGrad nodes (and the stream they
+    # were made on, the default one) alive, and a backward captured while they live fails
+    out = None
     gpu_rows = []
     if case.get("gpu_time"):  # the same forward+backward replayed as a CUDA graph: the GPU's time alone
         def graphed():
@@ -240,7 +243,6 @@ def measure_bench(case: dict) -> list[dict]:
             status, message = common.classify_failure(exc)
             gpu_rows = [{**common.failure_row(status, "CUDA graph: " + message), "metric": "fwd_bwd_gpu_ms",
                          "unit": "ms"}]
-    out = None
     config = ""
     if case["provider"] in ("triton", "triton_compiled"):  # the rule table's choice, for the notes
         from lmperf.kernels import flash_attention_triton as fa
