@@ -6,7 +6,8 @@ E2E_JOBS = wf.e2e_jobs(E2E)  # (study, size) pairs: one job and one CSV each
 rule e2e_study:
     input:
         model="src/lmperf/model.py",
-        kernel="src/lmperf/kernels/flash_attention_triton.py",  # the ladder's attention: flash-triton
+        kernel=lambda w: (["src/lmperf/kernels/flash_attention_triton.py"]  # the ladder's flash-triton rungs
+                          if wf.e2e_uses_our_attention(E2E["studies"][w.study]) else []),
         code=["src/lmperf/bench/e2e.py", "src/lmperf/bench/ladder.py", "src/lmperf/flops.py",
               "src/lmperf/ranges.py", *HARNESS],
     output:

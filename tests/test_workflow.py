@@ -156,9 +156,13 @@ def test_editing_the_lrpe_kernel_reruns_only_its_rules_and_the_report(built_copy
 
 
 def test_editing_a_kernel_reruns_its_rules_and_the_report_only(built_copy):
+    """The FlashAttention kernel's rules, and the e2e jobs whose model can run it (the ladder's
+    flash-triton rungs): one ladder job per size at smoke scale."""
     edit(built_copy / "src" / "lmperf" / "kernels" / "flash_attention_triton.py", "\n# edited\n")
     fresh = planned(copy_repo(built_copy.parent / "fresh"))
-    assert planned(built_copy) == {"flash_attention_check": 1,
+    config = yaml.safe_load((built_copy / "config" / "config.yaml").read_text())
+    ladder_jobs = len(config["e2e"]["smoke"]["studies"]["ladder"]["sizes"])
+    assert planned(built_copy) == {"flash_attention_check": 1, "e2e_study": ladder_jobs,
                                    "flash_attention_bench": fresh["flash_attention_bench"], "report": 1}
 
 

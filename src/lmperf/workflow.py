@@ -64,6 +64,12 @@ def e2e_jobs(e2e: dict) -> list[tuple[str, str]]:
     return [(study, size) for study, spec in e2e["studies"].items() for size in spec["sizes"]]
 
 
+def e2e_uses_our_attention(spec: dict) -> bool:
+    """Whether an e2e study's model can run our FlashAttention kernel (then the kernel file is an
+    input of its jobs): the ladder (its flash-triton rungs), or a study with that attention."""
+    return "ladder" in spec or spec.get("attention") == "flash-triton"
+
+
 def e2e_spec(config: dict, e2e: dict, study: str, size: str) -> str:
     """The JSON spec of one e2e job: a rerun trigger for exactly what that job measures."""
     spec = e2e["studies"][study]
