@@ -218,3 +218,17 @@ def test_flash_attention_grid_bar_uses_the_gpu_time_where_both_were_measured():
     assert flash_attention.grid_slower(grid, "fwd_bwd_gpu_ms") == (0, 2)
     line = flash_attention.bars([], grid, pd.DataFrame(), BARS["flash_attention"])[0]
     assert "GPU time" in line["bar"] and line["met"]
+
+
+def test_two_providers_with_the_same_times_everywhere_are_flagged():
+    """Two SDPA backends that take the same time at every shape did not both run: the cuDNN
+    stretch bar then says 'not measured' instead of comparing against a copy of SDPA-flash."""
+    same = pd.DataFrame({"sdpa_flash": [0.100, 0.200, 0.300], "sdpa_cudnn": [0.101, 0.199, 0.300],
+                         "ours / sdpa_flash": [0.6, 0.6, 0.6], "ours / sdpa_cudnn": [0.6, 0.6, 0.6]})
+    assert flash_attention.same_kernel(same, "sdpa_flash", "sdpa_cudnn")
+    different = same.assign(sdpa_cudnn=[0.080, 0.150, 0.300])
+    assert not flash_attention.same_kernel(different, "sdpa_flash", "sdpa_cudnn")
+    same.attrs["metric"] = "fwd_bwd_gpu_ms"
+    rows = flash_attention.bars([], pd.DataFrame(), same, {})
+    cudnn = [r for r in rows if "sdpa_cudnn" in r["bar"]]
+    assert len(cudnn) == 1 and cudnn[0]["measured"].startswith("not measured") and not cudnn[0]["met"]
