@@ -32,20 +32,14 @@ VARIANTS = ("do_bench_cudagraph", "warm3_global", "warm3_thread_local", "forward
 
 
 def make(provider: str):
-    import torch
     import torch.nn.functional as F
     from lmperf.kernels import flash_attention_triton as fa
     if provider == "triton":
         return lambda q, k, v: fa.FlashAttention2Triton.apply(q, k, v, True)
     if provider == "sdpa":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-    def plain(q, k, v):
-        n = q.shape[-2]
-        s = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5
-        mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-        return torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ v
-    return torch.compile(plain, fullgraph=True, dynamic=False)
+    from lmperf.bench.flash_attention import _compiled_plain  # the bench's plain_compiled
+    return lambda q, k, v: _compiled_plain()(q, k, v, True)
 
 
 def one(provider: str, dtype_name: str, variant: str) -> str:
