@@ -3,8 +3,9 @@ src/lmperf/kernels/flash_attention_triton.py (fwd_config, bwd_config).
 
 For each shape below and each kernel (forward, backward dQ, backward dK/dV) it times every
 candidate config with triton.testing.do_bench (the kernel launch alone, median and 20/80%
-quantiles), checks each candidate's output against the rule table's, and times SDPA-flash and
-SDPA-cuDNN on the same shape for scale. Candidates are compiled first in parallel processes
+quantiles) and replayed as a CUDA graph (graph_ms: the GPU's time alone, which is what counts
+for the short shapes, whose launches take longer than their kernels), checks each candidate's
+output against the rule table's, and times SDPA-flash and SDPA-cuDNN on the same shape for scale. Candidates are compiled first in parallel processes
 (Triton's on-disk cache), so the timing loop only loads them. Every failure is a row.
 
     python scripts/fa_sweep.py --out DIR [--jobs 14] [--only headline,model_xl]
@@ -41,7 +42,18 @@ SHAPES = {
     "fp32_d128_4096": (1, 1, 4096, 128, True, FP32),
     "fp32_d128_8192": (1, 1, 8192, 128, True, FP32),
     "fp32_d64_2048": (1, 1, 2048, 64, True, FP32),
+    # the grid's short single-head shapes, where the split rule (SPLIT 2-8) applies
+    "grid_fp32_d16_1024": (1, 1, 1024, 16, True, FP32),
+    "grid_fp32_d64_512": (1, 1, 512, 64, True, FP32),
+    "grid_fp32_d64_1024": (1, 1, 1024, 64, True, FP32),
+    "grid_fp32_d128_256": (1, 1, 256, 128, True, FP32),
+    "grid_fp32_d128_1024": (1, 1, 1024, 128, True, FP32),
+    "grid_fp32_d128_4096": (1, 1, 4096, 128, True, FP32),
+    "grid_bf16_d128_512": (1, 1, 512, 128, True, BF16),
+    "grid_bf16_d128_1024": (1, 1, 1024, 128, True, BF16),
+    "grid_bf16_d128_2048": (1, 1, 2048, 128, True, BF16),
 }
+SPLITS = (1, 2, 4, 8)
 
 FWD = {  # (BLOCK_Q, BLOCK_K, warps, stages)
     "16bit": [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 8, 4), (128, 64, 8, 2),
@@ -67,7 +79,7 @@ DKDV = {  # (BLOCK_M, BLOCK_N, warps, stages)
 KEYS = {"fwd": ("BLOCK_Q", "BLOCK_K"), "dq": ("BLOCK_M2", "BLOCK_N2"), "dkdv": ("BLOCK_M", "BLOCK_N")}
 TABLES = {"fwd": FWD, "dq": DQ, "dkdv": DKDV}
 FIELDS = ["shape", "batch", "heads", "seq_len", "head_dim", "causal", "dtype", "kernel", "config",
-          "is_rule", "ms", "q20_ms", "q80_ms", "max_abs_diff", "status", "message", "gpu", "torch",
+          "is_rule", "ms", "q20_ms", "q80_ms", "graph_ms", "max_abs_diff", "status", "message", "gpu", "torch",
           "triton", "commit"]
 
 
@@ -88,12 +100,12 @@ def candidates(name: str, kernel: str) -> list[dict]:
         cfg = fa._fit({first: x, second: y, "num_warps": w, "num_stages": s}, n, outer, inner)
         if kernel == "dkdv":
             cfg["HEADS_FASTEST"] = causal
-        if kernel != "fwd":
-            cfg["SPLIT"] = 1
+        cfg["SPLIT"] = rule["SPLIT"]  # each tile with the rule's split ...
         if cfg not in out:
             out.append(cfg)
-    if kernel != "fwd" and dtype == FP32:  # fp32 backward: each candidate with the loop split in two too
-        out += [c2 for c in list(out) if (c2 := {**c, "SPLIT": 3 - c.get("SPLIT", 1)}) not in out]
+    programs = b * h * fa._cdiv(n, rule[outer])
+    if programs < 2 * fa.SM_COUNT_H100:  # ... and, where the split rule applies, the rule's tile at every split
+        out += [c2 for split in SPLITS if (c2 := {**rule, "SPLIT": split}) not in out]
     return out
 
 
@@ -113,22 +125,12 @@ def runner(name: str, kernel: str, cfg: dict, t):
     if kernel == "fwd":
         o2, l2 = torch.empty_like(out), torch.empty_like(lse)
         return (lambda: fa.launch_forward(q, k, v, o2, l2, causal, cfg)), o2
-    split = cfg.get("SPLIT", 1) > 1  # the parts add into zeroed outputs: zeroing is part of the cost
+    # a split launch allocates its fp32 partials and merges them: part of the timed cost
     if kernel == "dq":
         dq2, delta2 = torch.empty_like(dq), torch.empty_like(delta)
-
-        def run_dq():
-            if split:
-                dq2.zero_()
-            fa.launch_backward_dq(q, k, v, out, do, lse, delta2, dq2, causal, full)
-        return run_dq, dq2
+        return (lambda: fa.launch_backward_dq(q, k, v, out, do, lse, delta2, dq2, causal, full)), dq2
     dk2, dv2 = torch.empty_like(dk), torch.empty_like(dv)
-
-    def run_dkdv():
-        if split:
-            dk2.zero_(), dv2.zero_()
-        fa.launch_backward_dkdv(q, k, v, do, lse, delta, dk2, dv2, causal, full)
-    return run_dkdv, dk2
+    return (lambda: fa.launch_backward_dkdv(q, k, v, do, lse, delta, dk2, dv2, causal, full)), dk2
 
 
 def prepare(name: str, run_rule: bool = True):
@@ -143,7 +145,7 @@ def prepare(name: str, run_rule: bool = True):
         return q, k, v, do, out, lse, torch.zeros_like(lse), torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     fa.launch_forward(q, k, v, out, lse, causal, fa.fwd_config(n, d, dtype, causal, b * h))
     delta = torch.empty_like(lse)
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)  # zeroed: SPLIT adds
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     cfg = fa.bwd_config(n, d, dtype, causal, b * h)
     fa.launch_backward_dq(q, k, v, out, do, lse, delta, dq, causal, cfg)
     fa.launch_backward_dkdv(q, k, v, do, lse, delta, dk, dv, causal, cfg)
@@ -244,6 +246,7 @@ def main(argv=None) -> int:
                         row["max_abs_diff"] = float((out.float() - ref[kernel].float()).abs().max())
                         q20, q50, q80 = triton.testing.do_bench(fn, warmup=10, rep=50, quantiles=[0.2, 0.5, 0.8])
                         row.update(ms=q50, q20_ms=q20, q80_ms=q80, status="ok")
+                        row.update(graph_ms=graph_time(fn))
                     except Exception as exc:  # noqa: BLE001 - a row per failure
                         row.update(status="oom" if "out of memory" in str(exc).lower() else "error",
                                    message=f"{type(exc).__name__}: {exc}"[:300])
@@ -255,7 +258,7 @@ def main(argv=None) -> int:
                 row = {**base, "kernel": label, "config": "", "is_rule": False}
                 try:
                     q20, q50, q80 = triton.testing.do_bench(fn, warmup=10, rep=50, quantiles=[0.2, 0.5, 0.8])
-                    row.update(ms=q50, q20_ms=q20, q80_ms=q80, status="ok")
+                    row.update(ms=q50, q20_ms=q20, q80_ms=q80, status="ok", graph_ms=graph_time(fn))
                 except Exception as exc:  # noqa: BLE001
                     row.update(status="error", message=f"{type(exc).__name__}: {exc}"[:300])
                 w.writerow(row)
@@ -264,6 +267,24 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
     summarize(path)
     return 0
+
+
+_GRAPHS = {"ok": True}
+
+
+def graph_time(fn) -> float:
+    """GPU time (ms) of fn replayed as a CUDA graph: the short shapes' kernels take less than
+    do_bench's host floor. NaN once a capture has failed (a failed capture spoils the process's
+    later ones)."""
+    import triton.testing
+    if not _GRAPHS["ok"]:
+        return float("nan")
+    try:
+        return float(triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median"))
+    except Exception as exc:  # noqa: BLE001
+        _GRAPHS["ok"] = False
+        print(f"CUDA-graph timing off from here: {type(exc).__name__}: {exc}"[:300], flush=True)
+        return float("nan")
 
 
 def summarize(path: Path) -> None:

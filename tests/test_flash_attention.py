@@ -203,23 +203,51 @@ def test_tile_configs_depend_only_on_the_call():
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("n", [1, 33, 70, 130])
-def test_split_backward_matches_float64(monkeypatch, causal, n):
-    """fp32 at low parallelism splits each backward tile's loop over two programs that add
-    their partial sums atomically: forced here at every length, checked against float64."""
+@pytest.mark.parametrize("n, split", [(1, 2), (33, 2), (70, 4), (130, 2), (130, 8)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_split_matches_float64(monkeypatch, causal, n, split, dtype):
+    """At low parallelism each kernel splits a tile's loop over SPLIT programs writing fp32
+    partial results (the forward's merged by logsumexp, the backward's summed): forced here for
+    all three kernels, with shares that are empty, one tile, or ragged, checked against float64."""
     fa = flash_attention_triton
-    rule = fa.bwd_config
-
-    def split(*args):
-        cfg = rule(*args)
-        return {name: {**c, "SPLIT": 2} for name, c in cfg.items()}
-    monkeypatch.setattr(fa, "_bwd_config", split)
-    check("triton", (1, 2, n, 40), torch.float32, causal)
+    fwd_rule, bwd_rule = fa.fwd_config, fa.bwd_config
+    monkeypatch.setattr(fa, "_fwd_config", lambda *a: {**fwd_rule(*a), "SPLIT": split})
+    monkeypatch.setattr(fa, "_bwd_config", lambda *a: {name: {**c, "SPLIT": split}
+                                                      for name, c in bwd_rule(*a).items()})
+    check("triton", (1, 2, n, 40), dtype, causal)
 
 
-def test_split_is_chosen_for_fp32_with_few_programs_only(monkeypatch):
+def test_split_gives_the_same_result_every_run(monkeypatch):
+    """Partial sums are added in a fixed order (no atomics): two runs agree bit for bit."""
+    fa = flash_attention_triton
+    fwd_rule, bwd_rule = fa.fwd_config, fa.bwd_config
+    monkeypatch.setattr(fa, "_fwd_config", lambda *a: {**fwd_rule(*a), "SPLIT": 4})
+    monkeypatch.setattr(fa, "_bwd_config", lambda *a: {name: {**c, "SPLIT": 4}
+                                                      for name, c in bwd_rule(*a).items()})
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 100, 32, generator=gen).to(DEVICE) for _ in range(3))
+    grad = torch.randn(1, 2, 100, 32, generator=gen).to(DEVICE)
+    runs = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = flash_attention_triton.FlashAttention2Triton.apply(*leaves, True)
+        out.backward(grad)
+        runs.append([out.detach(), *(t.grad for t in leaves)])
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def test_split_is_chosen_with_few_programs_only(monkeypatch):
     fa = flash_attention_triton
     monkeypatch.setattr(fa, "INTERPRET", False)  # the GPU's rule table (the interpreter has its own tiles)
-    assert fa.bwd_config(4096, 128, torch.float32, True, 1)["dkdv"]["SPLIT"] == 2
-    assert fa.bwd_config(4096, 128, torch.float32, True, 64)["dkdv"]["SPLIT"] == 1
-    assert fa.bwd_config(4096, 128, torch.bfloat16, True, 1)["dkdv"]["SPLIT"] == 1
+    # one head, short sequences (the grid's): several programs per tile, every kernel
+    assert fa.fwd_config(1024, 128, torch.float32, True, 1)["SPLIT"] == 8
+    assert fa.bwd_config(1024, 128, torch.float32, True, 1)["dkdv"]["SPLIT"] == 8
+    assert fa.bwd_config(1024, 128, torch.bfloat16, True, 1)["dq"]["SPLIT"] == 4
+    # shares keep at least 4 tiles of the loop: none at 128 tokens
+    assert fa.fwd_config(128, 128, torch.float32, True, 1)["SPLIT"] == 1
+    # enough programs: the headline, the throughput and the model group's shapes are not split
+    assert fa.fwd_config(16384, 64, torch.bfloat16, True, 16)["SPLIT"] == 1
+    assert fa.bwd_config(8192, 128, torch.bfloat16, True, 64)["dkdv"]["SPLIT"] == 1
+    assert fa.bwd_config(256, 64, torch.bfloat16, True, 48)["dq"]["SPLIT"] == 1
+    assert fa.bwd_config(1024, 64, torch.bfloat16, True, 100)["dkdv"]["SPLIT"] == 1

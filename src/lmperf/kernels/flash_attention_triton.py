@@ -2,15 +2,18 @@
 `..._backward`, registered with `torch.library.triton_op` so that `torch.compile` (fullgraph)
 traces through them, and `FlashAttention2Triton.apply(q, k, v, is_causal=False)` on top. The
 algorithm, with its invariants, is described in flash_attention_torch.py; this file mirrors it
-tile for tile. One file (about 590 lines) on purpose: the rule table, the kernels, their
+tile for tile. One file (about 680 lines) on purpose: the rule table, the kernels, their
 launchers and the ops change together (a tile config is only valid for the kernel beside it),
 and every change here re-measures the whole FlashAttention section.
 
 Launches: one forward kernel; backward is two kernels. The first walks the key tiles of one
 query tile for dQ and also writes Delta = rowsum(O * dO) of its rows; the second walks the
-query tiles of one key tile for dK and dV, reading that Delta. fp32 at low parallelism (few
-programs, long loops) splits each tile's loop over two programs that add their fp32 partial
-sums with atomics (SPLIT = 2: two addends onto zero, so the result does not depend on order).
+query tiles of one key tile for dK and dV, reading that Delta. At low parallelism (few
+programs, long loops: one head, short sequences) each kernel splits a tile's loop over SPLIT
+programs (2, 4 or 8) that write fp32 partial results to their own slices: the forward's
+partial (O, L) are merged by their logsumexps in a second small kernel, the backward's
+partial sums are added in a fixed order after the kernel, so results do not depend on
+scheduling.
 
 Causal masking: a query tile [q0, q0+BLOCK_Q) sees key tiles [0, q0) in full and pays nothing
 for the mask there; only the key tiles that cross the diagonal are masked, and key tiles past
@@ -92,7 +95,19 @@ def fwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
         cfg = dict(BLOCK_Q=128, BLOCK_K=64, num_warps=8, num_stages=3)
     else:
         cfg = dict(BLOCK_Q=128, BLOCK_K=128, num_warps=8, num_stages=3)
-    return _fit(cfg, n, "BLOCK_Q", "BLOCK_K")
+    cfg = _fit(cfg, n, "BLOCK_Q", "BLOCK_K")
+    cfg["SPLIT"] = _split(bh * _cdiv(n, cfg["BLOCK_Q"]), _cdiv(n, cfg["BLOCK_K"]))
+    return cfg
+
+
+def _split(programs: int, loop_tiles: int) -> int:
+    """Programs per tile (1, 2, 4 or 8), each over a share of the tile's loop: doubled while the
+    launch has fewer than two programs per SM and every share keeps at least 4 tiles.
+    Predicted, not yet swept (notes/flash_attention.md, v6)."""
+    split = 1
+    while split < 8 and programs * split < 2 * SM_COUNT_H100 and loop_tiles >= 8 * split:
+        split *= 2
+    return split
 
 
 def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dict:
@@ -104,13 +119,9 @@ def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
                     dkdv=dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, HEADS_FASTEST=causal,
                               SPLIT=1))
     dp = d_pad(d)
-    split = 1
     if dtype == torch.float32:
         dq = dict(BLOCK_M2=32, BLOCK_N2=32, num_warps=4, num_stages=2)
         dkdv = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
-        # few programs and long loops: two programs per tile (fp32 outputs take atomic adds)
-        if n >= 2048 and bh * _cdiv(n, 32) < 2 * SM_COUNT_H100:
-            split = 2
     elif dp > 128:
         dq = dict(BLOCK_M2=64, BLOCK_N2=32, num_warps=4, num_stages=2)
         dkdv = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
@@ -127,8 +138,11 @@ def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
         else:
             dkdv = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
     dkdv["HEADS_FASTEST"] = causal
-    dq["SPLIT"] = dkdv["SPLIT"] = split
-    return dict(dq=_fit(dq, n, "BLOCK_M2", "BLOCK_N2"), dkdv=_fit(dkdv, n, "BLOCK_N", "BLOCK_M"))
+    dq, dkdv = _fit(dq, n, "BLOCK_M2", "BLOCK_N2"), _fit(dkdv, n, "BLOCK_N", "BLOCK_M")
+    # few programs and long loops: several programs per tile, each writing fp32 partial sums
+    dq["SPLIT"] = _split(bh * _cdiv(n, dq["BLOCK_M2"]), _cdiv(n, dq["BLOCK_N2"]))
+    dkdv["SPLIT"] = _split(bh * _cdiv(n, dkdv["BLOCK_N"]), _cdiv(n, dkdv["BLOCK_M"]))
+    return dict(dq=dq, dkdv=dkdv)
 
 
 _fwd_memo = functools.lru_cache(maxsize=1024)(fwd_config)
@@ -175,17 +189,22 @@ def _load(ptrs, rows, N, offs_d, D: tl.constexpr, D_PAD: tl.constexpr, MASK_ROWS
 
 
 @triton.jit
-def _store(ptrs, x, rows, N, offs_d, D: tl.constexpr, D_PAD: tl.constexpr, ADD: tl.constexpr = False):
-    """Write a [rows, D_PAD] tile (rows < N, columns < D); with ADD an atomic add instead (the
-    SPLIT = 2 backward's fp32 partial sums)."""
+def _store(ptrs, x, rows, N, offs_d, D: tl.constexpr, D_PAD: tl.constexpr):
+    """Write a [rows, D_PAD] tile (rows < N, columns < D)."""
     if D == D_PAD:
         mask = rows[:, None] < N
     else:
         mask = (rows[:, None] < N) & (offs_d[None, :] < D)
-    if ADD:
-        tl.atomic_add(ptrs, x, mask=mask)
-    else:
-        tl.store(ptrs, x, mask=mask)
+    tl.store(ptrs, x, mask=mask)
+
+
+@triton.jit
+def _part_range(part, end, BLOCK: tl.constexpr, SPLIT: tl.constexpr):
+    """[lo, hi): this part's share of the tiles in [0, end) (end a multiple of BLOCK), in SPLIT
+    contiguous chunks of whole tiles; trailing parts may be empty."""
+    per = tl.cdiv(end // BLOCK, SPLIT) * BLOCK
+    lo = tl.minimum(part * per, end)
+    return lo, tl.minimum(lo + per, end)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,13 +240,17 @@ def _fwd_tiles(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, offs_q, offs_d, lo,
 
 @triton.jit
 def _fwd_kernel(Q, K, V, O, L, stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn,
-                stride_ob, stride_on, N, QK_SCALE: tl.constexpr, D: tl.constexpr,
+                stride_os, stride_ob, stride_on, stride_ls, N, QK_SCALE: tl.constexpr, D: tl.constexpr,
                 D_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
-    q_tile = tl.program_id(0)
+                BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
+    """O and L of one query tile. SPLIT > 1: SPLIT programs per query tile, each over its share of
+    the key tiles, writing its own normalised partial O (fp32) and logsumexp to slice `part` of
+    O and L; _fwd_combine_kernel merges them."""
+    q_tile = tl.program_id(0) // SPLIT
+    part = tl.program_id(0) % SPLIT
     bh = tl.program_id(1).to(tl.int64)
     if IS_CAUSAL:  # the last query tile has the most keys: start it first
-        q_tile = tl.num_programs(0) - 1 - q_tile
+        q_tile = tl.num_programs(0) // SPLIT - 1 - q_tile
     q0 = q_tile * BLOCK_Q
     offs_q = q0 + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, D_PAD)
@@ -237,25 +260,66 @@ def _fwd_kernel(Q, K, V, O, L, stride_qb, stride_qn, stride_kb, stride_kn, strid
     m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q], tl.float32)
     acc = tl.zeros([BLOCK_Q, D_PAD], tl.float32)
+    # Key tiles needing no mask: causal, those wholly left of the diagonal (all columns < q0 <= N);
+    # otherwise all but a ragged last one. Split in SPLIT shares; the last part also takes the
+    # masked tiles (the diagonal, or the ragged end).
     if IS_CAUSAL:
-        # Key tiles wholly left of the diagonal: no mask (all columns < q0 <= N).
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_vn, offs_q, offs_d,
-                                   0, q0, N, QK_SCALE, D, D_PAD, False, False, BLOCK_K, DOT_PRECISION)
-        # Key tiles crossing the diagonal: causal mask (it also hides columns >= N).
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_vn, offs_q, offs_d,
-                                   q0, q0 + BLOCK_Q, N, QK_SCALE, D, D_PAD, True, True, BLOCK_K,
-                                   DOT_PRECISION)
+        end = q0
     else:
-        n_full = (N // BLOCK_K) * BLOCK_K
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_vn, offs_q, offs_d,
-                                   0, n_full, N, QK_SCALE, D, D_PAD, False, False, BLOCK_K, DOT_PRECISION)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_vn, offs_q, offs_d,
-                                   n_full, N, N, QK_SCALE, D, D_PAD, False, True, BLOCK_K, DOT_PRECISION)
-    out = acc / l_i[:, None]
-    _store(O + bh * stride_ob + offs_q[:, None] * stride_on + offs_d[None, :], out.to(O.dtype.element_ty),
-           offs_q, N, offs_d, D, D_PAD)
+        end = (N // BLOCK_K) * BLOCK_K
+    lo = 0
+    hi = end
+    if SPLIT > 1:
+        lo, hi = _part_range(part, end, BLOCK_K, SPLIT)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_vn, offs_q, offs_d,
+                               lo, hi, N, QK_SCALE, D, D_PAD, False, False, BLOCK_K, DOT_PRECISION)
+    if part == SPLIT - 1:
+        if IS_CAUSAL:  # the causal mask also hides columns >= N
+            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_vn, offs_q, offs_d,
+                                       q0, q0 + BLOCK_Q, N, QK_SCALE, D, D_PAD, True, True, BLOCK_K,
+                                       DOT_PRECISION)
+        else:
+            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_vn, offs_q, offs_d,
+                                       end, N, N, QK_SCALE, D, D_PAD, False, True, BLOCK_K, DOT_PRECISION)
     # L in natural log: (m_i + log2 l_i) * ln 2.
-    tl.store(L + bh * N + offs_q, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, mask=offs_q < N)
+    if SPLIT == 1:
+        out = acc / l_i[:, None]
+        lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
+    else:  # a part that saw no keys (l_i = 0) writes O = 0 and L = -inf: weight 0 in the merge
+        seen = l_i > 0
+        out = acc / tl.where(seen, l_i, 1.0)[:, None]
+        lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453,
+                       float("-inf"))
+    _store(O + part * stride_os + bh * stride_ob + offs_q[:, None] * stride_on + offs_d[None, :],
+           out.to(O.dtype.element_ty), offs_q, N, offs_d, D, D_PAD)
+    tl.store(L + part * stride_ls + bh * N + offs_q, lse, mask=offs_q < N)
+
+
+@triton.jit
+def _fwd_combine_kernel(OS, LS, O, L, stride_os, stride_osb, stride_osn, stride_ls, stride_ob, stride_on,
+                        N, D: tl.constexpr, D_PAD: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """Merge the SPLIT partial (O_p, L_p) of a split forward: L = log sum_p exp(L_p),
+    O = sum_p exp(L_p - L) O_p. Every row has keys in at least one part, so L is finite."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    bh = tl.program_id(1).to(tl.int64)
+    offs_d = tl.arange(0, D_PAD)
+    rows_in = rows < N
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    for p in tl.static_range(SPLIT):
+        m = tl.maximum(m, tl.load(LS + p * stride_ls + bh * N + rows, mask=rows_in, other=float("-inf")))
+    m = tl.where(rows_in, m, 0.0)
+    w_sum = tl.zeros([BLOCK], tl.float32)
+    acc = tl.zeros([BLOCK, D_PAD], tl.float32)
+    for p in tl.static_range(SPLIT):
+        w = tl.exp(tl.load(LS + p * stride_ls + bh * N + rows, mask=rows_in, other=float("-inf")) - m)
+        o = _load(OS + p * stride_os + bh * stride_osb + rows[:, None] * stride_osn + offs_d[None, :], rows, N,
+                  offs_d, D, D_PAD, True)
+        acc += w[:, None] * o
+        w_sum += w
+    w_sum = tl.where(rows_in, w_sum, 1.0)
+    _store(O + bh * stride_ob + rows[:, None] * stride_on + offs_d[None, :],
+           (acc / w_sum[:, None]).to(O.dtype.element_ty), rows, N, offs_d, D, D_PAD)
+    tl.store(L + bh * N + rows, m + tl.log(w_sum), mask=rows_in)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,13 +352,13 @@ def _bwd_dq_tiles(dq, q, do, lse2, delta, K, V, stride_kn, stride_vn, offs_q, of
 @triton.jit
 def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ, stride_qb, stride_qn, stride_kb, stride_kn,
                    stride_vb, stride_vn, stride_ob, stride_on, stride_dob, stride_don,
-                   stride_dqb, stride_dqn, N, QK_SCALE: tl.constexpr, SM_SCALE: tl.constexpr,
+                   stride_dqs, stride_dqb, stride_dqn, N, QK_SCALE: tl.constexpr, SM_SCALE: tl.constexpr,
                    D: tl.constexpr, D_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
                    DOT_PRECISION: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
                    SPLIT: tl.constexpr):
     """dQ of one query tile, and Delta = rowsum(O * dO) of its rows for the dK/dV kernel.
-    SPLIT = 2: two programs per query tile, each over half the key tiles, adding their fp32
-    partial dQ into a zeroed DQ with atomics (two addends onto zero: any order, one result)."""
+    SPLIT > 1: SPLIT programs per query tile, each over its share of the key tiles, writing its
+    fp32 partial dQ to slice `part` of DQ (summed after the kernel, in a fixed order)."""
     q_tile = tl.program_id(0) // SPLIT
     part = tl.program_id(0) % SPLIT
     bh = tl.program_id(1).to(tl.int64)
@@ -316,17 +380,16 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ, stride_qb, stride_qn, stride_kb
     lse2 = tl.load(L + bh * N + offs_q, mask=rows_in, other=float("inf")) * 1.4426950408889634
     dq = tl.zeros([BLOCK_M2, D_PAD], tl.float32)
     Kb, Vb = K + bh * stride_kb, V + bh * stride_vb
-    # unmasked key tiles [0, hi) (split in two halves when SPLIT = 2), then the masked ones
-    # (the diagonal, or the ragged end) by the last part
+    # unmasked key tiles [0, end) (in SPLIT shares), then the masked ones (the diagonal, or the
+    # ragged end) by the last part
     if IS_CAUSAL:
-        hi = q0
+        end = q0
     else:
-        hi = (N // BLOCK_N2) * BLOCK_N2
+        end = (N // BLOCK_N2) * BLOCK_N2
     lo = 0
-    if SPLIT == 2:
-        mid = (hi // BLOCK_N2 + 1) // 2 * BLOCK_N2
-        lo = tl.where(part == 0, 0, mid)
-        hi = tl.where(part == 0, mid, hi)
+    hi = end
+    if SPLIT > 1:
+        lo, hi = _part_range(part, end, BLOCK_N2, SPLIT)
     dq = _bwd_dq_tiles(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_vn, offs_q, offs_d,
                        lo, hi, N, QK_SCALE, D, D_PAD, False, False, BLOCK_N2, DOT_PRECISION)
     if part == SPLIT - 1:
@@ -335,9 +398,9 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ, stride_qb, stride_qn, stride_kb
                                q0, q0 + BLOCK_M2, N, QK_SCALE, D, D_PAD, True, True, BLOCK_N2, DOT_PRECISION)
         else:
             dq = _bwd_dq_tiles(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_vn, offs_q, offs_d,
-                               hi, N, N, QK_SCALE, D, D_PAD, False, True, BLOCK_N2, DOT_PRECISION)
-    _store(DQ + bh * stride_dqb + offs_q[:, None] * stride_dqn + offs_d[None, :],
-           (dq * SM_SCALE).to(DQ.dtype.element_ty), offs_q, N, offs_d, D, D_PAD, SPLIT > 1)
+                               end, N, N, QK_SCALE, D, D_PAD, False, True, BLOCK_N2, DOT_PRECISION)
+    _store(DQ + part * stride_dqs + bh * stride_dqb + offs_q[:, None] * stride_dqn + offs_d[None, :],
+           (dq * SM_SCALE).to(DQ.dtype.element_ty), offs_q, N, offs_d, D, D_PAD)
 
 
 @triton.jit
@@ -367,13 +430,13 @@ def _bwd_dkdv_tiles(dk, dv, k, v, Q, DO, L, Delta, stride_qn, stride_don, offs_k
 
 @triton.jit
 def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, stride_qb, stride_qn, stride_kb, stride_kn,
-                     stride_vb, stride_vn, stride_dob, stride_don, stride_dkb, stride_dkn,
-                     stride_dvb, stride_dvn, N, QK_SCALE: tl.constexpr, SM_SCALE: tl.constexpr,
+                     stride_vb, stride_vn, stride_dob, stride_don, stride_dks, stride_dkb, stride_dkn,
+                     stride_dvs, stride_dvb, stride_dvn, N, QK_SCALE: tl.constexpr, SM_SCALE: tl.constexpr,
                      D: tl.constexpr, D_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
                      DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      HEADS_FASTEST: tl.constexpr, SPLIT: tl.constexpr):
-    """dK and dV of one key tile. SPLIT = 2: two programs per key tile, each over half the
-    query tiles, adding their fp32 partial sums into zeroed DK and DV with atomics."""
+    """dK and dV of one key tile. SPLIT > 1: SPLIT programs per key tile, each over its share of
+    the query tiles, writing fp32 partial sums to slice `part` of DK and DV (summed after)."""
     # causal: the first key tile has the most queries, and starts first
     if HEADS_FASTEST:
         k_tile = tl.program_id(1) // SPLIT
@@ -392,7 +455,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, stride_qb, stride_qn, stride
     dv = tl.zeros([BLOCK_N, D_PAD], tl.float32)
     Qb, DOb, Lb, Deltab = Q + bh * stride_qb, DO + bh * stride_dob, L + bh * N, Delta + bh * N
     # Causal: query tiles crossing the diagonal are masked (by the first part); later ones see
-    # this key tile in full. The unmasked range [lo, N) is split in two halves when SPLIT = 2.
+    # this key tile in full. The unmasked range [start, N) is split in SPLIT shares.
     lo = 0
     if IS_CAUSAL:
         lo = k0 + BLOCK_N
@@ -401,16 +464,17 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, stride_qb, stride_qn, stride
                                      offs_d, k0, k0 + BLOCK_N, N, QK_SCALE, D, D_PAD, True, BLOCK_M,
                                      DOT_PRECISION)
     hi = N
-    if SPLIT == 2:
-        mid = lo + (tl.cdiv(N - lo, BLOCK_M) + 1) // 2 * BLOCK_M
-        hi = tl.where(part == 0, mid, N)
-        lo = tl.where(part == 0, lo, mid)
+    if SPLIT > 1:  # shares of whole tiles from lo; the last share's end may pass N (rows masked)
+        start = lo
+        lo, hi = _part_range(part, tl.cdiv(tl.maximum(N - start, 0), BLOCK_M) * BLOCK_M, BLOCK_M, SPLIT)
+        lo += start
+        hi += start
     dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, Qb, DOb, Lb, Deltab, stride_qn, stride_don, offs_k,
                              offs_d, lo, hi, N, QK_SCALE, D, D_PAD, False, BLOCK_M, DOT_PRECISION)
-    _store(DK + bh * stride_dkb + offs_k[:, None] * stride_dkn + offs_d[None, :],
-           (dk * SM_SCALE).to(DK.dtype.element_ty), offs_k, N, offs_d, D, D_PAD, SPLIT > 1)
-    _store(DV + bh * stride_dvb + offs_k[:, None] * stride_dvn + offs_d[None, :],
-           dv.to(DV.dtype.element_ty), offs_k, N, offs_d, D, D_PAD, SPLIT > 1)
+    _store(DK + part * stride_dks + bh * stride_dkb + offs_k[:, None] * stride_dkn + offs_d[None, :],
+           (dk * SM_SCALE).to(DK.dtype.element_ty), offs_k, N, offs_d, D, D_PAD)
+    _store(DV + part * stride_dvs + bh * stride_dvb + offs_k[:, None] * stride_dvn + offs_d[None, :],
+           dv.to(DV.dtype.element_ty), offs_k, N, offs_d, D, D_PAD)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,42 +498,71 @@ def _scales(d: int) -> dict:
     return dict(QK_SCALE=LOG2E / math.sqrt(d), D=d, D_PAD=d_pad(d))
 
 
+def _strides(t: torch.Tensor) -> tuple:
+    """(part, batch, row) strides of an output: (B, N, D), or (SPLIT, B, N, D) partial sums."""
+    return (0, t.stride(0), t.stride(1)) if t.dim() == 3 else (t.stride(0), t.stride(1), t.stride(2))
+
+
 def launch_forward(q3, k3, v3, out, lse, is_causal: bool, cfg: dict, launch=lambda k: k) -> None:
     """Run the forward kernel on (B, N, D) views with config `cfg` (BLOCK_Q, BLOCK_K, warps,
-    stages). `launch` wraps the kernel (wrap_triton inside the op; identity for the sweep)."""
+    stages, SPLIT), writing out and lse. `launch` wraps each kernel (wrap_triton inside the op;
+    identity for the sweep). SPLIT > 1: partial results in fp32 buffers, then one merge kernel."""
     bh, n, d = q3.shape
-    grid = (_cdiv(n, cfg["BLOCK_Q"]), bh)
-    launch(_fwd_kernel)[grid](
-        q3, k3, v3, out, lse, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
-        v3.stride(0), v3.stride(1), out.stride(0), out.stride(1), n, **_scales(d),
-        IS_CAUSAL=is_causal, DOT_PRECISION=_dot_precision(q3.dtype), **cfg)
+    c = {"SPLIT": 1, **cfg}
+    split = c["SPLIT"]
+    o_p, l_p = out, lse
+    if split > 1:
+        o_p = torch.empty((split, bh, n, d), dtype=torch.float32, device=q3.device)
+        l_p = torch.empty((split, bh, n), dtype=torch.float32, device=q3.device)
+    launch(_fwd_kernel)[(_cdiv(n, c["BLOCK_Q"]) * split, bh)](
+        q3, k3, v3, o_p, l_p, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
+        v3.stride(0), v3.stride(1), *_strides(o_p), l_p.stride(0) if split > 1 else 0, n, **_scales(d),
+        IS_CAUSAL=is_causal, DOT_PRECISION=_dot_precision(q3.dtype), **c)
+    if split > 1:
+        block = 32
+        launch(_fwd_combine_kernel)[(_cdiv(n, block), bh)](
+            o_p, l_p, out, lse, *_strides(o_p), l_p.stride(0), out.stride(0), out.stride(1), n, D=d,
+            D_PAD=d_pad(d), SPLIT=split, BLOCK=block, num_warps=4)
 
 
 def launch_backward_dq(q3, k3, v3, o3, do3, lse, delta, dq, is_causal: bool, cfg: dict,
                        launch=lambda k: k) -> None:
-    """dQ, and Delta = rowsum(O * dO) for launch_backward_dkdv, with config cfg["dq"]. With
-    SPLIT = 2 in the config, dq must be fp32 and zeroed (the two parts add into it)."""
+    """dQ into dq, and Delta = rowsum(O * dO) for launch_backward_dkdv, with config cfg["dq"].
+    SPLIT > 1: fp32 partial dQ per part, summed in a fixed order (no atomics: one result)."""
     bh, n, d = q3.shape
     c = {"SPLIT": 1, **cfg["dq"]}
-    launch(_bwd_dq_kernel)[(_cdiv(n, c["BLOCK_M2"]) * c["SPLIT"], bh)](
-        q3, k3, v3, o3, do3, lse, delta, dq, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
+    split = c["SPLIT"]
+    dq_p = dq if split == 1 else torch.empty((split, bh, n, d), dtype=torch.float32, device=q3.device)
+    launch(_bwd_dq_kernel)[(_cdiv(n, c["BLOCK_M2"]) * split, bh)](
+        q3, k3, v3, o3, do3, lse, delta, dq_p, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
         v3.stride(0), v3.stride(1), o3.stride(0), o3.stride(1), do3.stride(0), do3.stride(1),
-        dq.stride(0), dq.stride(1), n, **_scales(d), SM_SCALE=1.0 / math.sqrt(d), IS_CAUSAL=is_causal,
+        *_strides(dq_p), n, **_scales(d), SM_SCALE=1.0 / math.sqrt(d), IS_CAUSAL=is_causal,
         DOT_PRECISION=_dot_precision(q3.dtype), **c)
+    if split > 1:
+        dq.copy_(dq_p.sum(0))
 
 
 def launch_backward_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal: bool, cfg: dict,
                          launch=lambda k: k) -> None:
-    """dK and dV (needs the Delta that launch_backward_dq wrote), with config cfg["dkdv"]. With
-    SPLIT = 2 in the config, dk and dv must be fp32 and zeroed."""
+    """dK and dV into dk, dv (needs the Delta that launch_backward_dq wrote), with config
+    cfg["dkdv"]. SPLIT > 1: fp32 partial sums per part (one buffer for both), summed after."""
     bh, n, d = q3.shape
     c = {"SPLIT": 1, **cfg["dkdv"]}
-    tiles = _cdiv(n, c["BLOCK_N"]) * c["SPLIT"]
+    split = c["SPLIT"]
+    dk_p, dv_p = dk, dv
+    if split > 1:
+        kv = torch.empty((split, 2, bh, n, d), dtype=torch.float32, device=q3.device)
+        dk_p, dv_p = kv[:, 0], kv[:, 1]
+    tiles = _cdiv(n, c["BLOCK_N"]) * split
     launch(_bwd_dkdv_kernel)[(bh, tiles) if c["HEADS_FASTEST"] else (tiles, bh)](
-        q3, k3, v3, do3, lse, delta, dk, dv, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
-        v3.stride(0), v3.stride(1), do3.stride(0), do3.stride(1), dk.stride(0), dk.stride(1),
-        dv.stride(0), dv.stride(1), n, **_scales(d), SM_SCALE=1.0 / math.sqrt(d), IS_CAUSAL=is_causal,
+        q3, k3, v3, do3, lse, delta, dk_p, dv_p, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
+        v3.stride(0), v3.stride(1), do3.stride(0), do3.stride(1), *_strides(dk_p), *_strides(dv_p), n,
+        **_scales(d), SM_SCALE=1.0 / math.sqrt(d), IS_CAUSAL=is_causal,
         DOT_PRECISION=_dot_precision(q3.dtype), **c)
+    if split > 1:
+        kv = kv.sum(0)
+        dk.copy_(kv[0])
+        dv.copy_(kv[1])
 
 
 def _register(name: str, fake):
@@ -522,10 +615,7 @@ def _backward_kernels(q, k, v, out, lse, grad_out, is_causal: bool, launch):
     lse3 = lse3 if lse3.is_contiguous() else lse3.contiguous()
     delta = torch.empty((bh, n), dtype=torch.float32, device=q.device)
     cfg = _bwd_config(n, d, q.dtype, is_causal, bh)
-    new = q3.new_zeros if cfg["dq"]["SPLIT"] > 1 else q3.new_empty
-    dq = new(q3.shape)
-    new = q3.new_zeros if cfg["dkdv"]["SPLIT"] > 1 else q3.new_empty
-    dk, dv = new(k3.shape), new(v3.shape)
+    dq, dk, dv = q3.new_empty(q3.shape), k3.new_empty(k3.shape), v3.new_empty(v3.shape)
     launch_backward_dq(q3, k3, v3, o3, do3, lse3, delta, dq, is_causal, cfg, launch)
     launch_backward_dkdv(q3, k3, v3, do3, lse3, delta, dk, dv, is_causal, cfg, launch)
     return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
