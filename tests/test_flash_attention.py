@@ -204,7 +204,7 @@ def test_tile_configs_depend_only_on_the_call():
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("n, split", [(1, 2), (33, 2), (70, 4), (130, 2), (130, 8)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
 def test_split_matches_float64(monkeypatch, causal, n, split, dtype):
     """At low parallelism each kernel splits a tile's loop over SPLIT programs writing fp32
     partial results (the forward's merged by logsumexp, the backward's summed): forced here for
