@@ -37,7 +37,7 @@ def test_matches_float64_3d(impl, dtype, causal, n):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("d", [8, 16, 24, 32, 64, 80, 96, 128, 200, 256])
+@pytest.mark.parametrize("d", [8, 16, 24, 32, 40, 64, 72, 80, 96, 128, 136, 200, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_every_head_dim_4d(impl, d, causal):
     """Any multiple of 8 from 8 to 256: powers of two, and padded ones (80 is the 2.7B model's)."""
@@ -235,6 +235,17 @@ def test_split_gives_the_same_result_every_run(monkeypatch):
         runs.append([out.detach(), *(t.grad for t in leaves)])
     for a, b in zip(*runs):
         assert torch.equal(a, b)
+
+
+def test_head_dims_are_one_padded_tile_or_two_narrower_ones():
+    fa = flash_attention_triton
+    assert fa.d_tiles(80) == (64, 16) and fa.d_tiles(96) == (64, 32) and fa.d_tiles(72) == (64, 16)
+    assert fa.d_tiles(40) == (32, 16) and fa.d_tiles(136) == (128, 16)
+    assert fa.d_tiles(64) == (64, 0) and fa.d_tiles(8) == (16, 0) and fa.d_tiles(24) == (32, 0)
+    assert fa.d_tiles(112) == (128, 0) and fa.d_tiles(200) == (256, 0)  # two tiles would save nothing
+    for d in range(8, 257, 8):
+        da, db = fa.d_tiles(d)
+        assert da + db >= d and da + db <= fa.d_pad(d) and (db == 0 or da <= d)
 
 
 def test_split_is_chosen_with_few_programs_only(monkeypatch):

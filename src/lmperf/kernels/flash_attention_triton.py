@@ -2,7 +2,7 @@
 `..._backward`, registered with `torch.library.triton_op` so that `torch.compile` (fullgraph)
 traces through them, and `FlashAttention2Triton.apply(q, k, v, is_causal=False)` on top. The
 algorithm, with its invariants, is described in flash_attention_torch.py; this file mirrors it
-tile for tile. One file (about 680 lines) on purpose: the rule table, the kernels, their
+tile for tile. One file (about 780 lines) on purpose: the rule table, the kernels, their
 launchers and the ops change together (a tile config is only valid for the kernel beside it),
 and every change here re-measures the whole FlashAttention section.
 
@@ -21,8 +21,10 @@ the diagonal are never visited. Ragged sequence ends are masked in the last tile
 Programs run tile-fastest (the tiles of one head share its K and V in L2) and, when causal,
 longest tile first within a head.
 
-Head dims: any multiple of 8 from 8 to 256. A tile is D_PAD = next power of two >= max(D, 16)
-wide; columns D..D_PAD are masked to zero on load and never stored.
+Head dims: any multiple of 8 from 8 to 256. A row block is held as one tile D_PAD = next power
+of two >= max(D, 16) wide, or as two power-of-two tiles where they are narrower (`d_tiles`:
+80 = 64 + 16, 96 = 64 + 32), each product over D then being two dots; columns past D are
+masked to zero on load and never stored.
 
 Exponentials are base 2: scores are scaled by QK_SCALE = log2(e)/sqrt(D) inside one FMA,
 exp(x) = exp2(x*log2 e). L (the logsumexp) is kept in natural log for the caller.
@@ -68,6 +70,17 @@ def _cdiv(a, b):
 
 def d_pad(d: int) -> int:
     return max(16, _pow2(d))
+
+
+def d_tiles(d: int) -> tuple[int, int]:
+    """(DA, DB): the column tiles a head dim is held in. Two power-of-two tiles where they are
+    narrower than one padded tile (80 = 64 + 16, 96 = 64 + 32, 40 = 32 + 16 padded from 8 to
+    16), else (d_pad(d), 0)."""
+    da = 1 << (int(d).bit_length() - 1)  # the largest power of two <= d
+    if da < 16 or da == d:
+        return d_pad(d), 0
+    db = max(16, _pow2(d - da))
+    return (da, db) if da + db < d_pad(d) else (d_pad(d), 0)
 
 
 # The two H100 sweeps (notes/data/fa_sweep_h100_*.csv, notes/flash_attention.md) in short:
@@ -198,6 +211,63 @@ def _store(ptrs, x, rows, N, offs_d, D: tl.constexpr, D_PAD: tl.constexpr):
     tl.store(ptrs, x, mask=mask)
 
 
+# A row block of a (., N, D) tensor is held as two column tiles: A = columns [0, DA) (DAV of them
+# real) and, when DB > 0, B = columns [DA, DA + DB) (DBV real). D = 80 is 64 + 16, D = 96 is
+# 64 + 32: no padding to 128. Power-of-two D (and D where two tiles would save nothing) is one
+# tile, DA = D_PAD, DB = 0; then B is a placeholder the kernels never touch.
+
+
+@triton.jit
+def _load_ab(base, rows, N, stride_n, DA: tl.constexpr, DAV: tl.constexpr, DB: tl.constexpr,
+             DBV: tl.constexpr, MASK_ROWS: tl.constexpr):
+    offs_a = tl.arange(0, DA)
+    a = _load(base + rows[:, None] * stride_n + offs_a[None, :], rows, N, offs_a, DAV, DA, MASK_ROWS)
+    if DB > 0:
+        offs_b = tl.arange(0, DB)
+        b = _load(base + rows[:, None] * stride_n + DA + offs_b[None, :], rows, N, offs_b, DBV, DB, MASK_ROWS)
+    else:
+        b = a
+    return a, b
+
+
+@triton.jit
+def _store_ab(base, a, b, rows, N, stride_n, DA: tl.constexpr, DAV: tl.constexpr, DB: tl.constexpr,
+              DBV: tl.constexpr):
+    offs_a = tl.arange(0, DA)
+    _store(base + rows[:, None] * stride_n + offs_a[None, :], a, rows, N, offs_a, DAV, DA)
+    if DB > 0:
+        offs_b = tl.arange(0, DB)
+        _store(base + rows[:, None] * stride_n + DA + offs_b[None, :], b, rows, N, offs_b, DBV, DB)
+
+
+@triton.jit
+def _dot_t(xa, xb, ya, yb, DB: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """x y^T over the (A, B) column tiles: [M, D] x [N, D] -> [M, N] fp32."""
+    s = tl.dot(xa, tl.trans(ya), input_precision=DOT_PRECISION)
+    if DB > 0:
+        s = tl.dot(xb, tl.trans(yb), s, input_precision=DOT_PRECISION)
+    return s
+
+
+@triton.jit
+def _dot_acc(p, ya, yb, acc_a, acc_b, DB: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """(acc_a, acc_b) += p y over the (A, B) column tiles of y: [M, N] x [N, D]."""
+    acc_a = tl.dot(p.to(ya.dtype), ya, acc_a, input_precision=DOT_PRECISION)
+    if DB > 0:
+        acc_b = tl.dot(p.to(yb.dtype), yb, acc_b, input_precision=DOT_PRECISION)
+    return acc_a, acc_b
+
+
+@triton.jit
+def _zeros_ab(ROWS: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr):
+    a = tl.zeros([ROWS, DA], tl.float32)
+    if DB > 0:
+        b = tl.zeros([ROWS, DB], tl.float32)
+    else:
+        b = a
+    return a, b
+
+
 @triton.jit
 def _part_range(part, end, BLOCK: tl.constexpr, SPLIT: tl.constexpr):
     """[lo, hi): this part's share of the tiles in [0, end) (end a multiple of BLOCK), in SPLIT
@@ -212,19 +282,19 @@ def _part_range(part, end, BLOCK: tl.constexpr, SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _fwd_tiles(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, offs_q, offs_d, lo, hi, N,
-               QK_SCALE: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-               MASK_CAUSAL: tl.constexpr, MASK_TAIL: tl.constexpr, BLOCK_K: tl.constexpr,
-               DOT_PRECISION: tl.constexpr):
+def _fwd_tiles(acc_a, acc_b, l_i, m_i, qa, qb, K, V, stride_kn, stride_vn, offs_q, lo, hi, N,
+               QK_SCALE: tl.constexpr, DA: tl.constexpr, DAV: tl.constexpr, DB: tl.constexpr,
+               DBV: tl.constexpr, MASK_CAUSAL: tl.constexpr, MASK_TAIL: tl.constexpr,
+               BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Fold key tiles [lo, hi) into the running (acc, l_i, m_i) of one query tile.
     Invariant after each tile: m_i = max scaled score so far (log2 units), l_i = sum of
     exp2(score - m_i), acc = sum of exp2(score - m_i) * v."""
     offs_k = tl.arange(0, BLOCK_K)
     for start in tl.range(lo, hi, BLOCK_K):
         cols = start + offs_k
-        k = _load(K + cols[:, None] * stride_kn + offs_d[None, :], cols, N, offs_d, D, D_PAD, MASK_TAIL)
-        v = _load(V + cols[:, None] * stride_vn + offs_d[None, :], cols, N, offs_d, D, D_PAD, MASK_TAIL)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        ka, kb = _load_ab(K, cols, N, stride_kn, DA, DAV, DB, DBV, MASK_TAIL)
+        va, vb = _load_ab(V, cols, N, stride_vn, DA, DAV, DB, DBV, MASK_TAIL)
+        s = _dot_t(qa, qb, ka, kb, DB, DOT_PRECISION)
         if MASK_CAUSAL:
             s = tl.where(offs_q[:, None] >= cols[None, :], s, float("-inf"))
         if MASK_TAIL:
@@ -233,16 +303,20 @@ def _fwd_tiles(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, offs_q, offs_d, lo,
         p = tl.math.exp2(s * QK_SCALE - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        acc_a = acc_a * alpha[:, None]
+        if DB > 0:
+            acc_b = acc_b * alpha[:, None]
+        acc_a, acc_b = _dot_acc(p, va, vb, acc_a, acc_b, DB, DOT_PRECISION)
         m_i = m_new
-    return acc, l_i, m_i
+    return acc_a, acc_b, l_i, m_i
 
 
 @triton.jit
 def _fwd_kernel(Q, K, V, O, L, stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn,
-                stride_os, stride_ob, stride_on, stride_ls, N, QK_SCALE: tl.constexpr, D: tl.constexpr,
-                D_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
+                stride_os, stride_ob, stride_on, stride_ls, N, QK_SCALE: tl.constexpr, DA: tl.constexpr,
+                DAV: tl.constexpr, DB: tl.constexpr, DBV: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                DOT_PRECISION: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                SPLIT: tl.constexpr):
     """O and L of one query tile. SPLIT > 1: SPLIT programs per query tile, each over its share of
     the key tiles, writing its own normalised partial O (fp32) and logsumexp to slice `part` of
     O and L; _fwd_combine_kernel merges them."""
@@ -253,13 +327,11 @@ def _fwd_kernel(Q, K, V, O, L, stride_qb, stride_qn, stride_kb, stride_kn, strid
         q_tile = tl.num_programs(0) // SPLIT - 1 - q_tile
     q0 = q_tile * BLOCK_Q
     offs_q = q0 + tl.arange(0, BLOCK_Q)
-    offs_d = tl.arange(0, D_PAD)
-    q = _load(Q + bh * stride_qb + offs_q[:, None] * stride_qn + offs_d[None, :], offs_q, N, offs_d,
-              D, D_PAD, True)
+    qa, qb = _load_ab(Q + bh * stride_qb, offs_q, N, stride_qn, DA, DAV, DB, DBV, True)
     Kb, Vb = K + bh * stride_kb, V + bh * stride_vb
     m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q], tl.float32)
-    acc = tl.zeros([BLOCK_Q, D_PAD], tl.float32)
+    acc_a, acc_b = _zeros_ab(BLOCK_Q, DA, DB)
     # Key tiles needing no mask: causal, those wholly left of the diagonal (all columns < q0 <= N);
     # otherwise all but a ragged last one. Split in SPLIT shares; the last part also takes the
     # masked tiles (the diagonal, or the ragged end).
@@ -271,27 +343,29 @@ def _fwd_kernel(Q, K, V, O, L, stride_qb, stride_qn, stride_kb, stride_kn, strid
     hi = end
     if SPLIT > 1:
         lo, hi = _part_range(part, end, BLOCK_K, SPLIT)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_vn, offs_q, offs_d,
-                               lo, hi, N, QK_SCALE, D, D_PAD, False, False, BLOCK_K, DOT_PRECISION)
+    acc_a, acc_b, l_i, m_i = _fwd_tiles(acc_a, acc_b, l_i, m_i, qa, qb, Kb, Vb, stride_kn, stride_vn, offs_q,
+                                        lo, hi, N, QK_SCALE, DA, DAV, DB, DBV, False, False, BLOCK_K,
+                                        DOT_PRECISION)
     if part == SPLIT - 1:
         if IS_CAUSAL:  # the causal mask also hides columns >= N
-            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_vn, offs_q, offs_d,
-                                       q0, q0 + BLOCK_Q, N, QK_SCALE, D, D_PAD, True, True, BLOCK_K,
-                                       DOT_PRECISION)
+            acc_a, acc_b, l_i, m_i = _fwd_tiles(acc_a, acc_b, l_i, m_i, qa, qb, Kb, Vb, stride_kn, stride_vn,
+                                                offs_q, q0, q0 + BLOCK_Q, N, QK_SCALE, DA, DAV, DB, DBV,
+                                                True, True, BLOCK_K, DOT_PRECISION)
         else:
-            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_vn, offs_q, offs_d,
-                                       end, N, N, QK_SCALE, D, D_PAD, False, True, BLOCK_K, DOT_PRECISION)
+            acc_a, acc_b, l_i, m_i = _fwd_tiles(acc_a, acc_b, l_i, m_i, qa, qb, Kb, Vb, stride_kn, stride_vn,
+                                                offs_q, end, N, N, QK_SCALE, DA, DAV, DB, DBV, False, True,
+                                                BLOCK_K, DOT_PRECISION)
     # L in natural log: (m_i + log2 l_i) * ln 2.
     if SPLIT == 1:
-        out = acc / l_i[:, None]
+        inv = 1.0 / l_i
         lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
     else:  # a part that saw no keys (l_i = 0) writes O = 0 and L = -inf: weight 0 in the merge
         seen = l_i > 0
-        out = acc / tl.where(seen, l_i, 1.0)[:, None]
+        inv = 1.0 / tl.where(seen, l_i, 1.0)
         lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453,
                        float("-inf"))
-    _store(O + part * stride_os + bh * stride_ob + offs_q[:, None] * stride_on + offs_d[None, :],
-           out.to(O.dtype.element_ty), offs_q, N, offs_d, D, D_PAD)
+    _store_ab(O + part * stride_os + bh * stride_ob, (acc_a * inv[:, None]).to(O.dtype.element_ty),
+              (acc_b * inv[:, None]).to(O.dtype.element_ty), offs_q, N, stride_on, DA, DAV, DB, DBV)
     tl.store(L + part * stride_ls + bh * N + offs_q, lse, mask=offs_q < N)
 
 
@@ -327,35 +401,35 @@ def _fwd_combine_kernel(OS, LS, O, L, stride_os, stride_osb, stride_osn, stride_
 
 
 @triton.jit
-def _bwd_dq_tiles(dq, q, do, lse2, delta, K, V, stride_kn, stride_vn, offs_q, offs_d, lo, hi, N,
-                  QK_SCALE: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-                  MASK_CAUSAL: tl.constexpr, MASK_TAIL: tl.constexpr, BLOCK_N2: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr):
+def _bwd_dq_tiles(dqa, dqb, qa, qb, doa, dob, lse2, delta, K, V, stride_kn, stride_vn, offs_q, lo, hi, N,
+                  QK_SCALE: tl.constexpr, DA: tl.constexpr, DAV: tl.constexpr, DB: tl.constexpr,
+                  DBV: tl.constexpr, MASK_CAUSAL: tl.constexpr, MASK_TAIL: tl.constexpr,
+                  BLOCK_N2: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Accumulate dQ (unscaled) of one query tile over key tiles [lo, hi)."""
     offs_k = tl.arange(0, BLOCK_N2)
     for start in tl.range(lo, hi, BLOCK_N2):
         cols = start + offs_k
-        k = _load(K + cols[:, None] * stride_kn + offs_d[None, :], cols, N, offs_d, D, D_PAD, MASK_TAIL)
-        v = _load(V + cols[:, None] * stride_vn + offs_d[None, :], cols, N, offs_d, D, D_PAD, MASK_TAIL)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        ka, kb = _load_ab(K, cols, N, stride_kn, DA, DAV, DB, DBV, MASK_TAIL)
+        va, vb = _load_ab(V, cols, N, stride_vn, DA, DAV, DB, DBV, MASK_TAIL)
+        s = _dot_t(qa, qb, ka, kb, DB, DOT_PRECISION)
         p = tl.math.exp2(s * QK_SCALE - lse2[:, None])
         if MASK_CAUSAL:
             p = tl.where(offs_q[:, None] >= cols[None, :], p, 0.0)
         if MASK_TAIL:
             p = tl.where(cols[None, :] < N, p, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        dp = _dot_t(doa, dob, va, vb, DB, DOT_PRECISION)
         ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
-    return dq
+        dqa, dqb = _dot_acc(ds, ka, kb, dqa, dqb, DB, DOT_PRECISION)
+    return dqa, dqb
 
 
 @triton.jit
 def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ, stride_qb, stride_qn, stride_kb, stride_kn,
                    stride_vb, stride_vn, stride_ob, stride_on, stride_dob, stride_don,
                    stride_dqs, stride_dqb, stride_dqn, N, QK_SCALE: tl.constexpr, SM_SCALE: tl.constexpr,
-                   D: tl.constexpr, D_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
-                   SPLIT: tl.constexpr):
+                   DA: tl.constexpr, DAV: tl.constexpr, DB: tl.constexpr, DBV: tl.constexpr,
+                   IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M2: tl.constexpr,
+                   BLOCK_N2: tl.constexpr, SPLIT: tl.constexpr):
     """dQ of one query tile, and Delta = rowsum(O * dO) of its rows for the dK/dV kernel.
     SPLIT > 1: SPLIT programs per query tile, each over its share of the key tiles, writing its
     fp32 partial dQ to slice `part` of DQ (summed after the kernel, in a fixed order)."""
@@ -366,19 +440,20 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ, stride_qb, stride_qn, stride_kb
         q_tile = tl.num_programs(0) // SPLIT - 1 - q_tile
     q0 = q_tile * BLOCK_M2
     offs_q = q0 + tl.arange(0, BLOCK_M2)
-    offs_d = tl.arange(0, D_PAD)
     rows_in = offs_q < N
-    q = _load(Q + bh * stride_qb + offs_q[:, None] * stride_qn + offs_d[None, :], offs_q, N, offs_d, D, D_PAD, True)
-    do = _load(DO + bh * stride_dob + offs_q[:, None] * stride_don + offs_d[None, :], offs_q, N, offs_d, D, D_PAD, True)
-    o = _load(O + bh * stride_ob + offs_q[:, None] * stride_on + offs_d[None, :], offs_q, N, offs_d, D, D_PAD, True)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    qa, qb = _load_ab(Q + bh * stride_qb, offs_q, N, stride_qn, DA, DAV, DB, DBV, True)
+    doa, dob = _load_ab(DO + bh * stride_dob, offs_q, N, stride_don, DA, DAV, DB, DBV, True)
+    oa, ob = _load_ab(O + bh * stride_ob, offs_q, N, stride_on, DA, DAV, DB, DBV, True)
+    delta = tl.sum(oa.to(tl.float32) * doa.to(tl.float32), 1)
+    if DB > 0:
+        delta += tl.sum(ob.to(tl.float32) * dob.to(tl.float32), 1)
     if SPLIT == 1:
         tl.store(Delta + bh * N + offs_q, delta, mask=rows_in)
     elif part == 0:  # one of the parts writes Delta
         tl.store(Delta + bh * N + offs_q, delta, mask=rows_in)
     # Rows >= N: L = +inf, so P = 0 there.
     lse2 = tl.load(L + bh * N + offs_q, mask=rows_in, other=float("inf")) * 1.4426950408889634
-    dq = tl.zeros([BLOCK_M2, D_PAD], tl.float32)
+    dqa, dqb = _zeros_ab(BLOCK_M2, DA, DB)
     Kb, Vb = K + bh * stride_kb, V + bh * stride_vb
     # unmasked key tiles [0, end) (in SPLIT shares), then the masked ones (the diagonal, or the
     # ragged end) by the last part
@@ -390,51 +465,54 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ, stride_qb, stride_qn, stride_kb
     hi = end
     if SPLIT > 1:
         lo, hi = _part_range(part, end, BLOCK_N2, SPLIT)
-    dq = _bwd_dq_tiles(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_vn, offs_q, offs_d,
-                       lo, hi, N, QK_SCALE, D, D_PAD, False, False, BLOCK_N2, DOT_PRECISION)
+    dqa, dqb = _bwd_dq_tiles(dqa, dqb, qa, qb, doa, dob, lse2, delta, Kb, Vb, stride_kn, stride_vn, offs_q,
+                             lo, hi, N, QK_SCALE, DA, DAV, DB, DBV, False, False, BLOCK_N2, DOT_PRECISION)
     if part == SPLIT - 1:
         if IS_CAUSAL:
-            dq = _bwd_dq_tiles(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_vn, offs_q, offs_d,
-                               q0, q0 + BLOCK_M2, N, QK_SCALE, D, D_PAD, True, True, BLOCK_N2, DOT_PRECISION)
+            dqa, dqb = _bwd_dq_tiles(dqa, dqb, qa, qb, doa, dob, lse2, delta, Kb, Vb, stride_kn, stride_vn,
+                                     offs_q, q0, q0 + BLOCK_M2, N, QK_SCALE, DA, DAV, DB, DBV, True, True,
+                                     BLOCK_N2, DOT_PRECISION)
         else:
-            dq = _bwd_dq_tiles(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_vn, offs_q, offs_d,
-                               end, N, N, QK_SCALE, D, D_PAD, False, True, BLOCK_N2, DOT_PRECISION)
-    _store(DQ + part * stride_dqs + bh * stride_dqb + offs_q[:, None] * stride_dqn + offs_d[None, :],
-           (dq * SM_SCALE).to(DQ.dtype.element_ty), offs_q, N, offs_d, D, D_PAD)
+            dqa, dqb = _bwd_dq_tiles(dqa, dqb, qa, qb, doa, dob, lse2, delta, Kb, Vb, stride_kn, stride_vn,
+                                     offs_q, end, N, N, QK_SCALE, DA, DAV, DB, DBV, False, True,
+                                     BLOCK_N2, DOT_PRECISION)
+    _store_ab(DQ + part * stride_dqs + bh * stride_dqb, (dqa * SM_SCALE).to(DQ.dtype.element_ty),
+              (dqb * SM_SCALE).to(DQ.dtype.element_ty), offs_q, N, stride_dqn, DA, DAV, DB, DBV)
 
 
 @triton.jit
-def _bwd_dkdv_tiles(dk, dv, k, v, Q, DO, L, Delta, stride_qn, stride_don, offs_k, offs_d, lo, hi, N,
-                    QK_SCALE: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-                    MASK_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _bwd_dkdv_tiles(dka, dkb, dva, dvb, ka, kb, va, vb, Q, DO, L, Delta, stride_qn, stride_don, offs_k,
+                    lo, hi, N, QK_SCALE: tl.constexpr, DA: tl.constexpr, DAV: tl.constexpr,
+                    DB: tl.constexpr, DBV: tl.constexpr, MASK_CAUSAL: tl.constexpr,
+                    BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Accumulate dK (unscaled) and dV of one key tile over query tiles [lo, hi). Query rows
     >= N load q = 0, dO = 0 and L = +inf, so P = 0 there and they add nothing."""
     for start in tl.range(lo, hi, BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
         in_range = rows < N
-        q = _load(Q + rows[:, None] * stride_qn + offs_d[None, :], rows, N, offs_d, D, D_PAD, True)
-        do = _load(DO + rows[:, None] * stride_don + offs_d[None, :], rows, N, offs_d, D, D_PAD, True)
+        qa, qb = _load_ab(Q, rows, N, stride_qn, DA, DAV, DB, DBV, True)
+        doa, dob = _load_ab(DO, rows, N, stride_don, DA, DAV, DB, DBV, True)
         lse2 = tl.load(L + rows, mask=in_range, other=float("inf")) * 1.4426950408889634
         delta = tl.load(Delta + rows, mask=in_range, other=0.0)
         # Transposed scores: sT[j, i] = k_j . q_i, so P^T comes out directly.
-        s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
+        s_t = _dot_t(ka, kb, qa, qb, DB, DOT_PRECISION)
         p_t = tl.math.exp2(s_t * QK_SCALE - lse2[None, :])
         if MASK_CAUSAL:
             p_t = tl.where(rows[None, :] >= offs_k[:, None], p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
-        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        dva, dvb = _dot_acc(p_t, doa, dob, dva, dvb, DB, DOT_PRECISION)
+        dp_t = _dot_t(va, vb, doa, dob, DB, DOT_PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
-    return dk, dv
+        dka, dkb = _dot_acc(ds_t, qa, qb, dka, dkb, DB, DOT_PRECISION)
+    return dka, dkb, dva, dvb
 
 
 @triton.jit
 def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, stride_qb, stride_qn, stride_kb, stride_kn,
                      stride_vb, stride_vn, stride_dob, stride_don, stride_dks, stride_dkb, stride_dkn,
                      stride_dvs, stride_dvb, stride_dvn, N, QK_SCALE: tl.constexpr, SM_SCALE: tl.constexpr,
-                     D: tl.constexpr, D_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     HEADS_FASTEST: tl.constexpr, SPLIT: tl.constexpr):
+                     DA: tl.constexpr, DAV: tl.constexpr, DB: tl.constexpr, DBV: tl.constexpr,
+                     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, HEADS_FASTEST: tl.constexpr, SPLIT: tl.constexpr):
     """dK and dV of one key tile. SPLIT > 1: SPLIT programs per key tile, each over its share of
     the query tiles, writing fp32 partial sums to slice `part` of DK and DV (summed after)."""
     # causal: the first key tile has the most queries, and starts first
@@ -448,11 +526,10 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, stride_qb, stride_qn, stride
         bh = tl.program_id(1).to(tl.int64)
     k0 = k_tile * BLOCK_N
     offs_k = k0 + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D_PAD)
-    k = _load(K + bh * stride_kb + offs_k[:, None] * stride_kn + offs_d[None, :], offs_k, N, offs_d, D, D_PAD, True)
-    v = _load(V + bh * stride_vb + offs_k[:, None] * stride_vn + offs_d[None, :], offs_k, N, offs_d, D, D_PAD, True)
-    dk = tl.zeros([BLOCK_N, D_PAD], tl.float32)
-    dv = tl.zeros([BLOCK_N, D_PAD], tl.float32)
+    ka, kb = _load_ab(K + bh * stride_kb, offs_k, N, stride_kn, DA, DAV, DB, DBV, True)
+    va, vb = _load_ab(V + bh * stride_vb, offs_k, N, stride_vn, DA, DAV, DB, DBV, True)
+    dka, dkb = _zeros_ab(BLOCK_N, DA, DB)
+    dva, dvb = _zeros_ab(BLOCK_N, DA, DB)
     Qb, DOb, Lb, Deltab = Q + bh * stride_qb, DO + bh * stride_dob, L + bh * N, Delta + bh * N
     # Causal: query tiles crossing the diagonal are masked (by the first part); later ones see
     # this key tile in full. The unmasked range [start, N) is split in SPLIT shares.
@@ -460,21 +537,22 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, stride_qb, stride_qn, stride
     if IS_CAUSAL:
         lo = k0 + BLOCK_N
         if part == 0:
-            dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, Qb, DOb, Lb, Deltab, stride_qn, stride_don, offs_k,
-                                     offs_d, k0, k0 + BLOCK_N, N, QK_SCALE, D, D_PAD, True, BLOCK_M,
-                                     DOT_PRECISION)
+            dka, dkb, dva, dvb = _bwd_dkdv_tiles(dka, dkb, dva, dvb, ka, kb, va, vb, Qb, DOb, Lb, Deltab,
+                                                 stride_qn, stride_don, offs_k, k0, k0 + BLOCK_N, N, QK_SCALE,
+                                                 DA, DAV, DB, DBV, True, BLOCK_M, DOT_PRECISION)
     hi = N
     if SPLIT > 1:  # shares of whole tiles from lo; the last share's end may pass N (rows masked)
         start = lo
         lo, hi = _part_range(part, tl.cdiv(tl.maximum(N - start, 0), BLOCK_M) * BLOCK_M, BLOCK_M, SPLIT)
         lo += start
         hi += start
-    dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, Qb, DOb, Lb, Deltab, stride_qn, stride_don, offs_k,
-                             offs_d, lo, hi, N, QK_SCALE, D, D_PAD, False, BLOCK_M, DOT_PRECISION)
-    _store(DK + part * stride_dks + bh * stride_dkb + offs_k[:, None] * stride_dkn + offs_d[None, :],
-           (dk * SM_SCALE).to(DK.dtype.element_ty), offs_k, N, offs_d, D, D_PAD)
-    _store(DV + part * stride_dvs + bh * stride_dvb + offs_k[:, None] * stride_dvn + offs_d[None, :],
-           dv.to(DV.dtype.element_ty), offs_k, N, offs_d, D, D_PAD)
+    dka, dkb, dva, dvb = _bwd_dkdv_tiles(dka, dkb, dva, dvb, ka, kb, va, vb, Qb, DOb, Lb, Deltab, stride_qn,
+                                         stride_don, offs_k, lo, hi, N, QK_SCALE, DA, DAV, DB, DBV, False,
+                                         BLOCK_M, DOT_PRECISION)
+    _store_ab(DK + part * stride_dks + bh * stride_dkb, (dka * SM_SCALE).to(DK.dtype.element_ty),
+              (dkb * SM_SCALE).to(DK.dtype.element_ty), offs_k, N, stride_dkn, DA, DAV, DB, DBV)
+    _store_ab(DV + part * stride_dvs + bh * stride_dvb, dva.to(DV.dtype.element_ty), dvb.to(DV.dtype.element_ty),
+              offs_k, N, stride_dvn, DA, DAV, DB, DBV)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -495,7 +573,8 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 
 def _scales(d: int) -> dict:
-    return dict(QK_SCALE=LOG2E / math.sqrt(d), D=d, D_PAD=d_pad(d))
+    da, db = d_tiles(d)
+    return dict(QK_SCALE=LOG2E / math.sqrt(d), DA=da, DAV=min(d, da), DB=db, DBV=max(0, d - da))
 
 
 def _strides(t: torch.Tensor) -> tuple:
