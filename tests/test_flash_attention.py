@@ -254,11 +254,15 @@ def test_split_is_chosen_with_few_programs_only(monkeypatch):
     # one head, short sequences (the grid's): several programs per tile, every kernel
     assert fa.fwd_config(1024, 128, torch.float32, True, 1)["SPLIT"] == 8
     assert fa.bwd_config(1024, 128, torch.float32, True, 1)["dkdv"]["SPLIT"] == 8
-    assert fa.bwd_config(1024, 128, torch.bfloat16, True, 1)["dq"]["SPLIT"] == 4
-    # shares keep at least 4 tiles of the loop: none at 128 tokens
-    assert fa.fwd_config(128, 128, torch.float32, True, 1)["SPLIT"] == 1
-    # enough programs: the headline, the throughput and the model group's shapes are not split
+    assert fa.bwd_config(1024, 128, torch.bfloat16, True, 1)["dq"]["SPLIT"] == 8
+    # shares keep at least one tile of the loop: 4 tiles of 32 keys at 128 tokens, 4 shares
+    assert fa.fwd_config(128, 128, torch.float32, True, 1)["SPLIT"] == 4
+    # and no more than 8 shares, and no split past two programs per SM (fp32 D=128 N=4,096: 4)
+    assert fa.fwd_config(512, 64, torch.float32, True, 1)["SPLIT"] == 8
+    assert fa.fwd_config(4096, 128, torch.float32, True, 1)["SPLIT"] == 4
+    # enough programs: the headline, the throughput and the model group's larger shapes are not split
     assert fa.fwd_config(16384, 64, torch.bfloat16, True, 16)["SPLIT"] == 1
     assert fa.bwd_config(8192, 128, torch.bfloat16, True, 64)["dkdv"]["SPLIT"] == 1
-    assert fa.bwd_config(256, 64, torch.bfloat16, True, 48)["dq"]["SPLIT"] == 1
+    assert fa.bwd_config(256, 80, torch.bfloat16, True, 128)["dq"]["SPLIT"] == 1
+    assert fa.bwd_config(1024, 64, torch.bfloat16, True, 48)["dq"]["SPLIT"] == 1
     assert fa.bwd_config(1024, 64, torch.bfloat16, True, 100)["dkdv"]["SPLIT"] == 1

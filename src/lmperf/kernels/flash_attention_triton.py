@@ -115,10 +115,12 @@ def fwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
 
 def _split(programs: int, loop_tiles: int) -> int:
     """Programs per tile (1, 2, 4 or 8), each over a share of the tile's loop: doubled while the
-    launch has fewer than two programs per SM and every share keeps at least 4 tiles.
-    Predicted, not yet swept (notes/flash_attention.md, v6)."""
+    launch has fewer than two programs per SM and every share keeps at least one tile. Swept on
+    the H100 at batch 1 x 1 head, N = 128-4,096 (notes/flash_attention.md, v6 step 20): more
+    parts were faster down to one tile a share, and 8 parts slower than 4 once a launch had
+    enough programs (fp32 D = 128, N = 4,096)."""
     split = 1
-    while split < 8 and programs * split < 2 * SM_COUNT_H100 and loop_tiles >= 8 * split:
+    while split < 8 and programs * split < 2 * SM_COUNT_H100 and loop_tiles >= 2 * split:
         split *= 2
     return split
 
