@@ -202,6 +202,16 @@ def test_tile_configs_depend_only_on_the_call():
     assert fa.fwd_config(16384, 64, torch.bfloat16, True, 16) == first
 
 
+def force_split(monkeypatch, split: int) -> None:
+    """Every kernel of every call splits its tile loops over `split` programs, the rule table's
+    tiles otherwise."""
+    fa = flash_attention_triton
+    fwd_rule, bwd_rule = fa.fwd_config, fa.bwd_config
+    monkeypatch.setattr(fa, "_fwd_config", lambda *a: {**fwd_rule(*a), "SPLIT": split})
+    monkeypatch.setattr(fa, "_bwd_config", lambda *a: {name: {**c, "SPLIT": split}
+                                                      for name, c in bwd_rule(*a).items()})
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("n, split", [(1, 2), (33, 2), (70, 4), (130, 2), (130, 8)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
@@ -209,21 +219,13 @@ def test_split_matches_float64(monkeypatch, causal, n, split, dtype):
     """At low parallelism each kernel splits a tile's loop over SPLIT programs writing fp32
     partial results (the forward's merged by logsumexp, the backward's summed): forced here for
     all three kernels, with shares that are empty, one tile, or ragged, checked against float64."""
-    fa = flash_attention_triton
-    fwd_rule, bwd_rule = fa.fwd_config, fa.bwd_config
-    monkeypatch.setattr(fa, "_fwd_config", lambda *a: {**fwd_rule(*a), "SPLIT": split})
-    monkeypatch.setattr(fa, "_bwd_config", lambda *a: {name: {**c, "SPLIT": split}
-                                                      for name, c in bwd_rule(*a).items()})
+    force_split(monkeypatch, split)
     check("triton", (1, 2, n, 40), dtype, causal)
 
 
 def test_split_gives_the_same_result_every_run(monkeypatch):
     """Partial sums are added in a fixed order (no atomics): two runs agree bit for bit."""
-    fa = flash_attention_triton
-    fwd_rule, bwd_rule = fa.fwd_config, fa.bwd_config
-    monkeypatch.setattr(fa, "_fwd_config", lambda *a: {**fwd_rule(*a), "SPLIT": 4})
-    monkeypatch.setattr(fa, "_bwd_config", lambda *a: {name: {**c, "SPLIT": 4}
-                                                      for name, c in bwd_rule(*a).items()})
+    force_split(monkeypatch, 4)
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 2, 100, 32, generator=gen).to(DEVICE) for _ in range(3))
     grad = torch.randn(1, 2, 100, 32, generator=gen).to(DEVICE)
