@@ -257,8 +257,12 @@ def test_split_is_chosen_with_few_programs_only(monkeypatch):
     assert fa.fwd_config(1024, 128, torch.float32, True, 1)["SPLIT"] == 8
     assert fa.bwd_config(1024, 128, torch.float32, True, 1)["dkdv"]["SPLIT"] == 8
     assert fa.bwd_config(1024, 128, torch.bfloat16, True, 1)["dq"]["SPLIT"] == 8
-    # shares keep at least one tile of the loop: 4 tiles of 32 keys at 128 tokens, 4 shares
+    # fp32: shares keep at least one tile of the loop: 4 tiles of 32 keys at 128 tokens, 4 shares
     assert fa.fwd_config(128, 128, torch.float32, True, 1)["SPLIT"] == 4
+    # 16 bits: no split below 16 tiles of loop (the merge kernels cost more than the split saves)
+    assert fa.fwd_config(512, 128, torch.bfloat16, True, 1)["SPLIT"] == 1
+    assert fa.bwd_config(128, 64, torch.float16, True, 1)["dkdv"]["SPLIT"] == 1
+    assert fa.bwd_config(256, 64, torch.bfloat16, True, 48)["dq"]["SPLIT"] == 1  # the model group's small
     # and no more than 8 shares, and no split past two programs per SM (fp32 D=128 N=4,096: 4)
     assert fa.fwd_config(512, 64, torch.float32, True, 1)["SPLIT"] == 8
     assert fa.fwd_config(4096, 128, torch.float32, True, 1)["SPLIT"] == 4

@@ -109,17 +109,27 @@ def fwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
     else:
         cfg = dict(BLOCK_Q=128, BLOCK_K=128, num_warps=8, num_stages=3)
     cfg = _fit(cfg, n, "BLOCK_Q", "BLOCK_K")
-    cfg["SPLIT"] = _split(bh * _cdiv(n, cfg["BLOCK_Q"]), _cdiv(n, cfg["BLOCK_K"]))
+    cfg["SPLIT"] = _split(bh * _cdiv(n, cfg["BLOCK_Q"]), _cdiv(n, cfg["BLOCK_K"]), _min_loop(dtype))
     return cfg
 
 
-def _split(programs: int, loop_tiles: int) -> int:
-    """Programs per tile (1, 2, 4 or 8), each over a share of the tile's loop: doubled while the
-    launch has fewer than two programs per SM and every share keeps at least one tile. Swept on
-    the H100 at batch 1 x 1 head, N = 128-4,096 (notes/flash_attention.md, v6 step 20): more
-    parts were faster down to one tile a share, and 8 parts slower than 4 once a launch had
-    enough programs (fp32 D = 128, N = 4,096)."""
+def _min_loop(dtype: torch.dtype) -> int:
+    """The shortest loop (in tiles) that _split splits: any in fp32, 16 tiles in 16 bits."""
+    return 1 if dtype == torch.float32 else 16
+
+
+def _split(programs: int, loop_tiles: int, min_loop: int = 1) -> int:
+    """Programs per tile (1, 2, 4 or 8), each over a share of the tile's loop: none when the loop
+    has fewer than min_loop tiles, else doubled while the launch has fewer than two programs per
+    SM and every share keeps at least one tile. Swept on the H100 at batch 1 x 1 head,
+    N = 128-4,096 (notes/flash_attention.md, v6 steps 20-21): in fp32 more parts were faster
+    down to one tile a share; in 16 bits the split's own kernels (the forward's merge, the
+    backward's sums and casts: about 10 us in a CUDA graph) cost more than it saves below 16
+    tiles of loop, so 16-bit callers pass min_loop=16. 8 parts were slower than 4 once a launch
+    had enough programs (fp32 D = 128, N = 4,096)."""
     split = 1
+    if loop_tiles < min_loop:
+        return split
     while split < 8 and programs * split < 2 * SM_COUNT_H100 and loop_tiles >= 2 * split:
         split *= 2
     return split
@@ -155,8 +165,8 @@ def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
     dkdv["HEADS_FASTEST"] = causal
     dq, dkdv = _fit(dq, n, "BLOCK_M2", "BLOCK_N2"), _fit(dkdv, n, "BLOCK_N", "BLOCK_M")
     # few programs and long loops: several programs per tile, each writing fp32 partial sums
-    dq["SPLIT"] = _split(bh * _cdiv(n, dq["BLOCK_M2"]), _cdiv(n, dq["BLOCK_N2"]))
-    dkdv["SPLIT"] = _split(bh * _cdiv(n, dkdv["BLOCK_N"]), _cdiv(n, dkdv["BLOCK_M"]))
+    dq["SPLIT"] = _split(bh * _cdiv(n, dq["BLOCK_M2"]), _cdiv(n, dq["BLOCK_N2"]), _min_loop(dtype))
+    dkdv["SPLIT"] = _split(bh * _cdiv(n, dkdv["BLOCK_N"]), _cdiv(n, dkdv["BLOCK_M"]), _min_loop(dtype))
     return dict(dq=dq, dkdv=dkdv)
 
 
