@@ -71,6 +71,54 @@ def test_non_contiguous_inputs(impl):
     assert all(r["passed"] for r in rows), rows
 
 
+@pytest.mark.parametrize("split", [1, 4])
+def test_the_models_layout_is_read_and_written_in_place(monkeypatch, split):
+    """A model's (B, H, N, D) views of (B, N, H, D) projections: the kernels read them through
+    their batch, head and row strides, and O, dQ, dK, dV come back in the layout q, k, v came in
+    (so the model's transpose back to (B, N, H * D) is a view), split or not, equal to float64."""
+    fa = flash_attention_triton
+    fwd_rule, bwd_rule = fa.fwd_config, fa.bwd_config
+    monkeypatch.setattr(fa, "_fwd_config", lambda *a: {**fwd_rule(*a), "SPLIT": split})
+    monkeypatch.setattr(fa, "_bwd_config", lambda *a: {name: {**c, "SPLIT": split}
+                                                      for name, c in bwd_rule(*a).items()})
+    q, k, v = (torch.randn(2, 45, 3, 40, device=DEVICE).transpose(1, 2) for _ in range(3))
+    rows = compare(fa.FlashAttention2Triton.apply, q, k, v, True)
+    assert all(r["passed"] for r in rows), rows
+    out, lse = torch.ops.lmperf.flash_attention_forward(q, k, v, True)
+    assert out.stride() == q.stride() and out.transpose(1, 2).is_contiguous()
+    grad = torch.randn(2, 45, 3, 40, device=DEVICE).transpose(1, 2)
+    dq, dk, dv = torch.ops.lmperf.flash_attention_backward(q, k, v, out, lse, grad, True)
+    assert dq.stride() == q.stride() and dk.stride() == k.stride() and dv.stride() == v.stride()
+    # the same numbers as the contiguous call
+    qc, kc, vc, gc = (t.contiguous() for t in (q, k, v, grad))
+    out_c, lse_c = torch.ops.lmperf.flash_attention_forward(qc, kc, vc, True)
+    torch.testing.assert_close(out, out_c, rtol=0, atol=0)
+    for a, b in zip((dq, dk, dv), torch.ops.lmperf.flash_attention_backward(qc, kc, vc, out_c, lse_c, gc, True)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_compiled_model_layout_matches_eager():
+    """Under torch.compile (fullgraph), transposed inputs and a transposed gradient: no graph
+    break, and bit for bit the eager results."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    apply = flash_attention_triton.FlashAttention2Triton.apply
+
+    def attend(xq, xk, xv):  # (B, N, H, D) in, (B, N, H * D) out, as in the model
+        y = apply(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), True)
+        return y.transpose(1, 2).reshape(xq.shape[0], xq.shape[1], -1)
+    compiled = torch.compile(attend, backend=COMPILE_BACKEND, fullgraph=True)
+    xs = [torch.randn(2, 37, 3, 24, device=DEVICE, requires_grad=True) for _ in range(3)]
+    out = compiled(*xs)
+    (out * torch.arange(out.shape[-1], device=DEVICE)).sum().backward()
+    ys = [t.detach().clone().requires_grad_() for t in xs]
+    ref = attend(*ys)
+    (ref * torch.arange(ref.shape[-1], device=DEVICE)).sum().backward()
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    for a, b in zip(xs, ys):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_logsumexp_is_saved_for_backward(impl):
     q, k, v = (torch.randn(2, 3, 19, 16, device=DEVICE, requires_grad=True) for _ in range(3))

@@ -324,23 +324,25 @@ def _fwd_tiles(acc_a, acc_b, l_i, m_i, qa, qb, K, V, stride_kn, stride_vn, offs_
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, O, L, stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn,
-                stride_os, stride_ob, stride_on, stride_ls, N, QK_SCALE: tl.constexpr, DA: tl.constexpr,
+def _fwd_kernel(Q, K, V, O, L, H, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                stride_vb, stride_vh, stride_vn, stride_os, stride_ob, stride_oh, stride_on, stride_ls, N, QK_SCALE: tl.constexpr, DA: tl.constexpr,
                 DAV: tl.constexpr, DB: tl.constexpr, DBV: tl.constexpr, IS_CAUSAL: tl.constexpr,
                 DOT_PRECISION: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                 SPLIT: tl.constexpr):
     """O and L of one query tile. SPLIT > 1: SPLIT programs per query tile, each over its share of
     the key tiles, writing its own normalised partial O (fp32) and logsumexp to slice `part` of
-    O and L; _fwd_combine_kernel merges them."""
+    O and L; _fwd_combine_kernel merges them. Sequence bh is (batch bh // H, head bh % H) of
+    tensors with their own batch and head strides."""
     q_tile = tl.program_id(0) // SPLIT
     part = tl.program_id(0) % SPLIT
     bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
     if IS_CAUSAL:  # the last query tile has the most keys: start it first
         q_tile = tl.num_programs(0) // SPLIT - 1 - q_tile
     q0 = q_tile * BLOCK_Q
     offs_q = q0 + tl.arange(0, BLOCK_Q)
-    qa, qb = _load_ab(Q + bh * stride_qb, offs_q, N, stride_qn, DA, DAV, DB, DBV, True)
-    Kb, Vb = K + bh * stride_kb, V + bh * stride_vb
+    qa, qb = _load_ab(Q + b * stride_qb + h * stride_qh, offs_q, N, stride_qn, DA, DAV, DB, DBV, True)
+    Kb, Vb = K + b * stride_kb + h * stride_kh, V + b * stride_vb + h * stride_vh
     m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q], tl.float32)
     acc_a, acc_b = _zeros_ab(BLOCK_Q, DA, DB)
@@ -376,18 +378,19 @@ def _fwd_kernel(Q, K, V, O, L, stride_qb, stride_qn, stride_kb, stride_kn, strid
         inv = 1.0 / tl.where(seen, l_i, 1.0)
         lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453,
                        float("-inf"))
-    _store_ab(O + part * stride_os + bh * stride_ob, (acc_a * inv[:, None]).to(O.dtype.element_ty),
+    _store_ab(O + part * stride_os + b * stride_ob + h * stride_oh, (acc_a * inv[:, None]).to(O.dtype.element_ty),
               (acc_b * inv[:, None]).to(O.dtype.element_ty), offs_q, N, stride_on, DA, DAV, DB, DBV)
     tl.store(L + part * stride_ls + bh * N + offs_q, lse, mask=offs_q < N)
 
 
 @triton.jit
-def _fwd_combine_kernel(OS, LS, O, L, stride_os, stride_osb, stride_osn, stride_ls, stride_ob, stride_on,
-                        N, D: tl.constexpr, D_PAD: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+def _fwd_combine_kernel(OS, LS, O, L, H, stride_os, stride_osb, stride_osh, stride_osn, stride_ls, stride_ob,
+                        stride_oh, stride_on, N, D: tl.constexpr, D_PAD: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
     """Merge the SPLIT partial (O_p, L_p) of a split forward: L = log sum_p exp(L_p),
     O = sum_p exp(L_p - L) O_p. Every row has keys in at least one part, so L is finite."""
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
     offs_d = tl.arange(0, D_PAD)
     rows_in = rows < N
     m = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -398,12 +401,12 @@ def _fwd_combine_kernel(OS, LS, O, L, stride_os, stride_osb, stride_osn, stride_
     acc = tl.zeros([BLOCK, D_PAD], tl.float32)
     for p in tl.static_range(SPLIT):
         w = tl.exp(tl.load(LS + p * stride_ls + bh * N + rows, mask=rows_in, other=float("-inf")) - m)
-        o = _load(OS + p * stride_os + bh * stride_osb + rows[:, None] * stride_osn + offs_d[None, :], rows, N,
+        o = _load(OS + p * stride_os + b * stride_osb + h * stride_osh + rows[:, None] * stride_osn + offs_d[None, :], rows, N,
                   offs_d, D, D_PAD, True)
         acc += w[:, None] * o
         w_sum += w
     w_sum = tl.where(rows_in, w_sum, 1.0)
-    _store(O + bh * stride_ob + rows[:, None] * stride_on + offs_d[None, :],
+    _store(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_on + offs_d[None, :],
            (acc / w_sum[:, None]).to(O.dtype.element_ty), rows, N, offs_d, D, D_PAD)
     tl.store(L + bh * N + rows, m + tl.log(w_sum), mask=rows_in)
 
@@ -436,9 +439,9 @@ def _bwd_dq_tiles(dqa, dqb, qa, qb, doa, dob, lse2, delta, K, V, stride_kn, stri
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ, stride_qb, stride_qn, stride_kb, stride_kn,
-                   stride_vb, stride_vn, stride_ob, stride_on, stride_dob, stride_don,
-                   stride_dqs, stride_dqb, stride_dqn, N, QK_SCALE: tl.constexpr, SM_SCALE: tl.constexpr,
+def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ, H, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh,
+                   stride_kn, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on, stride_dob,
+                   stride_doh, stride_don, stride_dqs, stride_dqb, stride_dqh, stride_dqn, N, QK_SCALE: tl.constexpr, SM_SCALE: tl.constexpr,
                    DA: tl.constexpr, DAV: tl.constexpr, DB: tl.constexpr, DBV: tl.constexpr,
                    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M2: tl.constexpr,
                    BLOCK_N2: tl.constexpr, SPLIT: tl.constexpr):
@@ -448,14 +451,15 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ, stride_qb, stride_qn, stride_kb
     q_tile = tl.program_id(0) // SPLIT
     part = tl.program_id(0) % SPLIT
     bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
     if IS_CAUSAL:
         q_tile = tl.num_programs(0) // SPLIT - 1 - q_tile
     q0 = q_tile * BLOCK_M2
     offs_q = q0 + tl.arange(0, BLOCK_M2)
     rows_in = offs_q < N
-    qa, qb = _load_ab(Q + bh * stride_qb, offs_q, N, stride_qn, DA, DAV, DB, DBV, True)
-    doa, dob = _load_ab(DO + bh * stride_dob, offs_q, N, stride_don, DA, DAV, DB, DBV, True)
-    oa, ob = _load_ab(O + bh * stride_ob, offs_q, N, stride_on, DA, DAV, DB, DBV, True)
+    qa, qb = _load_ab(Q + b * stride_qb + h * stride_qh, offs_q, N, stride_qn, DA, DAV, DB, DBV, True)
+    doa, dob = _load_ab(DO + b * stride_dob + h * stride_doh, offs_q, N, stride_don, DA, DAV, DB, DBV, True)
+    oa, ob = _load_ab(O + b * stride_ob + h * stride_oh, offs_q, N, stride_on, DA, DAV, DB, DBV, True)
     delta = tl.sum(oa.to(tl.float32) * doa.to(tl.float32), 1)
     if DB > 0:
         delta += tl.sum(ob.to(tl.float32) * dob.to(tl.float32), 1)
@@ -466,7 +470,7 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ, stride_qb, stride_qn, stride_kb
     # Rows >= N: L = +inf, so P = 0 there.
     lse2 = tl.load(L + bh * N + offs_q, mask=rows_in, other=float("inf")) * 1.4426950408889634
     dqa, dqb = _zeros_ab(BLOCK_M2, DA, DB)
-    Kb, Vb = K + bh * stride_kb, V + bh * stride_vb
+    Kb, Vb = K + b * stride_kb + h * stride_kh, V + b * stride_vb + h * stride_vh
     # unmasked key tiles [0, end) (in SPLIT shares), then the masked ones (the diagonal, or the
     # ragged end) by the last part
     if IS_CAUSAL:
@@ -488,7 +492,7 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ, stride_qb, stride_qn, stride_kb
             dqa, dqb = _bwd_dq_tiles(dqa, dqb, qa, qb, doa, dob, lse2, delta, Kb, Vb, stride_kn, stride_vn,
                                      offs_q, end, N, N, QK_SCALE, DA, DAV, DB, DBV, False, True,
                                      BLOCK_N2, DOT_PRECISION)
-    _store_ab(DQ + part * stride_dqs + bh * stride_dqb, (dqa * SM_SCALE).to(DQ.dtype.element_ty),
+    _store_ab(DQ + part * stride_dqs + b * stride_dqb + h * stride_dqh, (dqa * SM_SCALE).to(DQ.dtype.element_ty),
               (dqb * SM_SCALE).to(DQ.dtype.element_ty), offs_q, N, stride_dqn, DA, DAV, DB, DBV)
 
 
@@ -519,9 +523,10 @@ def _bwd_dkdv_tiles(dka, dkb, dva, dvb, ka, kb, va, vb, Q, DO, L, Delta, stride_
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, stride_qb, stride_qn, stride_kb, stride_kn,
-                     stride_vb, stride_vn, stride_dob, stride_don, stride_dks, stride_dkb, stride_dkn,
-                     stride_dvs, stride_dvb, stride_dvn, N, QK_SCALE: tl.constexpr, SM_SCALE: tl.constexpr,
+def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, H, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh,
+                     stride_kn, stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
+                     stride_dks, stride_dkb, stride_dkh, stride_dkn, stride_dvs, stride_dvb, stride_dvh,
+                     stride_dvn, N, QK_SCALE: tl.constexpr, SM_SCALE: tl.constexpr,
                      DA: tl.constexpr, DAV: tl.constexpr, DB: tl.constexpr, DBV: tl.constexpr,
                      IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, HEADS_FASTEST: tl.constexpr, SPLIT: tl.constexpr):
@@ -536,13 +541,15 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, stride_qb, stride_qn, stride
         k_tile = tl.program_id(0) // SPLIT
         part = tl.program_id(0) % SPLIT
         bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
     k0 = k_tile * BLOCK_N
     offs_k = k0 + tl.arange(0, BLOCK_N)
-    ka, kb = _load_ab(K + bh * stride_kb, offs_k, N, stride_kn, DA, DAV, DB, DBV, True)
-    va, vb = _load_ab(V + bh * stride_vb, offs_k, N, stride_vn, DA, DAV, DB, DBV, True)
+    ka, kb = _load_ab(K + b * stride_kb + h * stride_kh, offs_k, N, stride_kn, DA, DAV, DB, DBV, True)
+    va, vb = _load_ab(V + b * stride_vb + h * stride_vh, offs_k, N, stride_vn, DA, DAV, DB, DBV, True)
     dka, dkb = _zeros_ab(BLOCK_N, DA, DB)
     dva, dvb = _zeros_ab(BLOCK_N, DA, DB)
-    Qb, DOb, Lb, Deltab = Q + bh * stride_qb, DO + bh * stride_dob, L + bh * N, Delta + bh * N
+    Qb, DOb = Q + b * stride_qb + h * stride_qh, DO + b * stride_dob + h * stride_doh
+    Lb, Deltab = L + bh * N, Delta + bh * N
     # Causal: query tiles crossing the diagonal are masked (by the first part); later ones see
     # this key tile in full. The unmasked range [start, N) is split in SPLIT shares.
     lo = 0
@@ -561,9 +568,9 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, stride_qb, stride_qn, stride
     dka, dkb, dva, dvb = _bwd_dkdv_tiles(dka, dkb, dva, dvb, ka, kb, va, vb, Qb, DOb, Lb, Deltab, stride_qn,
                                          stride_don, offs_k, lo, hi, N, QK_SCALE, DA, DAV, DB, DBV, False,
                                          BLOCK_M, DOT_PRECISION)
-    _store_ab(DK + part * stride_dks + bh * stride_dkb, (dka * SM_SCALE).to(DK.dtype.element_ty),
+    _store_ab(DK + part * stride_dks + b * stride_dkb + h * stride_dkh, (dka * SM_SCALE).to(DK.dtype.element_ty),
               (dkb * SM_SCALE).to(DK.dtype.element_ty), offs_k, N, stride_dkn, DA, DAV, DB, DBV)
-    _store_ab(DV + part * stride_dvs + bh * stride_dvb, dva.to(DV.dtype.element_ty), dvb.to(DV.dtype.element_ty),
+    _store_ab(DV + part * stride_dvs + b * stride_dvb + h * stride_dvh, dva.to(DV.dtype.element_ty), dvb.to(DV.dtype.element_ty),
               offs_k, N, stride_dvn, DA, DAV, DB, DBV)
 
 
@@ -577,11 +584,24 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "tf32x3" if dtype == torch.float32 else "tf32"
 
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    """(..., N, D) -> (B, N, D) with unit stride along D (copies only if it must)."""
-    n, d = t.shape[-2:]
-    t = t.reshape(-1, n, d)
+def _heads(t: torch.Tensor) -> torch.Tensor:
+    """(..., H, N, D) -> a (B, H, N, D) view with its own batch, head and row strides (so that a
+    (batch, heads, N, D) view of (batch, N, heads, D) memory, as models make by transposing a
+    projection, is read in place), and unit stride along D. Copies only where it must: a stride
+    along D other than 1, or leading dims that do not merge. A 3-D (B, N, D) input is one head
+    per sequence: (1, B, N, D); a 2-D (N, D) one is (1, 1, N, D)."""
+    if t.dim() < 4:
+        t = t.view((1,) * (4 - t.dim()) + tuple(t.shape))
+    elif t.dim() > 4:
+        t = t.reshape(-1, *t.shape[-3:])
     return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _like(t: torch.Tensor) -> torch.Tensor:
+    """An output with t's shape and, for a dense t, its memory layout (torch.empty_like keeps the
+    stride order): attention's output and dV come back in the layout q and v came in, so the
+    model's transposes back stay views."""
+    return torch.empty_like(_heads(t)).view(t.shape) if t.dim() == 4 else t.new_empty(t.shape)
 
 
 def _scales(d: int) -> dict:
@@ -589,30 +609,39 @@ def _scales(d: int) -> dict:
     return dict(QK_SCALE=LOG2E / math.sqrt(d), DA=da, DAV=min(d, da), DB=db, DBV=max(0, d - da))
 
 
+def _bhn(t: torch.Tensor) -> tuple:
+    """(batch, head, row) strides of a (B, H, N, D) tensor."""
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
 def _strides(t: torch.Tensor) -> tuple:
-    """(part, batch, row) strides of an output: (B, N, D), or (SPLIT, B, N, D) partial sums."""
-    return (0, t.stride(0), t.stride(1)) if t.dim() == 3 else (t.stride(0), t.stride(1), t.stride(2))
+    """(part, batch, head, row) strides of an output: (B, H, N, D), or (SPLIT, B, H, N, D) partial
+    sums."""
+    return (0, *_bhn(t)) if t.dim() == 4 else (t.stride(0), t.stride(1), t.stride(2), t.stride(3))
 
 
 def launch_forward(q3, k3, v3, out, lse, is_causal: bool, cfg: dict, launch=lambda k: k) -> None:
     """Run the forward kernel on (B, N, D) views with config `cfg` (BLOCK_Q, BLOCK_K, warps,
     stages, SPLIT), writing out and lse. `launch` wraps each kernel (wrap_triton inside the op;
-    identity for the sweep). SPLIT > 1: partial results in fp32 buffers, then one merge kernel."""
-    bh, n, d = q3.shape
+    identity for the sweep). SPLIT > 1: partial results in fp32 buffers, then one merge kernel.
+    Tensors are (B, H, N, D) with any batch, head and row strides, or (B, N, D); lse is (B*H, N)."""
+    q3, k3, v3, out = _heads(q3), _heads(k3), _heads(v3), _heads(out)
+    nb, nh, n, d = q3.shape
+    bh = nb * nh
     c = {"SPLIT": 1, **cfg}
     split = c["SPLIT"]
     o_p, l_p = out, lse
     if split > 1:
-        o_p = torch.empty((split, bh, n, d), dtype=torch.float32, device=q3.device)
+        o_p = torch.empty((split, nb, nh, n, d), dtype=torch.float32, device=q3.device)
         l_p = torch.empty((split, bh, n), dtype=torch.float32, device=q3.device)
     launch(_fwd_kernel)[(_cdiv(n, c["BLOCK_Q"]) * split, bh)](
-        q3, k3, v3, o_p, l_p, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
-        v3.stride(0), v3.stride(1), *_strides(o_p), l_p.stride(0) if split > 1 else 0, n, **_scales(d),
+        q3, k3, v3, o_p, l_p, nh, *_bhn(q3), *_bhn(k3), *_bhn(v3), *_strides(o_p),
+        l_p.stride(0) if split > 1 else 0, n, **_scales(d),
         IS_CAUSAL=is_causal, DOT_PRECISION=_dot_precision(q3.dtype), **c)
     if split > 1:
         block = 32
         launch(_fwd_combine_kernel)[(_cdiv(n, block), bh)](
-            o_p, l_p, out, lse, *_strides(o_p), l_p.stride(0), out.stride(0), out.stride(1), n, D=d,
+            o_p, l_p, out, lse, nh, *_strides(o_p), l_p.stride(0), *_bhn(out), n, D=d,
             D_PAD=d_pad(d), SPLIT=split, BLOCK=block, num_warps=4)
 
 
@@ -620,13 +649,13 @@ def launch_backward_dq(q3, k3, v3, o3, do3, lse, delta, dq, is_causal: bool, cfg
                        launch=lambda k: k) -> None:
     """dQ into dq, and Delta = rowsum(O * dO) for launch_backward_dkdv, with config cfg["dq"].
     SPLIT > 1: fp32 partial dQ per part, summed in a fixed order (no atomics: one result)."""
-    bh, n, d = q3.shape
+    q3, k3, v3, o3, do3, dq = (_heads(t) for t in (q3, k3, v3, o3, do3, dq))
+    nb, nh, n, d = q3.shape
     c = {"SPLIT": 1, **cfg["dq"]}
     split = c["SPLIT"]
-    dq_p = dq if split == 1 else torch.empty((split, bh, n, d), dtype=torch.float32, device=q3.device)
-    launch(_bwd_dq_kernel)[(_cdiv(n, c["BLOCK_M2"]) * split, bh)](
-        q3, k3, v3, o3, do3, lse, delta, dq_p, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
-        v3.stride(0), v3.stride(1), o3.stride(0), o3.stride(1), do3.stride(0), do3.stride(1),
+    dq_p = dq if split == 1 else torch.empty((split, *dq.shape), dtype=torch.float32, device=q3.device)
+    launch(_bwd_dq_kernel)[(_cdiv(n, c["BLOCK_M2"]) * split, nb * nh)](
+        q3, k3, v3, o3, do3, lse, delta, dq_p, nh, *_bhn(q3), *_bhn(k3), *_bhn(v3), *_bhn(o3), *_bhn(do3),
         *_strides(dq_p), n, **_scales(d), SM_SCALE=1.0 / math.sqrt(d), IS_CAUSAL=is_causal,
         DOT_PRECISION=_dot_precision(q3.dtype), **c)
     if split > 1:
@@ -637,17 +666,19 @@ def launch_backward_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal: bool, c
                          launch=lambda k: k) -> None:
     """dK and dV into dk, dv (needs the Delta that launch_backward_dq wrote), with config
     cfg["dkdv"]. SPLIT > 1: fp32 partial sums per part (one buffer for both), summed after."""
-    bh, n, d = q3.shape
+    q3, k3, v3, do3, dk, dv = (_heads(t) for t in (q3, k3, v3, do3, dk, dv))
+    nb, nh, n, d = q3.shape
+    bh = nb * nh
     c = {"SPLIT": 1, **cfg["dkdv"]}
     split = c["SPLIT"]
     dk_p, dv_p = dk, dv
     if split > 1:
-        kv = torch.empty((split, 2, bh, n, d), dtype=torch.float32, device=q3.device)
+        kv = torch.empty((split, 2, *dk.shape), dtype=torch.float32, device=q3.device)
         dk_p, dv_p = kv[:, 0], kv[:, 1]
     tiles = _cdiv(n, c["BLOCK_N"]) * split
     launch(_bwd_dkdv_kernel)[(bh, tiles) if c["HEADS_FASTEST"] else (tiles, bh)](
-        q3, k3, v3, do3, lse, delta, dk_p, dv_p, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
-        v3.stride(0), v3.stride(1), do3.stride(0), do3.stride(1), *_strides(dk_p), *_strides(dv_p), n,
+        q3, k3, v3, do3, lse, delta, dk_p, dv_p, nh, *_bhn(q3), *_bhn(k3), *_bhn(v3), *_bhn(do3),
+        *_strides(dk_p), *_strides(dv_p), n,
         **_scales(d), SM_SCALE=1.0 / math.sqrt(d), IS_CAUSAL=is_causal,
         DOT_PRECISION=_dot_precision(q3.dtype), **c)
     if split > 1:
@@ -671,11 +702,11 @@ def _register(name: str, fake):
 
 
 def _forward_fake(q, k, v, is_causal):
-    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+    return _like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 def _backward_fake(q, k, v, out, lse, grad_out, is_causal):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return _like(q), _like(k), _like(v)
 
 
 def _plain(kernel):
@@ -690,26 +721,26 @@ def _check_heads(bh: int) -> None:
 
 def _forward(q, k, v, is_causal: bool, launch):
     check_qkv(q, k, v)
-    q3, k3, v3 = _flat(q), _flat(k), _flat(v)
-    bh, n, d = q3.shape
+    nb, nh, n, d = _heads(q).shape
+    bh = nb * nh
     _check_heads(bh)
-    out = q3.new_empty(q3.shape)
+    out = _like(q)
     lse = torch.empty((bh, n), dtype=torch.float32, device=q.device)
-    launch_forward(q3, k3, v3, out, lse, is_causal, _fwd_config(n, d, q.dtype, is_causal, bh), launch)
-    return out.view(q.shape), lse.view(q.shape[:-1])
+    launch_forward(q, k, v, out, lse, is_causal, _fwd_config(n, d, q.dtype, is_causal, bh), launch)
+    return out, lse.view(q.shape[:-1])
 
 
 def _backward_kernels(q, k, v, out, lse, grad_out, is_causal: bool, launch):
-    q3, k3, v3, o3, do3 = (_flat(t) for t in (q, k, v, out, grad_out))
-    bh, n, d = q3.shape
+    nb, nh, n, d = _heads(q).shape
+    bh = nb * nh
     lse3 = lse.reshape(bh, n)
     lse3 = lse3 if lse3.is_contiguous() else lse3.contiguous()
     delta = torch.empty((bh, n), dtype=torch.float32, device=q.device)
     cfg = _bwd_config(n, d, q.dtype, is_causal, bh)
-    dq, dk, dv = q3.new_empty(q3.shape), k3.new_empty(k3.shape), v3.new_empty(v3.shape)
-    launch_backward_dq(q3, k3, v3, o3, do3, lse3, delta, dq, is_causal, cfg, launch)
-    launch_backward_dkdv(q3, k3, v3, do3, lse3, delta, dk, dv, is_causal, cfg, launch)
-    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+    dq, dk, dv = _like(q), _like(k), _like(v)
+    launch_backward_dq(q, k, v, out, grad_out, lse3, delta, dq, is_causal, cfg, launch)
+    launch_backward_dkdv(q, k, v, grad_out, lse3, delta, dk, dv, is_causal, cfg, launch)
+    return dq, dk, dv
 
 
 @_register("lmperf::flash_attention_forward", _forward_fake)
@@ -741,9 +772,9 @@ def _backward(ctx, grad_out, *_, direct: bool = False):
     autograd always takes the op, so that every trace (Dynamo, AOTAutograd, opcheck) sees it."""
     q, k, v, out, lse = ctx.saved_tensors
     if direct:
-        dq, dk, dv = _backward_kernels(q, k, v, out, lse, grad_out.contiguous(), ctx.is_causal, _plain)
+        dq, dk, dv = _backward_kernels(q, k, v, out, lse, grad_out, ctx.is_causal, _plain)
     else:
-        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out.contiguous(), ctx.is_causal)
+        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, ctx.is_causal)
     return dq, dk, dv, None
 
 
@@ -760,6 +791,8 @@ def forward_with_lse(q, k, v, is_causal: bool = False):
 class FlashAttention2Triton(torch.autograd.Function):
     """apply(q, k, v, is_causal=False) -> softmax(q k^T / sqrt(D)) v for (..., N, D) inputs.
     Saves (q, k, v, O, L) for backward, L being the fp32 logsumexp of shape q.shape[:-1].
+    (B, H, N, D) inputs are read through their strides (a transposed (B, N, H, D) projection is
+    not copied), and O and the gradients keep the layout of q, k and v.
     Works under torch.compile(fullgraph=True): forward and backward are PyTorch ops."""
 
     @staticmethod
