@@ -598,10 +598,20 @@ def _heads(t: torch.Tensor) -> torch.Tensor:
 
 
 def _like(t: torch.Tensor) -> torch.Tensor:
-    """An output with t's shape and, for a dense t, its memory layout (torch.empty_like keeps the
-    stride order): attention's output and dV come back in the layout q and v came in, so the
-    model's transposes back stay views."""
+    """A gradient with t's shape and, for a dense t, its memory layout (torch.empty_like keeps the
+    stride order): dQ, dK, dV come back in the layout q, k, v came in, so autograd's transposes
+    back to the model's projections stay views."""
     return torch.empty_like(_heads(t)).view(t.shape) if t.dim() == 4 else t.new_empty(t.shape)
+
+
+def _out_like(q: torch.Tensor) -> torch.Tensor:
+    """The output O for q: for (B, H, N, D), (B, N, H, D) in memory, as SDPA's flash and cuDNN
+    backends allocate it, so that a model's O.transpose(1, 2).reshape(B, N, H * D) is a view and
+    the gradient coming back through it is read in place; other ranks contiguous."""
+    if q.dim() != 4:
+        return q.new_empty(q.shape)
+    b, h, n, d = q.shape
+    return q.new_empty((b, n, h, d)).transpose(1, 2)
 
 
 def _scales(d: int) -> dict:
@@ -702,7 +712,7 @@ def _register(name: str, fake):
 
 
 def _forward_fake(q, k, v, is_causal):
-    return _like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
+    return _out_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 def _backward_fake(q, k, v, out, lse, grad_out, is_causal):
@@ -724,7 +734,7 @@ def _forward(q, k, v, is_causal: bool, launch):
     nb, nh, n, d = _heads(q).shape
     bh = nb * nh
     _check_heads(bh)
-    out = _like(q)
+    out = _out_like(q)
     lse = torch.empty((bh, n), dtype=torch.float32, device=q.device)
     launch_forward(q, k, v, out, lse, is_causal, _fwd_config(n, d, q.dtype, is_causal, bh), launch)
     return out, lse.view(q.shape[:-1])
@@ -792,7 +802,8 @@ class FlashAttention2Triton(torch.autograd.Function):
     """apply(q, k, v, is_causal=False) -> softmax(q k^T / sqrt(D)) v for (..., N, D) inputs.
     Saves (q, k, v, O, L) for backward, L being the fp32 logsumexp of shape q.shape[:-1].
     (B, H, N, D) inputs are read through their strides (a transposed (B, N, H, D) projection is
-    not copied), and O and the gradients keep the layout of q, k and v.
+    not copied); O is (B, N, H, D) in memory, as SDPA's flash and cuDNN backends make it, and the
+    gradients keep the layout of q, k and v.
     Works under torch.compile(fullgraph=True): forward and backward are PyTorch ops."""
 
     @staticmethod
