@@ -219,10 +219,12 @@ def test_compiled_forward_matches_float64():
     assert all(r["passed"] for r in rows), rows
 
 
-@pytest.mark.parametrize("d", [16, 40])
-def test_ops_pass_torch_library_opcheck(d):
-    """Schema, fake (meta) implementation, autograd registration and AOT dispatch of both ops."""
-    q, k, v = (torch.randn(2, 3, 37, d, device=DEVICE, requires_grad=True) for _ in range(3))
+@pytest.mark.parametrize("shape", [(2, 3, 37, 16), (2, 3, 37, 40), (3, 37, 16), (2, 1, 2, 37, 16)],
+                         ids=["4d-d16", "4d-d40", "3d", "5d"])
+def test_ops_pass_torch_library_opcheck(shape):
+    """Schema, fake (meta) implementation (output strides included), autograd registration and
+    AOT dispatch of both ops, for every rank the layout rules treat apart."""
+    q, k, v = (torch.randn(shape, device=DEVICE, requires_grad=True) for _ in range(3))
     fwd = torch.ops.lmperf.flash_attention_forward.default
     bwd = torch.ops.lmperf.flash_attention_backward.default
     torch.library.opcheck(fwd, (q, k, v, True))

@@ -597,21 +597,35 @@ def _heads(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _heads_shape(shape) -> tuple:
+    """The (B, H, N, D) shape _heads gives a tensor of this shape."""
+    shape = tuple(shape)
+    if len(shape) < 4:
+        return (1,) * (4 - len(shape)) + shape
+    return (math.prod(shape[:-3]), *shape[-3:]) if len(shape) > 4 else shape
+
+
 def _like(t: torch.Tensor) -> torch.Tensor:
-    """A gradient with t's shape and, for a dense t, its memory layout (torch.empty_like keeps the
-    stride order): dQ, dK, dV come back in the layout q, k, v came in, so autograd's transposes
-    back to the model's projections stay views."""
-    return torch.empty_like(_heads(t)).view(t.shape) if t.dim() == 4 else t.new_empty(t.shape)
+    """A fresh (B, H, N, D) gradient for t (view it as t.shape): for a 4-D t with unit stride
+    along D, t's memory layout (torch.empty_like keeps the stride order), so dQ, dK, dV come
+    back in the layout q, k, v came in and autograd's transposes back to the model's projections
+    stay views; otherwise contiguous."""
+    if t.dim() == 4:
+        g = torch.empty_like(t)
+        if g.stride(-1) == 1:
+            return g
+    return t.new_empty(_heads_shape(t.shape))
 
 
 def _out_like(q: torch.Tensor) -> torch.Tensor:
-    """The output O for q: for (B, H, N, D), (B, N, H, D) in memory, as SDPA's flash and cuDNN
-    backends allocate it, so that a model's O.transpose(1, 2).reshape(B, N, H * D) is a view and
-    the gradient coming back through it is read in place; other ranks contiguous."""
-    if q.dim() != 4:
-        return q.new_empty(q.shape)
-    b, h, n, d = q.shape
-    return q.new_empty((b, n, h, d)).transpose(1, 2)
+    """A fresh (B, H, N, D) output O for q (view it as q.shape): for a 4-D q, (B, N, H, D) in
+    memory, as SDPA's flash and cuDNN backends allocate it, so that a model's
+    O.transpose(1, 2).reshape(B, N, H * D) is a view and the gradient coming back through it is
+    read in place; otherwise contiguous."""
+    if q.dim() == 4:
+        b, h, n, d = q.shape
+        return q.new_empty_strided((b, h, n, d), (n * h * d, d, h * d, 1))
+    return q.new_empty(_heads_shape(q.shape))
 
 
 def _scales(d: int) -> dict:
@@ -712,11 +726,11 @@ def _register(name: str, fake):
 
 
 def _forward_fake(q, k, v, is_causal):
-    return _out_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
+    return _out_like(q).view(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 def _backward_fake(q, k, v, out, lse, grad_out, is_causal):
-    return _like(q), _like(k), _like(v)
+    return _like(q).view(q.shape), _like(k).view(k.shape), _like(v).view(v.shape)
 
 
 def _plain(kernel):
@@ -731,26 +745,26 @@ def _check_heads(bh: int) -> None:
 
 def _forward(q, k, v, is_causal: bool, launch):
     check_qkv(q, k, v)
-    nb, nh, n, d = _heads(q).shape
+    nb, nh, n, d = _heads_shape(q.shape)
     bh = nb * nh
     _check_heads(bh)
-    out = _out_like(q)
+    out = _out_like(q)  # fresh (B, H, N, D): the kernels write it, not a view of it
     lse = torch.empty((bh, n), dtype=torch.float32, device=q.device)
     launch_forward(q, k, v, out, lse, is_causal, _fwd_config(n, d, q.dtype, is_causal, bh), launch)
-    return out, lse.view(q.shape[:-1])
+    return out.view(q.shape), lse.view(q.shape[:-1])
 
 
 def _backward_kernels(q, k, v, out, lse, grad_out, is_causal: bool, launch):
-    nb, nh, n, d = _heads(q).shape
+    nb, nh, n, d = _heads_shape(q.shape)
     bh = nb * nh
     lse3 = lse.reshape(bh, n)
     lse3 = lse3 if lse3.is_contiguous() else lse3.contiguous()
     delta = torch.empty((bh, n), dtype=torch.float32, device=q.device)
     cfg = _bwd_config(n, d, q.dtype, is_causal, bh)
-    dq, dk, dv = _like(q), _like(k), _like(v)
+    dq, dk, dv = _like(q), _like(k), _like(v)  # fresh (B, H, N, D), written by the kernels
     launch_backward_dq(q, k, v, out, grad_out, lse3, delta, dq, is_causal, cfg, launch)
     launch_backward_dkdv(q, k, v, grad_out, lse3, delta, dk, dv, is_causal, cfg, launch)
-    return dq, dk, dv
+    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
 
 
 @_register("lmperf::flash_attention_forward", _forward_fake)
