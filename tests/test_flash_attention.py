@@ -78,10 +78,7 @@ def test_the_models_layout_is_read_and_written_in_place(monkeypatch, split):
     layout q, k, v came in (so the model's transposes back to (B, N, H * D) are views), split or
     not, equal to float64."""
     fa = flash_attention_triton
-    fwd_rule, bwd_rule = fa.fwd_config, fa.bwd_config
-    monkeypatch.setattr(fa, "_fwd_config", lambda *a: {**fwd_rule(*a), "SPLIT": split})
-    monkeypatch.setattr(fa, "_bwd_config", lambda *a: {name: {**c, "SPLIT": split}
-                                                      for name, c in bwd_rule(*a).items()})
+    force_split(monkeypatch, split)
     q, k, v = (torch.randn(2, 45, 3, 40, device=DEVICE).transpose(1, 2) for _ in range(3))
     rows = compare(fa.FlashAttention2Triton.apply, q, k, v, True)
     assert all(r["passed"] for r in rows), rows

@@ -463,9 +463,7 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ, H, stride_qb, stride_qh, stride
     delta = tl.sum(oa.to(tl.float32) * doa.to(tl.float32), 1)
     if DB > 0:
         delta += tl.sum(ob.to(tl.float32) * dob.to(tl.float32), 1)
-    if SPLIT == 1:
-        tl.store(Delta + bh * N + offs_q, delta, mask=rows_in)
-    elif part == 0:  # one of the parts writes Delta
+    if part == 0:  # one of the parts (the only one when SPLIT = 1) writes Delta
         tl.store(Delta + bh * N + offs_q, delta, mask=rows_in)
     # Rows >= N: L = +inf, so P = 0 there.
     lse2 = tl.load(L + bh * N + offs_q, mask=rows_in, other=float("inf")) * 1.4426950408889634
@@ -584,25 +582,23 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "tf32x3" if dtype == torch.float32 else "tf32"
 
 
-def _heads(t: torch.Tensor) -> torch.Tensor:
-    """(..., H, N, D) -> a (B, H, N, D) view with its own batch, head and row strides (so that a
-    (batch, heads, N, D) view of (batch, N, heads, D) memory, as models make by transposing a
-    projection, is read in place), and unit stride along D. Copies only where it must: a stride
-    along D other than 1, or leading dims that do not merge. A 3-D (B, N, D) input is one head
-    per sequence: (1, B, N, D); a 2-D (N, D) one is (1, 1, N, D)."""
-    if t.dim() < 4:
-        t = t.view((1,) * (4 - t.dim()) + tuple(t.shape))
-    elif t.dim() > 4:
-        t = t.reshape(-1, *t.shape[-3:])
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
 def _heads_shape(shape) -> tuple:
     """The (B, H, N, D) shape _heads gives a tensor of this shape."""
     shape = tuple(shape)
     if len(shape) < 4:
         return (1,) * (4 - len(shape)) + shape
     return (math.prod(shape[:-3]), *shape[-3:]) if len(shape) > 4 else shape
+
+
+def _heads(t: torch.Tensor) -> torch.Tensor:
+    """(..., H, N, D) -> a (B, H, N, D) view with its own batch, head and row strides (so that a
+    (batch, heads, N, D) view of (batch, N, heads, D) memory, as models make by transposing a
+    projection, is read in place), and unit stride along D. Copies only where it must: a stride
+    along D other than 1, or leading dims that do not merge. A 3-D (B, N, D) input is one head
+    per sequence: (1, B, N, D); a 2-D (N, D) one is (1, 1, N, D)."""
+    if t.dim() != 4:
+        t = t.reshape(_heads_shape(t.shape))  # a view, except leading dims that do not merge
+    return t if t.stride(-1) == 1 else t.contiguous()
 
 
 def _like(t: torch.Tensor) -> torch.Tensor:
