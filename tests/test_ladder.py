@@ -170,3 +170,29 @@ def test_accumulated_micro_batches_give_one_batch_gradients():
     for a, b in zip(grads(1), grads(4)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     assert seen[3:] == ["forward", "backward"] * 4 + ["optimizer"]
+
+
+def test_kernel_rows_split_a_profiled_step_into_matmul_and_attention():
+    kernels = {"sm90_xmma_gemm_bf16bf16_bf16f32": (500.0, 4), "nvjet_tst_128x256": (100.0, 2),
+               "_bwd_dkdv_kernel": (300.0, 1), "_fwd_kernel": (50.0, 1),
+               "cudnn_generated_fort_native_sdpa_sm90_flash_fprop": (20.0, 1),
+               "triton_poi_fused_add_mul_0": (30.0, 3)}
+    rows = {r["metric"]: r["mean"] for r in ladder.kernel_rows(kernels)}
+    assert rows["step_kernel_ms"] == pytest.approx(1.0)
+    assert rows["step_matmul_kernel_ms"] == pytest.approx(0.6)
+    assert rows["step_attention_kernel_ms"] == pytest.approx(0.37)
+
+
+def test_ladder_table_shows_gpu_busy_only_where_profiled():
+    import pandas as pd
+    from lmperf.report import e2e as report
+
+    base = {"study": "ladder", "size": "tiny", "name": "compiled", "change": "x", "context": 8,
+            "attention": "plain", "attention_backend": "plain matmuls", "optimizer": "foreach",
+            "status": "ok", "case_id": "tiny-r4", "rung": 4}
+    rows = [{**base, "metric": "step_ms", "mean": 100.0}]
+    assert "GPU busy %" not in report.ladder_rungs(pd.DataFrame(rows)).columns
+    rows += [{**base, "metric": "step_kernel_ms", "mean": 25.0},
+             {**base, "metric": "step_attention_kernel_ms", "mean": 2.0}]
+    table = report.ladder_rungs(pd.DataFrame(rows))
+    assert table["GPU busy %"].iloc[0] == 25.0 and table["attention kernels ms"].iloc[0] == 2.0

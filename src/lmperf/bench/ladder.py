@@ -8,7 +8,9 @@ its change is not carried to the rungs after it. Every rung is timed like the ot
 
 - the FLOPs of one step counted by `torch.utils.flop_counter.FlopCounterMode` (on fake tensors
   of the rung's device: no memory, no time), beside the closed form MFU uses (lmperf.flops);
-- which attention kernel ran (from a profiled step's op and kernel names);
+- which attention kernel ran (from a profiled step's op and kernel names) and, on a GPU, that
+  step's kernel time: all kernels, matrix multiplies, attention (against the timed step: how
+  busy the GPU is, and what a rung is bound by);
 - floors: the optimizer phase against params x 28 bytes / the copy bandwidth, the forward and
   backward against the bf16 matmul rate, both rates measured in this job (the `floors` case).
 
@@ -21,8 +23,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import re
 
-from lmperf.bench import common, e2e, timing
+from lmperf.bench import common, e2e, profile, timing
 
 # The rungs before the longer contexts, in order: (rung, what changes, the case keys it sets,
 # whether it needs CUDA). The base is the assignment's model and optimizer in fp32, eager.
@@ -193,24 +196,50 @@ BACKENDS = [("lmperf::flash_attention", "flash-triton (ours)"), ("_fwd_kernel", 
             ("attention_math", "math")]
 
 
-def attention_backend(case: dict, model, optimizer, inputs, targets, autocast) -> str:
-    """Which attention kernel a training step runs, read from one profiled step's op and kernel
-    names ('plain matmuls' for the model's own attention)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+# Kernel names of attention (ours, SDPA's flash and cuDNN backends, FlexAttention's).
+ATTENTION_KERNEL = re.compile(r"_fwd_kernel|_fwd_combine_kernel|_bwd_dq_kernel|_bwd_dkdv_kernel|flash|fmha|"
+                              r"cudnn.*(sdpa|attention|mha)|sdpa|flex_attention", re.I)
 
-    if case["attention"] == "plain":
-        return "plain matmuls"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities) as prof:
+
+def kernel_rows(kernels: dict[str, tuple[float, int]]) -> list[dict]:
+    """The GPU's time in one profiled training step, from {kernel: (device us, calls)}: all its
+    kernels, the matrix multiplies and the attention kernels. Against the timed step (which
+    runs unprofiled) the first says how busy the GPU is: a step far longer than its kernels
+    waits on the host."""
+    total = matmul = attention = 0.0
+    for name, (t, _) in kernels.items():  # attention first: cuDNN's attention kernels look like GEMMs (sm90_...)
+        total += t
+        if ATTENTION_KERNEL.search(name):
+            attention += t
+        elif profile.category(name) == "matmul":
+            matmul += t
+    return [common.summarize(metric, "ms", [us / 1e3]) for metric, us in
+            (("step_kernel_ms", total), ("step_matmul_kernel_ms", matmul), ("step_attention_kernel_ms", attention))]
+
+
+def profile_step(case: dict, model, optimizer, inputs, targets, autocast) -> tuple[str, list[dict]]:
+    """One profiled training step: which attention kernel it runs (from its op and kernel names;
+    'plain matmuls' for the model's own attention) and, on a GPU, its kernels' time
+    (kernel_rows)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    cuda = torch.cuda.is_available()
+    if case["attention"] == "plain" and not cuda:
+        return "plain matmuls", []
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch_profile(activities=activities) as prof:
         e2e.step(model, optimizer, inputs, targets, autocast, lambda phase: contextlib.nullcontext(),
                  case.get("micro_batches", 1))
         timing.synchronizer()()
+    rows = kernel_rows(profile.kernel_times(prof, cuda=True)) if cuda else []
+    if case["attention"] == "plain":
+        return "plain matmuls", rows
     names = [e.key for e in prof.key_averages()]
     for pattern, backend in BACKENDS:
         if any(pattern in name for name in names):
-            return backend
-    return "unknown"
+            return backend, rows
+    return "unknown", rows
 
 
 def one_step_peak_mib(model, optimizer, inputs, targets, autocast, micro_batches: int = 1) -> float | None:
@@ -274,7 +303,8 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
                                               [len(range(0, cfg.n_layers, every))])]
         rows += e2e.time_steps(case, cfg, model, optimizer, inputs, targets, autocast)
         try:
-            backend = attention_backend(case, model, optimizer, inputs, targets, autocast)
+            backend, kernel_time = profile_step(case, model, optimizer, inputs, targets, autocast)
+            rows += kernel_time
         except Exception as exc:  # noqa: BLE001  (the timings stand without it)
             backend = "unknown (" + common.classify_failure(exc)[1][:80] + ")"
     del model, optimizer

@@ -113,10 +113,17 @@ def ladder_rungs(df: pd.DataFrame) -> pd.DataFrame:
                "checkpointed": _count(cell(g, "checkpointed_blocks")) if ok else None}
         for metric, label in LADDER_METRICS.items():
             row[label] = cell(g, metric, spread=metric in SPREAD_METRICS)
+        # one profiled step's kernel time against the timed step (GPU only: blank elsewhere)
+        kernels, step, attention = (cell(g, m) for m in ("step_kernel_ms", "step_ms", "step_attention_kernel_ms"))
+        busy = isinstance(kernels, float) and isinstance(step, float) and step > 0
+        row["GPU busy %"] = 100 * kernels / step if busy else None
+        row["attention kernels ms"] = attention if isinstance(attention, float) else None
         row["_name"], row["_attention"] = first["name"], first["attention"]
         row["_status"] = first["status"]
         out.append(row)
-    return pd.DataFrame(out)
+    table = pd.DataFrame(out)
+    return table.drop(columns=[c for c in ("GPU busy %", "attention kernels ms")
+                               if c in table and table[c].isna().all()])
 
 
 def _count(x) -> int | None:
