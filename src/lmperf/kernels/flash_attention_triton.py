@@ -640,6 +640,15 @@ def _strides(t: torch.Tensor) -> tuple:
     return (0, *_bhn(t)) if t.dim() == 4 else (t.stride(0), t.stride(1), t.stride(2), t.stride(3))
 
 
+def _sum_parts(parts: torch.Tensor, out: torch.Tensor) -> None:
+    """out = the sum of a split's fp32 partial results over their first dim, in a fixed order
+    (one kernel when out is fp32, and a cast after it in 16 bits)."""
+    if out.dtype == parts.dtype:
+        torch.sum(parts, 0, out=out)
+    else:
+        out.copy_(parts.sum(0))
+
+
 def launch_forward(q3, k3, v3, out, lse, is_causal: bool, cfg: dict, launch=lambda k: k) -> None:
     """Run the forward kernel on (B, N, D) views with config `cfg` (BLOCK_Q, BLOCK_K, warps,
     stages, SPLIT), writing out and lse. `launch` wraps each kernel (wrap_triton inside the op;
@@ -679,7 +688,7 @@ def launch_backward_dq(q3, k3, v3, o3, do3, lse, delta, dq, is_causal: bool, cfg
         *_strides(dq_p), n, **_scales(d), SM_SCALE=1.0 / math.sqrt(d), IS_CAUSAL=is_causal,
         DOT_PRECISION=_dot_precision(q3.dtype), **c)
     if split > 1:
-        dq.copy_(dq_p.sum(0))
+        _sum_parts(dq_p, dq)
 
 
 def launch_backward_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal: bool, cfg: dict,
@@ -692,9 +701,10 @@ def launch_backward_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal: bool, c
     c = {"SPLIT": 1, **cfg["dkdv"]}
     split = c["SPLIT"]
     dk_p, dv_p = dk, dv
-    if split > 1:
-        kv = torch.empty((split, 2, *dk.shape), dtype=torch.float32, device=q3.device)
-        dk_p, dv_p = kv[:, 0], kv[:, 1]
+    if split > 1:  # two buffers, not views of one: Inductor's functionalization of a kernel
+        # writing two views of one buffer fails under dynamic shapes (torch 2.11, H100)
+        dk_p, dv_p = (torch.empty((split, *dk.shape), dtype=torch.float32, device=q3.device)
+                      for _ in range(2))
     tiles = _cdiv(n, c["BLOCK_N"]) * split
     launch(_bwd_dkdv_kernel)[(bh, tiles) if c["HEADS_FASTEST"] else (tiles, bh)](
         q3, k3, v3, do3, lse, delta, dk_p, dv_p, nh, *_bhn(q3), *_bhn(k3), *_bhn(v3), *_bhn(do3),
@@ -702,9 +712,8 @@ def launch_backward_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal: bool, c
         **_scales(d), SM_SCALE=1.0 / math.sqrt(d), IS_CAUSAL=is_causal,
         DOT_PRECISION=_dot_precision(q3.dtype), **c)
     if split > 1:
-        kv = kv.sum(0)
-        dk.copy_(kv[0])
-        dv.copy_(kv[1])
+        _sum_parts(dk_p, dk)
+        _sum_parts(dv_p, dv)
 
 
 def _register(name: str, fake):
