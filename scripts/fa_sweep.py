@@ -33,6 +33,7 @@ SHAPES = {
     "model_2.7B_1024": (4, 32, 1024, 80, True, BF16),
     "model_small_256": (4, 12, 256, 64, True, BF16),
     "model_2.7B_256": (4, 32, 256, 80, True, BF16),
+    "model_2.7B_2048": (4, 32, 2048, 80, True, BF16),  # the ladder's best 2.7B rung (issue #15)
     "grid_d64_4096": (1, 1, 4096, 64, True, BF16),
     "grid_d128_32768": (1, 1, 32768, 128, True, BF16),
     "grid_d16_16384": (1, 1, 16384, 16, True, BF16),
