@@ -60,21 +60,24 @@ SPLITS = (1, 2, 4, 8)
 
 FWD = {  # (BLOCK_Q, BLOCK_K, warps, stages)
     "16bit": [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 8, 4), (128, 64, 8, 2),
-              (64, 64, 4, 4), (64, 64, 4, 2), (128, 64, 4, 3), (64, 32, 4, 3)],
+              (64, 64, 4, 4), (64, 64, 4, 2), (128, 64, 4, 3), (64, 32, 4, 3),
+              (32, 32, 4, 2), (64, 64, 4, 1)],  # the last two for short loops (the grid's N <= 1,024)
     "d256": [(64, 32, 4, 2), (64, 32, 4, 3), (32, 32, 4, 2), (64, 64, 8, 2), (32, 32, 4, 3)],
     "fp32": [(32, 32, 4, 2), (32, 32, 4, 3), (32, 16, 4, 2), (32, 32, 2, 2), (64, 32, 4, 2), (16, 16, 2, 2),
              (64, 32, 8, 2), (64, 64, 8, 2), (32, 64, 4, 2), (16, 32, 2, 2), (16, 64, 4, 2)],
 }
 DQ = {  # (BLOCK_M2, BLOCK_N2, warps, stages)
     "16bit": [(64, 32, 4, 3), (128, 128, 8, 2), (64, 32, 4, 4), (64, 32, 4, 2), (64, 64, 4, 3),
-              (64, 64, 4, 2), (32, 32, 4, 3), (128, 64, 8, 2), (128, 32, 8, 3)],
+              (64, 64, 4, 2), (32, 32, 4, 3), (128, 64, 8, 2), (128, 32, 8, 3),
+              (32, 32, 4, 2), (64, 64, 4, 1)],
     "d256": [(32, 32, 4, 2), (32, 32, 4, 3), (32, 16, 4, 2), (64, 32, 4, 2), (64, 64, 8, 1)],
     "fp32": [(32, 32, 4, 2), (32, 32, 4, 3), (32, 16, 4, 2), (32, 32, 2, 2), (64, 32, 4, 2), (16, 16, 2, 2),
              (64, 32, 8, 2), (64, 64, 8, 2), (32, 64, 4, 2), (16, 32, 2, 2), (16, 64, 4, 2)],
 }
 DKDV = {  # (BLOCK_M, BLOCK_N, warps, stages)
     "16bit": [(32, 128, 4, 3), (64, 64, 4, 2), (32, 128, 4, 4), (32, 128, 4, 2), (16, 128, 4, 3),
-              (32, 64, 4, 3), (64, 64, 4, 3), (32, 64, 4, 4), (64, 128, 8, 2)],
+              (32, 64, 4, 3), (64, 64, 4, 3), (32, 64, 4, 4), (64, 128, 8, 2),
+              (32, 32, 4, 2), (64, 64, 4, 1), (32, 64, 4, 2)],
     "d256": [(32, 32, 4, 2), (32, 32, 4, 3), (16, 32, 4, 2), (32, 64, 4, 2), (32, 64, 8, 1)],
     "fp32": [(32, 32, 4, 2), (32, 32, 4, 3), (16, 32, 4, 2), (32, 32, 2, 2), (32, 64, 4, 2), (16, 16, 2, 2),
              (64, 32, 4, 2), (64, 32, 8, 2), (64, 64, 8, 2), (16, 64, 4, 2), (16, 32, 2, 2), (64, 16, 4, 2)],
@@ -109,7 +112,24 @@ def candidates(name: str, kernel: str) -> list[dict]:
     programs = b * h * fa._cdiv(n, rule[outer])
     if programs < 2 * fa.SM_COUNT_H100:  # ... and, where the split rule applies, the rule's tile at every split
         out += [c2 for split in SPLITS if (c2 := {**rule, "SPLIT": split}) not in out]
+    if fa.d_tiles(d)[1]:  # a head dim held as two column tiles (80 = 64 + 16): each candidate
+        out += [{**c, "D_TILES": "pad"} for c in out]  # also as one tile padded to a power of two
     return out
+
+
+def _padded(fn):
+    """fn with the head dim held as one padded tile (fa.d_tiles patched while it runs: the launch
+    functions read it at every call, captures included)."""
+    from lmperf.kernels import flash_attention_triton as fa
+
+    def run():
+        two_tiles = fa.d_tiles
+        fa.d_tiles = lambda d: (fa.d_pad(d), 0)
+        try:
+            return fn()
+        finally:
+            fa.d_tiles = two_tiles
+    return run
 
 
 def inputs(name: str, seed: int = 0):
@@ -124,16 +144,18 @@ def runner(name: str, kernel: str, cfg: dict, t):
     from lmperf.kernels import flash_attention_triton as fa
     b, h, n, d, causal, dtype = SHAPES[name]
     q, k, v, do, out, lse, delta, dq, dk, dv = t
+    cfg = dict(cfg)
+    wrap = _padded if cfg.pop("D_TILES", "") == "pad" else (lambda fn: fn)
     full = {"dq": cfg, "dkdv": cfg}
     if kernel == "fwd":
         o2, l2 = torch.empty_like(out), torch.empty_like(lse)
-        return (lambda: fa.launch_forward(q, k, v, o2, l2, causal, cfg)), o2
+        return wrap(lambda: fa.launch_forward(q, k, v, o2, l2, causal, cfg)), o2
     # a split launch allocates its fp32 partials and merges them: part of the timed cost
     if kernel == "dq":
         dq2, delta2 = torch.empty_like(dq), torch.empty_like(delta)
-        return (lambda: fa.launch_backward_dq(q, k, v, out, do, lse, delta2, dq2, causal, full)), dq2
+        return wrap(lambda: fa.launch_backward_dq(q, k, v, out, do, lse, delta2, dq2, causal, full)), dq2
     dk2, dv2 = torch.empty_like(dk), torch.empty_like(dv)
-    return (lambda: fa.launch_backward_dkdv(q, k, v, do, lse, delta, dk2, dv2, causal, full)), dk2
+    return wrap(lambda: fa.launch_backward_dkdv(q, k, v, do, lse, delta, dk2, dv2, causal, full)), dk2
 
 
 def prepare(name: str, run_rule: bool = True):
