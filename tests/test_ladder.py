@@ -196,3 +196,31 @@ def test_ladder_table_shows_gpu_busy_only_where_profiled():
              {**base, "metric": "step_attention_kernel_ms", "mean": 2.0}]
     table = report.ladder_rungs(pd.DataFrame(rows))
     assert table["GPU busy %"].iloc[0] == 25.0 and table["attention kernels ms"].iloc[0] == 2.0
+
+
+def test_tokens_bar_says_when_its_reference_rung_waits_on_the_host():
+    """The tokens/s bar's denominator is the assignment's rung; where a profiled step shows that
+    rung below 95% GPU-busy, the bar's measured text says so (the ratio then moves with the host)."""
+    import pandas as pd
+    from lmperf.report import e2e as report
+    from lmperf.report.render import bars_from_config
+    from tests.conftest import REPO
+
+    bars = bars_from_config(REPO / "config" / "config.yaml")["e2e"]
+
+    def tokens_bar(busy_kernel_ms):
+        rows = []
+        for case in ladder.cases(SPEC, bars["ladder_size"], cuda=True):
+            if case["name"] == "floors":
+                continue
+            metrics = {"step_ms": 100.0, "tokens_per_s": 1000.0 * case["rung"], "mfu_pct": 5.0}
+            if case["name"] == "compiled" and busy_kernel_ms is not None:
+                metrics["step_kernel_ms"] = busy_kernel_ms
+            rows += [{**case, "study": "ladder", "metric": m, "mean": v, "status": "ok",
+                      "attention_backend": case["attention"]} for m, v in metrics.items()]
+        table = report.ladder(pd.DataFrame(rows), bars)["ladder_bars"]
+        return table[table["bar"].str.contains("tokens/s")]["measured"].iloc[0]
+
+    assert "GPU-busy" not in tokens_bar(None)  # no profile (CPU): nothing to say
+    assert "GPU-busy" not in tokens_bar(99.0)
+    assert "reference rung 60" in tokens_bar(60.0)
