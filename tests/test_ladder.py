@@ -110,25 +110,29 @@ def test_optimizer_axis_names_the_implementation():
     assert ids == ["tiny-ctx8-fp32-eager-train-warmup0", "tiny-ctx8-fp32-eager-train-warmup0-fused"]
 
 
-def test_report_reads_the_bars_off_the_ladder_rows():
+def ladder_frame(size: str, metrics):
+    """The ladder job's tidy rows for `size`, each case with the values metrics(case) gives."""
     import pandas as pd
+    return pd.DataFrame([{**case, "study": "ladder", "metric": m, "mean": v, "status": "ok",
+                          "attention_backend": case["attention"]}
+                         for case in ladder.cases(SPEC, size, cuda=True) for m, v in metrics(case).items()])
+
+
+def test_report_reads_the_bars_off_the_ladder_rows():
     from lmperf.report import e2e as report
     from lmperf.report.render import bars_from_config
     from tests.conftest import REPO
 
     bars = bars_from_config(REPO / "config" / "config.yaml")["e2e"]
-    rows = []
-    for case in ladder.cases(SPEC, bars["ladder_size"], cuda=True):
+
+    def metrics(case):
         if case["name"] == "floors":
-            metrics = {"copy_gb_per_s": 3000.0, "bf16_matmul_tflops": 700.0}
-        else:
-            r = case["rung"]
-            metrics = {"step_ms": 100.0, "tokens_per_s": 1000.0 * r, "mfu_pct": 5.0 * r, "forward_ms": 30.0,
-                       "backward_ms": 60.0, "optimizer_ms": 10.0, "optimizer_floor_ms": 8.0,
-                       "forward_floor_ms": 20.0, "backward_floor_ms": 40.0}
-        rows += [{**case, "study": "ladder", "metric": m, "mean": v, "status": "ok",
-                  "attention_backend": case["attention"]} for m, v in metrics.items()]
-    view = report.ladder(pd.DataFrame(rows), bars)
+            return {"copy_gb_per_s": 3000.0, "bf16_matmul_tflops": 700.0}
+        r = case["rung"]
+        return {"step_ms": 100.0, "tokens_per_s": 1000.0 * r, "mfu_pct": 5.0 * r, "forward_ms": 30.0,
+                "backward_ms": 60.0, "optimizer_ms": 10.0, "optimizer_floor_ms": 8.0,
+                "forward_floor_ms": 20.0, "backward_floor_ms": 40.0}
+    view = report.ladder(ladder_frame(bars["ladder_size"], metrics), bars)
     best = view["ladder_best"][bars["ladder_size"]]
     assert best["rung"] == 10 and best["attention"] == "flash-triton"  # the last rung: highest MFU here
     assert best["vs_assignment"] == 10 / 4  # rung 4 is the assignment's setting
@@ -201,7 +205,6 @@ def test_ladder_table_shows_gpu_busy_only_where_profiled():
 def test_tokens_bar_says_when_its_reference_rung_waits_on_the_host():
     """The tokens/s bar's denominator is the assignment's rung; where a profiled step shows that
     rung below 95% GPU-busy, the bar's measured text says so (the ratio then moves with the host)."""
-    import pandas as pd
     from lmperf.report import e2e as report
     from lmperf.report.render import bars_from_config
     from tests.conftest import REPO
@@ -209,16 +212,12 @@ def test_tokens_bar_says_when_its_reference_rung_waits_on_the_host():
     bars = bars_from_config(REPO / "config" / "config.yaml")["e2e"]
 
     def tokens_bar(busy_kernel_ms):
-        rows = []
-        for case in ladder.cases(SPEC, bars["ladder_size"], cuda=True):
-            if case["name"] == "floors":
-                continue
-            metrics = {"step_ms": 100.0, "tokens_per_s": 1000.0 * case["rung"], "mfu_pct": 5.0}
+        def metrics(case):
+            m = {"step_ms": 100.0, "tokens_per_s": 1000.0 * case["rung"], "mfu_pct": 5.0}
             if case["name"] == "compiled" and busy_kernel_ms is not None:
-                metrics["step_kernel_ms"] = busy_kernel_ms
-            rows += [{**case, "study": "ladder", "metric": m, "mean": v, "status": "ok",
-                      "attention_backend": case["attention"]} for m, v in metrics.items()]
-        table = report.ladder(pd.DataFrame(rows), bars)["ladder_bars"]
+                m["step_kernel_ms"] = busy_kernel_ms
+            return {} if case["name"] == "floors" else m
+        table = report.ladder(ladder_frame(bars["ladder_size"], metrics), bars)["ladder_bars"]
         return table[table["bar"].str.contains("tokens/s")]["measured"].iloc[0]
 
     assert "GPU-busy" not in tokens_bar(None)  # no profile (CPU): nothing to say

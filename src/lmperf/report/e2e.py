@@ -126,6 +126,14 @@ def ladder_rungs(df: pd.DataFrame) -> pd.DataFrame:
                                if c in table and table[c].isna().all()])
 
 
+def _busy(rungs: pd.DataFrame, size: str, name: str) -> float:
+    """A rung's "GPU busy %" from the ladder table (NaN where not profiled on a GPU)."""
+    if "GPU busy %" not in rungs:
+        return math.nan
+    x = rungs[(rungs["size"] == size) & (rungs["_name"] == name)]["GPU busy %"]
+    return float(x.iloc[0]) if len(x) and pd.notna(x.iloc[0]) else math.nan
+
+
 def _count(x) -> int | None:
     return int(x) if isinstance(x, float) and math.isfinite(x) else None
 
@@ -170,9 +178,7 @@ def ladder(df: pd.DataFrame, limits: dict) -> dict:
                       "step_ms": _value(g, case_id, "step_ms"), "tokens_per_s": tokens,
                       "vs_assignment": tokens / _value(g, assignment.iloc[0], "tokens_per_s")
                       if len(assignment) else math.nan,
-                      # the reference rung's GPU busy share (kernels / step; NaN off a GPU)
-                      "assignment_busy_pct": 100 * _value(g, assignment.iloc[0], "step_kernel_ms")
-                      / _value(g, assignment.iloc[0], "step_ms") if len(assignment) else math.nan}
+                      "assignment_busy_pct": _busy(rungs, size, "compiled")}
         for phase in ("forward", "backward", "optimizer"):
             measured, floor = _value(g, case_id, f"{phase}_ms"), _value(g, case_id, f"{phase}_floor_ms")
             if math.isfinite(floor):
