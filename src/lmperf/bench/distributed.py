@@ -316,7 +316,10 @@ def build(variant: str, cfg, device, world: int, bucket_cap_mb: float | None,
     elif variant == "flat":
         reduce = lambda: allreduce_flat(list(model.parameters()), world)
     elif variant in ("ddp", "zero"):
-        model = DDP(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb)
+        # buffers (RoPE tables) are the same on every rank: no broadcast each forward; gradients
+        # live in DDP's buckets (no copy into them after backward)
+        model = DDP(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb, broadcast_buffers=False,
+                    gradient_as_bucket_view=True)
     elif variant == "fsdp2":
         from torch.distributed.fsdp import fully_shard
         for block in model.blocks:  # one all-gather / reduce-scatter unit per block, then the rest
