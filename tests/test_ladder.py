@@ -4,7 +4,7 @@ import contextlib
 import pytest
 import torch
 
-from lmperf.bench import e2e, ladder
+from lmperf.bench import common, e2e, ladder
 from lmperf.flops import closed_form_attention, flops_per_token
 from lmperf.model import ModelConfig, TransformerLM
 
@@ -223,3 +223,32 @@ def test_tokens_bar_says_when_its_reference_rung_waits_on_the_host():
     assert "GPU-busy" not in tokens_bar(None)  # no profile (CPU): nothing to say
     assert "GPU-busy" not in tokens_bar(99.0)
     assert "reference rung 60" in tokens_bar(60.0)
+
+
+def test_checkpointing_rung_times_the_next_candidate_when_its_timed_steps_run_out_of_memory(monkeypatch):
+    """The trial's one-step peak chose k = 8; its timed steps ran out of memory: a row says so
+    (the trials' rows kept) and k = 4 is timed. All candidates failing raises (one oom row)."""
+    cfg = ModelConfig(**DIMS, vocab_size=97, context_length=16)
+    model = TransformerLM(cfg)
+    case = {"checkpoint_candidates": "8,4,2,1", "checkpoint_every": 0}
+    trial = [{**common.summarize("trial_peak_allocated_mib", "MiB", [1.0]), "checkpoint_every": 8}]
+    monkeypatch.setattr(ladder, "choose_checkpointing", lambda *a: (8, list(trial)))
+    timed_at = []
+
+    def time_steps(c, *a):
+        timed_at.append(c["checkpoint_every"])
+        if c["checkpoint_every"] > limit:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 MiB")
+        return [common.summarize("step_ms", "ms", [1.0])]
+    monkeypatch.setattr(e2e, "time_steps", time_steps)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    limit = 4
+    every, rows = ladder.time_checkpointed(case, SPEC, cfg, model, opt, None, None, None)
+    assert every == 4 and timed_at == [8, 4]
+    metrics = [r["metric"] for r in rows]
+    assert metrics == ["trial_peak_allocated_mib", "timed_steps_oom", "checkpoint_every", "checkpointed_blocks",
+                       "step_ms"]
+    assert "out of memory at every 8" in rows[1]["message"]
+    limit = 0
+    with pytest.raises(torch.OutOfMemoryError, match="timed steps of every checkpointing"):
+        ladder.time_checkpointed(case, SPEC, cfg, model, opt, None, None, None)

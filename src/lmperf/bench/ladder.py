@@ -282,6 +282,40 @@ def choose_checkpointing(case: dict, spec: dict, model, optimizer, inputs, targe
                                  f"{budget_mib:,.0f} MiB")
 
 
+def time_checkpointed(case: dict, spec: dict, cfg, model, optimizer, inputs, targets, autocast) -> tuple[int, list[dict]]:
+    """(k, rows) of the checkpointing rung: k chosen by one-step peaks (choose_checkpointing),
+    then its timed steps. Timed steps that still run out of memory at k (the trial's peak does
+    not see the allocator's fragmentation over several steps) give a row, and the next candidate
+    (more blocks checkpointed) is timed, so the trials' rows are kept and the rung still runs."""
+    import torch
+
+    candidates = [int(k) for k in case["checkpoint_candidates"].split(",")]
+    every, rows = choose_checkpointing(case, spec, model, optimizer, inputs, targets, autocast)
+    while True:
+        e2e.checkpoint_blocks(model, every)
+        try:
+            timed = e2e.time_steps({**case, "checkpoint_every": every}, cfg, model, optimizer, inputs,
+                                   targets, autocast)
+            break
+        except torch.OutOfMemoryError as exc:
+            message = common.classify_failure(exc)[1]
+        # out of the except block: the failed steps' tensors are no longer referenced
+        optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        rows.append({**common.summarize("timed_steps_oom", "blocks", [float(every)]), "checkpoint_every": every,
+                     "message": f"timed steps out of memory at every {every}: {message}"[:300]})
+        later = candidates[candidates.index(every) + 1:] if every in candidates else []
+        if not later:
+            raise torch.OutOfMemoryError(f"out of memory: the timed steps of every checkpointing in "
+                                         f"{candidates} ran out of memory")
+        every = later[0]
+    return every, rows + [common.summarize("checkpoint_every", "blocks", [every]),
+                          common.summarize("checkpointed_blocks", "blocks",
+                                           [len(range(0, cfg.n_layers, every))])] + timed
+
+
 def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
     import torch
 
@@ -295,13 +329,11 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
     with e2e.matmul_precision(case["tf32"]):
         cfg, model, optimizer, inputs, targets, autocast = e2e.setup(case, dims)
         if case["checkpoint_candidates"]:
-            every, tries = choose_checkpointing(case, spec, model, optimizer, inputs, targets, autocast)
+            every, checkpointed = time_checkpointed(case, spec, cfg, model, optimizer, inputs, targets, autocast)
             case = {**case, "checkpoint_every": every}
-            e2e.checkpoint_blocks(model, every)
-            rows += tries + [common.summarize("checkpoint_every", "blocks", [every]),
-                             common.summarize("checkpointed_blocks", "blocks",
-                                              [len(range(0, cfg.n_layers, every))])]
-        rows += e2e.time_steps(case, cfg, model, optimizer, inputs, targets, autocast)
+            rows += checkpointed
+        else:
+            rows += e2e.time_steps(case, cfg, model, optimizer, inputs, targets, autocast)
         try:
             backend, kernel_time = profile_step(case, model, optimizer, inputs, targets, autocast)
             rows += kernel_time
