@@ -193,7 +193,7 @@ def test_ladder_table_shows_gpu_busy_only_where_profiled():
 
     base = {"study": "ladder", "size": "tiny", "name": "compiled", "change": "x", "context": 8,
             "attention": "plain", "attention_backend": "plain matmuls", "optimizer": "foreach",
-            "status": "ok", "case_id": "tiny-r4", "rung": 4}
+            "status": "ok", "case_id": "tiny-r4", "rung": 4, "batch_size": 2}
     rows = [{**base, "metric": "step_ms", "mean": 100.0}]
     assert "GPU busy %" not in report.ladder_rungs(pd.DataFrame(rows)).columns
     rows += [{**base, "metric": "step_kernel_ms", "mean": 25.0},
@@ -252,3 +252,56 @@ def test_checkpointing_rung_times_the_next_candidate_when_its_timed_steps_run_ou
     limit = 0
     with pytest.raises(torch.OutOfMemoryError, match="timed steps of every checkpointing"):
         ladder.time_checkpointed(case, SPEC, cfg, model, opt, None, None, None)
+
+
+def test_accumulating_rungs_choose_their_micro_batch_and_the_checkpointing_rung_does_not():
+    spec = {**SPEC, "accumulate": {"context": 64, "micro_batches": 4, "micro_batch_sizes": [2, 1]}}
+    cases = {c["name"]: c for c in ladder.cases(spec, "tiny", cuda=True)}
+    assert cases["accumulate4"]["micro_batch_candidates"] == "2,1" and "largest of 2, 1" in cases["accumulate4"]["change"]
+    assert cases["ctx128"]["micro_batch_candidates"] == "2,1" and cases["ctx128"]["micro_batches"] == 4
+    assert cases["checkpoint"]["micro_batch_candidates"] == "" and cases["ctx64"]["micro_batch_candidates"] == ""
+    with pytest.raises(ValueError, match=r"micro_batch_sizes \[3\]: each must divide the global batch 4 x 2 = 8"):
+        ladder.cases({**SPEC, "accumulate": {"context": 64, "micro_batches": 4, "micro_batch_sizes": [3]}},
+                     "tiny", cuda=True)
+
+
+def test_micro_batch_is_the_largest_that_fits_its_trial_and_its_timed_steps(monkeypatch):
+    """Global batch 4 x 4: micro-batches of 4 run out of memory in the trial, of 2 fit the trial
+    but not the timed steps, of 1 are timed; every try is a row with its own batch."""
+    cfg = ModelConfig(**DIMS, vocab_size=97, context_length=16)
+    model = TransformerLM(cfg)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    case = {"batch_size": 4, "micro_batches": 4, "micro_batch_candidates": "4,2,1"}
+    spec = {**SPEC, "accumulate": {"context": 32, "micro_batches": 4, "memory_budget": 0.5}}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 2**30}))
+    monkeypatch.setattr(ladder, "one_step_peak_mib", lambda *a: {4: None, 8: 100.0, 16: 50.0}[a[-1]])
+    timed_at = []
+
+    def time_steps(c, *a):
+        timed_at.append(c["batch_size"])
+        if c["batch_size"] > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 MiB")
+        return [common.summarize("step_ms", "ms", [1.0])]
+    monkeypatch.setattr(e2e, "time_steps", time_steps)
+    chosen, rows = ladder.time_micro_batched(case, spec, cfg, model, opt, None, None, None)
+    assert (chosen["batch_size"], chosen["micro_batches"]) == (1, 16) and timed_at == [2, 1]
+    assert [(r["metric"], r.get("batch_size")) for r in rows] == [
+        ("trial_peak_allocated_mib", 4), ("trial_peak_allocated_mib", 2), ("timed_steps_oom", 2),
+        ("trial_peak_allocated_mib", 1), ("micro_batch_size", None), ("step_ms", None)]
+    assert rows[0]["message"] == "oom" and "micro-batches of 2" in rows[2]["message"]
+    # a trial peak over the budget (512 MiB) is not timed; none that fits raises
+    monkeypatch.setattr(ladder, "one_step_peak_mib", lambda *a: 600.0)
+    with pytest.raises(torch.OutOfMemoryError, match="none of \\[4, 2, 1\\] sequences fits under 512 MiB"):
+        ladder.time_micro_batched(case, spec, cfg, model, opt, None, None, None)
+
+
+def test_ladder_table_shows_the_timed_steps_batch_not_a_trials():
+    import pandas as pd
+    from lmperf.report import e2e as report_e2e
+
+    rows = pd.DataFrame([
+        {"metric": "trial_peak_allocated_mib", "batch_size": 4, "micro_batches": 4},
+        {"metric": "step_ms", "batch_size": 2, "micro_batches": 8}])
+    assert report_e2e.timed_batch(rows) == (2, 8) and report_e2e.batch_text(rows) == "16 = 8 x 2"
+    assert report_e2e.batch_text(rows.iloc[:1].assign(micro_batches=1)) == "4"

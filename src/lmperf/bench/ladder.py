@@ -2,7 +2,8 @@
 measured in the same job (run through `python -m lmperf.bench.e2e --study ladder`).
 
 Each rung is the rung before plus one change (RUNGS, then one rung per longer context, gradient
-accumulation after the context `accumulate.context` if configured, then activation checkpointing). A rung that needs CUDA becomes a `skipped` row where there is none, and
+accumulation after the context `accumulate.context` if configured, then activation checkpointing).
+A rung that needs CUDA becomes a `skipped` row where there is none, and
 its change is not carried to the rungs after it. Every rung is timed like the other e2e studies
 (bench/e2e.py: warm-up, then timed steps per phase), and adds:
 
@@ -16,13 +17,18 @@ its change is not carried to the rungs after it. Every rung is timed like the ot
 
 The checkpointing rung chooses how many blocks to checkpoint by measured peak memory: every k-th
 block for k in the configured order (fewest checkpointed blocks first), one step each, the first
-whose peak fits under `memory_budget` x the device's memory.
+whose peak fits under `memory_budget` x the device's memory. The same way, the accumulation rung
+and the longer contexts after it (not the checkpointing rung, which keeps the configured
+micro-batch) split their global batch into micro-batches of the largest of
+`accumulate.micro_batch_sizes` that fits: the gradients, kept across micro-batches, need memory
+that the step without accumulation frees before its next forward.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import gc
+import math
 import re
 
 from lmperf.bench import common, e2e, profile, timing
@@ -50,18 +56,26 @@ def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
     for the rungs after it."""
     settings = {**BASE, "context": spec["context"], "batch_size": spec["batch_size"]}
     common_keys = {"size": size, "mode": "train", "warmup": spec["warmup"],
-                   "timed_steps": spec["timed_steps"], "checkpoint_candidates": ""}
+                   "timed_steps": spec["timed_steps"], "checkpoint_candidates": "", "micro_batch_candidates": ""}
     out = [{**common_keys, **settings, "rung": 0, "name": "floors",
             "change": "device rates: copy bandwidth, bf16 matmul", "needs_cuda": True}]
     steps = list(RUNGS)
     accumulate = spec.get("accumulate")
 
+    sizes = []  # the micro-batch sizes the accumulating rungs choose from, largest first
+
     def accumulate_after(c: int) -> None:  # the accumulation rung, after the rung at context c
         if accumulate and accumulate["context"] == c:
-            k = accumulate["micro_batches"]
-            steps.append((f"accumulate{k}", f"gradient accumulation: {k} micro-batches of "
-                          f"{spec['batch_size']} x {c:,} a step (global batch {k * spec['batch_size']}; "
-                          f"the optimizer's time spread over {k}x the tokens; not the model's math)",
+            k, b = accumulate["micro_batches"], spec["batch_size"]
+            sizes.extend(accumulate.get("micro_batch_sizes", [b]))
+            if any(s < 1 or k * b % s for s in sizes):
+                raise ValueError(f"ladder accumulate.micro_batch_sizes {sizes}: each must divide the global "
+                                 f"batch {k} x {b} = {k * b}")
+            how = (f"{k} micro-batches of {b}" if sizes == [b] else
+                   f"in micro-batches of the largest of {', '.join(map(str, sizes))} sequences whose measured "
+                   f"peak memory fits")
+            steps.append((f"accumulate{k}", f"gradient accumulation: global batch {k * b} x {c:,} a step, {how} "
+                          f"(the optimizer's time spread over {k}x the tokens; not the model's math)",
                           {"micro_batches": k}, False))
     accumulate_after(spec["context"])
     for c in spec["contexts"]:
@@ -75,6 +89,8 @@ def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
                 "needs_cuda": needs_cuda}
         if name == "checkpoint":
             case["checkpoint_candidates"] = ",".join(map(str, ck["every"]))
+        elif case["micro_batches"] > 1 and sizes:  # accumulating (the rung and the longer contexts after it)
+            case["micro_batch_candidates"] = ",".join(map(str, sizes))
         out.append(case)
         if cuda or not needs_cuda:
             settings.update(sets)
@@ -282,6 +298,23 @@ def choose_checkpointing(case: dict, spec: dict, model, optimizer, inputs, targe
                                  f"{budget_mib:,.0f} MiB")
 
 
+def time_or_oom(case: dict, cfg, model, optimizer, inputs, targets, autocast) -> tuple[list[dict] | None, str]:
+    """(rows, "") of e2e.time_steps, or (None, the message) where its steps ran out of memory,
+    the failed steps' memory freed again."""
+    import torch
+
+    try:
+        return e2e.time_steps(case, cfg, model, optimizer, inputs, targets, autocast), ""
+    except torch.OutOfMemoryError as exc:
+        message = common.classify_failure(exc)[1]
+    # out of the except block: the failed steps' tensors are no longer referenced
+    optimizer.zero_grad(set_to_none=True)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return None, message
+
+
 def time_checkpointed(case: dict, spec: dict, cfg, model, optimizer, inputs, targets, autocast) -> tuple[int, list[dict]]:
     """(k, rows) of the checkpointing rung: k chosen by one-step peaks (choose_checkpointing),
     then its timed steps. Timed steps that still run out of memory at k (the trial's peak does
@@ -293,17 +326,10 @@ def time_checkpointed(case: dict, spec: dict, cfg, model, optimizer, inputs, tar
     every, rows = choose_checkpointing(case, spec, model, optimizer, inputs, targets, autocast)
     while True:
         e2e.checkpoint_blocks(model, every)
-        try:
-            timed = e2e.time_steps({**case, "checkpoint_every": every}, cfg, model, optimizer, inputs,
-                                   targets, autocast)
+        timed, message = time_or_oom({**case, "checkpoint_every": every}, cfg, model, optimizer, inputs,
+                                     targets, autocast)
+        if timed is not None:
             break
-        except torch.OutOfMemoryError as exc:
-            message = common.classify_failure(exc)[1]
-        # out of the except block: the failed steps' tensors are no longer referenced
-        optimizer.zero_grad(set_to_none=True)
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
         rows.append({**common.summarize("timed_steps_oom", "blocks", [float(every)]), "checkpoint_every": every,
                      "message": f"timed steps out of memory at every {every}: {message}"[:300]})
         later = candidates[candidates.index(every) + 1:] if every in candidates else []
@@ -314,6 +340,42 @@ def time_checkpointed(case: dict, spec: dict, cfg, model, optimizer, inputs, tar
     return every, rows + [common.summarize("checkpoint_every", "blocks", [every]),
                           common.summarize("checkpointed_blocks", "blocks",
                                            [len(range(0, cfg.n_layers, every))])] + timed
+
+
+def time_micro_batched(case: dict, spec: dict, cfg, model, optimizer, inputs, targets,
+                       autocast) -> tuple[dict, list[dict]]:
+    """(case, rows) of a rung with gradient accumulation: its global batch (batch_size x
+    micro_batches sequences, the inputs) in micro-batches of the first of the candidate sizes
+    (largest first) whose one-step peak fits under `accumulate.memory_budget` x the device's
+    memory, then timed; the case returned has that size's batch_size and micro_batches. A
+    size that does not fit, or whose timed steps still run out of memory, gives a row (its
+    `batch_size` and `micro_batches` in it) and the next size is tried. Without CUDA there is
+    no peak to measure: the first size is timed."""
+    import torch
+
+    global_batch = case["batch_size"] * case["micro_batches"]
+    sizes = [int(s) for s in str(case["micro_batch_candidates"]).split(",")]
+    cuda = torch.cuda.is_available()
+    budget_mib = (spec["accumulate"].get("memory_budget", 0.9) * torch.cuda.get_device_properties(0).total_memory
+                  / 2**20 if cuda else math.inf)
+    rows = []
+    for size in sizes:
+        trial = {**case, "batch_size": size, "micro_batches": global_batch // size}
+        keys = {"batch_size": size, "micro_batches": trial["micro_batches"]}
+        if cuda:
+            peak = one_step_peak_mib(model, optimizer, inputs, targets, autocast, trial["micro_batches"])
+            rows.append({**common.summarize("trial_peak_allocated_mib", "MiB", [math.nan if peak is None else peak]),
+                         **keys, "message": "oom" if peak is None else
+                         "" if peak <= budget_mib else f"over the budget of {budget_mib:,.0f} MiB"})
+            if peak is None or peak > budget_mib:
+                continue
+        timed, message = time_or_oom(trial, cfg, model, optimizer, inputs, targets, autocast)
+        if timed is not None:
+            return trial, rows + [common.summarize("micro_batch_size", "sequences", [size])] + timed
+        rows.append({**common.summarize("timed_steps_oom", "sequences", [float(size)]), **keys,
+                     "message": f"timed steps out of memory in micro-batches of {size}: {message}"[:300]})
+    raise torch.OutOfMemoryError(f"out of memory: the global batch of {global_batch} in micro-batches of "
+                                 f"none of {sizes} sequences fits under {budget_mib:,.0f} MiB")
 
 
 def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
@@ -332,6 +394,9 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
             every, checkpointed = time_checkpointed(case, spec, cfg, model, optimizer, inputs, targets, autocast)
             case = {**case, "checkpoint_every": every}
             rows += checkpointed
+        elif case.get("micro_batch_candidates"):
+            case, fitted = time_micro_batched(case, spec, cfg, model, optimizer, inputs, targets, autocast)
+            rows += fitted
         else:
             rows += e2e.time_steps(case, cfg, model, optimizer, inputs, targets, autocast)
         try:
@@ -343,4 +408,5 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
     rows += flop_rows(cfg, case, dims, device)
     if cuda:
         rows += phase_floors(cfg, case, spec)
-    return [{"checkpoint_every": case["checkpoint_every"], **r, "attention_backend": backend} for r in rows]
+    return [{"checkpoint_every": case["checkpoint_every"], "batch_size": case["batch_size"],
+             "micro_batches": case["micro_batches"], **r, "attention_backend": backend} for r in rows]

@@ -107,7 +107,7 @@ def ladder_rungs(df: pd.DataFrame) -> pd.DataFrame:
         first = g.iloc[0]
         ok = first["status"] == "ok"
         row = {"size": first["size"], "rung": int(first["rung"]), "change": first["change"],
-               "context": int(first["context"]), "attention": first["attention_backend"] if ok and
+               "context": int(first["context"]), "batch": batch_text(g), "attention": first["attention_backend"] if ok and
                isinstance(first.get("attention_backend"), str) else first["attention"],
                "AdamW": first["optimizer"],
                "checkpointed": _count(cell(g, "checkpointed_blocks")) if ok else None}
@@ -124,6 +124,22 @@ def ladder_rungs(df: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame(out)
     return table.drop(columns=[c for c in ("GPU busy %", "attention kernels ms")
                                if c in table and table[c].isna().all()])
+
+
+def timed_batch(g: pd.DataFrame) -> tuple[int, int]:
+    """(micro-batch size, micro-batches a step) of a rung's timed steps: from its step_ms row
+    (a rung that chooses its micro-batch by memory has trial rows of other sizes), else its
+    first row."""
+    timed = g[g["metric"] == "step_ms"]
+    r = (timed if len(timed) else g).iloc[0]
+    k = r.get("micro_batches", 1)
+    return int(r["batch_size"]), int(k) if pd.notna(k) else 1
+
+
+def batch_text(g: pd.DataFrame) -> str:
+    """Sequences a step: "4", or "16 = 8 x 2" (micro-batches x their size)."""
+    b, k = timed_batch(g)
+    return f"{b}" if k == 1 else f"{b * k} = {k} x {b}"
 
 
 def _busy(rungs: pd.DataFrame, size: str, name: str) -> float:
@@ -168,10 +184,9 @@ def ladder(df: pd.DataFrame, limits: dict) -> dict:
         first = g[g["case_id"] == case_id].iloc[0]
         assignment = g[g["name"] == "compiled"]["case_id"]
         tokens = _value(g, case_id, "tokens_per_s")
+        batch_size, micro_batches = timed_batch(g[g["case_id"] == case_id])
         best[size] = {"rung": int(first["rung"]), "change": first["change"], "context": int(first["context"]),
-                      "batch_size": int(first["batch_size"]), "warmup": int(first["warmup"]),
-                      "micro_batches": int(first["micro_batches"]) if "micro_batches" in first
-                      and pd.notna(first["micro_batches"]) else 1,
+                      "batch_size": batch_size, "warmup": int(first["warmup"]), "micro_batches": micro_batches,
                       "timed_steps": int(first["timed_steps"]),
                       "attention": first["attention"], "backend": first.get("attention_backend"),
                       "optimizer": first["optimizer"], "mfu": _value(g, case_id, "mfu_pct"),
