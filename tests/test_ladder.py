@@ -255,8 +255,15 @@ def test_checkpointing_rung_times_the_next_candidate_when_its_timed_steps_run_ou
 
 
 def test_accumulating_rungs_choose_their_micro_batch_and_the_checkpointing_rung_does_not():
-    spec = {**SPEC, "accumulate": {"context": 64, "micro_batches": 4, "micro_batch_sizes": [2, 1]}}
-    cases = {c["name"]: c for c in ladder.cases(spec, "tiny", cuda=True)}
+    spec = {**SPEC, "accumulate": {"context": 64, "micro_batches": 4, "micro_batch_sizes": [2, 1],
+                                   "expandable_segments": True}}
+    order = ladder.cases(spec, "tiny", cuda=True)
+    names = [c["name"] for c in order]
+    assert names[names.index("ctx64"):names.index("ctx64") + 3] == ["ctx64", "expandable_segments", "accumulate4"]
+    i = names.index("expandable_segments")
+    assert changed(order[i - 1], order[i]) == {"expandable_segments": True} and order[i]["needs_cuda"]
+    assert changed(order[i], order[i + 1]) == {"micro_batches": 4} and order[-1]["expandable_segments"]
+    cases = {c["name"]: c for c in order}
     assert cases["accumulate4"]["micro_batch_candidates"] == "2,1" and "largest of 2, 1" in cases["accumulate4"]["change"]
     assert cases["ctx128"]["micro_batch_candidates"] == "2,1" and cases["ctx128"]["micro_batches"] == 4
     assert cases["checkpoint"]["micro_batch_candidates"] == "" and cases["ctx64"]["micro_batch_candidates"] == ""

@@ -21,7 +21,10 @@ whose peak fits under `memory_budget` x the device's memory. The same way, the a
 and the longer contexts after it (not the checkpointing rung, which keeps the configured
 micro-batch) split their global batch into micro-batches of the largest of
 `accumulate.micro_batch_sizes` that fits: the gradients, kept across micro-batches, need memory
-that the step without accumulation frees before its next forward.
+that the step without accumulation frees before its next forward. With
+`accumulate.expandable_segments`, a rung before the accumulation rung switches the CUDA caching
+allocator to expandable segments (torch.cuda.memory._set_allocator_settings), which a step near
+the device's memory needs to keep fragmentation from failing it.
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ from lmperf.bench import common, e2e, profile, timing
 # The rungs before the longer contexts, in order: (rung, what changes, the case keys it sets,
 # whether it needs CUDA). The base is the assignment's model and optimizer in fp32, eager.
 BASE = {"dtype": "fp32", "tf32": False, "compile": False, "optimizer": "foreach",
-        "attention": "plain", "checkpoint_every": 0, "micro_batches": 1}
+        "attention": "plain", "checkpoint_every": 0, "micro_batches": 1, "expandable_segments": False}
 RUNGS = [
     ("fp32_eager", "fp32, eager, AdamW default (foreach), plain attention", {}, False),
     ("tf32", "TF32 matmuls: set_float32_matmul_precision('high')", {"tf32": True}, True),
@@ -71,6 +74,9 @@ def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
             if any(s < 1 or k * b % s for s in sizes):
                 raise ValueError(f"ladder accumulate.micro_batch_sizes {sizes}: each must divide the global "
                                  f"batch {k} x {b} = {k * b}")
+            if accumulate.get("expandable_segments"):  # its own rung first: the allocator alone
+                steps.append(("expandable_segments", "CUDA caching allocator: expandable segments "
+                              "(less fragmentation; the same math)", {"expandable_segments": True}, True))
             how = (f"{k} micro-batches of {b}" if sizes == [b] else
                    f"in micro-batches of the largest of {', '.join(map(str, sizes))} sequences whose measured "
                    f"peak memory fits")
@@ -387,6 +393,9 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
     if case["name"] == "floors":
         return floors_rows(spec)
     device = "cuda" if cuda else "cpu"
+    if cuda:  # the allocator setting applies to segments allocated from here on: return the cached ones
+        torch.cuda.empty_cache()
+        torch.cuda.memory._set_allocator_settings(f"expandable_segments:{bool(case['expandable_segments'])}")
     rows = []
     with e2e.matmul_precision(case["tf32"]):
         cfg, model, optimizer, inputs, targets, autocast = e2e.setup(case, dims)
