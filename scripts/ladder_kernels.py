@@ -1,0 +1,66 @@
+"""One ladder rung's training step profiled on a GPU: every kernel's time per step, grouped, so
+the time a rung spends outside matmuls and attention can be read (notes for issue #15).
+
+    python scripts/ladder_kernels.py --size 2.7B --context 2048 --batch 4 --out DIR
+
+Writes DIR/ladder_kernels_<size>_<context>.csv (kernel, category, ms per step, calls per step).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+from pathlib import Path
+
+import torch
+import yaml
+
+from lmperf.bench import e2e, ladder, profile
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="2.7B")
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=3, help="profiled steps (after 3 warm-up steps)")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    dims = yaml.safe_load(open("config/config.yaml"))["models"][args.size]
+    case = {**ladder.BASE, "dtype": "bf16", "compile": True, "optimizer": "fused", "attention": "flash-triton",
+            "context": args.context, "batch_size": args.batch, "mode": "train"}
+    cfg, model, optimizer, inputs, targets, autocast = e2e.setup(case, dims)
+    nothing = lambda phase: contextlib.nullcontext()
+    for _ in range(3):
+        e2e.step(model, optimizer, inputs, targets, autocast, nothing)
+    torch.cuda.synchronize()
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.steps):
+            e2e.step(model, optimizer, inputs, targets, autocast, nothing)
+        torch.cuda.synchronize()
+    kernels = profile.kernel_times(prof, cuda=True)
+    rows = []
+    for name, (us, calls) in kernels.items():
+        cat = ("attention" if ladder.ATTENTION_KERNEL.search(name) else profile.category(name))
+        rows.append({"kernel": name[:200], "category": cat, "ms_per_step": us / 1e3 / args.steps,
+                     "calls_per_step": calls / args.steps})
+    rows.sort(key=lambda r: -r["ms_per_step"])
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"ladder_kernels_{args.size}_{args.context}.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    total = sum(r["ms_per_step"] for r in rows)
+    by = {}
+    for r in rows:
+        by[r["category"]] = by.get(r["category"], 0) + r["ms_per_step"]
+    print(f"{args.size} ctx {args.context} batch {args.batch}: kernels {total:.1f} ms a step; "
+          + ", ".join(f"{k} {v:.1f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])))
+    for r in rows[:25]:
+        print(f"{r['ms_per_step']:8.2f} ms {r['calls_per_step']:6.0f}x {r['category']:9s} {r['kernel'][:110]}")
+
+
+if __name__ == "__main__":
+    main()
