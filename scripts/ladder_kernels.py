@@ -3,7 +3,8 @@ the time a rung spends outside matmuls and attention can be read (notes for issu
 
     python scripts/ladder_kernels.py --size 2.7B --context 2048 --batch 4 --out DIR
 
-Writes DIR/ladder_kernels_<size>_<context>.csv (kernel, category, ms per step, calls per step).
+Writes DIR/ladder_kernels_<size>_<context>.csv (kernel, category, ms per step, calls per step, and
+the run's provenance: GPU, torch, triton, commit).
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from lmperf.bench import e2e, ladder, profile
+from lmperf import hardware
+from lmperf.bench import common, e2e, ladder, profile
 
 
 def main() -> None:
@@ -40,11 +42,12 @@ def main() -> None:
             e2e.step(model, optimizer, inputs, targets, autocast, nothing)
         torch.cuda.synchronize()
     kernels = profile.kernel_times(prof, cuda=True)
+    prov = common.provenance(hardware.hw_slug(hardware.gpu_name()))
     rows = []
     for name, (us, calls) in kernels.items():
         cat = ("attention" if ladder.ATTENTION_KERNEL.search(name) else profile.category(name))
         rows.append({"kernel": name[:200], "category": cat, "ms_per_step": us / 1e3 / args.steps,
-                     "calls_per_step": calls / args.steps})
+                     "calls_per_step": calls / args.steps, **prov})
     rows.sort(key=lambda r: -r["ms_per_step"])
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"ladder_kernels_{args.size}_{args.context}.csv"
