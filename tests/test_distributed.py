@@ -132,6 +132,10 @@ def test_grids_are_data():
     one = D.ddp_cases(spec, 1)
     assert [c["variant"] for c in one] == ["single"] and one[0]["global_batch"] == 2
     assert D.ddp_cases(spec, 2)[0]["global_batch"] == 4  # same per-GPU batch, twice the global one
+    short = {**spec, "memory_context": 8}
+    assert [c["case_id"] for c in D.ddp_cases(short, 2)][5:] == ["tiny-ddp-b25-ctx8-n2", "tiny-fsdp2-ctx8-n2"]
+    assert [(c["variant"], c["context"], c["purpose"]) for c in D.ddp_cases(short, 1)] == [
+        ("single", 16, "scaling"), ("single", 8, "memory")]
     ar = D.allreduce_cases({"backends": {"nccl": [1], "gloo": [1, 10]}, "warmup": 1, "iters": 2}, 2)
     assert [c["case_id"] for c in ar] == ["link-n2", "nccl-1MB-n2", "gloo-1MB-n2", "gloo-10MB-n2"]
 
@@ -196,21 +200,34 @@ def _rows(study: str, case: dict, metrics: dict) -> list[dict]:
             for m, v in metrics.items()]
 
 
-def gpu_frame() -> pd.DataFrame:
+def gpu_rows() -> list[dict]:
     rows = _rows("allreduce", {"case_id": "link-n2", "kind": "link"}, {"link_peak_driver_gbps": 478.0})
     for mb, busbw in ((1, 40.0), (1000, 380.0)):
         rows += _rows("allreduce", {"case_id": f"nccl-{mb}MB-n2", "kind": "allreduce", "backend": "nccl",
                                     "world_size": 2, "size_mb": mb},
                       {"time_ms": mb / busbw, "algbw_gbps": busbw, "busbw_gbps": busbw})
-    ddp = lambda v, n, b, step, exposed, peak: _rows(
-        "ddp", {"case_id": f"xl-{v}-b{b}-n{n}", "size": "xl", "variant": v, "bucket_cap_mb": b,
-                "world_size": n, "global_batch": 4 * n},
+    ddp = lambda v, n, b, step, exposed, peak, context=1024: _rows(
+        "ddp", {"case_id": f"xl-{v}-b{b}-c{context}-n{n}", "size": "xl", "variant": v, "bucket_cap_mb": b,
+                "world_size": n, "global_batch": 4 * n, "context": context,
+                "purpose": "scaling" if context == 1024 else "memory"},
         {"step_ms": step, "tokens_per_s": 4 * n * 256 / step * 1e3, "exposed_comm_ms": exposed,
          "comm_ms": 20.0, "peak_allocated_mib": peak, "param_mib": 1.0, "grad_mib": 1.0,
          "optimizer_state_mib": 1.0, "activations_mib": peak - 3})
     rows += ddp("single", 1, None, 100.0, float("nan"), 50_000.0)
     rows += ddp("ddp", 2, 1, 120.0, 15.0, 60_000.0) + ddp("ddp", 2, 25, 105.0, 5.0, 60_000.0)
     rows += ddp("fsdp2", 2, None, 115.0, 8.0, 30_000.0)
+    return rows
+
+
+def gpu_frame(memory_context: bool = False) -> pd.DataFrame:
+    rows = gpu_rows()
+    if memory_context:  # at 256 tokens a GPU: FSDP2 0.8x DDP's peak (over the bar of 0.6x)
+        rows += _rows("ddp", {"case_id": "xl-ddp-b25-ctx256-n2", "size": "xl", "variant": "ddp", "bucket_cap_mb": 25,
+                              "world_size": 2, "global_batch": 8, "context": 256, "purpose": "memory"},
+                      {"step_ms": 50.0, "tokens_per_s": 1.0, "peak_allocated_mib": 20_000.0})
+        rows += _rows("ddp", {"case_id": "xl-fsdp2-ctx256-n2", "size": "xl", "variant": "fsdp2",
+                              "world_size": 2, "global_batch": 8, "context": 256, "purpose": "memory"},
+                      {"step_ms": 60.0, "tokens_per_s": 1.0, "peak_allocated_mib": 16_000.0})
     df = pd.DataFrame(rows)
     df.loc[len(df)] = {**df.iloc[-1].to_dict(), "case_id": "xl-ddp-b1-n4", "world_size": 4,
                        "metric": "", "mean": float("nan"), "status": "skipped",
@@ -257,6 +274,22 @@ def test_report_view_reads_the_bars_off_the_rows(tmp_path):
     paths = {"dist_busbw": tmp_path / "busbw.png", "dist_step_vs_gpus": tmp_path / "step.png"}
     R.figures(inputs, paths)
     assert all(p.stat().st_size > 1000 for p in paths.values())
+
+
+def test_memory_context_gives_its_own_fsdp2_bar_beside_the_scaling_contexts(tmp_path):
+    from lmperf.report import distributed as R
+
+    view = R.view(_inputs(gpu_frame(memory_context=True), tmp_path))
+    memory = view["bars"][view["bars"]["bar"].str.contains("FSDP2")]
+    assert list(memory["bar"].str.extract(r"context ([\d,]+)")[0]) == ["1,024", "256"]
+    assert list(memory["_value"]) == [pytest.approx(0.5), pytest.approx(0.8)] and list(memory["met"]) == [True, False]
+    (xl,) = view["sizes"]
+    assert (xl["context"], xl["memory_context"]) == (1024, 256)
+    assert "DDP, 25 MB buckets" in set(xl["steps"]["variant"]) and len(xl["steps"]) == 4  # no memory case
+    assert xl["short"].set_index("variant")["peak allocated"].to_dict() == {"DDP, 25 MB buckets": 20_000.0,
+                                                                           "FSDP2": 16_000.0}
+    speedup = view["bars"][view["bars"]["bar"].str.contains("tokens/s")]["_value"].iloc[0]
+    assert speedup == pytest.approx(2 * 100 / 105)  # against the one-GPU job of the scaling context
 
 
 def test_report_view_without_results_says_so(tmp_path):

@@ -276,21 +276,33 @@ def link_peaks() -> dict:
 # Data-parallel training step: the variants, shared with tests/test_distributed.py
 
 
+MEMORY_BUCKET_MB = 25  # DDP's default bucket: the DDP case of the memory context
+
+
 def ddp_cases(spec: dict, world: int) -> list[dict]:
-    """One case per (size, variant, bucket size); a job of one process runs the single-GPU
-    baseline only, at the same per-GPU batch."""
+    """One case per (size, variant, bucket size) at `context` ("scaling"); a job of one process
+    runs the single-GPU baseline only, at the same per-GPU batch. With `memory_context`, each
+    size also runs at that (shorter) per-GPU context, where the model's state rather than its
+    activations fills the memory: DDP (25 MB buckets) and FSDP2 ("memory"; on one process, the
+    single-GPU baseline), whose peaks are what sharding changes."""
     cases = []
     variants = [("single", None)] if world == 1 else [
         (v, b) for v in spec["variants"] for b in (spec["bucket_caps_mb"] if v == "ddp" else [None])]
+    memory = [("single", None)] if world == 1 else [
+        (v, MEMORY_BUCKET_MB if v == "ddp" else None) for v in ("ddp", "fsdp2") if v in spec["variants"]]
+    contexts = [("scaling", spec["context"], variants)]
+    if spec.get("memory_context"):
+        contexts.append(("memory", spec["memory_context"], memory))
     for size in spec["sizes"]:
-        for variant, bucket in variants:
-            name = f"{variant}-b{bucket}" if bucket else variant
-            cases.append({"case_id": f"{size}-{name}-n{world}", "size": size, "variant": variant,
-                          "bucket_cap_mb": bucket if bucket else (ZERO_BUCKET_MB if variant == "zero" else None),
-                          "world_size": world, "batch_per_gpu": spec["batch_per_gpu"],
-                          "global_batch": spec["batch_per_gpu"] * world, "context": spec["context"],
-                          "dtype": spec["dtype"], "warmup": spec["warmup"],
-                          "timed_steps": spec["timed_steps"], "profiled_steps": spec["profiled_steps"]})
+        for purpose, context, runs in contexts:
+            for variant, bucket in runs:
+                name = (f"{variant}-b{bucket}" if bucket else variant) + (f"-ctx{context}" if purpose == "memory" else "")
+                cases.append({"case_id": f"{size}-{name}-n{world}", "size": size, "variant": variant,
+                              "bucket_cap_mb": bucket if bucket else (ZERO_BUCKET_MB if variant == "zero" else None),
+                              "world_size": world, "batch_per_gpu": spec["batch_per_gpu"],
+                              "global_batch": spec["batch_per_gpu"] * world, "context": context,
+                              "purpose": purpose, "dtype": spec["dtype"], "warmup": spec["warmup"],
+                              "timed_steps": spec["timed_steps"], "profiled_steps": spec["profiled_steps"]})
     return cases
 
 

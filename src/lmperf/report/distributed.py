@@ -75,6 +75,9 @@ def ddp_frame(df: pd.DataFrame) -> pd.DataFrame:
     c = cases(df, "ddp")
     out = pd.DataFrame({"size": c["size"], "variant": c["variant"], "bucket_cap_mb": c["bucket_cap_mb"],
                         "processes": c["world_size"].astype(int), "global_batch": c["global_batch"],
+                        # the memory context's cases ("memory"), beside the scaling grid ("scaling")
+                        "context": c["context"] if "context" in c else math.nan,
+                        "purpose": c["purpose"].fillna("scaling") if "purpose" in c else "scaling",
                         "status": c["status"], "message": c["message"]})
     for metric in PHASES + ["step_ms", "tokens_per_s", "comm_ms", "exposed_comm_ms"]:
         out[metric] = ok_metric(df, "ddp", metric)
@@ -84,8 +87,8 @@ def ddp_frame(df: pd.DataFrame) -> pd.DataFrame:
     out["exposed_comm_share"] = out["exposed_comm_ms"] / out["step_ms"]
     # Scaling efficiency: tokens/s against the one-process job of the same size times the
     # process count (same per-GPU batch, so ideal scaling keeps the step time).
-    single = out[out["variant"] == "single"].set_index("size")["tokens_per_s"]
-    out["speedup"] = out["tokens_per_s"] / out["size"].map(single)
+    single = out[out["variant"] == "single"].set_index(["size", "purpose"])["tokens_per_s"]
+    out["speedup"] = out["tokens_per_s"] / pd.Series(list(zip(out["size"], out["purpose"])), index=out.index).map(single)
     out["scaling_efficiency"] = out["speedup"] / out["processes"]
     out["label"] = [variant_label(v, b) for v, b in zip(out["variant"], out["bucket_cap_mb"])]
     return out.reset_index(drop=True)
@@ -94,7 +97,7 @@ def ddp_frame(df: pd.DataFrame) -> pd.DataFrame:
 def best_ddp(ddp: pd.DataFrame, size: str, procs: int) -> pd.Series | None:
     """The DDP bucket size with the most tokens/s for this model size and process count."""
     g = ddp[(ddp["size"] == size) & (ddp["processes"] == procs) & (ddp["variant"] == "ddp")
-            & ddp["tokens_per_s"].notna()]
+            & (ddp["purpose"] == "scaling") & ddp["tokens_per_s"].notna()]
     return None if g.empty else g.loc[g["tokens_per_s"].idxmax()]
 
 
@@ -144,10 +147,19 @@ def view(inputs) -> dict:
         "size_mb": "size (MB)", "time_ms": "time (ms, median)", "algbw_gbps": "algbw (GB/s)",
         "busbw_gbps": "busbw (GB/s)"}) if not ar.empty else pd.DataFrame())
     out["bars"] = pd.DataFrame(allreduce_bars(ar, out["link_peak"], limits) + ddp_bars(ddp, limits))
-    out["sizes"] = [{"size": size, "steps": ddp_table(g), "memory": memory_table(g)}
+    out["sizes"] = [{"size": size, "steps": ddp_table(g[g["purpose"] == "scaling"]),
+                     "memory": memory_table(g[g["purpose"] == "scaling"]),
+                     "context": _context(g[g["purpose"] == "scaling"]),
+                     "memory_context": _context(g[g["purpose"] == "memory"]),
+                     "short": memory_table(g[g["purpose"] == "memory"])}
                     for size, g in ddp.groupby("size", sort=False)] if not ddp.empty else []
     out["not_run"] = not_run(df)
     return out
+
+
+def _context(g: pd.DataFrame) -> int | None:
+    x = g["context"].dropna()
+    return int(x.iloc[0]) if len(x) else None
 
 
 def ddp_table(g: pd.DataFrame) -> pd.DataFrame:
@@ -222,14 +234,31 @@ def ddp_bars(ddp: pd.DataFrame, limits: dict) -> list[dict]:
         rows.append(bar(text, share, f"{share:.1%} ({fmt(best['exposed_comm_ms'])} of {fmt(best['step_ms'])} ms)",
                         share <= exposed) if pd.notna(share) else
                     _not_measured(text, "not profiled here (a GPU's profile is needed)"))
-        fsdp = ddp[(ddp["size"] == size) & (ddp["processes"] == 2) & (ddp["variant"] == "fsdp2")]
-        ratio = (fsdp["peak_allocated_mib"].iloc[0] / best["peak_allocated_mib"]) if len(fsdp) else math.nan
-        text = f"{size}: FSDP2 peak memory per rank <= {memory}x DDP's (2 GPUs)"
-        rows.append(bar(text, ratio, f"{fmt(ratio)}x ({fmt(fsdp['peak_allocated_mib'].iloc[0])} vs "
-                                     f"{fmt(best['peak_allocated_mib'])} MiB)", ratio <= memory)
-                    if pd.notna(ratio) else
-                    _not_measured(text, "no peak memory measured (CPU run, or FSDP2 did not run)"))
+        here = ddp[(ddp["size"] == size) & (ddp["processes"] == 2)]
+        fsdp = here[(here["variant"] == "fsdp2") & (here["purpose"] == "scaling")]
+        rows.append(memory_bar(f"{size}: FSDP2 peak memory per rank <= {memory}x DDP's (2 GPUs"
+                               f"{_at(best['context'])})", fsdp, best, memory))
+        # the memory context: the model's state, which sharding divides, fills more of the memory
+        short = here[here["purpose"] == "memory"]
+        ddp_short, fsdp_short = short[short["variant"] == "ddp"], short[short["variant"] == "fsdp2"]
+        if len(ddp_short) or len(fsdp_short):
+            rows.append(memory_bar(f"{size}: FSDP2 peak memory per rank <= {memory}x DDP's (2 GPUs"
+                                   f"{_at(short['context'].iloc[0])})", fsdp_short,
+                                   ddp_short.iloc[0] if len(ddp_short) else None, memory))
     return rows
+
+
+def _at(context) -> str:
+    return f", context {int(context):,} a GPU" if pd.notna(context) else ""
+
+
+def memory_bar(text: str, fsdp: pd.DataFrame, ddp: pd.Series | None, limit: float) -> dict:
+    """FSDP2's peak memory per rank against DDP's, or why it is not measured."""
+    peak = fsdp["peak_allocated_mib"].iloc[0] if len(fsdp) else math.nan
+    ratio = peak / ddp["peak_allocated_mib"] if ddp is not None else math.nan
+    if pd.isna(ratio):
+        return _not_measured(text, "no peak memory measured (CPU run, or FSDP2 or DDP did not run)")
+    return bar(text, ratio, f"{fmt(ratio)}x ({fmt(peak)} vs {fmt(ddp['peak_allocated_mib'])} MiB)", ratio <= limit)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,7 +286,7 @@ def figures(inputs, paths: dict) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         save(fig, paths["dist_busbw"])
-    ddp = ddp[ddp["step_ms"].notna()] if not ddp.empty else ddp
+    ddp = ddp[ddp["step_ms"].notna() & (ddp["purpose"] == "scaling")] if not ddp.empty else ddp
     if ddp.empty:
         empty(paths["dist_step_vs_gpus"], "training step vs GPU count")
         return
