@@ -312,3 +312,25 @@ def test_ladder_table_shows_the_timed_steps_batch_not_a_trials():
         {"metric": "step_ms", "batch_size": 2, "micro_batches": 8}])
     assert report_e2e.timed_batch(rows) == (2, 8) and report_e2e.batch_text(rows) == "16 = 8 x 2"
     assert report_e2e.batch_text(rows.iloc[:1].assign(micro_batches=1)) == "4"
+
+
+def test_trial_peak_is_measured_with_the_optimizers_state_in_memory(monkeypatch):
+    """AdamW creates its moments at its first step: a trial on a fresh optimizer takes one step
+    first and measures the second; once the state exists, one measured step."""
+    cfg = ModelConfig(**DIMS, vocab_size=97, context_length=16)
+    model = TransformerLM(cfg)
+    opt = torch.optim.AdamW(model.parameters())
+    tokens = torch.randint(cfg.vocab_size, (2, 17))
+    events = []
+    step = e2e.step
+    monkeypatch.setattr(e2e, "step", lambda *a: (events.append(("step", len(opt.state))), step(*a))[1])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: events.append(("reset", len(opt.state))))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 2**20)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    args = (model, opt, tokens[:, :-1], tokens[:, 1:], contextlib.nullcontext())
+    assert ladder.one_step_peak_mib(*args) == 1.0
+    n = len(list(model.parameters()))
+    assert events == [("step", 0), ("reset", n), ("step", n)]
+    events.clear()
+    assert ladder.one_step_peak_mib(*args) == 1.0 and events == [("reset", n), ("step", n)]
