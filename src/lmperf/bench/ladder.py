@@ -23,8 +23,8 @@ micro-batch) split their global batch into micro-batches of the largest of
 `accumulate.micro_batch_sizes` that fits: the gradients, kept across micro-batches, need memory
 that the step without accumulation frees before its next forward. With
 `accumulate.expandable_segments`, a rung before the accumulation rung switches the CUDA caching
-allocator to expandable segments (torch.cuda.memory._set_allocator_settings), which a step near
-the device's memory needs to keep fragmentation from failing it.
+allocator to expandable segments (torch.cuda.memory._set_allocator_settings: less fragmentation
+for a step near the device's memory).
 """
 from __future__ import annotations
 
