@@ -227,12 +227,13 @@ def test_tokens_bar_says_when_its_reference_rung_waits_on_the_host():
 
 def test_checkpointing_rung_times_the_next_candidate_when_its_timed_steps_run_out_of_memory(monkeypatch):
     """The trial's one-step peak chose k = 8; its timed steps ran out of memory: a row says so
-    (the trials' rows kept) and k = 4 is timed. All candidates failing raises (one oom row)."""
+    (the trials' rows kept), k = 4 is tried and timed. All candidates failing raises."""
     cfg = ModelConfig(**DIMS, vocab_size=97, context_length=16)
     model = TransformerLM(cfg)
-    case = {"checkpoint_candidates": "8,4,2,1", "checkpoint_every": 0}
-    trial = [{**common.summarize("trial_peak_allocated_mib", "MiB", [1.0]), "checkpoint_every": 8}]
-    monkeypatch.setattr(ladder, "choose_checkpointing", lambda *a: (8, list(trial)))
+    case = {"checkpoint_candidates": "8,4,2,1", "checkpoint_every": 0, "micro_batches": 1}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 2**30}))
+    monkeypatch.setattr(ladder, "one_step_peak_mib", lambda *a: 1.0)
     timed_at = []
 
     def time_steps(c, *a):
@@ -243,14 +244,15 @@ def test_checkpointing_rung_times_the_next_candidate_when_its_timed_steps_run_ou
     monkeypatch.setattr(e2e, "time_steps", time_steps)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     limit = 4
-    every, rows = ladder.time_checkpointed(case, SPEC, cfg, model, opt, None, None, None)
-    assert every == 4 and timed_at == [8, 4]
-    metrics = [r["metric"] for r in rows]
-    assert metrics == ["trial_peak_allocated_mib", "timed_steps_oom", "checkpoint_every", "checkpointed_blocks",
-                       "step_ms"]
+    chosen, rows = ladder.time_checkpointed(case, SPEC, cfg, model, opt, None, None, None)
+    assert chosen["checkpoint_every"] == 4 and timed_at == [8, 4]
+    assert [(r["metric"], r.get("checkpoint_every")) for r in rows] == [
+        ("trial_peak_allocated_mib", 8), ("timed_steps_oom", 8), ("trial_peak_allocated_mib", 4),
+        ("checkpoint_every", None), ("checkpointed_blocks", None), ("step_ms", None)]
     assert "out of memory at every 8" in rows[1]["message"]
     limit = 0
-    with pytest.raises(torch.OutOfMemoryError, match="timed steps of every checkpointing"):
+    with pytest.raises(torch.OutOfMemoryError,
+                       match=r"none of \['at every 8', 'at every 4', 'at every 2', 'at every 1'\] fits under 922 MiB"):
         ladder.time_checkpointed(case, SPEC, cfg, model, opt, None, None, None)
 
 
@@ -299,7 +301,8 @@ def test_micro_batch_is_the_largest_that_fits_its_trial_and_its_timed_steps(monk
     assert rows[0]["message"] == "oom" and "micro-batches of 2" in rows[2]["message"]
     # a trial peak over the budget (512 MiB) is not timed; none that fits raises
     monkeypatch.setattr(ladder, "one_step_peak_mib", lambda *a: 600.0)
-    with pytest.raises(torch.OutOfMemoryError, match="none of \\[4, 2, 1\\] sequences fits under 512 MiB"):
+    with pytest.raises(torch.OutOfMemoryError, match=r"none of \['in micro-batches of 4', 'in micro-batches of 2', "
+                                                     r"'in micro-batches of 1'\] fits under 512 MiB"):
         ladder.time_micro_batched(case, spec, cfg, model, opt, None, None, None)
 
 
