@@ -227,12 +227,13 @@ def test_tokens_bar_says_when_its_reference_rung_waits_on_the_host():
 
 def test_checkpointing_rung_times_the_next_candidate_when_its_timed_steps_run_out_of_memory(monkeypatch):
     """The trial's one-step peak chose k = 8; its timed steps ran out of memory: a row says so
-    (the trials' rows kept) and k = 4 is timed. All candidates failing raises (one oom row)."""
+    (the trials' rows kept), k = 4 is tried and timed. All candidates failing raises."""
     cfg = ModelConfig(**DIMS, vocab_size=97, context_length=16)
     model = TransformerLM(cfg)
-    case = {"checkpoint_candidates": "8,4,2,1", "checkpoint_every": 0}
-    trial = [{**common.summarize("trial_peak_allocated_mib", "MiB", [1.0]), "checkpoint_every": 8}]
-    monkeypatch.setattr(ladder, "choose_checkpointing", lambda *a: (8, list(trial)))
+    case = {"checkpoint_candidates": "8,4,2,1", "checkpoint_every": 0, "micro_batches": 1}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 2**30}))
+    monkeypatch.setattr(ladder, "one_step_peak_mib", lambda *a: 1.0)
     timed_at = []
 
     def time_steps(c, *a):
@@ -243,14 +244,15 @@ def test_checkpointing_rung_times_the_next_candidate_when_its_timed_steps_run_ou
     monkeypatch.setattr(e2e, "time_steps", time_steps)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     limit = 4
-    every, rows = ladder.time_checkpointed(case, SPEC, cfg, model, opt, None, None, None)
-    assert every == 4 and timed_at == [8, 4]
-    metrics = [r["metric"] for r in rows]
-    assert metrics == ["trial_peak_allocated_mib", "timed_steps_oom", "checkpoint_every", "checkpointed_blocks",
-                       "step_ms"]
+    chosen, rows = ladder.time_checkpointed(case, SPEC, cfg, model, opt, None, None, None)
+    assert chosen["checkpoint_every"] == 4 and timed_at == [8, 4]
+    assert [(r["metric"], r.get("checkpoint_every")) for r in rows] == [
+        ("trial_peak_allocated_mib", 8), ("timed_steps_oom", 8), ("trial_peak_allocated_mib", 4),
+        ("checkpoint_every", None), ("checkpointed_blocks", None), ("step_ms", None)]
     assert "out of memory at every 8" in rows[1]["message"]
     limit = 0
-    with pytest.raises(torch.OutOfMemoryError, match="timed steps of every checkpointing"):
+    with pytest.raises(torch.OutOfMemoryError,
+                       match=r"none of \['at every 8', 'at every 4', 'at every 2', 'at every 1'\] fits under 922 MiB"):
         ladder.time_checkpointed(case, SPEC, cfg, model, opt, None, None, None)
 
 
@@ -299,7 +301,8 @@ def test_micro_batch_is_the_largest_that_fits_its_trial_and_its_timed_steps(monk
     assert rows[0]["message"] == "oom" and "micro-batches of 2" in rows[2]["message"]
     # a trial peak over the budget (512 MiB) is not timed; none that fits raises
     monkeypatch.setattr(ladder, "one_step_peak_mib", lambda *a: 600.0)
-    with pytest.raises(torch.OutOfMemoryError, match="none of \\[4, 2, 1\\] sequences fits under 512 MiB"):
+    with pytest.raises(torch.OutOfMemoryError, match=r"none of \['in micro-batches of 4', 'in micro-batches of 2', "
+                                                     r"'in micro-batches of 1'\] fits under 512 MiB"):
         ladder.time_micro_batched(case, spec, cfg, model, opt, None, None, None)
 
 
@@ -312,3 +315,25 @@ def test_ladder_table_shows_the_timed_steps_batch_not_a_trials():
         {"metric": "step_ms", "batch_size": 2, "micro_batches": 8}])
     assert report_e2e.timed_batch(rows) == (2, 8) and report_e2e.batch_text(rows) == "16 = 8 x 2"
     assert report_e2e.batch_text(rows.iloc[:1].assign(micro_batches=1)) == "4"
+
+
+def test_trial_peak_is_measured_with_the_optimizers_state_in_memory(monkeypatch):
+    """AdamW creates its moments at its first step: a trial on a fresh optimizer takes one step
+    first and measures the second; once the state exists, one measured step."""
+    cfg = ModelConfig(**DIMS, vocab_size=97, context_length=16)
+    model = TransformerLM(cfg)
+    opt = torch.optim.AdamW(model.parameters())
+    tokens = torch.randint(cfg.vocab_size, (2, 17))
+    events = []
+    step = e2e.step
+    monkeypatch.setattr(e2e, "step", lambda *a: (events.append(("step", len(opt.state))), step(*a))[1])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: events.append(("reset", len(opt.state))))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 2**20)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    args = (model, opt, tokens[:, :-1], tokens[:, 1:], contextlib.nullcontext())
+    assert ladder.one_step_peak_mib(*args) == 1.0
+    n = len(list(model.parameters()))
+    assert events == [("step", 0), ("reset", n), ("step", n)]
+    events.clear()
+    assert ladder.one_step_peak_mib(*args) == 1.0 and events == [("reset", n), ("step", n)]

@@ -23,8 +23,8 @@ micro-batch) split their global batch into micro-batches of the largest of
 `accumulate.micro_batch_sizes` that fits: the gradients, kept across micro-batches, need memory
 that the step without accumulation frees before its next forward. With
 `accumulate.expandable_segments`, a rung before the accumulation rung switches the CUDA caching
-allocator to expandable segments (torch.cuda.memory._set_allocator_settings), which a step near
-the device's memory needs to keep fragmentation from failing it.
+allocator to expandable segments (torch.cuda.memory._set_allocator_settings: less fragmentation
+for a step near the device's memory).
 """
 from __future__ import annotations
 
@@ -265,13 +265,20 @@ def profile_step(case: dict, model, optimizer, inputs, targets, autocast) -> tup
 
 
 def one_step_peak_mib(model, optimizer, inputs, targets, autocast, micro_batches: int = 1) -> float | None:
-    """Peak allocated MiB of one training step, None if it ran out of memory (freed again)."""
+    """Peak allocated MiB of one training step with the optimizer's state in memory, None if it
+    ran out of memory (freed again). AdamW allocates its moments at its first step, and every
+    timed step has them: an optimizer without state takes a first, unmeasured step (a rung's
+    first trial measured without them, 21.6 GB less for the 2.7B model, and its timed steps then
+    ran out of memory)."""
     import torch
 
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    nothing = lambda phase: contextlib.nullcontext()
     try:
-        e2e.step(model, optimizer, inputs, targets, autocast, lambda phase: contextlib.nullcontext(), micro_batches)
+        if not optimizer.state:
+            e2e.step(model, optimizer, inputs, targets, autocast, nothing, micro_batches)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        e2e.step(model, optimizer, inputs, targets, autocast, nothing, micro_batches)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() / 2**20
     except torch.OutOfMemoryError:
@@ -280,28 +287,6 @@ def one_step_peak_mib(model, optimizer, inputs, targets, autocast, micro_batches
         optimizer.zero_grad(set_to_none=True)
         gc.collect()
         torch.cuda.empty_cache()
-
-
-def choose_checkpointing(case: dict, spec: dict, model, optimizer, inputs, targets, autocast) -> tuple[int, list[dict]]:
-    """(k, rows): checkpoint every k-th block for the first k of the candidates (fewest
-    checkpointed blocks first) whose one-step peak fits under the budget, and one row per try.
-    Without CUDA there is no peak to measure: the last candidate (the most memory saved)."""
-    import torch
-
-    candidates = [int(k) for k in case["checkpoint_candidates"].split(",")]
-    if not torch.cuda.is_available():
-        return candidates[-1], []
-    budget_mib = spec["checkpoint"]["memory_budget"] * torch.cuda.get_device_properties(0).total_memory / 2**20
-    rows = []
-    for k in candidates:
-        e2e.checkpoint_blocks(model, k)
-        peak = one_step_peak_mib(model, optimizer, inputs, targets, autocast, case.get("micro_batches", 1))
-        row = common.summarize("trial_peak_allocated_mib", "MiB", [float("nan") if peak is None else peak])
-        rows.append({**row, "checkpoint_every": k, "message": "oom" if peak is None else ""})
-        if peak is not None and peak <= budget_mib:
-            return k, rows
-    raise torch.OutOfMemoryError(f"out of memory: no checkpointing of {candidates} fits under "
-                                 f"{budget_mib:,.0f} MiB")
 
 
 def time_or_oom(case: dict, cfg, model, optimizer, inputs, targets, autocast) -> tuple[list[dict] | None, str]:
@@ -321,29 +306,53 @@ def time_or_oom(case: dict, cfg, model, optimizer, inputs, targets, autocast) ->
     return None, message
 
 
-def time_checkpointed(case: dict, spec: dict, cfg, model, optimizer, inputs, targets, autocast) -> tuple[int, list[dict]]:
-    """(k, rows) of the checkpointing rung: k chosen by one-step peaks (choose_checkpointing),
-    then its timed steps. Timed steps that still run out of memory at k (the trial's peak does
-    not see the allocator's fragmentation over several steps) give a row, and the next candidate
-    (more blocks checkpointed) is timed, so the trials' rows are kept and the rung still runs."""
+def time_first_that_fits(tries: list[tuple[dict, dict, str]], memory_budget: float, cfg, model, optimizer,
+                         inputs, targets, autocast) -> tuple[dict, list[dict], list[dict]]:
+    """(case, rows of the tries, timed rows) of the first of `tries` that fits, each (case, the
+    keys its rows carry, what it is in words), in order: the model set up for its case (its
+    checkpointing), one step's
+    peak under memory_budget x the device's memory, then its timed steps. A try whose peak is
+    over the budget or whose timed steps run out of memory gives a row (its keys in it) and the
+    next is tried; none fitting raises. Without CUDA there is no peak: the first is timed."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    budget_mib = memory_budget * torch.cuda.get_device_properties(0).total_memory / 2**20 if cuda else math.inf
+    rows = []
+    for case, keys, what in tries:
+        if case.get("checkpoint_every"):
+            e2e.checkpoint_blocks(model, case["checkpoint_every"])
+        if cuda:
+            peak = one_step_peak_mib(model, optimizer, inputs, targets, autocast, case["micro_batches"])
+            rows.append({**common.summarize("trial_peak_allocated_mib", "MiB", [math.nan if peak is None else peak]),
+                         **keys, "message": "oom" if peak is None else
+                         "" if peak <= budget_mib else f"over the budget of {budget_mib:,.0f} MiB"})
+            if peak is None or peak > budget_mib:
+                continue
+        timed, message = time_or_oom(case, cfg, model, optimizer, inputs, targets, autocast)
+        if timed is not None:
+            return case, rows, timed
+        value = float(next(iter(keys.values())))  # the try's own setting: k, or the micro-batch size
+        rows.append({**common.summarize("timed_steps_oom", "setting", [value]), **keys,
+                     "message": f"timed steps out of memory {what}: {message}"[:300]})
+    raise torch.OutOfMemoryError(f"out of memory: none of {[what for _, _, what in tries]} fits under "
+                                 f"{budget_mib:,.0f} MiB")
+
+
+def time_checkpointed(case: dict, spec: dict, cfg, model, optimizer, inputs, targets, autocast) -> tuple[dict, list[dict]]:
+    """(case, rows) of the checkpointing rung: every k-th block checkpointed for the first k of
+    its candidates (fewest checkpointed blocks first) that fits (time_first_that_fits); without
+    CUDA, the last candidate (the most memory saved)."""
     import torch
 
     candidates = [int(k) for k in case["checkpoint_candidates"].split(",")]
-    every, rows = choose_checkpointing(case, spec, model, optimizer, inputs, targets, autocast)
-    while True:
-        e2e.checkpoint_blocks(model, every)
-        timed, message = time_or_oom({**case, "checkpoint_every": every}, cfg, model, optimizer, inputs,
-                                     targets, autocast)
-        if timed is not None:
-            break
-        rows.append({**common.summarize("timed_steps_oom", "blocks", [float(every)]), "checkpoint_every": every,
-                     "message": f"timed steps out of memory at every {every}: {message}"[:300]})
-        later = candidates[candidates.index(every) + 1:] if every in candidates else []
-        if not later:
-            raise torch.OutOfMemoryError(f"out of memory: the timed steps of every checkpointing in "
-                                         f"{candidates} ran out of memory")
-        every = later[0]
-    return every, rows + [common.summarize("checkpoint_every", "blocks", [every]),
+    if not torch.cuda.is_available():
+        candidates = candidates[-1:]
+    tries = [({**case, "checkpoint_every": k}, {"checkpoint_every": k}, f"at every {k}") for k in candidates]
+    case, tried, timed = time_first_that_fits(tries, spec["checkpoint"]["memory_budget"], cfg, model, optimizer,
+                                              inputs, targets, autocast)
+    every = case["checkpoint_every"]
+    return case, tried + [common.summarize("checkpoint_every", "blocks", [every]),
                           common.summarize("checkpointed_blocks", "blocks",
                                            [len(range(0, cfg.n_layers, every))])] + timed
 
@@ -352,36 +361,17 @@ def time_micro_batched(case: dict, spec: dict, cfg, model, optimizer, inputs, ta
                        autocast) -> tuple[dict, list[dict]]:
     """(case, rows) of a rung with gradient accumulation: its global batch (batch_size x
     micro_batches sequences, the inputs) in micro-batches of the first of the candidate sizes
-    (largest first) whose one-step peak fits under `accumulate.memory_budget` x the device's
-    memory, then timed; the case returned has that size's batch_size and micro_batches. A
-    size that does not fit, or whose timed steps still run out of memory, gives a row (its
-    `batch_size` and `micro_batches` in it) and the next size is tried. Without CUDA there is
-    no peak to measure: the first size is timed."""
-    import torch
-
+    (largest first) that fits (time_first_that_fits); the case returned has that size's
+    batch_size and micro_batches."""
     global_batch = case["batch_size"] * case["micro_batches"]
     sizes = [int(s) for s in str(case["micro_batch_candidates"]).split(",")]
-    cuda = torch.cuda.is_available()
-    budget_mib = (spec["accumulate"].get("memory_budget", 0.9) * torch.cuda.get_device_properties(0).total_memory
-                  / 2**20 if cuda else math.inf)
-    rows = []
+    tries = []
     for size in sizes:
-        trial = {**case, "batch_size": size, "micro_batches": global_batch // size}
-        keys = {"batch_size": size, "micro_batches": trial["micro_batches"]}
-        if cuda:
-            peak = one_step_peak_mib(model, optimizer, inputs, targets, autocast, trial["micro_batches"])
-            rows.append({**common.summarize("trial_peak_allocated_mib", "MiB", [math.nan if peak is None else peak]),
-                         **keys, "message": "oom" if peak is None else
-                         "" if peak <= budget_mib else f"over the budget of {budget_mib:,.0f} MiB"})
-            if peak is None or peak > budget_mib:
-                continue
-        timed, message = time_or_oom(trial, cfg, model, optimizer, inputs, targets, autocast)
-        if timed is not None:
-            return trial, rows + [common.summarize("micro_batch_size", "sequences", [size])] + timed
-        rows.append({**common.summarize("timed_steps_oom", "sequences", [float(size)]), **keys,
-                     "message": f"timed steps out of memory in micro-batches of {size}: {message}"[:300]})
-    raise torch.OutOfMemoryError(f"out of memory: the global batch of {global_batch} in micro-batches of "
-                                 f"none of {sizes} sequences fits under {budget_mib:,.0f} MiB")
+        keys = {"batch_size": size, "micro_batches": global_batch // size}
+        tries.append(({**case, **keys}, keys, f"in micro-batches of {size}"))
+    case, tried, timed = time_first_that_fits(tries, spec["accumulate"].get("memory_budget", 0.9), cfg, model,
+                                              optimizer, inputs, targets, autocast)
+    return case, tried + [common.summarize("micro_batch_size", "sequences", [case["batch_size"]])] + timed
 
 
 def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
@@ -400,8 +390,7 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
     with e2e.matmul_precision(case["tf32"]):
         cfg, model, optimizer, inputs, targets, autocast = e2e.setup(case, dims)
         if case["checkpoint_candidates"]:
-            every, checkpointed = time_checkpointed(case, spec, cfg, model, optimizer, inputs, targets, autocast)
-            case = {**case, "checkpoint_every": every}
+            case, checkpointed = time_checkpointed(case, spec, cfg, model, optimizer, inputs, targets, autocast)
             rows += checkpointed
         elif case.get("micro_batch_candidates"):
             case, fitted = time_micro_batched(case, spec, cfg, model, optimizer, inputs, targets, autocast)
