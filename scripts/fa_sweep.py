@@ -55,6 +55,11 @@ SHAPES = {
     "grid_bf16_d128_512": (1, 1, 512, 128, True, BF16),
     "grid_bf16_d128_1024": (1, 1, 1024, 128, True, BF16),
     "grid_bf16_d128_2048": (1, 1, 2048, 128, True, BF16),
+    # the whole backward ("bwd": one fused launch against two kernels) on the grid's short
+    # single-head shapes and the model group's smallest
+    **{f"grid_{t}_d{d}_{n}": (1, 1, n, d, True, dt) for t, dt in (("bf16", BF16), ("fp32", FP32))
+       for d in (16, 64, 128) for n in (128, 256, 512, 1024, 2048)},
+    "model_medium_256": (4, 16, 256, 64, True, BF16),
 }
 SPLITS = (1, 2, 4, 8)
 
@@ -82,6 +87,12 @@ DKDV = {  # (BLOCK_M, BLOCK_N, warps, stages)
     "fp32": [(32, 32, 4, 2), (32, 32, 4, 3), (16, 32, 4, 2), (32, 32, 2, 2), (32, 64, 4, 2), (16, 16, 2, 2),
              (64, 32, 4, 2), (64, 32, 8, 2), (64, 64, 8, 2), (16, 64, 4, 2), (16, 32, 2, 2), (64, 16, 4, 2)],
 }
+BWD = {  # the whole backward: ((BLOCK_M2, BLOCK_N2), (BLOCK_M, BLOCK_N)) for dQ and dK/dV, then stages
+    "16bit": ([((64, 64), (64, 64)), ((32, 32), (32, 32)), ((64, 32), (32, 64)), ((32, 64), (64, 32))], (2, 3)),
+    "d256": ([((64, 32), (32, 32)), ((32, 32), (32, 32))], (2,)),
+    "fp32": ([((32, 32), (32, 32)), ((16, 16), (16, 16)), ((32, 16), (16, 32)), ((16, 32), (32, 16))], (2,)),
+}
+KERNELS = ("fwd", "dq", "dkdv")
 KEYS = {"fwd": ("BLOCK_Q", "BLOCK_K"), "dq": ("BLOCK_M2", "BLOCK_N2"), "dkdv": ("BLOCK_M", "BLOCK_N")}
 TABLES = {"fwd": FWD, "dq": DQ, "dkdv": DKDV}
 FIELDS = ["shape", "batch", "heads", "seq_len", "head_dim", "causal", "dtype", "kernel", "config",
@@ -93,9 +104,40 @@ def family(d: int, dtype) -> str:
     return "fp32" if dtype == FP32 else ("d256" if d > 128 else "16bit")
 
 
+def bwd_candidates(name: str) -> list[dict]:
+    """Whole-backward configs for one shape, the rule table's first: each tile pair of BWD at
+    each stage count and split (1, 2, 4, 8 where every share keeps a tile), fused and not."""
+    from lmperf.kernels import flash_attention_triton as fa
+    b, h, n, d, causal, dtype = SHAPES[name]
+    rule = fa.bwd_config(n, d, dtype, causal, b * h)
+    out = [rule, {**rule, "fused": not rule["fused"]}]
+    pairs, stages = BWD[family(d, dtype)]
+    for (m2, n2), (m, nk) in pairs:
+        for st in stages:
+            dq = fa._fit(dict(BLOCK_M2=m2, BLOCK_N2=n2, num_warps=4, num_stages=st), n, "BLOCK_M2", "BLOCK_N2")
+            kv = fa._fit(dict(BLOCK_M=m, BLOCK_N=nk, num_warps=4, num_stages=st), n, "BLOCK_N", "BLOCK_M")
+            kv["HEADS_FASTEST"] = causal
+            for split in SPLITS:
+                if split > 1 and (fa._cdiv(n, dq["BLOCK_N2"]) < 2 * split or fa._cdiv(n, kv["BLOCK_M"]) < 2 * split):
+                    continue
+                for fused in (False, True):
+                    cfg = {"dq": {**dq, "SPLIT": split}, "dkdv": {**kv, "SPLIT": split}, "fused": fused}
+                    if cfg not in out:
+                        out.append(cfg)
+    return out
+
+
+def describe(cfg: dict) -> str:
+    if "fused" in cfg:
+        return f"fused={int(cfg['fused'])} " + " ".join(f"{name}[{describe(cfg[name])}]" for name in ("dq", "dkdv"))
+    return " ".join(f"{k}={v}" for k, v in cfg.items())
+
+
 def candidates(name: str, kernel: str) -> list[dict]:
     """The kernel's candidate configs for one shape, the rule table's own first."""
     from lmperf.kernels import flash_attention_triton as fa
+    if kernel == "bwd":
+        return bwd_candidates(name)
     b, h, n, d, causal, dtype = SHAPES[name]
     rule = (fa.fwd_config(n, d, dtype, causal, b * h) if kernel == "fwd"
             else fa.bwd_config(n, d, dtype, causal, b * h)[kernel])
@@ -150,6 +192,9 @@ def runner(name: str, kernel: str, cfg: dict, t):
     if kernel == "fwd":
         o2, l2 = torch.empty_like(out), torch.empty_like(lse)
         return wrap(lambda: fa.launch_forward(q, k, v, o2, l2, causal, cfg)), o2
+    if kernel == "bwd":  # all of it: one launch or two kernels (Delta's buffer included), the sums
+        dq2, dk2, dv2 = torch.empty_like(dq), torch.empty_like(dk), torch.empty_like(dv)
+        return (lambda: fa.launch_backward(q, k, v, out, do, lse, dq2, dk2, dv2, causal, cfg)), (dq2, dk2, dv2)
     # a split launch allocates its fp32 partials and merges them: part of the timed cost
     if kernel == "dq":
         dq2, delta2 = torch.empty_like(dq), torch.empty_like(delta)
@@ -172,21 +217,20 @@ def prepare(name: str, run_rule: bool = True):
     delta = torch.empty_like(lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     cfg = fa.bwd_config(n, d, dtype, causal, b * h)
-    fa.launch_backward_dq(q, k, v, out, do, lse, delta, dq, causal, cfg)
+    fa.launch_backward_dq(q, k, v, out, do, lse, delta, dq, causal, cfg)  # two kernels: Delta for dK/dV's sweep
     fa.launch_backward_dkdv(q, k, v, do, lse, delta, dk, dv, causal, cfg)
     torch.cuda.synchronize()
     return q, k, v, do, out, lse, delta, dq, dk, dv
 
 
-def jobs(names):
-    return [(name, kernel, cfg) for name in names for kernel in ("fwd", "dq", "dkdv")
-            for cfg in candidates(name, kernel)]
+def jobs(names, kernels=KERNELS):
+    return [(name, kernel, cfg) for name in names for kernel in kernels for cfg in candidates(name, kernel)]
 
 
-def compile_shard(names, shard: int, n_shards: int) -> None:
+def compile_shard(names, shard: int, n_shards: int, kernels=KERNELS) -> None:
     """Compile (by launching once) every n_shards-th candidate; errors are left to the timing."""
     prepared = {}
-    for i, (name, kernel, cfg) in enumerate(jobs(names)):
+    for i, (name, kernel, cfg) in enumerate(jobs(names, kernels)):
         if i % n_shards != shard:
             continue
         try:
@@ -224,12 +268,17 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--jobs", type=int, default=14, help="parallel compile processes (0: none)")
     ap.add_argument("--only", default="", help="comma-separated shape names")
+    ap.add_argument("--kernels", default=",".join(KERNELS),
+                    help="comma-separated, of fwd, dq, dkdv and bwd (the whole backward, GPU time only)")
     ap.add_argument("--compile-shard", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     names = [s for s in args.only.split(",") if s] or list(SHAPES)
+    kernels = tuple(k for k in args.kernels.split(",") if k)
+    if bad := set(kernels) - {*KERNELS, "bwd"}:
+        ap.error(f"unknown kernels {sorted(bad)}: choose from fwd, dq, dkdv, bwd")
     if args.compile_shard:
         i, n = (int(x) for x in args.compile_shard.split("/"))
-        compile_shard(names, i, n)
+        compile_shard(names, i, n, kernels)
         return 0
 
     import triton
@@ -238,10 +287,11 @@ def main(argv=None) -> int:
     t0 = time.time()
     if args.jobs:
         procs = [subprocess.Popen([sys.executable, __file__, "--out", str(args.out), "--only", ",".join(names),
-                                   "--compile-shard", f"{i}/{args.jobs}"]) for i in range(args.jobs)]
+                                   "--kernels", args.kernels, "--compile-shard", f"{i}/{args.jobs}"])
+                 for i in range(args.jobs)]
         for p in procs:
             p.wait()
-        print(f"compiled {len(jobs(names))} candidates in {time.time() - t0:.0f} s", flush=True)
+        print(f"compiled {len(jobs(names, kernels))} candidates in {time.time() - t0:.0f} s", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "fa_sweep.csv"
     prov = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -258,20 +308,23 @@ def main(argv=None) -> int:
             except Exception as exc:  # noqa: BLE001
                 w.writerow({**base, "kernel": "all", "status": "error", "message": f"{type(exc).__name__}: {exc}"[:300]})
                 continue
-            ref = {"fwd": t[4], "dq": t[7], "dkdv": t[8]}
-            for kernel in ("fwd", "dq", "dkdv"):
+            ref = {"fwd": (t[4],), "dq": (t[7],), "dkdv": (t[8],), "bwd": t[7:10]}
+            for kernel in kernels:
                 for j, cfg in enumerate(candidates(name, kernel)):
-                    row = {**base, "kernel": kernel, "config": " ".join(f"{k}={v}" for k, v in cfg.items()),
-                           "is_rule": j == 0}
+                    row = {**base, "kernel": kernel, "config": describe(cfg), "is_rule": j == 0}
                     try:
                         fn, out = runner(name, kernel, cfg, t)
-                        out.fill_(float("nan"))
+                        out = out if isinstance(out, tuple) else (out,)
+                        for o in out:
+                            o.fill_(float("nan"))
                         fn()
                         torch.cuda.synchronize()
-                        row["max_abs_diff"] = float((out.float() - ref[kernel].float()).abs().max())
-                        q20, q50, q80 = triton.testing.do_bench(fn, warmup=10, rep=50, quantiles=[0.2, 0.5, 0.8])
-                        row.update(ms=q50, q20_ms=q20, q80_ms=q80, status="ok")
-                        row.update(graph_ms=graph_time(fn))
+                        row["max_abs_diff"] = max(float((o.float() - r.float()).abs().max())
+                                                  for o, r in zip(out, ref[kernel]))
+                        if kernel != "bwd":  # the whole backward: its GPU time only
+                            q20, q50, q80 = triton.testing.do_bench(fn, warmup=10, rep=50, quantiles=[0.2, 0.5, 0.8])
+                            row.update(ms=q50, q20_ms=q20, q80_ms=q80)
+                        row.update(status="ok", graph_ms=graph_time(fn))
                     except Exception as exc:  # noqa: BLE001 - a row per failure
                         row.update(status="oom" if "out of memory" in str(exc).lower() else "error",
                                    message=f"{type(exc).__name__}: {exc}"[:300])
@@ -279,7 +332,7 @@ def main(argv=None) -> int:
                     w.writerow(row)
                     f.flush()
             del t
-            for label, fn in peers(name):
+            for label, fn in (peers(name) if set(kernels) & set(KERNELS) else ()):
                 row = {**base, "kernel": label, "config": "", "is_rule": False}
                 try:
                     q20, q50, q80 = triton.testing.do_bench(fn, warmup=10, rep=50, quantiles=[0.2, 0.5, 0.8])
@@ -319,14 +372,15 @@ def summarize(path: Path) -> None:
     ok = df[df.status == "ok"]
     for name, g in ok.groupby("shape", sort=False):
         parts = []
-        for kernel in ("fwd", "dq", "dkdv"):
+        for kernel in (*KERNELS, "bwd"):
             k = g[g.kernel == kernel]
-            if k.empty:
+            col = "graph_ms" if kernel == "bwd" else "ms"
+            if k.empty or k[col].isna().all():
                 continue
-            best = k.loc[k.ms.idxmin()]
+            best = k.loc[k[col].idxmin()]
             rule = k[k.is_rule]
-            rule_ms = float(rule.ms.iloc[0]) if len(rule) else float("nan")
-            parts.append(f"{kernel} rule {rule_ms:.3f} best {best.ms:.3f} [{best.config}]")
+            rule_ms = float(rule[col].iloc[0]) if len(rule) else float("nan")
+            parts.append(f"{kernel} rule {rule_ms:.4f} best {best[col]:.4f} [{best.config}]")
         peers_ = "; ".join(f"{r.kernel} {r.ms:.3f}" for r in g[g.kernel.str.contains(':')].itertuples())
         print(f"{name}: " + " | ".join(parts) + f" || {peers_}")
     bad = df[df.status != "ok"]

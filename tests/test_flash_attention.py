@@ -262,8 +262,16 @@ def force_split(monkeypatch, split: int) -> None:
     fa = flash_attention_triton
     fwd_rule, bwd_rule = fa.fwd_config, fa.bwd_config
     monkeypatch.setattr(fa, "_fwd_config", lambda *a: {**fwd_rule(*a), "SPLIT": split})
-    monkeypatch.setattr(fa, "_bwd_config", lambda *a: {name: {**c, "SPLIT": split}
+    monkeypatch.setattr(fa, "_bwd_config", lambda *a: {name: {**c, "SPLIT": split} if name in ("dq", "dkdv") else c
                                                       for name, c in bwd_rule(*a).items()})
+
+
+def force_fused(monkeypatch, fused: bool) -> None:
+    """Every backward runs as one fused launch (fused=True) or as two kernels, the rule
+    table's tiles and splits otherwise."""
+    fa = flash_attention_triton
+    bwd_rule = fa.bwd_config
+    monkeypatch.setattr(fa, "_bwd_config", lambda *a: {**bwd_rule(*a), "fused": fused})
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -275,6 +283,21 @@ def test_split_matches_float64(monkeypatch, causal, n, split, dtype):
     all three kernels, with shares that are empty, one tile, or ragged, checked against float64."""
     force_split(monkeypatch, split)
     check("triton", (1, 2, n, 40), dtype, causal)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["two_kernels", "fused"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape, split", [((1, 2, 70, 40), 1), ((2, 3, 33, 80), 1), ((1, 1, 130, 16), 4),
+                                          ((1, 2, 1, 64), 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+def test_fused_and_two_kernel_backward_match_float64(monkeypatch, fused, causal, shape, split, dtype):
+    """The backward as one launch (dK/dV programs computing Delta themselves, beside the dQ
+    programs) and as two kernels (dQ writing Delta, then dK/dV reading it), each with and
+    without a split, checked against float64."""
+    force_split(monkeypatch, split)
+    bwd_split = flash_attention_triton._bwd_config
+    monkeypatch.setattr(flash_attention_triton, "_bwd_config", lambda *a: {**bwd_split(*a), "fused": fused})
+    check("triton", shape, dtype, causal)
 
 
 def test_split_gives_the_same_result_every_run(monkeypatch):

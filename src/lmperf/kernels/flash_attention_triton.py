@@ -138,11 +138,11 @@ def _split(programs: int, loop_tiles: int, min_loop: int = 1) -> int:
 def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dict:
     """Configs of the two backward kernels: "dq" walks BLOCK_N2 keys at a time past a tile of
     BLOCK_M2 query rows; "dkdv" walks BLOCK_M query rows at a time past a tile of BLOCK_N keys
-    (HEADS_FASTEST: program order)."""
+    (HEADS_FASTEST: program order); "fused": both in one launch (`_fused`)."""
     if INTERPRET:
-        return dict(dq=dict(BLOCK_M2=32, BLOCK_N2=16, num_warps=4, num_stages=1, SPLIT=1),
-                    dkdv=dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, HEADS_FASTEST=causal,
-                              SPLIT=1))
+        cfg = dict(dq=dict(BLOCK_M2=32, BLOCK_N2=16, num_warps=4, num_stages=1, SPLIT=1),
+                   dkdv=dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, HEADS_FASTEST=causal, SPLIT=1))
+        return {**cfg, "fused": _fused(cfg, n, bh)}
     dp = d_pad(d)
     if dtype == torch.float32:
         dq = dict(BLOCK_M2=32, BLOCK_N2=32, num_warps=4, num_stages=2)
@@ -167,7 +167,21 @@ def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
     # few programs and long loops: several programs per tile, each writing fp32 partial sums
     dq["SPLIT"] = _split(bh * _cdiv(n, dq["BLOCK_M2"]), _cdiv(n, dq["BLOCK_N2"]), _min_loop(dtype))
     dkdv["SPLIT"] = _split(bh * _cdiv(n, dkdv["BLOCK_N"]), _cdiv(n, dkdv["BLOCK_M"]), _min_loop(dtype))
-    return dict(dq=dq, dkdv=dkdv)
+    cfg = dict(dq=dq, dkdv=dkdv)
+    return {**cfg, "fused": _fused(cfg, n, bh)}
+
+
+FUSE_MAX_PROGRAMS = SM_COUNT_H100
+
+
+def _fused(cfg: dict, n: int, bh: int) -> bool:
+    """One launch for dQ and dK/dV when their programs together fit the GPU at once (at most
+    FUSE_MAX_PROGRAMS): then they run side by side and the backward takes the longer of the
+    two loops instead of both, one after the other. Bigger launches keep two kernels (the fused
+    dK/dV programs recompute Delta for every query tile they visit)."""
+    dq, dkdv = cfg["dq"], cfg["dkdv"]
+    programs = bh * (_cdiv(n, dq["BLOCK_M2"]) * dq["SPLIT"] + _cdiv(n, dkdv["BLOCK_N"]) * dkdv["SPLIT"])
+    return programs <= FUSE_MAX_PROGRAMS
 
 
 _fwd_memo = functools.lru_cache(maxsize=1024)(fwd_config)
@@ -439,21 +453,19 @@ def _bwd_dq_tiles(dqa, dqb, qa, qb, doa, dob, lse2, delta, K, V, stride_kn, stri
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ, H, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh,
-                   stride_kn, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on, stride_dob,
-                   stride_doh, stride_don, stride_dqs, stride_dqb, stride_dqh, stride_dqn, N, QK_SCALE: tl.constexpr, SM_SCALE: tl.constexpr,
-                   DA: tl.constexpr, DAV: tl.constexpr, DB: tl.constexpr, DBV: tl.constexpr,
-                   IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M2: tl.constexpr,
-                   BLOCK_N2: tl.constexpr, SPLIT: tl.constexpr):
-    """dQ of one query tile, and Delta = rowsum(O * dO) of its rows for the dK/dV kernel.
-    SPLIT > 1: SPLIT programs per query tile, each over its share of the key tiles, writing its
-    fp32 partial dQ to slice `part` of DQ (summed after the kernel, in a fixed order)."""
-    q_tile = tl.program_id(0) // SPLIT
-    part = tl.program_id(0) % SPLIT
-    bh = tl.program_id(1).to(tl.int64)
+def _bwd_dq_program(q_tile, part, bh, Q, K, V, O, DO, L, Delta, DQ, H, stride_qb, stride_qh, stride_qn,
+                    stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh,
+                    stride_on, stride_dob, stride_doh, stride_don, stride_dqs, stride_dqb, stride_dqh,
+                    stride_dqn, N, QK_SCALE: tl.constexpr, SM_SCALE: tl.constexpr, DA: tl.constexpr,
+                    DAV: tl.constexpr, DB: tl.constexpr, DBV: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
+                    SPLIT: tl.constexpr, STORE_DELTA: tl.constexpr):
+    """dQ of query tile `q_tile` (counted from the last when causal: the longest loop first),
+    share `part` of its key tiles; Delta = rowsum(O * dO) of its rows, written for the dK/dV
+    kernel when STORE_DELTA. SPLIT > 1: the fp32 partial dQ goes to slice `part` of DQ."""
     b, h = bh // H, bh % H
     if IS_CAUSAL:
-        q_tile = tl.num_programs(0) // SPLIT - 1 - q_tile
+        q_tile = tl.cdiv(N, BLOCK_M2) - 1 - q_tile
     q0 = q_tile * BLOCK_M2
     offs_q = q0 + tl.arange(0, BLOCK_M2)
     rows_in = offs_q < N
@@ -463,8 +475,9 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ, H, stride_qb, stride_qh, stride
     delta = tl.sum(oa.to(tl.float32) * doa.to(tl.float32), 1)
     if DB > 0:
         delta += tl.sum(ob.to(tl.float32) * dob.to(tl.float32), 1)
-    if part == 0:  # one of the parts (the only one when SPLIT = 1) writes Delta
-        tl.store(Delta + bh * N + offs_q, delta, mask=rows_in)
+    if STORE_DELTA:
+        if part == 0:  # one of the parts (the only one when SPLIT = 1) writes Delta
+            tl.store(Delta + bh * N + offs_q, delta, mask=rows_in)
     # Rows >= N: L = +inf, so P = 0 there.
     lse2 = tl.load(L + bh * N + offs_q, mask=rows_in, other=float("inf")) * 1.4426950408889634
     dqa, dqb = _zeros_ab(BLOCK_M2, DA, DB)
@@ -495,19 +508,44 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ, H, stride_qb, stride_qh, stride
 
 
 @triton.jit
-def _bwd_dkdv_tiles(dka, dkb, dva, dvb, ka, kb, va, vb, Q, DO, L, Delta, stride_qn, stride_don, offs_k,
-                    lo, hi, N, QK_SCALE: tl.constexpr, DA: tl.constexpr, DAV: tl.constexpr,
+def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ, H, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh,
+                   stride_kn, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on, stride_dob,
+                   stride_doh, stride_don, stride_dqs, stride_dqb, stride_dqh, stride_dqn, N, QK_SCALE: tl.constexpr, SM_SCALE: tl.constexpr,
+                   DA: tl.constexpr, DAV: tl.constexpr, DB: tl.constexpr, DBV: tl.constexpr,
+                   IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M2: tl.constexpr,
+                   BLOCK_N2: tl.constexpr, SPLIT: tl.constexpr):
+    """dQ of one query tile, and Delta = rowsum(O * dO) of its rows for the dK/dV kernel.
+    SPLIT > 1: SPLIT programs per query tile, each over its share of the key tiles, writing its
+    fp32 partial dQ to slice `part` of DQ (summed after the kernel, in a fixed order)."""
+    _bwd_dq_program(tl.program_id(0) // SPLIT, tl.program_id(0) % SPLIT, tl.program_id(1).to(tl.int64),
+                    Q, K, V, O, DO, L, Delta, DQ, H, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh,
+                    stride_kn, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on, stride_dob,
+                    stride_doh, stride_don, stride_dqs, stride_dqb, stride_dqh, stride_dqn, N, QK_SCALE,
+                    SM_SCALE, DA, DAV, DB, DBV, IS_CAUSAL, DOT_PRECISION, BLOCK_M2, BLOCK_N2, SPLIT, True)
+
+
+@triton.jit
+def _bwd_dkdv_tiles(dka, dkb, dva, dvb, ka, kb, va, vb, Q, O, DO, L, Delta, stride_qn, stride_on, stride_don,
+                    offs_k, lo, hi, N, QK_SCALE: tl.constexpr, DA: tl.constexpr, DAV: tl.constexpr,
                     DB: tl.constexpr, DBV: tl.constexpr, MASK_CAUSAL: tl.constexpr,
-                    BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr, INLINE_DELTA: tl.constexpr):
     """Accumulate dK (unscaled) and dV of one key tile over query tiles [lo, hi). Query rows
-    >= N load q = 0, dO = 0 and L = +inf, so P = 0 there and they add nothing."""
+    >= N load q = 0, dO = 0 and L = +inf, so P = 0 there and they add nothing. INLINE_DELTA:
+    Delta = rowsum(O * dO) computed here from each query tile's O (when the dQ program that
+    writes it runs beside this one, in the same launch), else read."""
     for start in tl.range(lo, hi, BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
         in_range = rows < N
         qa, qb = _load_ab(Q, rows, N, stride_qn, DA, DAV, DB, DBV, True)
         doa, dob = _load_ab(DO, rows, N, stride_don, DA, DAV, DB, DBV, True)
         lse2 = tl.load(L + rows, mask=in_range, other=float("inf")) * 1.4426950408889634
-        delta = tl.load(Delta + rows, mask=in_range, other=0.0)
+        if INLINE_DELTA:
+            oa, ob = _load_ab(O, rows, N, stride_on, DA, DAV, DB, DBV, True)
+            delta = tl.sum(oa.to(tl.float32) * doa.to(tl.float32), 1)
+            if DB > 0:
+                delta += tl.sum(ob.to(tl.float32) * dob.to(tl.float32), 1)
+        else:
+            delta = tl.load(Delta + rows, mask=in_range, other=0.0)
         # Transposed scores: sT[j, i] = k_j . q_i, so P^T comes out directly.
         s_t = _dot_t(ka, kb, qa, qb, DB, DOT_PRECISION)
         p_t = tl.math.exp2(s_t * QK_SCALE - lse2[None, :])
@@ -521,24 +559,16 @@ def _bwd_dkdv_tiles(dka, dkb, dva, dvb, ka, kb, va, vb, Q, DO, L, Delta, stride_
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, H, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh,
-                     stride_kn, stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
-                     stride_dks, stride_dkb, stride_dkh, stride_dkn, stride_dvs, stride_dvb, stride_dvh,
-                     stride_dvn, N, QK_SCALE: tl.constexpr, SM_SCALE: tl.constexpr,
-                     DA: tl.constexpr, DAV: tl.constexpr, DB: tl.constexpr, DBV: tl.constexpr,
-                     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, HEADS_FASTEST: tl.constexpr, SPLIT: tl.constexpr):
-    """dK and dV of one key tile. SPLIT > 1: SPLIT programs per key tile, each over its share of
-    the query tiles, writing fp32 partial sums to slice `part` of DK and DV (summed after)."""
-    # causal: the first key tile has the most queries, and starts first
-    if HEADS_FASTEST:
-        k_tile = tl.program_id(1) // SPLIT
-        part = tl.program_id(1) % SPLIT
-        bh = tl.program_id(0).to(tl.int64)
-    else:
-        k_tile = tl.program_id(0) // SPLIT
-        part = tl.program_id(0) % SPLIT
-        bh = tl.program_id(1).to(tl.int64)
+def _bwd_dkdv_program(k_tile, part, bh, Q, K, V, O, DO, L, Delta, DK, DV, H, stride_qb, stride_qh, stride_qn,
+                      stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh,
+                      stride_on, stride_dob, stride_doh, stride_don, stride_dks, stride_dkb, stride_dkh,
+                      stride_dkn, stride_dvs, stride_dvb, stride_dvh, stride_dvn, N, QK_SCALE: tl.constexpr,
+                      SM_SCALE: tl.constexpr, DA: tl.constexpr, DAV: tl.constexpr, DB: tl.constexpr,
+                      DBV: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                      INLINE_DELTA: tl.constexpr):
+    """dK and dV of key tile `k_tile`, share `part` of its query tiles. SPLIT > 1: fp32 partial
+    sums to slice `part` of DK and DV (summed after). O is read only with INLINE_DELTA."""
     b, h = bh // H, bh % H
     k0 = k_tile * BLOCK_N
     offs_k = k0 + tl.arange(0, BLOCK_N)
@@ -547,6 +577,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, H, stride_qb, stride_qh, str
     dka, dkb = _zeros_ab(BLOCK_N, DA, DB)
     dva, dvb = _zeros_ab(BLOCK_N, DA, DB)
     Qb, DOb = Q + b * stride_qb + h * stride_qh, DO + b * stride_dob + h * stride_doh
+    Ob = O + b * stride_ob + h * stride_oh
     Lb, Deltab = L + bh * N, Delta + bh * N
     # Causal: query tiles crossing the diagonal are masked (by the first part); later ones see
     # this key tile in full. The unmasked range [start, N) is split in SPLIT shares.
@@ -554,22 +585,79 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, H, stride_qb, stride_qh, str
     if IS_CAUSAL:
         lo = k0 + BLOCK_N
         if part == 0:
-            dka, dkb, dva, dvb = _bwd_dkdv_tiles(dka, dkb, dva, dvb, ka, kb, va, vb, Qb, DOb, Lb, Deltab,
-                                                 stride_qn, stride_don, offs_k, k0, k0 + BLOCK_N, N, QK_SCALE,
-                                                 DA, DAV, DB, DBV, True, BLOCK_M, DOT_PRECISION)
+            dka, dkb, dva, dvb = _bwd_dkdv_tiles(dka, dkb, dva, dvb, ka, kb, va, vb, Qb, Ob, DOb, Lb, Deltab,
+                                                 stride_qn, stride_on, stride_don, offs_k, k0, k0 + BLOCK_N, N,
+                                                 QK_SCALE, DA, DAV, DB, DBV, True, BLOCK_M, DOT_PRECISION,
+                                                 INLINE_DELTA)
     hi = N
     if SPLIT > 1:  # shares of whole tiles from lo; the last share's end may pass N (rows masked)
         start = lo
         lo, hi = _part_range(part, tl.cdiv(tl.maximum(N - start, 0), BLOCK_M) * BLOCK_M, BLOCK_M, SPLIT)
         lo += start
         hi += start
-    dka, dkb, dva, dvb = _bwd_dkdv_tiles(dka, dkb, dva, dvb, ka, kb, va, vb, Qb, DOb, Lb, Deltab, stride_qn,
-                                         stride_don, offs_k, lo, hi, N, QK_SCALE, DA, DAV, DB, DBV, False,
-                                         BLOCK_M, DOT_PRECISION)
+    dka, dkb, dva, dvb = _bwd_dkdv_tiles(dka, dkb, dva, dvb, ka, kb, va, vb, Qb, Ob, DOb, Lb, Deltab, stride_qn,
+                                         stride_on, stride_don, offs_k, lo, hi, N, QK_SCALE, DA, DAV, DB, DBV,
+                                         False, BLOCK_M, DOT_PRECISION, INLINE_DELTA)
     _store_ab(DK + part * stride_dks + b * stride_dkb + h * stride_dkh, (dka * SM_SCALE).to(DK.dtype.element_ty),
               (dkb * SM_SCALE).to(DK.dtype.element_ty), offs_k, N, stride_dkn, DA, DAV, DB, DBV)
     _store_ab(DV + part * stride_dvs + b * stride_dvb + h * stride_dvh, dva.to(DV.dtype.element_ty), dvb.to(DV.dtype.element_ty),
               offs_k, N, stride_dvn, DA, DAV, DB, DBV)
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, H, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh,
+                     stride_kn, stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
+                     stride_dks, stride_dkb, stride_dkh, stride_dkn, stride_dvs, stride_dvb, stride_dvh,
+                     stride_dvn, N, QK_SCALE: tl.constexpr, SM_SCALE: tl.constexpr,
+                     DA: tl.constexpr, DAV: tl.constexpr, DB: tl.constexpr, DBV: tl.constexpr,
+                     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, HEADS_FASTEST: tl.constexpr, SPLIT: tl.constexpr):
+    """dK and dV of one key tile, reading the Delta the dQ kernel wrote. SPLIT > 1: SPLIT
+    programs per key tile, each over its share of the query tiles."""
+    # causal: the first key tile has the most queries, and starts first
+    if HEADS_FASTEST:
+        tile = tl.program_id(1)
+        bh = tl.program_id(0).to(tl.int64)
+    else:
+        tile = tl.program_id(0)
+        bh = tl.program_id(1).to(tl.int64)
+    _bwd_dkdv_program(tile // SPLIT, tile % SPLIT, bh, Q, K, V, Q, DO, L, Delta, DK, DV, H, stride_qb,
+                      stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                      0, 0, 0, stride_dob, stride_doh, stride_don, stride_dks, stride_dkb, stride_dkh,
+                      stride_dkn, stride_dvs, stride_dvb, stride_dvh, stride_dvn, N, QK_SCALE, SM_SCALE,
+                      DA, DAV, DB, DBV, IS_CAUSAL, DOT_PRECISION, BLOCK_M, BLOCK_N, SPLIT, False)
+
+
+@triton.jit
+def _bwd_fused_kernel(Q, K, V, O, DO, L, DQ, DK, DV, H, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh,
+                      stride_kn, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on, stride_dob,
+                      stride_doh, stride_don, stride_dqs, stride_dqb, stride_dqh, stride_dqn, stride_dks,
+                      stride_dkb, stride_dkh, stride_dkn, stride_dvs, stride_dvb, stride_dvh, stride_dvn, N,
+                      QK_SCALE: tl.constexpr, SM_SCALE: tl.constexpr, DA: tl.constexpr, DAV: tl.constexpr,
+                      DB: tl.constexpr, DBV: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                      DOT_PRECISION: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
+                      SPLIT_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      SPLIT: tl.constexpr):
+    """The whole backward in one launch, for launches too small to fill the GPU: programs
+    [0, key tiles x SPLIT) of a sequence do dK/dV (the longest first, Delta computed from each
+    query tile's O), the rest dQ (SPLIT_Q per query tile). The two run side by side, so the
+    backward's critical path is the longer of the two loops, not their sum."""
+    pid = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    kv_programs = tl.cdiv(N, BLOCK_N) * SPLIT
+    if pid < kv_programs:
+        _bwd_dkdv_program(pid // SPLIT, pid % SPLIT, bh, Q, K, V, O, DO, L, L, DK, DV, H, stride_qb, stride_qh,
+                          stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_ob,
+                          stride_oh, stride_on, stride_dob, stride_doh, stride_don, stride_dks, stride_dkb,
+                          stride_dkh, stride_dkn, stride_dvs, stride_dvb, stride_dvh, stride_dvn, N, QK_SCALE,
+                          SM_SCALE, DA, DAV, DB, DBV, IS_CAUSAL, DOT_PRECISION, BLOCK_M, BLOCK_N, SPLIT, True)
+    else:
+        q_pid = pid - kv_programs
+        _bwd_dq_program(q_pid // SPLIT_Q, q_pid % SPLIT_Q, bh, Q, K, V, O, DO, L, L, DQ, H, stride_qb, stride_qh,
+                        stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_ob,
+                        stride_oh, stride_on, stride_dob, stride_doh, stride_don, stride_dqs, stride_dqb,
+                        stride_dqh, stride_dqn, N, QK_SCALE, SM_SCALE, DA, DAV, DB, DBV, IS_CAUSAL,
+                        DOT_PRECISION, BLOCK_M2, BLOCK_N2, SPLIT_Q, False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -640,6 +728,14 @@ def _strides(t: torch.Tensor) -> tuple:
     return (0, *_bhn(t)) if t.dim() == 4 else (t.stride(0), t.stride(1), t.stride(2), t.stride(3))
 
 
+def _partials(out: torch.Tensor, split: int) -> torch.Tensor:
+    """Where a split kernel writes: out itself when unsplit, else a fresh fp32 buffer of `split`
+    slices like out (one buffer per output, never views of a shared one: Inductor's
+    functionalization of a kernel writing two views of one buffer fails under dynamic shapes,
+    torch 2.11, H100)."""
+    return out if split == 1 else torch.empty((split, *out.shape), dtype=torch.float32, device=out.device)
+
+
 def _sum_parts(parts: torch.Tensor, out: torch.Tensor) -> None:
     """out = the sum of a split's fp32 partial results over their first dim, in a fixed order
     (one kernel when out is fp32, and a cast after it in 16 bits)."""
@@ -682,7 +778,7 @@ def launch_backward_dq(q3, k3, v3, o3, do3, lse, delta, dq, is_causal: bool, cfg
     nb, nh, n, d = q3.shape
     c = {"SPLIT": 1, **cfg["dq"]}
     split = c["SPLIT"]
-    dq_p = dq if split == 1 else torch.empty((split, *dq.shape), dtype=torch.float32, device=q3.device)
+    dq_p = _partials(dq, split)
     launch(_bwd_dq_kernel)[(_cdiv(n, c["BLOCK_M2"]) * split, nb * nh)](
         q3, k3, v3, o3, do3, lse, delta, dq_p, nh, *_bhn(q3), *_bhn(k3), *_bhn(v3), *_bhn(o3), *_bhn(do3),
         *_strides(dq_p), n, **_scales(d), SM_SCALE=1.0 / math.sqrt(d), IS_CAUSAL=is_causal,
@@ -694,17 +790,14 @@ def launch_backward_dq(q3, k3, v3, o3, do3, lse, delta, dq, is_causal: bool, cfg
 def launch_backward_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal: bool, cfg: dict,
                          launch=lambda k: k) -> None:
     """dK and dV into dk, dv (needs the Delta that launch_backward_dq wrote), with config
-    cfg["dkdv"]. SPLIT > 1: fp32 partial sums per part (one buffer for both), summed after."""
+    cfg["dkdv"]. SPLIT > 1: fp32 partial sums per part (a buffer for dK and one for dV), summed
+    after."""
     q3, k3, v3, do3, dk, dv = (_heads(t) for t in (q3, k3, v3, do3, dk, dv))
     nb, nh, n, d = q3.shape
     bh = nb * nh
     c = {"SPLIT": 1, **cfg["dkdv"]}
     split = c["SPLIT"]
-    dk_p, dv_p = dk, dv
-    if split > 1:  # two buffers, not views of one: Inductor's functionalization of a kernel
-        # writing two views of one buffer fails under dynamic shapes (torch 2.11, H100)
-        dk_p, dv_p = (torch.empty((split, *dk.shape), dtype=torch.float32, device=q3.device)
-                      for _ in range(2))
+    dk_p, dv_p = _partials(dk, split), _partials(dv, split)
     tiles = _cdiv(n, c["BLOCK_N"]) * split
     launch(_bwd_dkdv_kernel)[(bh, tiles) if c["HEADS_FASTEST"] else (tiles, bh)](
         q3, k3, v3, do3, lse, delta, dk_p, dv_p, nh, *_bhn(q3), *_bhn(k3), *_bhn(v3), *_bhn(do3),
@@ -714,6 +807,39 @@ def launch_backward_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal: bool, c
     if split > 1:
         _sum_parts(dk_p, dk)
         _sum_parts(dv_p, dv)
+
+
+def launch_backward_fused(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool, cfg: dict,
+                          launch=lambda k: k) -> None:
+    """dQ, dK and dV in one launch (_bwd_fused_kernel): cfg["dq"]'s tiles and split for the dQ
+    programs, cfg["dkdv"]'s for the dK/dV programs and its warps and stages for both; no Delta
+    buffer. Split partials are summed after, as in the two-kernel path."""
+    q3, k3, v3, o3, do3, dq, dk, dv = (_heads(t) for t in (q3, k3, v3, o3, do3, dq, dk, dv))
+    nb, nh, n, d = q3.shape
+    cq, ckv = {"SPLIT": 1, **cfg["dq"]}, {"SPLIT": 1, **cfg["dkdv"]}
+    dq_p, dk_p, dv_p = _partials(dq, cq["SPLIT"]), _partials(dk, ckv["SPLIT"]), _partials(dv, ckv["SPLIT"])
+    programs = _cdiv(n, ckv["BLOCK_N"]) * ckv["SPLIT"] + _cdiv(n, cq["BLOCK_M2"]) * cq["SPLIT"]
+    launch(_bwd_fused_kernel)[(programs, nb * nh)](
+        q3, k3, v3, o3, do3, lse, dq_p, dk_p, dv_p, nh, *_bhn(q3), *_bhn(k3), *_bhn(v3), *_bhn(o3), *_bhn(do3),
+        *_strides(dq_p), *_strides(dk_p), *_strides(dv_p), n, **_scales(d), SM_SCALE=1.0 / math.sqrt(d),
+        IS_CAUSAL=is_causal, DOT_PRECISION=_dot_precision(q3.dtype), BLOCK_M2=cq["BLOCK_M2"],
+        BLOCK_N2=cq["BLOCK_N2"], SPLIT_Q=cq["SPLIT"], BLOCK_M=ckv["BLOCK_M"], BLOCK_N=ckv["BLOCK_N"],
+        SPLIT=ckv["SPLIT"], num_warps=ckv["num_warps"], num_stages=ckv["num_stages"])
+    for parts, out in ((dq_p, dq), (dk_p, dk), (dv_p, dv)):
+        if parts is not out:
+            _sum_parts(parts, out)
+
+
+def launch_backward(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool, cfg: dict,
+                    launch=lambda k: k) -> None:
+    """The backward with config cfg (bwd_config): one fused launch when cfg["fused"], else the
+    dQ kernel (which writes Delta) and then the dK/dV kernel."""
+    if cfg.get("fused"):
+        launch_backward_fused(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal, cfg, launch)
+        return
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=q3.device)
+    launch_backward_dq(q3, k3, v3, o3, do3, lse, delta, dq, is_causal, cfg, launch)
+    launch_backward_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal, cfg, launch)
 
 
 def _register(name: str, fake):
@@ -764,11 +890,9 @@ def _backward_kernels(q, k, v, out, lse, grad_out, is_causal: bool, launch):
     bh = nb * nh
     lse3 = lse.reshape(bh, n)
     lse3 = lse3 if lse3.is_contiguous() else lse3.contiguous()
-    delta = torch.empty((bh, n), dtype=torch.float32, device=q.device)
     cfg = _bwd_config(n, d, q.dtype, is_causal, bh)
     dq, dk, dv = _like(q), _like(k), _like(v)  # fresh (B, H, N, D), written by the kernels
-    launch_backward_dq(q, k, v, out, grad_out, lse3, delta, dq, is_causal, cfg, launch)
-    launch_backward_dkdv(q, k, v, grad_out, lse3, delta, dk, dv, is_causal, cfg, launch)
+    launch_backward(q, k, v, out, grad_out, lse3, dq, dk, dv, is_causal, cfg, launch)
     return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
 
 
