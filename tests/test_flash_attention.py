@@ -349,3 +349,22 @@ def test_split_is_chosen_with_few_programs_only(monkeypatch):
     assert fa.bwd_config(256, 80, torch.bfloat16, True, 128)["dq"]["SPLIT"] == 1
     assert fa.bwd_config(1024, 64, torch.bfloat16, True, 48)["dq"]["SPLIT"] == 1
     assert fa.bwd_config(1024, 64, torch.bfloat16, True, 100)["dkdv"]["SPLIT"] == 1
+    # fp32 D = 128 at short sequences: 16-row tiles, shares of at least two tiles
+    assert fa.bwd_config(128, 128, torch.float32, True, 1)["dq"]["SPLIT"] == 4
+    assert fa.bwd_config(256, 128, torch.float32, True, 1)["dkdv"]["SPLIT"] == 8
+
+
+def test_backward_is_one_launch_only_when_it_cannot_fill_the_gpu(monkeypatch):
+    fa = flash_attention_triton
+    monkeypatch.setattr(fa, "INTERPRET", False)
+    # one head, short sequences (the grid's), and the model group's smallest at context 256
+    assert fa.bwd_config(512, 128, torch.bfloat16, True, 1)["fused"]
+    assert fa.bwd_config(128, 128, torch.float32, True, 1)["fused"]
+    assert fa.bwd_config(2048, 64, torch.bfloat16, True, 1)["fused"]
+    assert fa.bwd_config(256, 64, torch.bfloat16, True, 48)["fused"]
+    # big launches, and fp32 past 1,024 tokens: two kernels
+    assert not fa.bwd_config(256, 80, torch.bfloat16, True, 128)["fused"]  # 2.7B at 256: 8 programs an SM
+    assert not fa.bwd_config(1024, 64, torch.bfloat16, True, 100)["fused"]
+    assert not fa.bwd_config(16384, 64, torch.bfloat16, True, 16)["fused"]
+    assert not fa.bwd_config(2048, 128, torch.float32, True, 1)["fused"]
+    assert not fa.bwd_config(4096, 64, torch.bfloat16, True, 1)["fused"]

@@ -263,7 +263,7 @@ def measure_bench(case: dict) -> list[dict]:
         bwd = fa.bwd_config(n, d, dtype, case["causal"], bh)
         config = "; ".join(f"{name}: " + " ".join(f"{k}={v}" for k, v in cfg.items()) for name, cfg in
                            (("fwd", fa.fwd_config(n, d, dtype, case["causal"], bh)),
-                            ("dq", bwd["dq"]), ("dkdv", bwd["dkdv"])))
+                            ("dq", bwd["dq"]), ("dkdv", bwd["dkdv"]), ("bwd", {"fused": bwd["fused"]})))
     rows = []
     for direction in ("forward", "backward", "fwd_bwd"):
         ms, q20, q80 = times[direction]

@@ -8,7 +8,9 @@ and every change here re-measures the whole FlashAttention section.
 
 Launches: one forward kernel; backward is two kernels. The first walks the key tiles of one
 query tile for dQ and also writes Delta = rowsum(O * dO) of its rows; the second walks the
-query tiles of one key tile for dK and dV, reading that Delta. At low parallelism (few
+query tiles of one key tile for dK and dV, reading that Delta. A backward too small to fill
+the GPU is one launch instead (`_bwd_fused_kernel`): its dK/dV programs compute Delta from O
+themselves and run beside the dQ programs, not after them. At low parallelism (few
 programs, long loops: one head, short sequences) each kernel splits a tile's loop over SPLIT
 programs (2, 4 or 8) that write fp32 partial results to their own slices: the forward's
 partial (O, L) are merged by their logsumexps in a second small kernel, the backward's
@@ -118,10 +120,10 @@ def _min_loop(dtype: torch.dtype) -> int:
     return 1 if dtype == torch.float32 else 16
 
 
-def _split(programs: int, loop_tiles: int, min_loop: int = 1) -> int:
+def _split(programs: int, loop_tiles: int, min_loop: int = 1, min_share: int = 1) -> int:
     """Programs per tile (1, 2, 4 or 8), each over a share of the tile's loop: none when the loop
     has fewer than min_loop tiles, else doubled while the launch has fewer than two programs per
-    SM and every share keeps at least one tile. Swept on the H100 at batch 1 x 1 head,
+    SM and every share keeps at least min_share tiles. Swept on the H100 at batch 1 x 1 head,
     N = 128-4,096 (notes/flash_attention.md, v6 steps 20-21): in fp32 more parts were faster
     down to one tile a share; in 16 bits the split's own kernels (the forward's merge, the
     backward's sums and casts: about 10 us in a CUDA graph) cost more than it saves below 16
@@ -130,7 +132,7 @@ def _split(programs: int, loop_tiles: int, min_loop: int = 1) -> int:
     split = 1
     if loop_tiles < min_loop:
         return split
-    while split < 8 and programs * split < 2 * SM_COUNT_H100 and loop_tiles >= 2 * split:
+    while split < 8 and programs * split < 2 * SM_COUNT_H100 and loop_tiles >= 2 * split * min_share:
         split *= 2
     return split
 
@@ -142,14 +144,24 @@ def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
     if INTERPRET:
         cfg = dict(dq=dict(BLOCK_M2=32, BLOCK_N2=16, num_warps=4, num_stages=1, SPLIT=1),
                    dkdv=dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, HEADS_FASTEST=causal, SPLIT=1))
-        return {**cfg, "fused": _fused(cfg, n, bh)}
+        return {**cfg, "fused": _fused(cfg, n, dtype, bh)}
     dp = d_pad(d)
-    if dtype == torch.float32:
+    min_share = 1  # tiles of loop each part of a split keeps at least
+    if dtype == torch.float32 and dp >= 128 and n <= 512:
+        # short single-head sequences: 16-row tiles, parts of at least 2 tiles (session-12 sweep)
+        dq = dict(BLOCK_M2=16, BLOCK_N2=16, num_warps=4, num_stages=2)
+        dkdv = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=2)
+        min_share = 2
+    elif dtype == torch.float32:
         dq = dict(BLOCK_M2=32, BLOCK_N2=32, num_warps=4, num_stages=2)
         dkdv = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
     elif dp > 128:
         dq = dict(BLOCK_M2=64, BLOCK_N2=32, num_warps=4, num_stages=2)
         dkdv = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
+    elif d == dp == 128 and 256 <= n <= 512:  # session-12 sweep, whole backward, unsplit
+        dq = dict(BLOCK_M2=64, BLOCK_N2=32, num_warps=4, num_stages=3)
+        dkdv = dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3)
+        min_share = n  # no split: shares would need n tiles each
     else:
         if dp <= 64:
             dq = dict(BLOCK_M2=64, BLOCK_N2=64, num_warps=4, num_stages=3)
@@ -160,28 +172,31 @@ def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
         # causal, D <= 64: 128-key tiles when they alone give every SM several programs
         if causal and dp <= 64 and bh * _cdiv(n, 128) >= 4 * SM_COUNT_H100:
             dkdv = dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3)
+        elif d != dp and n >= 2048:  # padded D (the 2.7B's 80) at long context: session-11 sweep
+            dkdv = dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=3)
         else:
             dkdv = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
     dkdv["HEADS_FASTEST"] = causal
     dq, dkdv = _fit(dq, n, "BLOCK_M2", "BLOCK_N2"), _fit(dkdv, n, "BLOCK_N", "BLOCK_M")
     # few programs and long loops: several programs per tile, each writing fp32 partial sums
-    dq["SPLIT"] = _split(bh * _cdiv(n, dq["BLOCK_M2"]), _cdiv(n, dq["BLOCK_N2"]), _min_loop(dtype))
-    dkdv["SPLIT"] = _split(bh * _cdiv(n, dkdv["BLOCK_N"]), _cdiv(n, dkdv["BLOCK_M"]), _min_loop(dtype))
+    dq["SPLIT"] = _split(bh * _cdiv(n, dq["BLOCK_M2"]), _cdiv(n, dq["BLOCK_N2"]), _min_loop(dtype), min_share)
+    dkdv["SPLIT"] = _split(bh * _cdiv(n, dkdv["BLOCK_N"]), _cdiv(n, dkdv["BLOCK_M"]), _min_loop(dtype), min_share)
     cfg = dict(dq=dq, dkdv=dkdv)
-    return {**cfg, "fused": _fused(cfg, n, bh)}
+    return {**cfg, "fused": _fused(cfg, n, dtype, bh)}
 
 
-FUSE_MAX_PROGRAMS = SM_COUNT_H100
-
-
-def _fused(cfg: dict, n: int, bh: int) -> bool:
-    """One launch for dQ and dK/dV when their programs together fit the GPU at once (at most
-    FUSE_MAX_PROGRAMS): then they run side by side and the backward takes the longer of the
-    two loops instead of both, one after the other. Bigger launches keep two kernels (the fused
-    dK/dV programs recompute Delta for every query tile they visit)."""
+def _fused(cfg: dict, n: int, dtype: torch.dtype, bh: int) -> bool:
+    """One launch for dQ and dK/dV (`_bwd_fused_kernel`): the two run side by side, and the
+    backward takes about the longer of the two loops instead of both one after the other. The
+    fused dK/dV programs recompute Delta for every query tile they visit, so big launches keep
+    two kernels. From the session-12 sweep of the whole backward (H100; notes/flash_attention.md
+    step 25): fused was faster at every shape of up to 4 programs per SM with N <= 1,024 (one
+    head at N = 128-1,024 in all three head dims and both dtype families, batch 4 x 12 and 16
+    heads at N = 256), and at N = 2,048 in 16 bits; two kernels were faster at 8 per SM (4 x 32
+    heads x 256) and for fp32 D = 128 at N = 2,048."""
     dq, dkdv = cfg["dq"], cfg["dkdv"]
     programs = bh * (_cdiv(n, dq["BLOCK_M2"]) * dq["SPLIT"] + _cdiv(n, dkdv["BLOCK_N"]) * dkdv["SPLIT"])
-    return programs <= FUSE_MAX_PROGRAMS
+    return programs <= 4 * SM_COUNT_H100 and (n <= 1024 or (n <= 2048 and dtype != torch.float32))
 
 
 _fwd_memo = functools.lru_cache(maxsize=1024)(fwd_config)
@@ -812,8 +827,8 @@ def launch_backward_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal: bool, c
 def launch_backward_fused(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool, cfg: dict,
                           launch=lambda k: k) -> None:
     """dQ, dK and dV in one launch (_bwd_fused_kernel): cfg["dq"]'s tiles and split for the dQ
-    programs, cfg["dkdv"]'s for the dK/dV programs and its warps and stages for both; no Delta
-    buffer. Split partials are summed after, as in the two-kernel path."""
+    programs, cfg["dkdv"]'s for the dK/dV programs, dQ's warps and stages for both (the
+    session-12 sweep's best at one head: 3 stages for D <= 64, 2 for D = 128); no Delta buffer. Split partials are summed after, as in the two-kernel path."""
     q3, k3, v3, o3, do3, dq, dk, dv = (_heads(t) for t in (q3, k3, v3, o3, do3, dq, dk, dv))
     nb, nh, n, d = q3.shape
     cq, ckv = {"SPLIT": 1, **cfg["dq"]}, {"SPLIT": 1, **cfg["dkdv"]}
@@ -824,7 +839,7 @@ def launch_backward_fused(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool,
         *_strides(dq_p), *_strides(dk_p), *_strides(dv_p), n, **_scales(d), SM_SCALE=1.0 / math.sqrt(d),
         IS_CAUSAL=is_causal, DOT_PRECISION=_dot_precision(q3.dtype), BLOCK_M2=cq["BLOCK_M2"],
         BLOCK_N2=cq["BLOCK_N2"], SPLIT_Q=cq["SPLIT"], BLOCK_M=ckv["BLOCK_M"], BLOCK_N=ckv["BLOCK_N"],
-        SPLIT=ckv["SPLIT"], num_warps=ckv["num_warps"], num_stages=ckv["num_stages"])
+        SPLIT=ckv["SPLIT"], num_warps=cq["num_warps"], num_stages=cq["num_stages"])
     for parts, out in ((dq_p, dq), (dk_p, dk), (dv_p, dv)):
         if parts is not out:
             _sum_parts(parts, out)
