@@ -10,7 +10,6 @@ import contextlib
 import functools
 import itertools
 import json
-import time
 
 from lmperf import hardware
 from lmperf.bench import common, timing
@@ -143,29 +142,6 @@ def peak_key(case: dict) -> str:
     return "tf32" if case["dtype"] == "fp32" and case.get("tf32") else case["dtype"]
 
 
-def phase_timer(device: str, marks: list):
-    """A context manager factory `timer(phase)` that times a phase without synchronizing and
-    appends (phase, seconds) to `marks`, seconds a function to call once the step is
-    synchronized: on a GPU the span between two CUDA events recorded at the phase's boundaries,
-    on the CPU the clock's."""
-    import torch
-
-    @contextlib.contextmanager
-    def timer(phase):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            yield
-            end.record()
-            marks.append((phase, lambda: start.elapsed_time(end) / 1e3))
-        else:
-            t0 = time.perf_counter()
-            yield
-            t1 = time.perf_counter()
-            marks.append((phase, lambda: t1 - t0))
-    return timer
-
-
 def time_steps(case: dict, cfg, model, optimizer, inputs, targets, autocast) -> list[dict]:
     """Warm-up steps, then timed steps of a set-up case: the rows of its metrics."""
     import torch
@@ -176,33 +152,30 @@ def time_steps(case: dict, cfg, model, optimizer, inputs, targets, autocast) -> 
     sync = timing.synchronizer()
     b, n = case["batch_size"], case["context"]
 
-    def timed_step() -> tuple[dict, float]:
-        """(seconds per phase, seconds of the step). The step is wall-clock time with one device
-        synchronization, at its end, as a training loop that reads its loss each step; the
-        phases are timed without synchronizing (which would stall the host between them and
-        leave the GPU idle): on a GPU by CUDA events recorded at their boundaries, read after
-        the step; on the CPU, where work runs as it is called, by the clock."""
-        marks = []
-        timer = phase_timer(device, marks)
-        with timing.timed(sync) as t:
-            step(model, optimizer, inputs, targets, autocast, timer, case.get("micro_batches", 1))
+    def timed_step() -> dict:
+        """Seconds per phase, the device synchronized after each."""
         times = {}
-        for phase, seconds in marks:
-            times[phase] = times.get(phase, 0.0) + seconds()
-        return times, t.seconds
+
+        @contextlib.contextmanager
+        def timer(phase):  # a phase seen once per micro-batch: its times add up
+            with timing.timed(sync) as t:
+                yield
+            times[phase] = times.get(phase, 0.0) + t.seconds
+        step(model, optimizer, inputs, targets, autocast, timer, case.get("micro_batches", 1))
+        return times
 
     sync()
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     first_step_s = None
     for _ in range(case["warmup"]):
-        _, seconds = timed_step()
-        first_step_s = first_step_s or seconds
+        t = timed_step()
+        first_step_s = first_step_s or sum(t.values())
     timed = [timed_step() for _ in range(case["timed_steps"])]
-    first_step_s = first_step_s or timed[0][1]
+    first_step_s = first_step_s or sum(timed[0].values())
 
-    phases = {p: [t[p] * 1e3 for t, _ in timed] for p in timed[0][0]}
-    step_ms = [seconds * 1e3 for _, seconds in timed]
+    phases = {p: [t[p] * 1e3 for t in timed] for p in timed[0]}
+    step_ms = [sum(t.values()) * 1e3 for t in timed]
     tokens_per_step = b * n * case.get("micro_batches", 1)
     flops_per_step = flops_per_token(cfg, n, case["mode"]) * tokens_per_step
     rows = [common.summarize(f"{p}_ms", "ms", xs) for p, xs in phases.items()]
