@@ -12,7 +12,8 @@ split -n "r/$shards" -d "$logdir/ids.txt" "$logdir/part"
 rc=0
 for part in "$logdir"/part*; do
     i=${part##*part}
-    python3 -m pytest -q -p no:cacheprovider $(cat "$part") > "$logdir/shard$i.log" 2>&1 &
+    # one id a line: ids hold spaces (parametrize ids), so no word splitting
+    xargs -d '\n' -a "$part" python3 -m pytest -q -p no:cacheprovider > "$logdir/shard$i.log" 2>&1 &
 done
 for job in $(jobs -p); do wait "$job" || rc=1; done
 for log in "$logdir"/shard*.log; do echo "$(basename "$log"): $(tail -1 "$log")"; done
