@@ -43,20 +43,9 @@ SHAPES = {
     "fp32_d128_4096": (1, 1, 4096, 128, True, FP32),
     "fp32_d128_8192": (1, 1, 8192, 128, True, FP32),
     "fp32_d64_2048": (1, 1, 2048, 64, True, FP32),
-    # the grid's short single-head shapes, where the split rule (SPLIT 2-8) applies
-    "grid_fp32_d16_1024": (1, 1, 1024, 16, True, FP32),
-    "grid_fp32_d64_512": (1, 1, 512, 64, True, FP32),
-    "grid_fp32_d64_1024": (1, 1, 1024, 64, True, FP32),
-    "grid_fp32_d128_128": (1, 1, 128, 128, True, FP32),
-    "grid_fp32_d128_256": (1, 1, 256, 128, True, FP32),
-    "grid_fp32_d128_512": (1, 1, 512, 128, True, FP32),
-    "grid_fp32_d128_1024": (1, 1, 1024, 128, True, FP32),
     "grid_fp32_d128_4096": (1, 1, 4096, 128, True, FP32),
-    "grid_bf16_d128_512": (1, 1, 512, 128, True, BF16),
-    "grid_bf16_d128_1024": (1, 1, 1024, 128, True, BF16),
-    "grid_bf16_d128_2048": (1, 1, 2048, 128, True, BF16),
-    # the whole backward ("bwd": one fused launch against two kernels) on the grid's short
-    # single-head shapes and the model group's smallest
+    # the grid's short single-head shapes (where the split rule, SPLIT 2-8, and the fused
+    # backward apply), and the model group's smallest
     **{f"grid_{t}_d{d}_{n}": (1, 1, n, d, True, dt) for t, dt in (("bf16", BF16), ("fp32", FP32))
        for d in (16, 64, 128) for n in (128, 256, 512, 1024, 2048)},
     "model_medium_256": (4, 16, 256, 64, True, BF16),

@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
+from ladder_kernels import add_rung_arguments, setup_rung  # this folder's: the same rung, set up the same way
 from lmperf import hardware
-from lmperf.bench import common, e2e, ladder, timing
+from lmperf.bench import common, e2e, timing
 
 
 class Sampler:
@@ -68,36 +68,22 @@ class Sampler:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", default="2.7B")
-    ap.add_argument("--context", type=int, default=2048)
-    ap.add_argument("--batch", type=int, default=4)
+    add_rung_arguments(ap)
     ap.add_argument("--steps", type=int, default=5, help="steps per mode and turn")
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("ladder_sync_probe: needs CUDA (it measures the GPU's clocks and power)")
-    dims = yaml.safe_load(open("config/config.yaml"))["models"][args.size]
-    case = {**ladder.BASE, "dtype": "bf16", "compile": True, "optimizer": "fused", "attention": "flash-triton",
-            "context": args.context, "batch_size": args.batch, "mode": "train"}
-    cfg, model, optimizer, inputs, targets, autocast = e2e.setup(case, dims)
+    case, cfg, model, optimizer, inputs, targets, autocast = setup_rung(args)
     sync = timing.synchronizer()
     nothing = lambda phase: contextlib.nullcontext()
 
-    def phase_sync() -> list[float]:
-        out = []
-        for _ in range(args.steps):
-            total = 0.0
-
-            @contextlib.contextmanager
-            def timer(phase):
-                nonlocal total
-                with timing.timed(sync) as t:
-                    yield
-                total += t.seconds
-            e2e.step(model, optimizer, inputs, targets, autocast, timer)
-            out.append(total * 1e3)
-        return out
+    def phase_sync() -> list[float]:  # the harness itself: its step_ms row's per-step samples
+        rows = e2e.time_steps({**case, "warmup": 0, "timed_steps": args.steps}, cfg, model, optimizer, inputs,
+                              targets, autocast)
+        step = next(r for r in rows if r["metric"] == "step_ms")
+        return [float(x) for x in step["samples"].split(";")]
 
     def step_sync() -> list[float]:
         out = []

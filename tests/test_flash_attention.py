@@ -267,11 +267,11 @@ def force_split(monkeypatch, split: int) -> None:
 
 
 def force_fused(monkeypatch, fused: bool) -> None:
-    """Every backward runs as one fused launch (fused=True) or as two kernels, the rule
-    table's tiles and splits otherwise."""
+    """Every backward runs as one fused launch (fused=True) or as two kernels, with the tiles
+    and splits of the launch path's config as it stands (force_split's, if called first)."""
     fa = flash_attention_triton
-    bwd_rule = fa.bwd_config
-    monkeypatch.setattr(fa, "_bwd_config", lambda *a: {**bwd_rule(*a), "fused": fused})
+    bwd = fa._bwd_config
+    monkeypatch.setattr(fa, "_bwd_config", lambda *a: {**bwd(*a), "fused": fused})
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -295,8 +295,7 @@ def test_fused_and_two_kernel_backward_match_float64(monkeypatch, fused, causal,
     programs) and as two kernels (dQ writing Delta, then dK/dV reading it), each with and
     without a split, checked against float64."""
     force_split(monkeypatch, split)
-    bwd_split = flash_attention_triton._bwd_config
-    monkeypatch.setattr(flash_attention_triton, "_bwd_config", lambda *a: {**bwd_split(*a), "fused": fused})
+    force_fused(monkeypatch, fused)
     check("triton", shape, dtype, causal)
 
 
