@@ -8,6 +8,8 @@ rule e2e_study:
         model="src/lmperf/model.py",
         kernel=lambda w: (["src/lmperf/kernels/flash_attention_triton.py"]  # the ladder's flash-triton rungs
                           if wf.e2e_uses_our_attention(E2E["studies"][w.study]) else []),
+        optimizer=lambda w: (["src/lmperf/kernels/adamw_master.py"]  # the ladder's bf16-weights rung
+                             if wf.e2e_uses_master_adamw(E2E["studies"][w.study]) else []),
         ladder=lambda w: (["src/lmperf/bench/ladder.py"]  # imported by the ladder study only
                           if "ladder" in E2E["studies"][w.study] else []),
         code=["src/lmperf/bench/e2e.py", "src/lmperf/flops.py", "src/lmperf/ranges.py", *HARNESS],

@@ -27,7 +27,7 @@ def test_each_rung_changes_one_thing_on_a_gpu():
     assert changed({**ladder.BASE, "context": 32, "batch_size": 2}, rungs[0]) == {}
     steps = [changed(a, b) for a, b in zip(rungs, rungs[1:])]
     assert steps == [{"tf32": True}, {"dtype": "bf16"}, {"compile": True}, {"optimizer": "fused"},
-                     {"attention": "sdpa"}, {"attention": "flash-triton"}, {"context": 64},
+                     {"attention": "sdpa"}, {"attention": "flash-triton"}, {"optimizer": "master"}, {"context": 64},
                      {"context": 128}, {}]  # the checkpointing rung: same context, k chosen when run
     assert rungs[-1]["checkpoint_candidates"] == "2,1" and all(not c["checkpoint_candidates"] for c in rungs[:-1])
     assignment = next(c for c in rungs if c["name"] == ladder.ASSIGNMENT_RUNG)
@@ -134,11 +134,11 @@ def test_report_reads_the_bars_off_the_ladder_rows():
                 "forward_floor_ms": 20.0, "backward_floor_ms": 40.0}
     view = report.ladder(ladder_frame(bars["ladder_size"], metrics), bars)
     best = view["ladder_best"][bars["ladder_size"]]
-    assert best["rung"] == 10 and best["attention"] == "flash-triton"  # the last rung: highest MFU here
-    assert best["vs_assignment"] == 10 / 4  # rung 4 is the assignment's setting
+    assert best["rung"] == 11 and best["attention"] == "flash-triton"  # the last rung: highest MFU here
+    assert best["vs_assignment"] == 11 / 4  # rung 4 is the assignment's setting
     table = view["ladder_bars"].set_index("bar")
-    assert list(table["_value"]) == [50.0, 50.0, 2.5, 1.25]
-    assert list(table["met"]) == [True, False, False, True]
+    assert list(table["_value"]) == [55.0, 55.0, 2.75, 1.25]
+    assert list(table["met"]) == [True, True, False, True]
 
 
 def test_accumulation_rung_follows_its_context_and_changes_one_thing():

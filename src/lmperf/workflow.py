@@ -70,6 +70,12 @@ def e2e_uses_our_attention(spec: dict) -> bool:
     return "ladder" in spec or spec.get("attention") == "flash-triton"
 
 
+def e2e_uses_master_adamw(spec: dict) -> bool:
+    """Whether an e2e study can run MasterWeightAdamW (kernels/adamw_master.py, then an input of
+    its jobs): the ladder (its bf16-weights rung), or a grid with optimizer 'master'."""
+    return "ladder" in spec or "master" in spec.get("grid", {}).get("optimizers", [])
+
+
 def e2e_spec(config: dict, e2e: dict, study: str, size: str) -> str:
     """The JSON spec of one e2e job: a rerun trigger for exactly what that job measures."""
     spec = e2e["studies"][study]

@@ -16,7 +16,9 @@ from lmperf.bench import common, timing
 
 DTYPES = ("fp32", "bf16")
 MODES = ("forward", "train")
-OPTIMIZERS = ("foreach", "fused")  # AdamW's implementation: PyTorch's default on CUDA, or one kernel
+# AdamW's implementation: PyTorch's default on CUDA, one kernel, or one kernel on fp32 master
+# weights that writes bf16 nn.Linear weights (kernels/adamw_master.py; bf16 autocast only)
+OPTIMIZERS = ("foreach", "fused", "master")
 
 def study_cases(spec: dict, size: str) -> list[dict]:
     """The study's grid for one model size: the product of its lists, as data."""
@@ -62,11 +64,16 @@ def checkpoint_blocks(model, every: int) -> int:
 
 def make_optimizer(model, impl: str):
     """AdamW (lr 1e-4, PyTorch's other defaults) in the implementation `impl`: 'foreach' (PyTorch's
-    default on CUDA: a few kernels per parameter group, with temporaries) or 'fused' (one kernel)."""
+    default on CUDA: a few kernels per parameter group, with temporaries), 'fused' (one kernel)
+    or 'master' (MasterWeightAdamW: the nn.Linear weights become bf16, with fp32 master weights in
+    the optimizer; the same math as bf16 autocast on fp32 weights, without its casts)."""
     import torch
 
     if impl not in OPTIMIZERS:
         raise ValueError(f"optimizer={impl!r}; choose one of {OPTIMIZERS}")
+    if impl == "master":
+        from lmperf.kernels.adamw_master import MasterWeightAdamW
+        return MasterWeightAdamW(model, lr=1e-4)
     return torch.optim.AdamW(model.parameters(), lr=1e-4, **{impl: True})
 
 
@@ -90,6 +97,8 @@ def setup(case: dict, model_dims: dict):
     from lmperf.model import ModelConfig, TransformerLM
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if case.get("optimizer") == "master" and case["dtype"] != "bf16":
+        raise ValueError(f"optimizer 'master' keeps bf16 weights for bf16 autocast; dtype is {case['dtype']!r}")
     cfg = ModelConfig(**model_dims, context_length=case["context"], attention=case["attention"])
     torch.manual_seed(0)
     with torch.device(device):  # initialise on the device: a 3B model is slow to init on a CPU

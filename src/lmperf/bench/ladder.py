@@ -48,9 +48,13 @@ RUNGS = [
     ("fused_adamw", "AdamW(fused=True)", {"optimizer": "fused"}, False),
     ("sdpa", "attention: SDPA", {"attention": "sdpa"}, False),
     ("flash_triton", "attention: our FlashAttention-2 (Triton, bf16)", {"attention": "flash-triton"}, True),
+    ("bf16_weights", "AdamW on fp32 master weights writing bf16 Linear weights: no autocast casts "
+     "(the same math; kernels/adamw_master.py)", {"optimizer": "master"}, True),
 ]
 ASSIGNMENT_RUNG = "compiled"  # the assignment's setting: batch x context as given, bf16 compiled
-ADAMW_BYTES_PER_PARAM = 28  # fp32 param, grad, exp_avg, exp_avg_sq read; param, exp_avg, exp_avg_sq written
+# fp32 param, grad, exp_avg, exp_avg_sq read; param, exp_avg, exp_avg_sq written (MasterWeightAdamW:
+# a bf16 gradient read and a bf16 weight written besides, for an fp32 gradient: 28 as well)
+ADAMW_BYTES_PER_PARAM = 28
 
 
 def cases(spec: dict, size: str, cuda: bool) -> list[dict]:

@@ -1,0 +1,219 @@
+"""MasterWeightAdamW (kernels/adamw_master.py): its steps against AdamW in float64 and against
+bf16 autocast with fp32 weights and torch's AdamW (the math it claims to keep), gradient
+accumulation in fp32, and its errors. On a CPU the kernel runs in Triton's interpreter."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from lmperf.kernels import adamw_master
+from lmperf.kernels.adamw_master import MasterWeightAdamW
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+B = adamw_master.BLOCK
+# awkward sizes: under one chunk, exactly one, one past, several with a ragged end; a bias
+SHAPES = [(3, 5), (B // 8, 8), (B + 1,), (3, B // 2 + 7), (1, 1)]
+
+
+class Linears(nn.Module):
+    """Linear layers of the given weight shapes (1-d: a bias-only layer's bias), and one fp32
+    parameter that is not a Linear weight (stays with torch's AdamW)."""
+
+    def __init__(self, shapes):
+        super().__init__()
+        self.layers = nn.ModuleList()
+        for shape in shapes:
+            layer = nn.Linear(shape[-1], shape[0] if len(shape) == 2 else 1, bias=len(shape) == 1)
+            if len(shape) == 1:
+                layer.weight = None
+                layer.bias = nn.Parameter(torch.empty(shape))
+            self.layers.append(layer)
+        self.scale = nn.Parameter(torch.ones(4))
+        for p in self.parameters():
+            nn.init.normal_(p)
+
+
+def adamw64(p, grads, lr, betas, eps, wd):
+    """AdamW in float64 from p (a float64 tensor) over a list of gradients: the reference."""
+    m, v = torch.zeros_like(p), torch.zeros_like(p)
+    for t, g in enumerate(grads, start=1):
+        p = p - lr * wd * p
+        m = betas[0] * m + (1 - betas[0]) * g
+        v = betas[1] * v + (1 - betas[1]) * g * g
+        p = p - lr / (1 - betas[0] ** t) * m / (v.sqrt() / math.sqrt(1 - betas[1] ** t) + eps)
+    return p
+
+
+@pytest.mark.parametrize("lr,wd", [(1e-2, 1e-2), (3e-3, 0.0)])
+def test_steps_against_float64(lr, wd):
+    """Three steps on fresh random weights and bf16 gradients: master weights match AdamW in
+    float64 to fp32 rounding, and every bf16 weight is its master rounded to nearest."""
+    torch.manual_seed(0)
+    model = Linears(SHAPES).to(DEVICE)
+    start = {name: p.detach().double().clone() for name, p in model.named_parameters()}
+    opt = MasterWeightAdamW(model, lr=lr, weight_decay=wd)
+    weights = {name: p for name, p in model.named_parameters() if p.dtype == torch.bfloat16}
+    assert len(weights) == len(SHAPES)
+    grads = {name: [] for name in weights}
+    for _ in range(3):
+        for name, w in weights.items():
+            w.grad = torch.randn_like(w, dtype=torch.float32).to(torch.bfloat16)
+            grads[name].append(w.grad.double())
+        model.scale.grad = torch.randn_like(model.scale)
+        opt.step()
+        opt.zero_grad()
+    for i, (name, w) in enumerate(weights.items()):
+        master = opt.master[opt.offsets[i]:opt.offsets[i] + opt.numels[i]].view(w.shape)
+        ref = adamw64(start[name], grads[name], lr, (0.9, 0.999), 1e-8, wd)
+        err = (master.double() - ref).abs().max().item()
+        assert err <= 4e-6 * ref.abs().max().item() + 1e-7, (name, err)
+        assert torch.equal(w, master.to(torch.bfloat16)), name
+        assert (master.double() - start[name]).abs().max() > 0, name  # it moved
+    assert opt.state and opt.steps == 3
+
+
+def _pair(shapes, seed=0):
+    torch.manual_seed(seed)
+    ref = Linears(shapes).to(DEVICE)
+    ours = Linears(shapes).to(DEVICE)
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def _loss(model, x):
+    out = x
+    for layer in model.layers:
+        out = torch.tanh(layer(out))
+    return (out * model.scale[0]).square().mean()
+
+
+@pytest.mark.parametrize("micro_batches", [1, 3])
+def test_same_math_as_autocast_with_fp32_weights(micro_batches):
+    """bf16 autocast with fp32 weights and torch's AdamW against bf16 weights and this optimizer:
+    the same loss each step, and the same fp32 weights after each step (micro-batches summed in
+    fp32 on both sides)."""
+    shapes = [(48, 40), (40, 48), (B + 3, 40)]
+    ref, ours = _pair(shapes)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
+    opt = MasterWeightAdamW(ours, lr=1e-2)
+    x = torch.randn(micro_batches * 4, 40, device=DEVICE)
+    autocast = lambda: torch.autocast(device_type=DEVICE, dtype=torch.bfloat16)
+    for _ in range(3):
+        losses = []
+        for model, optimizer in ((ref, ref_opt), (ours, opt)):
+            total = 0.0
+            for part in x.chunk(micro_batches):
+                with autocast():
+                    loss = _loss(model, part) / micro_batches
+                loss.backward()
+                total += loss.item()
+            losses.append(total)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        assert losses[0] == pytest.approx(losses[1], rel=1e-6, abs=1e-7)
+        for i, w in enumerate(opt.weights):
+            ref_w = dict(ref.named_parameters())[[n for n, p in ours.named_parameters() if p is w][0]]
+            master = opt.master[opt.offsets[i]:opt.offsets[i] + opt.numels[i]].view(w.shape)
+            torch.testing.assert_close(master, ref_w.detach(), rtol=2e-6, atol=2e-7)
+        torch.testing.assert_close(ours.scale, ref.scale, rtol=2e-6, atol=2e-7)
+
+
+def test_bf16_gradients_are_not_summed_in_bf16():
+    """Two micro-batches whose bf16 gradients differ by far more than bf16 can add exactly: the
+    update uses their fp32 sum."""
+    torch.manual_seed(1)
+    model = Linears([(B + 5,)]).to(DEVICE)  # one bias of B + 5 elements
+    bias = model.layers[0].bias
+    opt = MasterWeightAdamW(model, lr=1e-3, weight_decay=0.0)
+    g1 = torch.full_like(bias, 256.0, dtype=torch.bfloat16)
+    g2 = torch.full_like(bias, 1.0, dtype=torch.bfloat16)  # 256 + 1 is not a bf16 number
+    for g in (g1, g2):  # what backward does: each gradient through the weight's hooks
+        bias.backward(g)
+    assert torch.equal(opt.acc[:bias.numel()], torch.full_like(opt.acc[:bias.numel()], 256.0))
+    m = opt.master.clone()
+    opt.step()
+    # first step: m = 0.1 g, v = 0.001 g^2, step = lr * m/(1-0.9) / (sqrt(v/(1-0.999)) + eps) = lr * sign(g)
+    torch.testing.assert_close(opt.master, m - 1e-3, rtol=0, atol=1e-6)
+    assert opt.acc is not None and not opt._accumulated
+    opt.zero_grad()
+    assert opt.acc is None and bias.grad is None
+
+
+def test_errors_name_what_is_wrong():
+    model = Linears([(4, 4)]).to(DEVICE)
+    with pytest.raises(ValueError, match="betas"):
+        MasterWeightAdamW(model, betas=(0.9, 1.0))
+    with pytest.raises(ValueError, match="no nn.Linear"):
+        MasterWeightAdamW(nn.Sequential(nn.Embedding(3, 4)))
+    opt = MasterWeightAdamW(model)
+    with pytest.raises(ValueError, match="must be fp32"):
+        MasterWeightAdamW(model)  # its weights are bf16 now
+    with pytest.raises(RuntimeError, match="no gradient"):
+        opt.step()
+    with pytest.raises(ValueError, match="set_to_none"):
+        opt.zero_grad(set_to_none=False)
+
+
+def test_bf16_rounding_is_pytorchs():
+    """The kernel's fp32 -> bf16 rounding (integer arithmetic: the interpreter's cast truncates)
+    against PyTorch's cast on random values, exact ties both ways, carries into the exponent,
+    infinities and NaN."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def cast(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, adamw_master._to_bf16_rtne(tl.load(x_ptr + offs, mask=offs < n)), mask=offs < n)
+
+    torch.manual_seed(0)
+    upper = torch.randint(0, 2**15, (512,), dtype=torch.int32) << 16
+    ties = upper | 0x8000  # exactly halfway: even upper halves stay, odd ones round up
+    specials = torch.tensor([0x3F80_8000, 0x3F81_8000, 0x3FFF_FFFF, 0x7F7F_FFFF, 0x7F80_0000, 0xFF80_0000 - 2**32,
+                             0x7FC0_0000, 0x0000_8000], dtype=torch.int32)
+    x = torch.cat([torch.randn(1000) * 100, ties.view(torch.float32), (ties | 0x1).view(torch.float32),
+                   specials.view(torch.float32)]).to(DEVICE)
+    y = torch.empty_like(x, dtype=torch.bfloat16)
+    cast[(triton.cdiv(x.numel(), 256),)](x, y, x.numel(), BLOCK=256)
+    ref = x.to(torch.bfloat16)
+    same = (y.view(torch.int16) == ref.view(torch.int16)) | (y.isnan() & ref.isnan())
+    assert bool(same.all()), x[~same][:5]
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_e2e_training_steps_match_autocast_on_fp32_weights(micro_batches):
+    """The e2e harness's training step (bench/e2e.py) on the Transformer LM, optimizer 'master'
+    against 'fused' (fp32 weights under bf16 autocast): the same weights after a step, to a few
+    fp32 ulps (AdamW's scalars round differently in each kernel; a later step's bf16 copies can
+    then round apart, so one step is compared), and every weight moved by about lr."""
+    from lmperf.bench import e2e
+
+    dims = {"d_model": 64, "d_ff": 128, "n_layers": 2, "n_heads": 4, "vocab_size": 97}
+    case = {"context": 16, "attention": "plain", "mode": "train", "dtype": "bf16", "compile": False,
+            "batch_size": 2, "micro_batches": micro_batches}
+    nothing = lambda phase: __import__("contextlib").nullcontext()
+    trained = {}
+    for impl in ("fused", "master"):
+        cfg, model, opt, x, y, autocast = e2e.setup({**case, "optimizer": impl}, dims)
+        start = [p.detach().float().clone() for p in model.parameters()]
+        e2e.step(model, opt, x, y, autocast, nothing, micro_batches)
+        trained[impl] = (model, opt)
+    (ref, _), (ours, opt) = trained["fused"], trained["master"]
+    masters = {id(w): opt.master[o:o + n].view(w.shape) for w, o, n in zip(opt.weights, opt.offsets, opt.numels)}
+    assert len(masters) == 4 * dims["n_layers"] * 2 - dims["n_layers"] + 1  # q k v o w1 w2 w3 a block, lm_head
+    for (name, r), p, p0 in zip(ref.named_parameters(), ours.parameters(), start):
+        value = masters.get(id(p), p)
+        assert value.dtype == torch.float32, name
+        torch.testing.assert_close(value, r.detach(), rtol=0, atol=3e-8, msg=name)  # 1 ulp at 0.06: 3.7e-9
+        assert (value - p0).abs().max() > 0.5e-4, name  # lr 1e-4: a first step moves each by about lr
+        assert p.dtype == (torch.bfloat16 if id(p) in masters else torch.float32), name
+
+
+def test_e2e_refuses_master_weights_without_bf16():
+    from lmperf.bench import e2e
+
+    case = {"context": 16, "attention": "plain", "mode": "train", "dtype": "fp32", "compile": False,
+            "batch_size": 2, "optimizer": "master"}
+    with pytest.raises(ValueError, match="dtype is 'fp32'"):
+        e2e.setup(case, {"d_model": 64, "d_ff": 128, "n_layers": 1, "n_heads": 4, "vocab_size": 97})
