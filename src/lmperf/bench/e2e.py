@@ -128,6 +128,8 @@ def step(model, optimizer, inputs, targets, autocast, around, micro_batches: int
         with around("forward"), annotate("phase.forward"), torch.no_grad(), autocast:
             model(inputs)
         return
+    if hasattr(optimizer, "accumulate"):  # MasterWeightAdamW: micro-batches' gradients into fp32 sums as they come
+        optimizer.accumulate = micro_batches > 1
     for x, y in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)):
         with around("forward"), annotate("phase.forward"):
             with autocast:
