@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 
 import torch
 import triton
@@ -192,9 +193,12 @@ class MasterWeightAdamW:
         self.accumulate = False  # True: every gradient goes into the fp32 sums as it comes
         self.acc = None  # fp32 sums of micro-batches' gradients
         self._accumulated: set[int] = set()
+        # the hooks hold the optimizer weakly: a hook kept by a weight must not keep the optimizer
+        # (and through it every weight and its state) alive once the model and optimizer are dropped
+        me = weakref.ref(self)
         for i, w in enumerate(self.weights):
-            w.register_hook(lambda grad, i=i: self._before_accumulate(i))
-            w.register_post_accumulate_grad_hook(lambda w, i=i: self._after_accumulate(i))
+            w.register_hook(lambda grad, i=i: me() and me()._before_accumulate(i))
+            w.register_post_accumulate_grad_hook(lambda w, i=i: me() and me()._after_accumulate(i))
 
     @property
     def state(self) -> dict:
