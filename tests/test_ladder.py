@@ -337,3 +337,16 @@ def test_trial_peak_is_measured_with_the_optimizers_state_in_memory(monkeypatch)
     assert events == [("step", 0), ("reset", n), ("step", n)]
     events.clear()
     assert ladder.one_step_peak_mib(*args) == 1.0 and events == [("reset", n), ("step", n)]
+
+
+def test_optimizer_floor_counts_what_each_optimizer_moves():
+    """28 bytes a parameter; MasterWeightAdamW 26 for each nn.Linear weight (bf16 weight, int16
+    remainder, bf16 gradient, two fp32 moments: all read, all but the gradient written)."""
+    from lmperf.model import count_parameters
+
+    cfg = ModelConfig(**DIMS, context_length=32)
+    total = count_parameters(cfg)
+    d, f, layers = DIMS["d_model"], DIMS["d_ff"], DIMS["n_layers"]
+    linear = layers * (4 * d * d + 3 * d * f) + d * cfg.vocab_size  # q k v o, w1 w2 w3, lm_head
+    assert ladder.optimizer_bytes(cfg, "fused") == ladder.optimizer_bytes(cfg, "foreach") == 28 * total
+    assert ladder.optimizer_bytes(cfg, "master") == 26 * linear + 28 * (total - linear)

@@ -52,9 +52,11 @@ RUNGS = [
      "(the same math; kernels/adamw_master.py)", {"optimizer": "master"}, True),
 ]
 ASSIGNMENT_RUNG = "compiled"  # the assignment's setting: batch x context as given, bf16 compiled
-# fp32 param, grad, exp_avg, exp_avg_sq read; param, exp_avg, exp_avg_sq written (MasterWeightAdamW:
-# a bf16 gradient read and a bf16 weight written besides, for an fp32 gradient: 28 as well)
+# AdamW's bytes a parameter: fp32 param, grad, exp_avg, exp_avg_sq read, param, exp_avg, exp_avg_sq
+# written; MasterWeightAdamW's nn.Linear weights: bf16 weight + int16 remainder (the fp32 master),
+# bf16 gradient and both moments read, all but the gradient written
 ADAMW_BYTES_PER_PARAM = 28
+MASTER_BYTES_PER_LINEAR_WEIGHT = 26
 
 
 def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
@@ -138,20 +140,34 @@ def floors_rows(spec: dict) -> list[dict]:
 
 
 def phase_floors(cfg, case: dict, spec: dict) -> list[dict]:
-    """Each phase's floor at this job's measured rates: the optimizer moves every parameter's
-    28 bytes once; forward and backward (2x forward) run their closed-form FLOPs at the bf16
+    """Each phase's floor at this job's measured rates: the optimizer moves its bytes once
+    (optimizer_bytes); forward and backward (2x forward) run their closed-form FLOPs at the bf16
     matmul rate (recomputation by checkpointing not included: it is not the model's work)."""
     from lmperf.flops import flops_per_token
-    from lmperf.model import count_parameters
 
     rates = device_rates(spec["floors"]["gemm_size"], spec["floors"]["copy_mib"])
     tokens = case["batch_size"] * case["context"] * case.get("micro_batches", 1)
     forward = flops_per_token(cfg, case["context"], "forward") * tokens
     floor = lambda work, rate: [1e3 * work / rate]
     return [common.summarize("optimizer_floor_ms", "ms",
-                             floor(count_parameters(cfg) * ADAMW_BYTES_PER_PARAM, rates["copy_bytes_per_s"])),
+                             floor(optimizer_bytes(cfg, case["optimizer"]), rates["copy_bytes_per_s"])),
             common.summarize("forward_floor_ms", "ms", floor(forward, rates["matmul_flops_per_s"])),
             common.summarize("backward_floor_ms", "ms", floor(2 * forward, rates["matmul_flops_per_s"]))]
+
+
+def optimizer_bytes(cfg, optimizer: str) -> int:
+    """Bytes one AdamW step must read and write: 28 a parameter; with 'master'
+    (MasterWeightAdamW) 26 for each nn.Linear weight and 28 for the rest."""
+    import torch
+    from lmperf.kernels.adamw_master import linear_weights
+    from lmperf.model import TransformerLM, count_parameters
+
+    total = count_parameters(cfg)
+    if optimizer != "master":
+        return total * ADAMW_BYTES_PER_PARAM
+    with torch.device("meta"):
+        linear = sum(w.numel() for w in linear_weights(TransformerLM(cfg)))
+    return linear * MASTER_BYTES_PER_LINEAR_WEIGHT + (total - linear) * ADAMW_BYTES_PER_PARAM
 
 
 def route_attention_through_op(model) -> None:

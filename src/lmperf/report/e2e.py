@@ -199,7 +199,9 @@ def ladder(df: pd.DataFrame, limits: dict) -> dict:
             if math.isfinite(floor):
                 floors.append({"size": size, "phase": phase, "measured ms": measured, "floor ms": floor,
                                "measured / floor": measured / floor,
-                               "floor from": "params x 28 B / copy bandwidth" if phase == "optimizer"
+                               "floor from": ("Linear weights x 26 B + other params x 28 B / copy bandwidth"
+                                              if first["optimizer"] == "master" else
+                                              "params x 28 B / copy bandwidth") if phase == "optimizer"
                                else "closed-form FLOPs / bf16 matmul rate"})
     for case_id, g in ok[ok["metric"].isin(["counted_flops", "closed_form_flops"])].groupby("case_id", sort=False):
         first = g.iloc[0]
