@@ -11,10 +11,10 @@ the run's provenance.
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
 from pathlib import Path
 
+import pandas as pd
 import torch
 import yaml
 from triton.testing import do_bench
@@ -54,12 +54,8 @@ def main() -> None:
         del model, opt
         gc.collect()
         torch.cuda.empty_cache()
-    args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"adamw_master_bench_{args.size}.csv"
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    common.write_csv_atomic(pd.DataFrame(rows), path)
     print(f"wrote {path}")
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 from pathlib import Path
 
+import pandas as pd
 import torch
 import yaml
 
@@ -64,12 +64,8 @@ def main() -> None:
         rows.append({"kernel": name[:200], "category": cat, "ms_per_step": us / 1e3 / args.steps,
                      "calls_per_step": calls / args.steps, **prov})
     rows.sort(key=lambda r: -r["ms_per_step"])
-    args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"ladder_kernels_{args.size}_{args.context}.csv"
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    common.write_csv_atomic(pd.DataFrame(rows), path)
     total = sum(r["ms_per_step"] for r in rows)
     by = {}
     for r in rows:

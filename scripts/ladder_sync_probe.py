@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import statistics
 import threading
 import time
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from ladder_kernels import add_rung_arguments, setup_rung  # this folder's: the same rung, set up the same way
@@ -149,13 +149,8 @@ def main() -> None:
                   f" (min {row.get('sm_mhz_min', 0)})  {row.get('power_w_mean', 0):5.0f} W"
                   f" (max {row.get('power_w_max', 0):.0f})  reasons {row.get('clock_event_reasons', '')}", flush=True)
     sampler.stop.set()
-    args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"ladder_sync_probe_{args.size}_{args.context}.csv"
-    fields = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
+    common.write_csv_atomic(pd.DataFrame(rows), path)
     print(f"wrote {path}")
 
 
