@@ -20,7 +20,7 @@ import yaml
 from triton.testing import do_bench
 
 from lmperf import hardware
-from lmperf.bench import common
+from lmperf.bench import common, ladder
 from lmperf.kernels.adamw_master import MasterWeightAdamW, linear_weights
 from lmperf.model import ModelConfig, TransformerLM
 
@@ -37,8 +37,9 @@ def main() -> None:
     rows = []
     for impl in ("fused", "master"):
         torch.manual_seed(0)
+        cfg = ModelConfig(**dims, context_length=256)
         with torch.device("cuda"):
-            model = TransformerLM(ModelConfig(**dims, context_length=256))
+            model = TransformerLM(cfg)
         n_linear = sum(w.numel() for w in linear_weights(model))
         n_other = sum(p.numel() for p in model.parameters()) - n_linear
         opt = (torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True) if impl == "fused"
@@ -47,7 +48,7 @@ def main() -> None:
             p.grad = torch.randn_like(p) * 1e-3
         opt.step()  # allocates the state
         ms = do_bench(opt.step, warmup=50, rep=500, return_mode="median")
-        moved = 28 * (n_linear + n_other) if impl == "fused" else 26 * n_linear + 28 * n_other
+        moved = ladder.optimizer_bytes(cfg, impl)  # what the ladder's optimizer floor counts
         rows.append({"size": args.size, "optimizer": impl, "median_ms": ms, "bytes": moved,
                      "gb_per_s": moved / ms / 1e6, "linear_params": n_linear, "other_params": n_other, **prov})
         print(f"{impl:7s} {ms:8.2f} ms  {moved / 1e9:6.1f} GB  {moved / ms / 1e6:7.0f} GB/s", flush=True)

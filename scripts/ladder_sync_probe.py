@@ -35,49 +35,27 @@ from lmperf.bench import common, e2e, timing
 
 
 class Sampler:
-    """GPU samples (time, SM MHz, watts, clock-event reasons bitmask) every `period` s: NVML
-    through pynvml where it is installed, else `nvidia-smi --query-gpu` (reasons then as its hex)."""
+    """NVML samples (time, SM MHz, watts, clock-event reasons bitmask) every `period` s."""
 
     def __init__(self, period: float = 0.02):
         try:
             import pynvml
-            pynvml.nvmlInit()
-            self.nvml = pynvml
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-            reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
-            self.reasons = reasons or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
         except ImportError:
-            self.nvml = None
-            period = max(period, 0.05)
-            print("ladder_sync_probe: no pynvml, sampling through nvidia-smi", flush=True)
+            raise SystemExit("ladder_sync_probe: needs pynvml (nvidia-ml-py) to sample clocks and power")
+        pynvml.nvmlInit()
+        self.nvml = pynvml
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        self.reasons = reasons or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
         self.period, self.samples, self.stop = period, [], threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self) -> None:
-        if self.nvml is None:
-            return self.run_smi()
         nv, h = self.nvml, self.handle
         while not self.stop.is_set():
             self.samples.append((time.time(), nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
                                  nv.nvmlDeviceGetPowerUsage(h) / 1e3, self.reasons(h)))
             time.sleep(self.period)
-
-    def run_smi(self) -> None:
-        import os
-        import subprocess
-        index = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
-        cmd = ["nvidia-smi", "-i", index, "--query-gpu=clocks.sm,power.draw,clocks_event_reasons.active",
-               "--format=csv,noheader,nounits", f"-lms={int(self.period * 1e3)}"]
-        with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:
-            for line in proc.stdout:
-                if self.stop.is_set():
-                    proc.terminate()
-                    break
-                try:
-                    mhz, watts, reasons = (x.strip() for x in line.split(","))
-                    self.samples.append((time.time(), int(mhz), float(watts), int(reasons, 16)))
-                except ValueError:
-                    continue
 
     def between(self, t0: float, t1: float) -> dict:
         xs = [s for s in self.samples if t0 <= s[0] <= t1]
