@@ -20,4 +20,6 @@ LOGS = f"logs/{HW}"
 PROVENANCE = {"hw": HW, "torch": VERSIONS["torch"], "triton": VERSIONS["triton"]}
 # Package modules every benchmark imports.
 HARNESS = ["src/lmperf/bench/common.py", "src/lmperf/bench/timing.py", "src/lmperf/hardware.py"]
+# The training step every model benchmark runs (lmperf.train), with the model and the named ranges.
+TRAIN_STEP = ["src/lmperf/model.py", "src/lmperf/ranges.py", "src/lmperf/train.py"]
 

@@ -9,8 +9,11 @@ wf.check_distributed_config(config)
 
 rule distributed_study:
     input:
-        model="src/lmperf/model.py",
-        code=["src/lmperf/bench/distributed.py", "src/lmperf/ranges.py", *HARNESS],
+        model=TRAIN_STEP,
+        # MasterWeightAdamW: the one-process baseline can run it (spec `optimizer: master`)
+        optimizer=lambda w: (["src/lmperf/kernels/adamw_master.py"]
+                             if DIST[w.study].get("optimizer") == "master" else []),
+        code=[*sorted(str(p) for p in Path("src/lmperf/bench/distributed").glob("*.py")), *HARNESS],
     output:
         f"results/{DIST_HW}/distributed/{{study}}_n{{procs}}.csv",
     log:

@@ -1,18 +1,16 @@
-# End-to-end Transformer timings: one job per (study, model size); the ladder study is one of them.
+# End-to-end Transformer timings: one job per (study, model size).
 E2E = config["e2e"][SCALE]
 E2E_JOBS = wf.e2e_jobs(E2E)  # (study, size) pairs: one job and one CSV each
 
 
 rule e2e_study:
     input:
-        model="src/lmperf/model.py",
-        kernel=lambda w: (["src/lmperf/kernels/flash_attention_triton.py"]  # the ladder's flash-triton rungs
+        model=TRAIN_STEP,
+        kernel=lambda w: (["src/lmperf/kernels/flash_attention_triton.py"]  # a study with our attention
                           if wf.e2e_uses_our_attention(E2E["studies"][w.study]) else []),
-        optimizer=lambda w: (["src/lmperf/kernels/adamw_master.py"]  # the ladder's bf16-weights rung
+        optimizer=lambda w: (["src/lmperf/kernels/adamw_master.py"]  # a grid with optimizer 'master'
                              if wf.e2e_uses_master_adamw(E2E["studies"][w.study]) else []),
-        ladder=lambda w: (["src/lmperf/bench/ladder.py"]  # imported by the ladder study only
-                          if "ladder" in E2E["studies"][w.study] else []),
-        code=["src/lmperf/bench/e2e.py", "src/lmperf/flops.py", "src/lmperf/ranges.py", *HARNESS],
+        code=["src/lmperf/bench/e2e.py", "src/lmperf/flops.py", *HARNESS],
     output:
         csv=f"{RESULTS}/e2e/{{study}}/{{size}}.csv",
     log:

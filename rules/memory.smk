@@ -4,8 +4,8 @@ MEMORY = config["memory"][SCALE]
 
 rule memory:
     input:
-        model=["src/lmperf/model.py", "src/lmperf/ranges.py"],
-        code=["src/lmperf/bench/memory.py", "src/lmperf/bench/e2e.py", *HARNESS],
+        model=TRAIN_STEP,
+        code=["src/lmperf/bench/memory.py", *HARNESS],
     output:
         csv=f"{RESULTS}/memory/memory.csv",
         html=directory(f"{RESULTS}/memory/html"),  # one snapshot page per case (not in git)

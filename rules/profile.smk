@@ -4,9 +4,8 @@ PROFILE = config["profile"][SCALE]
 
 rule profile:
     input:
-        model="src/lmperf/model.py",
-        code=["src/lmperf/bench/profile.py", "src/lmperf/bench/e2e.py", "src/lmperf/ranges.py",
-              *HARNESS],
+        model=TRAIN_STEP,
+        code=["src/lmperf/bench/profile.py", *HARNESS],
     output:
         csv=f"{RESULTS}/profile/profile.csv",
     log:

@@ -17,7 +17,8 @@ import torch
 import yaml
 
 from lmperf import hardware
-from lmperf.bench import common, e2e, ladder, profile
+from lmperf import train
+from lmperf.bench import common, ladder, profile
 
 
 def add_rung_arguments(ap: argparse.ArgumentParser) -> None:
@@ -34,10 +35,10 @@ def rung_case(args) -> dict:
 
 
 def setup_rung(args):
-    """(case, cfg, model, optimizer, inputs, targets, autocast) of the rung, set up by bench/e2e."""
+    """(case, cfg, model, optimizer, inputs, targets, autocast) of the rung, set up by lmperf.train."""
     dims = yaml.safe_load(open("config/config.yaml"))["models"][args.size]
     case = rung_case(args)
-    return (case, *e2e.setup(case, dims))
+    return (case, *train.setup(case, dims))
 
 
 def main() -> None:
@@ -49,12 +50,12 @@ def main() -> None:
     _, cfg, model, optimizer, inputs, targets, autocast = setup_rung(args)
     nothing = lambda phase: contextlib.nullcontext()
     for _ in range(3):
-        e2e.step(model, optimizer, inputs, targets, autocast, nothing)
+        train.step(model, optimizer, inputs, targets, autocast, nothing)
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity, profile as torch_profile
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(args.steps):
-            e2e.step(model, optimizer, inputs, targets, autocast, nothing)
+            train.step(model, optimizer, inputs, targets, autocast, nothing)
         torch.cuda.synchronize()
     kernels = profile.kernel_times(prof, cuda=True)
     prov = common.provenance(hardware.hw_slug(hardware.gpu_name()))

@@ -31,6 +31,7 @@ import torch
 
 from ladder_kernels import add_rung_arguments, setup_rung  # this folder's: the same rung, set up the same way
 from lmperf import hardware
+from lmperf import train
 from lmperf.bench import common, e2e, timing
 
 
@@ -93,7 +94,7 @@ def main() -> None:
         for _ in range(args.steps):
             sync()
             t0 = time.perf_counter()
-            e2e.step(model, optimizer, inputs, targets, autocast, nothing)
+            train.step(model, optimizer, inputs, targets, autocast, nothing)
             sync()
             out.append((time.perf_counter() - t0) * 1e3)
         return out
@@ -102,13 +103,13 @@ def main() -> None:
         sync()
         t0 = time.perf_counter()
         for _ in range(args.steps):
-            e2e.step(model, optimizer, inputs, targets, autocast, nothing)
+            train.step(model, optimizer, inputs, targets, autocast, nothing)
         sync()
         return [(time.perf_counter() - t0) * 1e3 / args.steps]
 
     modes = {"phase_sync": phase_sync, "step_sync": step_sync, "free": free}
     for _ in range(3):  # warm-up: compile, allocator, clocks
-        e2e.step(model, optimizer, inputs, targets, autocast, nothing)
+        train.step(model, optimizer, inputs, targets, autocast, nothing)
     sync()
     sampler = Sampler()
     sampler.thread.start()

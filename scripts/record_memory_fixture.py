@@ -11,7 +11,8 @@ import sys
 
 import torch
 
-from lmperf.bench import e2e, memory
+from lmperf import train
+from lmperf.bench import memory
 
 CASE = {"size": "tiny", "context": 16, "mode": "forward", "dtype": "fp32", "compile": False,
         "attention": "plain", "batch_size": 2}
@@ -19,9 +20,9 @@ DIMS = {"d_model": 32, "d_ff": 64, "n_layers": 2, "n_heads": 2}
 
 
 def main(out: str) -> None:
-    cfg, model, optimizer, inputs, targets, autocast = e2e.setup(CASE, DIMS)
+    cfg, model, optimizer, inputs, targets, autocast = train.setup(CASE, DIMS)
     nothing = lambda phase: contextlib.nullcontext()
-    run = lambda: e2e.step(model, optimizer, inputs, targets, autocast, nothing)
+    run = lambda: train.step(model, optimizer, inputs, targets, autocast, nothing)
     run()
     snapshot = memory.record_snapshot(run, torch.cuda.is_available())
     keep = {"device_traces": [memory.device_trace(snapshot)]}  # segments are not needed

@@ -218,22 +218,21 @@ def test_split_and_join_are_exact():
 
 
 @pytest.mark.parametrize("micro_batches", [1, 2])
-def test_e2e_training_steps_match_autocast_on_fp32_weights(micro_batches):
-    """The e2e harness's training step (bench/e2e.py) on the Transformer LM, optimizer 'master'
-    against 'fused' (fp32 weights under bf16 autocast): the same weights after a step, to a few
-    fp32 ulps (AdamW's scalars round differently in each kernel; a later step's bf16 copies can
-    then round apart, so one step is compared), and every weight moved by about lr."""
-    from lmperf.bench import e2e
+def test_training_steps_match_autocast_on_fp32_weights(micro_batches):
+    """The training step every section runs (lmperf.train.step) on the Transformer LM, optimizer
+    'master' against 'fused' (fp32 weights under bf16 autocast): the same weights after a step, to
+    a few fp32 ulps (AdamW's scalars round differently in each kernel; a later step's bf16 copies
+    can then round apart, so one step is compared), and every weight moved by about lr."""
+    from lmperf import train
 
     dims = {"d_model": 64, "d_ff": 128, "n_layers": 2, "n_heads": 4, "vocab_size": 97}
     case = {"context": 16, "attention": "plain", "mode": "train", "dtype": "bf16", "compile": False,
             "batch_size": 2, "micro_batches": micro_batches}
-    nothing = lambda phase: __import__("contextlib").nullcontext()
     trained = {}
     for impl in ("fused", "master"):
-        cfg, model, opt, x, y, autocast = e2e.setup({**case, "optimizer": impl}, dims)
+        cfg, model, opt, x, y, autocast = train.setup({**case, "optimizer": impl}, dims)
         start = [p.detach().float().clone() for p in model.parameters()]
-        e2e.step(model, opt, x, y, autocast, nothing, micro_batches)
+        train.step(model, opt, x, y, autocast, train.nothing, micro_batches)
         trained[impl] = (model, opt)
     (ref, _), (ours, opt) = trained["fused"], trained["master"]
     masters = {id(w): m for w, m in zip(opt.weights, opt.master_weights())}
@@ -246,10 +245,10 @@ def test_e2e_training_steps_match_autocast_on_fp32_weights(micro_batches):
         assert p.dtype == (torch.bfloat16 if id(p) in masters else torch.float32), name
 
 
-def test_e2e_refuses_master_weights_without_bf16():
-    from lmperf.bench import e2e
+def test_setup_refuses_master_weights_without_bf16():
+    from lmperf import train
 
     case = {"context": 16, "attention": "plain", "mode": "train", "dtype": "fp32", "compile": False,
             "batch_size": 2, "optimizer": "master"}
     with pytest.raises(ValueError, match="dtype is 'fp32'"):
-        e2e.setup(case, {"d_model": 64, "d_ff": 128, "n_layers": 1, "n_heads": 4, "vocab_size": 97})
+        train.setup(case, {"d_model": 64, "d_ff": 128, "n_layers": 1, "n_heads": 4, "vocab_size": 97})

@@ -1,6 +1,7 @@
 """Scaling across GPUs, checked on a CPU: every data-parallel variant trains to the same weights
-as one process on the same global batch (Gloo, 2 processes); the CLI under torchrun writes one
-CSV from rank 0, with a `skipped` "needs N GPUs" row for NCCL; the interval and parsing helpers."""
+as one process on the same global batch (Gloo, 2 processes), through the training step every
+section runs (lmperf.train.step), with and without micro-batches; the CLI under torchrun writes
+one CSV from rank 0, with a `skipped` "needs N GPUs" row for NCCL; the interval and parsing helpers."""
 import json
 import re
 import os
@@ -14,16 +15,19 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lmperf.bench import distributed as D
+from lmperf import hardware
+from lmperf.bench.distributed import allreduce, ddp
 from lmperf.model import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
 CFG = ModelConfig(d_model=32, d_ff=64, n_layers=2, n_heads=2, vocab_size=256, context_length=16)
 WORLD, STEPS, GLOBAL_BATCH = 2, 3, 4
-# (variant, bucket_cap_mb): DDP with one bucket and with many (the tiny model's gradients are
-# about 0.1 MB, so 0.01 MB buckets split them into several all-reduces that overlap backward).
-CASES = [("per_param", None), ("flat", None), ("ddp", 25), ("ddp", 0.01), ("fsdp2", None),
-         ("zero", 25)]
+# (variant, bucket_cap_mb, micro-batches a step): DDP with one bucket and with many (the tiny
+# model's gradients are about 0.1 MB, so 0.01 MB buckets split them into several all-reduces that
+# overlap backward); with 2 micro-batches each engine must reduce the sum once, after the last.
+CASES = [("per_param", None, 1), ("flat", None, 1), ("ddp", 25, 1), ("ddp", 0.01, 1), ("fsdp2", None, 1),
+         ("zero", 25, 1), ("per_param", None, 2), ("ddp", 0.01, 2), ("fsdp2", None, 2), ("zero", 25, 2)]
+CASE_IDS = [f"{v}-{b}-x{k}" for v, b, k in CASES]
 # SGD with momentum, not AdamW: Adam divides by sqrt(v), so a weight whose gradient is pure
 # rounding noise (about 1e-9) would move by up to lr in either direction and no tolerance could
 # tell a wrong reduction from reordered sums. SGD passes a gradient error through linearly.
@@ -41,10 +45,11 @@ def _train_every_variant(rank: int, world: int, store: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
-        for variant, bucket in CASES:
-            state = D.train_steps(variant, CFG, rank, world, batches(), *OPTIMIZER, bucket_cap_mb=bucket)
+        for (variant, bucket, k), case_id in zip(CASES, CASE_IDS):
+            state = ddp.train_steps(variant, CFG, rank, world, batches(), OPTIMIZER, bucket_cap_mb=bucket,
+                                    micro_batches=k)
             if rank == 0:
-                torch.save(state, Path(out) / f"{variant}-{bucket}.pt")
+                torch.save(state, Path(out) / f"{case_id}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -57,16 +62,18 @@ def trained(tmp_path_factory) -> Path:
 
 
 def test_single_process_reference_is_deterministic():
-    a = D.train_steps("single", CFG, 0, 1, batches(), *OPTIMIZER)
-    b = D.train_steps("single", CFG, 0, 1, batches(), *OPTIMIZER)
+    a = ddp.train_steps("single", CFG, 0, 1, batches(), OPTIMIZER)
+    b = ddp.train_steps("single", CFG, 0, 1, batches(), OPTIMIZER)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("variant, bucket", CASES, ids=[f"{v}-{b}" for v, b in CASES])
-def test_two_processes_match_one_process_on_the_same_global_batch(trained, variant, bucket):
-    reference = D.train_steps("single", CFG, 0, 1, batches(), *OPTIMIZER)
-    start = D.train_steps("single", CFG, 0, 1, [], *OPTIMIZER)
-    got = torch.load(trained / f"{variant}-{bucket}.pt")
+@pytest.mark.parametrize("case_id", CASE_IDS)
+def test_two_processes_match_one_process_on_the_same_global_batch(trained, case_id):
+    """Against one process, one batch a step: the reference every variant and micro-batching
+    must reproduce."""
+    reference = ddp.train_steps("single", CFG, 0, 1, batches(), OPTIMIZER)
+    start = ddp.train_steps("single", CFG, 0, 1, [], OPTIMIZER)
+    got = torch.load(trained / f"{case_id}.pt")
     assert got.keys() == reference.keys()
     for name, want in reference.items():
         # fp32; the only difference is the order of summation (two half-batch means averaged
@@ -81,27 +88,27 @@ def test_two_processes_match_one_process_on_the_same_global_batch(trained, varia
 
 def test_a_wrong_reduction_is_caught_by_the_same_tolerance():
     """Summing instead of averaging (world 2 -> gradients doubled) must fail the comparison."""
-    reference = D.train_steps("single", CFG, 0, 1, batches(), *OPTIMIZER)
-    doubled = D.train_steps("single", CFG, 0, 1, batches(), OPTIMIZER[0], {**OPTIMIZER[1], "lr": 1.0})
+    reference = ddp.train_steps("single", CFG, 0, 1, batches(), OPTIMIZER)
+    doubled = ddp.train_steps("single", CFG, 0, 1, batches(), (OPTIMIZER[0], {**OPTIMIZER[1], "lr": 1.0}))
     with pytest.raises(AssertionError):
         for name in reference:
             torch.testing.assert_close(doubled[name], reference[name], rtol=1e-5, atol=1e-6)
 
 
 def test_bus_bandwidth_follows_nccl_tests():
-    assert D.bus_bandwidth(100.0, 2) == 100.0
-    assert D.bus_bandwidth(100.0, 4) == 150.0
-    assert D.bus_bandwidth(100.0, 8) == 175.0
+    assert allreduce.bus_bandwidth(100.0, 2) == 100.0
+    assert allreduce.bus_bandwidth(100.0, 4) == 150.0
+    assert allreduce.bus_bandwidth(100.0, 8) == 175.0
 
 
 def test_exposed_communication_is_what_no_compute_kernel_overlaps():
     kernels = [("gemm", 0, 10), ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 5, 15),
                ("elementwise", 12, 13), ("ncclKernel_AllReduce", 20, 22), ("gemm", 21, 30)]
-    got = D.comm_exposure(kernels)
+    got = ddp.comm_exposure(kernels)
     assert got["comm_us"] == 12  # [5, 15) and [20, 22)
     assert got["compute_us"] == 10 + 1 + 9
     assert got["exposed_comm_us"] == 12 - 5 - 1 - 1  # hidden by [5,10), [12,13) and [21,22)
-    assert D.union([(3, 4), (0, 2), (1, 3)]) == [(0, 4)]
+    assert ddp.union([(3, 4), (0, 2), (1, 3)]) == [(0, 4)]
 
 
 TOPO = """\x1b[4mGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m
@@ -117,26 +124,28 @@ NVLINK = "GPU 0: NVIDIA H200 (UUID: GPU-x)\n\t Link 0: 26.562 GB/s\n\t Link 1: 2
 
 
 def test_link_from_nvidia_smi_text():
-    assert D.topo_link(TOPO) == "NV18"
-    assert D.topo_link(TOPO.replace("NV18", "PIX")) == "PIX"
-    assert D.topo_link("GPU0\n GPU0\t X \n") is None  # one GPU: no pair
-    assert D.nvlink_speeds(NVLINK) == [26.562, 26.562]
+    assert hardware.topo_link(TOPO) == "NV18"
+    assert hardware.topo_link(TOPO.replace("NV18", "PIX")) == "PIX"
+    assert hardware.topo_link("GPU0\n GPU0\t X \n") is None  # one GPU: no pair
+    assert hardware.nvlink_speeds(NVLINK) == [26.562, 26.562]
 
 
 def test_grids_are_data():
     spec = {"sizes": ["tiny"], "variants": ["per_param", "ddp", "fsdp2", "zero"],
             "bucket_caps_mb": [1, 25], "batch_per_gpu": 2, "context": 16, "dtype": "fp32",
             "warmup": 1, "timed_steps": 2, "profiled_steps": 1}
-    two = [c["case_id"] for c in D.ddp_cases(spec, 2)]
+    two = [c["case_id"] for c in ddp.cases(spec, 2)]
     assert two == ["tiny-per_param-n2", "tiny-ddp-b1-n2", "tiny-ddp-b25-n2", "tiny-fsdp2-n2", "tiny-zero-n2"]
-    one = D.ddp_cases(spec, 1)
+    one = ddp.cases(spec, 1)
     assert [c["variant"] for c in one] == ["single"] and one[0]["global_batch"] == 2
-    assert D.ddp_cases(spec, 2)[0]["global_batch"] == 4  # same per-GPU batch, twice the global one
+    assert ddp.cases(spec, 2)[0]["global_batch"] == 4  # same per-GPU batch, twice the global one
     short = {**spec, "memory_context": 8}
-    assert [c["case_id"] for c in D.ddp_cases(short, 2)][5:] == ["tiny-ddp-b25-ctx8-n2", "tiny-fsdp2-ctx8-n2"]
-    assert [(c["variant"], c["context"], c["purpose"]) for c in D.ddp_cases(short, 1)] == [
+    assert [c["case_id"] for c in ddp.cases(short, 2)][5:] == ["tiny-ddp-b25-ctx8-n2", "tiny-fsdp2-ctx8-n2"]
+    assert [(c["variant"], c["context"], c["purpose"]) for c in ddp.cases(short, 1)] == [
         ("single", 16, "scaling"), ("single", 8, "memory")]
-    ar = D.allreduce_cases({"backends": {"nccl": [1], "gloo": [1, 10]}, "warmup": 1, "iters": 2}, 2)
+    accumulated = ddp.cases({**spec, "micro_batches": 3, "optimizer": "fused"}, 2)
+    assert accumulated[0]["case_id"] == "tiny-per_param-x3-fused-n2" and accumulated[0]["global_batch"] == 12
+    ar = allreduce.cases({"backends": {"nccl": [1], "gloo": [1, 10]}, "warmup": 1, "iters": 2}, 2)
     assert [c["case_id"] for c in ar] == ["link-n2", "nccl-1MB-n2", "gloo-1MB-n2", "gloo-10MB-n2"]
 
 
@@ -397,3 +406,23 @@ def test_a_report_without_multi_gpu_results_names_other_machines_results(tmp_pat
     (tmp_path / "h200-x4").mkdir()  # no distributed folder: not named
     text = elsewhere(tmp_path / "h100")
     assert "h200-x2" in text and "report/distributed/h200-x2/distributed.md" in text and "h200-x4" not in text
+
+
+def test_master_weight_adamw_runs_on_one_process_only():
+    """MasterWeightAdamW keeps its gradients' sums to itself: a data-parallel variant with it is an
+    `unsupported` row, not a silently unreduced step; one process builds it."""
+    from lmperf.bench import common
+
+    with pytest.raises(common.Unsupported, match="no engine here reduces"):
+        ddp.build("ddp", CFG, "cpu", 2, 25, "master")
+    model, optimizer, reduce = ddp.build("single", CFG, "cpu", 1, None, "master")
+    assert type(optimizer).__name__ == "MasterWeightAdamW" and reduce is None
+    # before its first step: the 16-bit remainders of the fp32 masters; after it, the moments too
+    assert [t.dtype for t in ddp.optimizer_state_tensors(optimizer)] == [torch.int16]
+    from lmperf import train
+    tokens = batches()[0]
+    train.step(model, optimizer, tokens[:, :-1], tokens[:, 1:], train.autocast("bf16", "cpu"))
+    state = ddp.optimizer_state_tensors(optimizer)
+    linear = sum(w.numel() for w in optimizer.weights)
+    others = sum(p.numel() for p in model.parameters()) - linear
+    assert sum(t.numel() * t.element_size() for t in state) >= linear * (4 + 4 + 2) + others * 8

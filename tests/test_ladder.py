@@ -1,10 +1,12 @@
-"""The ladder study (bench/ladder.py): how its rungs are built, and the FLOP count it checks MFU with."""
+"""The ladder (bench/ladder.py, bench/memory_fit.py, report/ladder.py): how its rungs are built,
+the FLOP count it checks MFU with, the choices it makes by measured memory, and its bars."""
 import contextlib
 
 import pytest
 import torch
 
-from lmperf.bench import common, e2e, ladder
+from lmperf import train
+from lmperf.bench import common, e2e, ladder, memory_fit
 from lmperf.flops import closed_form_attention, flops_per_token
 from lmperf.model import ModelConfig, TransformerLM
 
@@ -81,35 +83,6 @@ def test_flop_count_includes_checkpointing_recomputation():
     assert ck["total"] - plain["total"] == 2 * (block_forward - w2)
 
 
-def test_checkpointed_blocks_give_the_same_gradients():
-    torch.manual_seed(0)
-    cfg = ModelConfig(**DIMS, vocab_size=97, context_length=16)
-    model = TransformerLM(cfg)
-    tokens = torch.randint(cfg.vocab_size, (2, 16))
-
-    def grads(every):
-        model.zero_grad(set_to_none=True)
-        assert e2e.checkpoint_blocks(model, every) == len(range(0, cfg.n_layers, every)) if every else True
-        model(tokens).sum().backward()
-        return [p.grad.clone() for p in model.parameters()]
-    for a, b in zip(grads(0), grads(2)):
-        torch.testing.assert_close(a, b)
-    assert e2e.checkpoint_blocks(model, 0) == 0 and all("forward" not in b.__dict__ for b in model.blocks)
-
-
-def test_optimizer_axis_names_the_implementation():
-    model = torch.nn.Linear(4, 4)
-    assert e2e.make_optimizer(model, "fused").defaults["fused"] is True
-    assert e2e.make_optimizer(model, "foreach").defaults["foreach"] is True
-    with pytest.raises(ValueError, match="optimizer='sgd'"):
-        e2e.make_optimizer(model, "sgd")
-    spec = {"batch_size": 1, "timed_steps": 2,
-            "grid": {"contexts": [8], "dtypes": ["fp32"], "compile": [False], "modes": ["train"], "warmup": [0],
-                     "optimizers": ["foreach", "fused"]}}
-    ids = [c["case_id"] for c in e2e.study_cases(spec, "tiny")]
-    assert ids == ["tiny-ctx8-fp32-eager-train-warmup0", "tiny-ctx8-fp32-eager-train-warmup0-fused"]
-
-
 def ladder_frame(size: str, metrics):
     """The ladder job's tidy rows for `size`, each case with the values metrics(case) gives."""
     import pandas as pd
@@ -119,11 +92,11 @@ def ladder_frame(size: str, metrics):
 
 
 def test_report_reads_the_bars_off_the_ladder_rows():
-    from lmperf.report import e2e as report
+    from lmperf.report import ladder as report
     from lmperf.report.render import bars_from_config
     from tests.conftest import REPO
 
-    bars = bars_from_config(REPO / "config" / "config.yaml")["e2e"]
+    bars = bars_from_config(REPO / "config" / "config.yaml")["ladder"]
 
     def metrics(case):
         if case["name"] == "floors":
@@ -132,11 +105,11 @@ def test_report_reads_the_bars_off_the_ladder_rows():
         return {"step_ms": 100.0, "tokens_per_s": 1000.0 * r, "mfu_pct": 5.0 * r, "forward_ms": 30.0,
                 "backward_ms": 60.0, "optimizer_ms": 10.0, "optimizer_floor_ms": 8.0,
                 "forward_floor_ms": 20.0, "backward_floor_ms": 40.0}
-    view = report.ladder(ladder_frame(bars["ladder_size"], metrics), bars)
-    best = view["ladder_best"][bars["ladder_size"]]
+    view = report.ladder(ladder_frame(bars["size"], metrics), bars)
+    best = view["best"][bars["size"]]
     assert best["rung"] == 11 and best["attention"] == "flash-triton"  # the last rung: highest MFU here
     assert best["vs_assignment"] == 11 / 4  # rung 4 is the assignment's setting
-    table = view["ladder_bars"].set_index("bar")
+    table = view["bars"].set_index("bar")
     assert list(table["_value"]) == [55.0, 55.0, 2.75, 1.25]
     assert list(table["met"]) == [True, True, False, True]
 
@@ -153,29 +126,6 @@ def test_accumulation_rung_follows_its_context_and_changes_one_thing():
     assert [c["name"] for c in base][len(ladder.RUNGS) + 1] == "accumulate2"  # after the last RUNGS rung
 
 
-def test_accumulated_micro_batches_give_one_batch_gradients():
-    """e2e.step with k micro-batches: the loss of each scaled by 1/k, gradients accumulated; the
-    same gradients as one step on the whole batch, and each phase seen k times."""
-    torch.manual_seed(0)
-    cfg = ModelConfig(**DIMS, vocab_size=97, context_length=16)
-    model = TransformerLM(cfg)
-    tokens = torch.randint(cfg.vocab_size, (4, 17))
-    seen = []
-
-    class Capture(torch.optim.SGD):  # keeps the gradients the step saw
-        def step(self, closure=None):
-            self.grads = [p.grad.clone() for p in model.parameters()]
-
-    def grads(k):
-        opt = Capture(model.parameters(), lr=0.0)
-        around = lambda phase: (seen.append(phase), contextlib.nullcontext())[1]
-        e2e.step(model, opt, tokens[:, :-1], tokens[:, 1:], contextlib.nullcontext(), around, k)
-        return opt.grads
-    for a, b in zip(grads(1), grads(4)):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
-    assert seen[3:] == ["forward", "backward"] * 4 + ["optimizer"]
-
-
 def test_kernel_rows_split_a_profiled_step_into_matmul_and_attention():
     kernels = {"sm90_xmma_gemm_bf16bf16_bf16f32": (500.0, 4), "nvjet_tst_128x256": (100.0, 2),
                "_bwd_dkdv_kernel": (300.0, 1), "_fwd_kernel": (50.0, 1),
@@ -189,27 +139,27 @@ def test_kernel_rows_split_a_profiled_step_into_matmul_and_attention():
 
 def test_ladder_table_shows_gpu_busy_only_where_profiled():
     import pandas as pd
-    from lmperf.report import e2e as report
+    from lmperf.report import ladder as report
 
     base = {"study": "ladder", "size": "tiny", "name": "compiled", "change": "x", "context": 8,
             "attention": "plain", "attention_backend": "plain matmuls", "optimizer": "foreach",
             "status": "ok", "case_id": "tiny-r4", "rung": 4, "batch_size": 2}
     rows = [{**base, "metric": "step_ms", "mean": 100.0}]
-    assert "GPU busy %" not in report.ladder_rungs(pd.DataFrame(rows)).columns
+    assert "GPU busy %" not in report.rungs(pd.DataFrame(rows)).columns
     rows += [{**base, "metric": "step_kernel_ms", "mean": 25.0},
              {**base, "metric": "step_attention_kernel_ms", "mean": 2.0}]
-    table = report.ladder_rungs(pd.DataFrame(rows))
+    table = report.rungs(pd.DataFrame(rows))
     assert table["GPU busy %"].iloc[0] == 25.0 and table["attention kernels ms"].iloc[0] == 2.0
 
 
 def test_tokens_bar_says_when_its_reference_rung_waits_on_the_host():
     """The tokens/s bar's denominator is the assignment's rung; where a profiled step shows that
     rung below 95% GPU-busy, the bar's measured text says so (the ratio then moves with the host)."""
-    from lmperf.report import e2e as report
+    from lmperf.report import ladder as report
     from lmperf.report.render import bars_from_config
     from tests.conftest import REPO
 
-    bars = bars_from_config(REPO / "config" / "config.yaml")["e2e"]
+    bars = bars_from_config(REPO / "config" / "config.yaml")["ladder"]
 
     def tokens_bar(busy_kernel_ms):
         def metrics(case):
@@ -217,7 +167,7 @@ def test_tokens_bar_says_when_its_reference_rung_waits_on_the_host():
             if case["name"] == "compiled" and busy_kernel_ms is not None:
                 m["step_kernel_ms"] = busy_kernel_ms
             return {} if case["name"] == "floors" else m
-        table = report.ladder(ladder_frame(bars["ladder_size"], metrics), bars)["ladder_bars"]
+        table = report.ladder(ladder_frame(bars["size"], metrics), bars)["bars"]
         return table[table["bar"].str.contains("tokens/s")]["measured"].iloc[0]
 
     assert "GPU-busy" not in tokens_bar(None)  # no profile (CPU): nothing to say
@@ -233,7 +183,7 @@ def test_checkpointing_rung_times_the_next_candidate_when_its_timed_steps_run_ou
     case = {"checkpoint_candidates": "8,4,2,1", "checkpoint_every": 0, "micro_batches": 1}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 2**30}))
-    monkeypatch.setattr(ladder, "one_step_peak_mib", lambda *a: 1.0)
+    monkeypatch.setattr(memory_fit, "one_step_peak_mib", lambda *a: 1.0)
     timed_at = []
 
     def time_steps(c, *a):
@@ -244,7 +194,7 @@ def test_checkpointing_rung_times_the_next_candidate_when_its_timed_steps_run_ou
     monkeypatch.setattr(e2e, "time_steps", time_steps)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     limit = 4
-    chosen, rows = ladder.time_checkpointed(case, SPEC, cfg, model, opt, None, None, None)
+    chosen, rows = memory_fit.time_checkpointed(case, SPEC, cfg, model, opt, None, None, None)
     assert chosen["checkpoint_every"] == 4 and timed_at == [8, 4]
     assert [(r["metric"], r.get("checkpoint_every")) for r in rows] == [
         ("trial_peak_allocated_mib", 8), ("timed_steps_oom", 8), ("trial_peak_allocated_mib", 4),
@@ -253,7 +203,7 @@ def test_checkpointing_rung_times_the_next_candidate_when_its_timed_steps_run_ou
     limit = 0
     with pytest.raises(torch.OutOfMemoryError,
                        match=r"none of \['at every 8', 'at every 4', 'at every 2', 'at every 1'\] fits under 922 MiB"):
-        ladder.time_checkpointed(case, SPEC, cfg, model, opt, None, None, None)
+        memory_fit.time_checkpointed(case, SPEC, cfg, model, opt, None, None, None)
 
 
 def test_accumulating_rungs_choose_their_micro_batch_and_the_checkpointing_rung_does_not():
@@ -284,7 +234,7 @@ def test_micro_batch_is_the_largest_that_fits_its_trial_and_its_timed_steps(monk
     spec = {**SPEC, "accumulate": {"context": 32, "micro_batches": 4, "memory_budget": 0.5}}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 2**30}))
-    monkeypatch.setattr(ladder, "one_step_peak_mib", lambda *a: {4: None, 8: 100.0, 16: 50.0}[a[-1]])
+    monkeypatch.setattr(memory_fit, "one_step_peak_mib", lambda *a: {4: None, 8: 100.0, 16: 50.0}[a[-1]])
     timed_at = []
 
     def time_steps(c, *a):
@@ -293,28 +243,28 @@ def test_micro_batch_is_the_largest_that_fits_its_trial_and_its_timed_steps(monk
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 MiB")
         return [common.summarize("step_ms", "ms", [1.0])]
     monkeypatch.setattr(e2e, "time_steps", time_steps)
-    chosen, rows = ladder.time_micro_batched(case, spec, cfg, model, opt, None, None, None)
+    chosen, rows = memory_fit.time_micro_batched(case, spec, cfg, model, opt, None, None, None)
     assert (chosen["batch_size"], chosen["micro_batches"]) == (1, 16) and timed_at == [2, 1]
     assert [(r["metric"], r.get("batch_size")) for r in rows] == [
         ("trial_peak_allocated_mib", 4), ("trial_peak_allocated_mib", 2), ("timed_steps_oom", 2),
         ("trial_peak_allocated_mib", 1), ("micro_batch_size", None), ("step_ms", None)]
     assert rows[0]["message"] == "oom" and "micro-batches of 2" in rows[2]["message"]
     # a trial peak over the budget (512 MiB) is not timed; none that fits raises
-    monkeypatch.setattr(ladder, "one_step_peak_mib", lambda *a: 600.0)
+    monkeypatch.setattr(memory_fit, "one_step_peak_mib", lambda *a: 600.0)
     with pytest.raises(torch.OutOfMemoryError, match=r"none of \['in micro-batches of 4', 'in micro-batches of 2', "
                                                      r"'in micro-batches of 1'\] fits under 512 MiB"):
-        ladder.time_micro_batched(case, spec, cfg, model, opt, None, None, None)
+        memory_fit.time_micro_batched(case, spec, cfg, model, opt, None, None, None)
 
 
 def test_ladder_table_shows_the_timed_steps_batch_not_a_trials():
     import pandas as pd
-    from lmperf.report import e2e as report_e2e
+    from lmperf.report import ladder as report
 
     rows = pd.DataFrame([
         {"metric": "trial_peak_allocated_mib", "batch_size": 4, "micro_batches": 4},
         {"metric": "step_ms", "batch_size": 2, "micro_batches": 8}])
-    assert report_e2e.timed_batch(rows) == (2, 8) and report_e2e.batch_text(rows) == "16 = 8 x 2"
-    assert report_e2e.batch_text(rows.iloc[:1].assign(micro_batches=1)) == "4"
+    assert report.timed_batch(rows) == (2, 8) and report.batch_text(rows) == "16 = 8 x 2"
+    assert report.batch_text(rows.iloc[:1].assign(micro_batches=1)) == "4"
 
 
 def test_trial_peak_is_measured_with_the_optimizers_state_in_memory(monkeypatch):
@@ -325,18 +275,18 @@ def test_trial_peak_is_measured_with_the_optimizers_state_in_memory(monkeypatch)
     opt = torch.optim.AdamW(model.parameters())
     tokens = torch.randint(cfg.vocab_size, (2, 17))
     events = []
-    step = e2e.step
-    monkeypatch.setattr(e2e, "step", lambda *a: (events.append(("step", len(opt.state))), step(*a))[1])
+    step = train.step
+    monkeypatch.setattr(train, "step", lambda *a: (events.append(("step", len(opt.state))), step(*a))[1])
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: events.append(("reset", len(opt.state))))
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 2**20)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     args = (model, opt, tokens[:, :-1], tokens[:, 1:], contextlib.nullcontext())
-    assert ladder.one_step_peak_mib(*args) == 1.0
+    assert memory_fit.one_step_peak_mib(*args) == 1.0
     n = len(list(model.parameters()))
     assert events == [("step", 0), ("reset", n), ("step", n)]
     events.clear()
-    assert ladder.one_step_peak_mib(*args) == 1.0 and events == [("reset", n), ("step", n)]
+    assert memory_fit.one_step_peak_mib(*args) == 1.0 and events == [("reset", n), ("step", n)]
 
 
 def test_optimizer_floor_counts_what_each_optimizer_moves():

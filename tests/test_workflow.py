@@ -59,6 +59,7 @@ def test_dry_run_plans_the_whole_dag(fresh_copy):
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     studies = config["e2e"]["smoke"]["studies"]
     assert jobs["e2e_study"] == sum(len(s["sizes"]) for s in studies.values())
+    assert jobs["ladder_size"] == len(config["ladder"]["smoke"]["sizes"])
 
 
 def test_lint_is_clean(fresh_copy):
@@ -85,6 +86,16 @@ def test_unknown_model_size_in_a_study_is_named(fresh_copy):
     proc = snakemake(fresh_copy, "-n", check=False)
     assert proc.returncode != 0
     assert "e2e.smoke.studies.warmup.sizes names ['gigantic']" in proc.stdout + proc.stderr
+
+
+def test_unknown_model_size_in_the_ladder_is_named(fresh_copy):
+    path = fresh_copy / "config" / "config.yaml"
+    config = yaml.safe_load(path.read_text())
+    config["ladder"]["full"]["sizes"] = ["xl", "colossal"]
+    path.write_text(yaml.safe_dump(config))
+    proc = snakemake(fresh_copy, "-n", check=False)
+    assert proc.returncode != 0
+    assert "ladder.full.sizes names ['colossal']" in proc.stdout + proc.stderr
 
 
 def test_wrong_type_in_the_grid_is_named(fresh_copy):
@@ -114,8 +125,11 @@ def test_cpu_run_produces_the_report(built_repo):
     assert re.search(r"\| gloo\s+\| 2\s+\| 1\.00\s+\| [0-9.]+", report), "Gloo all-reduce rows"
     assert "(allreduce): skipped, needs 2 GPUs" in report  # NCCL without GPUs
     assert re.search(r"\| tiny\s+\| 64\s+\| fp32\s+\| eager\s+\| \d", report), "CPU numbers in the tables"
-    for png in ("e2e_step_vs_size.png", "e2e_step_vs_context.png"):
+    for png in ("e2e_step_vs_size.png", "e2e_step_vs_context.png", "e2e_ladder.png"):
         assert (built_repo / "report" / "figures" / png).stat().st_size > 10_000
+    # the ladder, its own section from results/<hw>/ladder/: the rungs that need CUDA say so
+    ladder = report.split("## The ladder")[1].split("\n## ")[0]
+    assert "Not available" not in ladder and re.search(r"\| tiny\s+\| 2\s+\| TF32 .*\| skipped", ladder)
     csvs = list((built_repo / "results" / results_hw(built_repo) / "e2e").rglob("*.csv"))
     assert csvs and not list((built_repo / "results").rglob(".journal"))
 
@@ -142,11 +156,27 @@ def test_editing_the_model_reruns_its_rules_and_the_report_only(built_copy):
     edit(built_copy / "src" / "lmperf" / "model.py", "\n# edited\n")
     jobs = planned(built_copy)
     fresh = planned(copy_repo(built_copy.parent / "fresh"))
-    # The rules that import the model: the end-to-end jobs, the two attention benchmarks
-    # (plain PyTorch attention is the model's) and the distributed jobs.
-    assert jobs == {"e2e_study": fresh["e2e_study"], "attention": 1, "profile": 1, "memory": 1,
-                    "flash_attention_bench": fresh["flash_attention_bench"],
+    # The rules that import the model: the end-to-end and ladder jobs, the two attention
+    # benchmarks (plain PyTorch attention is the model's) and the distributed jobs.
+    assert jobs == {"e2e_study": fresh["e2e_study"], "ladder_size": fresh["ladder_size"], "attention": 1,
+                    "profile": 1, "memory": 1, "flash_attention_bench": fresh["flash_attention_bench"],
                     "distributed_study": fresh["distributed_study"], "report": 1}
+
+
+def test_editing_the_training_step_reruns_every_rule_that_trains_and_the_report(built_copy):
+    """lmperf.train is the one training step: the end-to-end, ladder, profile, memory and
+    data-parallel jobs run it; the kernels' and attention's benchmarks do not."""
+    edit(built_copy / "src" / "lmperf" / "train.py", "\n# edited\n")
+    fresh = planned(copy_repo(built_copy.parent / "fresh"))
+    assert planned(built_copy) == {"e2e_study": fresh["e2e_study"], "ladder_size": fresh["ladder_size"],
+                                   "profile": 1, "memory": 1, "distributed_study": fresh["distributed_study"],
+                                   "report": 1}
+
+
+def test_editing_the_ladder_reruns_only_its_jobs_and_the_report(built_copy):
+    edit(built_copy / "src" / "lmperf" / "bench" / "ladder.py", "\n# edited\n")
+    fresh = planned(copy_repo(built_copy.parent / "fresh"))
+    assert planned(built_copy) == {"ladder_size": fresh["ladder_size"], "report": 1}
 
 
 def test_editing_the_lrpe_kernel_reruns_only_its_rules_and_the_report(built_copy):
@@ -156,13 +186,13 @@ def test_editing_the_lrpe_kernel_reruns_only_its_rules_and_the_report(built_copy
 
 
 def test_editing_a_kernel_reruns_its_rules_and_the_report_only(built_copy):
-    """The FlashAttention kernel's rules, and the e2e jobs whose model can run it (the ladder's
-    flash-triton rungs): one ladder job per size at smoke scale."""
+    """The FlashAttention kernel's rules, and the ladder's jobs (its flash-triton rungs): one
+    ladder job per size at smoke scale."""
     edit(built_copy / "src" / "lmperf" / "kernels" / "flash_attention_triton.py", "\n# edited\n")
     fresh = planned(copy_repo(built_copy.parent / "fresh"))
     config = yaml.safe_load((built_copy / "config" / "config.yaml").read_text())
-    ladder_jobs = len(config["e2e"]["smoke"]["studies"]["ladder"]["sizes"])
-    assert planned(built_copy) == {"flash_attention_check": 1, "e2e_study": ladder_jobs,
+    ladder_jobs = len(config["ladder"]["smoke"]["sizes"])
+    assert planned(built_copy) == {"flash_attention_check": 1, "ladder_size": ladder_jobs,
                                    "flash_attention_bench": fresh["flash_attention_bench"], "report": 1}
 
 
@@ -235,7 +265,7 @@ mkdir -p "$(dirname "$out")" && echo "fake" > "$out"
 case "$out" in */memory/memory.csv) mkdir -p "$(dirname "$out")/html";; esac
 echo "end $(date +%s.%N)" >> "$JOBS_LOG"
 """
-GPU_TARGETS = ("env", "e2e", "precision", "attention", "profile", "memory", "flash_attention", "lrpe")
+GPU_TARGETS = ("env", "e2e", "ladder", "precision", "attention", "profile", "memory", "flash_attention", "lrpe")
 
 
 def most_at_once(log: Path) -> int:
@@ -255,7 +285,7 @@ def test_cores_8_runs_one_gpu_job_at_a_time(fresh_copy, tmp_path, profile, expec
     proc = snakemake(fresh_copy, *GPU_TARGETS, "-n", "--cores", "8", *SMOKE)
     dry = proc.stdout + proc.stderr
     assert "Using workflow specific profile profiles/default" in dry
-    blocks = [b for b in dry.split("\n\n") if re.search(r"^(local)?rule (?!e2e:|lrpe:|flash_attention:)", b, re.M)]
+    blocks = [b for b in dry.split("\n\n") if re.search(r"^(local)?rule (?!e2e:|ladder:|lrpe:|flash_attention:)", b, re.M)]
     assert blocks and all("gpu=1" in b for b in blocks), "a GPU rule without resources: gpu=1"
     bin_dir, log = tmp_path / "bin", tmp_path / "jobs.log"
     bin_dir.mkdir()

@@ -1,4 +1,5 @@
-"""What machine this is, and the peak rates MFU is measured against.
+"""What machine this is: its GPUs and libraries, the peak rates MFU is measured against, and the
+link between two GPUs (nvidia-smi's topology and NVLink speeds, the datasheet's peak).
 
 Importing this module does not import torch: the Snakefile uses it at parse time.
 """
@@ -35,16 +36,26 @@ def peak_tflops(gpu_name: str, dtype: str) -> float | None:
     return None
 
 
+def nvidia_smi(*args: str) -> str:
+    """nvidia-smi's output for these arguments, or "" where there is no nvidia-smi or it fails."""
+    if not shutil.which("nvidia-smi"):
+        return ""
+    try:
+        return subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=30,
+                              check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return ""
+
+
+def gpu_names() -> list[str]:
+    """The GPUs' names as nvidia-smi prints them, without importing torch; [] without a GPU."""
+    out = nvidia_smi("--query-gpu=name", "--format=csv,noheader")
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
 def gpu_name() -> str | None:
     """The first GPU's name as nvidia-smi prints it, without importing torch; None if no GPU."""
-    if not shutil.which("nvidia-smi"):
-        return None
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20, check=True).stdout
-    except (subprocess.SubprocessError, OSError):
-        return None
-    names = [line.strip() for line in out.splitlines() if line.strip()]
+    names = gpu_names()
     return names[0] if names else None
 
 
@@ -70,17 +81,72 @@ def library_versions() -> dict[str, str]:
 
 def gpu_count() -> int:
     """How many GPUs nvidia-smi lists, without importing torch; 0 without nvidia-smi."""
-    if not shutil.which("nvidia-smi"):
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20, check=True).stdout
-    except (subprocess.SubprocessError, OSError):
-        return 0
-    return sum(1 for line in out.splitlines() if line.strip())
+    return len(gpu_names())
 
 
 def machine_slug(name: str | None, count: int) -> str:
     """Directory name for results that depend on the GPU count: 'cpu', or the GPU's slug and
     the count, e.g. 2 x 'NVIDIA H200' -> 'h200-x2'."""
     return "cpu" if not name else f"{hw_slug(name)}-x{count}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The link between two GPUs: the ceiling of an all-reduce's bus bandwidth
+
+# NVLink bandwidth per GPU and direction (GB/s), by datasheet, keyed by a substring of the GPU's
+# name. NVLink 4 is 18 links x 25 GB/s a direction.
+LINK_DATASHEET = {
+    "H100 80GB HBM3": (450.0, "H100 SXM5, NVLink 4: 900 GB/s bidirectional"),
+    "H200": (450.0, "H200 SXM, NVLink 4: 900 GB/s bidirectional"),
+    "H100 NVL": (300.0, "H100 NVL, NVLink bridge: 600 GB/s bidirectional"),
+    "A100-SXM4": (300.0, "A100 SXM4, NVLink 3: 600 GB/s bidirectional"),
+    "B200": (900.0, "B200, NVLink 5: 1.8 TB/s bidirectional"),
+}
+# PCIe bandwidth per lane and direction after line coding (GB/s), by generation.
+PCIE_LANE_GBPS = {3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+
+
+def topo_link(topo: str, a: int = 0, b: int = 1) -> str | None:
+    """The connection between GPU a and GPU b in `nvidia-smi topo -m`'s matrix ('NV18', 'PIX',
+    'SYS', ...), or None if the matrix has no such pair."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).split() for line in topo.splitlines()]
+    first = next((i for i, words in enumerate(lines) if words[:1] == ["GPU0"]), None)
+    if first is None:  # the header is the first line that starts with GPU0, the rows follow
+        return None
+    header = lines[first]
+    row = next((words for words in lines[first + 1:] if words[:1] == [f"GPU{a}"]), None)
+    if not row or f"GPU{b}" not in header:
+        return None
+    col = header.index(f"GPU{b}") + 1  # a row starts with its own name
+    return row[col] if col < len(row) else None
+
+
+def nvlink_speeds(status: str) -> list[float]:
+    """GB/s of each active link in `nvidia-smi nvlink -s -i 0` ('Link 3: 26.562 GB/s');
+    inactive links are left out."""
+    return [float(m[1]) for m in re.finditer(r"Link\s+\d+:\s+([0-9.]+)\s*GB/s", status)]
+
+
+def link_peaks(gpu: str) -> list[tuple[str, float, str]]:
+    """The GPU0-GPU1 link's peak, GB/s per GPU and direction, as (source, GB/s, how it was read):
+    ('driver', ...) from nvidia-smi's topology and NVLink speeds (or PCIe generation and width),
+    ('datasheet', ...) from LINK_DATASHEET for the GPU named `gpu`; each where known."""
+    peaks = []
+    link = topo_link(nvidia_smi("topo", "-m"))
+    if link and link.startswith("NV"):
+        speeds = nvlink_speeds(nvidia_smi("nvlink", "-s", "-i", "0"))
+        if speeds:
+            peaks.append(("driver", sum(speeds), f"GPU0-GPU1 {link} (nvidia-smi topo -m); GPU0 has "
+                          f"{len(speeds)} active NVLinks at {speeds[0]:g} GB/s a direction (nvidia-smi nvlink -s)"))
+    elif link:
+        pcie = nvidia_smi("--query-gpu=pcie.link.gen.max,pcie.link.width.max", "--format=csv,noheader",
+                          "-i", "0").strip()
+        m = re.match(r"\s*(\d+)\s*,\s*(\d+)", pcie)
+        if m and int(m[1]) in PCIE_LANE_GBPS:
+            peaks.append(("driver", PCIE_LANE_GBPS[int(m[1])] * int(m[2]),
+                          f"GPU0-GPU1 {link} (nvidia-smi topo -m): PCIe gen {m[1]} x{m[2]}"))
+    for key, (gbps, what) in LINK_DATASHEET.items():
+        if key in gpu:
+            peaks.append(("datasheet", gbps, f"{what}, so {gbps:g} GB/s a direction (datasheet)"))
+            break
+    return peaks

@@ -35,6 +35,11 @@ def check_config(config: dict) -> None:
             if unknown:
                 raise ValueError(f"config: e2e.{scale}.studies.{study}.sizes names {unknown}, "
                                  f"which are not under models: {sorted(config['models'])}")
+    for scale, ladder in config["ladder"].items():
+        unknown = [s for s in ladder["sizes"] if s not in config["models"]]
+        if unknown:
+            raise ValueError(f"config: ladder.{scale}.sizes names {unknown}, which are not under "
+                             f"models: {sorted(config['models'])}")
 
 
 def machine(config: dict) -> tuple[str, str]:
@@ -65,26 +70,30 @@ def e2e_jobs(e2e: dict) -> list[tuple[str, str]]:
 
 
 def e2e_uses_our_attention(spec: dict) -> bool:
-    """Whether an e2e study's model can run our FlashAttention kernel (then the kernel file is an
-    input of its jobs): the ladder (its flash-triton rungs), or a study with that attention."""
-    return "ladder" in spec or spec.get("attention") == "flash-triton"
+    """Whether an e2e study's model runs our FlashAttention kernel (then the kernel file is an
+    input of its jobs): a study with that attention."""
+    return spec.get("attention") == "flash-triton"
 
 
 def e2e_uses_master_adamw(spec: dict) -> bool:
-    """Whether an e2e study can run MasterWeightAdamW (kernels/adamw_master.py, then an input of
-    its jobs): the ladder (its bf16-weights rung), or a grid with optimizer 'master'."""
-    return "ladder" in spec or "master" in spec.get("grid", {}).get("optimizers", [])
+    """Whether an e2e study runs MasterWeightAdamW (kernels/adamw_master.py, then an input of its
+    jobs): a grid with optimizer 'master'."""
+    return "master" in spec["grid"].get("optimizers", [])
 
 
 def e2e_spec(config: dict, e2e: dict, study: str, size: str) -> str:
     """The JSON spec of one e2e job: a rerun trigger for exactly what that job measures."""
     spec = e2e["studies"][study]
-    models = {size: config["models"][size]}
-    if "ladder" in spec:
-        return json.dumps({"ladder": spec["ladder"], "models": models}, sort_keys=True)
     return json.dumps({"batch_size": e2e["batch_size"], "timed_steps": e2e["timed_steps"],
-                       "attention": spec["attention"], "grid": spec["grid"], "models": models},
-                      sort_keys=True)
+                       "attention": spec["attention"], "grid": spec["grid"],
+                       "models": {size: config["models"][size]}}, sort_keys=True)
+
+
+def ladder_spec(config: dict, ladder: dict, size: str) -> str:
+    """The JSON spec of one ladder job (one model size): the ladder's settings and that size's
+    dims, so that adding a size reruns no other size's job."""
+    settings = {k: v for k, v in ladder.items() if k != "sizes"}
+    return json.dumps({**settings, "models": {size: config["models"][size]}}, sort_keys=True)
 
 
 def fa_bench_jobs(fa: dict, models: dict) -> dict[str, dict]:

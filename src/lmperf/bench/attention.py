@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 
 from lmperf.bench import common, timing
 
@@ -71,13 +70,9 @@ def measure(case: dict) -> list[dict]:
     return rows
 
 def main(argv=None):
-    p = common.base_parser(__doc__)
-    p.add_argument("--spec", required=True, help="the grid as JSON (see config/config.yaml)")
-    args = p.parse_args(argv)
-    common.check_environment(args)
-    spec = json.loads(args.spec)
-    common.run_cases(section="attention", study="attention", cases=cases(spec), measure=measure,
-                     out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={"spec": spec})
+    args = common.bench_args(__doc__, argv)
+    common.run_cases(section="attention", study="attention", cases=cases(args.spec), measure=measure,
+                     out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={"spec": args.spec})
 
 if __name__ == "__main__":
     main()

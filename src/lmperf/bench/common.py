@@ -357,17 +357,38 @@ def base_parser(description: str, add_help: bool = True) -> argparse.ArgumentPar
     return p
 
 
-def check_bench_main(doc: str, section: str, studies: dict, argv=None) -> None:
-    """A kernel section's CLI: `check` (against float64) or `bench` (speed), each a
-    (cases(spec), measure(case)) pair in `studies`, over a grid given as --spec JSON."""
-    top = argparse.ArgumentParser(description=doc.splitlines()[0])
-    sub = top.add_subparsers(dest="command", required=True)
-    for name in studies:
-        p = sub.add_parser(name, parents=[base_parser(doc, add_help=False)])
-        p.add_argument("--spec", required=True, help="the grid as JSON (see config/config.yaml)")
+def bench_args(doc: str, argv=None, *, studies: Iterable[str] = (), spec: bool = True, size: bool = False,
+               options: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    """The command line of every bench module, parsed and checked: base_parser's options,
+    `--spec` (the grid as JSON, parsed into args.spec; not with spec=False), with size=True
+    `--size` (one model size a call: a key of the spec's `models`), and what `options(parser)`
+    adds; with `studies`, each is a subcommand (`python -m lmperf.bench.lrpe check ...`, named by
+    args.study). Then check_environment, before anything is measured."""
+    def add(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        if spec:
+            p.add_argument("--spec", required=True, type=_json, help="the grid as JSON (see config/config.yaml)")
+        if size:
+            p.add_argument("--size", required=True, help="model size: one of the spec's `models`")
+        if options:
+            options(p)
+        return p
+
+    if studies:
+        top = argparse.ArgumentParser(description=doc.splitlines()[0])
+        sub = top.add_subparsers(dest="study", required=True)
+        for name in studies:
+            add(sub.add_parser(name, parents=[base_parser(doc, add_help=False)]))
+    else:
+        top = add(base_parser(doc))
     args = top.parse_args(argv)
+    if size and args.size not in args.spec["models"]:
+        top.error(f"--size {args.size!r} is not among the spec's models {sorted(args.spec['models'])}")
     check_environment(args)
-    spec = json.loads(args.spec)
-    cases, measure = studies[args.command]
-    run_cases(section=section, study=args.command, cases=cases(spec), measure=measure,
-              out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={"spec": spec})
+    return args
+
+
+def _json(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text[:80]!r}") from None

@@ -46,10 +46,8 @@ def facts(hw: str, scale: str) -> dict:
 
 
 def main(argv=None):
-    p = common.base_parser(__doc__)
-    p.add_argument("--scale", required=True, choices=["smoke", "full"])
-    args = p.parse_args(argv)
-    common.check_environment(args)
+    scale = lambda p: p.add_argument("--scale", required=True, choices=["smoke", "full"])
+    args = common.bench_args(__doc__, argv, spec=False, options=scale)
     df = pd.DataFrame([{"key": k, "value": v} for k, v in facts(args.hw, args.scale).items()])
     common.write_csv_atomic(df, args.out)
     common.Progress("env", 1, args.log).say(f"wrote {args.out}")

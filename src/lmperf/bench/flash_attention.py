@@ -115,7 +115,7 @@ def _fresh_compiles():
     """Inductor's caches off for the rest of the process, so that every later torch.compile traces
     and compiles anew: Inductor's graph cache does not key on
     the SDPA backend (pytorch/pytorch#185449), and with it sdpa_cudnn ran the graph compiled
-    for sdpa_flash (the same times at every shape of the model group, session 8). It also
+    for sdpa_flash (the same times at every shape of the model group; notes/flash_attention.md v5). It also
     keeps a published time independent of what an earlier job left in the cache. Called for
     the leaderboard harness's cases, where the SDPA backends are compiled; the grid's
     plain_compiled (no SDPA in its graph) keeps the caches, which halves its compile time."""
@@ -281,7 +281,10 @@ def measure_bench(case: dict) -> list[dict]:
 
 def main(argv=None):
     studies = {"check": (check_cases, measure_check), "bench": (bench_cases, measure_bench)}
-    common.check_bench_main(__doc__, "flash_attention", studies, argv)
+    args = common.bench_args(__doc__, argv, studies=studies)
+    cases, measure = studies[args.study]
+    common.run_cases(section="flash_attention", study=args.study, cases=cases(args.spec), measure=measure,
+                     out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={"spec": args.spec})
 
 
 if __name__ == "__main__":

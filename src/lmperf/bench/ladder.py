@@ -1,21 +1,25 @@
-"""The ladder: from the assignment's setting to the GPU's limit, one change a rung, every rung
-measured in the same job (run through `python -m lmperf.bench.e2e --study ladder`).
+"""The ladder: from the assignment's setting to the GPU's limit, one change a rung, every rung of
+one model size measured in the same job.
+
+    python -m lmperf.bench.ladder --size xl --spec '{...}' --out results/cpu/ladder/xl.csv --hw cpu
 
 Each rung is the rung before plus one change (RUNGS, then one rung per longer context, gradient
 accumulation after the context `accumulate.context` if configured, then activation checkpointing).
 A rung that needs CUDA becomes a `skipped` row where there is none, and
-its change is not carried to the rungs after it. Every rung is timed like the other e2e studies
-(bench/e2e.py: warm-up, then timed steps per phase), and adds:
+its change is not carried to the rungs after it. Every rung is timed like the end-to-end studies
+(bench/e2e.py's time_steps: warm-up, then timed steps of lmperf.train.step per phase), and adds:
 
-- the FLOPs of one step counted by `torch.utils.flop_counter.FlopCounterMode` (on fake tensors
-  of the rung's device: no memory, no time), beside the closed form MFU uses (lmperf.flops);
+- the FLOPs of one step counted by `torch.utils.flop_counter.FlopCounterMode` (the same step on
+  fake tensors of the rung's device: no memory, no time), beside the closed form MFU uses
+  (lmperf.flops);
 - which attention kernel ran (from a profiled step's op and kernel names) and, on a GPU, that
   step's kernel time: all kernels, matrix multiplies, attention (against the timed step: how
   busy the GPU is, and what a rung is bound by);
 - floors: the optimizer phase against params x 28 bytes / the copy bandwidth, the forward and
   backward against the bf16 matmul rate, both rates measured in this job (the `floors` case).
 
-The checkpointing rung chooses how many blocks to checkpoint by measured peak memory: every k-th
+The checkpointing rung chooses how many blocks to checkpoint by measured peak memory
+(bench/memory_fit.py): every k-th
 block for k in the configured order (fewest checkpointed blocks first), one step each, the first
 whose peak fits under `memory_budget` x the device's memory. The same way, the accumulation rung
 and the longer contexts after it (not the checkpointing rung, which keeps the configured
@@ -28,13 +32,11 @@ for a step near the device's memory).
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
-import math
 import re
 
-from lmperf.bench import common, e2e, profile, timing
+from lmperf import train
+from lmperf.bench import common, e2e, memory_fit, profile, timing
 
 # The rungs before the longer contexts, in order: (rung, what changes, the case keys it sets,
 # whether it needs CUDA). The base is the assignment's model and optimizer in fp32, eager.
@@ -183,9 +185,12 @@ def route_attention_through_op(model) -> None:
 
 
 def count_step_flops(case: dict, dims: dict, device: str) -> dict[str, int]:
-    """{'total', 'attention'} FLOPs of one training step (forward + loss + backward; AdamW has no
-    matmuls) as FlopCounterMode counts them, on fake tensors of `device`: the ops dispatch as
-    they would there (SDPA picks its kernel), with no memory and no compute."""
+    """{'total', 'attention'} FLOPs of one training step (lmperf.train.step: forward with the
+    loss, backward, optimizer) as FlopCounterMode counts them, on fake tensors of `device`: the
+    ops dispatch as they would there (SDPA picks its kernel), with no memory and no compute.
+    An optimizer update has no matmul, so FlopCounterMode counts none of it: plain SGD steps
+    here in the case's optimizer's place (MasterWeightAdamW's Triton kernel cannot run on fake
+    tensors)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
@@ -199,17 +204,13 @@ def count_step_flops(case: dict, dims: dict, device: str) -> dict[str, int]:
         model = TransformerLM(cfg)
     if case["attention"] == "flash-triton":
         route_attention_through_op(model)
-    e2e.checkpoint_blocks(model, case.get("checkpoint_every", 0))
-    autocast = (torch.autocast(device_type=device, dtype=torch.bfloat16)
-                if case["dtype"] == "bf16" else contextlib.nullcontext())
+    train.checkpoint_blocks(model, case.get("checkpoint_every", 0))
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = model.to_empty(device=device)
-        tokens = torch.randint(cfg.vocab_size, (case["batch_size"], case["context"] + 1), device=device)
+        inputs, targets = train.random_tokens(cfg, case["batch_size"], case["context"], device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
         with FlopCounterMode(display=False) as counter:
-            with autocast:
-                logits = model(tokens[:, :-1])
-                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
-            loss.backward()
+            train.step(model, optimizer, inputs, targets, train.autocast(case["dtype"], device))
     return split_counts(counter.get_flop_counts()["Global"])
 
 
@@ -271,8 +272,7 @@ def profile_step(case: dict, model, optimizer, inputs, targets, autocast) -> tup
         return "plain matmuls", []
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with torch_profile(activities=activities) as prof:
-        e2e.step(model, optimizer, inputs, targets, autocast, lambda phase: contextlib.nullcontext(),
-                 case.get("micro_batches", 1))
+        train.step(model, optimizer, inputs, targets, autocast, train.nothing, case.get("micro_batches", 1))
         timing.synchronizer()()
     rows = kernel_rows(profile.kernel_times(prof, cuda=True)) if cuda else []
     if case["attention"] == "plain":
@@ -282,116 +282,6 @@ def profile_step(case: dict, model, optimizer, inputs, targets, autocast) -> tup
         if any(pattern in name for name in names):
             return backend, rows
     return "unknown", rows
-
-
-def one_step_peak_mib(model, optimizer, inputs, targets, autocast, micro_batches: int = 1) -> float | None:
-    """Peak allocated MiB of one training step with the optimizer's state in memory, None if it
-    ran out of memory (freed again). AdamW allocates its moments at its first step, and every
-    timed step has them: an optimizer without state takes a first, unmeasured step (a rung's
-    first trial measured without them, 21.6 GB less for the 2.7B model, and its timed steps then
-    ran out of memory)."""
-    import torch
-
-    nothing = lambda phase: contextlib.nullcontext()
-    try:
-        if not optimizer.state:
-            e2e.step(model, optimizer, inputs, targets, autocast, nothing, micro_batches)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        e2e.step(model, optimizer, inputs, targets, autocast, nothing, micro_batches)
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() / 2**20
-    except torch.OutOfMemoryError:
-        return None
-    finally:
-        optimizer.zero_grad(set_to_none=True)
-        gc.collect()
-        torch.cuda.empty_cache()
-
-
-def time_or_oom(case: dict, cfg, model, optimizer, inputs, targets, autocast) -> tuple[list[dict] | None, str]:
-    """(rows, "") of e2e.time_steps, or (None, the message) where its steps ran out of memory,
-    the failed steps' memory freed again."""
-    import torch
-
-    try:
-        return e2e.time_steps(case, cfg, model, optimizer, inputs, targets, autocast), ""
-    except torch.OutOfMemoryError as exc:
-        message = common.classify_failure(exc)[1]
-    # out of the except block: the failed steps' tensors are no longer referenced
-    optimizer.zero_grad(set_to_none=True)
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    return None, message
-
-
-def time_first_that_fits(tries: list[tuple[dict, dict, str]], memory_budget: float, cfg, model, optimizer,
-                         inputs, targets, autocast) -> tuple[dict, list[dict], list[dict]]:
-    """(case, rows of the tries, timed rows) of the first of `tries` that fits, each (case, the
-    keys its rows carry, what it is in words), in order: the model set up for its case (its
-    checkpointing), one step's
-    peak under memory_budget x the device's memory, then its timed steps. A try whose peak is
-    over the budget or whose timed steps run out of memory gives a row (its keys in it) and the
-    next is tried; none fitting raises. Without CUDA there is no peak: the first is timed."""
-    import torch
-
-    cuda = torch.cuda.is_available()
-    budget_mib = memory_budget * torch.cuda.get_device_properties(0).total_memory / 2**20 if cuda else math.inf
-    rows = []
-    for case, keys, what in tries:
-        if case.get("checkpoint_every"):
-            e2e.checkpoint_blocks(model, case["checkpoint_every"])
-        if cuda:
-            peak = one_step_peak_mib(model, optimizer, inputs, targets, autocast, case["micro_batches"])
-            rows.append({**common.summarize("trial_peak_allocated_mib", "MiB", [math.nan if peak is None else peak]),
-                         **keys, "message": "oom" if peak is None else
-                         "" if peak <= budget_mib else f"over the budget of {budget_mib:,.0f} MiB"})
-            if peak is None or peak > budget_mib:
-                continue
-        timed, message = time_or_oom(case, cfg, model, optimizer, inputs, targets, autocast)
-        if timed is not None:
-            return case, rows, timed
-        value = float(next(iter(keys.values())))  # the try's own setting: k, or the micro-batch size
-        rows.append({**common.summarize("timed_steps_oom", "setting", [value]), **keys,
-                     "message": f"timed steps out of memory {what}: {message}"[:300]})
-    raise torch.OutOfMemoryError(f"out of memory: none of {[what for _, _, what in tries]} fits under "
-                                 f"{budget_mib:,.0f} MiB")
-
-
-def time_checkpointed(case: dict, spec: dict, cfg, model, optimizer, inputs, targets, autocast) -> tuple[dict, list[dict]]:
-    """(case, rows) of the checkpointing rung: every k-th block checkpointed for the first k of
-    its candidates (fewest checkpointed blocks first) that fits (time_first_that_fits); without
-    CUDA, the last candidate (the most memory saved)."""
-    import torch
-
-    candidates = [int(k) for k in case["checkpoint_candidates"].split(",")]
-    if not torch.cuda.is_available():
-        candidates = candidates[-1:]
-    tries = [({**case, "checkpoint_every": k}, {"checkpoint_every": k}, f"at every {k}") for k in candidates]
-    case, tried, timed = time_first_that_fits(tries, spec["checkpoint"]["memory_budget"], cfg, model, optimizer,
-                                              inputs, targets, autocast)
-    every = case["checkpoint_every"]
-    return case, tried + [common.summarize("checkpoint_every", "blocks", [every]),
-                          common.summarize("checkpointed_blocks", "blocks",
-                                           [len(range(0, cfg.n_layers, every))])] + timed
-
-
-def time_micro_batched(case: dict, spec: dict, cfg, model, optimizer, inputs, targets,
-                       autocast) -> tuple[dict, list[dict]]:
-    """(case, rows) of a rung with gradient accumulation: its global batch (batch_size x
-    micro_batches sequences, the inputs) in micro-batches of the first of the candidate sizes
-    (largest first) that fits (time_first_that_fits); the case returned has that size's
-    batch_size and micro_batches."""
-    global_batch = case["batch_size"] * case["micro_batches"]
-    sizes = [int(s) for s in str(case["micro_batch_candidates"]).split(",")]
-    tries = []
-    for size in sizes:
-        keys = {"batch_size": size, "micro_batches": global_batch // size}
-        tries.append(({**case, **keys}, keys, f"in micro-batches of {size}"))
-    case, tried, timed = time_first_that_fits(tries, spec["accumulate"].get("memory_budget", 0.9), cfg, model,
-                                              optimizer, inputs, targets, autocast)
-    return case, tried + [common.summarize("micro_batch_size", "sequences", [case["batch_size"]])] + timed
 
 
 def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
@@ -407,13 +297,15 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
         torch.cuda.empty_cache()
         torch.cuda.memory._set_allocator_settings(f"expandable_segments:{bool(case['expandable_segments'])}")
     rows = []
-    with e2e.matmul_precision(case["tf32"]):
-        cfg, model, optimizer, inputs, targets, autocast = e2e.setup(case, dims)
+    with train.matmul_precision(case["tf32"]):
+        cfg, model, optimizer, inputs, targets, autocast = train.setup(case, dims)
         if case["checkpoint_candidates"]:
-            case, checkpointed = time_checkpointed(case, spec, cfg, model, optimizer, inputs, targets, autocast)
+            case, checkpointed = memory_fit.time_checkpointed(case, spec, cfg, model, optimizer, inputs, targets,
+                                                              autocast)
             rows += checkpointed
         elif case.get("micro_batch_candidates"):
-            case, fitted = time_micro_batched(case, spec, cfg, model, optimizer, inputs, targets, autocast)
+            case, fitted = memory_fit.time_micro_batched(case, spec, cfg, model, optimizer, inputs, targets,
+                                                         autocast)
             rows += fitted
         else:
             rows += e2e.time_steps(case, cfg, model, optimizer, inputs, targets, autocast)
@@ -428,3 +320,17 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
         rows += phase_floors(cfg, case, spec)
     return [{"checkpoint_every": case["checkpoint_every"], "batch_size": case["batch_size"],
              "micro_batches": case["micro_batches"], **r, "attention_backend": backend} for r in rows]
+
+
+def main(argv=None):
+    args = common.bench_args(__doc__, argv, size=True)  # spec: the ladder's settings and the model dims
+    import torch
+
+    dims, rungs = args.spec["models"][args.size], cases(args.spec, args.size, cuda=torch.cuda.is_available())
+    common.run_cases(section="ladder", study="ladder", cases=rungs, measure=lambda case: measure(case, dims, args.spec),
+                     out_csv=args.out, hw=args.hw, log_path=args.log,
+                     fingerprint={"spec": args.spec, "size": args.size})
+
+
+if __name__ == "__main__":
+    main()

@@ -258,7 +258,10 @@ def measure_bench(case: dict) -> list[dict]:
 
 def main(argv=None):
     studies = {"check": (check_cases, measure_check), "bench": (bench_cases, measure_bench)}
-    common.check_bench_main(__doc__, "lrpe", studies, argv)
+    args = common.bench_args(__doc__, argv, studies=studies)
+    cases, measure = studies[args.study]
+    common.run_cases(section="lrpe", study=args.study, cases=cases(args.spec), measure=measure,
+                     out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={"spec": args.spec})
 
 
 if __name__ == "__main__":

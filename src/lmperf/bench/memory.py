@@ -11,12 +11,11 @@ An interactive HTML view of each snapshot (torch's memory visualizer) is written
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
-import json
 from pathlib import Path
 
-from lmperf.bench import common, e2e, timing
+from lmperf import train
+from lmperf.bench import common, timing
 
 TIMELINE_POINTS = 400
 TOP_ALLOCATIONS = 8
@@ -113,9 +112,8 @@ def measure(case: dict, dims: dict, html_dir: Path) -> list[dict]:
     from torch.cuda import _memory_viz
 
     cuda = torch.cuda.is_available()
-    cfg, model, optimizer, inputs, targets, autocast = e2e.setup(case, dims)
-    nothing = lambda phase: contextlib.nullcontext()
-    run_step = lambda: e2e.step(model, optimizer, inputs, targets, autocast, nothing)
+    cfg, model, optimizer, inputs, targets, autocast = train.setup(case, dims)
+    run_step = lambda: train.step(model, optimizer, inputs, targets, autocast)
     run_step()  # warm-up: optimizer state and allocator pools exist before the recorded step
     timing.synchronizer()()
     if cuda:
@@ -154,15 +152,11 @@ def measure(case: dict, dims: dict, html_dir: Path) -> list[dict]:
 
 
 def main(argv=None):
-    p = common.base_parser(__doc__)
-    p.add_argument("--spec", required=True, help="size, contexts, modes, dtypes and the model dims as JSON")
-    args = p.parse_args(argv)
-    common.check_environment(args)
-    spec = json.loads(args.spec)
+    args = common.bench_args(__doc__, argv)  # spec: size, contexts, modes, dtypes and the model dims
     html_dir = args.out.parent / "html"
-    common.run_cases(section="memory", study="memory", cases=cases(spec),
-                     measure=lambda case: measure(case, spec["model"], html_dir), out_csv=args.out,
-                     hw=args.hw, log_path=args.log, fingerprint={"spec": spec})
+    common.run_cases(section="memory", study="memory", cases=cases(args.spec),
+                     measure=lambda case: measure(case, args.spec["model"], html_dir), out_csv=args.out,
+                     hw=args.hw, log_path=args.log, fingerprint={"spec": args.spec})
 
 
 if __name__ == "__main__":

@@ -90,9 +90,7 @@ def measure(case: dict) -> list[dict]:
 
 
 def main(argv=None):
-    p = common.base_parser(__doc__)
-    args = p.parse_args(argv)
-    common.check_environment(args)
+    args = common.bench_args(__doc__, argv, spec=False)
     common.run_cases(section="precision", study="precision", cases=cases(), measure=measure,
                      out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={})
 

@@ -10,10 +10,10 @@ The same phases and attention parts are NVTX ranges, so `nsys profile` shows the
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 
-from lmperf.bench import common, e2e, timing
+from lmperf import train
+from lmperf.bench import common, timing
 
 PHASES = ("forward", "backward", "optimizer")
 ATTENTION_PARTS = ("attention.scores", "attention.softmax", "attention.values")
@@ -94,10 +94,9 @@ def measure(case: dict, models: dict) -> list[dict]:
 
     cuda = torch.cuda.is_available()
     sync = timing.synchronizer()
-    cfg, model, optimizer, inputs, targets, autocast = e2e.setup(case, models[case["size"]])
-    nothing = lambda phase: contextlib.nullcontext()
+    cfg, model, optimizer, inputs, targets, autocast = train.setup(case, models[case["size"]])
     for _ in range(case["warmup"]):
-        e2e.step(model, optimizer, inputs, targets, autocast, nothing)
+        train.step(model, optimizer, inputs, targets, autocast)
     sync()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     per_phase = {p: {} for p in PHASES}
@@ -116,7 +115,7 @@ def measure(case: dict, models: dict) -> list[dict]:
                 yield
                 sync()
                 prof.stop()
-            e2e.step(model, optimizer, inputs, targets, autocast, around)
+            train.step(model, optimizer, inputs, targets, autocast, around)
             for name, (t, calls) in kernel_times(prof, cuda).items():
                 total, n = per_phase[phase].get(name, (0.0, 0))
                 per_phase[phase][name] = (total + t, n + calls)
@@ -144,14 +143,10 @@ def measure(case: dict, models: dict) -> list[dict]:
 
 
 def main(argv=None):
-    p = common.base_parser(__doc__)
-    p.add_argument("--spec", required=True, help="cases, dtypes, steps and the model dims as JSON")
-    args = p.parse_args(argv)
-    common.check_environment(args)
-    spec = json.loads(args.spec)
-    common.run_cases(section="profile", study="profile", cases=cases(spec),
-                     measure=lambda case: measure(case, spec["models"]), out_csv=args.out,
-                     hw=args.hw, log_path=args.log, fingerprint={"spec": spec})
+    args = common.bench_args(__doc__, argv)  # spec: cases, dtypes, steps and the model dims
+    common.run_cases(section="profile", study="profile", cases=cases(args.spec),
+                     measure=lambda case: measure(case, args.spec["models"]), out_csv=args.out,
+                     hw=args.hw, log_path=args.log, fingerprint={"spec": args.spec})
 
 
 if __name__ == "__main__":

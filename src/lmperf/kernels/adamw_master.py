@@ -21,7 +21,7 @@ Other parameters (embedding, RMSNorm weights: autocast leaves them fp32) stay fp
 AdamW (fused on CUDA).
 
 Gradient accumulation over micro-batches sums the bf16 gradients in fp32, as autocast's fp32
-`.grad` does: with `accumulate = True` (bench/e2e.py's step sets it for micro-batches > 1) each
+`.grad` does: with `accumulate = True` (lmperf.train.step sets it for micro-batches > 1) each
 gradient moves into an fp32 buffer as soon as autograd has it; without it, a hook before a
 weight's second gradient moves the first there, and the kernel adds the last.
 

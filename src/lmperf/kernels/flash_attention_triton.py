@@ -2,7 +2,7 @@
 `..._backward`, registered with `torch.library.triton_op` so that `torch.compile` (fullgraph)
 traces through them, and `FlashAttention2Triton.apply(q, k, v, is_causal=False)` on top. The
 algorithm, with its invariants, is described in flash_attention_torch.py; this file mirrors it
-tile for tile. One file (about 780 lines) on purpose: the rule table, the kernels, their
+tile for tile. One file (about 980 lines) on purpose: the rule table, the kernels, their
 launchers and the ops change together (a tile config is only valid for the kernel beside it),
 and every change here re-measures the whole FlashAttention section.
 
@@ -148,7 +148,7 @@ def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
     dp = d_pad(d)
     min_share = 1  # tiles of loop each part of a split keeps at least
     if dtype == torch.float32 and dp >= 128 and n <= 512:
-        # short single-head sequences: 16-row tiles, parts of at least 2 tiles (session-12 sweep)
+        # short single-head sequences: 16-row tiles, parts of at least 2 tiles (notes/flash_attention.md step 25)
         dq = dict(BLOCK_M2=16, BLOCK_N2=16, num_warps=4, num_stages=2)
         dkdv = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=2)
         min_share = 2
@@ -158,7 +158,7 @@ def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
     elif dp > 128:
         dq = dict(BLOCK_M2=64, BLOCK_N2=32, num_warps=4, num_stages=2)
         dkdv = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
-    elif d == dp == 128 and 256 <= n <= 512:  # session-12 sweep, whole backward, unsplit
+    elif d == dp == 128 and 256 <= n <= 512:  # step 25's sweep of the whole backward: unsplit
         dq = dict(BLOCK_M2=64, BLOCK_N2=32, num_warps=4, num_stages=3)
         dkdv = dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3)
         min_share = n  # no split: shares would need n tiles each
@@ -172,7 +172,7 @@ def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
         # causal, D <= 64: 128-key tiles when they alone give every SM several programs
         if causal and dp <= 64 and bh * _cdiv(n, 128) >= 4 * SM_COUNT_H100:
             dkdv = dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3)
-        elif d != dp and n >= 2048:  # padded D (the 2.7B's 80) at long context: session-11 sweep
+        elif d != dp and n >= 2048:  # padded D (the 2.7B's 80) at long context: step 24's sweep
             dkdv = dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=3)
         else:
             dkdv = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
@@ -189,7 +189,7 @@ def _fused(cfg: dict, n: int, dtype: torch.dtype, bh: int) -> bool:
     """One launch for dQ and dK/dV (`_bwd_fused_kernel`): the two run side by side, and the
     backward takes about the longer of the two loops instead of both one after the other. The
     fused dK/dV programs recompute Delta for every query tile they visit, so big launches keep
-    two kernels. From the session-12 sweep of the whole backward (H100; notes/flash_attention.md
+    two kernels. From the sweep of the whole backward (H100; notes/flash_attention.md
     step 25): fused was faster at every shape of up to 4 programs per SM with N <= 1,024 (one
     head at N = 128-1,024 in all three head dims and both dtype families, batch 4 x 12 and 16
     heads at N = 256), and at N = 2,048 in 16 bits; two kernels were faster at 8 per SM (4 x 32
@@ -828,7 +828,7 @@ def launch_backward_fused(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool,
                           launch=lambda k: k) -> None:
     """dQ, dK and dV in one launch (_bwd_fused_kernel): cfg["dq"]'s tiles and split for the dQ
     programs, cfg["dkdv"]'s for the dK/dV programs, dQ's warps and stages for both (the
-    session-12 sweep's best at one head: 3 stages for D <= 64, 2 for D = 128); no Delta buffer. Split partials are summed after, as in the two-kernel path."""
+    best of notes/flash_attention.md step 25's sweep at one head: 3 stages for D <= 64, 2 for D = 128); no Delta buffer. Split partials are summed after, as in the two-kernel path."""
     q3, k3, v3, o3, do3, dq, dk, dv = (_heads(t) for t in (q3, k3, v3, o3, do3, dq, dk, dv))
     nb, nh, n, d = q3.shape
     cq, ckv = {"SPLIT": 1, **cfg["dq"]}, {"SPLIT": 1, **cfg["dkdv"]}

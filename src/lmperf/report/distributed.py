@@ -6,8 +6,8 @@ thresholds of config/config.yaml's `report.distributed`; and its two figures.
 
     python -m lmperf.report.distributed --results results/h200-x2 --out report/distributed/h200-x2/distributed.md
 
-renders the section alone (scripts/distributed_gpu.sh's preview of a run). About 300 lines in
-one module, like bench/distributed.py: its entry point is what the GPU script runs alone.
+renders the section alone (scripts/distributed_gpu.sh's preview of a run), through
+report/render.py like the whole report.
 """
 from __future__ import annotations
 
@@ -316,27 +316,18 @@ def figures(inputs, paths: dict) -> None:
 
 def main(argv=None) -> None:
     import argparse
-    import os
 
     from lmperf.report import render
-    from lmperf.report.sections import SECTIONS, Inputs, figure_paths
+    from lmperf.report.sections import SECTIONS
 
     p = argparse.ArgumentParser(description="Render the 'Scaling across GPUs' section alone.")
     p.add_argument("--results", type=Path, required=True, help="results/<gpu>-x<count> folder")
     p.add_argument("--templates", type=Path, default=Path("templates"))
     p.add_argument("--out", type=Path, required=True, help="markdown file to write")
     args = p.parse_args(argv)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    inputs = Inputs(results=args.results, frames={"distributed": render.load_section(args.results, "distributed")},
-                    bars=render.bars_from_config(), out_dir=args.out.parent)
-    figures_dir = args.out.parent / "figures"
-    figures_dir.mkdir(parents=True, exist_ok=True)
-    section = next(s for s in SECTIONS if s.name == "distributed")
-    paths = {k: v for k, v in figure_paths(figures_dir).items() if k in section.figures}
-    figures(inputs, paths)
-    text = render.environment(args.templates).get_template("distributed.md.j2").render(
-        distributed=view(inputs), figures={k: os.path.relpath(v, args.out.parent) for k, v in paths.items()})
-    args.out.write_text(text)
+    section = [s for s in SECTIONS if s.name == "distributed"]
+    render.render(args.results, args.templates, args.out, args.out.parent / "figures", "full",
+                  render.bars_from_config(), sections=section, template="distributed.md.j2")
     print(f"wrote {args.out}")
 
 

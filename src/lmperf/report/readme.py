@@ -12,7 +12,8 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
-from lmperf.report.e2e import ladder as ladder_view, peaks, size_order
+from lmperf.report.e2e import peaks, size_order
+from lmperf.report.ladder import ladder as ladder_view
 from lmperf.report.env import measured_seconds
 from lmperf.report.format import fmt, table
 from lmperf.report.render import load_section
@@ -21,7 +22,7 @@ BEGIN = "<!-- results:begin (rendered by python -m lmperf.report.readme; do not 
 END = "<!-- results:end -->"
 
 
-def headline(e2e: pd.DataFrame) -> tuple[str, dict | None]:
+def headline(e2e: pd.DataFrame, ladder: pd.DataFrame) -> tuple[str, dict | None]:
     """Per model size: the training step in each variant at the variants study's context, and the
     best rung of the ladder where there is one; (the table, one best rung for the prose or None)."""
     v = e2e[(e2e["study"] == "variants") & (e2e["mode"] == "train") & (e2e["status"] == "ok")]
@@ -30,7 +31,7 @@ def headline(e2e: pd.DataFrame) -> tuple[str, dict | None]:
     step = v[v["metric"] == "step_ms"].pivot_table(index="size", columns="variant", values="mean")
     mfu = v[v["metric"] == "mfu_pct"].pivot_table(index="size", columns="variant", values="mean")
     order = [s for s in size_order(e2e) if s in step.index]
-    best = ladder_view(e2e[e2e["study"] == "ladder"], {}).get("ladder_best", {}) if "rung" in e2e else {}
+    best = ladder_view(ladder, {}).get("best", {})
     rows = []
     for size in order:
         row = {"model": size}
@@ -101,20 +102,22 @@ def kernels(fa: pd.DataFrame, lrpe: pd.DataFrame) -> str:
 
 def render_block(results: Path, templates: Path) -> str:
     e2e = load_section(results, "e2e")
+    ladder = load_section(results, "ladder")
     env = load_section(results, "env")
     facts = dict(zip(env["key"], env["value"].astype(str))) if not env.empty else {}
     fa = load_section(results, "flash_attention")
     fa = fa[fa["study"] == "bench"] if not fa.empty else fa
     lrpe = load_section(results, "lrpe")
     lrpe = lrpe[lrpe["study"] == "bench"] if not lrpe.empty else lrpe
-    seconds = measured_seconds({"e2e": e2e})
-    table_text, best = headline(e2e)
+    seconds = measured_seconds({"e2e": e2e, "ladder": ladder})
+    table_text, best = headline(e2e, ladder)
+    mfu = pd.concat([e2e, ladder], ignore_index=True)  # the ladder's TF32 rung has a peak of its own
     context = {"hw": results.name, "facts": facts, "headline": table_text, "ladder": best,
                "kernels": kernels(fa, lrpe),
                "context": int(e2e[e2e["study"] == "variants"]["context"].iloc[0]),
                "batch_size": int(e2e["batch_size"].iloc[0]),
                "minutes": fmt(sum(seconds.values()) / 60),
-               "peaks": peaks(e2e[(e2e["metric"] == "mfu_pct") & (e2e["status"] == "ok")])}
+               "peaks": peaks(mfu[(mfu["metric"] == "mfu_pct") & (mfu["status"] == "ok")])}
     env_j2 = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), trim_blocks=True,
                                 lstrip_blocks=True, undefined=jinja2.StrictUndefined)
     return env_j2.get_template("readme_results.md.j2").render(**context).strip()

@@ -5,7 +5,8 @@
 
 The report rule passes the bars (config/config.yaml's `report`) and the result files a full run
 writes (its own inputs) as params; by hand, --bars defaults to the config file's and no
-missing files are listed.
+missing files are listed. `render` also renders a subset of the sections through one of their
+templates: `python -m lmperf.report.distributed` renders the distributed section alone.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import jinja2
 import pandas as pd
 
 from lmperf.report import format as fmt
-from lmperf.report.sections import SECTIONS, Inputs, figure_paths, result_dirs
+from lmperf.report.sections import SECTIONS, Inputs, Section, figure_paths, result_dirs
 
 CONFIG = Path("config/config.yaml")
 
@@ -54,32 +55,37 @@ def environment(templates: Path) -> jinja2.Environment:
     return env
 
 
-def views(inputs: Inputs) -> dict:
+def views(inputs: Inputs, sections: list[Section] = SECTIONS) -> dict:
     """{section: its view}, in report order."""
-    return {s.name: importlib.import_module(f"lmperf.report.{s.name}").view(inputs) for s in SECTIONS}
+    return {s.name: importlib.import_module(f"lmperf.report.{s.name}").view(inputs) for s in sections}
 
 
-def draw(inputs: Inputs, figures_dir: Path) -> dict[str, Path]:
-    """Every figure of the sections table, written; {name: path}."""
+def draw(inputs: Inputs, figures_dir: Path, sections: list[Section] = SECTIONS) -> dict[str, Path]:
+    """Every figure of these sections, written; {name: path}."""
     figures_dir.mkdir(parents=True, exist_ok=True)
     paths = figure_paths(figures_dir)
-    for s in SECTIONS:
+    drawn = {}
+    for s in sections:
         if s.figures:
+            drawn.update({k: paths[k] for k in s.figures})
             importlib.import_module(f"lmperf.report.{s.name}").figures(inputs, {k: paths[k] for k in s.figures})
-    return paths
+    return drawn
 
 
 def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: str,
-           bars: dict, expected: list[str] | None = None) -> str:
+           bars: dict, expected: list[str] | None = None, sections: list[Section] = SECTIONS,
+           template: str = "report.md.j2") -> str:
+    """Render `template` (the whole report, or one section's template for a subset of the
+    sections) from the CSVs under `results`, its figures into figures_dir; write it to `out`."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    frames = {s.name: load_section(results, s.name) for s in SECTIONS}
+    frames = {s.name: load_section(results, s.name) for s in sections}
     inputs = Inputs(results=results, frames=frames, bars=bars, out_dir=out.parent, scale=scale)
-    figures = draw(inputs, figures_dir)
-    context = {**views(inputs), "sections": [s.name for s in SECTIONS],
+    figures = draw(inputs, figures_dir, sections)
+    context = {**views(inputs, sections), "sections": [s.name for s in sections],
                "figures": {name: os.path.relpath(p, out.parent) for name, p in figures.items()},
                "missing": missing(results, expected or []), "expected": len(expected or []),
                "rendered_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-    text = environment(templates).get_template("report.md.j2").render(**context)
+    text = environment(templates).get_template(template).render(**context)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text(text)
     tmp.replace(out)

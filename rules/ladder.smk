@@ -1,0 +1,32 @@
+# The ladder: from the assignment's setting to the GPU's limit, one change a rung; one job per
+# model size, every rung of that size in it.
+LADDER = config["ladder"][SCALE]
+
+
+rule ladder_size:
+    input:
+        model=TRAIN_STEP,
+        kernels=["src/lmperf/kernels/flash_attention_triton.py",  # the flash-triton rungs
+                 "src/lmperf/kernels/adamw_master.py"],  # the bf16-weights rung
+        code=["src/lmperf/bench/ladder.py", "src/lmperf/bench/memory_fit.py", "src/lmperf/bench/e2e.py",
+              "src/lmperf/bench/profile.py", "src/lmperf/flops.py", *HARNESS],
+    output:
+        csv=f"{RESULTS}/ladder/{{size}}.csv",
+    log:
+        f"{LOGS}/ladder/{{size}}.log",
+    params:
+        **PROVENANCE,
+        spec=lambda w: wf.ladder_spec(config, LADDER, w.size),
+    wildcard_constraints:
+        size="|".join(map(re.escape, LADDER["sizes"])),
+    resources:
+        gpu=1,
+    conda:
+        "../envs/lmperf.yaml"
+    shell:
+        wf.bench("ladder --size {wildcards.size} --spec {params.spec:q}")
+
+
+rule ladder:
+    input:
+        expand(rules.ladder_size.output.csv, size=LADDER["sizes"]),

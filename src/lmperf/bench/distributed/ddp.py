@@ -1,0 +1,333 @@
+"""The data-parallel study of the distributed section: the training step (lmperf.train.step, the
+one every study runs) on every rank, each on its slice of the global batch, in one variant a
+case: one process ("single", the baseline), an all-reduce per parameter or of all gradients
+flattened into one buffer after backward (by hand: train.step's `reduce`), DDP, FSDP2, or DDP
+with ZeroRedundancyOptimizer. Per rank: the phase times, the memory of parameters, gradients,
+optimizer state and activations, and (on a GPU, profiled) the communication no compute kernel
+hides."""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Callable
+
+from lmperf.bench import common
+from lmperf.bench.distributed.ranks import Ranks
+
+VARIANTS = ("single", "per_param", "flat", "ddp", "fsdp2", "zero")
+ZERO_BUCKET_MB = 25  # ZeroRedundancyOptimizer runs under DDP with its default bucket size
+
+MEMORY_BUCKET_MB = 25  # DDP's default bucket: the DDP case of the memory context
+
+
+def cases(spec: dict, world: int) -> list[dict]:
+    """One case per (size, variant, bucket size) at `context` ("scaling"); a job of one process
+    runs the single-GPU baseline only, at the same per-GPU batch. With `memory_context`, each
+    size also runs at that (shorter) per-GPU context, where the model's state rather than its
+    activations fills the memory: DDP (25 MB buckets) and FSDP2 ("memory"; on one process, the
+    single-GPU baseline), whose peaks are what sharding changes. Each rank's step is
+    `micro_batches` micro-batches of `batch_per_gpu` sequences (default 1) with AdamW in the
+    implementation `optimizer` (lmperf.train.OPTIMIZERS; default foreach)."""
+    out = []
+    variants = [("single", None)] if world == 1 else [
+        (v, b) for v in spec["variants"] for b in (spec["bucket_caps_mb"] if v == "ddp" else [None])]
+    memory = [("single", None)] if world == 1 else [
+        (v, MEMORY_BUCKET_MB if v == "ddp" else None) for v in ("ddp", "fsdp2") if v in spec["variants"]]
+    contexts = [("scaling", spec["context"], variants)]
+    if spec.get("memory_context"):
+        contexts.append(("memory", spec["memory_context"], memory))
+    micro_batches, optimizer = spec.get("micro_batches", 1), spec.get("optimizer", "foreach")
+    how = (f"-x{micro_batches}" if micro_batches > 1 else "") + (f"-{optimizer}" if optimizer != "foreach" else "")
+    for size in spec["sizes"]:
+        for purpose, context, runs in contexts:
+            for variant, bucket in runs:
+                name = (f"{variant}-b{bucket}" if bucket else variant) + (f"-ctx{context}" if purpose == "memory" else "")
+                out.append({"case_id": f"{size}-{name}{how}-n{world}", "size": size, "variant": variant,
+                            "bucket_cap_mb": bucket if bucket else (ZERO_BUCKET_MB if variant == "zero" else None),
+                            "world_size": world, "batch_per_gpu": spec["batch_per_gpu"],
+                            "micro_batches": micro_batches, "optimizer": optimizer,
+                            "global_batch": spec["batch_per_gpu"] * micro_batches * world, "context": context,
+                            "purpose": purpose, "dtype": spec["dtype"], "warmup": spec["warmup"],
+                            "timed_steps": spec["timed_steps"], "profiled_steps": spec["profiled_steps"]})
+    return out
+
+
+def build(variant: str, cfg, device, world: int, bucket_cap_mb: float | None, optimizer="foreach"):
+    """(model, optimizer, reduce_gradients) of one variant. The weights are the same on every
+    rank (lmperf.train.build_model); reduce_gradients is the explicit all-reduce after backward,
+    None where the engine communicates inside backward (DDP, FSDP2) or not at all (single).
+    `optimizer` is an implementation of lmperf.train.OPTIMIZERS or a torch optimizer as
+    (class, kwargs); MasterWeightAdamW ('master') only for one process: its hooks move each
+    gradient into its own fp32 sums, which none of the engines here reduces."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from lmperf import train
+
+    if variant not in VARIANTS:
+        raise ValueError(f"variant {variant!r}; choose one of {VARIANTS}")
+    model = train.build_model(cfg, device)
+    if optimizer == "master":
+        if variant != "single":
+            raise common.Unsupported(f"optimizer 'master' (MasterWeightAdamW) with variant {variant!r}: its "
+                                     "gradients go into its own fp32 sums, which no engine here reduces")
+        return model, train.make_optimizer(model, "master"), None
+    optimizer_class, optimizer_kwargs = ((torch.optim.AdamW, train.adamw_options(optimizer))
+                                         if isinstance(optimizer, str) else optimizer)
+    device_ids = [torch.device(device).index] if torch.device(device).type == "cuda" else None
+    reduce = None
+    if variant == "per_param":
+        reduce = lambda: allreduce_per_parameter(list(model.parameters()), world)
+    elif variant == "flat":
+        reduce = lambda: allreduce_flat(list(model.parameters()), world)
+    elif variant in ("ddp", "zero"):
+        # buffers (RoPE tables) are the same on every rank: no broadcast each forward; gradients
+        # live in DDP's buckets (no copy into them after backward)
+        model = DDP(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb, broadcast_buffers=False,
+                    gradient_as_bucket_view=True)
+    elif variant == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+        for block in model.blocks:  # one all-gather / reduce-scatter unit per block, then the rest
+            fully_shard(block)
+        fully_shard(model)
+    if variant == "zero":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optimizer_class,
+                                            **optimizer_kwargs)
+    else:
+        optimizer = optimizer_class(model.parameters(), **optimizer_kwargs)
+    return model, optimizer, reduce
+
+
+def allreduce_per_parameter(params, world: int) -> None:
+    """Average the gradients one all-reduce per parameter, all in flight at once, after backward."""
+    import torch.distributed as dist
+
+    grads = [p.grad for p in params if p.grad is not None]
+    for work in [dist.all_reduce(g, async_op=True) for g in grads]:
+        work.wait()
+    for g in grads:
+        g.div_(world)
+
+
+def allreduce_flat(params, world: int) -> None:
+    """Average the gradients with one all-reduce of all of them, flattened into one buffer."""
+    import torch.distributed as dist
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    grads = [p.grad for p in params if p.grad is not None]
+    flat = _flatten_dense_tensors(grads)
+    dist.all_reduce(flat)
+    flat.div_(world)
+    for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+        g.copy_(reduced)
+
+
+def rank_batch(global_tokens, rank: int, world: int):
+    """This rank's slice of the global batch (equal slices: the mean of the ranks' mean losses
+    is the global mean loss), as (inputs, targets)."""
+    per_rank = global_tokens.shape[0] // world
+    tokens = global_tokens[rank * per_rank:(rank + 1) * per_rank]
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def train_steps(variant: str, cfg, rank: int, world: int, batches, optimizer,
+                bucket_cap_mb: float = ZERO_BUCKET_MB, device: str = "cpu", micro_batches: int = 1) -> dict:
+    """Train `variant` with lmperf.train.step on this rank's slice of each global batch (fp32,
+    no autocast; `micro_batches` a step) and return the full weights: the correctness check
+    against single-process training on the same batches."""
+    from lmperf import train
+
+    model, optimizer, reduce = build(variant, cfg, device, world, bucket_cap_mb, optimizer)
+    for tokens in batches:
+        inputs, targets = rank_batch(tokens.to(device), rank, world)
+        train.step(model, optimizer, inputs, targets, contextlib.nullcontext(), train.nothing,
+                   micro_batches, reduce)
+    return full_state(model)
+
+
+def full_state(model) -> dict:
+    """{name: full fp32 tensor on the CPU} whatever the wrapper (DDP's `module.` prefix dropped,
+    FSDP2's DTensor shards gathered): what tests compare."""
+    out = {}
+    for name, p in model.named_parameters():
+        t = p.full_tensor() if hasattr(p, "full_tensor") else p
+        out[name.removeprefix("module.")] = t.detach().float().cpu().clone()
+    return out
+
+
+def local_mib(tensors) -> float:
+    """MiB this rank holds of these tensors (a DTensor counts its local shard)."""
+    total = 0
+    for t in tensors:
+        t = t.to_local() if hasattr(t, "to_local") else t
+        total += t.numel() * t.element_size()
+    return total / 2**20
+
+
+def optimizer_state_tensors(optimizer) -> list:
+    """The optimizer's state in memory: AdamW's moments (ZeroRedundancyOptimizer: its shard's);
+    MasterWeightAdamW's flat moments and the 16-bit remainders of its fp32 master weights, then
+    the AdamW state of the model's other parameters."""
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer holds its shard's optimizer
+    if hasattr(inner, "exp_avg"):  # MasterWeightAdamW
+        own = [t for t in (inner.exp_avg, inner.exp_avg_sq, inner.rest) if t is not None]
+        return own + (optimizer_state_tensors(inner.others) if inner.others is not None else [])
+    return [v for state in inner.state.values() for v in state.values()
+            if hasattr(v, "numel") and v.numel() > 1]  # Adam's `step` counters are not state memory
+
+
+def gradient_tensors(model, optimizer) -> list:
+    """The gradients the optimizer will read: the parameters' `.grad`, and MasterWeightAdamW's fp32
+    sums of micro-batches' gradients where it keeps them."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    acc = getattr(optimizer, "acc", None)
+    return grads + ([acc] if acc is not None else [])
+
+
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of [start, end) intervals as sorted, disjoint intervals."""
+    out: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(s, e) for s, e in out]
+
+
+def length(intervals) -> float:
+    return sum(e - s for s, e in intervals)
+
+
+def overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Total length of the intersection of two unions (each sorted and disjoint)."""
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def comm_exposure(kernels: list[tuple[str, float, float]]) -> dict:
+    """From GPU kernel intervals (name, start, end), in us: time with a collective (NCCL kernel)
+    running, time with any other kernel running, and the collective time no other kernel
+    overlaps, i.e. the communication the step waits for."""
+    comm = union([(s, e) for name, s, e in kernels if "nccl" in name.lower()])
+    compute = union([(s, e) for name, s, e in kernels if "nccl" not in name.lower()])
+    return {"comm_us": length(comm), "compute_us": length(compute),
+            "exposed_comm_us": length(comm) - overlap(comm, compute)}
+
+
+def train_device(ranks: Ranks) -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        if ranks.world > 1 and not ranks.nccl:
+            raise common.NotRun(ranks.needs_gpus())
+        return f"cuda:{ranks.local_rank}"
+    return "cpu"  # a CPU-only machine trains on its CPU over Gloo (the smoke run)
+
+
+def measure_local(case: dict, ranks: Ranks, spec: dict) -> dict:
+    """This rank's phase times, memory split and (on a GPU) profiled communication."""
+    import torch
+
+    from lmperf import train
+    from lmperf.model import ModelConfig
+
+    device = train_device(ranks)
+    cuda = device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    cfg = ModelConfig(**spec["models"][case["size"]], context_length=case["context"])
+    train.check_optimizer(case["optimizer"], case["dtype"])
+    model, optimizer, reduce = build(case["variant"], cfg, device, ranks.world, case["bucket_cap_mb"],
+                                     case["optimizer"])
+    autocast = train.autocast(case["dtype"], torch.device(device).type)
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(cfg.vocab_size, (case["global_batch"], case["context"] + 1), generator=gen)
+    inputs, targets = (t.to(device) for t in rank_batch(tokens, ranks.rank, ranks.world))
+    probe = {}
+
+    def step(around=train.nothing):
+        train.step(model, optimizer, inputs, targets, autocast, around, case["micro_batches"], reduce)
+
+    @contextlib.contextmanager
+    def grads_probe(phase):  # gradients are all there when the optimizer phase starts
+        if phase == "optimizer":
+            probe["grad_mib"] = local_mib(gradient_tensors(model, optimizer))
+        yield
+
+    for _ in range(case["warmup"]):
+        step()
+    step(grads_probe)
+    sync()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    timed = []
+    for _ in range(case["timed_steps"]):
+        times = {}
+
+        @contextlib.contextmanager
+        def timer(phase):  # a phase seen once per micro-batch: its times add up
+            t0 = time.perf_counter()
+            yield
+            sync()
+            times[phase] = times.get(phase, 0.0) + (time.perf_counter() - t0) * 1e3
+        step(timer)
+        timed.append(times)
+    out = {"phases_ms": {p: [t[p] for t in timed] for p in timed[0]},
+           "param_mib": local_mib(model.parameters()), "grad_mib": probe["grad_mib"],
+           "optimizer_state_mib": local_mib(optimizer_state_tensors(optimizer))}
+    if cuda:
+        out["peak_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        out.update(profiled_comm(step, case["profiled_steps"]))
+    return out
+
+
+def profiled_comm(step: Callable, steps: int) -> dict:
+    """Communication and compute kernel time per step, from torch.profiler over `steps` steps."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+               if e.device_type == DeviceType.CUDA]
+    return {k.replace("_us", "_ms"): v / 1e3 / steps for k, v in comm_exposure(kernels).items()}
+
+
+def rows(case: dict, results: list) -> list[dict]:
+    """Rows: phases and step time (rank 0; collectives keep the ranks in step), throughput of
+    the whole job, and per-rank memory and communication (samples = one value per rank)."""
+    lead_rank = results[0]
+    phases = lead_rank["phases_ms"]
+    step_ms = [sum(ts) for ts in zip(*phases.values())]
+    tokens = case["global_batch"] * case["context"]
+    rows = [common.summarize(f"{p}_ms", "ms", xs) for p, xs in phases.items()]
+    rows.append(common.summarize("step_ms", "ms", step_ms))
+    rows.append(common.summarize("tokens_per_s", "tokens/s", [tokens / (s / 1e3) for s in step_ms]))
+    per_rank = lambda key: [r[key] for r in results]
+    for key in ("param_mib", "grad_mib", "optimizer_state_mib", "peak_allocated_mib"):
+        if key in lead_rank:
+            rows.append(common.summarize(key, "MiB", per_rank(key)))
+    if "peak_allocated_mib" in lead_rank:
+        rest = [r["peak_allocated_mib"] - r["param_mib"] - r["grad_mib"] - r["optimizer_state_mib"]
+                for r in results]
+        row = common.summarize("activations_mib", "MiB", rest)
+        row["message"] = "peak allocated less parameters, gradients and optimizer state (buffers included)"
+        rows.append(row)
+    for key in ("comm_ms", "exposed_comm_ms", "compute_ms"):
+        if key in lead_rank:
+            rows.append(common.summarize(key, "ms", per_rank(key)))
+    return rows
+
+

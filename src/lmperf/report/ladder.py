@@ -1,0 +1,203 @@
+"""The ladder: from the assignment's setting to the GPU's limit, one change a rung (the rows of
+`results/<hw>/ladder/`, one CSV a model size): the rungs with their phase times, MFU and GPU
+busy share, the best rung of each size, its phases against the floors measured in the same job,
+FlopCounterMode's count beside the closed form MFU uses, the issue's bars (config/config.yaml's
+`report.ladder`), and its figure."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from lmperf.report.e2e import SPREAD_METRICS, failures, peaks, size_order
+from lmperf.report.format import bar, cell, fmt, ratio_range, unavailable
+from lmperf.report.plot import empty, plt, save
+
+
+def view(inputs) -> dict:
+    df = inputs.rows("ladder")
+    if df.empty:
+        return unavailable("no ladder results (rule ladder_size has not run)")
+    cases = df.drop_duplicates("case_id")
+    failed = failures(cases, ["size", "case_id"])
+    mfu = df[(df["metric"] == "mfu_pct") & (df["status"] == "ok")]
+    return {"available": True, "n_cases": len(cases), "failures": failed, "n_failures": len(failed),
+            "has_mfu": not mfu.empty, "peaks": peaks(mfu), **ladder(df, inputs.bars.get("ladder", {}))}
+
+
+METRICS = {"forward_ms": "forward ms", "backward_ms": "backward ms", "optimizer_ms": "optimizer ms",
+                  "step_ms": "step ms", "tokens_per_s": "tokens/s", "mfu_pct": "MFU %",
+                  "peak_allocated_mib": "peak MiB"}
+
+
+def rungs(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (size, rung): what changed, its settings, and its metrics (or its status)."""
+    out = []
+    for _, g in df[df["name"] != "floors"].groupby("case_id", sort=False):
+        first = g.iloc[0]
+        ok = first["status"] == "ok"
+        row = {"size": first["size"], "rung": int(first["rung"]), "change": first["change"],
+               "context": int(first["context"]), "batch": batch_text(g), "attention": first["attention_backend"] if ok and
+               isinstance(first.get("attention_backend"), str) else first["attention"],
+               "AdamW": first["optimizer"],
+               "checkpointed": _count(cell(g, "checkpointed_blocks")) if ok else None}
+        for metric, label in METRICS.items():
+            row[label] = cell(g, metric, spread=metric in SPREAD_METRICS)
+        # one profiled step's kernel time against the timed step (GPU only: blank elsewhere)
+        kernels, step, attention = (cell(g, m) for m in ("step_kernel_ms", "step_ms", "step_attention_kernel_ms"))
+        busy = isinstance(kernels, float) and isinstance(step, float) and step > 0
+        row["GPU busy %"] = 100 * kernels / step if busy else None
+        row["attention kernels ms"] = attention if isinstance(attention, float) else None
+        row["_name"], row["_attention"] = first["name"], first["attention"]
+        row["_status"] = first["status"]
+        out.append(row)
+    table = pd.DataFrame(out)
+    return table.drop(columns=[c for c in ("GPU busy %", "attention kernels ms")
+                               if c in table and table[c].isna().all()])
+
+
+def timed_batch(g: pd.DataFrame) -> tuple[int, int]:
+    """(micro-batch size, micro-batches a step) of a rung's timed steps: from its step_ms row
+    (a rung that chooses its micro-batch by memory has trial rows of other sizes), else its
+    first row."""
+    timed = g[g["metric"] == "step_ms"]
+    r = (timed if len(timed) else g).iloc[0]
+    k = r.get("micro_batches", 1)
+    return int(r["batch_size"]), int(k) if pd.notna(k) else 1
+
+
+def batch_text(g: pd.DataFrame) -> str:
+    """Sequences a step: "4", or "16 = 8 x 2" (micro-batches x their size)."""
+    b, k = timed_batch(g)
+    return f"{b}" if k == 1 else f"{b * k} = {k} x {b}"
+
+
+def _busy(rungs: pd.DataFrame, size: str, name: str) -> float:
+    """A rung's "GPU busy %" from the ladder table (NaN where not profiled on a GPU)."""
+    if "GPU busy %" not in rungs:
+        return math.nan
+    x = rungs[(rungs["size"] == size) & (rungs["_name"] == name)]["GPU busy %"]
+    return float(x.iloc[0]) if len(x) and pd.notna(x.iloc[0]) else math.nan
+
+
+def _count(x) -> int | None:
+    return int(x) if isinstance(x, float) and math.isfinite(x) else None
+
+
+def _value(df: pd.DataFrame, case_id: str, metric: str) -> float:
+    r = df[(df["case_id"] == case_id) & (df["metric"] == metric) & (df["status"] == "ok")]["mean"]
+    return float(r.iloc[0]) if len(r) else math.nan
+
+
+def ladder(df: pd.DataFrame, limits: dict) -> dict:
+    """The ladder per size: its rungs, the device rates, the best rung with its phase floors,
+    FlopCounterMode's count beside the closed form, and the issue's bars."""
+    if df.empty:
+        return {}
+    size_rank = {s: i for i, s in enumerate(size_order(df))}  # smallest model first within a rung
+    df = df.assign(rung=df["rung"].astype(int), _size=df["size"].map(size_rank))
+    df = df.sort_values(["rung", "_size"], kind="stable").drop(columns="_size")
+    table = rungs(df)
+    out = {"rungs": table, "sizes": [s for s in size_order(df) if s in set(table["size"])]}
+    ok = df[df["status"] == "ok"]
+    rates = ok[ok["name"] == "floors"]
+    out["rates"] = {size: {m: float(v) for m, v in g.set_index("metric")["mean"].items()
+                                  if m in ("copy_gb_per_s", "bf16_matmul_tflops")}
+                           for size, g in rates.groupby("size")}
+    # The best rung is the fastest (tokens/s): MFU is against each rung's own dtype peak (fp32
+    # eager against 67 TFLOP/s, bf16 against 989), so it does not rank rungs of different dtypes.
+    key = "tokens_per_s"
+    best, floors, flops = {}, [], []
+    for size, g in ok[ok["name"] != "floors"].groupby("size", sort=False):
+        score = g[g["metric"] == key].set_index("case_id")["mean"]
+        if score.empty:
+            continue
+        case_id = score.idxmax()
+        first = g[g["case_id"] == case_id].iloc[0]
+        assignment = g[g["name"] == "compiled"]["case_id"]
+        tokens = _value(g, case_id, "tokens_per_s")
+        batch_size, micro_batches = timed_batch(g[g["case_id"] == case_id])
+        best[size] = {"rung": int(first["rung"]), "change": first["change"], "context": int(first["context"]),
+                      "batch_size": batch_size, "warmup": int(first["warmup"]), "micro_batches": micro_batches,
+                      "timed_steps": int(first["timed_steps"]),
+                      "attention": first["attention"], "backend": first.get("attention_backend"),
+                      "optimizer": first["optimizer"], "mfu": _value(g, case_id, "mfu_pct"),
+                      "step_ms": _value(g, case_id, "step_ms"), "tokens_per_s": tokens,
+                      "vs_assignment": tokens / _value(g, assignment.iloc[0], "tokens_per_s")
+                      if len(assignment) else math.nan,
+                      "assignment_busy_pct": _busy(table, size, "compiled")}
+        for phase in ("forward", "backward", "optimizer"):
+            measured, floor = _value(g, case_id, f"{phase}_ms"), _value(g, case_id, f"{phase}_floor_ms")
+            if math.isfinite(floor):
+                floors.append({"size": size, "phase": phase, "measured ms": measured, "floor ms": floor,
+                               "measured / floor": measured / floor,
+                               "floor from": ("Linear weights x 26 B + other params x 28 B / copy bandwidth"
+                                              if first["optimizer"] == "master" else
+                                              "params x 28 B / copy bandwidth") if phase == "optimizer"
+                               else "closed-form FLOPs / bf16 matmul rate"})
+    for case_id, g in ok[ok["metric"].isin(["counted_flops", "closed_form_flops"])].groupby("case_id", sort=False):
+        first = g.iloc[0]
+        counted, closed = _value(g, case_id, "counted_flops"), _value(g, case_id, "closed_form_flops")
+        att_counted = _value(ok, case_id, "counted_attention_flops")
+        att_closed = _value(ok, case_id, "closed_form_attention_flops")
+        flops.append({"size": first["size"], "rung": int(first["rung"]), "attention": first["attention"],
+                      "checkpointed": _count(_value(ok, case_id, "checkpointed_blocks")),
+                      "counted TFLOP": counted / 1e12, "closed form TFLOP": closed / 1e12,
+                      "counted / closed": counted / closed, "attention: counted / closed": att_counted / att_closed})
+    out["best"] = best
+    out["floors"] = pd.DataFrame(floors)
+    out["flops"] = pd.DataFrame(flops)
+    if not out["flops"].empty:
+        out["flops_range"] = ratio_range(out["flops"]["counted / closed"])
+    out["bars"] = bars(best, out["floors"], limits)
+    return out
+
+
+def bars(best: dict, floors: pd.DataFrame, limits: dict) -> pd.DataFrame:
+    """The issue's bars for the configured size, read off its ladder job."""
+    size = limits.get("size")
+    b = best.get(size)
+    if not b or not limits:
+        return pd.DataFrame()
+    rows = []
+    if math.isfinite(b["mfu"]):
+        for text, limit in ((f"{size}: best rung >= {fmt(limits['best_mfu_pct'])}% MFU with "
+                             f"{limits['best_attention']} attention", limits["best_mfu_pct"]),
+                            (f"stretch: >= {fmt(limits['best_mfu_pct_stretch'])}% MFU", limits["best_mfu_pct_stretch"])):
+            rows.append(bar(text, b["mfu"], f"{fmt(b['mfu'])}% (rung {b['rung']}, {b['attention']})",
+                            b["mfu"] >= limit and b["attention"] == limits["best_attention"]))
+    x, busy = b["vs_assignment"], b.get("assignment_busy_pct", math.nan)
+    # below 100% busy the reference step waits on the host, so the ratio moves with the host's speed
+    host = f" (reference rung {fmt(busy)}% GPU-busy)" if math.isfinite(busy) and busy < 95 else ""
+    rows.append(bar(f"{size}: best rung tokens/s >= {fmt(limits['tokens_per_s_vs_assignment'])}x the assignment "
+                    f"setting's (bf16 compiled, same job)", x, f"{fmt(x)}x{host}",
+                    x >= limits["tokens_per_s_vs_assignment"]))
+    opt = floors[(floors["size"] == size) & (floors["phase"] == "optimizer")] if not floors.empty else floors
+    if len(opt):
+        x = float(opt["measured / floor"].iloc[0])
+        rows.append(bar(f"{size}: {b['optimizer']} optimizer phase <= {fmt(limits['optimizer_vs_floor'])}x its "
+                        f"bandwidth floor", x, f"{fmt(x)}x", x <= limits["optimizer_vs_floor"]))
+    return pd.DataFrame(rows)
+
+
+def figures(inputs, paths: dict) -> None:
+    """MFU (when the device has a peak) and tokens/s per rung, one line per model size."""
+    df, path = inputs.rows("ladder"), paths["ladder"]
+    ok = df[df["status"] == "ok"] if not df.empty else df
+    if ok.empty or not (ok["metric"] == "tokens_per_s").any():
+        empty(path, "the ladder: MFU and tokens/s per rung")
+        return
+    metrics = [m for m in ("mfu_pct", "tokens_per_s") if (ok["metric"] == m).any()]
+    labels = {"mfu_pct": "MFU (%)", "tokens_per_s": "tokens/s"}
+    fig, axes = plt.subplots(len(metrics), 1, figsize=(9, 3.2 * len(metrics)), sharex=True, squeeze=False)
+    names = ok.drop_duplicates("rung").sort_values("rung").set_index("rung")["name"]
+    for ax, metric in zip(axes[:, 0], metrics):
+        for size in size_order(ok):
+            g = ok[(ok["size"] == size) & (ok["metric"] == metric)].sort_values("rung")
+            ax.plot(g["rung"].astype(int), g["mean"], marker="o", label=size)
+        ax.set_ylabel(labels[metric])
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    axes[-1, 0].set_xticks(list(names.index.astype(int)), list(names), rotation=30, ha="right")
+    axes[0, 0].set_title("The ladder: one change a rung (the rung before plus its change)")
+    save(fig, path)
