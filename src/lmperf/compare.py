@@ -60,22 +60,24 @@ LARGEST = 3  # differences the summary names
 
 
 def result_csvs(folder) -> list[str]:
-    """The results CSVs under a folder, journals of unfinished jobs excluded (the Snakemake
-    rule's inputs)."""
-    return [str(p) for p in sorted(Path(folder).rglob("*.csv")) if ".journal" not in p.parts]
+    """The results CSVs under a folder, journals of unfinished jobs excluded (also the Snakemake
+    rule's inputs); a ValueError naming the folder where there are none."""
+    paths = [str(p) for p in sorted(Path(folder).rglob("*.csv")) if ".journal" not in p.parts]
+    if not paths:
+        raise ValueError(f"{folder}: no results CSVs under it" if Path(folder).is_dir()
+                         else f"{folder}: no such results folder")
+    return paths
 
 
 def load(folder) -> pd.DataFrame:
-    """Every results row under `folder`; a ValueError naming the folder if there are none."""
-    if not Path(folder).is_dir():
-        raise ValueError(f"{folder}: no such results folder")
+    """Every results row under `folder`."""
     text = {c: str for c in ("section", "study", "case_id", "metric", "unit", "samples", "status")}
     frames = [pd.read_csv(p, keep_default_na=False, na_values=[""], dtype=text)
               for p in result_csvs(folder)]
     frames = [f for f in frames if {*KEY, "status"} <= set(f.columns)]  # not env/env.csv's key-value
     if not frames:
-        raise ValueError(f"{folder}: no results CSVs under it (rows with section, study, case_id, "
-                         "metric and status columns)")
+        raise ValueError(f"{folder}: no results CSVs with section, study, case_id, metric and "
+                         "status columns under it")
     return pd.concat(frames, ignore_index=True)
 
 
@@ -292,7 +294,7 @@ def summary(result: dict, name_a: str, name_b: str, a: pd.DataFrame, b: pd.DataF
 
 
 METHOD = ("B/A is the ratio of the two runs' medians (for TFLOP/s, GB/s, tokens/s and MFU, above 1 "
-          "is faster). Its interval: a 95% percentile bootstrap over both runs' samples "
+          f"is faster). Its interval: a {stats.LEVEL:.0%} percentile bootstrap over both runs' samples "
           f"({stats.RESAMPLES:,} resamples, seed {stats.SEED}; basis `samples`), or, for rows that "
           "keep only a median and 20%/80% quantiles (do_bench), B's 20%-80% range against A's "
           "(basis `quantiles`: the interval excludes 1 when the ranges do not overlap). A row is "

@@ -7,8 +7,9 @@ so the median of an even number of samples is the mean of the middle two, as
 
 The interval of a ratio of medians is a percentile bootstrap: each run's samples are resampled
 with replacement `RESAMPLES` times (2,000) with a fixed seed (`SEED`), the ratio of the two
-resampled medians is taken each time, and the 2.5% and 97.5% quantiles of those ratios bound a
-95% interval. A bootstrap and not a rank test (Mann-Whitney U) because the question asked of two
+resampled medians is taken each time, and the 0.5% and 99.5% quantiles of those ratios bound a
+99% interval (99% and not 95% because a results folder holds thousands of timing rows: at 95%,
+noise alone would put one row in forty outside its interval). A bootstrap and not a rank test (Mann-Whitney U) because the question asked of two
 runs is "how much faster or slower, and is that more than noise?": a size with an interval, which
 a practical threshold can then be held against. A rank test answers only "do the two
 distributions differ?" with a p-value; with 100 samples a row it calls a 0.5% shift significant
@@ -41,7 +42,7 @@ from typing import NamedTuple
 import numpy as np
 
 RESAMPLES = 2000  # bootstrap resamples a ratio's interval is computed from
-LEVEL = 0.95  # the interval's coverage
+LEVEL = 0.99  # the interval's coverage
 SEED = 0  # the bootstrap's seed: the same samples give the same interval on every run
 MIN_SAMPLES = 5  # fewer samples than this in either run: no bootstrap interval
 
