@@ -19,8 +19,9 @@ What is judged, by the metric's unit:
 - counts and sizes (parameters, FLOP, MiB, ...): equal or differs;
 - everything else (errors against float64 on fresh random inputs, fractions): shown only.
 
-A case that did not run `ok` in either run (oom, error, skipped, ...) is listed with both
-statuses instead of being judged; rows present in one run only are listed, never dropped.
+A case in both runs that did not run `ok` in one or both (oom, error, skipped, ...) is listed
+with both statuses instead of being judged; rows present in one run only are listed with their
+status, never dropped.
 
 Two framings, chosen from the rows' `gpu` provenance. The same GPU in both folders: a
 regression check of B against the baseline A, which exits with status 1 when a row is slower
