@@ -47,9 +47,9 @@ SEED = 0  # the bootstrap's seed: the same samples give the same interval on eve
 MIN_SAMPLES = 5  # fewer samples than this in either run: no bootstrap interval
 
 SAME = "same within noise"
-BASES = ("samples", "quantiles", "one value")  # what a verdict's noise estimate came from
 FASTER = "faster"
 SLOWER = "slower"
+BASES = ("samples", "quantiles", "one value")  # what a verdict's noise estimate came from
 
 
 class Quantiles(NamedTuple):
@@ -66,7 +66,8 @@ class Ratio(NamedTuple):
     high: float = math.nan
 
     def reciprocal(self) -> "Ratio":
-        return Ratio(1 / self.ratio, 1 / self.high, 1 / self.low)
+        inverse = lambda x: 1 / x if x else math.inf  # a bound of 0: a resampled median of 0
+        return Ratio(inverse(self.ratio), inverse(self.high), inverse(self.low))
 
     @property
     def has_interval(self) -> bool:
