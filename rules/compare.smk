@@ -1,0 +1,28 @@
+# Two results folders compared row by row (python -m lmperf.compare): on one GPU a regression
+# check of results/<b> against results/<a>, across two GPUs a hardware comparison. Asked for by
+# name, e.g. snakemake --cores 1 report/compare/h200_vs_h100-80gb-hbm3.md
+import importlib
+
+
+rule compare:
+    input:
+        # lmperf.compare (pandas) is imported only when a page is asked for, not while planning
+        a=lambda w: importlib.import_module("lmperf.compare").result_csvs(f"results/{w.a}"),
+        b=lambda w: importlib.import_module("lmperf.compare").result_csvs(f"results/{w.b}"),
+        code=["src/lmperf/compare.py", "src/lmperf/stats.py", "src/lmperf/report/format.py",
+              "src/lmperf/bench/common.py", "src/lmperf/hardware.py"],
+    output:
+        "report/compare/{a}_vs_{b}.md",
+    log:
+        "logs/compare/{a}_vs_{b}.log",
+    params:
+        a="results/{a}",
+        b="results/{b}",
+    wildcard_constraints:
+        a=r"[^/]+",
+        b=r"[^/]+",
+    conda:
+        "../envs/lmperf.yaml"
+    shell:
+        # --exit-zero: the page is the product; its summary says whether the check passed
+        "python -m lmperf.compare {params.a} {params.b} --out {output} --exit-zero > {log} 2>&1"
