@@ -19,10 +19,13 @@ def skip_reason(impl: str, dtype: torch.dtype) -> str | None:
     return None
 
 
-def check(impl, shape, dtype, causal):
+def check(impl, shape, dtype, causal, kv_heads=None):
+    """q of `shape`; k and v with `kv_heads` heads (dim -3) where given (grouped-query)."""
     if reason := skip_reason(impl, dtype):
         pytest.skip(reason)
-    q, k, v = (torch.randn(shape, dtype=dtype, device=DEVICE) for _ in range(3))
+    kv_shape = (*shape[:-3], kv_heads, *shape[-2:]) if kv_heads else shape
+    q = torch.randn(shape, dtype=dtype, device=DEVICE)
+    k, v = (torch.randn(kv_shape, dtype=dtype, device=DEVICE) for _ in range(2))
     rows = compare(IMPLS[impl], q, k, v, causal)
     bad = [r for r in rows if not r["passed"]]
     assert not bad, f"{impl} {shape} {dtype} causal={causal}: {bad}"
@@ -51,6 +54,67 @@ def test_every_head_dim_4d(impl, d, causal):
 def test_bf16_padded_head_dims_and_long_ragged_sequences(d, n):
     check("triton", (2, 3, n, d), torch.bfloat16, True)
     check("triton", (1, 2, n, d), torch.bfloat16, False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Grouped-query and multi-query attention: k and v with H_kv heads, H_kv dividing q's H.
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_grouped_query_attention_matches_float64(impl, dtype, causal, group):
+    """H / H_kv in {1, 4, 8} (8 over 1 K/V head: multi-query), a ragged N, against float64 (the
+    reference repeats K and V, so its dK and dV are summed over each group)."""
+    check(impl, (2, 8, 37, 32), dtype, causal, kv_heads=8 // group)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["two_kernels", "fused"])
+@pytest.mark.parametrize("split", [1, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+def test_grouped_query_backward_paths_match_float64(monkeypatch, fused, split, dtype):
+    """Both backward paths, split or not: the dK/dV programs walk every query head of their
+    group in turn; in the one-launch backward they are dealt out to the group's query heads."""
+    force_split(monkeypatch, split)
+    force_fused(monkeypatch, fused)
+    check("triton", (1, 4, 70, 40), dtype, True, kv_heads=1)
+    check("triton", (2, 6, 33, 16), dtype, False, kv_heads=3)
+
+
+def test_grouped_query_attention_reads_k_and_v_in_place():
+    """K and V are neither repeated nor copied: the kernels read the (B, N, H_kv, D) projections'
+    transposed views through their strides, and dK, dV come back in that layout; the result is
+    the multi-head one with K and V repeated, bit for bit in the forward."""
+    apply = flash_attention_triton.FlashAttention2Triton.apply
+    q = torch.randn(2, 29, 6, 16, device=DEVICE).transpose(1, 2)
+    k, v = (torch.randn(2, 29, 2, 16, device=DEVICE).transpose(1, 2).requires_grad_() for _ in range(2))
+    out = apply(q, k, v, True)
+    out.backward(torch.ones_like(out))
+    assert k.grad.stride() == k.stride() and v.grad.stride() == v.stride()
+    k_rep, v_rep = (t.detach().repeat_interleave(3, dim=1).requires_grad_() for t in (k, v))
+    ref = apply(q, k_rep, v_rep, True)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    ref.backward(torch.ones_like(ref))
+    for grad, rep in ((k.grad, k_rep.grad), (v.grad, v_rep.grad)):
+        torch.testing.assert_close(grad, rep.view(2, 2, 3, 29, 16).sum(2), rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_query_backward_is_the_same_every_run(monkeypatch):
+    """dK and dV are summed over the group in a fixed order (no atomics): bit for bit."""
+    force_split(monkeypatch, 2)
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 8, 90, 32, generator=gen).to(DEVICE)
+    k, v = (torch.randn(1, 2, 90, 32, generator=gen).to(DEVICE) for _ in range(2))
+    grad = torch.randn(1, 8, 90, 32, generator=gen).to(DEVICE)
+    runs = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = flash_attention_triton.FlashAttention2Triton.apply(*leaves, True)
+        out.backward(grad)
+        runs.append([out.detach(), *(t.grad for t in leaves)])
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -141,10 +205,36 @@ def test_logsumexp_is_saved_for_backward(impl):
     (lambda: (torch.randn(2, 8, 16, dtype=torch.float64),) * 3, "float64 is not supported"),
     (lambda: (torch.randint(0, 3, (2, 8, 16)),) * 3, "int64 is not supported"),
     (lambda: (torch.randn(2, 0, 16),) * 3, "at least 1"),
+    (lambda: (torch.randn(1, 6, 8, 16), torch.randn(1, 4, 8, 16), torch.randn(1, 4, 8, 16)),
+     "6 heads are not a multiple of k and v's 4 heads"),
+    (lambda: (torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 1, 8, 16)), "same shape"),
+    (lambda: (torch.randn(1, 4, 8, 16), torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16)), "same shape"),
+    (lambda: (torch.randn(2, 4, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)), "same shape"),
 ])
 def test_bad_inputs_raise_a_clear_value_error(impl, make, message):
     with pytest.raises(ValueError, match=message):
         IMPLS[impl](*make(), False)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("is_causal", ["False", 1, None, torch.tensor(True)], ids=repr)
+def test_is_causal_must_be_a_bool(impl, is_causal):
+    """A string "False" is truthy: it would silently run causal attention."""
+    q = torch.randn(1, 2, 8, 16, device=DEVICE)
+    with pytest.raises(TypeError, match="is_causal must be a bool"):
+        IMPLS[impl](q, q, q, is_causal)
+    with pytest.raises(TypeError, match="is_causal must be a bool"):
+        {"torch": flash_attention_torch, "triton": flash_attention_triton}[impl].forward_with_lse(q, q, q, is_causal)
+
+
+def test_cpu_tensors_without_the_interpreter_say_what_to_set(monkeypatch):
+    """Without TRITON_INTERPRET=1, Triton finds no driver for CPU tensors ("0 active drivers");
+    the op says what to set instead."""
+    monkeypatch.setattr(flash_attention_triton, "INTERPRET", False)
+    q = torch.randn(1, 2, 8, 16)
+    for call in (flash_attention_triton.FlashAttention2Triton.apply, flash_attention_triton.forward_with_lse):
+        with pytest.raises(RuntimeError, match="set TRITON_INTERPRET=1"):
+            call(q, q, q, False)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA: the device-mismatch check needs two devices")
@@ -211,6 +301,30 @@ def test_compiled_fullgraph_matches_eager(monkeypatch, dtype, causal, split):
         torch.testing.assert_close(out, ref, rtol=0, atol=0)
         for g, r in zip(grads, (q2.grad, k2.grad, v2.grad)):
             torch.testing.assert_close(g, r, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_compiled_grouped_query_attention_matches_eager_and_float64(causal):
+    """Grouped-query and multi-query attention under torch.compile (fullgraph): no graph break,
+    the eager results bit for bit, float64's within tolerance, through a recompile for a second
+    group size."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    apply = flash_attention_triton.FlashAttention2Triton.apply
+    compiled = torch.compile(apply, backend=COMPILE_BACKEND, fullgraph=True)
+    for q_shape, kv_heads in [((2, 4, 45, 32), 1), ((1, 8, 33, 64), 2)]:
+        q = torch.randn(q_shape, device=DEVICE, requires_grad=True)
+        k, v = (torch.randn(q_shape[0], kv_heads, *q_shape[2:], device=DEVICE, requires_grad=True) for _ in range(2))
+        out = compiled(q, k, v, causal)
+        out.sum().backward()
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        ref = apply(*leaves, causal)
+        ref.sum().backward()
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+        for a, b in zip((q, k, v), leaves):
+            torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+        rows = compare(compiled, q.detach(), k.detach(), v.detach(), causal)
+        assert all(r["passed"] for r in rows), rows
 
 
 def test_compiled_forward_matches_float64():
