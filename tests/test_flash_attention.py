@@ -1,11 +1,14 @@
 """The FlashAttention-2 contract, for the tiled PyTorch version and the Triton version (under
 Triton's interpreter when there is no GPU), against float64 on fresh random inputs."""
+from pathlib import Path
+
 import pytest
 import torch
 
 from lmperf.kernels import flash_attention_torch, flash_attention_triton
 from lmperf.kernels.attention_contract import compare
 
+REPO = Path(__file__).resolve().parents[1]
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 IMPLS = {"torch": flash_attention_torch.FlashAttention2PyTorch.apply,
@@ -481,3 +484,55 @@ def test_backward_is_one_launch_only_when_it_cannot_fill_the_gpu(monkeypatch):
     assert not fa.bwd_config(16384, 64, torch.bfloat16, True, 16)["fused"]
     assert not fa.bwd_config(2048, 128, torch.float32, True, 1)["fused"]
     assert not fa.bwd_config(4096, 64, torch.bfloat16, True, 1)["fused"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark's grouped-query rows and the report's view of them
+
+
+def test_grouped_query_bench_cases_and_their_check():
+    from lmperf.bench.flash_attention import bench_cases
+    group = {"name": "gqa", "batch": 2, "heads": 32, "kv_heads": 8, "causal": [True], "dtypes": ["bf16"],
+             "seq_lens": [2048], "head_dims": [128], "providers": ["triton", "sdpa_cudnn"], "timing_ms": [25, 100],
+             "tiled_max_seq_len": 4096}
+    cases = bench_cases({"groups": [group]})
+    assert {c["case_id"] for c in cases} == {"gqa-triton-bf16-causal-b2h32kv8n2048d128",
+                                             "gqa-sdpa_cudnn-bf16-causal-b2h32kv8n2048d128"}
+    assert all(c["kv_heads"] == 8 for c in cases)
+    with pytest.raises(ValueError, match="kv_heads=6 does not divide heads=32"):
+        bench_cases({"groups": [{**group, "kv_heads": 6}]})
+
+
+def test_report_shows_grouped_query_rows_and_the_models_backward(tmp_path):
+    """The GQA group's table (ours and each SDPA backend by GPU time, ours / peer), and the
+    model group's backward alone; a model-group shape of no model size keeps its row."""
+    import pandas as pd
+    from lmperf.report import flash_attention as view_fa, render
+    from lmperf.report.sections import SECTIONS, Inputs
+    bench = tmp_path / "flash_attention" / "bench"
+    bench.mkdir(parents=True)
+    base = {"section": "flash_attention", "study": "bench", "dtype": "bf16", "causal": True, "status": "ok",
+            "unit": "ms", "harness": "eager"}
+    rows = []
+    for provider, fwd, fb in (("triton", 1.0, 3.0), ("sdpa_flash", 1.5, 4.5), ("sdpa_cudnn", 0.8, 2.5)):
+        for metric, value in (("forward_gpu_ms", fwd), ("fwd_bwd_gpu_ms", fb), ("fwd_bwd_ms", fb)):
+            rows.append({**base, "group": "gqa", "provider": provider, "batch": 2, "heads": 32, "kv_heads": 8,
+                         "seq_len": 2048, "head_dim": 128, "model": "", "metric": metric, "median": value})
+    pd.DataFrame(rows).to_csv(bench / "gqa_d128.csv", index=False)
+    rows = []
+    for model, batch, heads, d in (("small", 4, 12, 64), ("", 8, 16, 128)):
+        for provider, fb, bwd in (("triton", 1.0, 0.7), ("sdpa_cudnn", 2.0, 1.4)):
+            for metric, value in (("fwd_bwd_gpu_ms", fb), ("backward_gpu_ms", bwd), ("fwd_bwd_ms", fb)):
+                rows.append({**base, "group": "model", "provider": provider, "batch": batch, "heads": heads,
+                             "kv_heads": heads, "seq_len": 2048, "head_dim": d, "model": model, "metric": metric,
+                             "median": value, "harness": "leaderboard"})
+    pd.DataFrame(rows).to_csv(bench / "model.csv", index=False)
+    bars = render.bars_from_config(REPO / "config" / "config.yaml")
+    view = view_fa.view(Inputs(results=tmp_path, bars=bars, out_dir=tmp_path,
+                               frames={s.name: render.load_section(tmp_path, s.name) for s in SECTIONS}))
+    gqa = view["gqa"].iloc[0]
+    assert (gqa["H"], gqa["H_kv"]) == (32, 8) and view["gqa"].attrs["metric"] == "GPU time (CUDA graph)"
+    assert gqa["fwd+bwd: ours / sdpa_cudnn"] == pytest.approx(1.2) and gqa["forward ms, ours"] == 1.0
+    assert any("32 heads over 8 K/V heads" in c["name"] for c in view["configs"])
+    assert view["model"]["model"].tolist() == ["small", "(no model)"]
+    assert view["model_backward"]["ours / sdpa_cudnn"].tolist() == [0.5, 0.5]
