@@ -365,8 +365,9 @@ def test_the_op_itself_is_differentiable():
 
 def test_tile_configs_depend_only_on_the_call():
     """No autotuner: the config is a function of (N, D, dtype, causal, batch x heads)."""
+    import triton
     fa = flash_attention_triton
-    assert not hasattr(fa._fwd_kernel, "configs") and not hasattr(fa._bwd_dq_kernel, "configs")
+    assert not [name for name, obj in vars(fa).items() if isinstance(obj, triton.runtime.Autotuner)]
     first = fa.fwd_config(16384, 64, torch.bfloat16, True, 16)
     for n in (1, 4097, 128):
         fa.fwd_config(n, 64, torch.bfloat16, True, 1)
@@ -378,8 +379,8 @@ def force_split(monkeypatch, split: int) -> None:
     tiles otherwise."""
     fa = flash_attention_triton
     fwd_rule, bwd_rule = fa.fwd_config, fa.bwd_config
-    monkeypatch.setattr(fa, "_fwd_config", lambda *a: {**fwd_rule(*a), "SPLIT": split})
-    monkeypatch.setattr(fa, "_bwd_config", lambda *a: {name: {**c, "SPLIT": split} if name in ("dq", "dkdv") else c
+    monkeypatch.setattr(fa, "launch_fwd_config", lambda *a: {**fwd_rule(*a), "SPLIT": split})
+    monkeypatch.setattr(fa, "launch_bwd_config", lambda *a: {name: {**c, "SPLIT": split} if name in ("dq", "dkdv") else c
                                                       for name, c in bwd_rule(*a).items()})
 
 
@@ -387,8 +388,8 @@ def force_fused(monkeypatch, fused: bool) -> None:
     """Every backward runs as one fused launch (fused=True) or as two kernels, with the tiles
     and splits of the launch path's config as it stands (force_split's, if called first)."""
     fa = flash_attention_triton
-    bwd = fa._bwd_config
-    monkeypatch.setattr(fa, "_bwd_config", lambda *a: {**bwd(*a), "fused": fused})
+    bwd = fa.launch_bwd_config
+    monkeypatch.setattr(fa, "launch_bwd_config", lambda *a: {**bwd(*a), "fused": fused})
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

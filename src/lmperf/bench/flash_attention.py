@@ -125,7 +125,7 @@ def _fresh_compiles():
     """Inductor's caches off for the rest of the process, so that every later torch.compile traces
     and compiles anew: Inductor's graph cache does not key on
     the SDPA backend (pytorch/pytorch#185449), and with it sdpa_cudnn ran the graph compiled
-    for sdpa_flash (the same times at every shape of the model group, session 8). It also
+    for sdpa_flash (the same times at every shape of the model group at 00b7ee9ca850). It also
     keeps a published time independent of what an earlier job left in the cache. Called for
     the leaderboard harness's cases, where the SDPA backends are compiled; the grid's
     plain_compiled (no SDPA in its graph) keeps the caches, which halves its compile time."""

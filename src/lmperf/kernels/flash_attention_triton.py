@@ -36,7 +36,7 @@ operands split into a high and a low TF32 part), accurate to about fp32 rounding
 against float64 like every other dtype.
 
 Tile configs come from a rule table (`fwd_config`, `bwd_config`) chosen from a committed sweep
-(notes/data/fa_sweep_*.csv, notes/flash_attention.md): the config depends only on the call's
+(tuning/flash_attention/data/fa_sweep_*.csv, tuning/flash_attention/NOTES.md): the config depends only on the call's
 shape, dtype and causality, never on what ran before, and a launch does no tuning.
 """
 from __future__ import annotations
@@ -58,14 +58,14 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 # ---------------------------------------------------------------------------------------------
-# Tile configs: a rule table, as data. The sweep that chose them is scripts/fa_sweep.py.
+# Tile configs: a rule table, as data. The sweep that chose them is tuning/flash_attention/fa_sweep.py.
 
 
 def _pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def _cdiv(a, b):
+def cdiv(a, b):
     """ceil(a / b) in plain Python (triton.cdiv is a JIT function: about 7 us a call from Python)."""
     return (a + b - 1) // b
 
@@ -85,7 +85,7 @@ def d_tiles(d: int) -> tuple[int, int]:
     return (da, db) if da + db < d_pad(d) else (d_pad(d), 0)
 
 
-# The two H100 sweeps (notes/data/fa_sweep_h100_*.csv, notes/flash_attention.md) in short:
+# The H100 sweeps (tuning/flash_attention/data/fa_sweep_h100_*.csv, NOTES.md there) in short:
 # long sequences want big tiles (fewer programs re-reading K/V); short ones, or few programs,
 # 64-row tiles (more programs in flight, less causal waste on the diagonal); head dims padded
 # to 128 behave like 128; fp32 (tf32x3 dots, 4-byte tiles) and D = 256 want 32-row tiles.
@@ -110,8 +110,8 @@ def fwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
         cfg = dict(BLOCK_Q=128, BLOCK_K=64, num_warps=8, num_stages=3)
     else:
         cfg = dict(BLOCK_Q=128, BLOCK_K=128, num_warps=8, num_stages=3)
-    cfg = _fit(cfg, n, "BLOCK_Q", "BLOCK_K")
-    cfg["SPLIT"] = _split(bh * _cdiv(n, cfg["BLOCK_Q"]), _cdiv(n, cfg["BLOCK_K"]), _min_loop(dtype))
+    cfg = fit_tiles(cfg, n, "BLOCK_Q", "BLOCK_K")
+    cfg["SPLIT"] = _split(bh * cdiv(n, cfg["BLOCK_Q"]), cdiv(n, cfg["BLOCK_K"]), _min_loop(dtype))
     return cfg
 
 
@@ -124,7 +124,7 @@ def _split(programs: int, loop_tiles: int, min_loop: int = 1, min_share: int = 1
     """Programs per tile (1, 2, 4 or 8), each over a share of the tile's loop: none when the loop
     has fewer than min_loop tiles, else doubled while the launch has fewer than two programs per
     SM and every share keeps at least min_share tiles. Swept on the H100 at batch 1 x 1 head,
-    N = 128-4,096 (notes/flash_attention.md, v6 steps 20-21): in fp32 more parts were faster
+    N = 128-4,096 (tuning/flash_attention/NOTES.md, v6 steps 20-21): in fp32 more parts were faster
     down to one tile a share; in 16 bits the split's own kernels (the forward's merge, the
     backward's sums and casts: about 10 us in a CUDA graph) cost more than it saves below 16
     tiles of loop, so 16-bit callers pass min_loop=16. 8 parts were slower than 4 once a launch
@@ -149,7 +149,7 @@ def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int, group:
     dp = d_pad(d)
     min_share = 1  # tiles of loop each part of a split keeps at least
     if dtype == torch.float32 and dp >= 128 and n <= 512:
-        # short single-head sequences: 16-row tiles, parts of at least 2 tiles (session-12 sweep)
+        # short single-head sequences: 16-row tiles, parts of at least 2 tiles (sweep at f0f50d3bba1b)
         dq = dict(BLOCK_M2=16, BLOCK_N2=16, num_warps=4, num_stages=2)
         dkdv = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=2)
         min_share = 2
@@ -159,7 +159,7 @@ def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int, group:
     elif dp > 128:
         dq = dict(BLOCK_M2=64, BLOCK_N2=32, num_warps=4, num_stages=2)
         dkdv = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
-    elif d == dp == 128 and 256 <= n <= 512:  # session-12 sweep, whole backward, unsplit
+    elif d == dp == 128 and 256 <= n <= 512:  # sweep at f0f50d3bba1b, whole backward, unsplit
         dq = dict(BLOCK_M2=64, BLOCK_N2=32, num_warps=4, num_stages=3)
         dkdv = dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3)
         min_share = n  # no split: shares would need n tiles each
@@ -171,17 +171,17 @@ def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int, group:
         else:  # padded to 128 (e.g. 80)
             dq = dict(BLOCK_M2=64, BLOCK_N2=32, num_warps=4, num_stages=3)
         # causal, D <= 64: 128-key tiles when they alone give every SM several programs
-        if causal and dp <= 64 and bh * _cdiv(n, 128) >= 4 * SM_COUNT_H100:
+        if causal and dp <= 64 and bh * cdiv(n, 128) >= 4 * SM_COUNT_H100:
             dkdv = dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3)
-        elif d != dp and n >= 2048:  # padded D (the 2.7B's 80) at long context: session-11 sweep
+        elif d != dp and n >= 2048:  # padded D (the 2.7B's 80) at long context: sweep at 347c67c5a2be
             dkdv = dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=3)
         else:
             dkdv = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
     dkdv["HEADS_FASTEST"] = causal
-    dq, dkdv = _fit(dq, n, "BLOCK_M2", "BLOCK_N2"), _fit(dkdv, n, "BLOCK_N", "BLOCK_M")
+    dq, dkdv = fit_tiles(dq, n, "BLOCK_M2", "BLOCK_N2"), fit_tiles(dkdv, n, "BLOCK_N", "BLOCK_M")
     # few programs and long loops: several programs per tile, each writing fp32 partial sums
-    dq["SPLIT"] = _split(bh * _cdiv(n, dq["BLOCK_M2"]), _cdiv(n, dq["BLOCK_N2"]), _min_loop(dtype), min_share)
-    dkdv["SPLIT"] = _split(bh // group * _cdiv(n, dkdv["BLOCK_N"]), group * _cdiv(n, dkdv["BLOCK_M"]),
+    dq["SPLIT"] = _split(bh * cdiv(n, dq["BLOCK_M2"]), cdiv(n, dq["BLOCK_N2"]), _min_loop(dtype), min_share)
+    dkdv["SPLIT"] = _split(bh // group * cdiv(n, dkdv["BLOCK_N"]), group * cdiv(n, dkdv["BLOCK_M"]),
                            _min_loop(dtype), min_share)
     cfg = dict(dq=dq, dkdv=dkdv)
     return {**cfg, "fused": _fused(cfg, n, dtype, bh, group)}
@@ -191,13 +191,13 @@ def _fused(cfg: dict, n: int, dtype: torch.dtype, bh: int, group: int = 1) -> bo
     """One launch for dQ and dK/dV (`_bwd_fused_kernel`): the two run side by side, and the
     backward takes about the longer of the two loops instead of both one after the other. The
     fused dK/dV programs recompute Delta for every query tile they visit, so big launches keep
-    two kernels. From the session-12 sweep of the whole backward (H100; notes/flash_attention.md
+    two kernels. From the sweep of the whole backward at f0f50d3bba1b (H100; tuning/flash_attention/NOTES.md
     step 25): fused was faster at every shape of up to 4 programs per SM with N <= 1,024 (one
     head at N = 128-1,024 in all three head dims and both dtype families, batch 4 x 12 and 16
     heads at N = 256), and at N = 2,048 in 16 bits; two kernels were faster at 8 per SM (4 x 32
     heads x 256) and for fp32 D = 128 at N = 2,048."""
     dq, dkdv = cfg["dq"], cfg["dkdv"]
-    programs = bh * _cdiv(n, dq["BLOCK_M2"]) * dq["SPLIT"] + bh // group * _cdiv(n, dkdv["BLOCK_N"]) * dkdv["SPLIT"]
+    programs = bh * cdiv(n, dq["BLOCK_M2"]) * dq["SPLIT"] + bh // group * cdiv(n, dkdv["BLOCK_N"]) * dkdv["SPLIT"]
     return programs <= 4 * SM_COUNT_H100 and (n <= 1024 or (n <= 2048 and dtype != torch.float32))
 
 
@@ -205,17 +205,18 @@ _fwd_memo = functools.lru_cache(maxsize=1024)(fwd_config)
 _bwd_memo = functools.lru_cache(maxsize=1024)(bwd_config)
 
 
-def _fwd_config(n, d, dtype, causal, bh):
-    """The launch path's memo of the rule (its dicts are only read there); traced symbolic
-    sizes (SymInt, unhashable) go to the rule itself."""
+def launch_fwd_config(n, d, dtype, causal, bh):
+    """The config a launch uses: the rule (fwd_config), memoised (its dicts are only read);
+    traced symbolic sizes (SymInt, unhashable) go to the rule itself."""
     return (_fwd_memo if type(n) is type(d) is type(bh) is int else fwd_config)(n, d, dtype, causal, bh)
 
 
-def _bwd_config(n, d, dtype, causal, bh, group=1):
+def launch_bwd_config(n, d, dtype, causal, bh, group=1):
+    """The config a backward launch uses: bwd_config, memoised like launch_fwd_config."""
     return (_bwd_memo if type(n) is type(d) is type(bh) is int else bwd_config)(n, d, dtype, causal, bh, group)
 
 
-def _fit(cfg: dict, n: int, outer: str, inner: str) -> dict:
+def fit_tiles(cfg: dict, n: int, outer: str, inner: str) -> dict:
     """Shrink the outer tile to the sequence (at least 16) and keep inner <= outer, so that
     short sequences do not run mostly-masked tiles."""
     cfg = dict(cfg)
@@ -810,13 +811,13 @@ def launch_forward(q3, k3, v3, out, lse, is_causal: bool, cfg: dict, launch=lamb
     if split > 1:
         o_p = torch.empty((split, nb, nh, n, d), dtype=torch.float32, device=q3.device)
         l_p = torch.empty((split, bh, n), dtype=torch.float32, device=q3.device)
-    launch(_fwd_kernel)[(_cdiv(n, c["BLOCK_Q"]) * split, bh)](
+    launch(_fwd_kernel)[(cdiv(n, c["BLOCK_Q"]) * split, bh)](
         q3, k3, v3, o_p, l_p, nh, *_bhn(q3), *_bhn(k3), *_bhn(v3), *_strides(o_p),
         l_p.stride(0) if split > 1 else 0, n, **_scales(d),
         IS_CAUSAL=is_causal, DOT_PRECISION=_dot_precision(q3.dtype), **c)
     if split > 1:
         block = 32
-        launch(_fwd_combine_kernel)[(_cdiv(n, block), bh)](
+        launch(_fwd_combine_kernel)[(cdiv(n, block), bh)](
             o_p, l_p, out, lse, nh, *_strides(o_p), l_p.stride(0), *_bhn(out), n, D=d,
             D_PAD=d_pad(d), SPLIT=split, BLOCK=block, num_warps=4)
 
@@ -830,7 +831,7 @@ def launch_backward_dq(q3, k3, v3, o3, do3, lse, delta, dq, is_causal: bool, cfg
     c = {"SPLIT": 1, "GROUP": _group(q3, k3), **cfg["dq"]}
     split = c["SPLIT"]
     dq_p = _partials(dq, split)
-    launch(_bwd_dq_kernel)[(_cdiv(n, c["BLOCK_M2"]) * split, nb * nh)](
+    launch(_bwd_dq_kernel)[(cdiv(n, c["BLOCK_M2"]) * split, nb * nh)](
         q3, k3, v3, o3, do3, lse, delta, dq_p, nh, *_bhn(q3), *_bhn(k3), *_bhn(v3), *_bhn(o3), *_bhn(do3),
         *_strides(dq_p), n, **_scales(d), SM_SCALE=1.0 / math.sqrt(d), IS_CAUSAL=is_causal,
         DOT_PRECISION=_dot_precision(q3.dtype), **c)
@@ -850,7 +851,7 @@ def launch_backward_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal: bool, c
     c = {"SPLIT": 1, "GROUP": _group(q3, k3), **cfg["dkdv"]}
     split = c["SPLIT"]
     dk_p, dv_p = _partials(dk, split), _partials(dv, split)
-    tiles = _cdiv(n, c["BLOCK_N"]) * split
+    tiles = cdiv(n, c["BLOCK_N"]) * split
     launch(_bwd_dkdv_kernel)[(bh, tiles) if c["HEADS_FASTEST"] else (tiles, bh)](
         q3, k3, v3, do3, lse, delta, dk_p, dv_p, nh, *_bhn(q3), *_bhn(k3), *_bhn(v3), *_bhn(do3),
         *_strides(dk_p), *_strides(dv_p), n,
@@ -865,13 +866,13 @@ def launch_backward_fused(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool,
                           launch=lambda k: k) -> None:
     """dQ, dK and dV in one launch (_bwd_fused_kernel): cfg["dq"]'s tiles and split for the dQ
     programs, cfg["dkdv"]'s for the dK/dV programs, dQ's warps and stages for both (the
-    session-12 sweep's best at one head: 3 stages for D <= 64, 2 for D = 128); no Delta buffer. Split partials are summed after, as in the two-kernel path."""
+    best at one head in the sweep at f0f50d3bba1b: 3 stages for D <= 64, 2 for D = 128); no Delta buffer. Split partials are summed after, as in the two-kernel path."""
     q3, k3, v3, o3, do3, dq, dk, dv = (_heads(t) for t in (q3, k3, v3, o3, do3, dq, dk, dv))
     nb, nh, n, d = q3.shape
     group = _group(q3, k3)
     cq, ckv = {"SPLIT": 1, **cfg["dq"]}, {"SPLIT": 1, **cfg["dkdv"]}
     dq_p, dk_p, dv_p = _partials(dq, cq["SPLIT"]), _partials(dk, ckv["SPLIT"]), _partials(dv, ckv["SPLIT"])
-    programs = _cdiv(_cdiv(n, ckv["BLOCK_N"]) * ckv["SPLIT"], group) + _cdiv(n, cq["BLOCK_M2"]) * cq["SPLIT"]
+    programs = cdiv(cdiv(n, ckv["BLOCK_N"]) * ckv["SPLIT"], group) + cdiv(n, cq["BLOCK_M2"]) * cq["SPLIT"]
     launch(_bwd_fused_kernel)[(programs, nb * nh)](
         q3, k3, v3, o3, do3, lse, dq_p, dk_p, dv_p, nh, *_bhn(q3), *_bhn(k3), *_bhn(v3), *_bhn(o3), *_bhn(do3),
         *_strides(dq_p), *_strides(dk_p), *_strides(dv_p), n, **_scales(d), SM_SCALE=1.0 / math.sqrt(d),
@@ -944,7 +945,7 @@ def _forward(q, k, v, is_causal: bool, launch):
     _check_heads(bh)
     out = _out_like(q)  # fresh (B, H, N, D): the kernels write it, not a view of it
     lse = torch.empty((bh, n), dtype=torch.float32, device=q.device)
-    launch_forward(q, k, v, out, lse, is_causal, _fwd_config(n, d, q.dtype, is_causal, bh), launch)
+    launch_forward(q, k, v, out, lse, is_causal, launch_fwd_config(n, d, q.dtype, is_causal, bh), launch)
     return out.view(q.shape), lse.view(q.shape[:-1])
 
 
@@ -953,7 +954,7 @@ def _backward_kernels(q, k, v, out, lse, grad_out, is_causal: bool, launch):
     bh = nb * nh
     lse3 = lse.reshape(bh, n)
     lse3 = lse3 if lse3.is_contiguous() else lse3.contiguous()
-    cfg = _bwd_config(n, d, q.dtype, is_causal, bh, int(nh // _heads_shape(k.shape)[1]))
+    cfg = launch_bwd_config(n, d, q.dtype, is_causal, bh, int(nh // _heads_shape(k.shape)[1]))
     dq, dk, dv = _like(q), _like(k), _like(v)  # fresh (B, H, N, D) and (B, H_kv, N, D), written by the kernels
     launch_backward(q, k, v, out, grad_out, lse3, dq, dk, dv, is_causal, cfg, launch)
     return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
