@@ -23,6 +23,11 @@ the diagonal are never visited. Ragged sequence ends are masked in the last tile
 Programs run tile-fastest (the tiles of one head share its K and V in L2) and, when causal,
 longest tile first within a head.
 
+Grouped-query attention: k and v may have H_kv heads dividing q's H; query head h reads K/V
+head h // GROUP (GROUP = H / H_kv, a compile-time constant). The dK/dV program of a key tile
+walks the GROUP query heads that read its K/V head one after another (a fixed order: the same
+sums every run); K and V are never repeated in memory.
+
 Head dims: any multiple of 8 from 8 to 256. A row block is held as one tile D_PAD = next power
 of two >= max(D, 16) wide, or as two power-of-two tiles where they are narrower (`d_tiles`:
 80 = 64 + 16, 96 = 64 + 32), each product over D then being two dots; columns past D are

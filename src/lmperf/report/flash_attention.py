@@ -137,6 +137,7 @@ def view(inputs) -> dict:
             "model_backward": model_backward, "gqa": gqa_table(bench[bench["group"] == "gqa"]),
             "model_same_kernel": SAME_KERNEL if same_kernel(model, "sdpa_flash", "sdpa_cudnn") else "",
             "bars": pd.DataFrame(bars(configs, grid, model, inputs.bars["flash_attention"]))}
+    view["losses"] = loss_table(configs, model, model_backward)
     if not grid.empty:
         view["grid"] = grid_tables(grid)
         view["grid_slower"] = {m: grid_slower(grid, m) for m in ("fwd_bwd_gpu_ms", "fwd_bwd_ms")}
@@ -168,6 +169,27 @@ def model_table(model: pd.DataFrame, metric: str | None = None) -> pd.DataFrame:
     out = out.rename(columns={"seq_len": "N", "head_dim": "D", "triton": "ours (triton)"})
     out.attrs["metric"] = metric
     return out
+
+
+def loss_table(configs: list[dict], model: pd.DataFrame, model_backward: pd.DataFrame) -> pd.DataFrame:
+    """Where ours is still slower than cuDNN (ours / cuDNN time > 1), from the same runs: each
+    configuration's directions (do_bench), and the model group's forward+backward and backward
+    (GPU time where measured)."""
+    rows = []
+    for c in configs:
+        for direction, label in DIRECTIONS.items():
+            r = c["ratios"].get(("sdpa_cudnn", direction))
+            if r is not None and r > 1:
+                rows.append({"shape": c["name"], "pass": label, "ours / cuDNN": r})
+    for table, label in ((model, "forward+backward"), (model_backward, "backward")):
+        if "ours / sdpa_cudnn" not in table:
+            continue
+        how = "GPU time" if table.attrs.get("metric", "").endswith("gpu_ms") else "do_bench"
+        for r in table.to_dict("records"):
+            if r["ours / sdpa_cudnn"] > 1:
+                rows.append({"shape": f"model group: {r['model']}, {r['batch']} x {r['heads']} heads x {r['N']} tokens "
+                                      f"x D {r['D']}", "pass": f"{label} ({how})", "ours / cuDNN": r["ours / sdpa_cudnn"]})
+    return pd.DataFrame(rows)
 
 
 def gqa_table(gqa: pd.DataFrame) -> pd.DataFrame:
