@@ -537,3 +537,7 @@ def test_report_shows_grouped_query_rows_and_the_models_backward(tmp_path):
     assert any("32 heads over 8 K/V heads" in c["name"] for c in view["configs"])
     assert view["model"]["model"].tolist() == ["small", "(no model)"]
     assert view["model_backward"]["ours / sdpa_cudnn"].tolist() == [0.5, 0.5]
+    # where ours is still slower than cuDNN: the GQA shape's forward+backward, not the model group
+    losses = view["losses"]
+    assert len(losses) == 1 and "32 heads over 8 K/V heads" in losses["shape"].iloc[0]
+    assert losses["pass"].iloc[0] == "forward+backward" and losses["ours / cuDNN"].iloc[0] == pytest.approx(1.2)
