@@ -18,18 +18,26 @@ from lmperf.bench import common, timing
 
 def check_cases(spec: dict) -> list[dict]:
     """impl x dtype x causal x shape; triton_compiled (ours under torch.compile, fullgraph) on
-    `compiled_shapes` (each shape compiles anew, seconds a case)."""
+    `compiled_shapes` (each shape compiles anew, seconds a case); every impl also on
+    `grouped_shapes` [B, H, H_kv, N, D] (grouped-query attention: k and v with H_kv heads)."""
     cases = []
     for impl, dtype, causal in itertools.product(spec["impls"], spec["dtypes"], spec["causal"]):
         shapes = spec.get("compiled_shapes", spec["shapes"]) if impl == "triton_compiled" else spec["shapes"]
         for shape in shapes:
             cases.append(_check_case(impl, dtype, causal, shape))
+        for b, h, h_kv, n, d in spec.get("grouped_shapes", []):
+            if h % h_kv:
+                raise ValueError(f"flash_attention check grouped_shapes: H_kv={h_kv} does not divide H={h}")
+            cases.append(_check_case(impl, dtype, causal, (b, h, n, d), h_kv))
     return cases
 
 
-def _check_case(impl, dtype, causal, shape) -> dict:
+def _check_case(impl, dtype, causal, shape, kv_heads=None) -> dict:
     case = {"impl": impl, "dtype": dtype, "causal": causal, "shape": "x".join(map(str, shape))}
     case["case_id"] = f"{impl}-{dtype}-{'causal' if causal else 'full'}-{case['shape']}"
+    if kv_heads is not None:  # q's shape; k and v with kv_heads heads
+        case["kv_heads"] = kv_heads
+        case["case_id"] += f"-kv{kv_heads}"
     return case
 
 
@@ -51,8 +59,9 @@ def measure_check(case: dict) -> list[dict]:
     seed = random.randrange(2**31)  # fresh inputs every run; the seed is kept to reproduce them
     gen = torch.Generator(device="cuda" if cuda else "cpu").manual_seed(seed)
     shape = tuple(int(x) for x in case["shape"].split("x"))
-    q, k, v = (torch.randn(shape, generator=gen, device=gen.device, dtype=common.torch_dtype(case["dtype"]))
-               for _ in range(3))
+    kv_shape = (*shape[:-3], case["kv_heads"], *shape[-2:]) if case.get("kv_heads") else shape
+    q, k, v = (torch.randn(s, generator=gen, device=gen.device, dtype=common.torch_dtype(case["dtype"]))
+               for s in (shape, kv_shape, kv_shape))
     rows = []
     for r in compare(impl, q, k, v, case["causal"]):
         row = common.summarize(f"{r['quantity']}_max_abs_err", "abs", [r["max_abs_err"]])
