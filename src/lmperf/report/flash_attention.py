@@ -1,5 +1,7 @@
 """FlashAttention-2 (Triton) against PyTorch's attention: the bars, one table per headline
-configuration, the grid (forward+backward ms per sequence length) and its TFLOP/s figure."""
+configuration, the model group (forward+backward and backward alone by GPU time), grouped-query
+attention against SDPA's backends, where ours is still slower than cuDNN, the grid
+(forward+backward ms per sequence length) and its TFLOP/s figure."""
 from __future__ import annotations
 
 import pandas as pd
