@@ -19,10 +19,13 @@ def skip_reason(impl: str, dtype: torch.dtype) -> str | None:
     return None
 
 
-def check(impl, shape, dtype, causal):
+def check(impl, shape, dtype, causal, kv_heads=None):
+    """q of `shape`; k and v with `kv_heads` heads (dim -3) where given (grouped-query)."""
     if reason := skip_reason(impl, dtype):
         pytest.skip(reason)
-    q, k, v = (torch.randn(shape, dtype=dtype, device=DEVICE) for _ in range(3))
+    kv_shape = (*shape[:-3], kv_heads, *shape[-2:]) if kv_heads else shape
+    q = torch.randn(shape, dtype=dtype, device=DEVICE)
+    k, v = (torch.randn(kv_shape, dtype=dtype, device=DEVICE) for _ in range(2))
     rows = compare(IMPLS[impl], q, k, v, causal)
     bad = [r for r in rows if not r["passed"]]
     assert not bad, f"{impl} {shape} {dtype} causal={causal}: {bad}"
@@ -141,10 +144,36 @@ def test_logsumexp_is_saved_for_backward(impl):
     (lambda: (torch.randn(2, 8, 16, dtype=torch.float64),) * 3, "float64 is not supported"),
     (lambda: (torch.randint(0, 3, (2, 8, 16)),) * 3, "int64 is not supported"),
     (lambda: (torch.randn(2, 0, 16),) * 3, "at least 1"),
+    (lambda: (torch.randn(1, 6, 8, 16), torch.randn(1, 4, 8, 16), torch.randn(1, 4, 8, 16)),
+     "6 heads are not a multiple of k and v's 4 heads"),
+    (lambda: (torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 1, 8, 16)), "same shape"),
+    (lambda: (torch.randn(1, 4, 8, 16), torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16)), "same shape"),
+    (lambda: (torch.randn(2, 4, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)), "same shape"),
 ])
 def test_bad_inputs_raise_a_clear_value_error(impl, make, message):
     with pytest.raises(ValueError, match=message):
         IMPLS[impl](*make(), False)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("is_causal", ["False", 1, None, torch.tensor(True)], ids=repr)
+def test_is_causal_must_be_a_bool(impl, is_causal):
+    """A string "False" is truthy: it would silently run causal attention."""
+    q = torch.randn(1, 2, 8, 16, device=DEVICE)
+    with pytest.raises(TypeError, match="is_causal must be a bool"):
+        IMPLS[impl](q, q, q, is_causal)
+    with pytest.raises(TypeError, match="is_causal must be a bool"):
+        {"torch": flash_attention_torch, "triton": flash_attention_triton}[impl].forward_with_lse(q, q, q, is_causal)
+
+
+def test_cpu_tensors_without_the_interpreter_say_what_to_set(monkeypatch):
+    """Without TRITON_INTERPRET=1, Triton finds no driver for CPU tensors ("0 active drivers");
+    the op says what to set instead."""
+    monkeypatch.setattr(flash_attention_triton, "INTERPRET", False)
+    q = torch.randn(1, 2, 8, 16)
+    for call in (flash_attention_triton.FlashAttention2Triton.apply, flash_attention_triton.forward_with_lse):
+        with pytest.raises(RuntimeError, match="set TRITON_INTERPRET=1"):
+            call(q, q, q, False)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA: the device-mismatch check needs two devices")
@@ -248,8 +277,9 @@ def test_the_op_itself_is_differentiable():
 
 def test_tile_configs_depend_only_on_the_call():
     """No autotuner: the config is a function of (N, D, dtype, causal, batch x heads)."""
+    import triton
     fa = flash_attention_triton
-    assert not hasattr(fa._fwd_kernel, "configs") and not hasattr(fa._bwd_dq_kernel, "configs")
+    assert not [name for name, obj in vars(fa).items() if isinstance(obj, triton.runtime.Autotuner)]
     first = fa.fwd_config(16384, 64, torch.bfloat16, True, 16)
     for n in (1, 4097, 128):
         fa.fwd_config(n, 64, torch.bfloat16, True, 1)
@@ -261,8 +291,8 @@ def force_split(monkeypatch, split: int) -> None:
     tiles otherwise."""
     fa = flash_attention_triton
     fwd_rule, bwd_rule = fa.fwd_config, fa.bwd_config
-    monkeypatch.setattr(fa, "_fwd_config", lambda *a: {**fwd_rule(*a), "SPLIT": split})
-    monkeypatch.setattr(fa, "_bwd_config", lambda *a: {name: {**c, "SPLIT": split} if name in ("dq", "dkdv") else c
+    monkeypatch.setattr(fa, "launch_fwd_config", lambda *a: {**fwd_rule(*a), "SPLIT": split})
+    monkeypatch.setattr(fa, "launch_bwd_config", lambda *a: {name: {**c, "SPLIT": split} if name in ("dq", "dkdv") else c
                                                       for name, c in bwd_rule(*a).items()})
 
 
@@ -270,8 +300,8 @@ def force_fused(monkeypatch, fused: bool) -> None:
     """Every backward runs as one fused launch (fused=True) or as two kernels, with the tiles
     and splits of the launch path's config as it stands (force_split's, if called first)."""
     fa = flash_attention_triton
-    bwd = fa._bwd_config
-    monkeypatch.setattr(fa, "_bwd_config", lambda *a: {**bwd(*a), "fused": fused})
+    bwd = fa.launch_bwd_config
+    monkeypatch.setattr(fa, "launch_bwd_config", lambda *a: {**bwd(*a), "fused": fused})
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -367,3 +397,4 @@ def test_backward_is_one_launch_only_when_it_cannot_fill_the_gpu(monkeypatch):
     assert not fa.bwd_config(16384, 64, torch.bfloat16, True, 16)["fused"]
     assert not fa.bwd_config(2048, 128, torch.float32, True, 1)["fused"]
     assert not fa.bwd_config(4096, 64, torch.bfloat16, True, 1)["fused"]
+

@@ -57,6 +57,8 @@ def test_sequence_longer_than_context_is_refused():
     (dict(d_model=30, d_ff=8, n_layers=1, n_heads=4), "not divisible"),
     (dict(d_model=12, d_ff=8, n_layers=1, n_heads=4), "must be even"),
     (dict(d_model=32, d_ff=8, n_layers=1, n_heads=4, attention="nope"), "attention='nope'"),
+    (dict(d_model=32, d_ff=8, n_layers=1, n_heads=4, n_kv_heads=3), "n_kv_heads=3 does not divide n_heads=4"),
+    (dict(d_model=32, d_ff=8, n_layers=1, n_heads=4, n_kv_heads=0), "n_kv_heads=0 does not divide"),
 ])
 def test_bad_model_config_is_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -82,6 +84,27 @@ def test_model_with_each_attention_matches_plain(attention):
     torch.testing.assert_close(other(tokens), plain(tokens), rtol=1e-4, atol=1e-4)
     other(tokens).sum().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in other.parameters())
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "flash-triton"])
+@pytest.mark.parametrize("n_kv_heads", [1, 2])
+def test_grouped_query_model_with_each_attention_matches_plain(attention, n_kv_heads):
+    """n_kv_heads: k_proj and v_proj make n_kv_heads heads; plain attention repeats them per
+    group, SDPA takes them with enable_gqa, ours reads them as they are."""
+    torch.manual_seed(4)
+    cfg = ModelConfig(d_model=32, d_ff=64, n_layers=2, n_heads=4, vocab_size=97, context_length=16,
+                      n_kv_heads=n_kv_heads)
+    plain = TransformerLM(cfg)
+    assert plain.blocks[0].attn.k_proj.weight.shape == (n_kv_heads * 8, 32)
+    assert sum(p.numel() for p in plain.parameters()) == count_parameters(cfg)
+    other = TransformerLM(ModelConfig(**{**cfg.__dict__, "attention": attention}))
+    other.load_state_dict(plain.state_dict())
+    tokens = torch.randint(cfg.vocab_size, (2, 13))
+    torch.testing.assert_close(other(tokens), plain(tokens), rtol=1e-4, atol=1e-4)
+    plain(tokens).sum().backward()
+    other(tokens).sum().backward()
+    for (name, a), b in zip(plain.named_parameters(), other.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-3, atol=1e-4, msg=name)
 
 
 @pytest.mark.parametrize("causal", [False, True])

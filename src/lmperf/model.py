@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmperf.kernels.attention_contract import repeat_kv
 from lmperf.ranges import annotate
 
 
@@ -27,12 +28,15 @@ class ModelConfig:
     context_length: int = 256
     rope_theta: float = 10_000.0
     attention: str = "plain"
+    n_kv_heads: int | None = None  # K/V heads (grouped-query attention); None: n_heads
 
     def __post_init__(self):
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if (self.d_model // self.n_heads) % 2:
             raise ValueError(f"head dim {self.d_model // self.n_heads} must be even for RoPE")
+        if self.n_kv_heads is not None and (self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads):
+            raise ValueError(f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}")
         if self.attention not in ATTENTION:
             raise ValueError(f"attention={self.attention!r}; choose one of {sorted(ATTENTION)}")
 
@@ -40,17 +44,24 @@ class ModelConfig:
     def d_head(self) -> int:
         return self.d_model // self.n_heads
 
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
 
 def count_parameters(cfg: ModelConfig) -> int:
     """Closed-form parameter count of TransformerLM(cfg)."""
     d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
-    per_block = 4 * d * d + 3 * d * f + 2 * d  # q,k,v,o; w1,w2,w3; two RMSNorm gains
+    d_kv = cfg.kv_heads * cfg.d_head
+    per_block = 2 * d * d + 2 * d * d_kv + 3 * d * f + 2 * d  # q,o; k,v; w1,w2,w3; two RMSNorm gains
     return v * d + cfg.n_layers * per_block + d + d * v  # embedding, blocks, final norm, head
 
 
 def plain_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + causal mask) v, written out in PyTorch ops. The three steps are
-    named ranges (profiler and NVTX) for the report's kernel-level profile."""
+    named ranges (profiler and NVTX) for the report's kernel-level profile. k and v with fewer
+    heads than q (grouped-query) are repeated to q's heads."""
+    k, v = repeat_kv(q, k), repeat_kv(q, v)
     with annotate("attention.scores"):
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     with annotate("attention.softmax"):
@@ -64,6 +75,8 @@ def plain_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
 
 
 def sdpa_attention(q, k, v, is_causal: bool):
+    if q.shape[-3] != k.shape[-3]:  # grouped-query; the flag only where needed (it narrows SDPA's backends)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
 
 
@@ -109,17 +122,18 @@ def apply_rope(x, cos, sin):
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_heads = cfg.n_heads
+        self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.kv_heads
         self.q_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.k_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.v_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.k_proj = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.d_head, bias=False)
+        self.v_proj = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.d_head, bias=False)
         self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.attend = ATTENTION[cfg.attention]
 
     def forward(self, x, cos, sin):
         b, n, d = x.shape
-        heads = lambda t: t.view(b, n, self.n_heads, d // self.n_heads).transpose(1, 2)
-        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
+        heads = lambda t, h: t.view(b, n, h, d // self.n_heads).transpose(1, 2)
+        q, k, v = heads(self.q_proj(x), self.n_heads), heads(self.k_proj(x), self.n_kv_heads), \
+            heads(self.v_proj(x), self.n_kv_heads)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = self.attend(q, k, v, is_causal=True)
         return self.o_proj(y.transpose(1, 2).reshape(b, n, d))

@@ -18,18 +18,26 @@ from lmperf.bench import common, timing
 
 def check_cases(spec: dict) -> list[dict]:
     """impl x dtype x causal x shape; triton_compiled (ours under torch.compile, fullgraph) on
-    `compiled_shapes` (each shape compiles anew, seconds a case)."""
+    `compiled_shapes` (each shape compiles anew, seconds a case); every impl also on
+    `grouped_shapes` [B, H, H_kv, N, D] (grouped-query attention: k and v with H_kv heads)."""
     cases = []
     for impl, dtype, causal in itertools.product(spec["impls"], spec["dtypes"], spec["causal"]):
         shapes = spec.get("compiled_shapes", spec["shapes"]) if impl == "triton_compiled" else spec["shapes"]
         for shape in shapes:
             cases.append(_check_case(impl, dtype, causal, shape))
+        for b, h, h_kv, n, d in spec.get("grouped_shapes", []):
+            if h % h_kv:
+                raise ValueError(f"flash_attention check grouped_shapes: H_kv={h_kv} does not divide H={h}")
+            cases.append(_check_case(impl, dtype, causal, (b, h, n, d), h_kv))
     return cases
 
 
-def _check_case(impl, dtype, causal, shape) -> dict:
+def _check_case(impl, dtype, causal, shape, kv_heads=None) -> dict:
     case = {"impl": impl, "dtype": dtype, "causal": causal, "shape": "x".join(map(str, shape))}
     case["case_id"] = f"{impl}-{dtype}-{'causal' if causal else 'full'}-{case['shape']}"
+    if kv_heads is not None:  # q's shape; k and v with kv_heads heads
+        case["kv_heads"] = kv_heads
+        case["case_id"] += f"-kv{kv_heads}"
     return case
 
 
@@ -51,8 +59,9 @@ def measure_check(case: dict) -> list[dict]:
     seed = random.randrange(2**31)  # fresh inputs every run; the seed is kept to reproduce them
     gen = torch.Generator(device="cuda" if cuda else "cpu").manual_seed(seed)
     shape = tuple(int(x) for x in case["shape"].split("x"))
-    q, k, v = (torch.randn(shape, generator=gen, device=gen.device, dtype=common.torch_dtype(case["dtype"]))
-               for _ in range(3))
+    kv_shape = (*shape[:-3], case["kv_heads"], *shape[-2:]) if case.get("kv_heads") else shape
+    q, k, v = (torch.randn(s, generator=gen, device=gen.device, dtype=common.torch_dtype(case["dtype"]))
+               for s in (shape, kv_shape, kv_shape))
     rows = []
     for r in compare(impl, q, k, v, case["causal"]):
         row = common.summarize(f"{r['quantity']}_max_abs_err", "abs", [r["max_abs_err"]])
@@ -80,12 +89,21 @@ def attention_flops(b: int, h: int, n: int, d: int, causal: bool, direction: str
 
 
 def _shapes(group: dict):
-    """(heads, head_dim) pairs: the product of `heads` and `head_dims`, or the group's `models`
-    (each model size's heads and d_model / heads)."""
+    """(heads, head_dim, model) triples: the product of `heads` and `head_dims`, or the group's
+    `models` (each model size's heads and d_model / heads)."""
     if "models" in group:
         return [(m["n_heads"], m["d_model"] // m["n_heads"], name) for name, m in group["models"].items()]
     heads = group["heads"] if isinstance(group["heads"], list) else [group["heads"]]
     return [(h, d, None) for h in heads for d in group["head_dims"]]
+
+
+def _kv_heads(group: dict, heads: int) -> int:
+    """The group's K/V heads (grouped-query attention), or `heads`; ValueError if they do not
+    divide."""
+    kv = group.get("kv_heads", heads)
+    if heads % kv:
+        raise ValueError(f"flash_attention group {group['name']!r}: kv_heads={kv} does not divide heads={heads}")
+    return kv
 
 
 def bench_cases(spec: dict) -> list[dict]:
@@ -95,8 +113,9 @@ def bench_cases(spec: dict) -> list[dict]:
                 group["providers"], group["dtypes"], group["causal"], group["seq_lens"], _shapes(group)):
             harness = "leaderboard" if provider == "triton_compiled" else group.get("harness", "eager")
             gpu_time = group.get("gpu_time", False)
+            kv = _kv_heads(group, heads)
             case = {"group": group["name"], "provider": provider, "harness": harness, "dtype": dtype,
-                    "causal": causal, "batch": group["batch"], "heads": heads, "seq_len": n,
+                    "causal": causal, "batch": group["batch"], "heads": heads, "kv_heads": kv, "seq_len": n,
                     "head_dim": d, "model": model or "",
                     "timing_ms": "/".join(map(str, group["timing_ms"])),
                     "tiled_max_seq_len": group["tiled_max_seq_len"],
@@ -106,7 +125,7 @@ def bench_cases(spec: dict) -> list[dict]:
             if skip:
                 case["skip_reason"] = skip[0]
             case["case_id"] = (f"{group['name']}-{provider}-{dtype}-{'causal' if causal else 'full'}"
-                               f"-b{group['batch']}h{heads}n{n}d{d}")
+                               f"-b{group['batch']}h{heads}{f'kv{kv}' if kv != heads else ''}n{n}d{d}")
             cases.append(case)
     return cases
 
@@ -115,7 +134,7 @@ def _fresh_compiles():
     """Inductor's caches off for the rest of the process, so that every later torch.compile traces
     and compiles anew: Inductor's graph cache does not key on
     the SDPA backend (pytorch/pytorch#185449), and with it sdpa_cudnn ran the graph compiled
-    for sdpa_flash (the same times at every shape of the model group; notes/flash_attention.md v5). It also
+    for sdpa_flash (the same times at every shape of the model group; tuning/flash_attention/NOTES.md v5). It also
     keeps a published time independent of what an earlier job left in the cache. Called for
     the leaderboard harness's cases, where the SDPA backends are compiled; the grid's
     plain_compiled (no SDPA in its graph) keeps the caches, which halves its compile time."""
@@ -158,6 +177,7 @@ def provider_fn(case: dict):
     from lmperf.model import plain_attention
 
     p, causal, dtype = case["provider"], case["causal"], case["dtype"]
+    gqa = case.get("kv_heads", case["heads"]) != case["heads"]  # k, v with fewer heads than q
     none = contextlib.nullcontext
     if p in ("triton", "triton_compiled"):
         return (lambda q, k, v: FlashAttention2Triton.apply(q, k, v, causal)), none
@@ -175,7 +195,8 @@ def provider_fn(case: dict):
         if dtype == "fp32":
             raise common.Unsupported(f"{p}: fp16/bf16 only")
         backend = SDPBackend.FLASH_ATTENTION if p == "sdpa_flash" else SDPBackend.CUDNN_ATTENTION
-        return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)), \
+        kw = {"enable_gqa": True} if gqa else {}
+        return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, **kw)), \
             (lambda: sdpa_kernel(backend))
     if p == "flex":
         from torch.nn.attention.flex_attention import create_block_mask
@@ -183,7 +204,8 @@ def provider_fn(case: dict):
         mask = None
         if causal:
             mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, n, n, device="cuda")
-        return (lambda q, k, v: _compiled_flex()(q, k, v, block_mask=mask)), none
+        kw = {"enable_gqa": True} if gqa else {}
+        return (lambda q, k, v: _compiled_flex()(q, k, v, block_mask=mask, **kw)), none
     raise ValueError(f"unknown provider {p!r}")
 
 
@@ -206,7 +228,9 @@ def measure_bench(case: dict) -> list[dict]:
     dtype = common.torch_dtype(case["dtype"])
     # a generator of the case's own: a CUDA-graph capture that fails leaves the default one unusable
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen).requires_grad_() for _ in range(3))
+    h_kv = case.get("kv_heads", h)
+    q, k, v = (torch.randn(b, heads, n, d, device="cuda", dtype=dtype, generator=gen).requires_grad_()
+               for heads in (h, h_kv, h_kv))
     dout = torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen)
     warmup, rep = (int(x) for x in case["timing_ms"].split("/"))
 
@@ -242,25 +266,13 @@ def measure_bench(case: dict) -> list[dict]:
     # were made on, the default one) alive, and a backward captured while they live fails
     out = None
     gpu_rows = []
-    if case.get("gpu_time"):  # the same forward+backward replayed as a CUDA graph: the GPU's time alone
-        def graphed():
-            with context():
-                fwd_bwd()
-        try:
-            ms, q20, q80 = timing.do_bench_cudagraph_quantiles(graphed, rep_ms=rep, grad_to_none=[q, k, v])
-            gpu_rows = [common.summarize_quantiles("fwd_bwd_gpu_ms", "ms", ms, q20, q80)]
-            flops = attention_flops(b, h, n, d, case["causal"], "fwd_bwd")
-            gpu_rows.append(common.summarize_quantiles("fwd_bwd_gpu_tflops", "TFLOP/s", flops / (ms * 1e-3) / 1e12,
-                                                       flops / (q80 * 1e-3) / 1e12, flops / (q20 * 1e-3) / 1e12))
-        except Exception as exc:  # a capture that fails is a row; the host-timed rows stand
-            status, message = common.classify_failure(exc)
-            gpu_rows = [{**common.failure_row(status, "CUDA graph: " + message), "metric": "fwd_bwd_gpu_ms",
-                         "unit": "ms"}]
+    if case.get("gpu_time"):  # the same calls replayed as CUDA graphs: the GPU's time alone
+        gpu_rows = _gpu_time_rows(case, fn, fwd_bwd, context, q, k, v, rep)
     config = ""
     if case["provider"] in ("triton", "triton_compiled"):  # the rule table's choice, for the notes
         from lmperf.kernels import flash_attention_triton as fa
         bh = b * h
-        bwd = fa.bwd_config(n, d, dtype, case["causal"], bh)
+        bwd = fa.bwd_config(n, d, dtype, case["causal"], bh, h // h_kv)
         config = "; ".join(f"{name}: " + " ".join(f"{k}={v}" for k, v in cfg.items()) for name, cfg in
                            (("fwd", fa.fwd_config(n, d, dtype, case["causal"], bh)),
                             ("dq", bwd["dq"]), ("dkdv", bwd["dkdv"]), ("bwd", {"fused": bwd["fused"]})))
@@ -276,6 +288,42 @@ def measure_bench(case: dict) -> list[dict]:
     rows += gpu_rows
     for row in rows:
         row["config"] = config
+    return rows
+
+
+def _gpu_time_rows(case: dict, fn, fwd_bwd, context, q, k, v, rep: int) -> list[dict]:
+    """forward and forward+backward replayed as CUDA graphs (`*_gpu_ms`, `*_gpu_tflops`), and
+    backward as their difference (median only: quantiles do not subtract). A capture that fails
+    is a row; the host-timed rows stand."""
+    import torch
+    b, h, n, d = case["batch"], case["heads"], case["seq_len"], case["head_dim"]
+
+    def forward():
+        with context(), torch.no_grad():
+            fn(q, k, v)
+
+    def graphed():
+        with context():
+            fwd_bwd()
+    rows, ms = [], {}
+    for direction, f in (("forward", forward), ("fwd_bwd", graphed)):
+        try:
+            t, q20, q80 = timing.do_bench_cudagraph_quantiles(f, rep_ms=rep, grad_to_none=[q, k, v])
+        except Exception as exc:
+            status, message = common.classify_failure(exc)
+            rows.append({**common.failure_row(status, "CUDA graph: " + message), "metric": f"{direction}_gpu_ms",
+                         "unit": "ms"})
+            continue
+        ms[direction] = t
+        flops = attention_flops(b, h, n, d, case["causal"], direction)
+        rows.append(common.summarize_quantiles(f"{direction}_gpu_ms", "ms", t, q20, q80))
+        rows.append(common.summarize_quantiles(f"{direction}_gpu_tflops", "TFLOP/s", flops / (t * 1e-3) / 1e12,
+                                               flops / (q80 * 1e-3) / 1e12, flops / (q20 * 1e-3) / 1e12))
+    if len(ms) == 2:
+        t = ms["fwd_bwd"] - ms["forward"]
+        row = common.summarize_quantiles("backward_gpu_ms", "ms", t, float("nan"), float("nan"))
+        row["message"] = "backward = (forward+backward) - forward, both CUDA graphs"
+        rows.append(row)
     return rows
 
 

@@ -13,15 +13,23 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Raise ValueError naming what is wrong with q, k, v of shape (..., N, D)."""
+    """Raise ValueError naming what is wrong with q, k, v of shape (..., H, N, D). k and v may
+    have H_kv heads (dim -3) where H_kv divides q's H (grouped-query attention; multi-query at
+    H_kv = 1); every other dim is q's."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() < 2:
             raise ValueError(f"{name} must have shape (..., N, D); got {tuple(t.shape)}")
-    if not (q.shape == k.shape == v.shape):
-        raise ValueError(f"q, k and v must have the same shape; got q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    grouped = q.dim() >= 3 and q.dim() == k.dim() and q.shape[-3] != k.shape[-3]
+    if k.shape != v.shape or (q.shape != k.shape and not grouped) or \
+            (grouped and (q.shape[:-3] != k.shape[:-3] or q.shape[-2:] != k.shape[-2:])):
+        raise ValueError(f"q, k and v must have the same shape, but for k and v's head count (dim -3) "
+                         f"in grouped-query attention; got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}")
+    if grouped and q.shape[-3] % k.shape[-3]:
+        raise ValueError(f"q's {q.shape[-3]} heads are not a multiple of k and v's {k.shape[-3]} heads "
+                         f"(dim -3): in grouped-query attention each K/V head serves H / H_kv query heads")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k and v must have the same dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.dtype not in DTYPES:
@@ -35,10 +43,28 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError("sequence length N must be at least 1")
 
 
+def check_causal(is_causal) -> None:
+    """is_causal must be a bool: a string such as "False" would otherwise count as true."""
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__} {is_causal!r}")
+
+
+def repeat_kv(q: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """k or v with its H_kv heads (dim -3) repeated to q's H, each H / H_kv times in a row (query
+    head h reads K/V head h // (H / H_kv)); t itself when the head counts agree. A copy: for
+    references, not for kernels."""
+    if t.dim() < 3 or t.shape[-3] == q.shape[-3]:
+        return t
+    return t.repeat_interleave(q.shape[-3] // t.shape[-3], dim=-3)
+
+
 def reference(q, k, v, is_causal: bool, dtype=torch.float64):
     """(output, logsumexp) of softmax(q k^T / sqrt(D)) v computed in `dtype` (float64 for the
-    reference; the inputs' own dtype for 'plain PyTorch attention in the same dtype')."""
+    reference; the inputs' own dtype for 'plain PyTorch attention in the same dtype'). k and v
+    may have fewer heads than q (grouped-query attention): repeated here, so that autograd sums
+    their gradients over each group."""
     q, k, v = (t.to(dtype) for t in (q, k, v))
+    k, v = repeat_kv(q, k), repeat_kv(q, v)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if is_causal:
         n = q.shape[-2]

@@ -11,6 +11,10 @@ O_i = acc / l_i and the logsumexp L_i = m_i + log(l_i). Everything is accumulate
 Backward recomputes P = exp(S - L) from the saved L (no N x N matrix is kept from forward) with
 D = rowsum(O * dO): dV = P^T dO, dP = dO V^T, dS = P * (dP - D), dQ = dS K / sqrt(d),
 dK = dS^T Q / sqrt(d).
+
+Grouped-query attention (k and v with H_kv heads, H_kv dividing q's H): this version repeats
+K and V to H heads (a copy; the Triton kernels read them in place) and sums dK and dV over each
+group of H / H_kv query heads.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import math
 
 import torch
 
-from lmperf.kernels.attention_contract import check_qkv
+from lmperf.kernels.attention_contract import check_causal, check_qkv, repeat_kv
 
 Q_TILE = 64
 K_TILE = 64
@@ -89,8 +93,10 @@ def _backward_for(device: torch.device):
 def forward_with_lse(q, k, v, is_causal: bool = False):
     """(O, L) without autograd: O like q, L in fp32 of shape q.shape[:-1]."""
     check_qkv(q, k, v)
+    check_causal(is_causal)
     n, d = q.shape[-2:]
-    out, lse = _forward(*(t.reshape(-1, n, d) for t in (q, k, v)), bool(is_causal))
+    k, v = repeat_kv(q, k), repeat_kv(q, v)
+    out, lse = _forward(*(t.reshape(-1, n, d) for t in (q, k, v)), is_causal)
     return out.reshape(q.shape), lse.reshape(q.shape[:-1])
 
 
@@ -102,7 +108,7 @@ class FlashAttention2PyTorch(torch.autograd.Function):
     def forward(ctx, q, k, v, is_causal=False):
         out, lse = forward_with_lse(q, k, v, is_causal)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.is_causal = bool(is_causal)
+        ctx.is_causal = is_causal
         return out
 
     @staticmethod
@@ -110,6 +116,14 @@ class FlashAttention2PyTorch(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         n, d = q.shape[-2:]
         flat = lambda t: t.reshape(-1, n, d)
-        dq, dk, dv = _backward_for(q.device)(flat(q), flat(k), flat(v), flat(out),
+        dq, dk, dv = _backward_for(q.device)(flat(q), flat(repeat_kv(q, k)), flat(repeat_kv(q, v)), flat(out),
                                              lse.reshape(-1, n), flat(grad_out), ctx.is_causal)
-        return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), None
+        return dq.reshape(q.shape), _group_sum(dk, k.shape), _group_sum(dv, v.shape), None
+
+
+def _group_sum(g: torch.Tensor, shape) -> torch.Tensor:
+    """A gradient of K or V repeated to H heads, summed back over each group of H / H_kv heads."""
+    if g.numel() == math.prod(shape):
+        return g.reshape(shape)
+    *lead, h_kv, n, d = shape
+    return g.reshape(*lead, h_kv, -1, n, d).sum(-3)

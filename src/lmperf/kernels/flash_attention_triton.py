@@ -2,7 +2,7 @@
 `..._backward`, registered with `torch.library.triton_op` so that `torch.compile` (fullgraph)
 traces through them, and `FlashAttention2Triton.apply(q, k, v, is_causal=False)` on top. The
 algorithm, with its invariants, is described in flash_attention_torch.py; this file mirrors it
-tile for tile. One file (about 980 lines) on purpose: the rule table, the kernels, their
+tile for tile. One file (about 1,050 lines) on purpose: the rule table, the kernels, their
 launchers and the ops change together (a tile config is only valid for the kernel beside it),
 and every change here re-measures the whole FlashAttention section.
 
@@ -23,6 +23,11 @@ the diagonal are never visited. Ragged sequence ends are masked in the last tile
 Programs run tile-fastest (the tiles of one head share its K and V in L2) and, when causal,
 longest tile first within a head.
 
+Grouped-query attention: k and v may have H_kv heads dividing q's H; query head h reads K/V
+head h // GROUP (GROUP = H / H_kv, a compile-time constant). The dK/dV program of a key tile
+walks the GROUP query heads that read its K/V head one after another (a fixed order: the same
+sums every run); K and V are never repeated in memory.
+
 Head dims: any multiple of 8 from 8 to 256. A row block is held as one tile D_PAD = next power
 of two >= max(D, 16) wide, or as two power-of-two tiles where they are narrower (`d_tiles`:
 80 = 64 + 16, 96 = 64 + 32), each product over D then being two dots; columns past D are
@@ -36,7 +41,7 @@ operands split into a high and a low TF32 part), accurate to about fp32 rounding
 against float64 like every other dtype.
 
 Tile configs come from a rule table (`fwd_config`, `bwd_config`) chosen from a committed sweep
-(notes/data/fa_sweep_*.csv, notes/flash_attention.md): the config depends only on the call's
+(tuning/flash_attention/data/fa_sweep_*.csv, tuning/flash_attention/NOTES.md): the config depends only on the call's
 shape, dtype and causality, never on what ran before, and a launch does no tuning.
 """
 from __future__ import annotations
@@ -50,7 +55,7 @@ import triton
 import triton.language as tl
 from torch.library import custom_op, triton_op, wrap_triton
 
-from lmperf.kernels.attention_contract import check_qkv
+from lmperf.kernels.attention_contract import check_causal, check_qkv
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -58,14 +63,14 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 # ---------------------------------------------------------------------------------------------
-# Tile configs: a rule table, as data. The sweep that chose them is scripts/fa_sweep.py.
+# Tile configs: a rule table, as data. The sweep that chose them is tuning/flash_attention/fa_sweep.py.
 
 
 def _pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def _cdiv(a, b):
+def cdiv(a, b):
     """ceil(a / b) in plain Python (triton.cdiv is a JIT function: about 7 us a call from Python)."""
     return (a + b - 1) // b
 
@@ -85,7 +90,7 @@ def d_tiles(d: int) -> tuple[int, int]:
     return (da, db) if da + db < d_pad(d) else (d_pad(d), 0)
 
 
-# The two H100 sweeps (notes/data/fa_sweep_h100_*.csv, notes/flash_attention.md) in short:
+# The H100 sweeps (tuning/flash_attention/data/fa_sweep_h100_*.csv, NOTES.md there) in short:
 # long sequences want big tiles (fewer programs re-reading K/V); short ones, or few programs,
 # 64-row tiles (more programs in flight, less causal waste on the diagonal); head dims padded
 # to 128 behave like 128; fp32 (tf32x3 dots, 4-byte tiles) and D = 256 want 32-row tiles.
@@ -110,8 +115,8 @@ def fwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
         cfg = dict(BLOCK_Q=128, BLOCK_K=64, num_warps=8, num_stages=3)
     else:
         cfg = dict(BLOCK_Q=128, BLOCK_K=128, num_warps=8, num_stages=3)
-    cfg = _fit(cfg, n, "BLOCK_Q", "BLOCK_K")
-    cfg["SPLIT"] = _split(bh * _cdiv(n, cfg["BLOCK_Q"]), _cdiv(n, cfg["BLOCK_K"]), _min_loop(dtype))
+    cfg = fit_tiles(cfg, n, "BLOCK_Q", "BLOCK_K")
+    cfg["SPLIT"] = _split(bh * cdiv(n, cfg["BLOCK_Q"]), cdiv(n, cfg["BLOCK_K"]), _min_loop(dtype))
     return cfg
 
 
@@ -124,7 +129,7 @@ def _split(programs: int, loop_tiles: int, min_loop: int = 1, min_share: int = 1
     """Programs per tile (1, 2, 4 or 8), each over a share of the tile's loop: none when the loop
     has fewer than min_loop tiles, else doubled while the launch has fewer than two programs per
     SM and every share keeps at least min_share tiles. Swept on the H100 at batch 1 x 1 head,
-    N = 128-4,096 (notes/flash_attention.md, v6 steps 20-21): in fp32 more parts were faster
+    N = 128-4,096 (tuning/flash_attention/NOTES.md, v6 steps 20-21): in fp32 more parts were faster
     down to one tile a share; in 16 bits the split's own kernels (the forward's merge, the
     backward's sums and casts: about 10 us in a CUDA graph) cost more than it saves below 16
     tiles of loop, so 16-bit callers pass min_loop=16. 8 parts were slower than 4 once a launch
@@ -137,18 +142,19 @@ def _split(programs: int, loop_tiles: int, min_loop: int = 1, min_share: int = 1
     return split
 
 
-def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dict:
+def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int, group: int = 1) -> dict:
     """Configs of the two backward kernels: "dq" walks BLOCK_N2 keys at a time past a tile of
     BLOCK_M2 query rows; "dkdv" walks BLOCK_M query rows at a time past a tile of BLOCK_N keys
-    (HEADS_FASTEST: program order); "fused": both in one launch (`_fused`)."""
+    (HEADS_FASTEST: program order), for each of the `group` query heads that read its K/V head
+    (bh // group K/V sequences); "fused": both in one launch (`_fused`)."""
     if INTERPRET:
         cfg = dict(dq=dict(BLOCK_M2=32, BLOCK_N2=16, num_warps=4, num_stages=1, SPLIT=1),
                    dkdv=dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, HEADS_FASTEST=causal, SPLIT=1))
-        return {**cfg, "fused": _fused(cfg, n, dtype, bh)}
+        return {**cfg, "fused": _fused(cfg, n, dtype, bh, group)}
     dp = d_pad(d)
     min_share = 1  # tiles of loop each part of a split keeps at least
     if dtype == torch.float32 and dp >= 128 and n <= 512:
-        # short single-head sequences: 16-row tiles, parts of at least 2 tiles (notes/flash_attention.md step 25)
+        # short single-head sequences: 16-row tiles, parts of at least 2 tiles (tuning/flash_attention/NOTES.md step 25)
         dq = dict(BLOCK_M2=16, BLOCK_N2=16, num_warps=4, num_stages=2)
         dkdv = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=2)
         min_share = 2
@@ -170,32 +176,33 @@ def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
         else:  # padded to 128 (e.g. 80)
             dq = dict(BLOCK_M2=64, BLOCK_N2=32, num_warps=4, num_stages=3)
         # causal, D <= 64: 128-key tiles when they alone give every SM several programs
-        if causal and dp <= 64 and bh * _cdiv(n, 128) >= 4 * SM_COUNT_H100:
+        if causal and dp <= 64 and bh * cdiv(n, 128) >= 4 * SM_COUNT_H100:
             dkdv = dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3)
         elif d != dp and n >= 2048:  # padded D (the 2.7B's 80) at long context: step 24's sweep
             dkdv = dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=3)
         else:
             dkdv = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
     dkdv["HEADS_FASTEST"] = causal
-    dq, dkdv = _fit(dq, n, "BLOCK_M2", "BLOCK_N2"), _fit(dkdv, n, "BLOCK_N", "BLOCK_M")
+    dq, dkdv = fit_tiles(dq, n, "BLOCK_M2", "BLOCK_N2"), fit_tiles(dkdv, n, "BLOCK_N", "BLOCK_M")
     # few programs and long loops: several programs per tile, each writing fp32 partial sums
-    dq["SPLIT"] = _split(bh * _cdiv(n, dq["BLOCK_M2"]), _cdiv(n, dq["BLOCK_N2"]), _min_loop(dtype), min_share)
-    dkdv["SPLIT"] = _split(bh * _cdiv(n, dkdv["BLOCK_N"]), _cdiv(n, dkdv["BLOCK_M"]), _min_loop(dtype), min_share)
+    dq["SPLIT"] = _split(bh * cdiv(n, dq["BLOCK_M2"]), cdiv(n, dq["BLOCK_N2"]), _min_loop(dtype), min_share)
+    dkdv["SPLIT"] = _split(bh // group * cdiv(n, dkdv["BLOCK_N"]), group * cdiv(n, dkdv["BLOCK_M"]),
+                           _min_loop(dtype), min_share)
     cfg = dict(dq=dq, dkdv=dkdv)
-    return {**cfg, "fused": _fused(cfg, n, dtype, bh)}
+    return {**cfg, "fused": _fused(cfg, n, dtype, bh, group)}
 
 
-def _fused(cfg: dict, n: int, dtype: torch.dtype, bh: int) -> bool:
+def _fused(cfg: dict, n: int, dtype: torch.dtype, bh: int, group: int = 1) -> bool:
     """One launch for dQ and dK/dV (`_bwd_fused_kernel`): the two run side by side, and the
     backward takes about the longer of the two loops instead of both one after the other. The
     fused dK/dV programs recompute Delta for every query tile they visit, so big launches keep
-    two kernels. From the sweep of the whole backward (H100; notes/flash_attention.md
+    two kernels. From the sweep of the whole backward (H100; tuning/flash_attention/NOTES.md
     step 25): fused was faster at every shape of up to 4 programs per SM with N <= 1,024 (one
     head at N = 128-1,024 in all three head dims and both dtype families, batch 4 x 12 and 16
     heads at N = 256), and at N = 2,048 in 16 bits; two kernels were faster at 8 per SM (4 x 32
     heads x 256) and for fp32 D = 128 at N = 2,048."""
     dq, dkdv = cfg["dq"], cfg["dkdv"]
-    programs = bh * (_cdiv(n, dq["BLOCK_M2"]) * dq["SPLIT"] + _cdiv(n, dkdv["BLOCK_N"]) * dkdv["SPLIT"])
+    programs = bh * cdiv(n, dq["BLOCK_M2"]) * dq["SPLIT"] + bh // group * cdiv(n, dkdv["BLOCK_N"]) * dkdv["SPLIT"]
     return programs <= 4 * SM_COUNT_H100 and (n <= 1024 or (n <= 2048 and dtype != torch.float32))
 
 
@@ -203,17 +210,18 @@ _fwd_memo = functools.lru_cache(maxsize=1024)(fwd_config)
 _bwd_memo = functools.lru_cache(maxsize=1024)(bwd_config)
 
 
-def _fwd_config(n, d, dtype, causal, bh):
-    """The launch path's memo of the rule (its dicts are only read there); traced symbolic
-    sizes (SymInt, unhashable) go to the rule itself."""
+def launch_fwd_config(n, d, dtype, causal, bh):
+    """The config a launch uses: the rule (fwd_config), memoised (its dicts are only read);
+    traced symbolic sizes (SymInt, unhashable) go to the rule itself."""
     return (_fwd_memo if type(n) is type(d) is type(bh) is int else fwd_config)(n, d, dtype, causal, bh)
 
 
-def _bwd_config(n, d, dtype, causal, bh):
-    return (_bwd_memo if type(n) is type(d) is type(bh) is int else bwd_config)(n, d, dtype, causal, bh)
+def launch_bwd_config(n, d, dtype, causal, bh, group=1):
+    """The config a backward launch uses: bwd_config, memoised like launch_fwd_config."""
+    return (_bwd_memo if type(n) is type(d) is type(bh) is int else bwd_config)(n, d, dtype, causal, bh, group)
 
 
-def _fit(cfg: dict, n: int, outer: str, inner: str) -> dict:
+def fit_tiles(cfg: dict, n: int, outer: str, inner: str) -> dict:
     """Shrink the outer tile to the sequence (at least 16) and keep inner <= outer, so that
     short sequences do not run mostly-masked tiles."""
     cfg = dict(cfg)
@@ -357,11 +365,11 @@ def _fwd_kernel(Q, K, V, O, L, H, stride_qb, stride_qh, stride_qn, stride_kb, st
                 stride_vb, stride_vh, stride_vn, stride_os, stride_ob, stride_oh, stride_on, stride_ls, N, QK_SCALE: tl.constexpr, DA: tl.constexpr,
                 DAV: tl.constexpr, DB: tl.constexpr, DBV: tl.constexpr, IS_CAUSAL: tl.constexpr,
                 DOT_PRECISION: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                SPLIT: tl.constexpr):
+                SPLIT: tl.constexpr, GROUP: tl.constexpr):
     """O and L of one query tile. SPLIT > 1: SPLIT programs per query tile, each over its share of
     the key tiles, writing its own normalised partial O (fp32) and logsumexp to slice `part` of
     O and L; _fwd_combine_kernel merges them. Sequence bh is (batch bh // H, head bh % H) of
-    tensors with their own batch and head strides."""
+    tensors with their own batch and head strides; query head h reads K/V head h // GROUP."""
     q_tile = tl.program_id(0) // SPLIT
     part = tl.program_id(0) % SPLIT
     bh = tl.program_id(1).to(tl.int64)
@@ -371,7 +379,7 @@ def _fwd_kernel(Q, K, V, O, L, H, stride_qb, stride_qh, stride_qn, stride_kb, st
     q0 = q_tile * BLOCK_Q
     offs_q = q0 + tl.arange(0, BLOCK_Q)
     qa, qb = _load_ab(Q + b * stride_qb + h * stride_qh, offs_q, N, stride_qn, DA, DAV, DB, DBV, True)
-    Kb, Vb = K + b * stride_kb + h * stride_kh, V + b * stride_vb + h * stride_vh
+    Kb, Vb = K + b * stride_kb + (h // GROUP) * stride_kh, V + b * stride_vb + (h // GROUP) * stride_vh
     m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q], tl.float32)
     acc_a, acc_b = _zeros_ab(BLOCK_Q, DA, DB)
@@ -474,10 +482,11 @@ def _bwd_dq_program(q_tile, part, bh, Q, K, V, O, DO, L, Delta, DQ, H, stride_qb
                     stride_dqn, N, QK_SCALE: tl.constexpr, SM_SCALE: tl.constexpr, DA: tl.constexpr,
                     DAV: tl.constexpr, DB: tl.constexpr, DBV: tl.constexpr, IS_CAUSAL: tl.constexpr,
                     DOT_PRECISION: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
-                    SPLIT: tl.constexpr, STORE_DELTA: tl.constexpr):
+                    SPLIT: tl.constexpr, STORE_DELTA: tl.constexpr, GROUP: tl.constexpr):
     """dQ of query tile `q_tile` (counted from the last when causal: the longest loop first),
-    share `part` of its key tiles; Delta = rowsum(O * dO) of its rows, written for the dK/dV
-    kernel when STORE_DELTA. SPLIT > 1: the fp32 partial dQ goes to slice `part` of DQ."""
+    share `part` of its key tiles, of query sequence bh (its K/V head: h // GROUP); Delta =
+    rowsum(O * dO) of its rows, written for the dK/dV kernel when STORE_DELTA. SPLIT > 1: the
+    fp32 partial dQ goes to slice `part` of DQ."""
     b, h = bh // H, bh % H
     if IS_CAUSAL:
         q_tile = tl.cdiv(N, BLOCK_M2) - 1 - q_tile
@@ -496,7 +505,7 @@ def _bwd_dq_program(q_tile, part, bh, Q, K, V, O, DO, L, Delta, DQ, H, stride_qb
     # Rows >= N: L = +inf, so P = 0 there.
     lse2 = tl.load(L + bh * N + offs_q, mask=rows_in, other=float("inf")) * 1.4426950408889634
     dqa, dqb = _zeros_ab(BLOCK_M2, DA, DB)
-    Kb, Vb = K + b * stride_kb + h * stride_kh, V + b * stride_vb + h * stride_vh
+    Kb, Vb = K + b * stride_kb + (h // GROUP) * stride_kh, V + b * stride_vb + (h // GROUP) * stride_vh
     # unmasked key tiles [0, end) (in SPLIT shares), then the masked ones (the diagonal, or the
     # ragged end) by the last part
     if IS_CAUSAL:
@@ -528,7 +537,7 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ, H, stride_qb, stride_qh, stride
                    stride_doh, stride_don, stride_dqs, stride_dqb, stride_dqh, stride_dqn, N, QK_SCALE: tl.constexpr, SM_SCALE: tl.constexpr,
                    DA: tl.constexpr, DAV: tl.constexpr, DB: tl.constexpr, DBV: tl.constexpr,
                    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M2: tl.constexpr,
-                   BLOCK_N2: tl.constexpr, SPLIT: tl.constexpr):
+                   BLOCK_N2: tl.constexpr, SPLIT: tl.constexpr, GROUP: tl.constexpr):
     """dQ of one query tile, and Delta = rowsum(O * dO) of its rows for the dK/dV kernel.
     SPLIT > 1: SPLIT programs per query tile, each over its share of the key tiles, writing its
     fp32 partial dQ to slice `part` of DQ (summed after the kernel, in a fixed order)."""
@@ -536,7 +545,8 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ, H, stride_qb, stride_qh, stride
                     Q, K, V, O, DO, L, Delta, DQ, H, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh,
                     stride_kn, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on, stride_dob,
                     stride_doh, stride_don, stride_dqs, stride_dqb, stride_dqh, stride_dqn, N, QK_SCALE,
-                    SM_SCALE, DA, DAV, DB, DBV, IS_CAUSAL, DOT_PRECISION, BLOCK_M2, BLOCK_N2, SPLIT, True)
+                    SM_SCALE, DA, DAV, DB, DBV, IS_CAUSAL, DOT_PRECISION, BLOCK_M2, BLOCK_N2, SPLIT, True,
+                    GROUP)
 
 
 @triton.jit
@@ -574,28 +584,14 @@ def _bwd_dkdv_tiles(dka, dkb, dva, dvb, ka, kb, va, vb, Q, O, DO, L, Delta, stri
 
 
 @triton.jit
-def _bwd_dkdv_program(k_tile, part, bh, Q, K, V, O, DO, L, Delta, DK, DV, H, stride_qb, stride_qh, stride_qn,
-                      stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh,
-                      stride_on, stride_dob, stride_doh, stride_don, stride_dks, stride_dkb, stride_dkh,
-                      stride_dkn, stride_dvs, stride_dvb, stride_dvh, stride_dvn, N, QK_SCALE: tl.constexpr,
-                      SM_SCALE: tl.constexpr, DA: tl.constexpr, DAV: tl.constexpr, DB: tl.constexpr,
-                      DBV: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                      INLINE_DELTA: tl.constexpr):
-    """dK and dV of key tile `k_tile`, share `part` of its query tiles. SPLIT > 1: fp32 partial
-    sums to slice `part` of DK and DV (summed after). O is read only with INLINE_DELTA."""
-    b, h = bh // H, bh % H
-    k0 = k_tile * BLOCK_N
-    offs_k = k0 + tl.arange(0, BLOCK_N)
-    ka, kb = _load_ab(K + b * stride_kb + h * stride_kh, offs_k, N, stride_kn, DA, DAV, DB, DBV, True)
-    va, vb = _load_ab(V + b * stride_vb + h * stride_vh, offs_k, N, stride_vn, DA, DAV, DB, DBV, True)
-    dka, dkb = _zeros_ab(BLOCK_N, DA, DB)
-    dva, dvb = _zeros_ab(BLOCK_N, DA, DB)
-    Qb, DOb = Q + b * stride_qb + h * stride_qh, DO + b * stride_dob + h * stride_doh
-    Ob = O + b * stride_ob + h * stride_oh
-    Lb, Deltab = L + bh * N, Delta + bh * N
-    # Causal: query tiles crossing the diagonal are masked (by the first part); later ones see
-    # this key tile in full. The unmasked range [start, N) is split in SPLIT shares.
+def _bwd_dkdv_head(dka, dkb, dva, dvb, ka, kb, va, vb, Qb, Ob, DOb, Lb, Deltab, stride_qn, stride_on,
+                   stride_don, offs_k, k0, part, N, QK_SCALE: tl.constexpr, DA: tl.constexpr,
+                   DAV: tl.constexpr, DB: tl.constexpr, DBV: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   SPLIT: tl.constexpr, INLINE_DELTA: tl.constexpr):
+    """Accumulate one query head's share `part` of its query tiles into the key tile's dK, dV.
+    Causal: query tiles crossing the diagonal are masked (by the first part); later ones see
+    this key tile in full. The unmasked range [start, N) is split in SPLIT shares."""
     lo = 0
     if IS_CAUSAL:
         lo = k0 + BLOCK_N
@@ -610,13 +606,44 @@ def _bwd_dkdv_program(k_tile, part, bh, Q, K, V, O, DO, L, Delta, DK, DV, H, str
         lo, hi = _part_range(part, tl.cdiv(tl.maximum(N - start, 0), BLOCK_M) * BLOCK_M, BLOCK_M, SPLIT)
         lo += start
         hi += start
-    dka, dkb, dva, dvb = _bwd_dkdv_tiles(dka, dkb, dva, dvb, ka, kb, va, vb, Qb, Ob, DOb, Lb, Deltab, stride_qn,
-                                         stride_on, stride_don, offs_k, lo, hi, N, QK_SCALE, DA, DAV, DB, DBV,
-                                         False, BLOCK_M, DOT_PRECISION, INLINE_DELTA)
-    _store_ab(DK + part * stride_dks + b * stride_dkb + h * stride_dkh, (dka * SM_SCALE).to(DK.dtype.element_ty),
+    return _bwd_dkdv_tiles(dka, dkb, dva, dvb, ka, kb, va, vb, Qb, Ob, DOb, Lb, Deltab, stride_qn, stride_on,
+                           stride_don, offs_k, lo, hi, N, QK_SCALE, DA, DAV, DB, DBV, False, BLOCK_M,
+                           DOT_PRECISION, INLINE_DELTA)
+
+
+@triton.jit
+def _bwd_dkdv_program(k_tile, part, bkv, Q, K, V, O, DO, L, Delta, DK, DV, H, stride_qb, stride_qh, stride_qn,
+                      stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh,
+                      stride_on, stride_dob, stride_doh, stride_don, stride_dks, stride_dkb, stride_dkh,
+                      stride_dkn, stride_dvs, stride_dvb, stride_dvh, stride_dvn, N, QK_SCALE: tl.constexpr,
+                      SM_SCALE: tl.constexpr, DA: tl.constexpr, DAV: tl.constexpr, DB: tl.constexpr,
+                      DBV: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                      INLINE_DELTA: tl.constexpr, GROUP: tl.constexpr):
+    """dK and dV of key tile `k_tile` of K/V sequence bkv (batch bkv // (H / GROUP), K/V head
+    hk), share `part` of its query tiles, summed over the GROUP query heads hk * GROUP + g that
+    read this K/V head, g in order (a fixed order: the same result every run). SPLIT > 1: fp32
+    partial sums to slice `part` of DK and DV (summed after). O is read only with INLINE_DELTA."""
+    h_kv = H // GROUP
+    b, hk = bkv // h_kv, bkv % h_kv
+    k0 = k_tile * BLOCK_N
+    offs_k = k0 + tl.arange(0, BLOCK_N)
+    ka, kb = _load_ab(K + b * stride_kb + hk * stride_kh, offs_k, N, stride_kn, DA, DAV, DB, DBV, True)
+    va, vb = _load_ab(V + b * stride_vb + hk * stride_vh, offs_k, N, stride_vn, DA, DAV, DB, DBV, True)
+    dka, dkb = _zeros_ab(BLOCK_N, DA, DB)
+    dva, dvb = _zeros_ab(BLOCK_N, DA, DB)
+    for g in range(GROUP):  # GROUP = 1: one trip, folded away by the compiler
+        h = hk * GROUP + g
+        bh = b * H + h
+        dka, dkb, dva, dvb = _bwd_dkdv_head(
+            dka, dkb, dva, dvb, ka, kb, va, vb, Q + b * stride_qb + h * stride_qh, O + b * stride_ob + h * stride_oh,
+            DO + b * stride_dob + h * stride_doh, L + bh * N, Delta + bh * N, stride_qn, stride_on, stride_don,
+            offs_k, k0, part, N, QK_SCALE, DA, DAV, DB, DBV, IS_CAUSAL, DOT_PRECISION, BLOCK_M, BLOCK_N, SPLIT,
+            INLINE_DELTA)
+    _store_ab(DK + part * stride_dks + b * stride_dkb + hk * stride_dkh, (dka * SM_SCALE).to(DK.dtype.element_ty),
               (dkb * SM_SCALE).to(DK.dtype.element_ty), offs_k, N, stride_dkn, DA, DAV, DB, DBV)
-    _store_ab(DV + part * stride_dvs + b * stride_dvb + h * stride_dvh, dva.to(DV.dtype.element_ty), dvb.to(DV.dtype.element_ty),
-              offs_k, N, stride_dvn, DA, DAV, DB, DBV)
+    _store_ab(DV + part * stride_dvs + b * stride_dvb + hk * stride_dvh, dva.to(DV.dtype.element_ty),
+              dvb.to(DV.dtype.element_ty), offs_k, N, stride_dvn, DA, DAV, DB, DBV)
 
 
 @triton.jit
@@ -626,21 +653,23 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, H, stride_qb, stride_qh, str
                      stride_dvn, N, QK_SCALE: tl.constexpr, SM_SCALE: tl.constexpr,
                      DA: tl.constexpr, DAV: tl.constexpr, DB: tl.constexpr, DBV: tl.constexpr,
                      IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, HEADS_FASTEST: tl.constexpr, SPLIT: tl.constexpr):
-    """dK and dV of one key tile, reading the Delta the dQ kernel wrote. SPLIT > 1: SPLIT
-    programs per key tile, each over its share of the query tiles."""
+                     BLOCK_N: tl.constexpr, HEADS_FASTEST: tl.constexpr, SPLIT: tl.constexpr,
+                     GROUP: tl.constexpr):
+    """dK and dV of one key tile of one K/V sequence (the grid's heads are the K/V heads), reading
+    the Delta the dQ kernel wrote. SPLIT > 1: SPLIT programs per key tile, each over its share of
+    the query tiles."""
     # causal: the first key tile has the most queries, and starts first
     if HEADS_FASTEST:
         tile = tl.program_id(1)
-        bh = tl.program_id(0).to(tl.int64)
+        bkv = tl.program_id(0).to(tl.int64)
     else:
         tile = tl.program_id(0)
-        bh = tl.program_id(1).to(tl.int64)
-    _bwd_dkdv_program(tile // SPLIT, tile % SPLIT, bh, Q, K, V, Q, DO, L, Delta, DK, DV, H, stride_qb,
+        bkv = tl.program_id(1).to(tl.int64)
+    _bwd_dkdv_program(tile // SPLIT, tile % SPLIT, bkv, Q, K, V, Q, DO, L, Delta, DK, DV, H, stride_qb,
                       stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                       0, 0, 0, stride_dob, stride_doh, stride_don, stride_dks, stride_dkb, stride_dkh,
                       stride_dkn, stride_dvs, stride_dvb, stride_dvh, stride_dvn, N, QK_SCALE, SM_SCALE,
-                      DA, DAV, DB, DBV, IS_CAUSAL, DOT_PRECISION, BLOCK_M, BLOCK_N, SPLIT, False)
+                      DA, DAV, DB, DBV, IS_CAUSAL, DOT_PRECISION, BLOCK_M, BLOCK_N, SPLIT, False, GROUP)
 
 
 @triton.jit
@@ -652,27 +681,33 @@ def _bwd_fused_kernel(Q, K, V, O, DO, L, DQ, DK, DV, H, stride_qb, stride_qh, st
                       DB: tl.constexpr, DBV: tl.constexpr, IS_CAUSAL: tl.constexpr,
                       DOT_PRECISION: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
                       SPLIT_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      SPLIT: tl.constexpr):
-    """The whole backward in one launch, for launches too small to fill the GPU: programs
-    [0, key tiles x SPLIT) of a sequence do dK/dV (the longest first, Delta computed from each
-    query tile's O), the rest dQ (SPLIT_Q per query tile). The two run side by side, so the
-    backward's critical path is the longer of the two loops, not their sum."""
+                      SPLIT: tl.constexpr, GROUP: tl.constexpr):
+    """The whole backward in one launch, for launches too small to fill the GPU. The grid's
+    heads are the query heads; the first programs of each are dK/dV programs (the longest
+    first, Delta computed from each query tile's O), the rest dQ (SPLIT_Q per query tile). A K/V
+    head's key tiles x SPLIT dK/dV programs are dealt round-robin to the GROUP query heads that
+    read it (program p of query head g takes dK/dV program p * GROUP + g), so no slot idles.
+    The two run side by side, so the backward's critical path is the longer of the two loops,
+    not their sum."""
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    kv_programs = tl.cdiv(N, BLOCK_N) * SPLIT
-    if pid < kv_programs:
-        _bwd_dkdv_program(pid // SPLIT, pid % SPLIT, bh, Q, K, V, O, DO, L, L, DK, DV, H, stride_qb, stride_qh,
-                          stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_ob,
-                          stride_oh, stride_on, stride_dob, stride_doh, stride_don, stride_dks, stride_dkb,
-                          stride_dkh, stride_dkn, stride_dvs, stride_dvb, stride_dvh, stride_dvn, N, QK_SCALE,
-                          SM_SCALE, DA, DAV, DB, DBV, IS_CAUSAL, DOT_PRECISION, BLOCK_M, BLOCK_N, SPLIT, True)
+    kv_slots = tl.cdiv(tl.cdiv(N, BLOCK_N) * SPLIT, GROUP)
+    if pid < kv_slots:
+        kv_pid = pid * GROUP + bh % GROUP
+        if kv_pid < tl.cdiv(N, BLOCK_N) * SPLIT:
+            _bwd_dkdv_program(kv_pid // SPLIT, kv_pid % SPLIT, bh // GROUP, Q, K, V, O, DO, L, L, DK, DV, H,
+                              stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb,
+                              stride_vh, stride_vn, stride_ob, stride_oh, stride_on, stride_dob, stride_doh,
+                              stride_don, stride_dks, stride_dkb, stride_dkh, stride_dkn, stride_dvs, stride_dvb,
+                              stride_dvh, stride_dvn, N, QK_SCALE, SM_SCALE, DA, DAV, DB, DBV, IS_CAUSAL,
+                              DOT_PRECISION, BLOCK_M, BLOCK_N, SPLIT, True, GROUP)
     else:
-        q_pid = pid - kv_programs
+        q_pid = pid - kv_slots
         _bwd_dq_program(q_pid // SPLIT_Q, q_pid % SPLIT_Q, bh, Q, K, V, O, DO, L, L, DQ, H, stride_qb, stride_qh,
                         stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_ob,
                         stride_oh, stride_on, stride_dob, stride_doh, stride_don, stride_dqs, stride_dqb,
                         stride_dqh, stride_dqn, N, QK_SCALE, SM_SCALE, DA, DAV, DB, DBV, IS_CAUSAL,
-                        DOT_PRECISION, BLOCK_M2, BLOCK_N2, SPLIT_Q, False)
+                        DOT_PRECISION, BLOCK_M2, BLOCK_N2, SPLIT_Q, False, GROUP)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -727,6 +762,12 @@ def _out_like(q: torch.Tensor) -> torch.Tensor:
     return q.new_empty(_heads_shape(q.shape))
 
 
+def _group(q3: torch.Tensor, k3: torch.Tensor) -> int:
+    """Query heads per K/V head of (B, H, N, D) q3 and (B, H_kv, N, D) k3 (a compile-time
+    constant of the kernels: a traced size is specialised here)."""
+    return int(q3.shape[1] // k3.shape[1])
+
+
 def _scales(d: int) -> dict:
     da, db = d_tiles(d)
     return dict(QK_SCALE=LOG2E / math.sqrt(d), DA=da, DAV=min(d, da), DB=db, DBV=max(0, d - da))
@@ -764,23 +805,24 @@ def launch_forward(q3, k3, v3, out, lse, is_causal: bool, cfg: dict, launch=lamb
     """Run the forward kernel on (B, N, D) views with config `cfg` (BLOCK_Q, BLOCK_K, warps,
     stages, SPLIT), writing out and lse. `launch` wraps each kernel (wrap_triton inside the op;
     identity for the sweep). SPLIT > 1: partial results in fp32 buffers, then one merge kernel.
-    Tensors are (B, H, N, D) with any batch, head and row strides, or (B, N, D); lse is (B*H, N)."""
+    Tensors are (B, H, N, D) with any batch, head and row strides, or (B, N, D); k3 and v3 may
+    have H_kv heads, H_kv dividing H (grouped-query attention); lse is (B*H, N)."""
     q3, k3, v3, out = _heads(q3), _heads(k3), _heads(v3), _heads(out)
     nb, nh, n, d = q3.shape
     bh = nb * nh
-    c = {"SPLIT": 1, **cfg}
+    c = {"SPLIT": 1, "GROUP": _group(q3, k3), **cfg}
     split = c["SPLIT"]
     o_p, l_p = out, lse
     if split > 1:
         o_p = torch.empty((split, nb, nh, n, d), dtype=torch.float32, device=q3.device)
         l_p = torch.empty((split, bh, n), dtype=torch.float32, device=q3.device)
-    launch(_fwd_kernel)[(_cdiv(n, c["BLOCK_Q"]) * split, bh)](
+    launch(_fwd_kernel)[(cdiv(n, c["BLOCK_Q"]) * split, bh)](
         q3, k3, v3, o_p, l_p, nh, *_bhn(q3), *_bhn(k3), *_bhn(v3), *_strides(o_p),
         l_p.stride(0) if split > 1 else 0, n, **_scales(d),
         IS_CAUSAL=is_causal, DOT_PRECISION=_dot_precision(q3.dtype), **c)
     if split > 1:
         block = 32
-        launch(_fwd_combine_kernel)[(_cdiv(n, block), bh)](
+        launch(_fwd_combine_kernel)[(cdiv(n, block), bh)](
             o_p, l_p, out, lse, nh, *_strides(o_p), l_p.stride(0), *_bhn(out), n, D=d,
             D_PAD=d_pad(d), SPLIT=split, BLOCK=block, num_warps=4)
 
@@ -791,10 +833,10 @@ def launch_backward_dq(q3, k3, v3, o3, do3, lse, delta, dq, is_causal: bool, cfg
     SPLIT > 1: fp32 partial dQ per part, summed in a fixed order (no atomics: one result)."""
     q3, k3, v3, o3, do3, dq = (_heads(t) for t in (q3, k3, v3, o3, do3, dq))
     nb, nh, n, d = q3.shape
-    c = {"SPLIT": 1, **cfg["dq"]}
+    c = {"SPLIT": 1, "GROUP": _group(q3, k3), **cfg["dq"]}
     split = c["SPLIT"]
     dq_p = _partials(dq, split)
-    launch(_bwd_dq_kernel)[(_cdiv(n, c["BLOCK_M2"]) * split, nb * nh)](
+    launch(_bwd_dq_kernel)[(cdiv(n, c["BLOCK_M2"]) * split, nb * nh)](
         q3, k3, v3, o3, do3, lse, delta, dq_p, nh, *_bhn(q3), *_bhn(k3), *_bhn(v3), *_bhn(o3), *_bhn(do3),
         *_strides(dq_p), n, **_scales(d), SM_SCALE=1.0 / math.sqrt(d), IS_CAUSAL=is_causal,
         DOT_PRECISION=_dot_precision(q3.dtype), **c)
@@ -805,15 +847,16 @@ def launch_backward_dq(q3, k3, v3, o3, do3, lse, delta, dq, is_causal: bool, cfg
 def launch_backward_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal: bool, cfg: dict,
                          launch=lambda k: k) -> None:
     """dK and dV into dk, dv (needs the Delta that launch_backward_dq wrote), with config
-    cfg["dkdv"]. SPLIT > 1: fp32 partial sums per part (a buffer for dK and one for dV), summed
+    cfg["dkdv"]: one program per key tile of each K/V head, summing over the query heads that
+    read it. SPLIT > 1: fp32 partial sums per part (a buffer for dK and one for dV), summed
     after."""
     q3, k3, v3, do3, dk, dv = (_heads(t) for t in (q3, k3, v3, do3, dk, dv))
     nb, nh, n, d = q3.shape
-    bh = nb * nh
-    c = {"SPLIT": 1, **cfg["dkdv"]}
+    bh = nb * (nh // _group(q3, k3))
+    c = {"SPLIT": 1, "GROUP": _group(q3, k3), **cfg["dkdv"]}
     split = c["SPLIT"]
     dk_p, dv_p = _partials(dk, split), _partials(dv, split)
-    tiles = _cdiv(n, c["BLOCK_N"]) * split
+    tiles = cdiv(n, c["BLOCK_N"]) * split
     launch(_bwd_dkdv_kernel)[(bh, tiles) if c["HEADS_FASTEST"] else (tiles, bh)](
         q3, k3, v3, do3, lse, delta, dk_p, dv_p, nh, *_bhn(q3), *_bhn(k3), *_bhn(v3), *_bhn(do3),
         *_strides(dk_p), *_strides(dv_p), n,
@@ -828,18 +871,19 @@ def launch_backward_fused(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool,
                           launch=lambda k: k) -> None:
     """dQ, dK and dV in one launch (_bwd_fused_kernel): cfg["dq"]'s tiles and split for the dQ
     programs, cfg["dkdv"]'s for the dK/dV programs, dQ's warps and stages for both (the
-    best of notes/flash_attention.md step 25's sweep at one head: 3 stages for D <= 64, 2 for D = 128); no Delta buffer. Split partials are summed after, as in the two-kernel path."""
+    best of tuning/flash_attention/NOTES.md step 25's sweep at one head: 3 stages for D <= 64, 2 for D = 128); no Delta buffer. Split partials are summed after, as in the two-kernel path."""
     q3, k3, v3, o3, do3, dq, dk, dv = (_heads(t) for t in (q3, k3, v3, o3, do3, dq, dk, dv))
     nb, nh, n, d = q3.shape
+    group = _group(q3, k3)
     cq, ckv = {"SPLIT": 1, **cfg["dq"]}, {"SPLIT": 1, **cfg["dkdv"]}
     dq_p, dk_p, dv_p = _partials(dq, cq["SPLIT"]), _partials(dk, ckv["SPLIT"]), _partials(dv, ckv["SPLIT"])
-    programs = _cdiv(n, ckv["BLOCK_N"]) * ckv["SPLIT"] + _cdiv(n, cq["BLOCK_M2"]) * cq["SPLIT"]
+    programs = cdiv(cdiv(n, ckv["BLOCK_N"]) * ckv["SPLIT"], group) + cdiv(n, cq["BLOCK_M2"]) * cq["SPLIT"]
     launch(_bwd_fused_kernel)[(programs, nb * nh)](
         q3, k3, v3, o3, do3, lse, dq_p, dk_p, dv_p, nh, *_bhn(q3), *_bhn(k3), *_bhn(v3), *_bhn(o3), *_bhn(do3),
         *_strides(dq_p), *_strides(dk_p), *_strides(dv_p), n, **_scales(d), SM_SCALE=1.0 / math.sqrt(d),
         IS_CAUSAL=is_causal, DOT_PRECISION=_dot_precision(q3.dtype), BLOCK_M2=cq["BLOCK_M2"],
         BLOCK_N2=cq["BLOCK_N2"], SPLIT_Q=cq["SPLIT"], BLOCK_M=ckv["BLOCK_M"], BLOCK_N=ckv["BLOCK_N"],
-        SPLIT=ckv["SPLIT"], num_warps=cq["num_warps"], num_stages=cq["num_stages"])
+        SPLIT=ckv["SPLIT"], GROUP=group, num_warps=cq["num_warps"], num_stages=cq["num_stages"])
     for parts, out in ((dq_p, dq), (dk_p, dk), (dv_p, dv)):
         if parts is not out:
             _sum_parts(parts, out)
@@ -889,14 +933,24 @@ def _check_heads(bh: int) -> None:
         raise ValueError(f"at most 65,535 (batch x heads) sequences per call; got {bh}: split the batch")
 
 
+def _check_device(q: torch.Tensor) -> None:
+    """Triton kernels run on CUDA tensors, or on CPU tensors in Triton's interpreter."""
+    if q.device.type != "cuda" and not INTERPRET:
+        raise RuntimeError(f"FlashAttention2Triton got {q.device.type} tensors: its Triton kernels run on CUDA "
+                           "tensors, or on the CPU in Triton's interpreter: set TRITON_INTERPRET=1 in the "
+                           "environment before triton and lmperf are imported")
+
+
 def _forward(q, k, v, is_causal: bool, launch):
     check_qkv(q, k, v)
+    check_causal(is_causal)
+    _check_device(q)
     nb, nh, n, d = _heads_shape(q.shape)
     bh = nb * nh
     _check_heads(bh)
     out = _out_like(q)  # fresh (B, H, N, D): the kernels write it, not a view of it
     lse = torch.empty((bh, n), dtype=torch.float32, device=q.device)
-    launch_forward(q, k, v, out, lse, is_causal, _fwd_config(n, d, q.dtype, is_causal, bh), launch)
+    launch_forward(q, k, v, out, lse, is_causal, launch_fwd_config(n, d, q.dtype, is_causal, bh), launch)
     return out.view(q.shape), lse.view(q.shape[:-1])
 
 
@@ -905,8 +959,8 @@ def _backward_kernels(q, k, v, out, lse, grad_out, is_causal: bool, launch):
     bh = nb * nh
     lse3 = lse.reshape(bh, n)
     lse3 = lse3 if lse3.is_contiguous() else lse3.contiguous()
-    cfg = _bwd_config(n, d, q.dtype, is_causal, bh)
-    dq, dk, dv = _like(q), _like(k), _like(v)  # fresh (B, H, N, D), written by the kernels
+    cfg = launch_bwd_config(n, d, q.dtype, is_causal, bh, int(nh // _heads_shape(k.shape)[1]))
+    dq, dk, dv = _like(q), _like(k), _like(v)  # fresh (B, H, N, D) and (B, H_kv, N, D), written by the kernels
     launch_backward(q, k, v, out, grad_out, lse3, dq, dk, dv, is_causal, cfg, launch)
     return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
 
@@ -952,12 +1006,16 @@ flash_attention_forward.register_autograd(_backward, setup_context=_setup_contex
 def forward_with_lse(q, k, v, is_causal: bool = False):
     """(O, L) without autograd: O like q, L fp32 of shape q.shape[:-1]."""
     check_qkv(q, k, v)
+    check_causal(is_causal)
+    _check_device(q)
     with torch.no_grad():
-        return flash_attention_forward(q, k, v, bool(is_causal))
+        return flash_attention_forward(q, k, v, is_causal)
 
 
 class FlashAttention2Triton(torch.autograd.Function):
     """apply(q, k, v, is_causal=False) -> softmax(q k^T / sqrt(D)) v for (..., N, D) inputs.
+    k and v may have fewer heads (dim -3) than q, dividing them: grouped-query attention, query
+    head h reading K/V head h // (H / H_kv), as SDPA's enable_gqa (K and V are not copied).
     Saves (q, k, v, O, L) for backward, L being the fp32 logsumexp of shape q.shape[:-1].
     (B, H, N, D) inputs are read through their strides (a transposed (B, N, H, D) projection is
     not copied); O is (B, N, H, D) in memory, as SDPA's flash and cuDNN backends make it, and the
@@ -968,11 +1026,13 @@ class FlashAttention2Triton(torch.autograd.Function):
     def forward(ctx, q, k, v, is_causal=False):
         if torch.compiler.is_compiling():  # the op: the compiler sees (and launches) the kernels
             check_qkv(q, k, v)
-            out, lse = flash_attention_forward(q, k, v, bool(is_causal))
+            check_causal(is_causal)
+            _check_device(q)
+            out, lse = flash_attention_forward(q, k, v, is_causal)
         else:  # eager: the same kernels without the op's dispatch (tens of us a call); checks q, k, v
-            out, lse = _forward(q, k, v, bool(is_causal), _plain)
+            out, lse = _forward(q, k, v, is_causal, _plain)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.is_causal = bool(is_causal)
+        ctx.is_causal = is_causal
         return out
 
     @staticmethod

@@ -1,5 +1,7 @@
 """FlashAttention-2 (Triton) against PyTorch's attention: the bars, one table per headline
-configuration, the grid (forward+backward ms per sequence length) and its TFLOP/s figure."""
+configuration, the model group (forward+backward and backward alone by GPU time), grouped-query
+attention against SDPA's backends, where ours is still slower than cuDNN, the grid
+(forward+backward ms per sequence length) and its TFLOP/s figure."""
 from __future__ import annotations
 
 import pandas as pd
@@ -115,23 +117,29 @@ def view(inputs) -> dict:
         return unavailable("the benchmark did not run here: " + "; ".join(sorted(set(bench["message"].dropna()))))
     if CENTER not in bench:  # rows with a mean only (one sample: the same number)
         bench = bench.assign(**{CENTER: bench["mean"]})
+    # K/V heads (grouped-query attention); rows from before GQA have as many as query heads
+    bench = bench.assign(kv_heads=bench["kv_heads"].fillna(bench["heads"]) if "kv_heads" in bench else bench["heads"])
     configs = []
-    for (group, dtype, causal, b, h, n, d), g in bench.groupby(
-            ["group", "dtype", "causal", "batch", "heads", "seq_len", "head_dim"], sort=False):
+    for (group, dtype, causal, b, h, kv, n, d), g in bench.groupby(
+            ["group", "dtype", "causal", "batch", "heads", "kv_heads", "seq_len", "head_dim"], sort=False):
         if group in ("grid", "model"):
             continue
         table, ratios = config_table(g)
         mode = "causal" if str(causal).lower() == "true" else "non-causal"
         notes = sorted({f"{r.provider}: {r.message}" for r in g[g["metric"] == "backward_ms"].itertuples()
                         if isinstance(r.message, str) and r.message})
-        configs.append({"name": f"{group}: {int(b)} x {int(h)} heads x {int(n)} tokens x D {int(d)}, {dtype}, {mode}",
+        heads = f"{int(h)} heads" + (f" over {int(kv)} K/V heads" if kv != h else "")
+        configs.append({"name": f"{group}: {int(b)} x {heads} x {int(n)} tokens x D {int(d)}, {dtype}, {mode}",
                         "group": group, "causal": mode, "table": table, "notes": notes, "ratios": ratios})
     grid = bench[bench["group"] == "grid"]
     model = model_table(bench[bench["group"] == "model"])
     model_host = model_table(bench[bench["group"] == "model"], "fwd_bwd_ms")
+    model_backward = model_table(bench[bench["group"] == "model"], "backward_gpu_ms")
     view = {"available": True, "configs": configs, "model": model, "model_host": model_host,
+            "model_backward": model_backward, "gqa": gqa_table(bench[bench["group"] == "gqa"]),
             "model_same_kernel": SAME_KERNEL if same_kernel(model, "sdpa_flash", "sdpa_cudnn") else "",
             "bars": pd.DataFrame(bars(configs, grid, model, inputs.bars["flash_attention"]))}
+    view["losses"] = loss_table(configs, model, model_backward)
     if not grid.empty:
         view["grid"] = grid_tables(grid)
         view["grid_slower"] = {m: grid_slower(grid, m) for m in ("fwd_bwd_gpu_ms", "fwd_bwd_ms")}
@@ -149,16 +157,66 @@ def model_table(model: pd.DataFrame, metric: str | None = None) -> pd.DataFrame:
     fb = model[(model["metric"] == metric) & (model["status"] == "ok")] if not model.empty else model
     if fb.empty:
         return pd.DataFrame()
-    keys = ["model", "heads", "head_dim", "seq_len"] if "model" in fb else ["heads", "head_dim", "seq_len"]
+    # shapes of no model size (the group's head-dim-128 case) are named by their shape
+    fb = fb.assign(model=fb["model"].fillna("").astype(str) if "model" in fb else "")
+    fb = fb.assign(model=fb["model"].where(fb["model"] != "", "(no model)"))
+    keys = ["model", "batch", "heads", "head_dim", "seq_len"]
     wide_ms = fb.pivot_table(index=keys, columns="provider", values=CENTER, sort=False)
     out = wide_ms.reset_index()
-    for key in keys[1:] if keys[0] == "model" else keys:  # heads, head dim, N: integers
+    for key in keys[1:]:  # batch, heads, head dim, N: integers
         out[key] = out[key].astype(int)
     for peer in ("sdpa_flash", "sdpa_cudnn"):
         if {"triton", peer} <= set(wide_ms.columns):
             out[f"ours / {peer}"] = (wide_ms["triton"] / wide_ms[peer]).to_numpy()
     out = out.rename(columns={"seq_len": "N", "head_dim": "D", "triton": "ours (triton)"})
     out.attrs["metric"] = metric
+    return out
+
+
+def loss_table(configs: list[dict], model: pd.DataFrame, model_backward: pd.DataFrame) -> pd.DataFrame:
+    """Where ours is still slower than cuDNN (ours / cuDNN time > 1), from the same runs: each
+    configuration's directions (do_bench), and the model group's forward+backward and backward
+    (GPU time where measured)."""
+    rows = []
+    for c in configs:
+        for direction, label in DIRECTIONS.items():
+            r = c["ratios"].get(("sdpa_cudnn", direction))
+            if r is not None and r > 1:
+                rows.append({"shape": c["name"], "pass": label, "ours / cuDNN": r})
+    for table, label in ((model, "forward+backward"), (model_backward, "backward")):
+        if "ours / sdpa_cudnn" not in table:
+            continue
+        how = "GPU time" if table.attrs.get("metric", "").endswith("gpu_ms") else "do_bench"
+        for r in table.to_dict("records"):
+            if r["ours / sdpa_cudnn"] > 1:
+                rows.append({"shape": f"model group: {r['model']}, {r['batch']} x {r['heads']} heads x {r['N']} tokens "
+                                      f"x D {r['D']}", "pass": f"{label} ({how})", "ours / cuDNN": r["ours / sdpa_cudnn"]})
+    return pd.DataFrame(rows)
+
+
+def gqa_table(gqa: pd.DataFrame) -> pd.DataFrame:
+    """Grouped-query attention: one row per shape, ours and each SDPA backend (enable_gqa) by
+    GPU time (CUDA graph) where measured, else do_bench: forward and forward+backward ms, and
+    ours / peer."""
+    if gqa.empty:
+        return pd.DataFrame()
+    gpu = (gqa["metric"] == "fwd_bwd_gpu_ms").any()
+    metrics = {"forward": "forward_gpu_ms" if gpu else "forward_ms", "fwd+bwd": "fwd_bwd_gpu_ms" if gpu else "fwd_bwd_ms"}
+    keys = ["batch", "heads", "kv_heads", "head_dim", "seq_len"]
+    rows = []
+    for shape, g in gqa[gqa["status"] == "ok"].groupby(keys, sort=False):
+        row = dict(zip(["B", "H", "H_kv", "D", "N"], (int(x) for x in shape)))
+        ms = g.set_index(["provider", "metric"])[CENTER]
+        for label, metric in metrics.items():
+            for provider in ("triton", "sdpa_flash", "sdpa_cudnn"):
+                if (provider, metric) in ms.index:
+                    row[f"{label} ms, {'ours' if provider == 'triton' else provider}"] = ms[(provider, metric)]
+            for peer in ("sdpa_flash", "sdpa_cudnn"):
+                if ("triton", metric) in ms.index and (peer, metric) in ms.index:
+                    row[f"{label}: ours / {peer}"] = ms[("triton", metric)] / ms[(peer, metric)]
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    out.attrs["metric"] = "GPU time (CUDA graph)" if gpu else "do_bench"
     return out
 
 

@@ -6,8 +6,8 @@ apply, out.sum().backward(), do_bench), timed
     after-grid: in a fresh process that first ran forward+backward on every shape of the FA grid
                 (head dims 16/64/128, bf16 and fp32, N = 128 ... 65,536, batch 1, 1 head).
 
-    TRITON_CACHE_DIR=$(mktemp -d) python scripts/fa_history.py first --out first.csv
-    python scripts/fa_history.py after-grid --out after.csv
+    TRITON_CACHE_DIR=$(mktemp -d) python tuning/flash_attention/fa_history.py first --out first.csv
+    python tuning/flash_attention/fa_history.py after-grid --out after.csv
 
 Each writes one row: the mode, the median and 20/80% quantiles in ms, the configs the rule table
 chose, and provenance.

@@ -8,7 +8,7 @@ for the short shapes, whose launches take longer than their kernels), checks eac
 output against the rule table's, and times SDPA-flash and SDPA-cuDNN on the same shape for scale. Candidates are compiled first in parallel processes
 (Triton's on-disk cache), so the timing loop only loads them. Every failure is a row.
 
-    python scripts/fa_sweep.py --out DIR [--jobs 14] [--only headline,model_xl]
+    python tuning/flash_attention/fa_sweep.py --out DIR [--jobs 14] [--only headline,model_xl]
 
 Writes DIR/fa_sweep.csv (one row per shape x kernel x config, or per peer) as it goes.
 """
@@ -103,11 +103,11 @@ def bwd_candidates(name: str) -> list[dict]:
     pairs, stages = BWD[family(d, dtype)]
     for (m2, n2), (m, nk) in pairs:
         for st in stages:
-            dq = fa._fit(dict(BLOCK_M2=m2, BLOCK_N2=n2, num_warps=4, num_stages=st), n, "BLOCK_M2", "BLOCK_N2")
-            kv = fa._fit(dict(BLOCK_M=m, BLOCK_N=nk, num_warps=4, num_stages=st), n, "BLOCK_N", "BLOCK_M")
+            dq = fa.fit_tiles(dict(BLOCK_M2=m2, BLOCK_N2=n2, num_warps=4, num_stages=st), n, "BLOCK_M2", "BLOCK_N2")
+            kv = fa.fit_tiles(dict(BLOCK_M=m, BLOCK_N=nk, num_warps=4, num_stages=st), n, "BLOCK_N", "BLOCK_M")
             kv["HEADS_FASTEST"] = causal
             for split in SPLITS:
-                if split > 1 and (fa._cdiv(n, dq["BLOCK_N2"]) < 2 * split or fa._cdiv(n, kv["BLOCK_M"]) < 2 * split):
+                if split > 1 and (fa.cdiv(n, dq["BLOCK_N2"]) < 2 * split or fa.cdiv(n, kv["BLOCK_M"]) < 2 * split):
                     continue
                 for fused in (False, True):
                     cfg = {"dq": {**dq, "SPLIT": split}, "dkdv": {**kv, "SPLIT": split}, "fused": fused}
@@ -134,13 +134,13 @@ def candidates(name: str, kernel: str) -> list[dict]:
     outer, inner = (second, first) if kernel == "dkdv" else (first, second)  # dK/dV: keys outer
     out = [rule]
     for x, y, w, s in TABLES[kernel][family(d, dtype)]:
-        cfg = fa._fit({first: x, second: y, "num_warps": w, "num_stages": s}, n, outer, inner)
+        cfg = fa.fit_tiles({first: x, second: y, "num_warps": w, "num_stages": s}, n, outer, inner)
         if kernel == "dkdv":
             cfg["HEADS_FASTEST"] = causal
         cfg["SPLIT"] = rule["SPLIT"]  # each tile with the rule's split ...
         if cfg not in out:
             out.append(cfg)
-    programs = b * h * fa._cdiv(n, rule[outer])
+    programs = b * h * fa.cdiv(n, rule[outer])
     if programs < 2 * fa.SM_COUNT_H100:  # ... and, where the split rule applies, the rule's tile at every split
         out += [c2 for split in SPLITS if (c2 := {**rule, "SPLIT": split}) not in out]
     if fa.d_tiles(d)[1]:  # a head dim held as two column tiles (80 = 64 + 16): each candidate
