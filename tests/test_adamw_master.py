@@ -142,8 +142,10 @@ def test_bf16_gradients_are_not_summed_in_bf16(accumulate):
     torch.testing.assert_close(opt.exp_avg[:n], torch.full_like(opt.exp_avg[:n], 25.7), rtol=1e-6, atol=0)
     # a first step moves every weight by lr (AdamW's normalized update), whatever the gradient
     torch.testing.assert_close(opt.master_weights()[0], before - 1e-3, rtol=0, atol=1e-6)
-    opt.zero_grad()
-    assert opt.acc is None and bias.grad is None and not opt._accumulated
+    opt.zero_grad()  # drops the sum too: with nothing to apply, a step is an error
+    assert opt.acc is None and bias.grad is None
+    with pytest.raises(RuntimeError, match="no gradient"):
+        opt.step()
 
 
 def test_dropping_model_and_optimizer_frees_the_weights():
@@ -189,10 +191,10 @@ def test_split_and_join_are_exact():
     @triton.jit
     def roundtrip(x_ptr, w_ptr, r_ptr, y_ptr, n, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        weight, rest = adamw_master._split(tl.load(x_ptr + offs, mask=offs < n))
+        weight, rest = adamw_master.split_master(tl.load(x_ptr + offs, mask=offs < n))
         tl.store(w_ptr + offs, weight, mask=offs < n)
         tl.store(r_ptr + offs, rest, mask=offs < n)
-        tl.store(y_ptr + offs, adamw_master._join(weight, rest), mask=offs < n)
+        tl.store(y_ptr + offs, adamw_master.join_master(weight, rest), mask=offs < n)
 
     torch.manual_seed(0)
     upper = torch.randint(0, 2**15, (512,), dtype=torch.int32) << 16

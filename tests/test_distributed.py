@@ -306,7 +306,7 @@ def test_report_view_without_results_says_so(tmp_path):
 
     view = R.view(_inputs(pd.DataFrame(), tmp_path))
     assert view == {"available": False, "why": "no multi-GPU results of this machine yet "
-                                               "(scripts/distributed_gpu.sh on a machine with 2+ GPUs)"}
+                                               "(tools/distributed_gpu.sh on a machine with 2+ GPUs)"}
 
 
 def test_report_of_a_machine_reads_its_multi_gpu_folders(tmp_path):
@@ -363,18 +363,18 @@ def test_slurm_profile_plans_the_workflow_and_maps_gpus_to_sbatch(tmp_path):
 
 @pytest.mark.slow
 def test_gpu_script_runs_every_job_and_renders_the_section_on_a_cpu(tmp_path):
-    """scripts/distributed_gpu.sh at smoke scale on a CPU: every job of the section's plan, CSVs
+    """tools/distributed_gpu.sh at smoke scale on a CPU: every job of the section's plan, CSVs
     under results/cpu/distributed/, and the section rendered alone (about a minute on 2 cores)."""
     from conftest import copy_repo, workflow_env
     repo = copy_repo(tmp_path / "lmperf")
-    proc = subprocess.run(["bash", "scripts/distributed_gpu.sh", "--scale", "smoke", "--limit", "400"],
+    proc = subprocess.run(["bash", "tools/distributed_gpu.sh", "--scale", "smoke", "--limit", "400"],
                           cwd=repo, env=workflow_env(repo), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     csvs = sorted(p.name for p in (repo / "results" / "cpu" / "distributed").glob("*.csv"))
     assert csvs == ["allreduce_n2.csv", "ddp_n1.csv", "ddp_n2.csv"]
     text = (repo / "report" / "distributed" / "cpu" / "distributed.md").read_text()
     assert "## Scaling across GPUs" in text and "needs 2 GPUs" in text
-    again = subprocess.run(["bash", "scripts/distributed_gpu.sh", "--scale", "smoke"], cwd=repo,
+    again = subprocess.run(["bash", "tools/distributed_gpu.sh", "--scale", "smoke"], cwd=repo,
                            env=workflow_env(repo), capture_output=True, text=True, timeout=300)
     assert again.stdout.count("exists, skipped") == 3
 

@@ -10,7 +10,7 @@ import triton.language as tl
 
 from lmperf import lrpe_cosine_md
 from lmperf.kernels import lrpe
-from lmperf.kernels.lrpe import _sincos, compare, reference_float64
+from lmperf.kernels.lrpe import compare, reference_float64, sincos
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -219,7 +219,7 @@ def test_device_us_sums_device_work_per_call_without_the_flushes():
 @pytest.mark.parametrize("min_batch", [1, 2])
 @pytest.mark.parametrize("wide", [False, True])
 def test_launch_variants_match_float64(monkeypatch, impl, dtype, programs_per_sm, min_batch, wide):
-    """Every launch setting the tuning sweep (scripts/lrpe_sweep.py) tries is a correct kernel:
+    """Every launch setting the tuning sweep (tuning/lrpe/lrpe_sweep.py) tries is a correct kernel:
     the batch split into uneven parts, parts of one element (where the first load is also the
     last), or none; 32- and 64-bit offsets."""
     from lmperf.kernels import lrpe
@@ -236,14 +236,14 @@ def test_offsets_are_64_bit_only_for_tensors_of_2_to_the_31_elements():
 
 
 def test_sincos_matches_float64():
-    """The kernels' shared-reduction sine and cosine (kernels.lrpe._sincos), run as a Triton
+    """The kernels' shared-reduction sine and cosine (kernels.lrpe.sincos), run as a Triton
     kernel, against float64 at angles from 0 to 1e5 of either sign: within 4e-7 of the exact
     values of the fp32 inputs (fp32 sin/cos round to 6e-8; the reduction adds a little more
     where the interpreter has no fused multiply-add)."""
     @triton.jit
     def kernel(A, S, C, n, BLOCK: tl.constexpr):
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        s, c = _sincos(tl.load(A + i, mask=i < n))
+        s, c = sincos(tl.load(A + i, mask=i < n))
         tl.store(S + i, s, mask=i < n)
         tl.store(C + i, c, mask=i < n)
 

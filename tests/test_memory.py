@@ -12,7 +12,7 @@ import pytest
 from lmperf.bench import memory
 
 # The same forward pass recorded on a CPU (torch.profiler) and, where present, on a GPU
-# (torch.cuda.memory._record_memory_history; scripts/record_memory_fixture.py).
+# (torch.cuda.memory._record_memory_history; tools/record_memory_fixture.py).
 FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("memory_snapshot_*_forward.json.gz"))
 
 

@@ -85,20 +85,3 @@ def test_gpu_range_time_counts_the_cpu_side_range_once():
     assert profile.range_times(prof, cuda=True) == {"attention.scores": 30.0}
     assert profile.range_times(prof, cuda=False) == {"attention.scores": 5.0}
 
-
-def test_migration_drops_named_ranges_listed_as_kernels(rows):
-    # On a GPU torch.optim's "Optimizer.step#AdamW.step" range showed up (in older rows) as a
-    # device-side annotation spanning the optimizer's kernels; counted as a kernel it would double
-    # the phase. scripts/migrate_results.py drops such rows once; the report reads CSVs only.
-    import importlib.util
-    from pathlib import Path
-    spec = importlib.util.spec_from_file_location("migrate", Path(__file__).parents[1] / "scripts" / "migrate_results.py")
-    migrate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(migrate)
-    df = rows.assign(status="ok", profiled_steps=1, case_id=rows["case_id"], section="profile")
-    opt = df[(df["metric"] == "kernel_us_per_step") & (df["phase"] == "optimizer")]
-    fake = opt.iloc[[0]].assign(kernel="Optimizer.step#AdamW.step", mean=opt["mean"].sum(), share=0.5)
-    migrated = migrate.migrate(pd.concat([df, fake], ignore_index=True))
-    assert "Optimizer.step#AdamW.step" not in set(migrated["kernel"])
-    assert len(migrated) == len(df)
-    assert profile_view(migrated)["cases"][0]["shares"].equals(profile_view(df)["cases"][0]["shares"])

@@ -1,8 +1,9 @@
 """The report renders every number its tables held before the report side was restructured:
 tests/fixtures/report_numbers_h100.json holds the numbers of report/report.md at dff03a4 (captured
 by tests/report_numbers.py), and tests/fixtures/h100_results_dff03a4/ the H100 CSVs it was
-rendered from (as migrated by scripts/migrate_results.py). The committed results have since been
-re-measured, so the check renders today's templates over that frozen copy."""
+rendered from (rewritten into today's columns by a one-off script, `git show
+7f12d6c:scripts/migrate_results.py`). The committed results have since been re-measured, so
+the check renders today's templates over that frozen copy."""
 import json
 from pathlib import Path
 

@@ -209,8 +209,8 @@ def test_another_library_version_reruns_the_benchmarks(built_copy, tmp_path, lib
 
 
 def script(repo: Path, name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run scripts/<name> in `repo` with this interpreter first on PATH as `python3`."""
-    return subprocess.run(["bash", f"scripts/{name}", *args], cwd=repo, env=workflow_env(repo),
+    """Run tools/<name> in `repo` with this interpreter first on PATH as `python3`."""
+    return subprocess.run(["bash", f"tools/{name}", *args], cwd=repo, env=workflow_env(repo),
                           capture_output=True, text=True, timeout=timeout)
 
 

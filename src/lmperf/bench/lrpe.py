@@ -67,7 +67,8 @@ def bench_cases(spec: dict) -> list[dict]:
 
 
 @functools.cache
-def _compiled_torch():
+def compiled_torch():
+    """lrpe_torch under torch.compile (static shapes), made once: the torch.compile peer."""
     import torch
     from lmperf.kernels.lrpe import lrpe_torch
     return torch.compile(lrpe_torch, dynamic=False)
@@ -187,7 +188,7 @@ def measure_bench(case: dict) -> list[dict]:
     provider = case["provider"]
     if provider == "torch_compile":
         from lmperf.kernels.lrpe import check_inputs
-        fn = lambda x, theta: (check_inputs(x, theta, shape, l, "torch"), _compiled_torch()(x, theta, shape, l))[1]
+        fn = lambda x, theta: (check_inputs(x, theta, shape, l, "torch"), compiled_torch()(x, theta, shape, l))[1]
     else:
         fn = lambda x, theta: lrpe_cosine_md(x, theta, shape, l, provider)
     # A seeded generator of the case's own: the same inputs in every run.

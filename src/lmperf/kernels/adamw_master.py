@@ -76,14 +76,14 @@ def _update(flat, grad, mask, weight_ptr, rest_ptr, exp_avg_ptr, exp_avg_sq_ptr,
             g += tl.load(grad, mask=mask).to(tl.float32)
     else:
         g = tl.load(grad, mask=mask).to(tl.float32)
-    p = _join(tl.load(weight_ptr + flat, mask=mask), tl.load(rest_ptr + flat, mask=mask))
+    p = join_master(tl.load(weight_ptr + flat, mask=mask), tl.load(rest_ptr + flat, mask=mask))
     m = tl.load(exp_avg_ptr + flat, mask=mask)
     v = tl.load(exp_avg_sq_ptr + flat, mask=mask)
     p = p - lr_decay * p  # AdamW's decoupled weight decay, lr_decay = lr * weight_decay
     m = beta1 * m + (1 - beta1) * g
     v = beta2 * v + (1 - beta2) * g * g
     p = p - step_size * m / (tl.sqrt(v) / bias_correction2_sqrt + eps)
-    weight, rest = _split(p)
+    weight, rest = split_master(p)
     tl.store(weight_ptr + flat, weight, mask=mask)
     tl.store(rest_ptr + flat, rest, mask=mask)
     tl.store(exp_avg_ptr + flat, m, mask=mask)
@@ -91,7 +91,7 @@ def _update(flat, grad, mask, weight_ptr, rest_ptr, exp_avg_ptr, exp_avg_sq_ptr,
 
 
 @triton.jit
-def _split(x):
+def split_master(x):
     """fp32 -> (bf16 rounded to nearest, ties to even: PyTorch's cast; int16 remainder: x's bits
     minus the bf16's << 16, +32,768 stored as +32,767). Integer arithmetic throughout (the
     interpreter's own cast truncates); NaN stays NaN."""
@@ -104,14 +104,14 @@ def _split(x):
 
 
 @triton.jit
-def _join(weight, rest):
-    """_split's inverse: the fp32 master from the bf16 weight and its int16 remainder."""
+def join_master(weight, rest):
+    """split_master's inverse: the fp32 master from the bf16 weight and its int16 remainder."""
     high = weight.to(tl.uint16, bitcast=True).to(tl.uint32) << 16
     return (high + rest.to(tl.int32).to(tl.uint32, bitcast=True)).to(tl.float32, bitcast=True)
 
 
 def split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """PyTorch's twin of the kernel's _split: fp32 -> (bf16 weight, int16 remainder)."""
+    """PyTorch's twin of the kernel's split_master: fp32 -> (bf16 weight, int16 remainder)."""
     high = x.to(torch.bfloat16)
     bits = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     rest = bits - ((high.view(torch.int16).to(torch.int64) & 0xFFFF) << 16)
@@ -119,7 +119,7 @@ def split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def join(weight: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
-    """PyTorch's twin of the kernel's _join: the fp32 master weight."""
+    """PyTorch's twin of the kernel's join_master: the fp32 master weight."""
     bits = (((weight.view(torch.int16).to(torch.int64) & 0xFFFF) << 16) + rest.to(torch.int64)) & 0xFFFFFFFF
     return torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32).view(torch.float32)
 

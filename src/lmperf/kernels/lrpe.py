@@ -120,7 +120,7 @@ def _angles(theta_ptr, dims, strides, head, rows, cols, l, e, d, M: tl.constexpr
 
 
 @triton.jit
-def _sincos(a):
+def sincos(a):
     """(sin a, cos a) in fp32 with one shared range reduction: a = k pi/2 + r, |r| <= pi/4, in
     three Cody-Waite steps (the first two exact for |k| < 2^13 even without fma), then Cephes'
     minimax polynomials for sin r and cos r and a quadrant swap. Absolute error about 1e-7 for
@@ -156,9 +156,9 @@ def _offsets(head, rows, cols, stride_b, stride_h, stride_n, WIDE: tl.constexpr)
 
 
 # The tile: tokens per program (BLOCK_N) and warps, and the batch-split target. From the H100
-# sweeps (notes/lrpe.md; notes/data/lrpe_sweep_h100*.csv): with the shared-reduction sine and
-# cosine (commit aa48c7c33985), 2K-element tiles with 4 warps and 16 programs per SM were the
-# fastest setting at nearly every size, forward and backward.
+# sweeps (tuning/lrpe/NOTES.md; tuning/lrpe/data/lrpe_sweep_h100*.csv): with the
+# shared-reduction sine and cosine (commit aa48c7c33985), 2K-element tiles with 4 warps and 16
+# programs per SM were the fastest setting at nearly every size, forward and backward.
 # The interpreter takes 32-token tiles so that tests cover several tiles per grid.
 TILE_ELEMENTS, NUM_WARPS = 2048, 4
 # Below this many programs per SM the batch is split over more programs, each with at least
@@ -166,7 +166,7 @@ TILE_ELEMENTS, NUM_WARPS = 2048, 4
 # Two elements a part halve the angle math per element where the split would otherwise go
 # down to one (grids of < 30 tiles x heads): there the kernel is bound by instructions, and
 # the prologue (angles, sine, cosine: about 40 instructions an element) outweighs the loop
-# (about 8) five to one (PTX of sm_90, notes/lrpe.md).
+# (about 8) five to one (PTX of sm_90, tuning/lrpe/NOTES.md).
 PROGRAMS_PER_SM, MIN_BATCH_PER_PROGRAM = 16, 2
 # 64-bit offsets: "auto" uses them only for tensors of 2^31 elements or more (see _offsets).
 WIDE_OFFSETS = "auto"
@@ -209,7 +209,7 @@ def _lrpe_fwd_kernel(X, OUT, ANGLES, theta_ptr, D0, D1, D2, D3, D4, D5, D6, D7,
     angle = _angles(theta_ptr, dims, strides, head, rows, cols, l, e, d, M)
     if CACHE:  # write the angle table for the backward
         tl.store(ANGLES + (head * N + rows[:, None]).to(tl.int64) * d + cols[None, :], angle, mask=mask)
-    sin, cos = _sincos(angle)
+    sin, cos = sincos(angle)
     for b in range(b0, b1):  # the same angles serve every batch element of this part
         # where(more, mask, False), not mask & more: the same code once compiled, and Triton
         # 3.9's interpreter splats a scalar int1 to int32, which its masked load refuses
@@ -243,7 +243,7 @@ def _lrpe_bwd_kernel(DO, DX, ANGLES, theta_ptr, D0, D1, D2, D3, D4, D5, D6, D7,
                         mask=mask, other=0.0)
     else:
         angle = _angles(theta_ptr, dims, strides, head, rows, cols, l, e, d, M)
-    sin, cos = _sincos(angle)
+    sin, cos = sincos(angle)
     for b in range(b0, b1):
         more = tl.where(b + 1 < b1, mask, False)  # see the forward
         do = DO + (b + 1) * stride_ob + o_off

@@ -6,7 +6,7 @@ thresholds of config/config.yaml's `report.distributed`; and its two figures.
 
     python -m lmperf.report.distributed --results results/h200-x2 --out report/distributed/h200-x2/distributed.md
 
-renders the section alone (scripts/distributed_gpu.sh's preview of a run), through
+renders the section alone (tools/distributed_gpu.sh's preview of a run), through
 report/render.py like the whole report.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ MEMORY = ["param_mib", "grad_mib", "optimizer_state_mib", "activations_mib", "pe
 VARIANT_NAMES = {"single": "one GPU", "per_param": "all-reduce per parameter",
                  "flat": "one flattened all-reduce", "ddp": "DDP", "fsdp2": "FSDP2",
                  "zero": "DDP + ZeroRedundancyOptimizer"}
-NO_RESULTS = "no multi-GPU results of this machine yet (scripts/distributed_gpu.sh on a machine with 2+ GPUs)"
+NO_RESULTS = "no multi-GPU results of this machine yet (tools/distributed_gpu.sh on a machine with 2+ GPUs)"
 NOT_MEASURED = "not measured"
 
 
@@ -311,7 +311,7 @@ def figures(inputs, paths: dict) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The section alone (scripts/distributed_gpu.sh's preview of a multi-GPU run)
+# The section alone (tools/distributed_gpu.sh's preview of a multi-GPU run)
 
 
 def main(argv=None) -> None:

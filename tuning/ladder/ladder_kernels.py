@@ -1,7 +1,7 @@
 """One ladder rung's training step profiled on a GPU: every kernel's time per step, grouped, so
-the time a rung spends outside matmuls and attention can be read (notes for issue #15).
+the time a rung spends outside matmuls and attention can be read (tuning/ladder/NOTES.md).
 
-    python scripts/ladder_kernels.py --size 2.7B --context 2048 --batch 4 --out DIR
+    python tuning/ladder/ladder_kernels.py --size 2.7B --context 2048 --batch 4 --out DIR
 
 Writes DIR/ladder_kernels_<size>_<context>.csv (kernel, category, ms per step, calls per step, and
 the run's provenance: GPU, torch, triton, commit).
@@ -21,33 +21,25 @@ from lmperf import train
 from lmperf.bench import common, ladder, profile
 
 
-def add_rung_arguments(ap: argparse.ArgumentParser) -> None:
-    """--size, --context, --batch: the rung (bf16, compiled, fused AdamW, our FlashAttention-2)."""
-    ap.add_argument("--size", default="2.7B")
-    ap.add_argument("--context", type=int, default=2048)
-    ap.add_argument("--batch", type=int, default=4)
-
-
 def rung_case(args) -> dict:
-    """The ladder rung of `args` (the 2.7B's rung 9 by default) as an e2e case."""
+    """The ladder rung of `args` (bf16, compiled, fused AdamW, our FlashAttention-2; the 2.7B's
+    rung 9 by default) as an e2e case."""
     return {**ladder.BASE, "dtype": "bf16", "compile": True, "optimizer": "fused", "attention": "flash-triton",
             "context": args.context, "batch_size": args.batch, "mode": "train"}
 
 
-def setup_rung(args):
-    """(case, cfg, model, optimizer, inputs, targets, autocast) of the rung, set up by lmperf.train."""
-    dims = yaml.safe_load(open("config/config.yaml"))["models"][args.size]
-    case = rung_case(args)
-    return (case, *train.setup(case, dims))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_rung_arguments(ap)
+    ap.add_argument("--size", default="2.7B")
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3, help="profiled steps (after 3 warm-up steps)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    _, cfg, model, optimizer, inputs, targets, autocast = setup_rung(args)
+    if not torch.cuda.is_available():
+        raise SystemExit("ladder_kernels: needs CUDA (it profiles the GPU's kernels)")
+    dims = yaml.safe_load(open("config/config.yaml"))["models"][args.size]
+    cfg, model, optimizer, inputs, targets, autocast = train.setup(rung_case(args), dims)
     nothing = lambda phase: contextlib.nullcontext()
     for _ in range(3):
         train.step(model, optimizer, inputs, targets, autocast, nothing)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run Snakemake targets on a GPU machine that has python3 with torch and triton but no package
-# registry, using a wheelhouse made elsewhere with scripts/wheelhouse.sh:
-#   scripts/gpu_run.sh [--wheels DIR] [--limit SECONDS] [--pack FILE] TARGET... [-- SNAKEMAKE_ARGS]
+# registry, using a wheelhouse made elsewhere with tools/wheelhouse.sh:
+#   tools/gpu_run.sh [--wheels DIR] [--limit SECONDS] [--pack FILE] TARGET... [-- SNAKEMAKE_ARGS]
 # --limit stops Snakemake after that many seconds (finished jobs are kept; a rerun does the rest);
 # --pack writes results/, logs/ and report/ into one tar.gz (to copy off a machine you give back).
 set -uo pipefail

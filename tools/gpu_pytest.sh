@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A test file on the GPU in parallel shards (the FlashAttention tests take about 600 s in one
-# process, about 250 s in six): scripts/gpu_pytest.sh SHARDS LOGDIR FILE [pytest args, e.g. -k expr]
+# process, about 250 s in six): tools/gpu_pytest.sh SHARDS LOGDIR FILE [pytest args, e.g. -k expr]
 # Each shard's log is LOGDIR/shard<i>.log; the summary lines are printed; exit 1 if any failed.
 set -uo pipefail
 shards=$1 logdir=$2 file=$3

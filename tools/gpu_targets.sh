@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run Snakemake targets one after another, in the order given, inside one time budget:
-#   scripts/gpu_targets.sh SECONDS PACK TARGET...
-# Each target gets what is left of SECONDS (scripts/gpu_run.sh --limit) and repacks PACK after
+#   tools/gpu_targets.sh SECONDS PACK TARGET...
+# Each target gets what is left of SECONDS (tools/gpu_run.sh --limit) and repacks PACK after
 # it, so PACK holds the results, logs and journals of every target run so far.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +10,6 @@ start=$(date +%s)
 for target in "$@"; do
     left=$((budget - ($(date +%s) - start)))
     ((left > 20)) || { echo "gpu_targets: no time left for $target"; continue; }
-    scripts/gpu_run.sh --limit "$left" --pack "$pack" "$target"
+    tools/gpu_run.sh --limit "$left" --pack "$pack" "$target"
 done
 echo "gpu_targets: done after $(( $(date +%s) - start )) s"

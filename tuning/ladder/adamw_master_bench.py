@@ -1,9 +1,9 @@
 """The optimizer step alone, for one model size (default 2.7B): torch's fused AdamW on fp32
 weights and fp32 gradients against MasterWeightAdamW (kernels/adamw_master.py) on bf16 weights and
 bf16 gradients, each timed with triton.testing.do_bench in this process, one after the other
-(notes for #15: the ladder's bf16_weights rung).
+(tuning/ladder/NOTES.md: the ladder's bf16_weights rung).
 
-    python scripts/adamw_master_bench.py --out DIR [--size 2.7B]
+    python tuning/ladder/adamw_master_bench.py --out DIR [--size 2.7B]
 
 Writes DIR/adamw_master_bench_<size>.csv: optimizer, median ms, bytes moved a step, GB/s, and
 the run's provenance.

@@ -3,7 +3,7 @@
 # rules/distributed.smk (all-reduce, data-parallel step; one torchrun per study and process
 # count, grids from config/config.yaml) into results/<gpu>-x<count>/distributed/ (e.g.
 # results/h200-x2/), then the section rendered alone into report/distributed/<gpu>-x<count>/.
-#   scripts/distributed_gpu.sh [--scale full|smoke] [--limit SECONDS] [--wheels DIR] [--pack FILE] [--force]
+#   tools/distributed_gpu.sh [--scale full|smoke] [--limit SECONDS] [--wheels DIR] [--pack FILE] [--force]
 # Jobs the machine has GPUs for run first; those that need more GPUs run last and write their
 # `skipped` "needs N GPUs" rows (their Gloo all-reduces on the CPU are still measured). --limit
 # stops the current job once the total time is spent (default 480 s): a rerun skips the CSVs that
@@ -22,7 +22,7 @@ while (($#)); do
     esac
 done
 # pandas and pyyaml (the harness and the config; required), matplotlib and tabulate (the
-# rendered section; optional): from the wheelhouse scripts/wheelhouse.sh builds, where the
+# rendered section; optional): from the wheelhouse tools/wheelhouse.sh builds, where the
 # machine's python3 lacks them
 if ! python3 -c 'import pandas, yaml, matplotlib, tabulate' 2>/dev/null && [[ -d $wheels ]]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/lmperf-site "$wheels"/*.whl \
