@@ -1,6 +1,5 @@
 # The report: every section's results (the outputs of the rule named after the section) ->
 # report/report.md and its figures. Sections, their figures and their order: lmperf.report.sections.
-from lmperf.report import validate  # noqa: E402
 from lmperf.report.sections import SECTIONS, figure_paths  # noqa: E402
 
 
@@ -11,34 +10,18 @@ RULE_NAMES = {r.name for r in workflow.rules}  # sections without results (corre
 REPORT_RESULTS = [f for s in SECTIONS if s.name in RULE_NAMES for f in wf.results_of(getattr(rules, s.name))]
 # The same files as lmperf.workflow derives them from the config (what the renderer checks
 # each CSV against, and lists when missing); the two must agree.
-RESULT_FILES = wf.result_files(config, RESULTS, SCALE, [f"results/{DIST_HW}"])
+RESULT_FILES = tuple(wf.result_files(config, RESULTS, SCALE, [f"results/{DIST_HW}"]))
 if sorted(f.path for f in RESULT_FILES) != sorted(REPORT_RESULTS):
     raise ValueError("lmperf.workflow.result_files and the rules' outputs disagree: only in "
                      f"result_files {sorted({f.path for f in RESULT_FILES} - set(REPORT_RESULTS))}, "
                      f"only in the rules {sorted(set(REPORT_RESULTS) - {f.path for f in RESULT_FILES})}")
 
-DAMAGED = {}  # {path: what is wrong}, filled once the DAG is being built (report_results)
-
-
-def report_results(wildcards):
-    """The report's results; evaluated while Snakemake builds the DAG, and then the moment to
-    check them. A damaged one (cut short, emptied, not a results table, other cases than its
-    job promises) is newer than its inputs, so Snakemake would keep it: it is named and its
-    job forced to rerun (added to the DAG's forced files, which --forcerun fills: Snakemake
-    reads --forcerun only after this file, and reruns no job whose output is merely older than
-    its inputs, for it compares their checksums)."""
-    if not DAMAGED and (found := validate.damaged(RESULT_FILES)):
-        DAMAGED.update(found)
-        for path, problem in found.items():
-            print(f"lmperf: {path} {problem}; its job is forced to rerun", file=sys.stderr)
-        workflow.dag.forcefiles.update(found)
-    return REPORT_RESULTS
-
 
 rule report:
     input:
-        # Every CSV a full run writes at this scale, checked (report_results).
-        results=report_results,
+        # Every CSV a full run writes at this scale, checked while the DAG is built: a damaged
+        # one is named and its job forced to rerun.
+        results=lambda w: wf.checked_results(RESULT_FILES, workflow.dag),
         templates=sorted(str(p) for p in Path("templates").glob("*.md.j2")),
         code=sorted(str(p) for p in Path("src/lmperf/report").glob("*.py")),
     output:

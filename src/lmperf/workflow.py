@@ -3,7 +3,9 @@ scale, and each rule's params. Imports neither torch nor triton, so planning sta
 from __future__ import annotations
 
 import ast
+import functools
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -321,3 +323,25 @@ def result_files(config: dict, results: str, scale: str, distributed: list[str])
                              distributed_spec(config, dist, study), str(n))
                   for study in DISTRIBUTED_STUDIES for n in dist[study]["procs"]]
     return files
+
+
+def checked_results(files: tuple[ResultFile, ...], dag) -> list[str]:
+    """The paths of `files`, for the report rule's input function: it runs while Snakemake
+    builds the DAG, the moment to check the results that exist. A damaged one (cut short,
+    emptied, not a results table, other cases than its job promises) is newer than its inputs,
+    so Snakemake would keep it: it is named and its job forced to rerun, by adding it to the
+    DAG's forced files (which --forcerun fills: Snakemake reads --forcerun only after the
+    Snakefile, and reruns no job whose output is merely older than its inputs, since it
+    compares their checksums)."""
+    dag.forcefiles.update(_damaged(files))
+    return [f.path for f in files]
+
+
+@functools.cache
+def _damaged(files: tuple[ResultFile, ...]) -> tuple[str, ...]:
+    """The damaged ones among `files`, each named once on stderr."""
+    from lmperf.report import validate
+    found = validate.damaged(files)
+    for path, problem in found.items():
+        print(f"lmperf: {path} {problem}; its job is forced to rerun", file=sys.stderr)
+    return tuple(found)
