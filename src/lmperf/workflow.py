@@ -1,5 +1,7 @@
 """Helpers for the Snakemake workflow (rules/*.smk): config checks, the machine's name and
-scale, and each rule's params. Imports neither torch nor triton, so planning stays fast."""
+scale (and whether it can measure them), each rule's params, and the result files a full run
+promises with the cases each must hold (the renderer reads them too). Imports neither torch
+nor triton, so planning stays fast."""
 from __future__ import annotations
 
 import ast
