@@ -9,7 +9,11 @@ from snakemake.utils import validate
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from lmperf import hardware, workflow as wf  # noqa: E402
 
-validate(config, "../config/schema.yaml")
+try:
+    validate(config, "../config/schema.yaml")
+except WorkflowError as e:  # --config key=value parses nested values as strings
+    raise WorkflowError(f"{e}\nA nested override (e.g. models.tiny.d_model) takes a YAML file: "
+                        "--configfile my.yaml, which Snakemake merges over config/config.yaml") from None
 wf.check_config(config)
 
 HW, SCALE = wf.machine(config)
@@ -23,3 +27,12 @@ HARNESS = ["src/lmperf/bench/common.py", "src/lmperf/bench/timing.py", "src/lmpe
 # The training step every model benchmark runs (lmperf.train), with the model and the named ranges.
 TRAIN_STEP = ["src/lmperf/model.py", "src/lmperf/ranges.py", "src/lmperf/train.py"]
 
+# A machine without CUDA cannot measure a GPU's folder or the full grids: a dry run plans it
+# with a note, a run stops before its first job (Snakemake would delete the CSVs first).
+CANNOT_MEASURE = wf.cannot_measure(HW, SCALE, hardware.gpu_name())
+if CANNOT_MEASURE:
+    print(f"lmperf: note: {CANNOT_MEASURE}", file=sys.stderr)
+
+
+onstart:
+    wf.refuse_to_measure(CANNOT_MEASURE, workflow.dag.needrun_jobs(), workflow.local_exec)

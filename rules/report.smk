@@ -8,28 +8,38 @@ from lmperf.report.sections import SECTIONS, figure_paths  # noqa: E402
 # renderer reads beside results/<hw>/ (lmperf.report.sections.result_dirs).
 RULE_NAMES = {r.name for r in workflow.rules}  # sections without results (correctness) have none
 REPORT_RESULTS = [f for s in SECTIONS if s.name in RULE_NAMES for f in wf.results_of(getattr(rules, s.name))]
+# The same files as lmperf.workflow derives them from the config (what the renderer checks
+# each CSV against, and lists when missing); the two must agree.
+RESULT_FILES = tuple(wf.result_files(config, RESULTS, SCALE, [f"results/{DIST_HW}"]))
+if sorted(f.path for f in RESULT_FILES) != sorted(REPORT_RESULTS):
+    raise ValueError("lmperf.workflow.result_files and the rules' outputs disagree: only in "
+                     f"result_files {sorted({f.path for f in RESULT_FILES} - set(REPORT_RESULTS))}, "
+                     f"only in the rules {sorted(set(REPORT_RESULTS) - {f.path for f in RESULT_FILES})}")
 
 
 rule report:
     input:
-        # Every CSV a full run writes at this scale; the renderer names the missing ones when it
-        # renders from an incomplete folder (they reach it as params.expected).
-        results=REPORT_RESULTS,
+        # Every CSV a full run writes at this scale, checked while the DAG is built: a damaged
+        # one is named and its job forced to rerun.
+        results=lambda w: wf.checked_results(RESULT_FILES, workflow.dag),
         templates=sorted(str(p) for p in Path("templates").glob("*.md.j2")),
         code=sorted(str(p) for p in Path("src/lmperf/report").glob("*.py")),
     output:
-        report="report/report.md",
-        figures=[str(p) for p in figure_paths("report/figures").values()],
+        # update(): Snakemake neither deletes them before the job nor keeps a failed render's;
+        # a failed render leaves the previous report and figures as they were.
+        report=update("report/report.md"),
+        figures=[update(str(p)) for p in figure_paths("report/figures").values()],
     log:
         f"{LOGS}/report.log",
     params:
         hw=HW,
         scale=SCALE,
-        bars=json.dumps(config["report"], sort_keys=True),
-        expected=lambda wildcards, input: json.dumps(list(input.results)),
+        dist_hw=DIST_HW,
+        # the grids (what each result file must hold) and the bars; hw and scale as resolved
+        config=json.dumps({k: v for k, v in config.items() if k not in ("hw", "scale")}, sort_keys=True),
     conda:
         "../envs/lmperf.yaml"
     shell:
         "python -m lmperf.report --results results/{params.hw} --scale {params.scale} "
         "--templates templates --out {output.report} --figures report/figures "
-        "--bars {params.bars:q} --expected {params.expected:q} > {log} 2>&1"
+        "--config-json {params.config:q} --distributed results/{params.dist_hw} > {log} 2>&1"

@@ -14,8 +14,8 @@ FIXTURE = REPO / "tests" / "fixtures" / "results" / "h100-80gb-hbm3"
 BARS = render.bars_from_config(REPO / "config" / "config.yaml")
 
 
-def run(results, tmp_path, scale="full", expected=None):
-    return render.render(results, REPO / "templates", tmp_path / "r.md", tmp_path / "fig", scale, BARS, expected)
+def run(results, tmp_path, scale="full", promised=None):
+    return render.render(results, REPO / "templates", tmp_path / "r.md", tmp_path / "fig", scale, BARS, promised)
 
 
 def inputs(results: Path, bars=BARS) -> Inputs:
@@ -198,12 +198,20 @@ def test_correctness_section_counts_checks_and_flags_failures(tmp_path):
 
 
 def test_report_lists_the_result_files_a_full_run_would_write_but_are_missing(tmp_path):
+    """The files are named as the workflow does (results/<hw>/...), once each, and the sections
+    they leave partial get them: a kernel's check file is the correctness section's too."""
+    from lmperf.workflow import ResultFile
     results = tmp_path / "results" / "x"
-    shutil.copytree(FA_FIXTURE, results)
-    expected = [str(results / "flash_attention" / "bench" / f) for f in ("grid_d64.csv", "headline_d64.csv")]
-    assert render.missing(results, expected) == ["flash_attention/bench/grid_d64.csv"]
-    text = run(results, tmp_path, expected=expected)
-    assert "**Not measured yet:** 1 of the 2 result files" in text
+    results.mkdir(parents=True)
+    promised = {str(results / f): ResultFile(str(results / f), section, study) for f, section, study in (
+        ("flash_attention/bench/grid_d64.csv", "flash_attention", "bench"),
+        ("lrpe/check.csv", "lrpe", "check"))}
+    absent = render.missing(results, promised)
+    assert absent["flash_attention"] == ["results/x/flash_attention/bench/grid_d64.csv"]
+    assert absent["lrpe"] == absent["correctness"] == ["results/x/lrpe/check.csv"]
+    text = run(results, tmp_path, promised=promised)
+    assert ("**Not measured yet:** 2 of the 2 result files a full run writes\nat this scale are missing "
+            "(`results/x/flash_attention/bench/grid_d64.csv`, `results/x/lrpe/check.csv`)") in text
 
 
 def test_flash_attention_grid_bar_uses_the_gpu_time_where_both_were_measured():

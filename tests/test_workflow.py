@@ -229,6 +229,7 @@ def test_refresh_demo_lists_only_the_lrpe_jobs_and_the_report(built_copy):
 def stop_while_running(repo: Path, target: str) -> None:
     """Start `target`, interrupt Snakemake once the job has started, then leave the job's output
     in place, as when a time limit stops a job right after it wrote its CSV."""
+    written = (repo / target).read_bytes()  # what the job writes (the built copy has it)
     proc = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", "--force", target, *SMOKE],
                             cwd=repo, env=workflow_env(repo), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -240,18 +241,19 @@ def stop_while_running(repo: Path, target: str) -> None:
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=120)
     (repo / target).parent.mkdir(parents=True, exist_ok=True)
-    (repo / target).touch()
+    (repo / target).write_bytes(written)
 
 
 def test_a_job_stopped_after_writing_is_named_and_gpu_run_redoes_it(built_copy):
     target = f"results/{results_hw(built_copy)}/flash_attention/check.csv"
     stop_while_running(built_copy, target)
+    stopped = (built_copy / target).stat().st_mtime_ns
     demo = script(built_copy, "refresh_demo.sh", *SMOKE)
     assert demo.returncode != 0 and "incomplete" in demo.stdout + demo.stderr
     run = script(built_copy, "gpu_run.sh", target, "--", *SMOKE)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    rows = (built_copy / target).read_text().splitlines()   # the empty stand-in was replaced
-    assert len(rows) > 1 and "status" in rows[0]
+    rows = (built_copy / target).read_text().splitlines()   # the job's output was written anew
+    assert len(rows) > 1 and "status" in rows[0] and (built_copy / target).stat().st_mtime_ns > stopped
     assert script(built_copy, "refresh_demo.sh", *SMOKE).returncode == 0
 
 

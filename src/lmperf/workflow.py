@@ -1,10 +1,80 @@
 """Helpers for the Snakemake workflow (rules/*.smk): config checks, the machine's name and
-scale, and each rule's params. Imports neither torch nor triton, so planning stays fast."""
+scale (and whether it can measure them), each rule's params, and the result files a full run
+promises with the cases each must hold (the renderer reads them too). Imports neither torch
+nor triton, so planning stays fast."""
 from __future__ import annotations
 
+import ast
+import functools
 import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 from lmperf import hardware
+
+ATTENTION_CONTRACT = Path(__file__).parent / "kernels" / "attention_contract.py"
+
+
+def attention_head_dims() -> tuple[int, ...]:
+    """The head dims our FlashAttention accepts (HEAD_DIM_MIN to HEAD_DIM_MAX in steps of
+    HEAD_DIM_STEP), read from kernels/attention_contract.py's source: importing it imports torch."""
+    names = {}
+    for node in ast.parse(ATTENTION_CONTRACT.read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+            pairs = (zip(target.elts, value.elts) if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
+                     else [(target, value)])
+            names.update({t.id: v.value for t, v in pairs if isinstance(t, ast.Name) and isinstance(v, ast.Constant)})
+    try:
+        return tuple(range(names["HEAD_DIM_MIN"], names["HEAD_DIM_MAX"] + 1, names["HEAD_DIM_STEP"]))
+    except KeyError as missing:
+        raise RuntimeError(f"{ATTENTION_CONTRACT} no longer sets {missing} to a number; "
+                           "lmperf.workflow.attention_head_dims reads the head dims from it") from None
+
+
+def _check_models(config: dict) -> None:
+    """Every model's heads split d_model evenly, into an even head dim (RoPE rotates pairs)."""
+    for name, m in config["models"].items():
+        if m["d_model"] % m["n_heads"]:
+            raise ValueError(f"config: models.{name}: n_heads = {m['n_heads']} does not divide "
+                             f"d_model = {m['d_model']}")
+        if (m["d_model"] // m["n_heads"]) % 2:
+            raise ValueError(f"config: models.{name}: head dim d_model / n_heads = "
+                             f"{m['d_model'] // m['n_heads']} is odd; RoPE needs an even one")
+
+
+def _check_attention_head_dims(config: dict) -> None:
+    """Every head dim our FlashAttention is run at is one its contract accepts: the check
+    shapes' last dim, the bench groups' head dims, and the head dims of the model sizes it runs
+    inside (bench model groups, e2e studies with our attention or the ladder)."""
+    dims = attention_head_dims()
+    contract = f"our FlashAttention takes head dims {dims[0]}, {dims[1]}, ... {dims[-1]} ({ATTENTION_CONTRACT.name})"
+    head_dim = lambda size: config["models"][size]["d_model"] // config["models"][size]["n_heads"]
+    for scale, fa in config["flash_attention"].items():
+        for key in ("shapes", "compiled_shapes"):
+            bad = [s for s in fa["check"].get(key, []) if s[-1] not in dims]
+            if bad:
+                raise ValueError(f"config: flash_attention.{scale}.check.{key} has shapes {bad} whose "
+                                 f"head dim (last entry) is not one {contract}")
+        for group in fa["bench"]["groups"]:
+            bad = [d for d in group.get("head_dims", []) if d not in dims]
+            bad += [f"{m} ({head_dim(m)})" for m in group.get("models", []) if head_dim(m) not in dims]
+            if bad:
+                raise ValueError(f"config: flash_attention.{scale}.bench group {group['name']!r}: head "
+                                 f"dims {bad} are not ones {contract}")
+    for scale, e2e in config["e2e"].items():
+        for study, spec in e2e["studies"].items():
+            if e2e_uses_our_attention(spec):
+                bad = [f"{s} ({head_dim(s)})" for s in spec["sizes"] if head_dim(s) not in dims]
+                if bad:
+                    raise ValueError(f"config: e2e.{scale}.studies.{study} runs our FlashAttention on "
+                                     f"sizes {bad}, whose head dims are not ones {contract}")
+    for scale, ladder in config["ladder"].items():  # its flash-triton rungs
+        bad = [f"{s} ({head_dim(s)})" for s in ladder["sizes"] if head_dim(s) not in dims]
+        if bad:
+            raise ValueError(f"config: ladder.{scale}.sizes: the ladder runs our FlashAttention on sizes "
+                             f"{bad}, whose head dims are not ones {contract}")
 
 
 def check_config(config: dict) -> None:
@@ -40,6 +110,8 @@ def check_config(config: dict) -> None:
         if unknown:
             raise ValueError(f"config: ladder.{scale}.sizes names {unknown}, which are not under "
                              f"models: {sorted(config['models'])}")
+    _check_models(config)
+    _check_attention_head_dims(config)
 
 
 def machine(config: dict) -> tuple[str, str]:
@@ -48,6 +120,36 @@ def machine(config: dict) -> tuple[str, str]:
     hw = hardware.hw_slug(gpu) if config["hw"] == "auto" else config["hw"]
     scale = config["scale"] if config["scale"] != "auto" else ("full" if gpu else "smoke")
     return hw, scale
+
+
+def cannot_measure(hw: str, scale: str, gpu: str | None) -> str | None:
+    """Why a machine whose GPU is `gpu` (None: no CUDA GPU) cannot run the benchmarks of
+    results/<hw> at `scale`, or None when it can. Snakemake deletes a job's old CSV before the
+    job starts, so a benchmark that then refuses would lose a result: the workflow stops
+    before any job instead (rules/common.smk)."""
+    if gpu:
+        return None
+    if hw != "cpu":
+        return (f"config hw={hw} names a GPU's results folder, but this machine has no CUDA GPU: "
+                f"its benchmarks would refuse to run, after Snakemake had deleted the CSVs they "
+                f"were to replace. To render those results here: python -m lmperf.report "
+                f"--results results/{hw} --scale {scale}")
+    if scale == "full":
+        return ("config scale=full on a machine without a CUDA GPU: the full grids (models up to "
+                "2.7B parameters, attention over 65,536 tokens) are measured on a GPU; "
+                "use scale=smoke (the default without one)")
+    return None
+
+
+def refuse_to_measure(reason: str | None, jobs, local: bool) -> None:
+    """Called when Snakemake starts running (onstart): raise if this machine cannot measure
+    (`cannot_measure`) and a job that measures (one declaring the `gpu` resource) is about to
+    run here. A dry run, a cluster executor (the jobs run elsewhere) and a run that only
+    renders the report go on."""
+    measuring = sorted({job.rule.name for job in jobs if job.resources.get("gpu", 0)})
+    if reason and local and measuring:
+        raise RuntimeError(f"lmperf: not starting: {reason}. Jobs that would measure: "
+                           f"{', '.join(measuring)}. No file was touched.")
 
 
 def bench(args: str) -> str:
@@ -172,3 +274,92 @@ def distributed_spec(config: dict, dist: dict, study: str) -> str:
     if study == "ddp":
         spec["models"] = {s: config["models"][s] for s in spec["sizes"]}
     return json.dumps(spec, sort_keys=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# What a full run promises: every result CSV of one machine and scale, and the cases each holds
+
+
+@dataclass(frozen=True)
+class ResultFile:
+    """One result CSV a full run writes: its path, the benchmark's section and study, and the
+    job's spec (the JSON its rule passes) with its size (e2e) or process count (distributed)."""
+    path: str
+    section: str
+    study: str
+    spec: str | None = None
+    arg: str | None = None
+
+    def case_ids(self) -> list[str] | None:
+        """The case ids its job writes rows for, from the benchmark's own case list over the
+        spec (imports lmperf.bench.<section>, not torch); None for env.csv, a key/value table."""
+        if self.section == "env":
+            return None
+        import importlib
+        bench = importlib.import_module(f"lmperf.bench.{self.section}")
+        spec = json.loads(self.spec) if self.spec else None
+        if self.section == "ladder":  # the rungs' ids are the same with and without CUDA
+            cases = bench.cases(spec, self.arg, cuda=False)
+        elif self.section == "e2e":
+            cases = bench.study_cases(spec, self.arg)
+        elif self.section == "distributed":
+            cases = getattr(bench, f"{self.study}_cases")(spec, int(self.arg))
+        elif self.section in ("flash_attention", "lrpe"):
+            cases = getattr(bench, f"{self.study}_cases")(spec)
+        else:
+            cases = bench.cases(spec) if spec else bench.cases()
+        return [c["case_id"] for c in cases]
+
+
+def result_files(config: dict, results: str, scale: str, distributed: list[str]) -> list[ResultFile]:
+    """Every CSV a full run at `scale` writes into `results` (results/<hw>) and, for the
+    multi-GPU section, into each of the `distributed` folders (results/<gpu>-x<count>, or
+    results/cpu): what rules/*.smk write, with their specs. rules/report.smk checks at planning
+    that this list and the report rule's inputs agree; by hand, the renderer derives the files
+    a run promises from it."""
+    models, e2e, fa = config["models"], config["e2e"][scale], config["flash_attention"][scale]
+    lrpe, dist = config["lrpe"][scale], config["distributed"][scale]
+    files = [ResultFile(f"{results}/env/env.csv", "env", "env")]
+    files += [ResultFile(f"{results}/e2e/{study}/{size}.csv", "e2e", study, e2e_spec(config, e2e, study, size), size)
+              for study, size in e2e_jobs(e2e)]
+    ladder = config["ladder"][scale]
+    files += [ResultFile(f"{results}/ladder/{size}.csv", "ladder", "ladder", ladder_spec(config, ladder, size), size)
+              for size in ladder["sizes"]]
+    files.append(ResultFile(f"{results}/flash_attention/check.csv", "flash_attention", "check", fa_check_spec(fa)))
+    files += [ResultFile(f"{results}/flash_attention/bench/{job}.csv", "flash_attention", "bench",
+                         fa_bench_spec(fa, models, job)) for job in fa_bench_jobs(fa, models)]
+    files.append(ResultFile(f"{results}/lrpe/check.csv", "lrpe", "check", lrpe_check_spec(lrpe)))
+    files += [ResultFile(f"{results}/lrpe/bench_{g['dims']}d.csv", "lrpe", "bench", lrpe_bench_spec(lrpe, g["dims"]))
+              for g in lrpe["bench"]["grids"]]
+    files += [ResultFile(f"{results}/attention/attention.csv", "attention", "attention",
+                         json.dumps(config["attention"][scale], sort_keys=True)),
+              ResultFile(f"{results}/precision/precision.csv", "precision", "precision"),
+              ResultFile(f"{results}/profile/profile.csv", "profile", "profile", profile_spec(config, config["profile"][scale])),
+              ResultFile(f"{results}/memory/memory.csv", "memory", "memory", memory_spec(config, config["memory"][scale]))]
+    for folder in distributed:
+        files += [ResultFile(f"{folder}/distributed/{study}_n{n}.csv", "distributed", study,
+                             distributed_spec(config, dist, study), str(n))
+                  for study in DISTRIBUTED_STUDIES for n in dist[study]["procs"]]
+    return files
+
+
+def checked_results(files: tuple[ResultFile, ...], dag) -> list[str]:
+    """The paths of `files`, for the report rule's input function: it runs while Snakemake
+    builds the DAG, the moment to check the results that exist. A damaged one (cut short,
+    emptied, not a results table, other cases than its job promises) is newer than its inputs,
+    so Snakemake would keep it: it is named and its job forced to rerun, by adding it to the
+    DAG's forced files (which --forcerun fills: Snakemake reads --forcerun only after the
+    Snakefile, and reruns no job whose output is merely older than its inputs, since it
+    compares their checksums)."""
+    dag.forcefiles.update(_damaged(files))
+    return [f.path for f in files]
+
+
+@functools.cache
+def _damaged(files: tuple[ResultFile, ...]) -> tuple[str, ...]:
+    """The damaged ones among `files`, each named once on stderr."""
+    from lmperf.report import validate
+    found = validate.damaged(files)
+    for path, problem in found.items():
+        print(f"lmperf: {path} {problem}; its job is forced to rerun", file=sys.stderr)
+    return tuple(found)

@@ -43,7 +43,8 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def check_inputs(x, theta, shape, l, impl) -> tuple[int, ...]:
-    """Raise ValueError naming what is wrong; return the grid shape as a tuple of ints."""
+    """Raise ValueError naming what is wrong (RuntimeError where Triton cannot run on x's
+    device); return the grid shape as a tuple of ints."""
     if impl not in IMPLS:
         raise ValueError(f"impl={impl!r}; choose one of {IMPLS}")
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
@@ -57,6 +58,10 @@ def check_inputs(x, theta, shape, l, impl) -> tuple[int, ...]:
         raise ValueError(f"theta must be a floating-point tensor; got {theta.dtype}")
     if theta.device != x.device:
         raise ValueError(f"x is on {x.device} but theta is on {theta.device}")
+    if impl != "torch" and x.device.type != "cuda" and not INTERPRET:
+        raise RuntimeError(f"impl={impl!r} runs Triton kernels, which need CUDA tensors; x is on "
+                           f"{x.device}. On a CPU, set TRITON_INTERPRET=1 in the environment before "
+                           f"this module is imported (Triton's interpreter), or use impl='torch'")
     b, h, n, d = x.shape
     if theta.shape[0] != h:
         raise ValueError(f"theta has {theta.shape[0]} heads but x has {h}")

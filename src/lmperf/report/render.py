@@ -1,12 +1,16 @@
-"""Read every results CSV of one machine, build each section's view, render the templates.
+"""Read every results CSV of one machine, check it, build each section's view, render the templates.
 
     python -m lmperf.report --results results/cpu --scale smoke --templates templates \
-        --out report/report.md --figures report/figures --bars '{...}' --expected '[...]'
+        --out report/report.md --figures report/figures
 
-The report rule passes the bars (config/config.yaml's `report`) and the result files a full run
-writes (its own inputs) as params; by hand, --bars defaults to the config file's and no
-missing files are listed. `render` also renders a subset of the sections through one of their
-templates: `python -m lmperf.report.distributed` renders the distributed section alone.
+The result files a full run writes at that scale, and the cases each must hold, are derived
+from the configuration (config/config.yaml, or --config-json: what the report rule passes, with
+its --config overrides) through `lmperf.workflow.result_files`. A damaged CSV stops the render
+with the file named (`validate`); a missing one is listed at the top of the report and under the
+heading of each section it leaves partial. The report and its figures are rendered into a
+temporary folder and moved into place only when everything rendered.
+`render` also renders a subset of the sections through one of their templates:
+`python -m lmperf.report.distributed` renders the distributed section alone.
 """
 from __future__ import annotations
 
@@ -15,22 +19,44 @@ import datetime as dt
 import importlib
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import jinja2
 import pandas as pd
 
+from lmperf import workflow as wf
 from lmperf.report import format as fmt
+from lmperf.report import validate
+from lmperf.report.correctness import KERNEL_SECTIONS
 from lmperf.report.sections import SECTIONS, Inputs, Section, figure_paths, result_dirs
 
 CONFIG = Path("config/config.yaml")
+SCHEMA = Path("config/schema.yaml")
 
 
-def load_section(results: Path, section: str) -> pd.DataFrame:
-    """All CSVs of a section's folders (`sections.result_dirs`: results/<section>/, and the
-    multi-GPU folders' for `distributed`), journals of unfinished runs excluded, concatenated."""
-    paths = [p for d in result_dirs(results, section)
-             for p in sorted(d.rglob("*.csv")) if ".journal" not in p.parts]
+def section_csvs(results: Path, section: str) -> list[Path]:
+    """The CSVs of a section's folders (`sections.result_dirs`: results/<section>/, and the
+    multi-GPU folders' for `distributed`), journals of unfinished runs excluded."""
+    return [p for d in result_dirs(results, section) for p in sorted(d.rglob("*.csv")) if ".journal" not in p.parts]
+
+
+def load_section(results: Path, section: str, promised: dict | None = None) -> pd.DataFrame:
+    """All CSVs of a section, each checked first (`validate.problem`; against the cases its job
+    promised where `promised`, {path: ResultFile}, names it), concatenated. Raises
+    validate.DamagedResults naming every damaged file."""
+    paths = section_csvs(results, section)
+    promised = promised or {}
+    problems = {}
+    for p in paths:
+        f = promised.get(os.path.normpath(p))
+        if problem := validate.problem(p, f.case_ids() if f else None, env=section == "env"):
+            stray = promised and not f  # in a section's folder, but no job of this config writes it
+            problems[str(p)] = problem + ("; no job of this configuration writes it: move it out of "
+                                          "the results folder" if stray else "")
+    if problems:
+        raise validate.DamagedResults(problems)
     frames = [pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in paths]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
@@ -41,10 +67,44 @@ def bars_from_config(path: Path = CONFIG) -> dict:
     return yaml.safe_load(Path(path).read_text())["report"]
 
 
-def missing(results: Path, expected: list[str]) -> list[str]:
-    """The expected result files (paths as the workflow names them) that are not there yet,
-    relative to the results folder."""
-    return [os.path.relpath(p, results) for p in expected if not Path(p).exists()]
+def load_config(path: Path = CONFIG) -> dict:
+    """A config file as the workflow sees it: validated against config/schema.yaml (which fills
+    the defaults) and cross-checked (`lmperf.workflow.check_config`)."""
+    import yaml
+    from snakemake.utils import validate as validate_schema
+    config = yaml.safe_load(Path(path).read_text())
+    validate_schema(config, str(Path(path).parent / SCHEMA.name))
+    wf.check_config(config)
+    return config
+
+
+def distributed_folders(results: Path) -> list[str]:
+    """By hand, the multi-GPU folders whose files a run promised: results/<hw>-x<N> for every N
+    there is (the GPU count of a run is not in the config), or results/<hw> itself for a CPU
+    (its Gloo run) or where it has a distributed/ folder."""
+    folders = [str(d.parent) for d in result_dirs(results, "distributed")[1:]]
+    if results.name == "cpu" or (results / "distributed").is_dir():
+        folders.insert(0, str(results))
+    return folders
+
+
+def promised_files(config: dict, results: Path, scale: str, distributed: list[str]) -> dict:
+    """{normalised path: ResultFile} of every CSV a full run at `scale` writes."""
+    files = wf.result_files(config, str(results), scale, distributed)
+    return {os.path.normpath(f.path): f for f in files}
+
+
+def missing(results: Path, promised: dict) -> dict[str, list[str]]:
+    """{section: the promised files that are not there, as results/<hw>/...}; `correctness`
+    gets the kernel sections' missing `check` files."""
+    out: dict[str, list[str]] = {s.name: [] for s in SECTIONS}
+    for path, f in sorted(promised.items()):
+        if not Path(path).exists():
+            name = os.path.join(results.parent.name, os.path.relpath(path, results.parent))
+            out[f.section].append(name)
+            if f.section in KERNEL_SECTIONS and f.study == "check":
+                out["correctness"].append(name)
+    return out
 
 
 def environment(templates: Path) -> jinja2.Environment:
@@ -73,38 +133,63 @@ def draw(inputs: Inputs, figures_dir: Path, sections: list[Section] = SECTIONS) 
 
 
 def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: str,
-           bars: dict, expected: list[str] | None = None, sections: list[Section] = SECTIONS,
+           bars: dict, promised: dict | None = None, sections: list[Section] = SECTIONS,
            template: str = "report.md.j2") -> str:
     """Render `template` (the whole report, or one section's template for a subset of the
-    sections) from the CSVs under `results`, its figures into figures_dir; write it to `out`."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    frames = {s.name: load_section(results, s.name) for s in sections}
+    sections) from the CSVs under `results` into `out`, and its figures into `figures_dir`;
+    `promised` ({path: ResultFile}, `promised_files`): the files a full run writes, checked and
+    listed when missing (None: every CSV is still checked, but nothing is known to be missing)."""
+    promised, frames, problems = promised or {}, {}, {}
+    for s in sections:  # every section read before any is refused, so that all damage is named
+        try:
+            frames[s.name] = load_section(results, s.name, promised)
+        except validate.DamagedResults as e:
+            problems.update(e.problems)
+    if problems:
+        raise validate.DamagedResults(problems)
     inputs = Inputs(results=results, frames=frames, bars=bars, out_dir=out.parent, scale=scale)
-    figures = draw(inputs, figures_dir, sections)
-    context = {**views(inputs, sections), "sections": [s.name for s in sections],
-               "figures": {name: os.path.relpath(p, out.parent) for name, p in figures.items()},
-               "missing": missing(results, expected or []), "expected": len(expected or []),
-               "rendered_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-    text = environment(templates).get_template(template).render(**context)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(out)
+    absent = missing(results, promised)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".render-", dir=out.parent) as tmp:
+        staged = draw(inputs, Path(tmp) / "figures", sections)
+        context = {**views(inputs, sections), "sections": [s.name for s in sections],
+                   "figures": {name: os.path.relpath(figure_paths(figures_dir)[name], out.parent) for name in staged},
+                   "missing": sorted({m for files in absent.values() for m in files}),
+                   "partial": absent, "expected": len(promised),
+                   "rendered_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+        text = environment(templates).get_template(template).render(**context)
+        (Path(tmp) / out.name).write_text(text)
+        # everything rendered: move it into place (a rename each where on one file system)
+        for name, path in staged.items():
+            shutil.move(path, figure_paths(figures_dir)[name])
+        shutil.move(Path(tmp) / out.name, out)
     return text
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, required=True, help="results/<hw> folder")
-    p.add_argument("--scale", required=True)
+    p.add_argument("--scale", required=True, choices=["smoke", "full"])
     p.add_argument("--templates", type=Path, default=Path("templates"))
     p.add_argument("--out", type=Path, default=Path("report/report.md"))
     p.add_argument("--figures", type=Path, default=Path("report/figures"))
-    p.add_argument("--bars", type=json.loads, help=f"the bars as JSON (default: {CONFIG}'s `report`)")
-    p.add_argument("--expected", type=json.loads, default=[],
-                   help="JSON list of the result files a full run writes; missing ones are named")
+    p.add_argument("--config", type=Path, default=CONFIG,
+                   help="the configuration whose grids say which result files and cases a run writes, "
+                        "and whose `report` has the bars (default: %(default)s)")
+    p.add_argument("--config-json", type=json.loads,
+                   help="the configuration as JSON, validated (what the report rule passes) instead of --config")
+    p.add_argument("--distributed", action="append",
+                   help="a multi-GPU results folder the run wrote (repeatable; default: the "
+                        "results/<hw>-x<N> folders there are, or results/cpu)")
     args = p.parse_args(argv)
     if not args.results.is_dir():
         p.error(f"--results {args.results} is not a folder")
-    bars = args.bars if args.bars is not None else bars_from_config()
-    render(args.results, args.templates, args.out, args.figures, args.scale, bars, args.expected)
+    config = args.config_json if args.config_json is not None else load_config(args.config)
+    distributed = args.distributed if args.distributed is not None else distributed_folders(args.results)
+    promised = promised_files(config, args.results, args.scale, distributed)
+    try:
+        render(args.results, args.templates, args.out, args.figures, args.scale, config["report"], promised)
+    except validate.DamagedResults as e:
+        raise SystemExit(f"error: {e}\n{args.out} and its figures are left as they were.")
     print(f"wrote {args.out}")

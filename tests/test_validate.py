@@ -1,0 +1,173 @@
+"""Results are checked where they are read, and what is missing is visible: a damaged CSV
+(cut mid-row, header only, empty, garbage, short of its job's cases) stops the render naming
+the file and leaves the report and figures as they were; a render by hand lists the files the
+configuration promises and does not have, and marks the sections they leave partial."""
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lmperf.report import render, validate
+
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED = REPO / "results" / "h100-80gb-hbm3"   # the committed H100 run: complete at scale full
+CONFIG = render.load_config(REPO / "config" / "config.yaml")
+CSV = "e2e/variants/small.csv"
+
+
+@pytest.fixture
+def results(tmp_path) -> Path:
+    """A copy of the committed H100 results under tmp_path/results/h100-80gb-hbm3."""
+    dest = tmp_path / "results" / COMMITTED.name
+    shutil.copytree(COMMITTED, dest)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> Path:
+    """The report of the committed results, rendered by hand once: its report/ folder."""
+    tmp = tmp_path_factory.mktemp("rendered")
+    assert render_by_hand(COMMITTED, tmp) is None
+    return tmp / "report"
+
+
+def promised(results: Path) -> dict:
+    return render.promised_files(CONFIG, results, "full", render.distributed_folders(results))
+
+
+def render_by_hand(results: Path, tmp_path: Path) -> str | None:
+    """`python -m lmperf.report` by hand (config/config.yaml, no --config-json): None, or the
+    error it exits with."""
+    try:
+        render.main(["--results", str(results), "--scale", "full", "--templates", str(REPO / "templates"),
+                     "--out", str(tmp_path / "report" / "report.md"), "--figures", str(tmp_path / "report" / "figures"),
+                     "--config", str(REPO / "config" / "config.yaml")])
+    except SystemExit as e:
+        return str(e.code)
+    return None
+
+
+def cut_mid_row(path: Path) -> None:
+    text = path.read_text()
+    path.write_text(text[:len(text) // 2])
+
+
+def header_only(path: Path) -> None:
+    path.write_text(path.read_text().splitlines(keepends=True)[0])
+
+
+def emptied(path: Path) -> None:
+    path.write_text("")
+
+
+def garbage(path: Path) -> None:  # what `head -c 3000 /dev/urandom | base64 > file` leaves
+    path.write_text("cnf7DWVgXVsAF0wIQuR1hg56n3uBVTgLLVtwb7aaTd5WDYE016PlknsUBLlSiTV\nymR8HfmFw1nAU+==\n")
+
+
+def garbage_numbers(path: Path) -> None:  # a table whose numbers are text (pandas then compares float and str)
+    df = pd.read_csv(path, dtype={"mean": object})
+    df.loc[3, "mean"] = "fast"
+    df.to_csv(path, index=False)
+
+
+def short_at_a_row_boundary(path: Path) -> None:  # 47 cases becoming 43: whole rows gone
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:len(lines) // 2]))
+
+
+@pytest.mark.parametrize("damage, says", [
+    (cut_mid_row, "ends mid-row"),
+    (header_only, "has a header but no rows"),
+    (emptied, "is empty"),
+    (garbage, "is not a results table"),
+    (garbage_numbers, "has non-numbers in column mean (line 5: 'fast')"),
+    (short_at_a_row_boundary, "holds 4 of the 8 cases its job promises (missing: "),
+])
+def test_a_damaged_csv_stops_the_render_naming_it_and_leaves_the_report(results, rendered, tmp_path, damage,
+                                                                          says):
+    shutil.copytree(rendered, tmp_path / "report")
+    report, figure = tmp_path / "report" / "report.md", tmp_path / "report" / "figures" / "e2e_step_vs_size.png"
+    before = report.read_bytes(), figure.read_bytes()
+    damage(results / CSV)
+    err = render_by_hand(results, tmp_path)
+    assert f"{results / CSV} " in err and says in err
+    assert "snakemake --cores 1 report/report.md" in err and "git checkout -- <file>" in err
+    assert (report.read_bytes(), figure.read_bytes()) == before  # a failed render changes neither
+    assert not list(report.parent.glob(".render-*"))              # nor leaves its staging folder
+
+
+def test_every_damaged_file_is_named_at_once(results):
+    cut_mid_row(results / CSV)
+    emptied(results / "precision" / "precision.csv")
+    with pytest.raises(validate.DamagedResults) as e:
+        render.render(results, REPO / "templates", results / "r.md", results / "fig", "full", CONFIG["report"],
+                      promised(results))
+    assert sorted(e.value.problems) == [str(results / CSV), str(results / "precision" / "precision.csv")]
+
+
+def test_a_csv_with_cases_its_job_does_not_promise_is_refused(results):
+    df = pd.read_csv(results / CSV)
+    other = df[df.case_id == df.case_id[0]].assign(case_id="small-ctx4096-fp32-eager-train-warmup5")
+    pd.concat([df, other]).to_csv(results / CSV, index=False)
+    problem = validate.problem(results / CSV, promised(results)[str(results / CSV)].case_ids())
+    assert "1 case(s) its job does not promise (small-ctx4096-fp32-eager-train-warmup5)" in problem
+
+
+def test_env_csv_must_hold_the_keys_the_report_reads(results):
+    env = results / "env" / "env.csv"
+    assert validate.problem(env, env=True) is None
+    env.write_text("key,value\ngpu,x\n")
+    assert validate.problem(env, env=True) == "has no hw, scale row"
+
+
+def test_the_committed_results_hold_every_case_the_config_promises():
+    """The committed H100 run (and its 2 x H200 distributed run) is what config/config.yaml's
+    full scale promises, file by file and case by case."""
+    files = render.promised_files(CONFIG, COMMITTED, "full", [str(REPO / "results" / "h200-x2")])
+    assert all(Path(p).exists() for p in files)
+    assert validate.damaged(files.values()) == {}
+
+
+def test_a_render_by_hand_lists_the_missing_files_and_marks_partial_sections(results, tmp_path):
+    (results / "e2e" / "warmup" / "small.csv").unlink()
+    (results / "lrpe" / "check.csv").unlink()
+    assert render_by_hand(results, tmp_path) is None
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert (f"**Not measured yet:** 2 of the {len(promised(results))} result files a full run writes\nat this scale are missing "
+            "(`results/h100-80gb-hbm3/e2e/warmup/small.csv`, `results/h100-80gb-hbm3/lrpe/check.csv`)") in text
+    sections = dict(s.split("\n", 1) for s in text.split("\n## ")[1:])
+    partial = {name for name, body in sections.items() if body.lstrip().startswith("**Partial:**")}
+    assert partial == {"End-to-end Transformer timings", "Correctness", "Multi-dimensional LRPE-cosine (Triton)"}
+    assert "`results/h100-80gb-hbm3/e2e/warmup/small.csv`, a result file this section reads, is missing:\n" \
+           "its counts, ranges, figures and bars cover only the rows that exist" in sections["End-to-end Transformer timings"]
+
+
+def test_a_complete_render_says_every_promised_file_is_there(rendered):
+    text = (rendered / "report.md").read_text()
+    n = len(promised(COMMITTED))
+    assert f"All {n} result files a full run writes at this scale are here." in text and "**Partial:**" not in text
+
+
+def test_by_hand_the_multi_gpu_folders_are_the_ones_there_are(tmp_path):
+    (tmp_path / "h200").mkdir()
+    assert render.distributed_folders(tmp_path / "h200") == []
+    (tmp_path / "h200-x2").mkdir()
+    assert render.distributed_folders(tmp_path / "h200") == [str(tmp_path / "h200-x2")]
+    (tmp_path / "cpu").mkdir()
+    assert render.distributed_folders(tmp_path / "cpu") == [str(tmp_path / "cpu")]
+
+
+def test_a_render_that_fails_midway_leaves_the_report_and_figures(results, rendered, tmp_path, monkeypatch):
+    """The figures are drawn and the text rendered into a staging folder; an exception after
+    the first figures (here in the last section's view) moves nothing into place."""
+    from lmperf.report import distributed
+    shutil.copytree(rendered, tmp_path / "report")
+    before = {p: p.read_bytes() for p in (tmp_path / "report").rglob("*") if p.is_file()}
+
+    def broken(inputs):
+        raise RuntimeError("a bug in a view")
+    monkeypatch.setattr(distributed, "view", broken)
+    with pytest.raises(RuntimeError, match="a bug in a view"):
+        render_by_hand(results, tmp_path)
+    assert {p: p.read_bytes() for p in (tmp_path / "report").rglob("*") if p.is_file()} == before
