@@ -9,8 +9,7 @@ wf.check_distributed_config(config)
 
 rule distributed_study:
     input:
-        model="src/lmperf/model.py",
-        code=["src/lmperf/bench/distributed.py", "src/lmperf/ranges.py", *HARNESS],
+        code=wf.code_inputs("lmperf.bench.distributed"),
     output:
         f"results/{DIST_HW}/distributed/{{study}}_n{{procs}}.csv",
     log:
@@ -27,7 +26,7 @@ rule distributed_study:
         "../envs/lmperf.yaml"
     shell:
         # torchrun, run as `python -m torch.distributed.run` so that it is the environment's own
-        "python -m torch.distributed.run --standalone --nproc_per_node={wildcards.procs} "
+        wf.COMPILE_CACHES + " python -m torch.distributed.run --standalone --nproc_per_node={wildcards.procs} "
         "-m lmperf.bench.distributed {wildcards.study} --spec {params.spec:q} --out {output} "
         "--hw {params.hw} --progress-log {log} --expect-torch {params.torch} --expect-triton {params.triton}"
 

@@ -5,14 +5,7 @@ E2E_JOBS = wf.e2e_jobs(E2E)  # (study, size) pairs: one job and one CSV each
 
 rule e2e_study:
     input:
-        model="src/lmperf/model.py",
-        kernel=lambda w: (["src/lmperf/kernels/flash_attention_triton.py"]  # the ladder's flash-triton rungs
-                          if wf.e2e_uses_our_attention(E2E["studies"][w.study]) else []),
-        optimizer=lambda w: (["src/lmperf/kernels/adamw_master.py"]  # the ladder's bf16-weights rung
-                             if wf.e2e_uses_master_adamw(E2E["studies"][w.study]) else []),
-        ladder=lambda w: (["src/lmperf/bench/ladder.py"]  # imported by the ladder study only
-                          if "ladder" in E2E["studies"][w.study] else []),
-        code=["src/lmperf/bench/e2e.py", "src/lmperf/flops.py", "src/lmperf/ranges.py", *HARNESS],
+        code=wf.code_inputs("lmperf.bench.e2e"),
     output:
         csv=f"{RESULTS}/e2e/{{study}}/{{size}}.csv",
     log:

@@ -4,9 +4,7 @@ PROFILE = config["profile"][SCALE]
 
 rule profile:
     input:
-        model="src/lmperf/model.py",
-        code=["src/lmperf/bench/profile.py", "src/lmperf/bench/e2e.py", "src/lmperf/ranges.py",
-              *HARNESS],
+        code=wf.code_inputs("lmperf.bench.profile"),
     output:
         csv=f"{RESULTS}/profile/profile.csv",
     log:

@@ -13,7 +13,8 @@ if not torch.cuda.is_available():
 
 REPO = Path(__file__).resolve().parents[1]
 # What a copy of the repository leaves out: environments, caches, and the workflow's outputs.
-TOP_LEVEL_IGNORE = {".git", ".venv", ".whl", ".snakemake", "logs", "results", "report", ".pytest_cache"}
+TOP_LEVEL_IGNORE = {".git", ".venv", ".whl", ".snakemake", "logs", "results", "report", ".pytest_cache",
+                    ".cache"}
 ANYWHERE_IGNORE = shutil.ignore_patterns("__pycache__", "*.egg-info")
 
 
@@ -51,9 +52,29 @@ def snakemake(repo: Path, *args: str, env: dict | None = None, check: bool = Tru
     return proc
 
 
+# A sitecustomize that records, as each benchmark process exits, the lmperf modules it imported
+# (lazy ones included) into $LMPERF_IMPORTS_LOG/<pid>.json: built_repo's run leaves them in
+# <repo>/.imports/ (tests/test_workflow.py checks them against the rules' inputs).
+IMPORT_RECORDER = """import atexit, json, os, sys
+def _record():
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec and spec.name.startswith("lmperf."):
+        files = sorted(m.__file__ for n, m in list(sys.modules.items())
+                       if n.split(".")[0] == "lmperf" and getattr(m, "__file__", None))
+        with open(os.path.join(os.environ["LMPERF_IMPORTS_LOG"], f"{os.getpid()}.json"), "w") as f:
+            json.dump({"module": spec.name, "files": files}, f)
+atexit.register(_record)
+"""
+
+
 @pytest.fixture(scope="session")
 def built_repo(tmp_path_factory) -> Path:
-    """A copy of the repository in which the default CPU workflow has run to report/report.md."""
+    """A copy of the repository in which the default CPU workflow has run to report/report.md,
+    each benchmark process's imports recorded in <repo>/.imports/."""
     repo = copy_repo(tmp_path_factory.mktemp("built") / "lmperf")
-    snakemake(repo, "--cores", "1", "report/report.md", *SMOKE)
+    recorder = tmp_path_factory.mktemp("import-recorder")
+    (recorder / "sitecustomize.py").write_text(IMPORT_RECORDER)
+    (repo / ".imports").mkdir()
+    env = {"PYTHONPATH": f"{repo / 'src'}{os.pathsep}{recorder}", "LMPERF_IMPORTS_LOG": str(repo / ".imports")}
+    snakemake(repo, "--cores", "1", "report/report.md", *SMOKE, env=env)
     return repo

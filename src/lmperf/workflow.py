@@ -1,10 +1,11 @@
 """Helpers for the Snakemake workflow (rules/*.smk): config checks, the machine's name and
-scale, and each rule's params. Imports neither torch nor triton, so planning stays fast."""
+scale, each benchmark rule's command, code inputs and params. Imports neither torch nor triton,
+so planning stays fast."""
 from __future__ import annotations
 
 import json
 
-from lmperf import hardware
+from lmperf import hardware, sources
 
 
 def check_config(config: dict) -> None:
@@ -45,13 +46,26 @@ def machine(config: dict) -> tuple[str, str]:
     return hw, scale
 
 
+# Inductor's and Triton's compile caches of a benchmark job: one pair per results folder, under
+# .cache/<hw>/ in the repository (ignored by git), not the machine-wide /tmp/torchinductor_<user>
+# that every checkout and user shares (a bad entry there would fail every run on the machine).
+COMPILE_CACHES = ('TORCHINDUCTOR_CACHE_DIR="$PWD/.cache/{params.hw}/inductor" '
+                  'TRITON_CACHE_DIR="$PWD/.cache/{params.hw}/triton"')
+
+
 def bench(args: str) -> str:
     """A benchmark rule's shell command (its CSV output named `csv`):
-    `python -m lmperf.bench.<args>`, then the tail every
+    `python -m lmperf.bench.<args>` with the results folder's compile caches, then the tail every
     benchmark shares: where to write, provenance, the log, and the library versions the
     benchmark must find (it refuses to run with others)."""
-    return (f"python -m lmperf.bench.{args} --out {{output.csv}} --hw {{params.hw}} --log {{log}} "
-            "--expect-torch {params.torch} --expect-triton {params.triton}")
+    return (f"{COMPILE_CACHES} python -m lmperf.bench.{args} --out {{output.csv}} --hw {{params.hw}} "
+            "--log {log} --expect-torch {params.torch} --expect-triton {params.triton}")
+
+
+def code_inputs(module: str) -> list[str]:
+    """The code inputs of a rule whose command runs `python -m <module>`: the source files of
+    every lmperf module it can import (lmperf.sources), as paths from the repository root."""
+    return [str(path.relative_to(sources.SRC.parent)) for path in sources.files(module)]
 
 
 def results_of(rule) -> list[str]:
@@ -62,18 +76,6 @@ def results_of(rule) -> list[str]:
 def e2e_jobs(e2e: dict) -> list[tuple[str, str]]:
     """(study, size) of every end-to-end job: one CSV each."""
     return [(study, size) for study, spec in e2e["studies"].items() for size in spec["sizes"]]
-
-
-def e2e_uses_our_attention(spec: dict) -> bool:
-    """Whether an e2e study's model can run our FlashAttention kernel (then the kernel file is an
-    input of its jobs): the ladder (its flash-triton rungs), or a study with that attention."""
-    return "ladder" in spec or spec.get("attention") == "flash-triton"
-
-
-def e2e_uses_master_adamw(spec: dict) -> bool:
-    """Whether an e2e study can run MasterWeightAdamW (kernels/adamw_master.py, then an input of
-    its jobs): the ladder (its bf16-weights rung), or a grid with optimizer 'master'."""
-    return "ladder" in spec or "master" in spec.get("grid", {}).get("optimizers", [])
 
 
 def e2e_spec(config: dict, e2e: dict, study: str, size: str) -> str:
