@@ -212,13 +212,13 @@ def test_every_benchmark_job_has_the_modules_its_command_imports_as_inputs(fresh
 
 def test_every_module_a_benchmark_imported_while_running_is_among_its_inputs(built_repo, tmp_path):
     """The lazy imports too: built_repo's run recorded the lmperf modules each benchmark process
-    had imported when it exited (conftest.IMPORT_RECORDER)."""
+    had imported when it exited (conftest.BENCH_RECORDER)."""
     inputs = {}
     for _, module, files in benchmark_jobs(copy_repo(tmp_path / "fresh")):
         inputs.setdefault(module, set()).update(files)
-    records = [json.loads(p.read_text()) for p in (built_repo / ".imports").glob("*.json")]
+    records = [json.loads(p.read_text()) for p in (built_repo / ".records").glob("*.json")]
     ran = {r["module"] for r in records}
-    assert {m for m in inputs} <= ran, f"no record of {sorted(set(inputs) - ran)}"
+    assert set(inputs) <= ran, f"no record of {sorted(set(inputs) - ran)}"
     for record in records:
         if record["module"] in inputs:
             imported = {str(Path(f).relative_to(built_repo)) for f in record["files"]}
@@ -227,9 +227,16 @@ def test_every_module_a_benchmark_imported_while_running_is_among_its_inputs(bui
 
 
 def test_benchmarks_compile_into_the_results_folders_cache(built_repo):
+    """Every benchmark process of built_repo's run had the compile caches under .cache/<hw>/ of
+    its checkout, not the machine-wide /tmp/torchinductor_<user>; the folder is ignored by git."""
     hw = results_hw(built_repo)
-    inductor = built_repo / ".cache" / hw / "inductor"
-    assert any(inductor.rglob("*.so")), "the compiled e2e cases left nothing in .cache/<hw>/inductor"
+    records = [json.loads(p.read_text()) for p in (built_repo / ".records").glob("*.json")]
+    benchmarks = [r for r in records if r["module"].startswith("lmperf.bench.")]
+    assert benchmarks
+    for record in benchmarks:
+        assert record["caches"] == {"TORCHINDUCTOR_CACHE_DIR": f"{built_repo}/.cache/{hw}/inductor",
+                                    "TRITON_CACHE_DIR": f"{built_repo}/.cache/{hw}/triton"}, record["module"]
+    assert any((built_repo / ".cache" / hw / "inductor").rglob("*.so")), "the compiled cases cached nothing"
     ignored = subprocess.run(["git", "check-ignore", "-q", f".cache/{hw}/inductor/x.so"], cwd=REPO)
     assert ignored.returncode == 0, ".cache/ is not ignored by git"
 

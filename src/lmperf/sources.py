@@ -9,20 +9,24 @@ of the same files in its journal, so a resume never mixes rows of two versions o
     files("lmperf.bench.e2e")     # their source files
     digest("lmperf.bench.e2e")    # sha256 of their paths and contents
 
-Every import counts wherever it is written (imports inside functions too: the benchmarks import
-torch-side modules lazily), as does every package on the way (importing lmperf.bench.e2e runs
-lmperf/__init__.py and lmperf/bench/__init__.py). The files are parsed with `ast`, never imported,
-so planning stays fast and needs no torch.
+Every import statement counts wherever it is written (inside functions too: the benchmarks
+import torch-side modules lazily), as does every package on the way (importing lmperf.bench.e2e
+runs lmperf/__init__.py and lmperf/bench/__init__.py). Nothing is imported: the lines that start
+an import statement are found by a pattern and parsed with `ast` one statement at a time (parsing
+whole files costs planning half a second), so an import line in a docstring counts too, which
+can only add an input; an import that shares its line with other code (`if x: import y`) is missed.
 """
 from __future__ import annotations
 
 import ast
 import functools
 import hashlib
+import re
 from pathlib import Path
 
 PACKAGE = "lmperf"
 SRC = Path(__file__).resolve().parents[1]  # the folder that holds the package
+IMPORT_LINE = re.compile(r"^[ \t]*(?:import|from[ \t]+[\w.]+[ \t]+import)\b", re.M)
 
 
 def module_file(name: str) -> Path | None:
@@ -34,6 +38,21 @@ def module_file(name: str) -> Path | None:
     return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
 
 
+def import_statements(text: str) -> list[ast.stmt]:
+    """The import statements of a module's source, each parsed from the line that starts it (and
+    the lines it continues on: parentheses, backslashes)."""
+    statements = []
+    for match in IMPORT_LINE.finditer(text):
+        lines = text[match.start():match.start() + 4000].splitlines()[:40]
+        for n in range(1, len(lines) + 1):
+            try:
+                statements += ast.parse("\n".join(lines[:n]).lstrip()).body
+                break
+            except SyntaxError:
+                continue
+    return statements
+
+
 @functools.cache
 def imported_names(name: str) -> frozenset[str]:
     """Every dotted name that module `name` imports anywhere in its code: `import a.b` gives a.b;
@@ -41,7 +60,7 @@ def imported_names(name: str) -> frozenset[str]:
     path = module_file(name)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in import_statements(path.read_text()):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):

@@ -2,22 +2,14 @@
 `run_cases`, the loop that measures a benchmark's cases.
 
 A benchmark is a list of cases (dicts) and a `measure(case) -> list[row]` function. `run_cases`
-runs them one by one; an exception in one case becomes a row with its status (`oom`, `error`,
-`skipped`, ...) and the whole cause in its message (bench/failures.py), and the next case starts
-on a clean device. A compile failure is tried once more in a fresh compile cache first (a cache
-entry cut short by an interrupt fails every later compile that reads it).
-
-Every finished case goes to a journal beside the output (bench/journal.py), so nothing is lost:
-  - a crash that takes the process down: a rerun reuses the journalled rows and measures the
-    rest; a case the process died in twice becomes an `error` row instead of a third try;
-  - Ctrl-C or SIGTERM: the case is marked interrupted (retried next time, never counted as a
-    death) and the job exits non-zero (128 + the signal);
-  - `error` rows: the CSV is written, the journal keeps every other case, and the job exits 1, so
-    that Snakemake reports it and a rerun measures only the failed cases again; errors that the
-    config accepts (accept_errors, LMPERF_ACCEPT_ERRORS) end the job normally.
-The journal records the code it ran (the commit and the digest of every lmperf module the
-benchmark can import, lmperf.sources): a rerun onto other code starts the job over and says so.
-
+runs them one by one; an exception in one case becomes a row with its status and the whole cause
+(bench/failures.py; a compile failure is first tried once more in a fresh compile cache), and
+the next case starts on a clean device. Each finished case goes to a journal beside the output
+(bench/journal.py): a crash loses nothing and a rerun measures only what is left; Ctrl-C or
+SIGTERM marks the case interrupted and exits 128 + the signal. An `error` row fails the job
+(exit 1) once the CSV is written, the journal keeping every other case, so that Snakemake reports
+it and a rerun measures only the failed cases, unless the config accepts it (accept_errors).
+A journal of other code (commit, or digest of the modules the benchmark can import) is discarded.
 Timers live in bench/timing.py.
 """
 from __future__ import annotations
@@ -254,12 +246,12 @@ def clean_device() -> None:
         torch._dynamo.reset()
 
 
-def code_identity(measure: Callable) -> dict:
+def code_identity(measure: Callable, commit: str) -> dict:
     """The code a benchmark runs, for its journal: the commit, and the digest of every lmperf
     module its command (`python -m lmperf.bench.<x>`, else the module of `measure`) can import."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     module = spec.name if spec and spec.name.startswith("lmperf.") else measure.__module__
-    return {"commit": git_commit(), "module": module, "digest": sources.digest(module)}
+    return {"commit": commit, "module": module, "digest": sources.digest(module)}
 
 
 def attempt(case: dict, measure: Callable[[dict], list[dict]]) -> tuple[list[dict], bool]:
@@ -308,7 +300,7 @@ def run_cases(*, section: str, study: str, cases: list[dict], measure: Callable[
     accept = failures.accepted_errors()
     journal = Journal(out_csv, {"section": section, "study": study, "cases": cases, **fingerprint,
                                 "torch": prov["torch"], "triton": prov["triton"], "gpu": prov["gpu"]},
-                      code=code_identity(measure))
+                      code=code_identity(measure, prov["commit"]))
     progress = Progress(f"{section}/{study}", len(cases), log_path)
     if journal.discarded:
         progress.say(f"starting over: {journal.discarded}")
