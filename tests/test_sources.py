@@ -44,10 +44,10 @@ def fake_package(tmp_path, monkeypatch):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text))
     monkeypatch.setattr(sources, "SRC", tmp_path)
-    for cached in (sources.modules, sources.imported_names):
+    for cached in (sources.modules, sources.imported_names, sources.module_file):
         cached.cache_clear()
     yield tmp_path / "lmperf"
-    for cached in (sources.modules, sources.imported_names):
+    for cached in (sources.modules, sources.imported_names, sources.module_file):
         cached.cache_clear()
 
 

@@ -29,6 +29,7 @@ SRC = Path(__file__).resolve().parents[1]  # the folder that holds the package
 IMPORT_LINE = re.compile(r"^[ \t]*(?:import|from[ \t]+[\w.]+[ \t]+import)\b", re.M)
 
 
+@functools.cache
 def module_file(name: str) -> Path | None:
     """The source file of lmperf module `name` (a package's __init__.py); None for a name that
     is not an lmperf module (a function, or another package's module)."""
