@@ -86,9 +86,10 @@ class Journal:
         if header.get("fingerprint") != self.header["fingerprint"]:
             reason = "it was written for another grid or library version"
         elif header.get("code") != self.header["code"]:
-            was, now = header.get("code") or {}, self.header["code"]
-            reason = (f"it ran other code (commit {was.get('commit')}, code digest "
-                      f"{str(was.get('digest'))[:12]}; now {now['commit']}, {now['digest'][:12]})")
+            was = header.get("code") or {"commit": "not recorded", "digest": "not recorded"}
+            now = self.header["code"]
+            reason = (f"it ran other code (commit {was['commit']}, code digest {was['digest'][:12]}; "
+                      f"now {now['commit']}, {now['digest'][:12]})")
         if reason or not events:
             self.path.unlink()
             return reason and f"{self.path} is discarded: {reason}"
