@@ -4,8 +4,7 @@ ATTENTION = config["attention"][SCALE]
 
 rule attention:
     input:
-        model=["src/lmperf/model.py", "src/lmperf/ranges.py"],
-        code=["src/lmperf/bench/attention.py", *HARNESS],
+        code=wf.code_inputs("lmperf.bench.attention"),
     output:
         csv=f"{RESULTS}/attention/attention.csv",
     log:

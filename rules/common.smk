@@ -1,5 +1,6 @@
 # Configuration checks and names shared by every rule file; the logic is in lmperf.workflow.
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -8,6 +9,7 @@ from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from lmperf import hardware, workflow as wf  # noqa: E402
+from lmperf.bench.failures import ACCEPT_ERRORS_ENV  # noqa: E402
 
 try:
     validate(config, "../config/schema.yaml")
@@ -21,11 +23,12 @@ VERSIONS = hardware.library_versions()
 RESULTS = f"results/{HW}"
 LOGS = f"logs/{HW}"
 # Every benchmark rule passes these as params: a new hardware or library version reruns it.
+# Its code inputs are wf.code_inputs(<its command's module>): every lmperf module it can import.
 PROVENANCE = {"hw": HW, "torch": VERSIONS["torch"], "triton": VERSIONS["triton"]}
-# Package modules every benchmark imports.
-HARNESS = ["src/lmperf/bench/common.py", "src/lmperf/bench/timing.py", "src/lmperf/hardware.py"]
-# The training step every model benchmark runs (lmperf.train), with the model and the named ranges.
-TRAIN_STEP = ["src/lmperf/model.py", "src/lmperf/ranges.py", "src/lmperf/train.py"]
+# config accept_errors: the case ids whose `error` rows do not fail their job. It reaches the
+# benchmarks through the environment, not params: it decides a job's exit status, not what it
+# measures, so changing it reruns nothing (a failed job reruns anyway: it has no outputs).
+os.environ[ACCEPT_ERRORS_ENV] = json.dumps(config["accept_errors"])
 
 # A machine without CUDA cannot measure a GPU's folder or the full grids: a dry run plans it
 # with a note, a run stops before its first job (Snakemake would delete the CSVs first).

@@ -9,8 +9,7 @@ rule compare:
         # lmperf.compare (pandas) is imported only when a page is asked for, not while planning
         a=lambda w: importlib.import_module("lmperf.compare").result_csvs(f"results/{w.a}"),
         b=lambda w: importlib.import_module("lmperf.compare").result_csvs(f"results/{w.b}"),
-        code=["src/lmperf/compare.py", "src/lmperf/stats.py", "src/lmperf/report/format.py",
-              "src/lmperf/bench/common.py", "src/lmperf/hardware.py"],
+        code=wf.code_inputs("lmperf.compare"),
     output:
         "report/compare/{a}_vs_{b}.md",
     log:

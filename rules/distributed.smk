@@ -9,11 +9,7 @@ wf.check_distributed_config(config)
 
 rule distributed_study:
     input:
-        model=TRAIN_STEP,
-        # MasterWeightAdamW: the one-process baseline can run it (spec `optimizer: master`)
-        optimizer=lambda w: (["src/lmperf/kernels/adamw_master.py"]
-                             if DIST[w.study].get("optimizer") == "master" else []),
-        code=[*sorted(str(p) for p in Path("src/lmperf/bench/distributed").glob("*.py")), *HARNESS],
+        code=wf.code_inputs("lmperf.bench.distributed"),
     output:
         f"results/{DIST_HW}/distributed/{{study}}_n{{procs}}.csv",
     log:
@@ -30,7 +26,7 @@ rule distributed_study:
         "../envs/lmperf.yaml"
     shell:
         # torchrun, run as `python -m torch.distributed.run` so that it is the environment's own
-        "python -m torch.distributed.run --standalone --nproc_per_node={wildcards.procs} "
+        wf.COMPILE_CACHES + " python -m torch.distributed.run --standalone --nproc_per_node={wildcards.procs} "
         "-m lmperf.bench.distributed {wildcards.study} --spec {params.spec:q} --out {output} "
         "--hw {params.hw} --progress-log {log} --expect-torch {params.torch} --expect-triton {params.triton}"
 

@@ -5,12 +5,7 @@ E2E_JOBS = wf.e2e_jobs(E2E)  # (study, size) pairs: one job and one CSV each
 
 rule e2e_study:
     input:
-        model=TRAIN_STEP,
-        kernel=lambda w: (["src/lmperf/kernels/flash_attention_triton.py"]  # a study with our attention
-                          if wf.e2e_uses_our_attention(E2E["studies"][w.study]) else []),
-        optimizer=lambda w: (["src/lmperf/kernels/adamw_master.py"]  # a grid with optimizer 'master'
-                             if wf.e2e_uses_master_adamw(E2E["studies"][w.study]) else []),
-        code=["src/lmperf/bench/e2e.py", "src/lmperf/flops.py", *HARNESS],
+        code=wf.code_inputs("lmperf.bench.e2e"),
     output:
         csv=f"{RESULTS}/e2e/{{study}}/{{size}}.csv",
     log:

@@ -1,6 +1,6 @@
 rule env:
     input:
-        code=["src/lmperf/bench/env.py", *HARNESS],
+        code=wf.code_inputs("lmperf.bench.env"),
     output:
         csv=f"{RESULTS}/env/env.csv",
     log:

@@ -1,15 +1,11 @@
 # FlashAttention-2: correctness against float64, then speed against PyTorch's attention.
 FA = config["flash_attention"][SCALE]
 FA_BENCH_JOBS = list(wf.fa_bench_jobs(FA, config["models"]))
-FA_KERNELS = ["src/lmperf/kernels/flash_attention_triton.py",
-              "src/lmperf/kernels/flash_attention_torch.py",
-              "src/lmperf/kernels/attention_contract.py"]
 
 
 rule flash_attention_check:
     input:
-        kernels=FA_KERNELS,
-        code=["src/lmperf/bench/flash_attention.py", *HARNESS],
+        code=wf.code_inputs("lmperf.bench.flash_attention"),
     output:
         csv=f"{RESULTS}/flash_attention/check.csv",
     log:
@@ -27,9 +23,7 @@ rule flash_attention_check:
 
 rule flash_attention_bench:
     input:
-        kernels=FA_KERNELS,
-        model=["src/lmperf/model.py", "src/lmperf/ranges.py"],
-        code=["src/lmperf/bench/flash_attention.py", *HARNESS],
+        code=wf.code_inputs("lmperf.bench.flash_attention"),
     output:
         csv=f"{RESULTS}/flash_attention/bench/{{job}}.csv",
     log:

@@ -5,11 +5,7 @@ LADDER = config["ladder"][SCALE]
 
 rule ladder_size:
     input:
-        model=TRAIN_STEP,
-        kernels=["src/lmperf/kernels/flash_attention_triton.py",  # the flash-triton rungs
-                 "src/lmperf/kernels/adamw_master.py"],  # the bf16-weights rung
-        code=["src/lmperf/bench/ladder.py", "src/lmperf/bench/memory_fit.py", "src/lmperf/bench/e2e.py",
-              "src/lmperf/bench/profile.py", "src/lmperf/flops.py", *HARNESS],
+        code=wf.code_inputs("lmperf.bench.ladder"),
     output:
         csv=f"{RESULTS}/ladder/{{size}}.csv",
     log:

@@ -5,8 +5,7 @@ LRPE_DIMS = [str(g["dims"]) for g in LRPE["bench"]["grids"]]
 
 rule lrpe_check:
     input:
-        kernel="src/lmperf/kernels/lrpe.py",
-        code=["src/lmperf/bench/lrpe.py", *HARNESS],
+        code=wf.code_inputs("lmperf.bench.lrpe"),
     output:
         csv=f"{RESULTS}/lrpe/check.csv",
     log:
@@ -24,8 +23,7 @@ rule lrpe_check:
 
 rule lrpe_bench:
     input:
-        kernel="src/lmperf/kernels/lrpe.py",
-        code=["src/lmperf/bench/lrpe.py", *HARNESS],
+        code=wf.code_inputs("lmperf.bench.lrpe"),
     output:
         csv=f"{RESULTS}/lrpe/bench_{{dims}}d.csv",
     log:

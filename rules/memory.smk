@@ -4,8 +4,7 @@ MEMORY = config["memory"][SCALE]
 
 rule memory:
     input:
-        model=TRAIN_STEP,
-        code=["src/lmperf/bench/memory.py", *HARNESS],
+        code=wf.code_inputs("lmperf.bench.memory"),
     output:
         csv=f"{RESULTS}/memory/memory.csv",
         html=directory(f"{RESULTS}/memory/html"),  # one snapshot page per case (not in git)

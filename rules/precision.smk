@@ -3,7 +3,7 @@
 
 rule precision:
     input:
-        code=["src/lmperf/bench/precision.py", *HARNESS],
+        code=wf.code_inputs("lmperf.bench.precision"),
     output:
         csv=f"{RESULTS}/precision/precision.csv",
     log:

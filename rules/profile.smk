@@ -4,8 +4,7 @@ PROFILE = config["profile"][SCALE]
 
 rule profile:
     input:
-        model=TRAIN_STEP,
-        code=["src/lmperf/bench/profile.py", *HARNESS],
+        code=wf.code_inputs("lmperf.bench.profile"),
     output:
         csv=f"{RESULTS}/profile/profile.csv",
     log:

@@ -13,7 +13,8 @@ if not torch.cuda.is_available():
 
 REPO = Path(__file__).resolve().parents[1]
 # What a copy of the repository leaves out: environments, caches, and the workflow's outputs.
-TOP_LEVEL_IGNORE = {".git", ".venv", ".whl", ".snakemake", "logs", "results", "report", ".pytest_cache"}
+TOP_LEVEL_IGNORE = {".git", ".venv", ".whl", ".snakemake", "logs", "results", "report", ".pytest_cache",
+                    ".cache"}
 ANYWHERE_IGNORE = shutil.ignore_patterns("__pycache__", "*.egg-info")
 
 
@@ -51,9 +52,33 @@ def snakemake(repo: Path, *args: str, env: dict | None = None, check: bool = Tru
     return proc
 
 
+# A sitecustomize that records, as each benchmark process exits, the lmperf modules it imported
+# (lazy ones included) and its compile cache folders into $LMPERF_RECORD/<pid>.json: built_repo's
+# run leaves them in <repo>/.records/ (tests/test_workflow.py checks them against the rules).
+BENCH_RECORDER = """import atexit, json, os, sys
+def _record():
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec and spec.name.startswith("lmperf."):
+        files = sorted(m.__file__ for n, m in list(sys.modules.items())
+                       if n.split(".")[0] == "lmperf" and getattr(m, "__file__", None))
+        caches = {v: os.environ.get(v) for v in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+        with open(os.path.join(os.environ["LMPERF_RECORD"], f"{os.getpid()}.json"), "w") as f:
+            json.dump({"module": spec.name, "files": files, "caches": caches}, f)
+atexit.register(_record)
+"""
+
+
 @pytest.fixture(scope="session")
 def built_repo(tmp_path_factory) -> Path:
-    """A copy of the repository in which the default CPU workflow has run to report/report.md."""
+    """A copy of the repository in which the default CPU workflow has run to report/report.md,
+    each benchmark process's imports and caches recorded in <repo>/.records/. Its .cache/ (the
+    jobs' compile caches) is this checkout's, so that compiled code is reused from run to run."""
     repo = copy_repo(tmp_path_factory.mktemp("built") / "lmperf")
-    snakemake(repo, "--cores", "1", "report/report.md", *SMOKE)
+    (REPO / ".cache").mkdir(exist_ok=True)
+    (repo / ".cache").symlink_to(REPO / ".cache")
+    recorder = tmp_path_factory.mktemp("recorder")
+    (recorder / "sitecustomize.py").write_text(BENCH_RECORDER)
+    (repo / ".records").mkdir()
+    env = {"PYTHONPATH": f"{repo / 'src'}{os.pathsep}{recorder}", "LMPERF_RECORD": str(repo / ".records")}
+    snakemake(repo, "--cores", "1", "report/report.md", *SMOKE, env=env, timeout=1800)
     return repo

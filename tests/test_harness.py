@@ -1,13 +1,19 @@
+"""The benchmark harness (bench/common.py's run_cases, its journal and failure rows) through the
+e2e benchmark on a tiny model: real subprocesses where the case is a process event (a crash, an
+interrupt, an error that fails the job), faults injected with LMPERF_INJECT_FAULT."""
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from lmperf.bench import common, e2e
+from lmperf.bench import common, e2e, failures
 
 SPEC = {"batch_size": 2, "timed_steps": 3, "attention": "plain",
         "models": {"tiny": {"d_model": 32, "d_ff": 64, "n_layers": 1, "n_heads": 2}},
@@ -23,10 +29,23 @@ def args(out: Path, *extra: str) -> list[str]:
             "--hw", "cpu", *extra]
 
 
-def run_cli(out: Path, fault: str = "") -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), common.FAULT_ENV: fault}
-    return subprocess.run([sys.executable, "-m", "lmperf.bench.e2e", *args(out)], env=env,
-                          capture_output=True, text=True, timeout=300)
+def run_cli(out: Path, fault: str = "", env: dict | None = None, spec: dict = SPEC,
+            src: Path = REPO / "src") -> subprocess.CompletedProcess:
+    """`python -m lmperf.bench.e2e` on the tiny grid, lmperf from `src`, no errors accepted."""
+    base = {k: v for k, v in os.environ.items() if k != failures.ACCEPT_ERRORS_ENV}
+    cli = [sys.executable, "-m", "lmperf.bench.e2e", *args(out)]
+    cli[cli.index("--spec") + 1] = json.dumps(spec)
+    return subprocess.run(cli, env={**base, "PYTHONPATH": str(src), common.FAULT_ENV: fault, **(env or {})},
+                          capture_output=True, text=True, timeout=600)
+
+
+def journal_events(out: Path) -> list[dict]:
+    path = out.parent / ".journal" / (out.name + ".jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def statuses(out: Path) -> pd.Series:
+    return pd.read_csv(out).drop_duplicates("case_id").set_index("case_id")["status"]
 
 
 def test_grid_is_the_product_of_the_lists():
@@ -50,33 +69,112 @@ def test_tiny_model_run_writes_tidy_rows(tmp_path):
     assert len(steps) == SPEC["timed_steps"]
     assert steps == pytest.approx([sum(p) for p in zip(*phases)], rel=1e-4)
     assert train.loc["tokens_per_s", "mean"] > 0
+    # Every row with samples states their median and 20/80% quantiles.
+    sampled = df[df["n"] > 0]
+    assert sampled[["median", "q20", "q80"]].notna().all().all()
+    assert (sampled["q20"] <= sampled["median"]).all() and (sampled["median"] <= sampled["q80"]).all()
     forward_only = set(df[df["case_id"] == CASE_IDS[0]]["metric"])
     assert "forward_ms" in forward_only and "backward_ms" not in forward_only
     assert "case 4/4" in (tmp_path / "r.log").read_text()
     assert not (tmp_path / ".journal").exists(), "the journal is removed once the CSV is written"
+    assert (out.stat().st_mode & 0o777) == 0o666 & ~current_umask()
 
 
-def test_oom_and_exception_become_rows_and_the_run_goes_on(tmp_path, monkeypatch):
+def current_umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def test_result_csv_gets_mode_0644(tmp_path):
+    before = os.umask(0o022)
+    try:
+        common.write_csv_atomic(pd.DataFrame({"a": [1]}), tmp_path / "x.csv")
+    finally:
+        os.umask(before)
+    assert oct((tmp_path / "x.csv").stat().st_mode & 0o777) == oct(0o644)
+
+
+@pytest.mark.parametrize("samples", [[3.0], [5.0, 1.0], [4.0, 1.0, 9.0, 2.0, 7.0],
+                                     list(np.random.default_rng(0).lognormal(size=23))])
+def test_summary_quantiles_are_numpys_linear_ones(samples):
+    row = common.summarize("step_ms", "ms", [*samples, float("nan")])
+    assert row["median"] == pytest.approx(np.quantile(samples, 0.5))
+    assert row["q20"] == pytest.approx(np.quantile(samples, 0.2))
+    assert row["q80"] == pytest.approx(np.quantile(samples, 0.8))
+    assert row["n"] == len(samples) + 1  # the NaN sample is counted, not summarised
+
+
+def test_oom_and_exception_become_rows_and_an_error_fails_the_job(tmp_path, monkeypatch):
     monkeypatch.setenv(common.FAULT_ENV, f"oom@{CASE_IDS[1]},error@{CASE_IDS[2]}")
+    monkeypatch.delenv(failures.ACCEPT_ERRORS_ENV, raising=False)
     out = tmp_path / "r.csv"
-    e2e.main(args(out))
+    with pytest.raises(SystemExit) as stop:
+        e2e.main(args(out))
+    assert stop.value.code == 1, "an error row fails the job, after the CSV is written"
     status = pd.read_csv(out).drop_duplicates("case_id").set_index("case_id")
     assert status.loc[CASE_IDS[1], "status"] == "oom"
     assert "out of memory" in status.loc[CASE_IDS[1], "message"]
     assert status.loc[CASE_IDS[2], "status"] == "error"
     assert "RuntimeError: injected error" in status.loc[CASE_IDS[2], "message"]
     assert status.loc[CASE_IDS[0], "status"] == status.loc[CASE_IDS[3], "status"] == "ok"
+    done = [ev["case_id"] for ev in journal_events(out) if ev["event"] == "done"]
+    assert done == [CASE_IDS[0], CASE_IDS[1], CASE_IDS[3]], "the journal keeps all but the error"
 
 
 def test_real_exception_inside_measure_is_classified(tmp_path, monkeypatch):
     def broken(case, dims):
         raise ValueError("shape mismatch somewhere")
     monkeypatch.setattr(e2e, "measure", broken)
+    monkeypatch.delenv(failures.ACCEPT_ERRORS_ENV, raising=False)
     out = tmp_path / "r.csv"
-    e2e.main(args(out))
+    with pytest.raises(SystemExit):
+        e2e.main(args(out))
     df = pd.read_csv(out)
     assert (df["status"] == "error").all() and len(df) == len(CASE_IDS)
     assert df["message"].str.startswith("ValueError: shape mismatch").all()
+
+
+def test_an_error_exits_non_zero_and_a_rerun_measures_only_it(tmp_path):
+    out = tmp_path / "r.csv"
+    failed = run_cli(out, fault=f"error@{CASE_IDS[2]}")
+    assert failed.returncode == 1, failed.stderr
+    assert statuses(out)[CASE_IDS[2]] == "error"
+    assert "1 of 4 cases ended in error" in failed.stderr and "accept_errors" in failed.stderr
+    first = pd.read_csv(out).drop_duplicates("case_id").set_index("case_id")["measured_at"]
+    out.unlink()  # as Snakemake does with the outputs of a failed job
+
+    rerun = run_cli(out)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "resuming: 3 of 4" in rerun.stderr
+    assert (statuses(out) == "ok").all()
+    again = pd.read_csv(out).drop_duplicates("case_id").set_index("case_id")["measured_at"]
+    kept = [c for c in CASE_IDS if c != CASE_IDS[2]]
+    assert (again[kept] == first[kept]).all(), "the other cases were reused, not measured again"
+    assert not (tmp_path / ".journal").exists()
+
+
+def test_accepted_errors_end_the_job_normally(tmp_path):
+    out = tmp_path / "r.csv"
+    proc = run_cli(out, fault=f"error@{CASE_IDS[2]}",
+                   env={failures.ACCEPT_ERRORS_ENV: '["*-compiled-*", "tiny-*-bf16-eager-forward-*"]'})
+    assert proc.returncode == 0, proc.stderr
+    assert statuses(out)[CASE_IDS[2]] == "error", "an accepted error is still its row"
+    assert not (tmp_path / ".journal").exists()
+
+
+@pytest.mark.parametrize("value, accepted", [("", False), ("false", False), ("true", True),
+                                             ('["*-compiled-*"]', False), ('["tiny-*-forward-*"]', True)])
+def test_accept_errors_values(monkeypatch, value, accepted):
+    monkeypatch.setenv(failures.ACCEPT_ERRORS_ENV, value)
+    assert failures.is_accepted(CASE_IDS[2], failures.accepted_errors()) == accepted
+
+
+@pytest.mark.parametrize("value", ["yes please", '{"a": 1}', "[1]"])
+def test_a_malformed_accept_errors_value_is_named(monkeypatch, value):
+    monkeypatch.setenv(failures.ACCEPT_ERRORS_ENV, value)
+    with pytest.raises(SystemExit, match=re.escape(f"LMPERF_ACCEPT_ERRORS={value!r}: expected JSON true, false")):
+        failures.accepted_errors()
 
 
 def test_crash_loses_nothing_and_a_rerun_completes_the_rest(tmp_path):
@@ -85,11 +183,9 @@ def test_crash_loses_nothing_and_a_rerun_completes_the_rest(tmp_path):
     assert crashed.returncode == 70, crashed.stderr
     assert not out.exists(), "no partial CSV after a crash"
     journal = tmp_path / ".journal" / "r.csv.jsonl"
-    done = [json.loads(line)["case_id"] for line in journal.read_text().splitlines()
-            if json.loads(line)["event"] == "done"]
-    assert done == CASE_IDS[:2]
-    first_rows = [json.loads(line) for line in journal.read_text().splitlines()
-                  if json.loads(line)["event"] == "done"][0]["rows"]
+    done = [ev for ev in journal_events(out) if ev["event"] == "done"]
+    assert [ev["case_id"] for ev in done] == CASE_IDS[:2]
+    first_rows = done[0]["rows"]
 
     rerun = run_cli(out)
     assert rerun.returncode == 0, rerun.stderr
@@ -106,11 +202,33 @@ def test_a_case_that_kills_the_process_twice_is_recorded_not_retried(tmp_path):
     out = tmp_path / "r.csv"
     for _ in range(2):
         assert run_cli(out, fault=f"crash@{CASE_IDS[3]}").returncode == 70
-    rerun = run_cli(out, fault=f"crash@{CASE_IDS[3]}")  # would crash again if retried
+    for _ in range(2):  # it would crash again (exit 70) if it were retried
+        rerun = run_cli(out, fault=f"crash@{CASE_IDS[3]}")
+        assert rerun.returncode == 1, rerun.stderr  # an error row: the job fails, and says why
+        status = statuses(out)
+        assert status[CASE_IDS[3]] == "error"
+        assert (status[CASE_IDS[:3]] == "ok").all()
+        assert "died in this case on two earlier attempts" in pd.read_csv(out).set_index("case_id").loc[CASE_IDS[3], "message"]
+
+
+def test_interrupts_are_retried_not_counted_as_deaths(tmp_path):
+    """Ctrl-C, then SIGTERM, then a crash in the same case: each interrupt exits 128 + the signal
+    and is journalled as an interruption; with one death the rerun still measures the case (two
+    deaths would make it an error row)."""
+    out = tmp_path / "r.csv"
+    for kind, signum in (("interrupt", signal.SIGINT), ("terminate", signal.SIGTERM)):
+        stopped = run_cli(out, fault=f"{kind}@{CASE_IDS[2]}")
+        assert stopped.returncode == 128 + signum, stopped.stderr
+        assert f"interrupted by {signal.Signals(signum).name} in case {CASE_IDS[2]}" in stopped.stderr
+        assert not out.exists()
+    events = journal_events(out)
+    assert [ev["signal"] for ev in events if ev["event"] == "interrupted"] == ["SIGINT", "SIGTERM"]
+    assert [ev["case_id"] for ev in events if ev["event"] == "done"] == CASE_IDS[:2]
+    assert run_cli(out, fault=f"crash@{CASE_IDS[2]}").returncode == 70
+    rerun = run_cli(out)
     assert rerun.returncode == 0, rerun.stderr
-    status = pd.read_csv(out).drop_duplicates("case_id").set_index("case_id")["status"]
-    assert status[CASE_IDS[3]] == "error"
-    assert (status[CASE_IDS[:3]] == "ok").all()
+    assert "resuming: 2 of 4" in rerun.stderr
+    assert (statuses(out) == "ok").all()
 
 
 def test_a_line_cut_short_by_a_crash_is_dropped_and_the_rest_reused(tmp_path):
@@ -130,12 +248,32 @@ def test_journal_of_another_grid_is_discarded(tmp_path):
     assert run_cli(out, fault=f"crash@{CASE_IDS[1]}").returncode == 70
     other = json.loads(json.dumps(SPEC))
     other["timed_steps"] = 2
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    cli = [sys.executable, "-m", "lmperf.bench.e2e", *args(out)]
-    cli[cli.index("--spec") + 1] = json.dumps(other)
-    proc = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_cli(out, spec=other)
     assert proc.returncode == 0 and "resuming" not in proc.stderr
+    assert "starting over" in proc.stderr and "another grid or library version" in proc.stderr
     assert set(pd.read_csv(out)["n"][pd.read_csv(out)["metric"] == "step_ms"]) == {2}
+
+
+def copy_src(dest: Path) -> Path:
+    import shutil
+    shutil.copytree(REPO / "src", dest, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    return dest
+
+
+@pytest.mark.parametrize("edited, resumes", [("lmperf/model.py", False),
+                                             ("lmperf/report/format.py", True)])
+def test_a_resume_onto_other_code_starts_over(tmp_path, edited, resumes):
+    """Interrupted after 2 of 4 cases, a module edited, rerun: an edit to code the benchmark can
+    run (the model) starts the job over and says so; an edit elsewhere (the report) resumes."""
+    src = copy_src(tmp_path / "src")
+    out = tmp_path / "r.csv"
+    assert run_cli(out, fault=f"crash@{CASE_IDS[2]}", src=src).returncode == 70
+    (src / edited).write_text((src / edited).read_text() + "\n# edited\n")
+    rerun = run_cli(out, src=src)
+    assert rerun.returncode == 0, rerun.stderr
+    assert ("resuming: 2 of 4" in rerun.stderr) == resumes
+    assert ("starting over" in rerun.stderr and "ran other code" in rerun.stderr) == (not resumes)
+    assert (statuses(out) == "ok").all()
 
 
 def test_csv_write_is_atomic(tmp_path, monkeypatch):
@@ -149,14 +287,81 @@ def test_csv_write_is_atomic(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["x.csv"], "no temporary file is left behind"
 
 
+def chained(outer: Exception, cause: Exception) -> Exception:
+    """`outer` as raised from `cause` (its __cause__ set, as `raise outer from cause` does)."""
+    try:
+        try:
+            raise cause
+        except Exception as e:
+            raise outer from e
+    except Exception as e:
+        return e
+
+
 @pytest.mark.parametrize("exc, status", [
     (RuntimeError("CUDA out of memory. Tried to allocate 2 GiB"), "oom"),
     (RuntimeError("[enforce fail at alloc_cpu.cpp] DefaultCPUAllocator: can't allocate memory"), "oom"),
     (RuntimeError("CUDA error: an illegal memory access was encountered"), "error"),
     (KeyError("x"), "error"),
+    (chained(RuntimeError("backend='inductor' raised:"), RuntimeError("CUDA out of memory")), "oom"),
+    (common.Unsupported("fp16/bf16 only"), "unsupported"),
 ])
 def test_classify_failure(exc, status):
     assert common.classify_failure(exc)[0] == status
+
+
+def compile_failure(cause: Exception) -> Exception:
+    """What torch.compile raises when Inductor fails: BackendCompilerFailed, its message quoting
+    the cause on its second line and ending in advice, raised from the cause."""
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    def inductor():
+        pass
+    outer = BackendCompilerFailed(inductor, cause, None)
+    outer.args = (outer.args[0] + "\n\nSet TORCHDYNAMO_VERBOSE=1 for the internal stack trace (please "
+                  "do this especially if you're reporting a bug to PyTorch). For even more developer "
+                  'context, set TORCH_LOGS="+dynamo"',)
+    return chained(outer, cause)
+
+
+def test_a_failure_row_keeps_the_cause_of_a_compile_failure():
+    cause = ImportError("/tmp/torchinductor_u/ab/cabcdef.so: file too short")
+    status, message = common.classify_failure(compile_failure(cause))
+    assert status == "error"
+    assert message.startswith("BackendCompilerFailed: backend='inductor' raised: ImportError")
+    assert message.endswith("cabcdef.so: file too short")
+    assert "TORCHDYNAMO_VERBOSE" not in message
+    assert failures.is_compile_failure(compile_failure(cause))
+    assert not failures.is_compile_failure(RuntimeError("CUDA error: an illegal memory access"))
+
+
+def test_a_long_message_keeps_its_head_and_its_end():
+    output = "\n".join(f"x.cpp:{i}: note: candidate {'-' * 60}" for i in range(200))
+    cause = RuntimeError(f"C++ compile error\n\nOutput:\n{output}\nx.cpp:9: error: 'at::vec' has not been declared")
+    message = common.classify_failure(compile_failure(cause))[1]
+    assert len(message) <= failures.MESSAGE_LIMIT
+    assert message.startswith("BackendCompilerFailed: backend='inductor' raised: RuntimeError: C++ compile error")
+    assert message.endswith("x.cpp:9: error: 'at::vec' has not been declared")
+
+
+def test_a_compile_cache_cut_short_by_an_interrupt_is_retried_in_a_fresh_one(tmp_path):
+    """What Ctrl-C during torch.compile leaves behind: compiled libraries of 0 bytes in the compile
+    cache, which fail every later compile that reads them. The case is tried once more in a fresh
+    cache, and its row is a measurement, not an error."""
+    spec = json.loads(json.dumps(SPEC))
+    spec["grid"].update(dtypes=["fp32"], compile=[True], modes=["forward"])
+    caches = {var: str(tmp_path / "cache" / sub) for var, sub in failures.COMPILE_CACHE_VARS.items()}
+    first = run_cli(tmp_path / "first.csv", spec=spec, env=caches)
+    assert first.returncode == 0, first.stderr
+    libraries = list((tmp_path / "cache").rglob("*.so"))
+    assert libraries, "the compiled case left no library in its cache"
+    for library in libraries:
+        library.write_bytes(b"")
+    rerun = run_cli(tmp_path / "rerun.csv", spec=spec, env=caches)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "compile failed (BackendCompilerFailed" in rerun.stderr, "the cut-short cache did not fail"
+    assert "ok in a fresh compile cache" in rerun.stderr
+    assert (statuses(tmp_path / "rerun.csv") == "ok").all()
 
 
 def test_versions_other_than_planned_are_refused(tmp_path):

@@ -1,5 +1,6 @@
 """The Snakemake workflow end to end: config validation, the DAG, a real CPU run, and which
 jobs an edit makes stale."""
+import json
 import os
 import re
 import shutil
@@ -152,14 +153,17 @@ def test_editing_a_template_reruns_only_the_report(built_copy):
     assert planned(built_copy) == {"report": 1}
 
 
-def test_editing_the_model_reruns_its_rules_and_the_report_only(built_copy):
-    edit(built_copy / "src" / "lmperf" / "model.py", "\n# edited\n")
+@pytest.mark.parametrize("module", ["model.py", "kernels/flash_attention_triton.py"])
+def test_editing_the_model_or_its_attention_kernel_reruns_their_rules_and_the_report_only(built_copy, module):
+    """The rules whose benchmark can import the model (which runs our FlashAttention kernel for
+    attention: flash-triton): every end-to-end job, the attention, profile and memory benchmarks,
+    both FlashAttention rules (PyTorch attention is the model's) and the distributed jobs."""
+    edit(built_copy / "src" / "lmperf" / module, "\n# edited\n")
     jobs = planned(built_copy)
     fresh = planned(copy_repo(built_copy.parent / "fresh"))
-    # The rules that import the model: the end-to-end and ladder jobs, the two attention
-    # benchmarks (plain PyTorch attention is the model's) and the distributed jobs.
     assert jobs == {"e2e_study": fresh["e2e_study"], "ladder_size": fresh["ladder_size"], "attention": 1,
-                    "profile": 1, "memory": 1, "flash_attention_bench": fresh["flash_attention_bench"],
+                    "profile": 1, "memory": 1, "flash_attention_check": 1,
+                    "flash_attention_bench": fresh["flash_attention_bench"],
                     "distributed_study": fresh["distributed_study"], "report": 1}
 
 
@@ -185,15 +189,108 @@ def test_editing_the_lrpe_kernel_reruns_only_its_rules_and_the_report(built_copy
     assert planned(built_copy) == {"lrpe_check": 1, "lrpe_bench": fresh["lrpe_bench"], "report": 1}
 
 
-def test_editing_a_kernel_reruns_its_rules_and_the_report_only(built_copy):
-    """The FlashAttention kernel's rules, and the ladder's jobs (its flash-triton rungs): one
-    ladder job per size at smoke scale."""
-    edit(built_copy / "src" / "lmperf" / "kernels" / "flash_attention_triton.py", "\n# edited\n")
-    fresh = planned(copy_repo(built_copy.parent / "fresh"))
-    config = yaml.safe_load((built_copy / "config" / "config.yaml").read_text())
-    ladder_jobs = len(config["ladder"]["smoke"]["sizes"])
-    assert planned(built_copy) == {"flash_attention_check": 1, "ladder_size": ladder_jobs,
-                                   "flash_attention_bench": fresh["flash_attention_bench"], "report": 1}
+# The ladder study's job at smoke scale, under results/<hw>/ (imports bench/profile.py lazily)
+LADDER_CSV = "ladder/tiny.csv"
+
+
+@pytest.mark.parametrize("module, job", [("bench/profile.py", LADDER_CSV),
+                                         ("kernels/attention_contract.py", "flash_attention/check.csv")])
+def test_an_edit_to_a_lazily_imported_module_schedules_its_jobs(built_copy, module, job):
+    """Once missing from hand-kept input lists: the ladder imports bench/profile.py inside a
+    function, the FlashAttention kernels import kernels/attention_contract.py."""
+    output = f"results/{results_hw(built_copy)}/{job}"
+    assert planned(built_copy) == {}
+    edit(built_copy / "src" / "lmperf" / module, "\n# edited\n")
+    dry = snakemake(built_copy, "report/report.md", "-n", *SMOKE)
+    assert f"output: {output}\n" in dry.stdout + dry.stderr
+
+
+def benchmark_jobs(repo: Path) -> list[tuple[str, str, set[str]]]:
+    """(rule, module its command runs, its inputs) of every job a dry run of the report plans
+    whose shell command runs `python -m lmperf.<...>`."""
+    dry = snakemake(repo, "report/report.md", "-n", "-p", *SMOKE)
+    jobs = []
+    for block in (dry.stdout + dry.stderr).split("\nrule ")[1:]:
+        rule = block.split(":")[0]
+        module = re.search(r"^Shell command:.* -m (lmperf\.[\w.]+)", block, re.M)
+        inputs = re.search(r"^    input: (.*)$", block, re.M)
+        if module and rule != "report":
+            jobs.append((rule, module[1], set(inputs[1].split(", ")) if inputs else set()))
+    return jobs
+
+
+def imported_at_top(repo: Path, module: str) -> set[str]:
+    """The files of the lmperf modules that importing `module` loads, read from sys.modules of a
+    fresh interpreter, as paths from the repository root."""
+    code = (f"import importlib, json, sys; importlib.import_module({module!r}); print(json.dumps("
+            "[m.__file__ for n, m in sys.modules.items() if n.split('.')[0] == 'lmperf']))")
+    proc = subprocess.run([sys.executable, "-c", code], env=workflow_env(repo), capture_output=True,
+                          text=True, check=True, timeout=300)
+    return {str(Path(f).relative_to(repo)) for f in json.loads(proc.stdout)}
+
+
+def test_every_benchmark_job_has_the_modules_its_command_imports_as_inputs(fresh_copy):
+    jobs = benchmark_jobs(fresh_copy)
+    rules = {rule for rule, _, _ in jobs}
+    assert rules == {"env", "e2e_study", "ladder_size", "flash_attention_check", "flash_attention_bench", "lrpe_check",
+                     "lrpe_bench", "attention", "precision", "profile", "memory", "distributed_study"}
+    for module in {m for _, m, _ in jobs}:
+        imported = imported_at_top(fresh_copy, module)
+        assert f"src/{module.replace('.', '/')}.py" in imported
+        for rule, _, inputs in (j for j in jobs if j[1] == module):
+            assert imported <= inputs, f"{rule}: {sorted(imported - inputs)} missing from its inputs"
+
+
+def test_every_module_a_benchmark_imported_while_running_is_among_its_inputs(built_repo, tmp_path):
+    """The lazy imports too: built_repo's run recorded the lmperf modules each benchmark process
+    had imported when it exited (conftest.BENCH_RECORDER)."""
+    inputs = {}
+    for _, module, files in benchmark_jobs(copy_repo(tmp_path / "fresh")):
+        inputs.setdefault(module, set()).update(files)
+    records = [json.loads(p.read_text()) for p in (built_repo / ".records").glob("*.json")]
+    ran = {r["module"] for r in records}
+    assert set(inputs) <= ran, f"no record of {sorted(set(inputs) - ran)}"
+    for record in records:
+        if record["module"] in inputs:
+            imported = {str(Path(f).relative_to(built_repo)) for f in record["files"]}
+            missing = imported - inputs[record["module"]]
+            assert not missing, f"{record['module']} imported {sorted(missing)}, not among its inputs"
+
+
+def test_benchmarks_compile_into_the_results_folders_cache(built_repo):
+    """Every benchmark process of built_repo's run had the compile caches under .cache/<hw>/ of
+    its checkout, not the machine-wide /tmp/torchinductor_<user>; the folder is ignored by git."""
+    hw = results_hw(built_repo)
+    records = [json.loads(p.read_text()) for p in (built_repo / ".records").glob("*.json")]
+    benchmarks = [r for r in records if r["module"].startswith("lmperf.bench.")]
+    assert benchmarks
+    for record in benchmarks:
+        assert record["caches"] == {"TORCHINDUCTOR_CACHE_DIR": f"{built_repo}/.cache/{hw}/inductor",
+                                    "TRITON_CACHE_DIR": f"{built_repo}/.cache/{hw}/triton"}, record["module"]
+    assert any((built_repo / ".cache" / hw / "inductor").rglob("*.so")), "the compiled cases cached nothing"
+    ignored = subprocess.run(["git", "check-ignore", "-q", f".cache/{hw}/inductor/x.so"], cwd=REPO)
+    assert ignored.returncode == 0, ".cache/ is not ignored by git"
+
+
+def test_an_error_fails_its_job_and_a_rerun_measures_only_it(fresh_copy):
+    """An error row (injected) fails the job after its CSV is written: Snakemake reports it and
+    deletes the CSV, the journal keeps the other cases, and the rerun measures only the failed
+    one. With accept_errors the same error ends the job normally."""
+    target, config = "results/cpu/precision/precision.csv", ("--config", "scale=smoke", "hw=cpu")
+    fault = {"LMPERF_INJECT_FAULT": "error@autocast-fp16"}
+    failed = snakemake(fresh_copy, "--cores", "1", target, *config, env=fault, check=False)
+    assert failed.returncode != 0
+    assert "Error in rule precision" in failed.stdout + failed.stderr
+    assert not (fresh_copy / target).exists()
+    log = fresh_copy / "logs" / "cpu" / "precision.log"
+    assert "1 of 3 cases ended in error (autocast-fp16)" in log.read_text()
+    snakemake(fresh_copy, "--cores", "1", target, *config)
+    assert "resuming: 2 of 3 cases" in log.read_text()
+    (fresh_copy / target).unlink()
+    accepted = snakemake(fresh_copy, "--cores", "1", target, *config, "accept_errors=True", env=fault,
+                         check=False)
+    assert accepted.returncode == 0, accepted.stdout[-2000:] + accepted.stderr[-2000:]
+    assert "error,RuntimeError: injected error" in (fresh_copy / target).read_text()
 
 
 @pytest.mark.parametrize("lib", ["torch", "triton"])

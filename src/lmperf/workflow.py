@@ -1,7 +1,7 @@
 """Helpers for the Snakemake workflow (rules/*.smk): config checks, the machine's name and
-scale (and whether it can measure them), each rule's params, and the result files a full run
-promises with the cases each must hold (the renderer reads them too). Imports neither torch
-nor triton, so planning stays fast."""
+scale (and whether it can measure them), each benchmark rule's command, code inputs and
+params, and the result files a full run promises with the cases each must hold (the
+renderer reads them too). Imports neither torch nor triton, so planning stays fast."""
 from __future__ import annotations
 
 import ast
@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmperf import hardware
+from lmperf import hardware, sources
 
 ATTENTION_CONTRACT = Path(__file__).parent / "kernels" / "attention_contract.py"
 
@@ -152,13 +152,26 @@ def refuse_to_measure(reason: str | None, jobs, local: bool) -> None:
                            f"{', '.join(measuring)}. No file was touched.")
 
 
+# Inductor's and Triton's compile caches of a benchmark job: one pair per results folder, under
+# .cache/<hw>/ in the repository (ignored by git), not the machine-wide /tmp/torchinductor_<user>
+# that every checkout and user shares (a bad entry there would fail every run on the machine).
+COMPILE_CACHES = ('TORCHINDUCTOR_CACHE_DIR="$PWD/.cache/{params.hw}/inductor" '
+                  'TRITON_CACHE_DIR="$PWD/.cache/{params.hw}/triton"')
+
+
 def bench(args: str) -> str:
     """A benchmark rule's shell command (its CSV output named `csv`):
-    `python -m lmperf.bench.<args>`, then the tail every
+    `python -m lmperf.bench.<args>` with the results folder's compile caches, then the tail every
     benchmark shares: where to write, provenance, the log, and the library versions the
     benchmark must find (it refuses to run with others)."""
-    return (f"python -m lmperf.bench.{args} --out {{output.csv}} --hw {{params.hw}} --log {{log}} "
-            "--expect-torch {params.torch} --expect-triton {params.triton}")
+    return (f"{COMPILE_CACHES} python -m lmperf.bench.{args} --out {{output.csv}} --hw {{params.hw}} "
+            "--log {log} --expect-torch {params.torch} --expect-triton {params.triton}")
+
+
+def code_inputs(module: str) -> list[str]:
+    """The code inputs of a rule whose command runs `python -m <module>`: the source files of
+    every lmperf module it can import (lmperf.sources), as paths from the repository root."""
+    return [str(path.relative_to(sources.SRC.parent)) for path in sources.files(module)]
 
 
 def results_of(rule) -> list[str]:
@@ -172,15 +185,8 @@ def e2e_jobs(e2e: dict) -> list[tuple[str, str]]:
 
 
 def e2e_uses_our_attention(spec: dict) -> bool:
-    """Whether an e2e study's model runs our FlashAttention kernel (then the kernel file is an
-    input of its jobs): a study with that attention."""
+    """Whether an e2e study's model runs our FlashAttention kernel: a study with that attention."""
     return spec.get("attention") == "flash-triton"
-
-
-def e2e_uses_master_adamw(spec: dict) -> bool:
-    """Whether an e2e study runs MasterWeightAdamW (kernels/adamw_master.py, then an input of its
-    jobs): a grid with optimizer 'master'."""
-    return "master" in spec["grid"].get("optimizers", [])
 
 
 def e2e_spec(config: dict, e2e: dict, study: str, size: str) -> str:

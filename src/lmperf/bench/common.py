@@ -1,16 +1,16 @@
-"""What every benchmark shares: provenance, tidy rows, failure capture, a crash-safe journal,
-progress lines, and atomic CSV writes.
+"""What every benchmark shares: provenance, tidy rows, progress lines, atomic CSV writes, and
+`run_cases`, the loop that measures a benchmark's cases.
 
 A benchmark is a list of cases (dicts) and a `measure(case) -> list[row]` function. `run_cases`
-runs them one by one; an exception in one case becomes a row with status `oom` or `error`, and
-the next case starts on a clean device. Every finished case is appended to a journal next to
-the output, so a crash that takes the process down loses nothing: a rerun reuses the journalled
-rows and measures only what is left. A case that was started twice and never finished is
-recorded as `error` (the process died in it) instead of being tried a third time.
-
-Why one file of ~370 lines: it is the harness every benchmark imports, read top to bottom in the
-order a case flows (provenance, rows, failures, the journal, run_cases, the CLI); splitting it
-would make each benchmark import four modules for one loop. Timers live in bench/timing.py.
+runs them one by one; an exception in one case becomes a row with its status and the whole cause
+(bench/failures.py; a compile failure is first tried once more in a fresh compile cache), and
+the next case starts on a clean device. Each finished case goes to a journal beside the output
+(bench/journal.py): a crash loses nothing and a rerun measures only what is left; Ctrl-C or
+SIGTERM marks the case interrupted and exits 128 + the signal. An `error` row fails the job
+(exit 1) once the CSV is written, the journal keeping every other case, so that Snakemake reports
+it and a rerun measures only the failed cases, unless the config accepts it (accept_errors).
+A journal of other code (commit, or digest of the modules the benchmark can import) is discarded.
+Timers live in bench/timing.py.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import json
 import math
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -32,7 +33,10 @@ from typing import Callable, Iterable
 
 import pandas as pd
 
-from lmperf import hardware
+from lmperf import hardware, sources
+from lmperf.bench import failures
+from lmperf.bench.failures import NotRun, Unsupported, classify_failure  # noqa: F401 (benchmarks use common.*)
+from lmperf.bench.journal import Journal, interrupts_raise, signal_number
 
 # Columns every results row has, in this order; benchmark-specific case columns go between
 # CASE_START and the metric columns.
@@ -42,16 +46,7 @@ METRIC_COLUMNS = ["metric", "unit", "mean", "std", "median", "q20", "q80", "min"
 PROVENANCE_COLUMNS = ["hw", "gpu", "torch", "triton", "cuda", "python", "commit", "measured_at"]
 
 FAULT_ENV = "LMPERF_INJECT_FAULT"  # e.g. "oom@small-fp32,crash@medium": for tests of failure paths
-
-
-class NotRun(Exception):
-    """Raised by a measurement that does not apply here; becomes a row with this status."""
-    status = "skipped"
-
-
-class Unsupported(NotRun):
-    """The provider does not support this dtype or shape."""
-    status = "unsupported"
+DIED_TWICE = "the process died in this case on two earlier attempts (e.g. an illegal memory access); not retried"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,15 +126,19 @@ def is_device_work(e) -> bool:
 
 
 def summarize(metric: str, unit: str, samples: Iterable[float]) -> dict:
-    """One tidy row for a metric measured over several steps (per-step values kept). With one
-    sample there is no spread to state: std is left empty, not 0."""
+    """One tidy row for a metric measured over several steps (per-step values kept): mean, std,
+    median, 20% and 80% quantiles of the finite samples. With one sample there is no spread to
+    state: std is left empty, not 0."""
     xs = [float(x) for x in samples]
     finite = [x for x in xs if math.isfinite(x)]
+    # linear interpolation between order statistics, as numpy's and pandas' quantile
+    q = statistics.quantiles(finite, n=5, method="inclusive") if len(finite) > 1 else finite * 4 or [math.nan] * 4
     return {
         "metric": metric, "unit": unit,
         "mean": statistics.fmean(finite) if finite else math.nan,
         "std": statistics.stdev(finite) if len(finite) > 1 else math.nan,
         "median": statistics.median(finite) if finite else math.nan,
+        "q20": q[0], "q80": q[3],
         "min": min(finite) if finite else math.nan,
         "max": max(finite) if finite else math.nan,
         "n": len(xs),
@@ -159,21 +158,8 @@ def summarize_quantiles(metric: str, unit: str, median: float, q20: float, q80: 
 
 def failure_row(status: str, message: str) -> dict:
     return {"metric": "", "unit": "", "mean": math.nan, "std": math.nan, "median": math.nan,
-            "min": math.nan, "max": math.nan, "n": 0, "samples": "",
-            "status": status, "message": message}
-
-
-def classify_failure(exc: BaseException) -> tuple[str, str]:
-    """('oom' | 'error' | 'skipped' | 'unsupported', short message) for an exception raised
-    while measuring."""
-    if isinstance(exc, NotRun):
-        return exc.status, str(exc)[:300]
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    name = type(exc).__name__
-    is_oom = name == "OutOfMemoryError" or "out of memory" in text.lower() \
-        or "can't allocate memory" in text.lower()
-    message = f"{name}: {text}"
-    return ("oom" if is_oom else "error"), message[:300]
+            "q20": math.nan, "q80": math.nan, "min": math.nan, "max": math.nan, "n": 0,
+            "samples": "", "status": status, "message": message}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,11 +167,16 @@ def classify_failure(exc: BaseException) -> tuple[str, str]:
 
 
 def write_csv_atomic(df: pd.DataFrame, path: Path) -> None:
-    """Write to a temporary file in the same folder, then rename: readers never see half a file."""
+    """Write to a temporary file in the same folder, then rename: readers never see half a file.
+    The file gets the mode a plain open() gives (0644 under the usual umask 022; mkstemp's
+    temporary file is 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "w", newline="") as f:
             df.to_csv(f, index=False)
         os.replace(tmp, path)
@@ -222,59 +213,10 @@ class Progress:
             self.log.close()
 
 
-class Journal:
-    """Append-only JSON-lines record of started and finished cases, beside the output."""
-
-    def __init__(self, out_csv: Path, fingerprint: dict):
-        out_csv = Path(out_csv)
-        self.path = out_csv.parent / ".journal" / (out_csv.name + ".jsonl")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fingerprint = fingerprint
-        self.rows: dict[str, list[dict]] = {}
-        self.starts: dict[str, int] = {}
-        self._load()
-        self.f = open(self.path, "a")
-        if not self.path.stat().st_size:
-            self._write({"event": "header", "fingerprint": fingerprint})
-
-    def _load(self):
-        if not self.path.exists():
-            return
-        text = self.path.read_text()
-        if text and not text.endswith("\n"):  # a line cut short by a crash: drop it, so that
-            text = text[:text.rfind("\n") + 1]  # what this run appends starts on a line of its own
-            self.path.write_text(text)
-        events = [json.loads(line) for line in text.splitlines()]
-        if not events or events[0].get("fingerprint") != self.fingerprint:
-            self.path.unlink()  # written by another grid or library version: start over
-            return
-        for ev in events[1:]:
-            if ev["event"] == "start":
-                self.starts[ev["case_id"]] = self.starts.get(ev["case_id"], 0) + 1
-            elif ev["event"] == "done":
-                self.rows[ev["case_id"]] = ev["rows"]
-
-    def _write(self, event: dict):
-        self.f.write(json.dumps(event) + "\n")
-        self.f.flush()
-        os.fsync(self.f.fileno())
-
-    def start(self, case_id: str):
-        self._write({"event": "start", "case_id": case_id})
-
-    def done(self, case_id: str, rows: list[dict]):
-        self.rows[case_id] = rows
-        self._write({"event": "done", "case_id": case_id, "rows": rows})
-
-    def remove(self):
-        self.f.close()
-        self.path.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            self.path.parent.rmdir()
-
-
 def maybe_inject_fault(case_id: str) -> None:
-    """Simulated failures for the tests: LMPERF_INJECT_FAULT='oom@substr,error@substr,crash@substr'."""
+    """Simulated failures for the tests: LMPERF_INJECT_FAULT='kind@substr,...' for the cases whose
+    id contains substr: oom, error (raised), crash (the process dies), interrupt or terminate (it
+    sends itself SIGINT or SIGTERM)."""
     for spec in filter(None, os.environ.get(FAULT_ENV, "").split(",")):
         kind, _, pattern = spec.partition("@")
         if pattern and pattern in case_id:
@@ -287,6 +229,9 @@ def maybe_inject_fault(case_id: str) -> None:
                 sys.stderr.write(f"injected crash in case {case_id}\n")
                 sys.stderr.flush()
                 os._exit(70)
+            if kind in ("interrupt", "terminate"):
+                os.kill(os.getpid(), signal.SIGINT if kind == "interrupt" else signal.SIGTERM)
+                time.sleep(10)  # the signal's exception is raised here
 
 
 def clean_device() -> None:
@@ -301,37 +246,88 @@ def clean_device() -> None:
         torch._dynamo.reset()
 
 
+def code_identity(measure: Callable, commit: str) -> dict:
+    """The code a benchmark runs, for its journal: the commit, and the digest of every lmperf
+    module its command (`python -m lmperf.bench.<x>`, else the module of `measure`) can import."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    module = spec.name if spec and spec.name.startswith("lmperf.") else measure.__module__
+    return {"commit": commit, "module": module, "digest": sources.digest(module)}
+
+
+def attempt(case: dict, measure: Callable[[dict], list[dict]]) -> tuple[list[dict], bool]:
+    """One try at a case: (its rows, or its failure's row; whether a retry in a fresh compile
+    cache may help)."""
+    try:
+        maybe_inject_fault(case["case_id"])
+        return measure(case), False
+    except Exception as exc:  # a failed case is data, not a crash
+        status, message = classify_failure(exc)
+        return [failure_row(status, message)], status == "error" and failures.is_compile_failure(exc)
+
+
+def run_case(case: dict, measure: Callable[[dict], list[dict]], journal: Journal,
+             progress: Progress) -> list[dict]:
+    """A case's rows, journalled as started first; a compile failure is tried once more in a fresh
+    compile cache, and a case the process died in twice is an error row, not tried again."""
+    case_id = case["case_id"]
+    if journal.deaths(case_id) >= 2:
+        return [failure_row("error", DIED_TWICE)]
+    journal.start(case_id)
+    t0 = time.monotonic()
+    rows, retry = attempt(case, measure)
+    if retry:
+        progress.say(f"  compile failed ({rows[0]['message']}); trying once more in a fresh compile "
+                     f"cache (in use: {failures.compile_caches()})")
+        clean_device()
+        with failures.fresh_compile_cache():
+            rows, _ = attempt(case, measure)
+        if rows[0]["status"] == "ok":
+            progress.say("  ok in a fresh compile cache: the cache in use holds a bad entry; "
+                         "delete it to stop these retries")
+        rows = [{**r, "message": failures.bounded(f"in a fresh compile cache too: {r['message']}")}
+                if r["status"] == "error" else r for r in rows]
+    rows = [{**r, "wall_s": round(time.monotonic() - t0, 3)} for r in rows]
+    clean_device()
+    return rows
+
+
 def run_cases(*, section: str, study: str, cases: list[dict], measure: Callable[[dict], list[dict]],
               out_csv: Path, hw: str, log_path: Path | None, fingerprint: dict) -> pd.DataFrame:
-    """Measure every case (resuming from the journal), write one tidy CSV atomically."""
+    """Measure every case (resuming from the journal) and write one tidy CSV atomically. Exits
+    128 + the signal on Ctrl-C or SIGTERM, and 1 after writing when a case ended in an error
+    that is not accepted."""
     prov = provenance(hw)
+    accept = failures.accepted_errors()
     journal = Journal(out_csv, {"section": section, "study": study, "cases": cases, **fingerprint,
-                                "torch": prov["torch"], "triton": prov["triton"], "gpu": prov["gpu"]})
+                                "torch": prov["torch"], "triton": prov["triton"], "gpu": prov["gpu"]},
+                      code=code_identity(measure, prov["commit"]))
     progress = Progress(f"{section}/{study}", len(cases), log_path)
+    if journal.discarded:
+        progress.say(f"starting over: {journal.discarded}")
     done_before = len(journal.rows)
     if done_before:
         progress.say(f"resuming: {done_before} of {len(cases)} cases already in {journal.path}")
-    for i, case in enumerate(cases):
-        case_id = case["case_id"]
-        if case_id in journal.rows:
-            continue
-        progress.case(i, case_id, done_before)
-        if journal.starts.get(case_id, 0) >= 2:
-            rows = [failure_row("error", "the process died in this case on two earlier attempts "
-                                         "(e.g. an illegal memory access); not retried")]
-        else:
-            journal.start(case_id)
-            t0 = time.monotonic()
-            try:
-                maybe_inject_fault(case_id)
-                rows = measure(case)
-            except Exception as exc:  # a failed case is data, not a crash
-                rows = [failure_row(*classify_failure(exc))]
-            rows = [{**r, "wall_s": round(time.monotonic() - t0, 3)} for r in rows]
-            clean_device()
-        status = rows[0]["status"]
-        progress.say(f"  -> {status}" + (f": {rows[0]['message']}" if status != "ok" else ""))
-        journal.done(case_id, [{**case, **prov, **r} for r in rows])
+    try:
+        with interrupts_raise():
+            for i, case in enumerate(cases):
+                case_id = case["case_id"]
+                if case_id in journal.rows:
+                    continue
+                progress.case(i, case_id, done_before)
+                rows = run_case(case, measure, journal, progress)
+                status = rows[0]["status"]
+                progress.say(f"  -> {status}" + (f": {rows[0]['message']}" if status != "ok" else ""))
+                journal.done(case_id, [{**case, **prov, **r} for r in rows])
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (journal.Interrupted)
+        signum = signal_number(exc)
+        where = journal.open_case
+        if where:
+            journal.interrupted(where, signum)
+        progress.say(f"interrupted by {signal.Signals(signum).name}"
+                     + (f" in case {where} (a rerun measures it again)" if where else "")
+                     + f"; the finished cases are kept in {journal.path}")
+        progress.close()
+        raise SystemExit(128 + signum) from None
     all_rows = [{"section": section, "study": study, **r}
                 for case in cases for r in journal.rows[case["case_id"]]]
     df = pd.DataFrame(all_rows)
@@ -339,10 +335,21 @@ def run_cases(*, section: str, study: str, cases: list[dict], measure: Callable[
     case_cols = [c for c in df.columns if c not in ID_COLUMNS + METRIC_COLUMNS + PROVENANCE_COLUMNS]
     df = df[ID_COLUMNS + case_cols + METRIC_COLUMNS + PROVENANCE_COLUMNS]
     write_csv_atomic(df, out_csv)
-    journal.remove()
     n_bad = int((df.drop_duplicates("case_id")["status"] != "ok").sum())
     progress.say(f"wrote {out_csv}: {len(cases)} cases, {n_bad} not ok, "
                  f"{time.monotonic() - progress.t0:.1f} s")
+    failed = [c["case_id"] for c in cases if not failures.is_accepted(c["case_id"], accept)
+              and any(r["status"] == "error" for r in journal.rows[c["case_id"]])]
+    if failed:
+        journal.keep([c["case_id"] for c in cases if c["case_id"] not in failed])
+        progress.say(f"error: {len(failed)} of {len(cases)} cases ended in error ({', '.join(failed[:5])}"
+                     f"{', ...' if len(failed) > 5 else ''}); a rerun measures them again and takes "
+                     f"the others from {journal.path}. To accept known errors, list their case ids "
+                     f"(shell-style patterns) under accept_errors in the config (by hand: "
+                     f"{failures.ACCEPT_ERRORS_ENV}='[\"<pattern>\"]')")
+        progress.close()
+        raise SystemExit(1)
+    journal.remove()
     progress.close()
     return df
 

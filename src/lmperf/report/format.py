@@ -73,6 +73,8 @@ def cell(case: pd.DataFrame, metric: str, spread: bool = False, column: str = "m
         return float(r[column])
     get = lambda key: float(r[key]) if key in r and pd.notna(r[key]) else math.nan
     one_sample = "n" in r and pd.notna(r["n"]) and r["n"] <= 1  # a std of 0 there is no spread
+    if column != "median":  # the quantiles are the median's spread, the std the mean's
+        return Spread(float(r[column]), math.nan if one_sample else get("std"))
     return Spread(float(r[column]), math.nan if one_sample else get("std"), get("q20"), get("q80"))
 
 
