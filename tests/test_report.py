@@ -240,3 +240,13 @@ def test_two_providers_with_the_same_times_everywhere_are_flagged():
     rows = flash_attention.bars([], pd.DataFrame(), same, {})
     cudnn = [r for r in rows if "sdpa_cudnn" in r["bar"]]
     assert len(cudnn) == 1 and cudnn[0]["measured"].startswith("not measured") and not cudnn[0]["met"]
+
+
+def test_the_whole_run_wall_time_spans_first_case_start_to_last_row():
+    from lmperf.report import env as env_view
+    one = pd.DataFrame({"measured_at": ["2026-11-23T10:00:00+00:00", "2026-11-23T10:20:00+00:00"],
+                        "wall_s": [60.0, 30.0], "commit": ["abc", "abc"]})
+    other = pd.DataFrame({"measured_at": ["2026-11-23T10:05:00+00:00"], "wall_s": [5.0], "commit": ["abc"]})
+    assert env_view.run_span_seconds({"a": one, "b": other}) == 21 * 60  # 09:59 to 10:20
+    other["commit"] = "def"  # two runs: their span would count the time between them
+    assert env_view.run_span_seconds({"a": one, "b": other}) is None

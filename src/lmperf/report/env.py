@@ -19,6 +19,20 @@ def measured_seconds(frames: dict[str, pd.DataFrame]) -> dict[str, float]:
             for section, df in frames.items() if not df.empty and "wall_s" in df}
 
 
+def run_span_seconds(frames: dict[str, pd.DataFrame]) -> float | None:
+    """The wall time of the run that measured these rows, start-up, compiles and gaps between
+    jobs included: from the earliest case's start (its row's `measured_at` less its `wall_s`) to
+    the last row written. None when the rows come from more than one commit (several runs: their
+    span would count the time between them)."""
+    frames = [df for df in frames.values() if not df.empty and {"measured_at", "wall_s", "commit"} <= set(df)]
+    if not frames or len(commits(frames)) != 1:
+        return None
+    rows = pd.concat([df[["measured_at", "wall_s"]] for df in frames], ignore_index=True)
+    end = pd.to_datetime(rows["measured_at"], utc=True, errors="coerce")
+    start = end - pd.to_timedelta(pd.to_numeric(rows["wall_s"], errors="coerce").fillna(0), unit="s")
+    return None if end.isna().all() else float((end.max() - start.min()).total_seconds())
+
+
 def commits(frames: list[pd.DataFrame]) -> list[str]:
     return sorted({c for df in frames if "commit" in df for c in df["commit"].dropna().astype(str)})
 
@@ -43,6 +57,7 @@ def view(inputs) -> dict:
     seconds = measured_seconds(frames)
     timing = {"per_section": {k: v / 60 for k, v in seconds.items()},
               "total_min": sum(seconds.values()) / 60,
+              "run_min": None if (span := run_span_seconds(frames)) is None else span / 60,
               "provenance": provenance(frames, seconds)} if seconds else None
     env = inputs.rows("env")
     if env.empty:
