@@ -135,6 +135,8 @@ def side(row, suffix: str) -> tuple[stats.Quantiles, np.ndarray]:
     its samples."""
     samples = stats.parse_samples(row["samples" + suffix])
     recorded = stats.Quantiles(*(float(row[c + suffix]) for c in stats.Quantiles._fields))
+    if np.size(samples) == 1:  # one sample: its "quantiles" are the value itself, no spread
+        recorded = stats.Quantiles(recorded.median, math.nan, math.nan)
     return stats.complete(recorded, samples), samples
 
 
