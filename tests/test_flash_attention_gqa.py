@@ -124,7 +124,8 @@ def test_report_shows_grouped_query_rows_and_the_models_backward(tmp_path):
     for provider, fwd, fb in (("triton", 1.0, 3.0), ("sdpa_flash", 1.5, 4.5), ("sdpa_cudnn", 0.8, 2.5)):
         for metric, value in (("forward_gpu_ms", fwd), ("fwd_bwd_gpu_ms", fb), ("fwd_bwd_ms", fb)):
             rows.append({**base, "group": "gqa", "provider": provider, "batch": 2, "heads": 32, "kv_heads": 8,
-                         "seq_len": 2048, "head_dim": 128, "model": "", "metric": metric, "median": value})
+                         "seq_len": 2048, "head_dim": 128, "model": "", "metric": metric, "median": value,
+                         "case_id": f"gqa-{provider}"})
     pd.DataFrame(rows).to_csv(bench / "gqa_d128.csv", index=False)
     rows = []
     for model, batch, heads, d in (("small", 4, 12, 64), ("", 8, 16, 128)):
@@ -132,7 +133,7 @@ def test_report_shows_grouped_query_rows_and_the_models_backward(tmp_path):
             for metric, value in (("fwd_bwd_gpu_ms", fb), ("backward_gpu_ms", bwd), ("fwd_bwd_ms", fb)):
                 rows.append({**base, "group": "model", "provider": provider, "batch": batch, "heads": heads,
                              "kv_heads": heads, "seq_len": 2048, "head_dim": d, "model": model, "metric": metric,
-                             "median": value, "harness": "leaderboard"})
+                             "median": value, "harness": "leaderboard", "case_id": f"model-{provider}-d{d}"})
     pd.DataFrame(rows).to_csv(bench / "model.csv", index=False)
     bars = render.bars_from_config(REPO / "config" / "config.yaml")
     view = view_fa.view(Inputs(results=tmp_path, bars=bars, out_dir=tmp_path,

@@ -44,8 +44,8 @@ def test_the_head_dims_read_from_the_attention_contract_are_its_own():
      or c["flash_attention"]["smoke"]["bench"]["groups"][1]["models"].append("odd"),
      "flash_attention.smoke.bench group 'model': head dims ['odd (12)'] are not ones"),
     (lambda c: c["models"].update(odd={"d_model": 72, "d_ff": 8, "n_layers": 1, "n_heads": 6})
-     or c["e2e"]["smoke"]["studies"]["ladder"]["sizes"].append("odd"),
-     "e2e.smoke.studies.ladder runs our FlashAttention on sizes ['odd (12)']"),
+     or c["ladder"]["smoke"]["sizes"].append("odd"),
+     "ladder.smoke.sizes: the ladder runs our FlashAttention on sizes ['odd (12)']"),
 ])
 def test_config_errors_that_would_fail_at_run_time_stop_at_planning(change, message):
     with pytest.raises(ValueError) as e:

@@ -309,7 +309,7 @@ class ResultFile:
         elif self.section == "e2e":
             cases = bench.study_cases(spec, self.arg)
         elif self.section == "distributed":
-            cases = getattr(bench, f"{self.study}_cases")(spec, int(self.arg))
+            cases = importlib.import_module(f"lmperf.bench.distributed.{self.study}").cases(spec, int(self.arg))
         elif self.section in ("flash_attention", "lrpe"):
             cases = getattr(bench, f"{self.study}_cases")(spec)
         else:
