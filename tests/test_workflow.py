@@ -236,7 +236,8 @@ def test_every_benchmark_job_has_the_modules_its_command_imports_as_inputs(fresh
                      "lrpe_bench", "attention", "precision", "profile", "memory", "distributed_study"}
     for module in {m for _, m, _ in jobs}:
         imported = imported_at_top(fresh_copy, module)
-        assert f"src/{module.replace('.', '/')}.py" in imported
+        path = f"src/{module.replace('.', '/')}"
+        assert f"{path}.py" in imported or f"{path}/__init__.py" in imported  # a module or a package
         for rule, _, inputs in (j for j in jobs if j[1] == module):
             assert imported <= inputs, f"{rule}: {sorted(imported - inputs)} missing from its inputs"
 
