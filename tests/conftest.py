@@ -63,7 +63,7 @@ def _record():
                        if n.split(".")[0] == "lmperf" and getattr(m, "__file__", None))
         caches = {v: os.environ.get(v) for v in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
         with open(os.path.join(os.environ["LMPERF_RECORD"], f"{os.getpid()}.json"), "w") as f:
-            json.dump({"module": spec.name, "files": files, "caches": caches}, f)
+            json.dump({"module": spec.name.removesuffix(".__main__"), "files": files, "caches": caches}, f)
 atexit.register(_record)
 """
 

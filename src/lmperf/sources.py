@@ -11,7 +11,8 @@ of the same files in its journal, so a resume never mixes rows of two versions o
 
 Every import statement counts wherever it is written (inside functions too: the benchmarks
 import torch-side modules lazily), as does every package on the way (importing lmperf.bench.e2e
-runs lmperf/__init__.py and lmperf/bench/__init__.py). Nothing is imported: the lines that start
+runs lmperf/__init__.py and lmperf/bench/__init__.py), and a package's __main__.py, which
+`python -m <package>` runs. Nothing is imported: the lines that start
 an import statement are found by a pattern and parsed with `ast` one statement at a time (parsing
 whole files costs planning half a second), so an import line in a docstring counts too, which
 can only add an input; an import that shares its line with other code (`if x: import y`) is missed.
@@ -81,6 +82,8 @@ def modules(root: str) -> tuple[str, ...]:
         raise ValueError(f"{root!r} is not a module of the {PACKAGE} package under {SRC}")
     seen: set[str] = set()
     todo = [root]
+    if module_file(root).name == "__init__.py" and module_file(f"{root}.__main__"):
+        todo.append(f"{root}.__main__")  # what `python -m <package>` runs
     while todo:
         name = todo.pop()
         if name in seen or module_file(name) is None:
