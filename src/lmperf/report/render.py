@@ -30,7 +30,7 @@ from lmperf import workflow as wf
 from lmperf.report import format as fmt
 from lmperf.report import validate
 from lmperf.report.correctness import KERNEL_SECTIONS
-from lmperf.report.sections import SECTIONS, Inputs, Section, figure_paths, result_dirs
+from lmperf.report.sections import SECTIONS, Inputs, Section, figure_paths, frame_names, result_dirs
 
 CONFIG = Path("config/config.yaml")
 SCHEMA = Path("config/schema.yaml")
@@ -97,7 +97,7 @@ def promised_files(config: dict, results: Path, scale: str, distributed: list[st
 def missing(results: Path, promised: dict) -> dict[str, list[str]]:
     """{section: the promised files that are not there, as results/<hw>/...}; `correctness`
     gets the kernel sections' missing `check` files."""
-    out: dict[str, list[str]] = {s.name: [] for s in SECTIONS}
+    out: dict[str, list[str]] = {name: [] for name in frame_names(SECTIONS)}
     for path, f in sorted(promised.items()):
         if not Path(path).exists():
             name = os.path.join(results.parent.name, os.path.relpath(path, results.parent))
@@ -140,9 +140,9 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
     `promised` ({path: ResultFile}, `promised_files`): the files a full run writes, checked and
     listed when missing (None: every CSV is still checked, but nothing is known to be missing)."""
     promised, frames, problems = promised or {}, {}, {}
-    for s in sections:  # every section read before any is refused, so that all damage is named
+    for name in frame_names(sections):  # every section read before any is refused, so that all damage is named
         try:
-            frames[s.name] = load_section(results, s.name, promised)
+            frames[name] = load_section(results, name, promised)
         except validate.DamagedResults as e:
             problems.update(e.problems)
     if problems:
