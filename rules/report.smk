@@ -26,6 +26,8 @@ rule report:
         results=lambda w: wf.checked_results(RESULT_FILES, workflow.dag),
         templates=sorted(str(p) for p in Path("templates").glob("*.md.j2")),
         code=sorted(str(p) for p in Path("src/lmperf/report").glob("*.py")),
+        references="config/references.yaml",
+        references_schema="config/references.schema.yaml",
     output:
         # update(): Snakemake neither deletes them before the job nor keeps a failed render's;
         # a failed render leaves the previous report and figures as they were.
@@ -44,4 +46,5 @@ rule report:
     shell:
         "python -m lmperf.report --results results/{params.hw} --scale {params.scale} "
         "--templates templates --out {output.report} --figures report/figures "
-        "--config-json {params.config:q} --distributed results/{params.dist_hw} > {log} 2>&1"
+        "--config-json {params.config:q} --distributed results/{params.dist_hw} "
+        "--references {input.references} > {log} 2>&1"
