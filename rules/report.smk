@@ -1,13 +1,15 @@
 # The report: every section's results (the outputs of the rule named after the section) ->
 # report/report.md and its figures. Sections, their figures and their order: lmperf.report.sections.
-from lmperf.report.sections import SECTIONS, figure_paths  # noqa: E402
+from lmperf.report.sections import SECTIONS, figure_paths, frame_names  # noqa: E402
 
 
-# A section's results are the outputs of the rule named after it; for `distributed` those are
-# results/<gpu>-x<count>/distributed/*.csv on this machine (results/cpu/ on a CPU), which the
-# renderer reads beside results/<hw>/ (lmperf.report.sections.result_dirs).
+# A section's results are the outputs of the rule named after it (the correctness section's
+# also those of the kernels checked without a section, sections.CHECKED_ONLY); for `distributed`
+# those are results/<gpu>-x<count>/distributed/*.csv on this machine (results/cpu/ on a CPU),
+# which the renderer reads beside results/<hw>/ (lmperf.report.sections.result_dirs).
 RULE_NAMES = {r.name for r in workflow.rules}  # sections without results (correctness) have none
-REPORT_RESULTS = [f for s in SECTIONS if s.name in RULE_NAMES for f in wf.results_of(getattr(rules, s.name))]
+REPORT_RESULTS = [f for name in frame_names(SECTIONS) if name in RULE_NAMES
+                  for f in wf.results_of(getattr(rules, name))]
 # The same files as lmperf.workflow derives them from the config (what the renderer checks
 # each CSV against, and lists when missing); the two must agree.
 RESULT_FILES = tuple(wf.result_files(config, RESULTS, SCALE, [f"results/{DIST_HW}"]))
@@ -24,6 +26,8 @@ rule report:
         results=lambda w: wf.checked_results(RESULT_FILES, workflow.dag),
         templates=sorted(str(p) for p in Path("templates").glob("*.md.j2")),
         code=sorted(str(p) for p in Path("src/lmperf/report").glob("*.py")),
+        references="config/references.yaml",
+        references_schema="config/references.schema.yaml",
     output:
         # update(): Snakemake neither deletes them before the job nor keeps a failed render's;
         # a failed render leaves the previous report and figures as they were.
@@ -42,4 +46,5 @@ rule report:
     shell:
         "python -m lmperf.report --results results/{params.hw} --scale {params.scale} "
         "--templates templates --out {output.report} --figures report/figures "
-        "--config-json {params.config:q} --distributed results/{params.dist_hw} > {log} 2>&1"
+        "--config-json {params.config:q} --distributed results/{params.dist_hw} "
+        "--references {input.references} > {log} 2>&1"

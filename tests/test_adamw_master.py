@@ -254,3 +254,34 @@ def test_setup_refuses_master_weights_without_bf16():
             "batch_size": 2, "optimizer": "master"}
     with pytest.raises(ValueError, match="dtype is 'fp32'"):
         train.setup(case, {"d_model": 64, "d_ff": 128, "n_layers": 1, "n_heads": 4, "vocab_size": 97})
+
+
+def _check_rows(kind, monkeypatch, lr_error=1.0):
+    """The check rule's rows for its first case of `kind` (lmperf.bench.adamw_master, two steps
+    of a smoke-sized spec), the kernel's learning rate scaled by `lr_error`."""
+    from lmperf.bench import adamw_master as check
+
+    spec = {"steps": 2, "lr": 1e-2, "weight_decay": 0.1, "vocab_size": 97, "context": 16, "batch_size": 2,
+            "micro_batches": [1], "compile": [False],
+            "models": {"tiny": {"d_model": 64, "d_ff": 128, "n_layers": 2, "n_heads": 4}}}
+    case = next(c for c in check.check_cases(spec) if c["kind"] == kind)
+    step = MasterWeightAdamW.step
+
+    def wrong_step(self):
+        self.lr *= lr_error
+        step(self)
+        self.lr /= lr_error
+    monkeypatch.setattr(MasterWeightAdamW, "step", wrong_step)
+    return {r["metric"]: r for r in check.measure_check(case)}
+
+
+@pytest.mark.parametrize("kind", ["float64", "lm"])
+def test_check_rule_passes_and_fails_a_wrong_learning_rate(kind, monkeypatch):
+    """The rows of rules/adamw_master.smk's check pass for the kernel and fail for one whose
+    learning rate is 1% off (float64: against AdamW in float64; lm: after the first step against
+    fused AdamW under autocast)."""
+    rows = _check_rows(kind, monkeypatch)
+    assert rows and all(r["passed"] for r in rows.values()), rows
+    wrong = _check_rows(kind, monkeypatch, lr_error=1.01)
+    metric = {"float64": "master_vs_float64_max_abs_err", "lm": "step1_vs_fused_max_abs_err"}[kind]
+    assert not wrong[metric]["passed"], wrong[metric]

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from lmperf.report import e2e, flash_attention, render
 from lmperf.report.format import Spread, fmt, table
@@ -242,6 +243,7 @@ def test_two_providers_with_the_same_times_everywhere_are_flagged():
     assert len(cudnn) == 1 and cudnn[0]["measured"].startswith("not measured") and not cudnn[0]["met"]
 
 
+<<<<<<< HEAD
 def test_the_whole_run_wall_time_spans_first_case_start_to_last_row():
     from lmperf.report import env as env_view
     one = pd.DataFrame({"measured_at": ["2026-11-23T10:00:00+00:00", "2026-11-23T10:20:00+00:00"],
@@ -250,3 +252,25 @@ def test_the_whole_run_wall_time_spans_first_case_start_to_last_row():
     assert env_view.run_span_seconds({"a": one, "b": other}) == 21 * 60  # 09:59 to 10:20
     other["commit"] = "def"  # two runs: their span would count the time between them
     assert env_view.run_span_seconds({"a": one, "b": other}) is None
+=======
+def test_references_are_validated_and_shown_only_where_their_gpu_matches(tmp_path):
+    """config/references.yaml loads under its schema; a section shows the entries whose `hw`
+    matches the results folder (an H100's report, not a CPU's); a bad entry is named."""
+    from lmperf.report import references
+
+    entries = references.load()
+    assert {e["id"] for e in entries} >= {"cs336_leaderboard_record", "llmc_gpt2_1558m_h100_mfu",
+                                          "fa2_paper_h100_fwd_bwd_causal_d64_16k"}
+    assert all(e["source"]["locator"] for e in entries)
+    h100 = references.by_section(entries, "h100-80gb-hbm3")
+    assert "5.364 ms" in set(h100["flash_attention"]["value"])
+    assert references.by_section(entries, "cpu") == {}
+    bad = tmp_path / "references.yaml"
+    shutil.copy(references.REFERENCES.parent / "references.schema.yaml", tmp_path)
+    bad.write_text(yaml.safe_dump([{**entries[0], "section": "nowhere"}]))
+    with pytest.raises(ValueError, match="cs336_leaderboard_record: section 'nowhere'"):
+        references.load(bad)
+    bad.write_text(yaml.safe_dump([{k: v for k, v in entries[0].items() if k != "source"}]))
+    with pytest.raises(ValueError, match="'source' is a required property"):
+        references.load(bad)
+>>>>>>> trust

@@ -233,6 +233,7 @@ def test_every_benchmark_job_has_the_modules_its_command_imports_as_inputs(fresh
     jobs = benchmark_jobs(fresh_copy)
     rules = {rule for rule, _, _ in jobs}
     assert rules == {"env", "e2e_study", "ladder_size", "flash_attention_check", "flash_attention_bench", "lrpe_check",
+                     "adamw_master_check",
                      "lrpe_bench", "attention", "precision", "profile", "memory", "distributed_study"}
     for module in {m for _, m, _ in jobs}:
         imported = imported_at_top(fresh_copy, module)

@@ -110,6 +110,11 @@ def check_config(config: dict) -> None:
         if unknown:
             raise ValueError(f"config: ladder.{scale}.sizes names {unknown}, which are not under "
                              f"models: {sorted(config['models'])}")
+    for scale, adamw in config["adamw_master"].items():
+        unknown = [s for s in adamw["check"]["sizes"] if s not in config["models"]]
+        if unknown:
+            raise ValueError(f"config: adamw_master.{scale}.check.sizes names {unknown}, which are not "
+                             f"under models: {sorted(config['models'])}")
     _check_models(config)
     _check_attention_head_dims(config)
 
@@ -236,6 +241,12 @@ def lrpe_bench_spec(lrpe: dict, dims: str) -> str:
     return json.dumps({**bench, **grid}, sort_keys=True)
 
 
+def adamw_master_check_spec(config: dict, adamw: dict) -> str:
+    """The check's settings, its sizes resolved to their dims."""
+    check = {k: v for k, v in adamw["check"].items() if k != "sizes"}
+    return json.dumps({**check, "models": {s: config["models"][s] for s in adamw["check"]["sizes"]}}, sort_keys=True)
+
+
 def profile_spec(config: dict, prof: dict) -> str:
     models = {c["size"]: config["models"][c["size"]] for c in prof["cases"]}
     return json.dumps({**prof, "models": models}, sort_keys=True)
@@ -309,8 +320,13 @@ class ResultFile:
         elif self.section == "e2e":
             cases = bench.study_cases(spec, self.arg)
         elif self.section == "distributed":
+<<<<<<< HEAD
             cases = importlib.import_module(f"lmperf.bench.distributed.{self.study}").cases(spec, int(self.arg))
         elif self.section in ("flash_attention", "lrpe"):
+=======
+            cases = getattr(bench, f"{self.study}_cases")(spec, int(self.arg))
+        elif self.section in ("flash_attention", "lrpe", "adamw_master"):
+>>>>>>> trust
             cases = getattr(bench, f"{self.study}_cases")(spec)
         else:
             cases = bench.cases(spec) if spec else bench.cases()
@@ -337,6 +353,8 @@ def result_files(config: dict, results: str, scale: str, distributed: list[str])
     files.append(ResultFile(f"{results}/lrpe/check.csv", "lrpe", "check", lrpe_check_spec(lrpe)))
     files += [ResultFile(f"{results}/lrpe/bench_{g['dims']}d.csv", "lrpe", "bench", lrpe_bench_spec(lrpe, g["dims"]))
               for g in lrpe["bench"]["grids"]]
+    files.append(ResultFile(f"{results}/adamw_master/check.csv", "adamw_master", "check",
+                            adamw_master_check_spec(config, config["adamw_master"][scale])))
     files += [ResultFile(f"{results}/attention/attention.csv", "attention", "attention",
                          json.dumps(config["attention"][scale], sort_keys=True)),
               ResultFile(f"{results}/precision/precision.csv", "precision", "precision"),

@@ -28,9 +28,10 @@ import pandas as pd
 
 from lmperf import workflow as wf
 from lmperf.report import format as fmt
+from lmperf.report import references as published
 from lmperf.report import validate
 from lmperf.report.correctness import KERNEL_SECTIONS
-from lmperf.report.sections import SECTIONS, Inputs, Section, figure_paths, result_dirs
+from lmperf.report.sections import SECTIONS, Inputs, Section, figure_paths, frame_names, result_dirs
 
 CONFIG = Path("config/config.yaml")
 SCHEMA = Path("config/schema.yaml")
@@ -97,7 +98,7 @@ def promised_files(config: dict, results: Path, scale: str, distributed: list[st
 def missing(results: Path, promised: dict) -> dict[str, list[str]]:
     """{section: the promised files that are not there, as results/<hw>/...}; `correctness`
     gets the kernel sections' missing `check` files."""
-    out: dict[str, list[str]] = {s.name: [] for s in SECTIONS}
+    out: dict[str, list[str]] = {name: [] for name in frame_names(SECTIONS)}
     for path, f in sorted(promised.items()):
         if not Path(path).exists():
             name = os.path.join(results.parent.name, os.path.relpath(path, results.parent))
@@ -134,15 +135,16 @@ def draw(inputs: Inputs, figures_dir: Path, sections: list[Section] = SECTIONS) 
 
 def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: str,
            bars: dict, promised: dict | None = None, sections: list[Section] = SECTIONS,
-           template: str = "report.md.j2") -> str:
+           template: str = "report.md.j2", references: list[dict] | None = None) -> str:
     """Render `template` (the whole report, or one section's template for a subset of the
     sections) from the CSVs under `results` into `out`, and its figures into `figures_dir`;
     `promised` ({path: ResultFile}, `promised_files`): the files a full run writes, checked and
-    listed when missing (None: every CSV is still checked, but nothing is known to be missing)."""
+    listed when missing (None: every CSV is still checked, but nothing is known to be missing);
+    `references`: the published numbers (references.load) shown beside ours where they match."""
     promised, frames, problems = promised or {}, {}, {}
-    for s in sections:  # every section read before any is refused, so that all damage is named
+    for name in frame_names(sections):  # every section read before any is refused, so that all damage is named
         try:
-            frames[s.name] = load_section(results, s.name, promised)
+            frames[name] = load_section(results, name, promised)
         except validate.DamagedResults as e:
             problems.update(e.problems)
     if problems:
@@ -157,6 +159,7 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
                    "figures": {name: os.path.relpath(figure_paths(figures_dir)[name], out.parent) for name in staged},
                    "missing": sorted({m for files in absent.values() for m in files}),
                    "partial": absent, "expected": len(promised),
+                   "references": published.by_section(references or [], results.name),
                    "rendered_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
         text = environment(templates).get_template(template).render(**context)
         (Path(tmp) / out.name).write_text(text)
@@ -179,6 +182,8 @@ def main(argv=None):
                         "and whose `report` has the bars (default: %(default)s)")
     p.add_argument("--config-json", type=json.loads,
                    help="the configuration as JSON, validated (what the report rule passes) instead of --config")
+    p.add_argument("--references", type=Path, default=published.REFERENCES,
+                   help="published numbers to show beside ours (default: %(default)s)")
     p.add_argument("--distributed", action="append",
                    help="a multi-GPU results folder the run wrote (repeatable; default: the "
                         "results/<hw>-x<N> folders there are, or results/cpu)")
@@ -189,7 +194,8 @@ def main(argv=None):
     distributed = args.distributed if args.distributed is not None else distributed_folders(args.results)
     promised = promised_files(config, args.results, args.scale, distributed)
     try:
-        render(args.results, args.templates, args.out, args.figures, args.scale, config["report"], promised)
+        render(args.results, args.templates, args.out, args.figures, args.scale, config["report"], promised,
+               references=published.load(args.references))
     except validate.DamagedResults as e:
         raise SystemExit(f"error: {e}\n{args.out} and its figures are left as they were.")
     print(f"wrote {args.out}")

@@ -38,6 +38,18 @@ SECTIONS = [
     Section("distributed", {"dist_busbw": "distributed_busbw_vs_size.png",
                             "dist_step_vs_gpus": "distributed_step_vs_gpus.png"}),
 ]
+# Kernels checked by a rule of their own (results/<hw>/<name>/check.csv) with no section of
+# their own: the correctness section reads their rows.
+CHECKED_ONLY = ("adamw_master",)
+
+
+def frame_names(sections: list[Section]) -> list[str]:
+    """The folders whose rows these sections read: each section's, and CHECKED_ONLY's where the
+    correctness section is among them."""
+    names = [s.name for s in sections]
+    return names + list(CHECKED_ONLY) * ("correctness" in names)
+
+
 # Sections whose results come from the multi-GPU folders results/<hw>-x<N>/ too.
 MULTI_GPU = {"distributed"}
 

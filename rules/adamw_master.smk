@@ -1,0 +1,26 @@
+# The master-weight AdamW: against AdamW in float64 and PyTorch's fused AdamW under bf16 autocast.
+# A kernel without a report section of its own: its rows are in the correctness table.
+ADAMW_MASTER = config["adamw_master"][SCALE]
+
+
+rule adamw_master_check:
+    input:
+        code=wf.code_inputs("lmperf.bench.adamw_master"),
+    output:
+        csv=f"{RESULTS}/adamw_master/check.csv",
+    log:
+        f"{LOGS}/adamw_master/check.log",
+    params:
+        **PROVENANCE,
+        spec=wf.adamw_master_check_spec(config, ADAMW_MASTER),
+    resources:
+        gpu=1,
+    conda:
+        "../envs/lmperf.yaml"
+    shell:
+        wf.bench("adamw_master check --spec {params.spec:q}")
+
+
+rule adamw_master:
+    input:
+        rules.adamw_master_check.output.csv,
