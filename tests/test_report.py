@@ -243,7 +243,6 @@ def test_two_providers_with_the_same_times_everywhere_are_flagged():
     assert len(cudnn) == 1 and cudnn[0]["measured"].startswith("not measured") and not cudnn[0]["met"]
 
 
-<<<<<<< HEAD
 def test_the_whole_run_wall_time_spans_first_case_start_to_last_row():
     from lmperf.report import env as env_view
     one = pd.DataFrame({"measured_at": ["2026-11-23T10:00:00+00:00", "2026-11-23T10:20:00+00:00"],
@@ -252,7 +251,8 @@ def test_the_whole_run_wall_time_spans_first_case_start_to_last_row():
     assert env_view.run_span_seconds({"a": one, "b": other}) == 21 * 60  # 09:59 to 10:20
     other["commit"] = "def"  # two runs: their span would count the time between them
     assert env_view.run_span_seconds({"a": one, "b": other}) is None
-=======
+
+
 def test_references_are_validated_and_shown_only_where_their_gpu_matches(tmp_path):
     """config/references.yaml loads under its schema; a section shows the entries whose `hw`
     matches the results folder (an H100's report, not a CPU's); a bad entry is named."""
@@ -273,4 +273,3 @@ def test_references_are_validated_and_shown_only_where_their_gpu_matches(tmp_pat
     bad.write_text(yaml.safe_dump([{k: v for k, v in entries[0].items() if k != "source"}]))
     with pytest.raises(ValueError, match="'source' is a required property"):
         references.load(bad)
->>>>>>> trust

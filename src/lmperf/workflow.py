@@ -320,13 +320,8 @@ class ResultFile:
         elif self.section == "e2e":
             cases = bench.study_cases(spec, self.arg)
         elif self.section == "distributed":
-<<<<<<< HEAD
             cases = importlib.import_module(f"lmperf.bench.distributed.{self.study}").cases(spec, int(self.arg))
-        elif self.section in ("flash_attention", "lrpe"):
-=======
-            cases = getattr(bench, f"{self.study}_cases")(spec, int(self.arg))
         elif self.section in ("flash_attention", "lrpe", "adamw_master"):
->>>>>>> trust
             cases = getattr(bench, f"{self.study}_cases")(spec)
         else:
             cases = bench.cases(spec) if spec else bench.cases()
