@@ -86,7 +86,7 @@ def test_flop_count_includes_checkpointing_recomputation():
 def ladder_frame(size: str, metrics):
     """The ladder job's tidy rows for `size`, each case with the values metrics(case) gives."""
     import pandas as pd
-    return pd.DataFrame([{**case, "study": "ladder", "metric": m, "mean": v, "status": "ok",
+    return pd.DataFrame([{**case, "study": "ladder", "metric": m, "mean": v, "median": v, "status": "ok",
                           "attention_backend": case["attention"]}
                          for case in ladder.cases(SPEC, size, cuda=True) for m, v in metrics(case).items()])
 
@@ -144,10 +144,10 @@ def test_ladder_table_shows_gpu_busy_only_where_profiled():
     base = {"study": "ladder", "size": "tiny", "name": "compiled", "change": "x", "context": 8,
             "attention": "plain", "attention_backend": "plain matmuls", "optimizer": "foreach",
             "status": "ok", "case_id": "tiny-r4", "rung": 4, "batch_size": 2}
-    rows = [{**base, "metric": "step_ms", "mean": 100.0}]
+    rows = [{**base, "metric": "step_ms", "median": 100.0}]
     assert "GPU busy %" not in report.rungs(pd.DataFrame(rows)).columns
-    rows += [{**base, "metric": "step_kernel_ms", "mean": 25.0},
-             {**base, "metric": "step_attention_kernel_ms", "mean": 2.0}]
+    rows += [{**base, "metric": "step_kernel_ms", "median": 25.0},
+             {**base, "metric": "step_attention_kernel_ms", "median": 2.0}]
     table = report.rungs(pd.DataFrame(rows))
     assert table["GPU busy %"].iloc[0] == 25.0 and table["attention kernels ms"].iloc[0] == 2.0
 

@@ -2,6 +2,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -39,17 +40,21 @@ def test_views_hold_the_csv_numbers():
     df = rows("variants", "2.7B")
     step = df[(df.case_id == "2.7B-ctx256-bf16-compiled-train-warmup5") & (df.metric == "step_ms")].iloc[0]
     train = view["variants_train"].set_index(["size", "dtype", "compile"])
-    assert train.loc[("2.7B", "bf16", "compiled"), "step ms"] == Spread(step["mean"], step["std"])
+    # the median with the 20% / 80% quantiles of the step's samples (numpy's linear quantiles)
+    q20, median, q80 = np.quantile([float(x) for x in step["samples"].split(";")], [0.2, 0.5, 0.8])
+    got = train.loc[("2.7B", "bf16", "compiled"), "step ms"]
+    assert tuple(got) == pytest.approx((median, step["std"], q20, q80), rel=1e-5) and got.center == step["median"]
+    assert str(got).count("[") == 1  # shown as median [q20, q80]
     mfu = df[(df.case_id == "2.7B-ctx256-fp32-compiled-forward-warmup5") & (df.metric == "mfu_pct")].iloc[0]
-    assert view["best_mfu"]["value"] == mfu["mean"] and view["best_mfu"]["mode"] == "forward"
+    assert view["best_mfu"]["value"] == mfu["median"] and view["best_mfu"]["mode"] == "forward"
     assert view["peaks"] == {"fp32": 67.0, "bf16": 989.0}  # the rows' peak_tflops column
 
 
 def test_prose_ratio_is_computed_from_the_csvs():
     df = pd.concat([rows("variants", "small"), rows("variants", "2.7B")])
     ok = df[df["status"] == "ok"]
-    f = ok[ok.metric == "forward_ms"].set_index("case_id")["mean"]
-    b = ok[ok.metric == "backward_ms"].set_index("case_id")["mean"]
+    f = ok[ok.metric == "forward_ms"].set_index("case_id")["median"]  # ratios of medians, not means
+    b = ok[ok.metric == "backward_ms"].set_index("case_id")["median"]
     ratio = (b / f.reindex(b.index)).dropna()
     got = e2e.view(inputs(FIXTURE))["backward_over_forward"]
     assert got["n"] == len(ratio) and got["mean"] == pytest.approx(ratio.mean())

@@ -23,6 +23,12 @@ def synchronizer() -> Callable[[], None]:
     return torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
 
 
+def is_device_work(e) -> bool:
+    """A profiler key_averages() entry for GPU work (a kernel, copy or memset), not a CPU-side
+    operator or runtime call."""
+    return str(e.device_type) == "DeviceType.CUDA" and e.self_device_time_total > 0
+
+
 class Elapsed:
     seconds: float = float("nan")
 

@@ -1,6 +1,6 @@
 """The ladder: from the assignment's setting to the GPU's limit, one change a rung (the rows of
-`results/<hw>/ladder/`, one CSV a model size): the rungs with their phase times, MFU and GPU
-busy share, the best rung of each size, its phases against the floors measured in the same job,
+`results/<hw>/ladder/`, one CSV a model size; medians over the timed steps, as the end-to-end
+section's): the rungs with their phase times, MFU and GPU busy share, the best rung of each size, its phases against the floors measured in the same job,
 FlopCounterMode's count beside the closed form MFU uses, the issue's bars (config/config.yaml's
 `report.ladder`), and its figure."""
 from __future__ import annotations
@@ -9,13 +9,13 @@ import math
 
 import pandas as pd
 
-from lmperf.report.e2e import SPREAD_METRICS, failures, peaks, size_order
+from lmperf.report.e2e import SPREAD_METRICS, failures, peaks, size_order, with_quantiles
 from lmperf.report.format import bar, cell, fmt, ratio_range, unavailable
 from lmperf.report.plot import empty, plt, save
 
 
 def view(inputs) -> dict:
-    df = inputs.rows("ladder")
+    df = with_quantiles(inputs.rows("ladder"))
     if df.empty:
         return unavailable("no ladder results (rule ladder_size has not run)")
     cases = df.drop_duplicates("case_id")
@@ -42,9 +42,9 @@ def rungs(df: pd.DataFrame) -> pd.DataFrame:
                "AdamW": first["optimizer"],
                "checkpointed": _count(cell(g, "checkpointed_blocks")) if ok else None}
         for metric, label in METRICS.items():
-            row[label] = cell(g, metric, spread=metric in SPREAD_METRICS)
+            row[label] = cell(g, metric, spread=metric in SPREAD_METRICS, column="median")
         # one profiled step's kernel time against the timed step (GPU only: blank elsewhere)
-        kernels, step, attention = (cell(g, m) for m in ("step_kernel_ms", "step_ms", "step_attention_kernel_ms"))
+        kernels, step, attention = (cell(g, m, column="median") for m in ("step_kernel_ms", "step_ms", "step_attention_kernel_ms"))
         busy = isinstance(kernels, float) and isinstance(step, float) and step > 0
         row["GPU busy %"] = 100 * kernels / step if busy else None
         row["attention kernels ms"] = attention if isinstance(attention, float) else None
@@ -85,7 +85,7 @@ def _count(x) -> int | None:
 
 
 def _value(df: pd.DataFrame, case_id: str, metric: str) -> float:
-    r = df[(df["case_id"] == case_id) & (df["metric"] == metric) & (df["status"] == "ok")]["mean"]
+    r = df[(df["case_id"] == case_id) & (df["metric"] == metric) & (df["status"] == "ok")]["median"]
     return float(r.iloc[0]) if len(r) else math.nan
 
 
@@ -101,7 +101,7 @@ def ladder(df: pd.DataFrame, limits: dict) -> dict:
     out = {"rungs": table, "sizes": [s for s in size_order(df) if s in set(table["size"])]}
     ok = df[df["status"] == "ok"]
     rates = ok[ok["name"] == "floors"]
-    out["rates"] = {size: {m: float(v) for m, v in g.set_index("metric")["mean"].items()
+    out["rates"] = {size: {m: float(v) for m, v in g.set_index("metric")["median"].items()
                                   if m in ("copy_gb_per_s", "bf16_matmul_tflops")}
                            for size, g in rates.groupby("size")}
     # The best rung is the fastest (tokens/s): MFU is against each rung's own dtype peak (fp32
@@ -109,7 +109,7 @@ def ladder(df: pd.DataFrame, limits: dict) -> dict:
     key = "tokens_per_s"
     best, floors, flops = {}, [], []
     for size, g in ok[ok["name"] != "floors"].groupby("size", sort=False):
-        score = g[g["metric"] == key].set_index("case_id")["mean"]
+        score = g[g["metric"] == key].set_index("case_id")["median"]
         if score.empty:
             continue
         case_id = score.idxmax()
@@ -182,7 +182,7 @@ def bars(best: dict, floors: pd.DataFrame, limits: dict) -> pd.DataFrame:
 
 def figures(inputs, paths: dict) -> None:
     """MFU (when the device has a peak) and tokens/s per rung, one line per model size."""
-    df, path = inputs.rows("ladder"), paths["ladder"]
+    df, path = with_quantiles(inputs.rows("ladder")), paths["ladder"]
     ok = df[df["status"] == "ok"] if not df.empty else df
     if ok.empty or not (ok["metric"] == "tokens_per_s").any():
         empty(path, "the ladder: MFU and tokens/s per rung")
@@ -194,7 +194,7 @@ def figures(inputs, paths: dict) -> None:
     for ax, metric in zip(axes[:, 0], metrics):
         for size in size_order(ok):
             g = ok[(ok["size"] == size) & (ok["metric"] == metric)].sort_values("rung")
-            ax.plot(g["rung"].astype(int), g["mean"], marker="o", label=size)
+            ax.plot(g["rung"].astype(int), g["median"], marker="o", label=size)
         ax.set_ylabel(labels[metric])
         ax.grid(True, alpha=0.3)
         ax.legend()

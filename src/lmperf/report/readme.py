@@ -23,13 +23,14 @@ END = "<!-- results:end -->"
 
 
 def headline(e2e: pd.DataFrame, ladder: pd.DataFrame) -> tuple[str, dict | None]:
-    """Per model size: the training step in each variant at the variants study's context, and the
-    best rung of the ladder where there is one; (the table, one best rung for the prose or None)."""
+    """Per model size: the training step (median) in each variant at the variants study's context,
+    and the best rung of the ladder where there is one; (the table, one best rung for the prose or
+    None)."""
     v = e2e[(e2e["study"] == "variants") & (e2e["mode"] == "train") & (e2e["status"] == "ok")]
     v = v.assign(variant=v["dtype"] + " " + v["compile"].astype(str).str.lower()
                  .map({"true": "compiled", "false": "eager"}))
-    step = v[v["metric"] == "step_ms"].pivot_table(index="size", columns="variant", values="mean")
-    mfu = v[v["metric"] == "mfu_pct"].pivot_table(index="size", columns="variant", values="mean")
+    step = v[v["metric"] == "step_ms"].pivot_table(index="size", columns="variant", values="median")
+    mfu = v[v["metric"] == "mfu_pct"].pivot_table(index="size", columns="variant", values="median")
     order = [s for s in size_order(e2e) if s in step.index]
     best = ladder_view(ladder, {}).get("best", {})
     rows = []
@@ -100,6 +101,12 @@ def kernels(fa: pd.DataFrame, lrpe: pd.DataFrame) -> str:
     return out
 
 
+def steps_text(rows: pd.DataFrame) -> str:
+    """How many timed steps the rows' medians are over, e.g. "10" or "5-20"."""
+    n = rows[(rows["metric"] == "step_ms") & (rows["status"] == "ok")]["n"].dropna().astype(int)
+    return "?" if n.empty else f"{n.min()}" if n.min() == n.max() else f"{n.min()}-{n.max()}"
+
+
 def render_block(results: Path, templates: Path) -> str:
     e2e = load_section(results, "e2e")
     ladder = load_section(results, "ladder")
@@ -112,7 +119,10 @@ def render_block(results: Path, templates: Path) -> str:
     seconds = measured_seconds({"e2e": e2e, "ladder": ladder})
     table_text, best = headline(e2e, ladder)
     mfu = pd.concat([e2e, ladder], ignore_index=True)  # the ladder's TF32 rung has a peak of its own
+    variants = e2e[(e2e["study"] == "variants") & (e2e["mode"] == "train")]
     context = {"hw": results.name, "facts": facts, "headline": table_text, "ladder": best,
+               "steps": steps_text(variants), "warmup": "/".join(map(str, sorted(set(variants["warmup"].astype(int))))),
+               "ladder_steps": steps_text(ladder) if not ladder.empty else "",
                "kernels": kernels(fa, lrpe),
                "context": int(e2e[e2e["study"] == "variants"]["context"].iloc[0]),
                "batch_size": int(e2e["batch_size"].iloc[0]),
