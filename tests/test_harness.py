@@ -58,8 +58,9 @@ def test_tiny_model_run_writes_tidy_rows(tmp_path):
     df = pd.read_csv(out)
     assert list(df.drop_duplicates("case_id")["case_id"]) == CASE_IDS
     assert (df["status"] == "ok").all()
-    for col in ("hw", "gpu", "torch", "triton", "python", "commit", "unit", "samples"):
+    for col in ("hw", "gpu", "torch", "triton", "python", "commit", "unit", "samples", "gpu_idle_pct"):
         assert col in df.columns
+    assert df["gpu_idle_pct"].isna().all()  # a CPU has no GPU to sit idle: empty, not 0
     train = df[df["case_id"] == CASE_IDS[1]].set_index("metric")
     assert {"forward_ms", "backward_ms", "optimizer_ms", "step_ms", "tokens_per_s"} <= set(train.index)
     # The step is the sum of its phases, step by step.

@@ -3,10 +3,12 @@ timed per phase (forward, backward, optimizer). One study and one model size per
 ladder (bench/ladder.py) times its rungs with the same `time_steps`.
 
 A case runs its warm-up steps, then `timed_steps` timed steps, or fewer (never under
-`min_timed_steps`) once the timed steps add up to `timed_window_s` seconds: all of them where
-a step is short, a time window for slow ones (config/config.yaml says which). Rows keep every step's value and give
-its median and 20% / 80% quantiles; tokens/s, TFLOP/s and MFU are the step's work over the
-median step time (common.summarize_rate).
+`min_timed_steps`) once the timed steps add up to `timed_window_s` seconds: all of them where a
+step is short, a time window for slow ones (config/config.yaml says which). Rows keep every
+step's value and give its median and 20% / 80% quantiles; tokens/s, TFLOP/s and MFU are the
+step's work over the median step time (common.summarize_rate). Every row of a case carries
+`gpu_idle_pct`, the share of its median step in which the GPU sat idle (bench/timing.py's
+gpu_idle, from a few more steps profiled; empty without CUDA).
 
     python -m lmperf.bench.e2e --study variants --size small --spec '{...}' \
         --out results/cpu/e2e/variants/small.csv --hw cpu
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import statistics
 
 from lmperf import hardware, train
 from lmperf.bench import common, timing
@@ -106,10 +109,12 @@ def time_steps(case: dict, cfg, model, optimizer, inputs, targets, autocast) -> 
 
     phases = {p: [t[p] * 1e3 for t in timed] for p in timed[0]}
     step_ms = [sum(t.values()) * 1e3 for t in timed]
+    # host-bound? the GPU's idle share of the median step, from a few more steps profiled
+    idle, why_not = timing.gpu_idle(timed_step, wall_ms=statistics.median(step_ms))
     tokens_per_step = b * n * case.get("micro_batches", 1)
     flops_per_step = flops_per_token(cfg, n, case["mode"]) * tokens_per_step
     rows = [common.summarize(f"{p}_ms", "ms", xs) for p, xs in phases.items()]
-    rows.append(common.summarize("step_ms", "ms", step_ms))
+    rows.append({**common.summarize("step_ms", "ms", step_ms), "message": why_not})
     rows.append(common.summarize_rate("tokens_per_s", "tokens/s", tokens_per_step, step_ms))
     rows.append(common.summarize_rate("tflops", "TFLOP/s", flops_per_step / 1e12, step_ms))
     peak = hardware.peak_tflops(torch.cuda.get_device_name(), peak_key(case)) if device == "cuda" else None
@@ -121,7 +126,7 @@ def time_steps(case: dict, cfg, model, optimizer, inputs, targets, autocast) -> 
     rows.append(common.summarize("parameters", "count", [count_parameters(cfg)]))
     if device == "cuda":
         rows.append(common.summarize("peak_allocated_mib", "MiB", [torch.cuda.max_memory_allocated() / 2**20]))
-    return rows
+    return [{**r, "gpu_idle_pct": idle} for r in rows]
 
 
 def main(argv=None):
