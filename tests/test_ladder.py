@@ -300,3 +300,27 @@ def test_optimizer_floor_counts_what_each_optimizer_moves():
     linear = layers * (4 * d * d + 3 * d * f) + d * cfg.vocab_size  # q k v o, w1 w2 w3, lm_head
     assert ladder.optimizer_bytes(cfg, "fused") == ladder.optimizer_bytes(cfg, "foreach") == 28 * total
     assert ladder.optimizer_bytes(cfg, "master") == 26 * linear + 28 * (total - linear)
+
+
+def test_a_host_bound_reference_rung_claims_no_speed_up():
+    """The reference rung's step left the GPU idle above report.host_bound_idle_pct: its GPU idle %
+    is marked in the table, and the tokens/s bar states the ratio but does not claim it."""
+    from lmperf.report import ladder as report
+    from lmperf.report.render import bars_from_config
+    from tests.conftest import REPO
+
+    bars = bars_from_config(REPO / "config" / "config.yaml")
+    limits = bars["ladder"]
+
+    def metrics(case):
+        return {} if case["name"] == "floors" else {"step_ms": 100.0, "tokens_per_s": 1000.0 * case["rung"]}
+    df = ladder_frame(limits["size"], metrics)
+    df["gpu_idle_pct"] = [40.0 if name == "compiled" else 3.0 for name in df["name"]]
+    view = report.ladder(df, limits, bars["host_bound_idle_pct"])
+    best = view["best"][limits["size"]]
+    assert best["host_bound"] == ["reference rung 40.0% GPU idle"]
+    tokens = view["bars"][view["bars"]["bar"].str.contains("tokens/s")].iloc[0]
+    assert tokens["measured"] == "2.75x (host-bound: reference rung 40.0% GPU idle; not claimed)"
+    assert not tokens["met"]
+    idle = view["rungs"].set_index("_name")["GPU idle %"]
+    assert idle["compiled"] == "40.0 ‡" and idle["sdpa"] == 3.0

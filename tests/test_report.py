@@ -245,3 +245,42 @@ def test_two_providers_with_the_same_times_everywhere_are_flagged():
     rows = flash_attention.bars([], pd.DataFrame(), same, {})
     cudnn = [r for r in rows if "sdpa_cudnn" in r["bar"]]
     assert len(cudnn) == 1 and cudnn[0]["measured"].startswith("not measured") and not cudnn[0]["met"]
+
+
+def test_host_bound_cases_are_marked_and_no_speed_up_is_taken_from_them(tmp_path):
+    """Rows whose GPU sat idle above report.host_bound_idle_pct: marked in the tables with a
+    legend, and left out of the ratios (here every bf16 eager case)."""
+    frames = {s.name: render.load_section(FIXTURE, s.name) for s in SECTIONS}
+    df = frames["e2e"]
+    bf16_eager = (df["dtype"] == "bf16") & ~df["compile"].astype(str).str.lower().eq("true")
+    frames["e2e"] = df.assign(gpu_idle_pct=bf16_eager.map({True: 60.0, False: 2.0}))
+    view = e2e.view(Inputs(results=FIXTURE, frames=frames, bars=BARS, out_dir=tmp_path))
+    assert BARS["host_bound_idle_pct"] == 10
+    train = view["variants_train"].set_index(["size", "dtype", "compile"])
+    assert train.loc[("2.7B", "bf16", "eager"), "GPU idle %"] == "60.0 ‡"
+    assert train.loc[("2.7B", "bf16", "compiled"), "GPU idle %"] == 2.0
+    assert view["bf16_speedup_train"] == {"n": 0}  # every eager bf16 step is host-bound
+    plain = e2e.view(inputs(FIXTURE))
+    assert view["compile_speedup"]["train"]["n"] == plain["compile_speedup"]["train"]["n"] // 2  # fp32 only
+    n_bound = int(bf16_eager[df["metric"] == "step_ms"].sum())
+    assert view["host_bound"] == {"measured": True, "threshold": 10, "mark": "‡", "n": n_bound}
+    shutil.copytree(FIXTURE, tmp_path / "results")
+    for path in (tmp_path / "results" / "e2e").rglob("*.csv"):
+        rows = pd.read_csv(path)
+        eager = (rows["dtype"] == "bf16") & ~rows["compile"].astype(str).str.lower().eq("true")
+        rows.assign(gpu_idle_pct=eager.map({True: 60.0, False: 2.0})).to_csv(path, index=False)
+    text = run(tmp_path / "results", tmp_path)
+    assert f"‡ host-bound ({n_bound} here): the GPU sat idle more than 10% of the median call" in text
+    assert "host-bound cases left out" in text
+
+
+def test_a_flash_attention_ratio_with_a_host_bound_side_claims_no_bar(tmp_path):
+    results = REPO / "results" / "h100-80gb-hbm3"
+    frames = {s.name: render.load_section(results, s.name) for s in SECTIONS}
+    fa = frames["flash_attention"]
+    peer = (fa["group"] == "headline") & (fa["provider"] == "sdpa_flash") & (fa["metric"] == "fwd_bwd_ms")
+    frames["flash_attention"] = fa.assign(gpu_idle_pct=peer.map({True: 50.0, False: 1.0}))
+    view = flash_attention.view(Inputs(results=results, frames=frames, bars=BARS, out_dir=tmp_path))
+    headline = view["bars"][view["bars"]["bar"].str.contains("SDPA-flash time")].iloc[0]
+    assert headline["measured"].endswith("(host-bound ‡: not claimed)") and not headline["met"]
+    assert view["host_bound"]["n"] == 1

@@ -10,7 +10,7 @@ import math
 import pandas as pd
 
 from lmperf import stats
-from lmperf.report.format import cell, ratio_range, unavailable
+from lmperf.report.format import cell, host_bound, host_bound_legend, idle_text, ratio_range, unavailable
 from lmperf.report.plot import empty, plt, save
 
 CASE_KEYS = ["size", "context", "dtype", "compile", "mode", "warmup"]
@@ -36,22 +36,34 @@ def with_quantiles(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(**dict(zip(("median", "q20", "q80"), map(list, zip(*done))))) if done else df
 
 
-def wide(df: pd.DataFrame, metrics: dict[str, str]) -> pd.DataFrame:
+def wide(df: pd.DataFrame, metrics: dict[str, str], threshold: float = math.inf) -> pd.DataFrame:
     """One row per case: its keys, then each metric's value (a Spread for the phase times, the
-    status for a case that did not run)."""
+    status for a case that did not run), and its GPU idle %, marked host-bound above `threshold`."""
     metrics = {m: label for m, label in metrics.items() if m in set(df["metric"])}
     out = []
     for _, g in df.groupby("case_id", sort=False):
         row = {k: g.iloc[0][k] for k in CASE_KEYS}
         for metric, label in metrics.items():
             row[label] = cell(g, metric, spread=metric in SPREAD_METRICS, column="median")
+        row["GPU idle %"] = idle_text(cell(g, "step_ms", column="gpu_idle_pct") if "gpu_idle_pct" in g else None,
+                                      threshold)
         out.append(row)
     return pd.DataFrame(out)
 
 
 def metric_frame(df: pd.DataFrame, metric: str) -> pd.Series:
-    """Medians of one metric of the ok cases, indexed by the case keys."""
-    return df[(df["metric"] == metric) & (df["status"] == "ok")].set_index(CASE_KEYS)["median"]
+    """Medians of one metric of the ok cases that are not host-bound (`claimable`), indexed by
+    the case keys: what the section's ratios are taken from."""
+    ok = df[(df["metric"] == metric) & (df["status"] == "ok")]
+    return ok[ok["claimable"] if "claimable" in ok else True].set_index(CASE_KEYS)["median"]
+
+
+def mark_host_bound(df: pd.DataFrame, threshold: float) -> pd.DataFrame:
+    """The rows with `claimable`: False for every row of a case whose step is host-bound."""
+    step = df[df["metric"] == "step_ms"]
+    step = step[host_bound(step, threshold)]
+    bound = set(zip(step["study"], step["case_id"]))
+    return df.assign(claimable=[(s, c) not in bound for s, c in zip(df["study"], df["case_id"])])
 
 
 def ordered(df: pd.DataFrame) -> pd.DataFrame:
@@ -88,8 +100,10 @@ def view(inputs) -> dict:
     df = inputs.rows("e2e")
     if df.empty:
         return unavailable("no end-to-end results (rule e2e_study has not run)")
-    df = ordered(with_quantiles(df))
-    view = {"available": True, "studies": sorted(df["study"].unique())}
+    threshold = inputs.bars.get("host_bound_idle_pct", math.inf)
+    df = mark_host_bound(ordered(with_quantiles(df)), threshold)
+    view = {"available": True, "studies": sorted(df["study"].unique()),
+            "host_bound": host_bound_legend(df[df["metric"] == "step_ms"], threshold)}
     cases = df.drop_duplicates(["study", "case_id"])  # one case id can be in several studies
     view["n_cases"] = len(cases)
     view["failures"] = failures(cases, ["study", "case_id"])
@@ -107,23 +121,23 @@ def view(inputs) -> dict:
         view["best_mfu"] = {"value": float(best["median"]), **{k: best[k] for k in CASE_KEYS}}
     view["optimizers"] = sorted(set((df["optimizer"] if "optimizer" in df else pd.Series(dtype=str))
                                     .fillna("foreach")) or {"foreach"})
-    view.update(variants(df[df["study"] == "variants"]))
-    view.update(warmup(df[df["study"] == "warmup"]))
-    view.update(context(df[df["study"] == "context"]))
+    view.update(variants(df[df["study"] == "variants"], threshold))
+    view.update(warmup(df[df["study"] == "warmup"], threshold))
+    view.update(context(df[df["study"] == "context"], threshold))
     return view
 
 
-def variants(df: pd.DataFrame) -> dict:
+def variants(df: pd.DataFrame, threshold: float = math.inf) -> dict:
     if df.empty:
         return {}
     train, fwd = df[df["mode"] == "train"], df[df["mode"] == "forward"]
     out = {"variants_train": wide(train, {
         "forward_ms": "forward ms", "backward_ms": "backward ms", "optimizer_ms": "optimizer ms",
         "step_ms": "step ms", "tokens_per_s": "tokens/s", "mfu_pct": "MFU %",
-        "peak_allocated_mib": "peak MiB", "first_step_ms": "first step ms"}).drop(columns=["mode", "warmup"]),
+        "peak_allocated_mib": "peak MiB", "first_step_ms": "first step ms"}, threshold).drop(columns=["mode", "warmup"]),
         "variants_forward": wide(fwd, {
             "forward_ms": "forward ms", "tokens_per_s": "tokens/s", "mfu_pct": "MFU %",
-            "peak_allocated_mib": "peak MiB", "first_step_ms": "first step ms"}).drop(columns=["mode", "warmup"])}
+            "peak_allocated_mib": "peak MiB", "first_step_ms": "first step ms"}, threshold).drop(columns=["mode", "warmup"])}
     f, b = metric_frame(train, "forward_ms"), metric_frame(train, "backward_ms")
     out["backward_over_forward"] = ratio_range(b / f)
     step = metric_frame(df, "step_ms").reset_index()
@@ -141,10 +155,10 @@ def variants(df: pd.DataFrame) -> dict:
     return out
 
 
-def warmup(df: pd.DataFrame) -> dict:
+def warmup(df: pd.DataFrame, threshold: float = math.inf) -> dict:
     if df.empty:
         return {}
-    out = {"warmup": wide(df, {"step_ms": "step ms", "first_step_ms": "first step ms"})
+    out = {"warmup": wide(df, {"step_ms": "step ms", "first_step_ms": "first step ms"}, threshold)
            .drop(columns=["compile", "mode", "context"])}
     step = df[(df["metric"] == "step_ms") & (df["status"] == "ok")]
     std = step.pivot_table(index="size", columns="warmup", values="std")
@@ -153,11 +167,11 @@ def warmup(df: pd.DataFrame) -> dict:
     return out
 
 
-def context(df: pd.DataFrame) -> dict:
+def context(df: pd.DataFrame, threshold: float = math.inf) -> dict:
     if df.empty:
         return {}
     out = {"context": wide(df, {"step_ms": "step ms", "tokens_per_s": "tokens/s", "mfu_pct": "MFU %",
-                                "peak_allocated_mib": "peak MiB"}).drop(columns=["compile", "mode", "warmup"])}
+                                "peak_allocated_mib": "peak MiB"}, threshold).drop(columns=["compile", "mode", "warmup"])}
     per = metric_frame(df, "step_ms").reset_index().pivot_table(index=["size", "dtype"],
                                                                 columns="context", values="median")
     lo, hi = min(per.columns), max(per.columns)
