@@ -58,8 +58,9 @@ def test_tiny_model_run_writes_tidy_rows(tmp_path):
     df = pd.read_csv(out)
     assert list(df.drop_duplicates("case_id")["case_id"]) == CASE_IDS
     assert (df["status"] == "ok").all()
-    for col in ("hw", "gpu", "torch", "triton", "python", "commit", "unit", "samples"):
+    for col in ("hw", "gpu", "torch", "triton", "python", "commit", "unit", "samples", "gpu_idle_pct"):
         assert col in df.columns
+    assert df["gpu_idle_pct"].isna().all()  # a CPU has no GPU to sit idle: empty, not 0
     train = df[df["case_id"] == CASE_IDS[1]].set_index("metric")
     assert {"forward_ms", "backward_ms", "optimizer_ms", "step_ms", "tokens_per_s"} <= set(train.index)
     # The step is the sum of its phases, step by step.
@@ -103,6 +104,28 @@ def test_summary_quantiles_are_numpys_linear_ones(samples):
     assert row["q20"] == pytest.approx(np.quantile(samples, 0.2))
     assert row["q80"] == pytest.approx(np.quantile(samples, 0.8))
     assert row["n"] == len(samples) + 1  # the NaN sample is counted, not summarised
+
+
+def test_a_rate_is_the_work_over_the_median_step_not_a_median_of_rates():
+    step_ms = [100.0, 200.0, 400.0, 500.0]  # an even count: the two differ
+    row = common.summarize_rate("tokens_per_s", "tokens/s", 1000.0, step_ms)
+    assert row["median"] == pytest.approx(1000.0 / 0.3)  # tokens / the median step (300 ms)
+    assert row["median"] != pytest.approx(np.median([1000.0 / (s / 1e3) for s in step_ms]))
+    assert row["q20"] == pytest.approx(1000.0 / (np.quantile(step_ms, 0.8) / 1e3))  # the slow steps' rate
+    assert row["q80"] == pytest.approx(1000.0 / (np.quantile(step_ms, 0.2) / 1e3))
+    assert row["samples"] == "10000;5000;2500;2000" and row["n"] == 4  # per-step rates kept
+
+
+@pytest.mark.parametrize("step_s, steps", [(0.1, 20), (0.99, 20), (1.5, 14), (3.0, 7), (10.0, 5)])
+def test_timed_steps_fill_the_window_and_no_fewer_than_the_fewest(step_s, steps):
+    """20 steps where a step takes under a second (a 20 s window), fewer for slower steps, never
+    under min_timed_steps; without a window, every timed step."""
+    spec = {"timed_steps": 20, "min_timed_steps": 5, "timed_window_s": 20}
+    case = e2e.timing_keys(spec)
+    assert len(e2e.run_timed(lambda: {"forward": step_s / 2, "backward": step_s / 2}, case)) == steps
+    case = e2e.timing_keys({"timed_steps": 20})
+    assert case == {"timed_steps": 20, "min_timed_steps": 20, "timed_window_s": None}
+    assert len(e2e.run_timed(lambda: {"forward": step_s}, case)) == 20
 
 
 def test_oom_and_exception_become_rows_and_an_error_fails_the_job(tmp_path, monkeypatch):

@@ -86,7 +86,7 @@ def test_flop_count_includes_checkpointing_recomputation():
 def ladder_frame(size: str, metrics):
     """The ladder job's tidy rows for `size`, each case with the values metrics(case) gives."""
     import pandas as pd
-    return pd.DataFrame([{**case, "study": "ladder", "metric": m, "mean": v, "status": "ok",
+    return pd.DataFrame([{**case, "study": "ladder", "metric": m, "mean": v, "median": v, "status": "ok",
                           "attention_backend": case["attention"]}
                          for case in ladder.cases(SPEC, size, cuda=True) for m, v in metrics(case).items()])
 
@@ -144,10 +144,10 @@ def test_ladder_table_shows_gpu_busy_only_where_profiled():
     base = {"study": "ladder", "size": "tiny", "name": "compiled", "change": "x", "context": 8,
             "attention": "plain", "attention_backend": "plain matmuls", "optimizer": "foreach",
             "status": "ok", "case_id": "tiny-r4", "rung": 4, "batch_size": 2}
-    rows = [{**base, "metric": "step_ms", "mean": 100.0}]
+    rows = [{**base, "metric": "step_ms", "median": 100.0}]
     assert "GPU busy %" not in report.rungs(pd.DataFrame(rows)).columns
-    rows += [{**base, "metric": "step_kernel_ms", "mean": 25.0},
-             {**base, "metric": "step_attention_kernel_ms", "mean": 2.0}]
+    rows += [{**base, "metric": "step_kernel_ms", "median": 25.0},
+             {**base, "metric": "step_attention_kernel_ms", "median": 2.0}]
     table = report.rungs(pd.DataFrame(rows))
     assert table["GPU busy %"].iloc[0] == 25.0 and table["attention kernels ms"].iloc[0] == 2.0
 
@@ -300,3 +300,27 @@ def test_optimizer_floor_counts_what_each_optimizer_moves():
     linear = layers * (4 * d * d + 3 * d * f) + d * cfg.vocab_size  # q k v o, w1 w2 w3, lm_head
     assert ladder.optimizer_bytes(cfg, "fused") == ladder.optimizer_bytes(cfg, "foreach") == 28 * total
     assert ladder.optimizer_bytes(cfg, "master") == 26 * linear + 28 * (total - linear)
+
+
+def test_a_host_bound_reference_rung_claims_no_speed_up():
+    """The reference rung's step left the GPU idle above report.host_bound_idle_pct: its GPU idle %
+    is marked in the table, and the tokens/s bar states the ratio but does not claim it."""
+    from lmperf.report import ladder as report
+    from lmperf.report.render import bars_from_config
+    from tests.conftest import REPO
+
+    bars = bars_from_config(REPO / "config" / "config.yaml")
+    limits = bars["ladder"]
+
+    def metrics(case):
+        return {} if case["name"] == "floors" else {"step_ms": 100.0, "tokens_per_s": 1000.0 * case["rung"]}
+    df = ladder_frame(limits["size"], metrics)
+    df["gpu_idle_pct"] = [40.0 if name == "compiled" else 3.0 for name in df["name"]]
+    view = report.ladder(df, limits, bars["host_bound_idle_pct"])
+    best = view["best"][limits["size"]]
+    assert best["host_bound"] == ["reference rung 40.0% GPU idle"]
+    tokens = view["bars"][view["bars"]["bar"].str.contains("tokens/s")].iloc[0]
+    assert tokens["measured"] == "2.75x (host-bound: reference rung 40.0% GPU idle; not claimed)"
+    assert not tokens["met"]
+    idle = view["rungs"].set_index("_name")["GPU idle %"]
+    assert idle["compiled"] == "40.0 ‡" and idle["sdpa"] == 3.0

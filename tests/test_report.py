@@ -2,6 +2,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -40,17 +41,21 @@ def test_views_hold_the_csv_numbers():
     df = rows("variants", "2.7B")
     step = df[(df.case_id == "2.7B-ctx256-bf16-compiled-train-warmup5") & (df.metric == "step_ms")].iloc[0]
     train = view["variants_train"].set_index(["size", "dtype", "compile"])
-    assert train.loc[("2.7B", "bf16", "compiled"), "step ms"] == Spread(step["mean"], step["std"])
+    # the median with the 20% / 80% quantiles of the step's samples (numpy's linear quantiles)
+    q20, median, q80 = np.quantile([float(x) for x in step["samples"].split(";")], [0.2, 0.5, 0.8])
+    got = train.loc[("2.7B", "bf16", "compiled"), "step ms"]
+    assert tuple(got) == pytest.approx((median, step["std"], q20, q80), rel=1e-5) and got.center == step["median"]
+    assert str(got).count("[") == 1  # shown as median [q20, q80]
     mfu = df[(df.case_id == "2.7B-ctx256-fp32-compiled-forward-warmup5") & (df.metric == "mfu_pct")].iloc[0]
-    assert view["best_mfu"]["value"] == mfu["mean"] and view["best_mfu"]["mode"] == "forward"
+    assert view["best_mfu"]["value"] == mfu["median"] and view["best_mfu"]["mode"] == "forward"
     assert view["peaks"] == {"fp32": 67.0, "bf16": 989.0}  # the rows' peak_tflops column
 
 
 def test_prose_ratio_is_computed_from_the_csvs():
     df = pd.concat([rows("variants", "small"), rows("variants", "2.7B")])
     ok = df[df["status"] == "ok"]
-    f = ok[ok.metric == "forward_ms"].set_index("case_id")["mean"]
-    b = ok[ok.metric == "backward_ms"].set_index("case_id")["mean"]
+    f = ok[ok.metric == "forward_ms"].set_index("case_id")["median"]  # ratios of medians, not means
+    b = ok[ok.metric == "backward_ms"].set_index("case_id")["median"]
     ratio = (b / f.reindex(b.index)).dropna()
     got = e2e.view(inputs(FIXTURE))["backward_over_forward"]
     assert got["n"] == len(ratio) and got["mean"] == pytest.approx(ratio.mean())
@@ -273,3 +278,42 @@ def test_references_are_validated_and_shown_only_where_their_gpu_matches(tmp_pat
     bad.write_text(yaml.safe_dump([{k: v for k, v in entries[0].items() if k != "source"}]))
     with pytest.raises(ValueError, match="'source' is a required property"):
         references.load(bad)
+
+
+def test_host_bound_cases_are_marked_and_no_speed_up_is_taken_from_them(tmp_path):
+    """Rows whose GPU sat idle above report.host_bound_idle_pct: marked in the tables with a
+    legend, and left out of the ratios (here every bf16 eager case)."""
+    frames = {s.name: render.load_section(FIXTURE, s.name) for s in SECTIONS}
+    df = frames["e2e"]
+    bf16_eager = (df["dtype"] == "bf16") & ~df["compile"].astype(str).str.lower().eq("true")
+    frames["e2e"] = df.assign(gpu_idle_pct=bf16_eager.map({True: 60.0, False: 2.0}))
+    view = e2e.view(Inputs(results=FIXTURE, frames=frames, bars=BARS, out_dir=tmp_path))
+    assert BARS["host_bound_idle_pct"] == 10
+    train = view["variants_train"].set_index(["size", "dtype", "compile"])
+    assert train.loc[("2.7B", "bf16", "eager"), "GPU idle %"] == "60.0 ‡"
+    assert train.loc[("2.7B", "bf16", "compiled"), "GPU idle %"] == 2.0
+    assert view["bf16_speedup_train"] == {"n": 0}  # every eager bf16 step is host-bound
+    plain = e2e.view(inputs(FIXTURE))
+    assert view["compile_speedup"]["train"]["n"] == plain["compile_speedup"]["train"]["n"] // 2  # fp32 only
+    n_bound = int(bf16_eager[df["metric"] == "step_ms"].sum())
+    assert view["host_bound"] == {"measured": True, "threshold": 10, "mark": "‡", "n": n_bound}
+    shutil.copytree(FIXTURE, tmp_path / "results")
+    for path in (tmp_path / "results" / "e2e").rglob("*.csv"):
+        rows = pd.read_csv(path)
+        eager = (rows["dtype"] == "bf16") & ~rows["compile"].astype(str).str.lower().eq("true")
+        rows.assign(gpu_idle_pct=eager.map({True: 60.0, False: 2.0})).to_csv(path, index=False)
+    text = run(tmp_path / "results", tmp_path)
+    assert f"‡ host-bound ({n_bound} here): the GPU sat idle more than 10% of the median call" in text
+    assert "host-bound cases left out" in text
+
+
+def test_a_flash_attention_ratio_with_a_host_bound_side_claims_no_bar(tmp_path):
+    results = REPO / "results" / "h100-80gb-hbm3"
+    frames = {s.name: render.load_section(results, s.name) for s in SECTIONS}
+    fa = frames["flash_attention"]
+    peer = (fa["group"] == "headline") & (fa["provider"] == "sdpa_flash") & (fa["metric"] == "fwd_bwd_ms")
+    frames["flash_attention"] = fa.assign(gpu_idle_pct=peer.map({True: 50.0, False: 1.0}))
+    view = flash_attention.view(Inputs(results=results, frames=frames, bars=BARS, out_dir=tmp_path))
+    headline = view["bars"][view["bars"]["bar"].str.contains("SDPA-flash time")].iloc[0]
+    assert headline["measured"].endswith("(host-bound ‡: not claimed)") and not headline["met"]
+    assert view["host_bound"]["n"] == 1

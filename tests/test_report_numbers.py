@@ -3,7 +3,9 @@ tests/fixtures/report_numbers_h100.json holds the numbers of report/report.md at
 by tests/report_numbers.py), and tests/fixtures/h100_results_dff03a4/ the H100 CSVs it was
 rendered from (rewritten into today's columns by a one-off script, `git show
 7f12d6c:scripts/migrate_results.py`). The committed results have since been re-measured, so
-the check renders today's templates over that frozen copy."""
+the check renders today's templates over that frozen copy. Its end-to-end section was captured
+again when the tables changed from mean ± std to median [20%, 80%] (the numbers a rerun
+reproduces), over the same frozen CSVs."""
 import json
 from pathlib import Path
 

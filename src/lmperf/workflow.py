@@ -197,9 +197,9 @@ def e2e_uses_our_attention(spec: dict) -> bool:
 def e2e_spec(config: dict, e2e: dict, study: str, size: str) -> str:
     """The JSON spec of one e2e job: a rerun trigger for exactly what that job measures."""
     spec = e2e["studies"][study]
-    return json.dumps({"batch_size": e2e["batch_size"], "timed_steps": e2e["timed_steps"],
-                       "attention": spec["attention"], "grid": spec["grid"],
-                       "models": {size: config["models"][size]}}, sort_keys=True)
+    steps = {k: e2e[k] for k in ("timed_steps", "min_timed_steps", "timed_window_s") if k in e2e}
+    return json.dumps({"batch_size": e2e["batch_size"], **steps, "attention": spec["attention"],
+                       "grid": spec["grid"], "models": {size: config["models"][size]}}, sort_keys=True)
 
 
 def ladder_spec(config: dict, ladder: dict, size: str) -> str:

@@ -2,6 +2,10 @@
 memory held for backward against what the saved tensors predict.
 
     python -m lmperf.bench.attention --spec '{...}' --out results/cpu/attention/attention.csv --hw cpu
+
+The forward rows carry `gpu_idle_pct`, the share of the median forward pass the GPU sat idle
+(bench/timing.py's gpu_idle; empty without CUDA), and the backward rows that of a forward and
+backward against the two medians' sum (a backward needs a fresh graph each call).
 """
 from __future__ import annotations
 
@@ -50,7 +54,13 @@ def measure(case: dict) -> list[dict]:
         with timing.timed(sync) as t, torch.no_grad():
             fn(q, k, v, False)
         forward_s.append(t.seconds)
-    rows = [common.summarize("forward_ms", "ms", [t * 1e3 for t in forward_s])]
+    forward = common.summarize("forward_ms", "ms", [t * 1e3 for t in forward_s])
+
+    def no_grad_forward():
+        with torch.no_grad():
+            fn(q, k, v, False)
+    idle, why_not = timing.gpu_idle(no_grad_forward, wall_ms=forward["median"])
+    rows = [{**forward, "gpu_idle_pct": idle, "message": why_not}]
     backward_s, before_backward = [], []
     for _ in range(iters):
         out = fn(q, k, v, False)
@@ -61,7 +71,13 @@ def measure(case: dict) -> list[dict]:
             out.backward(grad)
         backward_s.append(t.seconds)
         q.grad = k.grad = v.grad = out = None
-    rows.append(common.summarize("backward_ms", "ms", [t * 1e3 for t in backward_s]))
+    backward = common.summarize("backward_ms", "ms", [t * 1e3 for t in backward_s])
+
+    def forward_backward():
+        fn(q, k, v, False).backward(grad)
+        q.grad = k.grad = v.grad = None
+    idle, why_not = timing.gpu_idle(forward_backward, wall_ms=forward["median"] + backward["median"])
+    rows.append({**backward, "gpu_idle_pct": idle, "message": why_not})
     predicted = predicted_saved_bytes(b, n, d)
     rows.append(common.summarize("predicted_saved_mib", "MiB", [predicted / 2**20]))
     if cuda:

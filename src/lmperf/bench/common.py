@@ -37,6 +37,7 @@ from lmperf import hardware, sources
 from lmperf.bench import failures
 from lmperf.bench.failures import NotRun, Unsupported, classify_failure  # noqa: F401 (benchmarks use common.*)
 from lmperf.bench.journal import Journal, interrupts_raise, signal_number
+from lmperf.bench.timing import is_device_work  # noqa: F401 (benchmarks use common.*)
 
 # Columns every results row has, in this order; benchmark-specific case columns go between
 # CASE_START and the metric columns.
@@ -45,7 +46,7 @@ METRIC_COLUMNS = ["metric", "unit", "mean", "std", "median", "q20", "q80", "min"
                   "samples", "status", "message"]
 PROVENANCE_COLUMNS = ["hw", "gpu", "torch", "triton", "cuda", "python", "commit", "measured_at"]
 
-FAULT_ENV = "LMPERF_INJECT_FAULT"  # e.g. "oom@small-fp32,crash@medium": for tests of failure paths
+FAULT_ENV = failures.FAULT_ENV
 DIED_TWICE = "the process died in this case on two earlier attempts (e.g. an illegal memory access); not retried"
 
 
@@ -119,12 +120,6 @@ def torch_dtype(name: str):
 # Rows
 
 
-def is_device_work(e) -> bool:
-    """A profiler key_averages() entry for GPU work (a kernel, copy or memset), not a CPU-side
-    operator or runtime call."""
-    return str(e.device_type) == "DeviceType.CUDA" and e.self_device_time_total > 0
-
-
 def summarize(metric: str, unit: str, samples: Iterable[float]) -> dict:
     """One tidy row for a metric measured over several steps (per-step values kept): mean, std,
     median, 20% and 80% quantiles of the finite samples. With one sample there is no spread to
@@ -145,6 +140,17 @@ def summarize(metric: str, unit: str, samples: Iterable[float]) -> dict:
         "samples": ";".join(f"{x:.6g}" for x in xs),
         "status": "ok", "message": "",
     }
+
+
+def summarize_rate(metric: str, unit: str, work: float, step_ms: Iterable[float]) -> dict:
+    """One tidy row for a rate (tokens/s, TFLOP/s, MFU) of `work` done in each timed step: the
+    per-step rates as samples, and as median and 20% / 80% quantiles the work over the step
+    time's median and 80% / 20% quantiles (tokens / median step, not a median of rates)."""
+    ms = [float(x) for x in step_ms]
+    row = summarize(metric, unit, [work / (x / 1e3) for x in ms])
+    step = summarize("", "", ms)
+    rate = lambda key: work / (step[key] / 1e3)
+    return {**row, "median": rate("median"), "q20": rate("q80"), "q80": rate("q20")}
 
 
 def summarize_quantiles(metric: str, unit: str, median: float, q20: float, q80: float) -> dict:
@@ -213,27 +219,6 @@ class Progress:
             self.log.close()
 
 
-def maybe_inject_fault(case_id: str) -> None:
-    """Simulated failures for the tests: LMPERF_INJECT_FAULT='kind@substr,...' for the cases whose
-    id contains substr: oom, error (raised), crash (the process dies), interrupt or terminate (it
-    sends itself SIGINT or SIGTERM)."""
-    for spec in filter(None, os.environ.get(FAULT_ENV, "").split(",")):
-        kind, _, pattern = spec.partition("@")
-        if pattern and pattern in case_id:
-            if kind == "oom":
-                import torch
-                raise torch.OutOfMemoryError(f"CUDA out of memory (injected for case {case_id})")
-            if kind == "error":
-                raise RuntimeError(f"injected error for case {case_id}")
-            if kind == "crash":
-                sys.stderr.write(f"injected crash in case {case_id}\n")
-                sys.stderr.flush()
-                os._exit(70)
-            if kind in ("interrupt", "terminate"):
-                os.kill(os.getpid(), signal.SIGINT if kind == "interrupt" else signal.SIGTERM)
-                time.sleep(10)  # the signal's exception is raised here
-
-
 def clean_device() -> None:
     """Free what a finished or failed case left behind, so the next one starts clean."""
     import torch
@@ -258,7 +243,7 @@ def attempt(case: dict, measure: Callable[[dict], list[dict]]) -> tuple[list[dic
     """One try at a case: (its rows, or its failure's row; whether a retry in a fresh compile
     cache may help)."""
     try:
-        maybe_inject_fault(case["case_id"])
+        failures.maybe_inject_fault(case["case_id"])
         return measure(case), False
     except Exception as exc:  # a failed case is data, not a crash
         status, message = classify_failure(exc)

@@ -2,6 +2,14 @@
 timed per phase (forward, backward, optimizer). One study and one model size per call; the
 ladder (bench/ladder.py) times its rungs with the same `time_steps`.
 
+A case runs its warm-up steps, then `timed_steps` timed steps, or fewer (never under
+`min_timed_steps`) once the timed steps add up to `timed_window_s` seconds: all of them where a
+step is short, a time window for slow ones (config/config.yaml says which). Rows keep every
+step's value and give its median and 20% / 80% quantiles; tokens/s, TFLOP/s and MFU are the
+step's work over the median step time (common.summarize_rate). Every row of a case carries
+`gpu_idle_pct`, the share of its median step in which the GPU sat idle (bench/timing.py's
+gpu_idle, from a few more steps profiled; empty without CUDA).
+
     python -m lmperf.bench.e2e --study variants --size small --spec '{...}' \
         --out results/cpu/e2e/variants/small.csv --hw cpu
 """
@@ -9,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import statistics
 
 from lmperf import hardware, train
 from lmperf.bench import common, timing
@@ -26,12 +35,34 @@ def study_cases(spec: dict, size: str) -> list[dict]:
             grid.get("optimizers", ["foreach"])):
         case = {"size": size, "context": context, "dtype": dtype, "compile": bool(compiled),
                 "mode": mode, "warmup": warmup, "batch_size": spec["batch_size"],
-                "timed_steps": spec["timed_steps"], "attention": spec.get("attention", "plain"),
-                "optimizer": optimizer}
+                **timing_keys(spec), "attention": spec.get("attention", "plain"), "optimizer": optimizer}
         case["case_id"] = (f"{size}-ctx{context}-{dtype}-{'compiled' if compiled else 'eager'}"
                            f"-{mode}-warmup{warmup}" + ("" if optimizer == "foreach" else f"-{optimizer}"))
         cases.append(case)
     return cases
+
+
+def timing_keys(spec: dict) -> dict:
+    """How many steps a case times, from its spec: `timed_steps` at most, and with a
+    `timed_window_s` (seconds) as few as `min_timed_steps` once the steps fill the window. A spec
+    without them (one written by hand) times all `timed_steps`."""
+    most = spec["timed_steps"]
+    return {"timed_steps": most, "min_timed_steps": min(most, spec.get("min_timed_steps", most)),
+            "timed_window_s": spec.get("timed_window_s")}
+
+
+def run_timed(timed_step, case: dict) -> list[dict]:
+    """The timed steps of a case ({phase: seconds} each): `timed_steps` of them, or fewer, not
+    under `min_timed_steps`, once they add up to `timed_window_s` seconds."""
+    most, window = case["timed_steps"], case.get("timed_window_s")
+    fewest = case.get("min_timed_steps", most)
+    timed, seconds = [], 0.0
+    while len(timed) < most:
+        timed.append(timed_step())
+        seconds += sum(timed[-1].values())
+        if window is not None and len(timed) >= fewest and seconds >= window:
+            break
+    return timed
 
 
 def measure(case: dict, model_dims: dict) -> list[dict]:
@@ -73,27 +104,29 @@ def time_steps(case: dict, cfg, model, optimizer, inputs, targets, autocast) -> 
     for _ in range(case["warmup"]):
         t = timed_step()
         first_step_s = first_step_s or sum(t.values())
-    timed = [timed_step() for _ in range(case["timed_steps"])]
+    timed = run_timed(timed_step, case)
     first_step_s = first_step_s or sum(timed[0].values())
 
     phases = {p: [t[p] * 1e3 for t in timed] for p in timed[0]}
     step_ms = [sum(t.values()) * 1e3 for t in timed]
+    # host-bound? the GPU's idle share of the median step, from a few more steps profiled
+    idle, why_not = timing.gpu_idle(timed_step, wall_ms=statistics.median(step_ms))
     tokens_per_step = b * n * case.get("micro_batches", 1)
     flops_per_step = flops_per_token(cfg, n, case["mode"]) * tokens_per_step
     rows = [common.summarize(f"{p}_ms", "ms", xs) for p, xs in phases.items()]
-    rows.append(common.summarize("step_ms", "ms", step_ms))
-    rows.append(common.summarize("tokens_per_s", "tokens/s", [tokens_per_step / (s / 1e3) for s in step_ms]))
-    rows.append(common.summarize("tflops", "TFLOP/s", [flops_per_step / (s / 1e3) / 1e12 for s in step_ms]))
+    rows.append({**common.summarize("step_ms", "ms", step_ms), "message": why_not})
+    rows.append(common.summarize_rate("tokens_per_s", "tokens/s", tokens_per_step, step_ms))
+    rows.append(common.summarize_rate("tflops", "TFLOP/s", flops_per_step / 1e12, step_ms))
     peak = hardware.peak_tflops(torch.cuda.get_device_name(), peak_key(case)) if device == "cuda" else None
     if peak:
-        row = common.summarize("mfu_pct", "%", [100 * flops_per_step / (s / 1e3) / 1e12 / peak for s in step_ms])
+        row = common.summarize_rate("mfu_pct", "%", 100 * flops_per_step / 1e12 / peak, step_ms)
         row["peak_tflops"] = peak  # the dense datasheet peak of the case's dtype (hardware.py)
         rows.append(row)
     rows.append(common.summarize("first_step_ms", "ms", [first_step_s * 1e3]))
     rows.append(common.summarize("parameters", "count", [count_parameters(cfg)]))
     if device == "cuda":
         rows.append(common.summarize("peak_allocated_mib", "MiB", [torch.cuda.max_memory_allocated() / 2**20]))
-    return rows
+    return [{**r, "gpu_idle_pct": idle} for r in rows]
 
 
 def main(argv=None):

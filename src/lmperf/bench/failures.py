@@ -11,6 +11,7 @@ keeps its beginning and its end, which is where a cause is written.
 `ok`, `oom`, `skipped` and `unsupported` are results; `error` is a failure, and it fails its job
 (after the CSV and journal are written, see common.run_cases) unless LMPERF_ACCEPT_ERRORS accepts it:
 JSON `true` (every error), or a list of shell-style patterns of case ids (config `accept_errors`).
+The tests of these paths inject failures by case id (LMPERF_INJECT_FAULT, `maybe_inject_fault`).
 """
 from __future__ import annotations
 
@@ -19,10 +20,14 @@ import fnmatch
 import json
 import os
 import re
+import signal
+import sys
 import tempfile
+import time
 
 MESSAGE_LIMIT = 500  # characters: the head and the tail of a longer message are kept
 ACCEPT_ERRORS_ENV = "LMPERF_ACCEPT_ERRORS"
+FAULT_ENV = "LMPERF_INJECT_FAULT"  # e.g. "oom@small-fp32,crash@medium": for tests of failure paths
 # Lines that name no cause: torch.compile's advice on how to get more logs.
 BOILERPLATE = re.compile(r"TORCHDYNAMO_VERBOSE|TORCH_LOGS=|TORCHDYNAMO_DEBUG|^You can suppress this exception")
 # The compile caches a retry points at a fresh folder (the workflow sets both, see workflow.bench).
@@ -140,3 +145,24 @@ def accepted_errors() -> bool | list[str]:
 def is_accepted(case_id: str, accept: bool | list[str]) -> bool:
     """Whether an error row of `case_id` is accepted (does not fail its job)."""
     return accept is True or (isinstance(accept, list) and any(fnmatch.fnmatchcase(case_id, p) for p in accept))
+
+
+def maybe_inject_fault(case_id: str) -> None:
+    """Simulated failures for the tests: LMPERF_INJECT_FAULT='kind@substr,...' for the cases whose
+    id contains substr: oom, error (raised), crash (the process dies), interrupt or terminate (it
+    sends itself SIGINT or SIGTERM)."""
+    for spec in filter(None, os.environ.get(FAULT_ENV, "").split(",")):
+        kind, _, pattern = spec.partition("@")
+        if pattern and pattern in case_id:
+            if kind == "oom":
+                import torch
+                raise torch.OutOfMemoryError(f"CUDA out of memory (injected for case {case_id})")
+            if kind == "error":
+                raise RuntimeError(f"injected error for case {case_id}")
+            if kind == "crash":
+                sys.stderr.write(f"injected crash in case {case_id}\n")
+                sys.stderr.flush()
+                os._exit(70)
+            if kind in ("interrupt", "terminate"):
+                os.kill(os.getpid(), signal.SIGINT if kind == "interrupt" else signal.SIGTERM)
+                time.sleep(10)  # the signal's exception is raised here

@@ -3,6 +3,10 @@
 
     python -m lmperf.bench.flash_attention check --spec '{...}' --out .../check.csv --hw cpu
     python -m lmperf.bench.flash_attention bench --spec '{...}' --out .../bench_d64.csv --hw h100-80gb-hbm3
+
+The forward and forward+backward rows of a bench case carry `gpu_idle_pct`, the share of the
+call's median time the GPU sat idle (bench/timing.py's gpu_idle): high where do_bench times the
+host. The backward alone, the derived rows and the CUDA-graph rows (no host in them) have none.
 """
 from __future__ import annotations
 
@@ -234,21 +238,30 @@ def measure_bench(case: dict) -> list[dict]:
     dout = torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen)
     warmup, rep = (int(x) for x in case["timing_ms"].split("/"))
 
-    def bench(f, **kw):  # (median, q20, q80) in ms
+    def bench(f, idle_of: str = "", grad_to_none=()):  # (median, q20, q80) in ms
         def run():
             with context():
                 f()
-        return timing.do_bench_quantiles(run, warmup_ms=warmup, rep_ms=rep, **kw)
+        median, q20, q80 = timing.do_bench_quantiles(run, warmup_ms=warmup, rep_ms=rep, grad_to_none=grad_to_none)
 
+        def again():  # gradients cleared before each call, as do_bench does
+            for x in grad_to_none:
+                x.grad = None
+            run()
+        if idle_of:  # the GPU's idle share of the median call
+            idle[idle_of] = timing.gpu_idle(again, wall_ms=median)
+        return median, q20, q80
+
+    idle = {}  # direction -> (GPU idle %, why it was not measured)
     with torch.no_grad():
-        times = {"forward": bench(lambda: fn(q, k, v))}
+        times = {"forward": bench(lambda: fn(q, k, v), "forward")}
 
     def fwd_bwd():
         if leaderboard:
             fn(q, k, v).sum().backward()
         else:
             fn(q, k, v).backward(dout)
-    times["fwd_bwd"] = bench(fwd_bwd, grad_to_none=[q, k, v])
+    times["fwd_bwd"] = bench(fwd_bwd, "fwd_bwd", grad_to_none=[q, k, v])
     note = ""
     try:  # backward alone, replaying one retained graph
         if leaderboard:
@@ -279,12 +292,13 @@ def measure_bench(case: dict) -> list[dict]:
     rows = []
     for direction in ("forward", "backward", "fwd_bwd"):
         ms, q20, q80 = times[direction]
+        gpu_idle_pct, why_not = idle.get(direction, (float("nan"), ""))
         row = common.summarize_quantiles(f"{direction}_ms", "ms", ms, q20, q80)
-        row["message"] = note if direction == "backward" else ""
-        rows.append(row)
+        row["message"] = note if direction == "backward" else why_not
         flops = attention_flops(b, h, n, d, case["causal"], direction)
         tflops = lambda t: flops / (t * 1e-3) / 1e12  # the 20% quantile of TFLOP/s is the 80% of time
-        rows.append(common.summarize_quantiles(f"{direction}_tflops", "TFLOP/s", tflops(ms), tflops(q80), tflops(q20)))
+        rows += [{**r, "gpu_idle_pct": gpu_idle_pct} for r in (row, common.summarize_quantiles(
+            f"{direction}_tflops", "TFLOP/s", tflops(ms), tflops(q80), tflops(q20)))]
     rows += gpu_rows
     for row in rows:
         row["config"] = config

@@ -66,8 +66,8 @@ def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
     Without CUDA a rung that needs it is kept (it becomes a `skipped` row) but changes nothing
     for the rungs after it."""
     settings = {**BASE, "context": spec["context"], "batch_size": spec["batch_size"]}
-    common_keys = {"size": size, "mode": "train", "warmup": spec["warmup"],
-                   "timed_steps": spec["timed_steps"], "checkpoint_candidates": "", "micro_batch_candidates": ""}
+    common_keys = {"size": size, "mode": "train", "warmup": spec["warmup"], **e2e.timing_keys(spec),
+                   "checkpoint_candidates": "", "micro_batch_candidates": ""}
     out = [{**common_keys, **settings, "rung": 0, "name": "floors",
             "change": "device rates: copy bandwidth, bf16 matmul", "needs_cuda": True}]
     steps = list(RUNGS)

@@ -3,6 +3,10 @@ against PyTorch (`bench`), on the seed benchmark's grid.
 
     python -m lmperf.bench.lrpe check --spec '{...}' --out results/cpu/lrpe/check.csv --hw cpu
     python -m lmperf.bench.lrpe bench --spec '{...}' --out results/h100-80gb-hbm3/lrpe/bench_1d.csv --hw ...
+
+A bench case's call-time rows (ms, GB/s, share of copy bandwidth, per direction) carry
+`gpu_idle_pct`, the share of the median call the GPU sat idle (bench/timing.py's gpu_idle): high
+where do_bench times the host. The kernel-time rows leave the host out and have none.
 """
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import itertools
 import math
 import random
 
-from lmperf.bench import common
+from lmperf.bench import common, timing
 
 PROVIDERS = ("triton", "triton_cache", "torch", "torch_compile")
 
@@ -206,6 +210,7 @@ def measure_bench(case: dict) -> list[dict]:
 
     # forward: speed, then peak memory during one call (inputs included), as the seed measures
     fwd_ms = bench(lambda: fn(x, theta))  # [q20, median, q80]
+    idle = {"forward": timing.gpu_idle(lambda: fn(x, theta), wall_ms=fwd_ms[1])}
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
@@ -214,6 +219,11 @@ def measure_bench(case: dict) -> list[dict]:
     fwd_peak, fwd_extra = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_allocated() - before
     # backward: replay on one retained graph
     bwd_ms = bench(lambda: out.backward(grad, retain_graph=True), grad_to_none=[x])
+
+    def backward():  # the gradient cleared before each call, as do_bench does
+        x.grad = None
+        out.backward(grad, retain_graph=True)
+    idle["backward"] = timing.gpu_idle(backward, wall_ms=bwd_ms[1])
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
@@ -225,12 +235,14 @@ def measure_bench(case: dict) -> list[dict]:
     for direction, (q20, ms, q80), peak, extra in (("forward", fwd_ms, fwd_peak, fwd_extra),
                                                    ("backward", bwd_ms, bwd_peak, bwd_extra)):
         # bandwidths from the same quantiles: the 80% time gives the 20% bandwidth
-        rows += [quantile_row(f"{direction}_ms", "ms", q20, ms, q80),
-                 one_value(f"{direction}_peak_mib", "MiB", peak / 2**20),
-                 one_value(f"{direction}_extra_mib", "MiB", extra / 2**20),
+        gpu_idle_pct, why_not = idle[direction]
+        timed = [{**quantile_row(f"{direction}_ms", "ms", q20, ms, q80), "message": why_not},
                  quantile_row(f"{direction}_gbs", "GB/s", gbs(q80), gbs(ms), gbs(q20)),
                  quantile_row(f"{direction}_copy_fraction", "fraction", gbs(q80) / copy, gbs(ms) / copy,
                               gbs(q20) / copy)]
+        rows += [{**r, "gpu_idle_pct": gpu_idle_pct} for r in timed]
+        rows += [one_value(f"{direction}_peak_mib", "MiB", peak / 2**20),
+                 one_value(f"{direction}_extra_mib", "MiB", extra / 2**20)]
     # The same without the host: the kernels' device time (what the bandwidth bar is about).
     device = {}
     try:

@@ -6,14 +6,25 @@ for kernels.
     with timing.timed(sync) as t: work()   # t.seconds after the block
     median, q20, q80 = timing.do_bench_quantiles(fn, warmup_ms=25, rep_ms=100)
     median, q20, q80 = timing.do_bench_cudagraph_quantiles(fn, rep_ms=100)  # GPU time, no host
+    idle_pct, why_not = timing.gpu_idle(fn, wall_ms=median)  # how long the GPU waited on the host
+
+`gpu_idle` is the host-bound test of every GPU timing case: the share of a call's wall time (as
+the case timed it, without the profiler) in which the GPU ran nothing, from `IDLE_CALLS` more
+calls under torch.profiler (CUDA activity only: CUPTI's record of every kernel, copy and memset,
+overlapping work counted once). A case whose GPU sits idle much of the time measures the host
+(Python, the launch path), and its time moves with the host's speed; the report's threshold
+(config `report.host_bound_idle_pct`) makes that a flag. The profiled calls run back to back, so
+for a small memory-bound kernel that do_bench times with a cold L2 the share is an upper bound.
 """
 from __future__ import annotations
 
 import contextlib
+import math
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 QUANTILES = (0.5, 0.2, 0.8)  # do_bench's median and the spread the rows record
+IDLE_CALLS = 2  # extra calls of a case profiled for its GPU idle share: a few, to keep GPU time small
 
 
 def synchronizer() -> Callable[[], None]:
@@ -21,6 +32,12 @@ def synchronizer() -> Callable[[], None]:
     without a GPU."""
     import torch
     return torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+
+
+def is_device_work(e) -> bool:
+    """A profiler key_averages() entry for GPU work (a kernel, copy or memset), not a CPU-side
+    operator or runtime call."""
+    return str(e.device_type) == "DeviceType.CUDA" and e.self_device_time_total > 0
 
 
 class Elapsed:
@@ -55,3 +72,47 @@ def do_bench_cudagraph_quantiles(fn: Callable, rep_ms: int, **kwargs) -> tuple[f
     import triton.testing
     median, q20, q80 = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, quantiles=list(QUANTILES), **kwargs)
     return float(median), float(q20), float(q80)
+
+
+def busy_ms(events: Iterable, calls: int) -> float:
+    """The GPU's busy time (ms) a call in a profile of `calls` calls: the union of the intervals
+    of its device work (torch.profiler events on CUDA; device-side copies of named ranges left
+    out, they span idle time too), overlapping work counted once. Raises if there is none."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events
+                   if str(e.device_type) == "DeviceType.CUDA" and e.time_range.end > e.time_range.start
+                   and not getattr(e, "is_user_annotation", False)
+                   and "annotation" not in str(getattr(e, "activity_type", "") or ""))
+    if not spans:
+        raise RuntimeError("the profiler recorded no GPU work (CUPTI unavailable?)")
+    busy_us, (start, end) = 0.0, spans[0]
+    for s, e in spans[1:]:
+        if s > end:  # a gap: the GPU ran nothing between `end` and `s`
+            busy_us, start = busy_us + end - start, s
+        end = max(end, e)
+    return (busy_us + end - start) / 1e3 / calls
+
+
+def idle_pct(busy: float, wall_ms: float) -> float:
+    """100 x (1 - busy / wall), at least 0 (a busy time a little over the wall time is noise)."""
+    return max(0.0, 100 * (1 - busy / wall_ms))
+
+
+def gpu_idle(fn: Callable, wall_ms: float, calls: int = IDLE_CALLS) -> tuple[float, str]:
+    """(the share in % of `wall_ms` a call of `fn` leaves the GPU idle, or NaN; why it is NaN, or
+    ""): `calls` calls of `fn` profiled (module docstring). Without CUDA (NaN, ""); a failure of
+    the measurement is its reason, never the case's failure."""
+    import torch
+    if not torch.cuda.is_available():
+        return math.nan, ""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        if not wall_ms > 0:
+            raise ValueError(f"no wall time to compare with ({wall_ms} ms)")
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        return idle_pct(busy_ms(prof.events(), calls), wall_ms), ""
+    except Exception as exc:  # noqa: BLE001  (the timings stand without it)
+        return math.nan, f"GPU idle share not measured: {type(exc).__name__}: {exc}"[:200]

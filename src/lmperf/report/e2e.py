@@ -1,18 +1,20 @@
 """End-to-end Transformer timings: the variants (dtype x compile), warm-up and context studies of
-`results/<hw>/e2e/`, with MFU against each case's peak, and their figures. The model sizes' order
-(`size_order`) and the phase metrics shown with their spread are shared with the ladder's
-section (report/ladder.py)."""
+`results/<hw>/e2e/`, with MFU against each case's peak, and their figures. Every number is a
+median over the timed steps, shown with its 20%-80% quantiles where it has a spread, and every
+ratio is a ratio of medians. The model sizes' order (`size_order`), the phase metrics shown with
+their spread and `with_quantiles` are shared with the ladder's section (report/ladder.py)."""
 from __future__ import annotations
 
 import math
 
 import pandas as pd
 
-from lmperf.report.format import cell, ratio_range, unavailable
+from lmperf import stats
+from lmperf.report.format import cell, host_bound, host_bound_legend, idle_text, ratio_range, unavailable
 from lmperf.report.plot import empty, plt, save
 
 CASE_KEYS = ["size", "context", "dtype", "compile", "mode", "warmup"]
-# Metrics shown as mean ± std over the timed steps; the rest show the mean alone.
+# Metrics shown as median [20%, 80%] over the timed steps; the rest show the median alone.
 SPREAD_METRICS = {"forward_ms", "backward_ms", "optimizer_ms", "step_ms"}
 
 
@@ -23,22 +25,45 @@ def size_order(df: pd.DataFrame) -> list[str]:
     return sorted(sizes, key=lambda s: params.get(s, math.inf))
 
 
-def wide(df: pd.DataFrame, metrics: dict[str, str]) -> pd.DataFrame:
+def with_quantiles(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows with each one's median and 20% / 80% quantiles completed from its samples where
+    they are missing (results written before the rows recorded their quantiles)."""
+    if df.empty or "samples" not in df:
+        return df
+    df = df.reindex(columns=[*df.columns, *(c for c in ("median", "q20", "q80") if c not in df)])
+    done = [stats.complete(stats.Quantiles(*q), stats.parse_samples(s)) for q, s in
+            zip(df[["median", "q20", "q80"]].astype(float).itertuples(index=False), df["samples"])]
+    return df.assign(**dict(zip(("median", "q20", "q80"), map(list, zip(*done))))) if done else df
+
+
+def wide(df: pd.DataFrame, metrics: dict[str, str], threshold: float = math.inf) -> pd.DataFrame:
     """One row per case: its keys, then each metric's value (a Spread for the phase times, the
-    status for a case that did not run)."""
+    status for a case that did not run), and its GPU idle %, marked host-bound above `threshold`."""
     metrics = {m: label for m, label in metrics.items() if m in set(df["metric"])}
     out = []
     for _, g in df.groupby("case_id", sort=False):
         row = {k: g.iloc[0][k] for k in CASE_KEYS}
         for metric, label in metrics.items():
-            row[label] = cell(g, metric, spread=metric in SPREAD_METRICS)
+            row[label] = cell(g, metric, spread=metric in SPREAD_METRICS, column="median")
+        row["GPU idle %"] = idle_text(cell(g, "step_ms", column="gpu_idle_pct") if "gpu_idle_pct" in g else None,
+                                      threshold)
         out.append(row)
     return pd.DataFrame(out)
 
 
 def metric_frame(df: pd.DataFrame, metric: str) -> pd.Series:
-    """Means of one metric of the ok cases, indexed by the case keys."""
-    return df[(df["metric"] == metric) & (df["status"] == "ok")].set_index(CASE_KEYS)["mean"]
+    """Medians of one metric of the ok cases that are not host-bound (`claimable`), indexed by
+    the case keys: what the section's ratios are taken from."""
+    ok = df[(df["metric"] == metric) & (df["status"] == "ok")]
+    return ok[ok["claimable"] if "claimable" in ok else True].set_index(CASE_KEYS)["median"]
+
+
+def mark_host_bound(df: pd.DataFrame, threshold: float) -> pd.DataFrame:
+    """The rows with `claimable`: False for every row of a case whose step is host-bound."""
+    step = df[df["metric"] == "step_ms"]
+    step = step[host_bound(step, threshold)]
+    bound = set(zip(step["study"], step["case_id"]))
+    return df.assign(claimable=[(s, c) not in bound for s, c in zip(df["study"], df["case_id"])])
 
 
 def ordered(df: pd.DataFrame) -> pd.DataFrame:
@@ -75,48 +100,53 @@ def view(inputs) -> dict:
     df = inputs.rows("e2e")
     if df.empty:
         return unavailable("no end-to-end results (rule e2e_study has not run)")
-    df = ordered(df)
-    view = {"available": True, "studies": sorted(df["study"].unique())}
+    threshold = inputs.bars.get("host_bound_idle_pct", math.inf)
+    df = mark_host_bound(ordered(with_quantiles(df)), threshold)
+    view = {"available": True, "studies": sorted(df["study"].unique()),
+            "host_bound": host_bound_legend(df[df["metric"] == "step_ms"], threshold)}
     cases = df.drop_duplicates(["study", "case_id"])  # one case id can be in several studies
     view["n_cases"] = len(cases)
     view["failures"] = failures(cases, ["study", "case_id"])
     view["n_failures"] = len(view["failures"])
     view["batch_size"] = int(cases["batch_size"].iloc[0])
     view["timed_steps"] = int(cases["timed_steps"].iloc[0])
+    if "timed_window_s" in cases and cases["timed_window_s"].notna().any():  # rows of a windowed run
+        view["min_timed_steps"] = int(cases["min_timed_steps"].iloc[0])
+        view["timed_window_s"] = float(cases["timed_window_s"].iloc[0])
     mfu = df[(df["metric"] == "mfu_pct") & (df["status"] == "ok")]
     view["has_mfu"] = not mfu.empty
     view["peaks"] = peaks(mfu)
     if not mfu.empty:
-        best = mfu.loc[mfu["mean"].idxmax()]
-        view["best_mfu"] = {"value": float(best["mean"]), **{k: best[k] for k in CASE_KEYS}}
+        best = mfu.loc[mfu["median"].idxmax()]
+        view["best_mfu"] = {"value": float(best["median"]), **{k: best[k] for k in CASE_KEYS}}
     view["optimizers"] = sorted(set((df["optimizer"] if "optimizer" in df else pd.Series(dtype=str))
                                     .fillna("foreach")) or {"foreach"})
-    view.update(variants(df[df["study"] == "variants"]))
-    view.update(warmup(df[df["study"] == "warmup"]))
-    view.update(context(df[df["study"] == "context"]))
+    view.update(variants(df[df["study"] == "variants"], threshold))
+    view.update(warmup(df[df["study"] == "warmup"], threshold))
+    view.update(context(df[df["study"] == "context"], threshold))
     return view
 
 
-def variants(df: pd.DataFrame) -> dict:
+def variants(df: pd.DataFrame, threshold: float = math.inf) -> dict:
     if df.empty:
         return {}
     train, fwd = df[df["mode"] == "train"], df[df["mode"] == "forward"]
     out = {"variants_train": wide(train, {
         "forward_ms": "forward ms", "backward_ms": "backward ms", "optimizer_ms": "optimizer ms",
         "step_ms": "step ms", "tokens_per_s": "tokens/s", "mfu_pct": "MFU %",
-        "peak_allocated_mib": "peak MiB", "first_step_ms": "first step ms"}).drop(columns=["mode", "warmup"]),
+        "peak_allocated_mib": "peak MiB", "first_step_ms": "first step ms"}, threshold).drop(columns=["mode", "warmup"]),
         "variants_forward": wide(fwd, {
             "forward_ms": "forward ms", "tokens_per_s": "tokens/s", "mfu_pct": "MFU %",
-            "peak_allocated_mib": "peak MiB", "first_step_ms": "first step ms"}).drop(columns=["mode", "warmup"])}
+            "peak_allocated_mib": "peak MiB", "first_step_ms": "first step ms"}, threshold).drop(columns=["mode", "warmup"])}
     f, b = metric_frame(train, "forward_ms"), metric_frame(train, "backward_ms")
     out["backward_over_forward"] = ratio_range(b / f)
     step = metric_frame(df, "step_ms").reset_index()
     eager = step[step["compile"] == "eager"].pivot_table(index=["size", "context", "mode"],
-                                                         columns="dtype", values="mean")
+                                                         columns="dtype", values="median")
     out["bf16_speedup_train"] = ratio_range(
         (eager["fp32"] / eager["bf16"]).xs("train", level="mode")
         if {"fp32", "bf16"} <= set(eager.columns) else pd.Series(dtype=float))
-    by_compile = step.pivot_table(index=["size", "context", "dtype", "mode"], columns="compile", values="mean")
+    by_compile = step.pivot_table(index=["size", "context", "dtype", "mode"], columns="compile", values="median")
     out["compile_speedup"] = {}
     if {"eager", "compiled"} <= set(by_compile.columns):
         speedup = by_compile["eager"] / by_compile["compiled"]
@@ -125,10 +155,10 @@ def variants(df: pd.DataFrame) -> dict:
     return out
 
 
-def warmup(df: pd.DataFrame) -> dict:
+def warmup(df: pd.DataFrame, threshold: float = math.inf) -> dict:
     if df.empty:
         return {}
-    out = {"warmup": wide(df, {"step_ms": "step ms (mean ± std)", "first_step_ms": "first step ms"})
+    out = {"warmup": wide(df, {"step_ms": "step ms", "first_step_ms": "first step ms"}, threshold)
            .drop(columns=["compile", "mode", "context"])}
     step = df[(df["metric"] == "step_ms") & (df["status"] == "ok")]
     std = step.pivot_table(index="size", columns="warmup", values="std")
@@ -137,13 +167,13 @@ def warmup(df: pd.DataFrame) -> dict:
     return out
 
 
-def context(df: pd.DataFrame) -> dict:
+def context(df: pd.DataFrame, threshold: float = math.inf) -> dict:
     if df.empty:
         return {}
     out = {"context": wide(df, {"step_ms": "step ms", "tokens_per_s": "tokens/s", "mfu_pct": "MFU %",
-                                "peak_allocated_mib": "peak MiB"}).drop(columns=["compile", "mode", "warmup"])}
+                                "peak_allocated_mib": "peak MiB"}, threshold).drop(columns=["compile", "mode", "warmup"])}
     per = metric_frame(df, "step_ms").reset_index().pivot_table(index=["size", "dtype"],
-                                                                columns="context", values="mean")
+                                                                columns="context", values="median")
     lo, hi = min(per.columns), max(per.columns)
     out["context_growth"] = {"short": int(lo), "long": int(hi), "factor": int(hi // lo),
                              **ratio_range(per[hi] / per[lo])}
@@ -152,7 +182,7 @@ def context(df: pd.DataFrame) -> dict:
 
 
 def figures(inputs, paths: dict) -> None:
-    df = inputs.rows("e2e")
+    df = with_quantiles(inputs.rows("e2e"))
     ok = df[(df["metric"] == "step_ms") & (df["status"] == "ok")] if not df.empty else df
     variants = ok[(ok["study"] == "variants") & (ok["mode"] == "train")] if not ok.empty else ok
     if variants.empty:
@@ -163,10 +193,11 @@ def figures(inputs, paths: dict) -> None:
         for (dtype, compiled), g in variants.groupby(["dtype", "compile"]):
             g = g.set_index("size").reindex([s for s in sizes if s in set(g["size"])])
             label = f"{dtype}, {'compiled' if str(compiled).lower() == 'true' else 'eager'}"
-            ax.errorbar(g.index, g["mean"], yerr=g["std"], marker="o", capsize=3, label=label)
+            spread = [g["median"] - g["q20"], g["q80"] - g["median"]]
+            ax.errorbar(g.index, g["median"], yerr=spread, marker="o", capsize=3, label=label)
         ax.set_yscale("log")
         ax.set_xlabel("model size")
-        ax.set_ylabel("training step (ms, mean ± std)")
+        ax.set_ylabel("training step (ms, median, 20%-80%)")
         ax.set_title(f"Training step vs model size (context {int(variants['context'].iloc[0])})")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
@@ -181,7 +212,7 @@ def figures(inputs, paths: dict) -> None:
         for dtype, style in (("fp32", "-"), ("bf16", "--")):
             g = context[(context["size"] == size) & (context["dtype"] == dtype)].sort_values("context")
             if not g.empty:
-                ax.plot(g["context"], g["mean"], style, marker="o", color=colors[i % len(colors)],
+                ax.plot(g["context"], g["median"], style, marker="o", color=colors[i % len(colors)],
                         label=f"{size} {dtype}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

@@ -78,6 +78,33 @@ def cell(case: pd.DataFrame, metric: str, spread: bool = False, column: str = "m
     return Spread(float(r[column]), math.nan if one_sample else get("std"), get("q20"), get("q80"))
 
 
+HOST_BOUND = "‡"  # the mark of a host-bound row (its legend: templates/host_bound.md.j2)
+
+
+def host_bound(rows: pd.DataFrame, threshold: float) -> pd.Series:
+    """Per row: whether its GPU sat idle more than `threshold` % of its median call (the rows'
+    `gpu_idle_pct`, bench/timing.py); False where it was not measured (a CPU, older results)."""
+    if "gpu_idle_pct" not in rows:
+        return pd.Series(False, index=rows.index)
+    return pd.to_numeric(rows["gpu_idle_pct"], errors="coerce").gt(threshold)
+
+
+def host_bound_legend(rows: pd.DataFrame, threshold: float) -> dict:
+    """What the legend of the host-bound mark says (templates/host_bound.md.j2): the threshold,
+    how many of `rows` are marked, and whether any was measured at all (no legend on a CPU)."""
+    measured = "gpu_idle_pct" in rows and rows["gpu_idle_pct"].notna().any()
+    return {"measured": bool(measured), "threshold": threshold, "mark": HOST_BOUND,
+            "n": int(host_bound(rows, threshold).sum())}
+
+
+def idle_text(idle, threshold: float):
+    """A row's GPU idle % as a table shows it: the number, with the host-bound mark above the
+    threshold; None where not measured."""
+    if idle is None or not isinstance(idle, (int, float)) or not math.isfinite(idle):
+        return None
+    return f"{fmt(float(idle))} {HOST_BOUND}" if idle > threshold else float(idle)
+
+
 def unavailable(why: str, **extra) -> dict:
     """The view of a section without results: the template prints `Not available: <why>.`"""
     return {"available": False, "why": why, **extra}

@@ -1,6 +1,6 @@
 """The ladder: from the assignment's setting to the GPU's limit, one change a rung (the rows of
-`results/<hw>/ladder/`, one CSV a model size): the rungs with their phase times, MFU and GPU
-busy share, the best rung of each size, its phases against the floors measured in the same job,
+`results/<hw>/ladder/`, one CSV a model size; medians over the timed steps, as the end-to-end
+section's): the rungs with their phase times, MFU and GPU busy share, the best rung of each size, its phases against the floors measured in the same job,
 FlopCounterMode's count beside the closed form MFU uses, the issue's bars (config/config.yaml's
 `report.ladder`), and its figure."""
 from __future__ import annotations
@@ -9,20 +9,23 @@ import math
 
 import pandas as pd
 
-from lmperf.report.e2e import SPREAD_METRICS, failures, peaks, size_order
-from lmperf.report.format import bar, cell, fmt, ratio_range, unavailable
+from lmperf.report.e2e import SPREAD_METRICS, failures, peaks, size_order, with_quantiles
+from lmperf.report.format import bar, cell, fmt, host_bound_legend, idle_text, ratio_range, unavailable
 from lmperf.report.plot import empty, plt, save
 
 
 def view(inputs) -> dict:
-    df = inputs.rows("ladder")
+    df = with_quantiles(inputs.rows("ladder"))
     if df.empty:
         return unavailable("no ladder results (rule ladder_size has not run)")
     cases = df.drop_duplicates("case_id")
     failed = failures(cases, ["size", "case_id"])
     mfu = df[(df["metric"] == "mfu_pct") & (df["status"] == "ok")]
+    threshold = inputs.bars.get("host_bound_idle_pct", math.inf)
     return {"available": True, "n_cases": len(cases), "failures": failed, "n_failures": len(failed),
-            "has_mfu": not mfu.empty, "peaks": peaks(mfu), **ladder(df, inputs.bars.get("ladder", {}))}
+            "has_mfu": not mfu.empty, "peaks": peaks(mfu),
+            "host_bound": host_bound_legend(df[df["metric"] == "step_ms"], threshold),
+            **ladder(df, inputs.bars.get("ladder", {}), threshold)}
 
 
 METRICS = {"forward_ms": "forward ms", "backward_ms": "backward ms", "optimizer_ms": "optimizer ms",
@@ -30,8 +33,9 @@ METRICS = {"forward_ms": "forward ms", "backward_ms": "backward ms", "optimizer_
                   "peak_allocated_mib": "peak MiB"}
 
 
-def rungs(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (size, rung): what changed, its settings, and its metrics (or its status)."""
+def rungs(df: pd.DataFrame, threshold: float = math.inf) -> pd.DataFrame:
+    """One row per (size, rung): what changed, its settings, its metrics (or its status), and its
+    GPU idle %, marked host-bound above `threshold`."""
     out = []
     for _, g in df[df["name"] != "floors"].groupby("case_id", sort=False):
         first = g.iloc[0]
@@ -42,17 +46,19 @@ def rungs(df: pd.DataFrame) -> pd.DataFrame:
                "AdamW": first["optimizer"],
                "checkpointed": _count(cell(g, "checkpointed_blocks")) if ok else None}
         for metric, label in METRICS.items():
-            row[label] = cell(g, metric, spread=metric in SPREAD_METRICS)
+            row[label] = cell(g, metric, spread=metric in SPREAD_METRICS, column="median")
         # one profiled step's kernel time against the timed step (GPU only: blank elsewhere)
-        kernels, step, attention = (cell(g, m) for m in ("step_kernel_ms", "step_ms", "step_attention_kernel_ms"))
+        kernels, step, attention = (cell(g, m, column="median") for m in ("step_kernel_ms", "step_ms", "step_attention_kernel_ms"))
         busy = isinstance(kernels, float) and isinstance(step, float) and step > 0
         row["GPU busy %"] = 100 * kernels / step if busy else None
         row["attention kernels ms"] = attention if isinstance(attention, float) else None
+        row["GPU idle %"] = idle_text(cell(g, "step_ms", column="gpu_idle_pct") if "gpu_idle_pct" in g else None,
+                                      threshold)
         row["_name"], row["_attention"] = first["name"], first["attention"]
         row["_status"] = first["status"]
         out.append(row)
     table = pd.DataFrame(out)
-    return table.drop(columns=[c for c in ("GPU busy %", "attention kernels ms")
+    return table.drop(columns=[c for c in ("GPU busy %", "attention kernels ms", "GPU idle %")
                                if c in table and table[c].isna().all()])
 
 
@@ -80,28 +86,36 @@ def _busy(rungs: pd.DataFrame, size: str, name: str) -> float:
     return float(x.iloc[0]) if len(x) and pd.notna(x.iloc[0]) else math.nan
 
 
+def _idle(df: pd.DataFrame, case_id: str) -> float:
+    """A rung's GPU idle % (its step_ms row's gpu_idle_pct), NaN where not measured."""
+    r = df[(df["case_id"] == case_id) & (df["metric"] == "step_ms")]
+    return float(r["gpu_idle_pct"].iloc[0]) if len(r) and "gpu_idle_pct" in r else math.nan
+
+
 def _count(x) -> int | None:
     return int(x) if isinstance(x, float) and math.isfinite(x) else None
 
 
 def _value(df: pd.DataFrame, case_id: str, metric: str) -> float:
-    r = df[(df["case_id"] == case_id) & (df["metric"] == metric) & (df["status"] == "ok")]["mean"]
+    r = df[(df["case_id"] == case_id) & (df["metric"] == metric) & (df["status"] == "ok")]["median"]
     return float(r.iloc[0]) if len(r) else math.nan
 
 
-def ladder(df: pd.DataFrame, limits: dict) -> dict:
+def ladder(df: pd.DataFrame, limits: dict, threshold: float = math.inf) -> dict:
     """The ladder per size: its rungs, the device rates, the best rung with its phase floors,
-    FlopCounterMode's count beside the closed form, and the issue's bars."""
+    FlopCounterMode's count beside the closed form, and the issue's bars. A best rung or
+    reference rung whose step is host-bound (GPU idle above `threshold` %) labels the ratio
+    between them (`host_bound`): no speed-up is claimed from it."""
     if df.empty:
         return {}
     size_rank = {s: i for i, s in enumerate(size_order(df))}  # smallest model first within a rung
     df = df.assign(rung=df["rung"].astype(int), _size=df["size"].map(size_rank))
     df = df.sort_values(["rung", "_size"], kind="stable").drop(columns="_size")
-    table = rungs(df)
+    table = rungs(df, threshold)
     out = {"rungs": table, "sizes": [s for s in size_order(df) if s in set(table["size"])]}
     ok = df[df["status"] == "ok"]
     rates = ok[ok["name"] == "floors"]
-    out["rates"] = {size: {m: float(v) for m, v in g.set_index("metric")["mean"].items()
+    out["rates"] = {size: {m: float(v) for m, v in g.set_index("metric")["median"].items()
                                   if m in ("copy_gb_per_s", "bf16_matmul_tflops")}
                            for size, g in rates.groupby("size")}
     # The best rung is the fastest (tokens/s): MFU is against each rung's own dtype peak (fp32
@@ -109,7 +123,7 @@ def ladder(df: pd.DataFrame, limits: dict) -> dict:
     key = "tokens_per_s"
     best, floors, flops = {}, [], []
     for size, g in ok[ok["name"] != "floors"].groupby("size", sort=False):
-        score = g[g["metric"] == key].set_index("case_id")["mean"]
+        score = g[g["metric"] == key].set_index("case_id")["median"]
         if score.empty:
             continue
         case_id = score.idxmax()
@@ -125,7 +139,11 @@ def ladder(df: pd.DataFrame, limits: dict) -> dict:
                       "step_ms": _value(g, case_id, "step_ms"), "tokens_per_s": tokens,
                       "vs_assignment": tokens / _value(g, assignment.iloc[0], "tokens_per_s")
                       if len(assignment) else math.nan,
-                      "assignment_busy_pct": _busy(table, size, "compiled")}
+                      "assignment_busy_pct": _busy(table, size, "compiled"),
+                      "host_bound": [f"{which} {fmt(idle)}% GPU idle" for which, idle in
+                                     (("best rung", _idle(g, case_id)),
+                                      ("reference rung", _idle(g, assignment.iloc[0]) if len(assignment) else math.nan))
+                                     if idle > threshold]}
         for phase in ("forward", "backward", "optimizer"):
             measured, floor = _value(g, case_id, f"{phase}_ms"), _value(g, case_id, f"{phase}_floor_ms")
             if math.isfinite(floor):
@@ -169,9 +187,11 @@ def bars(best: dict, floors: pd.DataFrame, limits: dict) -> pd.DataFrame:
     x, busy = b["vs_assignment"], b.get("assignment_busy_pct", math.nan)
     # below 100% busy the reference step waits on the host, so the ratio moves with the host's speed
     host = f" (reference rung {fmt(busy)}% GPU-busy)" if math.isfinite(busy) and busy < 95 else ""
+    if b.get("host_bound"):  # host-bound: the ratio is the host's, not claimed
+        host = f" (host-bound: {', '.join(b['host_bound'])}; not claimed)"
     rows.append(bar(f"{size}: best rung tokens/s >= {fmt(limits['tokens_per_s_vs_assignment'])}x the assignment "
                     f"setting's (bf16 compiled, same job)", x, f"{fmt(x)}x{host}",
-                    x >= limits["tokens_per_s_vs_assignment"]))
+                    x >= limits["tokens_per_s_vs_assignment"] and not b.get("host_bound")))
     opt = floors[(floors["size"] == size) & (floors["phase"] == "optimizer")] if not floors.empty else floors
     if len(opt):
         x = float(opt["measured / floor"].iloc[0])
@@ -182,7 +202,7 @@ def bars(best: dict, floors: pd.DataFrame, limits: dict) -> pd.DataFrame:
 
 def figures(inputs, paths: dict) -> None:
     """MFU (when the device has a peak) and tokens/s per rung, one line per model size."""
-    df, path = inputs.rows("ladder"), paths["ladder"]
+    df, path = with_quantiles(inputs.rows("ladder")), paths["ladder"]
     ok = df[df["status"] == "ok"] if not df.empty else df
     if ok.empty or not (ok["metric"] == "tokens_per_s").any():
         empty(path, "the ladder: MFU and tokens/s per rung")
@@ -194,7 +214,7 @@ def figures(inputs, paths: dict) -> None:
     for ax, metric in zip(axes[:, 0], metrics):
         for size in size_order(ok):
             g = ok[(ok["size"] == size) & (ok["metric"] == metric)].sort_values("rung")
-            ax.plot(g["rung"].astype(int), g["mean"], marker="o", label=size)
+            ax.plot(g["rung"].astype(int), g["median"], marker="o", label=size)
         ax.set_ylabel(labels[metric])
         ax.grid(True, alpha=0.3)
         ax.legend()

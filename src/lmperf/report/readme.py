@@ -15,29 +15,33 @@ import pandas as pd
 from lmperf.report.e2e import peaks, size_order
 from lmperf.report.ladder import ladder as ladder_view
 from lmperf.report.env import measured_seconds
-from lmperf.report.format import fmt, table
-from lmperf.report.render import load_section
+from lmperf.report.format import HOST_BOUND, fmt, host_bound, host_bound_legend, table
+from lmperf.report.render import CONFIG, bars_from_config, load_section
 
 BEGIN = "<!-- results:begin (rendered by python -m lmperf.report.readme; do not edit) -->"
 END = "<!-- results:end -->"
 
 
-def headline(e2e: pd.DataFrame, ladder: pd.DataFrame) -> tuple[str, dict | None]:
-    """Per model size: the training step in each variant at the variants study's context, and the
-    best rung of the ladder where there is one; (the table, one best rung for the prose or None)."""
+def headline(e2e: pd.DataFrame, ladder: pd.DataFrame, threshold: float) -> tuple[str, dict | None]:
+    """Per model size: the training step (median) in each variant at the variants study's context,
+    and the best rung of the ladder where there is one; (the table, one best rung for the prose or
+    None). A host-bound time (GPU idle above `threshold` %) is marked, and a ratio from a host-bound
+    rung says so."""
     v = e2e[(e2e["study"] == "variants") & (e2e["mode"] == "train") & (e2e["status"] == "ok")]
     v = v.assign(variant=v["dtype"] + " " + v["compile"].astype(str).str.lower()
                  .map({"true": "compiled", "false": "eager"}))
-    step = v[v["metric"] == "step_ms"].pivot_table(index="size", columns="variant", values="mean")
-    mfu = v[v["metric"] == "mfu_pct"].pivot_table(index="size", columns="variant", values="mean")
+    step = v[v["metric"] == "step_ms"].pivot_table(index="size", columns="variant", values="median")
+    mfu = v[v["metric"] == "mfu_pct"].pivot_table(index="size", columns="variant", values="median")
     order = [s for s in size_order(e2e) if s in step.index]
-    best = ladder_view(ladder, {}).get("best", {})
+    best = ladder_view(ladder, {}, threshold).get("best", {})
+    bound = v[(v["metric"] == "step_ms") & host_bound(v, threshold)]
+    bound = set(zip(bound["size"], bound["variant"]))
     rows = []
     for size in order:
         row = {"model": size}
         for variant in ("fp32 eager", "fp32 compiled", "bf16 eager", "bf16 compiled"):
             if variant in step.columns:
-                cell = f"{fmt(step.loc[size, variant])} ms"
+                cell = f"{fmt(step.loc[size, variant])} ms" + (f" {HOST_BOUND}" if (size, variant) in bound else "")
                 if variant in mfu.columns:
                     cell += f" ({fmt(mfu.loc[size, variant])}% MFU)"
                 row[variant] = cell
@@ -48,7 +52,7 @@ def headline(e2e: pd.DataFrame, ladder: pd.DataFrame) -> tuple[str, dict | None]
                 f"{str(b['micro_batches']) + ' micro-batches of ' if b['micro_batches'] > 1 else ''}"
                 f"{b['batch_size']} x {b['context']:,}, "
                 f"{b['backend'] or b['attention']}, AdamW {b['optimizer']}; {fmt(b['vs_assignment'])}x "
-                f"the bf16 compiled tokens/s)")
+                f"the bf16 compiled tokens/s{'; host-bound, not a claim' if b['host_bound'] else ''})")
         rows.append(row)
     return table(pd.DataFrame(rows)), next(iter(best.values()), None)
 
@@ -65,7 +69,13 @@ def _median(df: pd.DataFrame, metric: str) -> float | None:
     return float(m.iloc[0]) if len(m) else None
 
 
-def kernels(fa: pd.DataFrame, lrpe: pd.DataFrame) -> str:
+def _mark(df: pd.DataFrame, metric: str, threshold: float) -> str:
+    """The host-bound mark (with its space) if the metric's row is host-bound, else ""."""
+    r = df[(df["metric"] == metric) & (df["status"] == "ok")]
+    return f" {HOST_BOUND}" if host_bound(r, threshold).any() else ""
+
+
+def kernels(fa: pd.DataFrame, lrpe: pd.DataFrame, threshold: float) -> str:
     """Our two kernels against their peers, one row per headline configuration, read from the
     FlashAttention-2 headline/throughput jobs and the LRPE 1-D bench at its largest size."""
     rows = []
@@ -74,7 +84,7 @@ def kernels(fa: pd.DataFrame, lrpe: pd.DataFrame) -> str:
         row = {"kernel, configuration": what}
         for p, label in FA_PROVIDERS.items():
             v = _median(sel[sel["provider"] == p], metric)
-            row[label] = "" if v is None else fmt(v)
+            row[label] = "" if v is None else fmt(v) + _mark(sel[sel["provider"] == p], metric, threshold)
         rows.append(row)
     if not fa.empty:
         head = fa[fa["group"] == "headline"]
@@ -94,13 +104,20 @@ def kernels(fa: pd.DataFrame, lrpe: pd.DataFrame) -> str:
             for p, label in LRPE_PROVIDERS.items():
                 g = big[big["provider"] == p]
                 ms, frac = _median(g, f"{direction}_ms"), _median(g, f"{direction}_copy_fraction")
-                row[label] = "" if ms is None else f"{fmt(ms)} ({fmt(100 * frac)}%)"
+                row[label] = "" if ms is None else (f"{fmt(ms)} ({fmt(100 * frac)}%)"
+                                                    + _mark(g, f"{direction}_ms", threshold))
             lrows.append(row)
         out += "\n\n" + table(pd.DataFrame(lrows))
     return out
 
 
-def render_block(results: Path, templates: Path) -> str:
+def steps_text(rows: pd.DataFrame) -> str:
+    """How many timed steps the rows' medians are over, e.g. "10" or "5-20"."""
+    n = rows[(rows["metric"] == "step_ms") & (rows["status"] == "ok")]["n"].dropna().astype(int)
+    return "?" if n.empty else f"{n.min()}" if n.min() == n.max() else f"{n.min()}-{n.max()}"
+
+
+def render_block(results: Path, templates: Path, config: Path = CONFIG) -> str:
     e2e = load_section(results, "e2e")
     ladder = load_section(results, "ladder")
     env = load_section(results, "env")
@@ -110,14 +127,20 @@ def render_block(results: Path, templates: Path) -> str:
     lrpe = load_section(results, "lrpe")
     lrpe = lrpe[lrpe["study"] == "bench"] if not lrpe.empty else lrpe
     seconds = measured_seconds({"e2e": e2e, "ladder": ladder})
-    table_text, best = headline(e2e, ladder)
+    threshold = bars_from_config(config)["host_bound_idle_pct"]
+    table_text, best = headline(e2e, ladder, threshold)
     mfu = pd.concat([e2e, ladder], ignore_index=True)  # the ladder's TF32 rung has a peak of its own
+    variants = e2e[(e2e["study"] == "variants") & (e2e["mode"] == "train")]
     context = {"hw": results.name, "facts": facts, "headline": table_text, "ladder": best,
-               "kernels": kernels(fa, lrpe),
+               "steps": steps_text(variants), "warmup": "/".join(map(str, sorted(set(variants["warmup"].astype(int))))),
+               "ladder_steps": steps_text(ladder) if not ladder.empty else "",
+               "kernels": kernels(fa, lrpe, threshold),
                "context": int(e2e[e2e["study"] == "variants"]["context"].iloc[0]),
                "batch_size": int(e2e["batch_size"].iloc[0]),
                "minutes": fmt(sum(seconds.values()) / 60),
                "peaks": peaks(mfu[(mfu["metric"] == "mfu_pct") & (mfu["status"] == "ok")])}
+    marked = (table_text + context["kernels"]).count(HOST_BOUND)
+    context["host_bound"] = {**host_bound_legend(e2e, threshold), "n": marked}
     env_j2 = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), trim_blocks=True,
                                 lstrip_blocks=True, undefined=jinja2.StrictUndefined)
     return env_j2.get_template("readme_results.md.j2").render(**context).strip()

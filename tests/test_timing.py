@@ -1,0 +1,100 @@
+"""bench/timing.py's host-bound test, `gpu_idle`: the GPU's busy time is the union of its work's
+intervals in a profile, the idle share is measured against the wall time the case timed, and
+every way it can fail is a reason beside an empty value, never a failed case. CUDA is faked
+(profiler events of known intervals); on a CPU the value is empty."""
+import math
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import torch
+
+from lmperf.bench import e2e, timing
+
+
+def event(start_us, end_us, device="DeviceType.CUDA", **kw):
+    return SimpleNamespace(device_type=device, time_range=SimpleNamespace(start=start_us, end=end_us), **kw)
+
+
+def test_busy_time_is_the_union_of_the_gpu_work_per_call():
+    events = [event(0, 1000), event(500, 1500),            # overlapping kernels: 1.5 ms once
+              event(3000, 3500),                           # after a 1.5 ms gap
+              event(0, 9000, "DeviceType.CPU"),            # host-side ops are not GPU work
+              event(0, 9000, is_user_annotation=True),     # a named range spans idle time too
+              event(0, 9000, activity_type="gpu_user_annotation")]
+    assert timing.busy_ms(events, calls=1) == pytest.approx(2.0)
+    assert timing.busy_ms(events, calls=2) == pytest.approx(1.0)
+    with pytest.raises(RuntimeError, match="no GPU work"):
+        timing.busy_ms([event(0, 10, "DeviceType.CPU")], calls=1)
+
+
+def test_idle_share_is_against_the_timed_wall_time():
+    assert timing.idle_pct(busy=2.5, wall_ms=10.0) == pytest.approx(75.0)
+    assert timing.idle_pct(busy=10.2, wall_ms=10.0) == 0.0  # busy a little over the wall: noise
+
+
+class FakeProfile:
+    """torch.profiler.profile on a fake GPU: each call of the profiled function adds one 3 ms
+    kernel and 1 ms of idle time."""
+    calls = 0
+
+    def __init__(self, activities):
+        assert activities == [torch.profiler.ProfilerActivity.CUDA]
+
+    def __enter__(self):
+        FakeProfile.calls = 0
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def events(self):
+        return [event(4000 * i, 4000 * i + 3000) for i in range(FakeProfile.calls)]
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.profiler, "profile", FakeProfile)
+
+
+def call():
+    FakeProfile.calls += 1
+
+
+def test_gpu_idle_profiles_a_few_calls_and_says_why_when_it_cannot(fake_gpu):
+    assert timing.gpu_idle(call, wall_ms=4.0) == (pytest.approx(25.0), "")
+    assert FakeProfile.calls == timing.IDLE_CALLS
+    idle, why = timing.gpu_idle(lambda: None, wall_ms=4.0)  # no GPU work recorded
+    assert math.isnan(idle) and "no GPU work" in why
+
+    def fails():
+        raise torch.OutOfMemoryError("CUDA out of memory")
+    idle, why = timing.gpu_idle(fails, wall_ms=4.0)
+    assert math.isnan(idle) and why.startswith("GPU idle share not measured: OutOfMemoryError")
+    idle, why = timing.gpu_idle(call, wall_ms=float("nan"))
+    assert math.isnan(idle) and "no wall time" in why
+
+
+def test_without_cuda_the_idle_share_is_empty_not_made_up():
+    if torch.cuda.is_available():
+        pytest.skip("a CPU-only check")
+    assert math.isnan(timing.gpu_idle(call, wall_ms=4.0)[0]) and timing.gpu_idle(call, wall_ms=4.0)[1] == ""
+
+
+def test_every_row_of_an_e2e_case_carries_the_idle_share_of_its_median_step(monkeypatch):
+    seen = {}
+
+    def gpu_idle(fn, wall_ms):
+        seen["wall_ms"], seen["phases"] = wall_ms, fn()  # fn is the timed step
+        return 37.5, "a note"
+    monkeypatch.setattr(timing, "gpu_idle", gpu_idle)
+    spec = {"batch_size": 2, "timed_steps": 3, "grid": {"contexts": [8], "dtypes": ["fp32"], "compile": [False],
+                                                        "modes": ["train"], "warmup": [0]}}
+    case = e2e.study_cases(spec, "tiny")[0]
+    rows = pd.DataFrame(e2e.measure(case, {"d_model": 32, "d_ff": 64, "n_layers": 1, "n_heads": 2}))
+    assert (rows["gpu_idle_pct"] == 37.5).all()
+    step = rows.set_index("metric").loc["step_ms"]
+    assert seen["wall_ms"] == pytest.approx(step["median"], rel=1e-9)
+    assert set(seen["phases"]) == {"forward", "backward", "optimizer"} and step["message"] == "a note"
