@@ -162,19 +162,20 @@ def test_editing_the_model_or_its_attention_kernel_reruns_their_rules_and_the_re
     jobs = planned(built_copy)
     fresh = planned(copy_repo(built_copy.parent / "fresh"))
     assert jobs == {"e2e_study": fresh["e2e_study"], "ladder_size": fresh["ladder_size"], "attention": 1,
-                    "profile": 1, "memory": 1, "flash_attention_check": 1,
+                    "profile": 1, "memory": 1, "flash_attention_check": 1, "adamw_master_check": 1,
                     "flash_attention_bench": fresh["flash_attention_bench"],
                     "distributed_study": fresh["distributed_study"], "report": 1}
 
 
 def test_editing_the_training_step_reruns_every_rule_that_trains_and_the_report(built_copy):
     """lmperf.train is the one training step: the end-to-end, ladder, profile, memory and
-    data-parallel jobs run it; the kernels' and attention's benchmarks do not."""
+    data-parallel jobs run it, and so does the master-weight AdamW's check (it trains the LM
+    through it); the other kernels' and attention's benchmarks do not."""
     edit(built_copy / "src" / "lmperf" / "train.py", "\n# edited\n")
     fresh = planned(copy_repo(built_copy.parent / "fresh"))
     assert planned(built_copy) == {"e2e_study": fresh["e2e_study"], "ladder_size": fresh["ladder_size"],
                                    "profile": 1, "memory": 1, "distributed_study": fresh["distributed_study"],
-                                   "report": 1}
+                                   "adamw_master_check": 1, "report": 1}
 
 
 def test_editing_the_ladder_reruns_only_its_jobs_and_the_report(built_copy):
