@@ -62,3 +62,14 @@ def test_attention_view_names_the_first_oom_and_the_growth():
     assert view["growth"]["n0"] == 2048 and view["growth"]["n1"] == 4096
     assert view["growth"]["exponent"] == pytest.approx(2.0)
     assert view["table"].set_index("N").loc[8192, "forward ms"] == "oom"
+
+
+def test_attention_times_all_passes_unless_they_fill_the_window():
+    case = attention.cases({"impls": ["eager"], "batch": 1, "head_dims": [8], "seq_lens": [16], "iters": 100,
+                            "min_iters": 20, "window_s": 2.0})[0]
+    n = lambda step_s: next(i for i in range(1000) if not attention.more(case, [step_s] * i))
+    assert n(0.001) == 100  # short passes: all of them
+    assert n(0.05) == 40    # the window fills at 40 passes of 50 ms
+    assert n(1.0) == 20     # never under min_iters
+    assert n(1.0) == attention.cases({"impls": ["eager"], "batch": 1, "head_dims": [8], "seq_lens": [16],
+                                      "iters": 20})[0]["iters"]  # no window: all iters

@@ -317,3 +317,24 @@ def test_a_flash_attention_ratio_with_a_host_bound_side_claims_no_bar(tmp_path):
     headline = view["bars"][view["bars"]["bar"].str.contains("SDPA-flash time")].iloc[0]
     assert headline["measured"].endswith("(host-bound ‡: not claimed)") and not headline["met"]
     assert view["host_bound"]["n"] == 1
+
+
+def test_a_case_is_measured_once_and_shown_in_every_study_it_belongs_to(tmp_path):
+    """The context and warm-up studies leave out the variants' eager training cases (config), and
+    their tables show the variants' rows at that context / warm-up."""
+    results = tmp_path / "results" / "x"
+    shutil.copytree(FIXTURE, results)
+    for study, column, value in (("context", "context", 256), ("warmup", "warmup", 5)):
+        for csv in (results / "e2e" / study).glob("*.csv"):
+            df = pd.read_csv(csv)
+            df[df[column] != value].to_csv(csv, index=False)
+    view = e2e.view(inputs(results))
+    variants = pd.read_csv(FIXTURE / "e2e" / "variants" / "small.csv")
+    step = variants[(variants.case_id == "small-ctx256-bf16-eager-train-warmup5") & (variants.metric == "step_ms")]
+    context = view["context"].set_index(["size", "context", "dtype"])
+    assert context.loc[("small", 256, "bf16"), "step ms"].center == step["median"].iloc[0]
+    assert sorted(set(view["context"]["context"])) == [128, 256, 512, 1024]
+    warmup = view["warmup"].set_index(["size", "warmup"])
+    assert ("2.7B", 5) in warmup.index and len(warmup) == 2 * 4
+    assert view["warmup_std_ratio"]["warm"] == 5
+    assert len(view["context"]) == 2 * 4 * 2  # sizes x contexts x dtypes: the variants' compiled cases stay out

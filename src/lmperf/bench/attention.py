@@ -1,4 +1,5 @@
-"""PyTorch attention, eager and compiled: time of 100 forward and 100 backward passes, and the
+"""PyTorch attention, eager and compiled: time of `iters` (100) forward and backward passes, or
+fewer (not under `min_iters`) once a direction's passes add up to `window_s` seconds, and the
 memory held for backward against what the saved tensors predict.
 
     python -m lmperf.bench.attention --spec '{...}' --out results/cpu/attention/attention.csv --hw cpu
@@ -24,7 +25,8 @@ def cases(spec: dict) -> list[dict]:
     out = []
     for impl, d, n in itertools.product(spec["impls"], spec["head_dims"], spec["seq_lens"]):
         out.append({"impl": impl, "head_dim": d, "seq_len": n, "batch": spec["batch"],
-                    "iters": spec["iters"], "case_id": f"{impl}-d{d}-n{n}"})
+                    "iters": spec["iters"], "min_iters": min(spec["iters"], spec.get("min_iters", spec["iters"])),
+                    "window_s": spec.get("window_s"), "case_id": f"{impl}-d{d}-n{n}"})
     return out
 
 @functools.cache
@@ -32,6 +34,15 @@ def _compiled():
     import torch
     from lmperf.model import plain_attention
     return torch.compile(plain_attention)
+
+def more(case: dict, seconds: list[float]) -> bool:
+    """Whether to time another pass after `seconds`: until `iters`, or once there are `min_iters`
+    adding up to `window_s` (a case without a window times all `iters`)."""
+    if len(seconds) >= case["iters"]:
+        return False
+    window = case.get("window_s")
+    return window is None or len(seconds) < case.get("min_iters", case["iters"]) or sum(seconds) < window
+
 
 def measure(case: dict) -> list[dict]:
     import torch
@@ -41,7 +52,7 @@ def measure(case: dict) -> list[dict]:
     device = "cuda" if cuda else "cpu"
     sync = timing.synchronizer()
     fn = plain_attention if case["impl"] == "eager" else _compiled()
-    b, n, d, iters = case["batch"], case["seq_len"], case["head_dim"], case["iters"]
+    b, n, d = case["batch"], case["seq_len"], case["head_dim"]
     q, k, v = (torch.randn(b, n, d, device=device, requires_grad=True) for _ in range(3))
     grad = torch.randn(b, n, d, device=device)
     for _ in range(3):  # warm-up (and compilation) of both timed paths
@@ -50,7 +61,7 @@ def measure(case: dict) -> list[dict]:
         fn(q, k, v, False).backward(grad)
     sync()
     forward_s = []
-    for _ in range(iters):
+    while more(case, forward_s):
         with timing.timed(sync) as t, torch.no_grad():
             fn(q, k, v, False)
         forward_s.append(t.seconds)
@@ -62,7 +73,7 @@ def measure(case: dict) -> list[dict]:
     idle, why_not = timing.gpu_idle(no_grad_forward, wall_ms=forward["median"])
     rows = [{**forward, "gpu_idle_pct": idle, "message": why_not}]
     backward_s, before_backward = [], []
-    for _ in range(iters):
+    while more(case, backward_s):
         out = fn(q, k, v, False)
         sync()
         if cuda:

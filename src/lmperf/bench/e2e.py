@@ -6,7 +6,10 @@ A case runs its warm-up steps, then `timed_steps` timed steps, or fewer (never u
 `min_timed_steps`) once the timed steps add up to `timed_window_s` seconds: all of them where a
 step is short, a time window for slow ones (config/config.yaml says which). Rows keep every
 step's value and give its median and 20% / 80% quantiles; tokens/s, TFLOP/s and MFU are the
-step's work over the median step time (common.summarize_rate). Every row of a case carries
+step's work over the median step time (common.summarize_rate); MFU against the peak of the
+case's dtype (`mfu_pct`) and against the bf16 tensor-core peak (`mfu_bf16_pct`). On a GPU the
+timed steps' energy per token, mean power, power limit and mean SM clock (bench/energy.py) are
+rows too. Every row of a case carries
 `gpu_idle_pct`, the share of its median step in which the GPU sat idle (bench/timing.py's
 gpu_idle, from a few more steps profiled; empty without CUDA).
 
@@ -20,7 +23,7 @@ import itertools
 import statistics
 
 from lmperf import hardware, train
-from lmperf.bench import common, timing
+from lmperf.bench import common, energy, timing
 
 DTYPES = ("fp32", "bf16")
 MODES = ("forward", "train")
@@ -104,7 +107,8 @@ def time_steps(case: dict, cfg, model, optimizer, inputs, targets, autocast) -> 
     for _ in range(case["warmup"]):
         t = timed_step()
         first_step_s = first_step_s or sum(t.values())
-    timed = run_timed(timed_step, case)
+    with energy.meter() as meter:
+        timed = run_timed(timed_step, case)
     first_step_s = first_step_s or sum(timed[0].values())
 
     phases = {p: [t[p] * 1e3 for t in timed] for p in timed[0]}
@@ -117,11 +121,19 @@ def time_steps(case: dict, cfg, model, optimizer, inputs, targets, autocast) -> 
     rows.append({**common.summarize("step_ms", "ms", step_ms), "message": why_not})
     rows.append(common.summarize_rate("tokens_per_s", "tokens/s", tokens_per_step, step_ms))
     rows.append(common.summarize_rate("tflops", "TFLOP/s", flops_per_step / 1e12, step_ms))
-    peak = hardware.peak_tflops(torch.cuda.get_device_name(), peak_key(case)) if device == "cuda" else None
-    if peak:
-        row = common.summarize_rate("mfu_pct", "%", 100 * flops_per_step / 1e12 / peak, step_ms)
-        row["peak_tflops"] = peak  # the dense datasheet peak of the case's dtype (hardware.py)
-        rows.append(row)
+    gpu = torch.cuda.get_device_name() if device == "cuda" else ""
+    for metric, key in (("mfu_pct", peak_key(case)), ("mfu_bf16_pct", "bf16")):
+        peak = hardware.peak_tflops(gpu, key) if gpu else None
+        if peak:  # against the dense datasheet peak of the case's dtype, and of bf16 (hardware.py)
+            row = common.summarize_rate(metric, "%", 100 * flops_per_step / 1e12 / peak, step_ms)
+            rows.append({**row, "peak_tflops": peak})
+    if device == "cuda":  # over the timed steps (bench/energy.py): J/token, and whether the power limit binds
+        tokens = tokens_per_step * len(timed)
+        rows.append({**common.summarize("joules_per_token", "J/token", [meter.joules / tokens]),
+                     "message": meter.why_not})
+        rows += [common.summarize(m, unit, [value]) for m, unit, value in (
+            ("mean_power_w", "W", meter.mean_power_w), ("power_limit_w", "W", meter.power_limit_w),
+            ("mean_sm_clock_mhz", "MHz", meter.mean_sm_clock_mhz))]
     rows.append(common.summarize("first_step_ms", "ms", [first_step_s * 1e3]))
     rows.append(common.summarize("parameters", "count", [count_parameters(cfg)]))
     if device == "cuda":

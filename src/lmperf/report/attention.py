@@ -24,6 +24,8 @@ def view(inputs) -> dict:
                      "predicted (MiB)": cell(g, "predicted_saved_mib")})
     view = {"available": True, "table": pd.DataFrame(rows),
             "batch": int(df["batch"].iloc[0]), "iters": int(df["iters"].iloc[0])}
+    if "window_s" in df and df["window_s"].notna().any():  # rows of a windowed run
+        view["min_iters"], view["window_s"] = int(df["min_iters"].iloc[0]), float(df["window_s"].iloc[0])
     cases = df.drop_duplicates("case_id")
     oom = cases[cases["status"] == "oom"].sort_values(["seq_len", "head_dim"])
     view["first_oom"] = ({"impl": oom.iloc[0]["impl"], "d": int(oom.iloc[0]["head_dim"]),

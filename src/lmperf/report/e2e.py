@@ -69,6 +69,12 @@ def mark_host_bound(df: pd.DataFrame, threshold: float) -> pd.DataFrame:
 def ordered(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     df["compile"] = df["compile"].astype(str).str.lower().map({"true": "compiled", "false": "eager"})
+    return ordered_rows(df)
+
+
+def ordered_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows sorted by their case keys: sizes smallest first, fp32 before bf16, eager before
+    compiled (`compile` as `ordered` writes it)."""
     order = {"size": {s: i for i, s in enumerate(size_order(df))},
              "dtype": {"fp32": 0, "bf16": 1}, "compile": {"eager": 0, "compiled": 1}}
     return df.sort_values(by=CASE_KEYS, kind="stable",
@@ -122,9 +128,32 @@ def view(inputs) -> dict:
     view["optimizers"] = sorted(set((df["optimizer"] if "optimizer" in df else pd.Series(dtype=str))
                                     .fillna("foreach")) or {"foreach"})
     view.update(variants(df[df["study"] == "variants"], threshold))
-    view.update(warmup(df[df["study"] == "warmup"], threshold))
-    view.update(context(df[df["study"] == "context"], threshold))
+    view.update(warmup(study_rows(df, "warmup"), threshold))
+    view.update(context(study_rows(df, "context"), threshold))
     return view
+
+
+# The case key each study varies; its other keys stay at values the study lists.
+STUDY_AXES = {"warmup": "warmup", "context": "context"}
+
+
+def study_rows(df: pd.DataFrame, study: str) -> pd.DataFrame:
+    """The rows of a study, with the variants study's cases that sit on the study's grid (their
+    other case keys among the study's values) at a value of its axis that the study does not
+    list: a case is measured once, in one job, and shown wherever it belongs (the context study
+    takes context 256 from the variants' eager training steps)."""
+    own = df[df["study"] == study]
+    axis = STUDY_AXES[study]
+    if own.empty or "variants" not in set(df["study"]):
+        return own
+    cases = own.drop_duplicates("case_id")
+    shared = df[df["study"] == "variants"]
+    for key in CASE_KEYS:
+        if key != axis:
+            shared = shared[shared[key].isin(set(cases[key]))]
+    shared = shared[~shared[axis].isin(set(cases[axis])) & ~shared["case_id"].isin(set(cases["case_id"]))]
+    return ordered_rows(pd.concat([own, shared.assign(study=study)], ignore_index=True))
+
 
 
 def variants(df: pd.DataFrame, threshold: float = math.inf) -> dict:
@@ -202,7 +231,8 @@ def figures(inputs, paths: dict) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
         save(fig, paths["step_vs_size"])
-    context = ok[ok["study"] == "context"] if not ok.empty else ok
+    context = study_rows(ordered(df), "context") if not df.empty else df
+    context = context[(context["metric"] == "step_ms") & (context["status"] == "ok")] if not context.empty else context
     if context.empty:
         empty(paths["step_vs_context"], "training step vs context")
         return

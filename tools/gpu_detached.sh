@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# A run longer than one call on a lent GPU machine (one call at most 10 minutes; the machine goes
+# back soon after a call ends, and each call replaces the repository's tracked files): start
+# Snakemake's targets detached from the call, in a copy of the repository outside it, then follow
+# them call after call until they end.
+#   tools/gpu_detached.sh start DIR BUDGET_S PACK TARGET...  copy the repository to DIR with an
+#                          empty results/ and logs/, start tools/gpu_targets.sh BUDGET_S there in
+#                          its own session (setsid), then follow it for $FOLLOW_S seconds (540)
+#   tools/gpu_detached.sh follow DIR SECONDS PACK  wait up to SECONDS for it to end (a call must
+#                          end before its limit), then pack DIR's results/ and logs/ (journals
+#                          included) into PACK
+# Every `follow` prints the run's
+# progress and "gpu_detached: running" or "gpu_detached: done (rc N)"; the next call must start
+# before the idle machine goes back. Unpack PACK elsewhere and copy back the CSVs the run wrote.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+verb=${1:-} dir=${2:-}
+[[ -n $verb && -n $dir ]] || { sed -n '2,14p' "$0" >&2; exit 2; }
+
+follow() {  # follow DIR SECONDS PACK
+    local dir=$1 seconds=$2 pack=$3 end=$((SECONDS + $2))
+    while [[ ! -f $dir/.gpu_detached.rc ]] && ((SECONDS < end)); do sleep 5; done
+    # the memory visualizer's HTML stays behind: it can be larger than a transfer allows
+    tar czf "$pack" -C "$dir" --exclude="*.html" results logs 2>/dev/null
+    grep -h "wrote\|resuming\|starting over\|Error\|error:\|Traceback\|gpu_run\|gpu_targets" "$dir/.gpu_detached.log" \
+        | cut -c1-220 | tail -40
+    if [[ -f $dir/.gpu_detached.rc ]]; then
+        echo "gpu_detached: done (rc $(cat "$dir/.gpu_detached.rc")); packed into $pack"
+    else
+        echo "gpu_detached: running ($(tail -1 "$dir/.gpu_detached.log" | cut -c1-160)); packed into $pack"
+    fi
+}
+
+case $verb in
+    start)
+        budget=$3 pack=$4; shift 4
+        rm -rf "$dir" && mkdir -p "$dir" || exit 1
+        tar cf - --exclude=./results --exclude=./logs --exclude=./.snakemake --exclude='./.venv*' \
+            --exclude=./.cache . | tar xf - -C "$dir"
+        mkdir -p "$dir/results" "$dir/logs"
+        (cd "$dir" && setsid nohup bash -c 'tools/gpu_targets.sh "$@"; echo $? > .gpu_detached.rc' \
+            gpu_targets "$budget" "$dir/pack.tgz" "$@" > .gpu_detached.log 2>&1 < /dev/null &)
+        echo "gpu_detached: started ${*} in $dir (budget ${budget} s)"
+        follow "$dir" "${FOLLOW_S:-540}" "$pack"
+        ;;
+    follow)
+        follow "$dir" "$3" "$4"
+        ;;
+    *)
+        echo "gpu_detached: unknown verb $verb (start or follow)" >&2; exit 2 ;;
+esac
