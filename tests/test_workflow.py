@@ -327,15 +327,23 @@ def test_refresh_demo_lists_only_the_lrpe_jobs_and_the_report(built_copy):
 
 
 def stop_while_running(repo: Path, target: str) -> None:
-    """Start `target`, interrupt Snakemake once the job has started, then leave the job's output
+    """Start `target`, interrupt Snakemake once the job is measuring, then leave the job's output
     in place, as when a time limit stops a job right after it wrote its CSV."""
     written = (repo / target).read_bytes()  # what the job writes (the built copy has it)
     proc = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", "--force", target, *SMOKE],
                             cwd=repo, env=workflow_env(repo), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     marks = repo / ".snakemake" / "incomplete"
+    log = repo / ("logs" + target.removeprefix("results").removesuffix(".csv") + ".log")  # the rule's log
+    text = lambda: log.read_text(errors="replace") if log.exists() else ""
+    before = text()  # Snakemake may remove a job's old log before the job starts
+
+    def measuring() -> bool:  # Snakemake marked the output incomplete and the job logged its first case
+        # (a SIGINT before the job's process runs lets Snakemake clean up and leave no mark)
+        now = text()
+        return marks.is_dir() and any(marks.iterdir()) and now != before and "] case 1/" in now.removeprefix(before)
     deadline = time.monotonic() + 120
-    while not (marks.is_dir() and any(marks.iterdir())):
+    while not measuring():
         assert proc.poll() is None and time.monotonic() < deadline, "the job never started"
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
