@@ -46,9 +46,24 @@ def test_views_hold_the_csv_numbers():
     got = train.loc[("2.7B", "bf16", "compiled"), "step ms"]
     assert tuple(got) == pytest.approx((median, step["std"], q20, q80), rel=1e-5) and got.center == step["median"]
     assert str(got).count("[") == 1  # shown as median [q20, q80]
-    mfu = df[(df.case_id == "2.7B-ctx256-fp32-compiled-forward-warmup5") & (df.metric == "mfu_pct")].iloc[0]
-    assert view["best_mfu"]["value"] == mfu["median"] and view["best_mfu"]["mode"] == "forward"
     assert view["peaks"] == {"fp32": 67.0, "bf16": 989.0}  # the rows' peak_tflops column
+    # MFU against the bf16 peak in every row: a bf16 row's own MFU, an fp32 row's TFLOP/s / 989
+    case = lambda cid, metric: df[(df.case_id == cid) & (df.metric == metric)].iloc[0]["median"]
+    fp32 = "2.7B-ctx256-fp32-compiled-forward-warmup5"
+    forward = view["variants_forward"].set_index(["size", "dtype", "compile"])
+    assert forward.loc[("2.7B", "fp32", "compiled"), "MFU % of bf16 peak"] == pytest.approx(
+        100 * case(fp32, "tflops") / 989.0)
+    assert forward.loc[("2.7B", "fp32", "compiled"), "MFU % of fp32 peak"] == case(fp32, "mfu_pct")
+    assert forward.loc[("2.7B", "bf16", "compiled"), "MFU % of bf16 peak"] == case(
+        "2.7B-ctx256-bf16-compiled-forward-warmup5", "mfu_pct")
+    assert pd.isna(forward.loc[("2.7B", "bf16", "compiled"), "MFU % of fp32 peak"])
+    # the section's answer is against the bf16 peak; the fp32 share of its own peak comes second
+    every = pd.concat([pd.read_csv(p) for p in (FIXTURE / "e2e").rglob("*.csv")])
+    bf16 = every[(every.metric == "mfu_pct") & (every.dtype == "bf16") & (every["mode"] == "train")]
+    best = view["best_mfu"]
+    assert best["train"]["value"] == bf16["median"].max() and best["train"]["dtype"] == "bf16"
+    assert best["other_dtype"]["value"] == case(fp32, "mfu_pct") and best["other_dtype"]["mode"] == "forward"
+    assert best["other_dtype"]["bf16_value"] == pytest.approx(100 * case(fp32, "tflops") / 989.0)
 
 
 def test_prose_ratio_is_computed_from_the_csvs():
