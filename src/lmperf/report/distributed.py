@@ -1,5 +1,5 @@
 """Scaling across GPUs: all-reduce bandwidth per message size, the data-parallel training step
-(time per phase, communication, scaling, memory per rank) and the issue's bars (#16), read from
+(time per phase, communication, scaling, memory per rank) and the section's bars, read from
 the rows of the multi-GPU results folder(s) of the report's machine (see `sections.result_dirs`:
 results/<hw>-x<N>/distributed/, or results/<hw>/distributed/ for the CPU's Gloo run) with the
 thresholds of config/config.yaml's `report.distributed`; and its two figures.
@@ -90,6 +90,7 @@ def ddp_frame(df: pd.DataFrame) -> pd.DataFrame:
     single = out[out["variant"] == "single"].set_index(["size", "purpose"])["tokens_per_s"]
     out["speedup"] = out["tokens_per_s"] / pd.Series(list(zip(out["size"], out["purpose"])), index=out.index).map(single)
     out["scaling_efficiency"] = out["speedup"] / out["processes"]
+    out["sequences_per_gpu"] = out["global_batch"] / out["processes"]  # a step's, micro-batches included
     out["label"] = [variant_label(v, b) for v, b in zip(out["variant"], out["bucket_cap_mb"])]
     return out.reset_index(drop=True)
 
@@ -149,17 +150,26 @@ def view(inputs) -> dict:
     out["bars"] = pd.DataFrame(allreduce_bars(ar, out["link_peak"], limits) + ddp_bars(ddp, limits))
     out["sizes"] = [{"size": size, "steps": ddp_table(g[g["purpose"] == "scaling"]),
                      "memory": memory_table(g[g["purpose"] == "scaling"]),
-                     "context": _context(g[g["purpose"] == "scaling"]),
-                     "memory_context": _context(g[g["purpose"] == "memory"]),
+                     "tokens": tokens_per_gpu(g[g["purpose"] == "scaling"]),
+                     "memory_tokens": tokens_per_gpu(g[g["purpose"] == "memory"]),
                      "short": memory_table(g[g["purpose"] == "memory"])}
                     for size, g in ddp.groupby("size", sort=False)] if not ddp.empty else []
     out["not_run"] = not_run(df)
     return out
 
 
-def _context(g: pd.DataFrame) -> int | None:
-    x = g["context"].dropna()
-    return int(x.iloc[0]) if len(x) else None
+def tokens_per_gpu(g: pd.DataFrame) -> str | None:
+    """The tokens each GPU takes a step, as sequences x context: "4 x 1,024 = 4,096"; None
+    where the rows do not say."""
+    g = g.dropna(subset=["context", "sequences_per_gpu"])
+    if g.empty:
+        return None
+    return _tokens(g["sequences_per_gpu"].iloc[0], g["context"].iloc[0])
+
+
+def _tokens(sequences, context) -> str:
+    sequences, context = int(sequences), int(context)
+    return f"{sequences} x {context:,} = {sequences * context:,}"
 
 
 def ddp_table(g: pd.DataFrame) -> pd.DataFrame:
@@ -237,19 +247,22 @@ def ddp_bars(ddp: pd.DataFrame, limits: dict) -> list[dict]:
         here = ddp[(ddp["size"] == size) & (ddp["processes"] == 2)]
         fsdp = here[(here["variant"] == "fsdp2") & (here["purpose"] == "scaling")]
         rows.append(memory_bar(f"{size}: FSDP2 peak memory per rank <= {memory}x DDP's (2 GPUs"
-                               f"{_at(best['context'])})", fsdp, best, memory))
+                               f"{_at(best)})", fsdp, best, memory))
         # the memory context: the model's state, which sharding divides, fills more of the memory
         short = here[here["purpose"] == "memory"]
         ddp_short, fsdp_short = short[short["variant"] == "ddp"], short[short["variant"] == "fsdp2"]
         if len(ddp_short) or len(fsdp_short):
             rows.append(memory_bar(f"{size}: FSDP2 peak memory per rank <= {memory}x DDP's (2 GPUs"
-                                   f"{_at(short['context'].iloc[0])})", fsdp_short,
+                                   f"{_at(short.iloc[0])})", fsdp_short,
                                    ddp_short.iloc[0] if len(ddp_short) else None, memory))
     return rows
 
 
-def _at(context) -> str:
-    return f", context {int(context):,} a GPU" if pd.notna(context) else ""
+def _at(case: pd.Series) -> str:
+    """", 4 x 1,024 = 4,096 tokens a GPU" for a case's row (sequences a GPU x context)."""
+    if pd.isna(case["context"]) or pd.isna(case["sequences_per_gpu"]):
+        return ""
+    return f", {_tokens(case['sequences_per_gpu'], case['context'])} tokens a GPU"
 
 
 def memory_bar(text: str, fsdp: pd.DataFrame, ddp: pd.Series | None, limit: float) -> dict:

@@ -47,7 +47,7 @@ def config_table(df: pd.DataFrame, threshold: float = math.inf) -> tuple[pd.Data
 
 
 def bars(configs: list[dict], grid: pd.DataFrame, model: pd.DataFrame, limits: dict) -> list[dict]:
-    """The issue's bars, read off the same run; thresholds from config/config.yaml's report."""
+    """The section's bars, read off the same run; thresholds from config/config.yaml's report."""
     out = []
     for c in configs:
         r = c["ratios"]
@@ -158,6 +158,7 @@ def view(inputs) -> dict:
             "model_backward": model_backward, "gqa": gqa_table(bench[bench["group"] == "gqa"]),
             "model_same_kernel": SAME_KERNEL if same_kernel(model, "sdpa_flash", "sdpa_cudnn") else "",
             "bars": pd.DataFrame(bars(configs, grid, model, inputs.bars["flash_attention"]))}
+    view["ratios"] = ratio_table(configs, view["host_bound"]["mark"])
     view["losses"] = loss_table(configs, model, model_backward)
     if not grid.empty:
         view["grid"] = grid_tables(grid)
@@ -190,6 +191,22 @@ def model_table(model: pd.DataFrame, metric: str | None = None) -> pd.DataFrame:
     out = out.rename(columns={"seq_len": "N", "head_dim": "D", "triton": "ours (triton)"})
     out.attrs["metric"] = metric
     return out
+
+
+def ratio_table(configs: list[dict], mark: str) -> pd.DataFrame:
+    """Ours / each peer's time, one row per configuration and pass (below 1 ours is faster), a
+    ratio with a host-bound side marked."""
+    rows = []
+    for c in configs:
+        for d, label in DIRECTIONS.items():
+            row = {"configuration": c["name"], "pass": label}
+            for peer in PEERS:
+                if (peer, d) in c["ratios"]:
+                    r = c["ratios"][(peer, d)]
+                    row[f"ours / {peer}"] = f"{fmt(r)} {mark}" if (peer, d) in c["host_bound"] else r
+            if len(row) > 2:
+                rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def loss_table(configs: list[dict], model: pd.DataFrame, model_backward: pd.DataFrame) -> pd.DataFrame:

@@ -1,7 +1,7 @@
 """The ladder: from the assignment's setting to the GPU's limit, one change a rung (the rows of
 `results/<hw>/ladder/`, one CSV a model size; medians over the timed steps, as the end-to-end
 section's): the rungs with their phase times, MFU and GPU busy share, the best rung of each size, its phases against the floors measured in the same job,
-FlopCounterMode's count beside the closed form MFU uses, the issue's bars (config/config.yaml's
+FlopCounterMode's count beside the closed form MFU uses, the section's bars (config/config.yaml's
 `report.ladder`), and its figure."""
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def _value(df: pd.DataFrame, case_id: str, metric: str) -> float:
 
 def ladder(df: pd.DataFrame, limits: dict, threshold: float = math.inf) -> dict:
     """The ladder per size: its rungs, the device rates, the best rung with its phase floors,
-    FlopCounterMode's count beside the closed form, and the issue's bars. A best rung or
+    FlopCounterMode's count beside the closed form, and the section's bars. A best rung or
     reference rung whose step is host-bound (GPU idle above `threshold` %) labels the ratio
     between them (`host_bound`): no speed-up is claimed from it."""
     if df.empty:
@@ -165,7 +165,12 @@ def ladder(df: pd.DataFrame, limits: dict, threshold: float = math.inf) -> dict:
         counted, closed = _value(g, case_id, "counted_flops"), _value(g, case_id, "closed_form_flops")
         att_counted = _value(ok, case_id, "counted_attention_flops")
         att_closed = _value(ok, case_id, "closed_form_attention_flops")
+        # a rung that accumulates gradients is counted over one of its micro-batches
+        batch_size, micro_batches = timed_batch(df[df["case_id"] == case_id])
+        over = f"{batch_size} x {int(first['context']):,}"
         flops.append({"size": first["size"], "rung": int(first["rung"]), "attention": first["attention"],
+                      "counted over": f"one micro-batch of {micro_batches}, {over}" if micro_batches > 1
+                      else f"the step, {over}",
                       "checkpointed": _count(_value(ok, case_id, "checkpointed_blocks")),
                       "counted TFLOP": counted / 1e12, "closed form TFLOP": closed / 1e12,
                       "counted / closed": counted / closed, "attention: counted / closed": att_counted / att_closed})
@@ -196,7 +201,7 @@ def best_table(best: dict) -> pd.DataFrame:
 
 
 def bars(best: dict, floors: pd.DataFrame, limits: dict) -> pd.DataFrame:
-    """The issue's bars for the configured size, read off its ladder job."""
+    """The section's bars for the configured size, read off its ladder job."""
     size = limits.get("size")
     b = best.get(size)
     if not b or not limits:

@@ -47,7 +47,7 @@ def peak_line(val: pd.DataFrame, impl: str, direction: str) -> dict | None:
 
 
 def lines(val: pd.DataFrame, limits: dict, kernel: bool) -> dict[str, list[dict]]:
-    """{"bars": the issue's bars for `triton`, "cache": the same lines for `triton_cache`,
+    """{"bars": the section's bars for `triton`, "cache": the same lines for `triton_cache`,
     "per_call": the torch.compile comparison per call, host included (with kernel times)}."""
     timing, how = ("_kernel", "kernel time") if kernel else ("", "time per call")
     elements = val[("triton", "x_elements")] if ("triton", "x_elements") in val else pd.Series(dtype=float)
