@@ -353,3 +353,28 @@ def test_a_case_is_measured_once_and_shown_in_every_study_it_belongs_to(tmp_path
     assert ("2.7B", 5) in warmup.index and len(warmup) == 2 * 4
     assert view["warmup_std_ratio"]["warm"] == 5
     assert len(view["context"]) == 2 * 4 * 2  # sizes x contexts x dtypes: the variants' compiled cases stay out
+
+
+def test_the_model_table_gives_each_size_its_dimensions_and_measured_parameters():
+    """The dimensions are the configuration's, the parameter count the CSV's; the embeddings
+    (token embedding and untied head, vocabulary x d_model each) come out of the count, so the
+    vocabulary the two imply is the model's, and a configuration that does not describe the
+    measured model is named instead of counted."""
+    from lmperf.model import ModelConfig
+
+    models = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["models"]
+    view = e2e.view(Inputs(results=FIXTURE, frames=inputs(FIXTURE).frames, bars=BARS, out_dir=FIXTURE, models=models))
+    table = view["models"].set_index("model")
+    assert list(table.index) == ["small", "2.7B"]  # the sizes the fixture measured
+    params = rows("variants", "2.7B").query("metric == 'parameters'")["median"].iloc[0]
+    row = table.loc["2.7B"]
+    assert (row["d_model"], row["layers"], row["heads"], row["d_ff"]) == (2560, 32, 32, 10240)
+    assert row["_parameters"] == params and row["parameters (B)"] == pytest.approx(3.41, abs=0.005)
+    assert row["vocabulary"] == ModelConfig(**models["2.7B"]).vocab_size
+    assert row["_parameters"] - row["_body"] == 2 * row["vocabulary"] * 2560
+    assert row["contexts"] == "128, 256, 512, 1,024"
+    wrong = {**models, "2.7B": {**models["2.7B"], "d_ff": 8192}}  # the 2.7B's count implies another vocabulary
+    view = e2e.view(Inputs(results=FIXTURE, frames=inputs(FIXTURE).frames, bars=BARS, out_dir=FIXTURE, models=wrong))
+    table = view["models"].set_index("model")
+    assert table.loc["2.7B", "without embeddings (B)"] == "the configuration's dimensions do not give the measured count"
+    assert table.loc["small", "vocabulary"] == 10_000 and pd.isna(table.loc["2.7B", "vocabulary"])

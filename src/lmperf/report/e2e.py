@@ -166,6 +166,7 @@ def view(inputs) -> dict:
     view["has_mfu"] = not mfu.empty
     view["peaks"] = peaks(mfu)
     view["best_mfu"] = best_mfu(df)
+    view["models"] = model_table(df, inputs.models)
     view["optimizers"] = sorted(set((df["optimizer"] if "optimizer" in df else pd.Series(dtype=str))
                                     .fillna("foreach")) or {"foreach"})
     df, view["mfu_columns"] = mfu_columns(df)
@@ -173,6 +174,41 @@ def view(inputs) -> dict:
     view.update(warmup(study_rows(df, "warmup"), threshold))
     view.update(context(study_rows(df, "context"), view["mfu_columns"], threshold))
     return view
+
+
+def model_table(df: pd.DataFrame, models: dict) -> pd.DataFrame:
+    """One row per model size in the rows: its dimensions as configured (`models`, from
+    config/config.yaml), the contexts it ran at, and its parameters as the benchmark counted
+    them, with and without the embeddings (the token embedding and the untied output head,
+    vocabulary x d_model each). The vocabulary is what the count implies: the count less the
+    Transformer blocks and the final norm that the dimensions give, over 2 x d_model. Every size
+    shares one vocabulary, so a size whose count implies another one (or none: not a positive
+    whole number) was measured with other dimensions than the configuration's: its row says so
+    instead of counting."""
+    params = df[(df["metric"] == "parameters") & (df["status"] == "ok")].groupby("size")["median"].first()
+    rows = []
+    for size in size_order(df):
+        if size not in models or size not in params.index:
+            continue
+        m = models[size]
+        d, f, layers, heads = m["d_model"], m["d_ff"], m["n_layers"], m["n_heads"]
+        d_kv = d // heads * (m.get("n_kv_heads") or heads)
+        body = layers * (2 * d * d + 2 * d * d_kv + 3 * d * f + 2 * d) + d  # q, o; k, v; SwiGLU; norms
+        total = int(params[size])
+        contexts = sorted(set(df[df["size"] == size]["context"].astype(int)))
+        rows.append({"model": size, "d_model": d, "layers": layers, "heads": heads, "d_ff": f,
+                     "contexts": ", ".join(f"{c:,}" for c in contexts), "parameters (B)": total / 1e9,
+                     "without embeddings (B)": body / 1e9, "vocabulary": (total - body) / (2 * d),
+                     "_parameters": total, "_body": body})
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    shared = table["vocabulary"].mode().iloc[0]
+    wrong = (table["vocabulary"] != shared) | (table["vocabulary"] <= 0) | (table["vocabulary"] % 1 != 0)
+    table["without embeddings (B)"] = table["without embeddings (B)"].astype(object).where(
+        ~wrong, "the configuration's dimensions do not give the measured count")
+    table["vocabulary"] = table["vocabulary"].where(~wrong)
+    return table
 
 
 def best_mfu(df: pd.DataFrame) -> dict:

@@ -135,12 +135,14 @@ def draw(inputs: Inputs, figures_dir: Path, sections: list[Section] = SECTIONS) 
 
 def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: str,
            bars: dict, promised: dict | None = None, sections: list[Section] = SECTIONS,
-           template: str = "report.md.j2", references: list[dict] | None = None) -> str:
+           template: str = "report.md.j2", references: list[dict] | None = None,
+           models: dict | None = None) -> str:
     """Render `template` (the whole report, or one section's template for a subset of the
     sections) from the CSVs under `results` into `out`, and its figures into `figures_dir`;
     `promised` ({path: ResultFile}, `promised_files`): the files a full run writes, checked and
     listed when missing (None: every CSV is still checked, but nothing is known to be missing);
-    `references`: the published numbers (references.load) shown beside ours where they match."""
+    `references`: the published numbers (references.load) shown beside ours where they match;
+    `models`: the configuration's model sizes (their dimensions, for the table of models)."""
     promised, frames, problems = promised or {}, {}, {}
     for name in frame_names(sections):  # every section read before any is refused, so that all damage is named
         try:
@@ -149,7 +151,7 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
             problems.update(e.problems)
     if problems:
         raise validate.DamagedResults(problems)
-    inputs = Inputs(results=results, frames=frames, bars=bars, out_dir=out.parent, scale=scale)
+    inputs = Inputs(results=results, frames=frames, bars=bars, out_dir=out.parent, scale=scale, models=models or {})
     absent = missing(results, promised)
     out.parent.mkdir(parents=True, exist_ok=True)
     figures_dir.mkdir(parents=True, exist_ok=True)
@@ -195,7 +197,7 @@ def main(argv=None):
     promised = promised_files(config, args.results, args.scale, distributed)
     try:
         render(args.results, args.templates, args.out, args.figures, args.scale, config["report"], promised,
-               references=published.load(args.references))
+               references=published.load(args.references), models=config["models"])
     except validate.DamagedResults as e:
         raise SystemExit(f"error: {e}\n{args.out} and its figures are left as they were.")
     print(f"wrote {args.out}")
