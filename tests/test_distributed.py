@@ -307,7 +307,8 @@ def test_report_view_without_results_says_so(tmp_path):
 
     view = R.view(_inputs(pd.DataFrame(), tmp_path))
     assert view == {"available": False, "why": "no multi-GPU results of this machine yet "
-                                               "(tools/distributed_gpu.sh on a machine with 2+ GPUs)"}
+                                               "(tools/distributed_gpu.sh on a machine with 2+ GPUs)",
+                    "others": []}
 
 
 def test_report_of_a_machine_reads_its_multi_gpu_folders(tmp_path):

@@ -12,6 +12,7 @@ report/render.py like the whole report.
 from __future__ import annotations
 
 import math
+import os
 import re
 from pathlib import Path
 
@@ -113,16 +114,35 @@ def frames(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 # The view
 
 
+def other_folders(results: Path) -> list[Path]:
+    """Other machines' multi-GPU results folders beside `results` (a report reads only its own
+    machine's results/<hw>-x<N>/; another GPU's stay under their own name)."""
+    return sorted(p for p in results.parent.glob("*-x*") if (p / "distributed").is_dir()
+                  and re.fullmatch(r".+-x\d+", p.name) and not p.name.startswith(results.name + "-x"))
+
+
 def elsewhere(results: Path) -> str:
-    """Where other machines' multi-GPU results and their rendered sections are, if any (a report
-    reads only its own machine's results/<hw>-x<N>/; another GPU's stay under their own name)."""
-    folders = sorted(p for p in results.parent.glob("*-x*") if (p / "distributed").is_dir()
-                     and re.fullmatch(r".+-x\d+", p.name) and not p.name.startswith(results.name + "-x"))
+    """Where other machines' multi-GPU results and their rendered sections are, if any."""
+    folders = other_folders(results)
     if not folders:
         return ""
     return "; measured on other machines: " + ", ".join(
         f"{p.name} (`{p.parent.name}/{p.name}/distributed/`, rendered in `report/distributed/{p.name}/distributed.md`)"
         for p in folders)
+
+
+def other_machines(results: Path, out_dir: Path) -> list[dict]:
+    """For a report without multi-GPU results of its own: each other machine's run (`other_folders`)
+    with its `answers` and the link to its section rendered alone (report/distributed/<name>/,
+    tools/distributed_gpu.sh's preview), for the report's summary to quote as that machine's."""
+    from lmperf.report.render import load_section  # the rows of another machine's folder, checked
+
+    out = []
+    for folder in other_folders(results):
+        section = results.parent.parent / "report" / "distributed" / folder.name / "distributed.md"
+        out.append({"machine": folder.name, "answers": answers(frames(load_section(folder, "distributed"))[1]),
+                    "link": os.path.relpath(section, out_dir) if section.exists() else None})
+    return out
 
 
 def view(inputs) -> dict:
@@ -131,7 +151,8 @@ def view(inputs) -> dict:
     each measured or saying why it could not be."""
     df = inputs.rows("distributed")
     if df.empty:
-        return unavailable(NO_RESULTS + elsewhere(Path(inputs.results)))
+        return unavailable(NO_RESULTS + elsewhere(Path(inputs.results)),
+                           others=other_machines(Path(inputs.results), Path(inputs.out_dir)))
     limits = inputs.bars["distributed"]
     gpus = sorted({g for g in df["gpu"].astype(str) if g != "none"})
     out = {"available": True, "folders": sorted(df["hw"].astype(str).unique()),
@@ -148,6 +169,7 @@ def view(inputs) -> dict:
         "size_mb": "size (MB)", "time_ms": "time (ms, median)", "algbw_gbps": "algbw (GB/s)",
         "busbw_gbps": "busbw (GB/s)"}) if not ar.empty else pd.DataFrame())
     out["bars"] = pd.DataFrame(allreduce_bars(ar, out["link_peak"], limits) + ddp_bars(ddp, limits))
+    out["answers"] = answers(ddp)
     out["sizes"] = [{"size": size, "steps": ddp_table(g[g["purpose"] == "scaling"]),
                      "memory": memory_table(g[g["purpose"] == "scaling"]),
                      "tokens": tokens_per_gpu(g[g["purpose"] == "scaling"]),
@@ -223,7 +245,7 @@ def allreduce_bars(ar: pd.DataFrame, peak: dict | None, limits: dict) -> list[di
 
 def ddp_bars(ddp: pd.DataFrame, limits: dict) -> list[dict]:
     """Per model size, on 2 GPUs: the best DDP bucket's speedup and exposed communication, and
-    FSDP2's peak memory against that DDP's."""
+    FSDP2's peak memory against DDP's (`fsdp_pairs`)."""
     speedup, exposed, memory = (limits["ddp_speedup_2gpu"], limits["exposed_comm_fraction"],
                                 limits["fsdp2_memory_vs_ddp"])
     sizes = list(ddp["size"].unique()) if not ddp.empty else []
@@ -244,18 +266,46 @@ def ddp_bars(ddp: pd.DataFrame, limits: dict) -> list[dict]:
         rows.append(bar(text, share, f"{share:.1%} ({fmt(best['exposed_comm_ms'])} of {fmt(best['step_ms'])} ms)",
                         share <= exposed) if pd.notna(share) else
                     _not_measured(text, "not profiled here (a GPU's profile is needed)"))
-        here = ddp[(ddp["size"] == size) & (ddp["processes"] == 2)]
-        fsdp = here[(here["variant"] == "fsdp2") & (here["purpose"] == "scaling")]
-        rows.append(memory_bar(f"{size}: FSDP2 peak memory per rank <= {memory}x DDP's (2 GPUs"
-                               f"{_at(best)})", fsdp, best, memory))
-        # the memory context: the model's state, which sharding divides, fills more of the memory
-        short = here[here["purpose"] == "memory"]
-        ddp_short, fsdp_short = short[short["variant"] == "ddp"], short[short["variant"] == "fsdp2"]
-        if len(ddp_short) or len(fsdp_short):
+        for case, fsdp, against in fsdp_pairs(ddp, size, best):
             rows.append(memory_bar(f"{size}: FSDP2 peak memory per rank <= {memory}x DDP's (2 GPUs"
-                                   f"{_at(short.iloc[0])})", fsdp_short,
-                                   ddp_short.iloc[0] if len(ddp_short) else None, memory))
+                                   f"{_at(case)})", fsdp, against, memory))
     return rows
+
+
+def fsdp_pairs(ddp: pd.DataFrame, size: str, best: pd.Series) -> list[tuple]:
+    """FSDP2 against DDP on 2 GPUs, as (the case whose tokens a GPU name the pair, FSDP2's rows,
+    DDP's row or None): at the scaling context against the best DDP bucket `best`, and at the
+    memory context, where the model's state (which sharding divides) fills more of the memory,
+    against the DDP case there."""
+    here = ddp[(ddp["size"] == size) & (ddp["processes"] == 2)]
+    pairs = [(best, here[(here["variant"] == "fsdp2") & (here["purpose"] == "scaling")], best)]
+    short = here[here["purpose"] == "memory"]
+    ddp_short, fsdp_short = short[short["variant"] == "ddp"], short[short["variant"] == "fsdp2"]
+    if len(ddp_short) or len(fsdp_short):
+        pairs.append((short.iloc[0], fsdp_short, ddp_short.iloc[0] if len(ddp_short) else None))
+    return pairs
+
+
+def fsdp_ratio(fsdp: pd.DataFrame, ddp: pd.Series | None) -> float:
+    """FSDP2's peak memory per rank over DDP's; NaN where either is not measured."""
+    peak = fsdp["peak_allocated_mib"].iloc[0] if len(fsdp) else math.nan
+    return peak / ddp["peak_allocated_mib"] if ddp is not None else math.nan
+
+
+def answers(ddp: pd.DataFrame) -> list[dict]:
+    """What the report's summary quotes, per model size on 2 GPUs: the best DDP bucket's
+    tokens/s over one GPU's, and FSDP2's peak memory per rank over DDP's at each context (with
+    its tokens a GPU)."""
+    out = []
+    for size in (ddp["size"].unique() if not ddp.empty else []):
+        best = best_ddp(ddp, size, 2)
+        if best is None:
+            continue
+        out.append({"size": size, "speedup": float(best["speedup"]), "bucket_mb": float(best["bucket_cap_mb"]),
+                    "fsdp": [{"tokens": _tokens(case["sequences_per_gpu"], case["context"]),
+                              "ratio": fsdp_ratio(fsdp, against)} for case, fsdp, against in fsdp_pairs(ddp, size, best)
+                             if pd.notna(case["context"]) and pd.notna(case["sequences_per_gpu"])]})
+    return out
 
 
 def _at(case: pd.Series) -> str:
@@ -267,8 +317,8 @@ def _at(case: pd.Series) -> str:
 
 def memory_bar(text: str, fsdp: pd.DataFrame, ddp: pd.Series | None, limit: float) -> dict:
     """FSDP2's peak memory per rank against DDP's, or why it is not measured."""
+    ratio = fsdp_ratio(fsdp, ddp)
     peak = fsdp["peak_allocated_mib"].iloc[0] if len(fsdp) else math.nan
-    ratio = peak / ddp["peak_allocated_mib"] if ddp is not None else math.nan
     if pd.isna(ratio):
         return _not_measured(text, "no peak memory measured (CPU run, or FSDP2 or DDP did not run)")
     return bar(text, ratio, f"{fmt(ratio)}x ({fmt(peak)} vs {fmt(ddp['peak_allocated_mib'])} MiB)", ratio <= limit)

@@ -29,7 +29,7 @@ import pandas as pd
 from lmperf import workflow as wf
 from lmperf.report import format as fmt
 from lmperf.report import references as published
-from lmperf.report import validate
+from lmperf.report import summary, validate
 from lmperf.report.correctness import KERNEL_SECTIONS
 from lmperf.report.sections import SECTIONS, Inputs, Section, figure_paths, frame_names, result_dirs
 
@@ -112,7 +112,7 @@ def environment(templates: Path) -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), trim_blocks=True,
                              lstrip_blocks=True, undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True)
-    env.filters.update(table=fmt.table, fmt=fmt.fmt)
+    env.filters.update(table=fmt.table, fmt=fmt.fmt, anchor=fmt.anchor)
     return env
 
 
@@ -157,7 +157,9 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
     figures_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".render-", dir=out.parent) as tmp:
         staged = draw(inputs, Path(tmp) / "figures", sections)
-        context = {**views(inputs, sections), "sections": [s.name for s in sections],
+        section_views = views(inputs, sections)
+        context = {**section_views, "sections": [s.name for s in sections],
+                   "summary": summary.view(section_views, references or [], results.name),
                    "figures": {name: os.path.relpath(figure_paths(figures_dir)[name], out.parent) for name in staged},
                    "missing": sorted({m for files in absent.values() for m in files}),
                    "partial": absent, "expected": len(promised),
