@@ -55,7 +55,8 @@ def lines(val: pd.DataFrame, limits: dict, kernel: bool) -> dict:
     timing, how = ("_kernel", "kernel time") if kernel else ("", "time per call")
     elements = val[("triton", "x_elements")] if ("triton", "x_elements") in val else pd.Series(dtype=float)
     big = elements[elements >= limits["large_elements"]].index
-    out = {"bars": [], "cache": [], "per_call": [], "answer": {"large": len(big), "how": how}}
+    out = {"bars": [], "cache": [], "per_call": [],
+           "answer": {"large": len(big), "large_elements": limits["large_elements"], "how": how}}
     for direction in ("forward", "backward"):
         key = ("triton", f"{direction}{timing}_copy_fraction")
         if key in val and len(big):
