@@ -616,3 +616,17 @@ def test_no_project_internal_words_in_what_a_reader_reads(committed_render):
              **{p.name: p.read_text() for p in (REPO / "templates").glob("*.j2")}}
     for name, text in texts.items():
         assert not words.search(text), (name, words.search(text)[0])
+
+
+def test_the_scaling_answer_of_a_cpu_run_leaves_out_the_memory_it_could_not_measure():
+    """A Gloo run on a CPU has a speed-up but no peak memory: the answer keeps the one, names
+    the machine only when it is another's, and drops FSDP2's ratio instead of printing NaN."""
+    from lmperf.report import summary
+    view = {"available": True, "answers": [{"size": "tiny", "speedup": 1.25, "bucket_mb": 25.0,
+                                            "fsdp": [{"tokens": "4 x 64 = 256", "ratio": float("nan")}]}]}
+    answer = summary.scaling(view)
+    assert answer["speedup"]["min"] == 1.25 and answer["fsdp"] == [] and answer["machine"] == ""
+    other = {"available": False, "why": "none here", "others": [{"machine": "h200-x2", "link": "x.md",
+                                                                 "answers": view["answers"]}]}
+    assert summary.scaling(other)["machine"] == "h200-x2"
+    assert summary.scaling({**other, "others": []}) == {"available": False, "why": "none here"}

@@ -37,7 +37,8 @@ def view(inputs) -> dict:
     e2e = inputs.frames.get("e2e", pd.DataFrame())
     counted = e2e[(e2e["metric"] == "parameters") & (e2e["size"] == first["size"])]["median"] if not e2e.empty else []
     return {"available": True, "table": pd.DataFrame(rows), "largest": largest,
-            "peaks": peaks(ok, float(counted.iloc[0]) if len(counted) else None),
+            # the parameters' state only where the peaks count it (a GPU's; a CPU's see the step's allocations)
+            "peaks": peaks(ok, float(counted.iloc[0]) if len(counted) and (df["gpu"] != "none").any() else None),
             "size": first["size"], "batch": int(first["batch_size"]),
             "on_gpu": bool((df["gpu"] != "none").any()), "n_cases": len(cases),
             "n_oom": int((cases["status"] == "oom").sum()),

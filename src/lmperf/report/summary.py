@@ -120,10 +120,11 @@ def scaling(v: dict) -> dict:
     if not answers:
         return unavailable("no data-parallel training step on 2 GPUs in the section's rows")
     tokens = list(dict.fromkeys(f["tokens"] for a in answers for f in a["fsdp"]))
+    fsdp = [{"tokens": t, **ratio_range_of([f["ratio"] for a in answers for f in a["fsdp"] if f["tokens"] == t])}
+            for t in tokens]
     return {"available": True, "machine": machine, "link": link, "sizes": [a["size"] for a in answers],
             "speedup": ratio_range_of([a["speedup"] for a in answers]),
-            "fsdp": [{"tokens": t, **ratio_range_of([f["ratio"] for a in answers for f in a["fsdp"] if f["tokens"] == t])}
-                     for t in tokens]}
+            "fsdp": [f for f in fsdp if f["n"]]}  # none where peak memory is not measured (a CPU)
 
 
 def ratio_range_of(values: list[float]) -> dict:
