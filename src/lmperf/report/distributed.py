@@ -172,25 +172,20 @@ def view(inputs) -> dict:
     out["answers"] = answers(ddp)
     out["sizes"] = [{"size": size, "steps": ddp_table(g[g["purpose"] == "scaling"]),
                      "memory": memory_table(g[g["purpose"] == "scaling"]),
-                     "tokens": tokens_per_gpu(g[g["purpose"] == "scaling"]),
-                     "memory_tokens": tokens_per_gpu(g[g["purpose"] == "memory"]),
+                     "tokens": tokens_per_gpu(_first(g[g["purpose"] == "scaling"])),
+                     "memory_tokens": tokens_per_gpu(_first(g[g["purpose"] == "memory"])),
                      "short": memory_table(g[g["purpose"] == "memory"])}
                     for size, g in ddp.groupby("size", sort=False)] if not ddp.empty else []
     out["not_run"] = not_run(df)
     return out
 
 
-def tokens_per_gpu(g: pd.DataFrame) -> str | None:
-    """The tokens each GPU takes a step, as sequences x context: "4 x 1,024 = 4,096"; None
-    where the rows do not say."""
-    g = g.dropna(subset=["context", "sequences_per_gpu"])
-    if g.empty:
+def tokens_per_gpu(case: pd.Series | None) -> str | None:
+    """The tokens each GPU of a training case takes a step, as sequences x context:
+    "4 x 1,024 = 4,096"; None where its row does not say."""
+    if case is None or pd.isna(case["context"]) or pd.isna(case["sequences_per_gpu"]):
         return None
-    return _tokens(g["sequences_per_gpu"].iloc[0], g["context"].iloc[0])
-
-
-def _tokens(sequences, context) -> str:
-    sequences, context = int(sequences), int(context)
+    sequences, context = int(case["sequences_per_gpu"]), int(case["context"])
     return f"{sequences} x {context:,} = {sequences * context:,}"
 
 
@@ -302,17 +297,17 @@ def answers(ddp: pd.DataFrame) -> list[dict]:
         if best is None:
             continue
         out.append({"size": size, "speedup": float(best["speedup"]), "bucket_mb": float(best["bucket_cap_mb"]),
-                    "fsdp": [{"tokens": _tokens(case["sequences_per_gpu"], case["context"]),
-                              "ratio": fsdp_ratio(fsdp, against)} for case, fsdp, against in fsdp_pairs(ddp, size, best)
-                             if pd.notna(case["context"]) and pd.notna(case["sequences_per_gpu"])]})
+                    "fsdp": [{"tokens": tokens_per_gpu(case), "ratio": fsdp_ratio(fsdp, against)}
+                             for case, fsdp, against in fsdp_pairs(ddp, size, best) if tokens_per_gpu(case)]})
     return out
 
 
 def _at(case: pd.Series) -> str:
-    """", 4 x 1,024 = 4,096 tokens a GPU" for a case's row (sequences a GPU x context)."""
-    if pd.isna(case["context"]) or pd.isna(case["sequences_per_gpu"]):
-        return ""
-    return f", {_tokens(case['sequences_per_gpu'], case['context'])} tokens a GPU"
+    return f", {tokens} tokens a GPU" if (tokens := tokens_per_gpu(case)) else ""
+
+
+def _first(g: pd.DataFrame) -> pd.Series | None:
+    return g.iloc[0] if len(g) else None
 
 
 def memory_bar(text: str, fsdp: pd.DataFrame, ddp: pd.Series | None, limit: float) -> dict:
