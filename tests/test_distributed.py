@@ -290,10 +290,11 @@ def test_memory_context_gives_its_own_fsdp2_bar_beside_the_scaling_contexts(tmp_
 
     view = R.view(_inputs(gpu_frame(memory_context=True), tmp_path))
     memory = view["bars"][view["bars"]["bar"].str.contains("FSDP2")]
-    assert list(memory["bar"].str.extract(r"context ([\d,]+)")[0]) == ["1,024", "256"]
+    # tokens a GPU: its sequences a step x the context (the fixture's 4 a GPU)
+    assert list(memory["bar"].str.extract(r"2 GPUs, (.*) tokens a GPU")[0]) == ["4 x 1,024 = 4,096", "4 x 256 = 1,024"]
     assert list(memory["_value"]) == [pytest.approx(0.5), pytest.approx(0.8)] and list(memory["met"]) == [True, False]
     (xl,) = view["sizes"]
-    assert (xl["context"], xl["memory_context"]) == (1024, 256)
+    assert (xl["tokens"], xl["memory_tokens"]) == ("4 x 1,024 = 4,096", "4 x 256 = 1,024")
     assert "DDP, 25 MB buckets" in set(xl["steps"]["variant"]) and len(xl["steps"]) == 4  # no memory case
     assert xl["short"].set_index("variant")["peak allocated"].to_dict() == {"DDP, 25 MB buckets": 20_000.0,
                                                                            "FSDP2": 16_000.0}
@@ -306,7 +307,8 @@ def test_report_view_without_results_says_so(tmp_path):
 
     view = R.view(_inputs(pd.DataFrame(), tmp_path))
     assert view == {"available": False, "why": "no multi-GPU results of this machine yet "
-                                               "(tools/distributed_gpu.sh on a machine with 2+ GPUs)"}
+                                               "(tools/distributed_gpu.sh on a machine with 2+ GPUs)",
+                    "others": []}
 
 
 def test_report_of_a_machine_reads_its_multi_gpu_folders(tmp_path):

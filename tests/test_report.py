@@ -46,9 +46,24 @@ def test_views_hold_the_csv_numbers():
     got = train.loc[("2.7B", "bf16", "compiled"), "step ms"]
     assert tuple(got) == pytest.approx((median, step["std"], q20, q80), rel=1e-5) and got.center == step["median"]
     assert str(got).count("[") == 1  # shown as median [q20, q80]
-    mfu = df[(df.case_id == "2.7B-ctx256-fp32-compiled-forward-warmup5") & (df.metric == "mfu_pct")].iloc[0]
-    assert view["best_mfu"]["value"] == mfu["median"] and view["best_mfu"]["mode"] == "forward"
     assert view["peaks"] == {"fp32": 67.0, "bf16": 989.0}  # the rows' peak_tflops column
+    # MFU against the bf16 peak in every row: a bf16 row's own MFU, an fp32 row's TFLOP/s / 989
+    case = lambda cid, metric: df[(df.case_id == cid) & (df.metric == metric)].iloc[0]["median"]
+    fp32 = "2.7B-ctx256-fp32-compiled-forward-warmup5"
+    forward = view["variants_forward"].set_index(["size", "dtype", "compile"])
+    assert forward.loc[("2.7B", "fp32", "compiled"), "MFU % of bf16 peak"] == pytest.approx(
+        100 * case(fp32, "tflops") / 989.0)
+    assert forward.loc[("2.7B", "fp32", "compiled"), "MFU % of fp32 peak"] == case(fp32, "mfu_pct")
+    assert forward.loc[("2.7B", "bf16", "compiled"), "MFU % of bf16 peak"] == case(
+        "2.7B-ctx256-bf16-compiled-forward-warmup5", "mfu_pct")
+    assert pd.isna(forward.loc[("2.7B", "bf16", "compiled"), "MFU % of fp32 peak"])
+    # the section's answer is against the bf16 peak; the fp32 share of its own peak comes second
+    every = pd.concat([pd.read_csv(p) for p in (FIXTURE / "e2e").rglob("*.csv")])
+    bf16 = every[(every.metric == "mfu_pct") & (every.dtype == "bf16") & (every["mode"] == "train")]
+    best = view["best_mfu"]
+    assert best["train"]["value"] == bf16["median"].max() and best["train"]["dtype"] == "bf16"
+    assert best["other_dtype"]["value"] == case(fp32, "mfu_pct") and best["other_dtype"]["mode"] == "forward"
+    assert best["other_dtype"]["bf16_value"] == pytest.approx(100 * case(fp32, "tflops") / 989.0)
 
 
 def test_prose_ratio_is_computed_from_the_csvs():
@@ -338,3 +353,280 @@ def test_a_case_is_measured_once_and_shown_in_every_study_it_belongs_to(tmp_path
     assert ("2.7B", 5) in warmup.index and len(warmup) == 2 * 4
     assert view["warmup_std_ratio"]["warm"] == 5
     assert len(view["context"]) == 2 * 4 * 2  # sizes x contexts x dtypes: the variants' compiled cases stay out
+
+
+def test_the_model_table_gives_each_size_its_dimensions_and_measured_parameters():
+    """The dimensions are the configuration's, the parameter count the CSV's; the embeddings
+    (token embedding and untied head, vocabulary x d_model each) come out of the count, so the
+    vocabulary the two imply is the model's, and a configuration that does not describe the
+    measured model is named instead of counted."""
+    from lmperf.model import ModelConfig
+
+    models = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["models"]
+    view = e2e.view(Inputs(results=FIXTURE, frames=inputs(FIXTURE).frames, bars=BARS, out_dir=FIXTURE, models=models))
+    table = view["models"].set_index("model")
+    assert list(table.index) == ["small", "2.7B"]  # the sizes the fixture measured
+    params = rows("variants", "2.7B").query("metric == 'parameters'")["median"].iloc[0]
+    row = table.loc["2.7B"]
+    assert (row["d_model"], row["layers"], row["heads"], row["d_ff"]) == (2560, 32, 32, 10240)
+    assert row["_parameters"] == params and row["parameters (B)"] == pytest.approx(3.41, abs=0.005)
+    assert row["vocabulary"] == ModelConfig(**models["2.7B"]).vocab_size
+    assert row["_parameters"] - row["_body"] == 2 * row["vocabulary"] * 2560
+    assert row["contexts"] == "128, 256, 512, 1,024"
+    wrong = {**models, "2.7B": {**models["2.7B"], "d_ff": 8192}}  # the 2.7B's count implies another vocabulary
+    view = e2e.view(Inputs(results=FIXTURE, frames=inputs(FIXTURE).frames, bars=BARS, out_dir=FIXTURE, models=wrong))
+    table = view["models"].set_index("model")
+    assert table.loc["2.7B", "without embeddings (B)"] == "the configuration's dimensions do not give the measured count"
+    assert table.loc["small", "vocabulary"] == 10_000 and pd.isna(table.loc["2.7B", "vocabulary"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The summary the report opens with, checked against the committed CSVs
+
+COMMITTED = REPO / "results" / "h100-80gb-hbm3"
+DISTRIBUTED = REPO / "results" / "h200-x2"  # the committed multi-GPU run the H100 report quotes
+
+
+@pytest.fixture(scope="module")
+def committed_render(tmp_path_factory) -> str:
+    """The committed H100 results rendered as the report rule renders them (references, models)."""
+    from lmperf.report import references
+    out = tmp_path_factory.mktemp("report") / "report.md"
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    return render.render(COMMITTED, REPO / "templates", out, out.parent / "figures", "full", BARS,
+                         references=references.load(), models=config["models"])
+
+
+def summary_rows(text: str) -> dict[str, list[str]]:
+    """{question: [measured here, against, section]} of the summary's table."""
+    block = text.split("\n## Summary\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip("|").split(" | ") for line in block.splitlines() if line.startswith("| ")]
+    return {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows[1:]}  # the header row left out
+
+
+def csv_rows(*parts: str) -> pd.DataFrame:
+    paths = sorted((COMMITTED.parent.joinpath(*parts[:-1])).glob(parts[-1]))
+    assert paths, parts
+    return pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
+
+
+def median(df: pd.DataFrame, stat: str = "median", **where) -> float:
+    for key, value in where.items():
+        df = df[df[key] == value]
+    assert len(df) == 1, where
+    return float(df[stat].iloc[0])
+
+
+def expected_summary() -> dict[str, list[str]]:
+    """Each summary answer's numbers as fmt prints them, computed here from the CSVs alone."""
+    from lmperf.hardware import peak_tflops
+    out = {}
+    head = csv_rows("h100-80gb-hbm3", "flash_attention", "bench", "headline_d64.csv")
+    ours = median(head, provider="triton_compiled", metric="fwd_bwd_ms")
+    out["Our FlashAttention-2 against SDPA and the leaderboard"] = [
+        f"{fmt(ours)} ms", f"{fmt(ours / median(head, provider='sdpa_flash', metric='fwd_bwd_ms'))}x SDPA-flash",
+        f"{fmt(ours / median(head, provider='sdpa_cudnn', metric='fwd_bwd_ms'))}x cuDNN", "5.364 ms",
+        f"{fmt(ours / 5.364)}x its time"]
+    thr = csv_rows("h100-80gb-hbm3", "flash_attention", "bench", "throughput_d128.csv")
+    thr = thr[~thr["causal"].astype(str).str.lower().eq("true")]
+    fwd = median(thr, provider="triton", metric="forward_ms")
+    out["Our FlashAttention-2 forward throughput"] = [
+        f"{fmt(median(thr, provider='triton', metric='forward_tflops'))} TFLOP/s",
+        f"{fmt(median(thr, provider='sdpa_flash', metric='forward_ms') / fwd)}x SDPA-flash",
+        f"{fmt(median(thr, provider='sdpa_cudnn', metric='forward_ms') / fwd)}x cuDNN", "646 TFLOP/s", "600 TFLOP/s"]
+    ladder = csv_rows("h100-80gb-hbm3", "ladder", "*.csv")
+    ok = ladder[(ladder["status"] == "ok") & (ladder["name"] != "floors")]
+    best = {}
+    for size, g in ok.groupby("size"):
+        tokens = g[g["metric"] == "tokens_per_s"].set_index("case_id")["median"]
+        case = tokens.idxmax()
+        rate = median(g, case_id=case, metric="tflops")
+        best[size] = (100 * rate / peak_tflops(g["gpu"].iloc[0], "bf16"), rate, case)
+    top = max(best, key=lambda s: best[s][0])
+    mfu, rate, case = best[top]
+    compiled = ok[(ok["size"] == top) & (ok["name"] == "compiled")]["case_id"].iloc[0]
+    speedup = median(ok, case_id=case, metric="tokens_per_s") / median(ok, case_id=compiled, metric="tokens_per_s")
+    out["The best training step (MFU against the bf16 peak)"] = [
+        f"{fmt(mfu)}% MFU, {fmt(rate)} TFLOP/s: {top}", f"{fmt(speedup)}x the tokens/s",
+        *(f"{s} {fmt(best[s][0])}%" for s in best if s != top), "46% of bf16 peak", "33-39% of bf16 peak"]
+    lrpe = csv_rows("h100-80gb-hbm3", "lrpe", "bench_*.csv")
+    lrpe = lrpe[(lrpe["status"] == "ok") & (lrpe["provider"] == "triton")]
+    keys = ["dims", "side", "l"]
+    elements = lrpe[lrpe["metric"] == "x_elements"].set_index(keys)["median"]
+    large = elements[elements >= BARS["lrpe"]["large_elements"]].index
+    worst = {d: lrpe[lrpe["metric"] == f"{d}_kernel_copy_fraction"].set_index(keys)["median"].loc[large].min()
+             for d in ("forward", "backward")}
+    copy = csv_rows("h100-80gb-hbm3", "lrpe", "bench_*.csv").query("metric == 'copy_gbs' and status == 'ok'")["median"]
+    out["Our LRPE-cosine kernel's share of copy bandwidth"] = [
+        f"{fmt(100 * worst['forward'])}% forward", f"{fmt(100 * worst['backward'])}% backward",
+        f"the {len(large)} configurations of {BARS['lrpe']['large_elements'] / 2**20:g}M elements or more",
+        f"{fmt(copy.median())} GB/s"]
+    ddp = pd.concat([pd.read_csv(p) for p in (DISTRIBUTED / "distributed").glob("ddp_n*.csv")], ignore_index=True)
+    ddp = ddp[ddp["status"] == "ok"]
+    speedups, fsdp = [], {"4 x 1,024 = 4,096": [], "4 x 256 = 1,024": []}
+    for size, g in ddp.groupby("size"):
+        tokens = lambda **w: g[(g["metric"] == "tokens_per_s") & (g[list(w)] == pd.Series(w)).all(axis=1)]
+        one = tokens(variant="single", purpose="scaling")["mean"].iloc[0]
+        two = tokens(variant="ddp", purpose="scaling", world_size=2).set_index("case_id")["mean"]
+        speedups.append(two.max() / one)
+        peak = g[(g["metric"] == "peak_allocated_mib") & (g["world_size"] == 2)].set_index("case_id")["max"]
+        fsdp["4 x 1,024 = 4,096"].append(peak[f"{size}-fsdp2-n2"] / peak[two.idxmax()])
+        fsdp["4 x 256 = 1,024"].append(peak[f"{size}-fsdp2-ctx256-n2"] / peak[f"{size}-ddp-b25-ctx256-n2"])
+    out["Data-parallel training on 2 GPUs: DDP speed-up and FSDP2 memory"] = [
+        "measured on h200-x2", f"{fmt(min(speedups))}–{fmt(max(speedups))}x one GPU's tokens/s",
+        *(f"{fmt(min(r))}–{fmt(max(r))}x DDP's at {t} tokens a GPU" for t, r in fsdp.items())]
+    memory = csv_rows("h100-80gb-hbm3", "memory", "memory.csv")
+    train = memory[(memory["metric"] == "peak_allocated_mib") & (memory["mode"] == "train")]["mean"]
+    params = csv_rows("h100-80gb-hbm3", "e2e", "variants", "2.7B.csv").query("metric == 'parameters'")["median"].iloc[0]
+    out["What holds the memory of a training step"] = [
+        f"{fmt(train.min())}–{fmt(train.max())} MiB", "optimizer step", f"{fmt(16 * params / 2**20)} MiB"]
+    profile = csv_rows("h100-80gb-hbm3", "profile", "profile.csv")
+    kernels = profile[(profile["metric"] == "kernel_us_per_step") & profile["phase"].isin(["forward", "backward"])]
+    share = {}
+    for (dtype, _, _), g in kernels.groupby(["dtype", "case_id", "phase"]):
+        share.setdefault(dtype, []).append(100 * g[g["category"] == "matmul"]["mean"].sum() / g["mean"].sum())
+    out["Where an eager bf16 step's kernel time goes"] = [
+        f"matrix multiplies {fmt(min(share['bf16']))}–{fmt(max(share['bf16']))}%",
+        f"matrix multiplies {fmt(min(share['fp32']))}–{fmt(max(share['fp32']))}%"]
+    checks = pd.concat([csv_rows("h100-80gb-hbm3", k, "check.csv") for k in ("flash_attention", "lrpe", "adamw_master")])
+    checks = checks[checks["status"] == "ok"]
+    passed = int(checks["passed"].astype(str).str.lower().eq("true").sum())
+    out["Are the kernels right?"] = [f"{passed} of {len(checks)} checks pass"]
+    return out
+
+
+def test_the_report_opens_with_a_summary_and_its_contents(committed_render):
+    """Within its first 40 lines: the summary, whose every row links to a section heading of the
+    report, then the contents, one link per section."""
+    from lmperf.report.format import anchor
+    lines = committed_render.splitlines()
+    assert "## Summary" in lines[:40]
+    headings = {anchor(line): line for line in lines if line.startswith("## ")}
+    rows = summary_rows(committed_render)
+    assert len(rows) == 8
+    for question, (_, _, section) in rows.items():
+        target = re.fullmatch(r"\[(.+)\]\(#([\w-]+)\)", section)
+        assert target and headings.get(target[2]) == "## " + target[1], (question, section)
+    contents = committed_render.split("\n## Contents\n", 1)[1].split("\n## ", 1)[0]
+    links = re.findall(r"^- \[(.+)\]\(#([\w-]+)\)$", contents, re.M)
+    assert len(links) == len(SECTIONS) and all(headings[a] == "## " + t for t, a in links)
+    assert lines.index("## Summary") < lines.index("## Contents") < lines.index("## Environment")
+
+
+@pytest.mark.parametrize("text", ["fresh", "committed"])
+def test_every_summary_answer_quotes_the_numbers_of_its_csvs(committed_render, text):
+    """Each row's numbers, computed in this test from the CSVs alone, are in the row: in a fresh
+    render of the committed results and in the committed report/report.md."""
+    rendered = committed_render if text == "fresh" else (REPO / "report" / "report.md").read_text()
+    rows = summary_rows(rendered)
+    for question, numbers in expected_summary().items():
+        row = " | ".join(rows[question])
+        for number in numbers:
+            assert number in row, (question, number, row)
+
+
+def test_a_summary_answer_that_was_not_measured_says_so(tmp_path):
+    empty = tmp_path / "results" / "cpu"
+    empty.mkdir(parents=True)
+    text = run(empty, tmp_path, "smoke")
+    rows = summary_rows(text)
+    assert len(rows) == 8
+    for question, (measured, _, section) in rows.items():
+        assert measured.startswith("not measured here: "), question
+        assert re.fullmatch(r"\[.+\]\(#[\w-]+\)", section)
+
+
+# ---------------------------------------------------------------------------------------------
+# What a reader sees: no raw HTML, MFU against the bf16 peak, the same numbers in README and report
+
+
+def html_glitches(text: str) -> list[str]:
+    """Lines where markdown would render raw HTML: a <details> or </details> line with text right
+    after it (CommonMark ends an HTML block only at a blank line), or a </details> right after
+    text (a paragraph's or a table's last line)."""
+    lines = text.splitlines() + [""]
+    out = []
+    for i, line in enumerate(lines[:-1]):
+        if re.match(r"\s*</?details", line) and lines[i + 1].strip():
+            out.append(f"{i + 1}: {line!r} then {lines[i + 1][:60]!r}")
+        if re.match(r"\s*</details>", line) and i and lines[i - 1].strip():
+            out.append(f"{i + 1}: {lines[i - 1][:60]!r} then {line!r}")
+    return out
+
+
+def test_no_raw_html_glitches(committed_render, tmp_path):
+    empty = tmp_path / "results" / "cpu"
+    empty.mkdir(parents=True)
+    for name, text in {"committed results": committed_render, "fixture": run(FIXTURE, tmp_path),
+                       "no results": run(empty, tmp_path, "smoke"),
+                       "report/report.md": (REPO / "report" / "report.md").read_text(),
+                       "README.md": (REPO / "README.md").read_text()}.items():
+        assert not html_glitches(text), (name, html_glitches(text)[:5])
+    assert html_glitches("<details><summary>x</summary>\ntext\n\n</details>\n") and \
+        html_glitches("<details><summary>x</summary>\n\ntext\n</details>\n")
+
+
+def test_every_mfu_is_against_the_bf16_peak_with_other_peaks_beside_it(committed_render):
+    """Every table with an MFU column has one against the bf16 peak; a column against another
+    dtype's peak stands beside it. In the README every MFU cell is against the bf16 peak and an
+    fp32 cell's own-peak share is named as such."""
+    headers = [line for line in committed_render.splitlines() if line.startswith("|") and "MFU %" in line]
+    assert headers
+    for header in headers:
+        assert "MFU % of bf16 peak" in header, header
+    readme = (REPO / "README.md").read_text().split("<!-- results:begin")[1].split("<!-- results:end")[0]
+    cells = [c for line in readme.splitlines() if line.startswith("|") for c in line.split("|") if "MFU" in c]
+    assert cells and all(re.search(r"\d% MFU", c) for c in cells), cells
+    for cell in cells:
+        for own in re.findall(r"% of (\w+) peak", cell):
+            assert own != "bf16" and cell.index("% MFU") < cell.index(f"% of {own} peak"), cell
+    assert "MFU is against the dense bf16 tensor-core peak" in readme
+
+
+def test_readme_quotes_the_flash_attention_and_lrpe_numbers_the_report_judges(committed_render):
+    """The README's FlashAttention headline is the row the report's bar reads (ours under the
+    leaderboard's harness), and its LRPE table is on the bars' timing (kernel time)."""
+    readme = (REPO / "README.md").read_text()
+    bar = re.search(r"\| headline forward\+backward <= [\d.]+ ms\s+\| ([\d.]+) ms", committed_render)[1]
+    row = next(line for line in readme.splitlines() if line.startswith("| FlashAttention-2 fwd+bwd ms"))
+    assert row.split("|")[2].strip() == bar and "leaderboard" in row
+    lrpe = csv_rows("h100-80gb-hbm3", "lrpe", "bench_1d.csv")
+    big = lrpe[(lrpe["side"] == lrpe["side"].max()) & (lrpe["l"] == 0) & (lrpe["provider"] == "triton")]
+    row = next(line for line in readme.splitlines() if line.startswith("| forward kernel ms"))
+    ms, share = (median(big, metric=m) for m in ("forward_kernel_ms", "forward_kernel_copy_fraction"))
+    assert row.split("|")[2].strip() == f"{fmt(ms)} ({fmt(100 * share)}%)"
+
+
+def test_ratios_are_tables_and_labels_say_what_was_counted(committed_render):
+    """No bullet of ratios; the FLOP table says which rungs it counted over one micro-batch."""
+    assert not re.search(r"^- (headline|throughput|gqa):", committed_render, re.M)
+    assert "| configuration " in committed_render and "ours / sdpa_cudnn" in committed_render
+    ladder = csv_rows("h100-80gb-hbm3", "ladder", "*.csv")
+    steps = ladder[(ladder["metric"] == "step_ms") & (ladder["status"] == "ok")]
+    for r in steps[steps["micro_batches"] > 1].itertuples():
+        line = re.search(rf"^\| {re.escape(r.size)}\s+\| {r.rung}\s+\| [^|]+\| one micro-batch of "
+                         rf"{r.micro_batches}, {r.batch_size} x {r.context:,} ", committed_render, re.M)
+        assert line, (r.size, r.rung)
+
+
+def test_no_project_internal_words_in_what_a_reader_reads(committed_render):
+    words = re.compile(r"the issue'?s?\b|issues'? bars|bars? of (each|the) issues?|grids of the issues|"
+                       r"seed benchmark|\bsession \d|#\d+ item", re.I)
+    texts = {"report": committed_render, "README.md": (REPO / "README.md").read_text(),
+             **{p.name: p.read_text() for p in (REPO / "templates").glob("*.j2")}}
+    for name, text in texts.items():
+        assert not words.search(text), (name, words.search(text)[0])
+
+
+def test_the_scaling_answer_of_a_cpu_run_leaves_out_the_memory_it_could_not_measure():
+    """A Gloo run on a CPU has a speed-up but no peak memory: the answer keeps the one, names
+    the machine only when it is another's, and drops FSDP2's ratio instead of printing NaN."""
+    from lmperf.report import summary
+    view = {"available": True, "answers": [{"size": "tiny", "speedup": 1.25, "bucket_mb": 25.0,
+                                            "fsdp": [{"tokens": "4 x 64 = 256", "ratio": float("nan")}]}]}
+    answer = summary.scaling(view)
+    assert answer["speedup"]["min"] == 1.25 and answer["fsdp"] == [] and answer["machine"] == ""
+    other = {"available": False, "why": "none here", "others": [{"machine": "h200-x2", "link": "x.md",
+                                                                 "answers": view["answers"]}]}
+    assert summary.scaling(other)["machine"] == "h200-x2"
+    assert summary.scaling({**other, "others": []}) == {"available": False, "why": "none here"}

@@ -21,6 +21,7 @@ def view(inputs) -> dict:
             passed = g["passed"].astype(str).str.lower() == "true"
             lines.append({"kernel": f"{section} / {impl}", "dtype": dtype,
                           "cases": g["case_id"].nunique(), "checks passed": f"{int(passed.sum())}/{len(g)}",
+                          "_passed": int(passed.sum()), "_checks": len(g),
                           "worst error / tolerance": ratio.max(),
                           "worst error": worst["mean"], "its tolerance": worst["tolerance"],
                           "where": f"{worst['metric'].replace('_max_abs_err', '')} {worst['case_id']}",
@@ -31,6 +32,13 @@ def view(inputs) -> dict:
                 ["impl", "dtype", "status", "message"], sort=False):
             skipped.append({"kernel": f"{section} / {impl}", "dtype": dtype, "status": status,
                             "cases": g["case_id"].nunique(), "why": message})
-    return {"available": bool(lines or skipped), "table": pd.DataFrame(lines),
+    table = pd.DataFrame(lines)
+    return {"available": bool(lines or skipped), "table": table,
             "skipped": pd.DataFrame(skipped), "failures": failures,
-            "all_pass": bool(lines) and not failures}
+            "all_pass": bool(lines) and not failures,
+            # what the report's summary quotes
+            "n_checks": int(table["_checks"].sum()) if lines else 0,
+            "n_passed": int(table["_passed"].sum()) if lines else 0,
+            "n_kernels": table["kernel"].str.split(" / ").str[0].nunique() if lines else 0,
+            "worst_ratio": float(table["worst error / tolerance"].max()) if lines else None,
+            "n_skipped": int(sum(s["cases"] for s in skipped))}

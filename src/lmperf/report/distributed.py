@@ -1,5 +1,5 @@
 """Scaling across GPUs: all-reduce bandwidth per message size, the data-parallel training step
-(time per phase, communication, scaling, memory per rank) and the issue's bars (#16), read from
+(time per phase, communication, scaling, memory per rank) and the section's bars, read from
 the rows of the multi-GPU results folder(s) of the report's machine (see `sections.result_dirs`:
 results/<hw>-x<N>/distributed/, or results/<hw>/distributed/ for the CPU's Gloo run) with the
 thresholds of config/config.yaml's `report.distributed`; and its two figures.
@@ -12,6 +12,7 @@ report/render.py like the whole report.
 from __future__ import annotations
 
 import math
+import os
 import re
 from pathlib import Path
 
@@ -90,6 +91,7 @@ def ddp_frame(df: pd.DataFrame) -> pd.DataFrame:
     single = out[out["variant"] == "single"].set_index(["size", "purpose"])["tokens_per_s"]
     out["speedup"] = out["tokens_per_s"] / pd.Series(list(zip(out["size"], out["purpose"])), index=out.index).map(single)
     out["scaling_efficiency"] = out["speedup"] / out["processes"]
+    out["sequences_per_gpu"] = out["global_batch"] / out["processes"]  # a step's, micro-batches included
     out["label"] = [variant_label(v, b) for v, b in zip(out["variant"], out["bucket_cap_mb"])]
     return out.reset_index(drop=True)
 
@@ -112,16 +114,35 @@ def frames(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 # The view
 
 
+def other_folders(results: Path) -> list[Path]:
+    """Other machines' multi-GPU results folders beside `results` (a report reads only its own
+    machine's results/<hw>-x<N>/; another GPU's stay under their own name)."""
+    return sorted(p for p in results.parent.glob("*-x*") if (p / "distributed").is_dir()
+                  and re.fullmatch(r".+-x\d+", p.name) and not p.name.startswith(results.name + "-x"))
+
+
 def elsewhere(results: Path) -> str:
-    """Where other machines' multi-GPU results and their rendered sections are, if any (a report
-    reads only its own machine's results/<hw>-x<N>/; another GPU's stay under their own name)."""
-    folders = sorted(p for p in results.parent.glob("*-x*") if (p / "distributed").is_dir()
-                     and re.fullmatch(r".+-x\d+", p.name) and not p.name.startswith(results.name + "-x"))
+    """Where other machines' multi-GPU results and their rendered sections are, if any."""
+    folders = other_folders(results)
     if not folders:
         return ""
     return "; measured on other machines: " + ", ".join(
         f"{p.name} (`{p.parent.name}/{p.name}/distributed/`, rendered in `report/distributed/{p.name}/distributed.md`)"
         for p in folders)
+
+
+def other_machines(results: Path, out_dir: Path) -> list[dict]:
+    """For a report without multi-GPU results of its own: each other machine's run (`other_folders`)
+    with its `answers` and the link to its section rendered alone (report/distributed/<name>/,
+    tools/distributed_gpu.sh's preview), for the report's summary to quote as that machine's."""
+    from lmperf.report.render import load_section  # the rows of another machine's folder, checked
+
+    out = []
+    for folder in other_folders(results):
+        section = results.parent.parent / "report" / "distributed" / folder.name / "distributed.md"
+        out.append({"machine": folder.name, "answers": answers(frames(load_section(folder, "distributed"))[1]),
+                    "link": os.path.relpath(section, out_dir) if section.exists() else None})
+    return out
 
 
 def view(inputs) -> dict:
@@ -130,7 +151,8 @@ def view(inputs) -> dict:
     each measured or saying why it could not be."""
     df = inputs.rows("distributed")
     if df.empty:
-        return unavailable(NO_RESULTS + elsewhere(Path(inputs.results)))
+        return unavailable(NO_RESULTS + elsewhere(Path(inputs.results)),
+                           others=other_machines(Path(inputs.results), Path(inputs.out_dir)))
     limits = inputs.bars["distributed"]
     gpus = sorted({g for g in df["gpu"].astype(str) if g != "none"})
     out = {"available": True, "folders": sorted(df["hw"].astype(str).unique()),
@@ -147,19 +169,24 @@ def view(inputs) -> dict:
         "size_mb": "size (MB)", "time_ms": "time (ms, median)", "algbw_gbps": "algbw (GB/s)",
         "busbw_gbps": "busbw (GB/s)"}) if not ar.empty else pd.DataFrame())
     out["bars"] = pd.DataFrame(allreduce_bars(ar, out["link_peak"], limits) + ddp_bars(ddp, limits))
+    out["answers"] = answers(ddp)
     out["sizes"] = [{"size": size, "steps": ddp_table(g[g["purpose"] == "scaling"]),
                      "memory": memory_table(g[g["purpose"] == "scaling"]),
-                     "context": _context(g[g["purpose"] == "scaling"]),
-                     "memory_context": _context(g[g["purpose"] == "memory"]),
+                     "tokens": tokens_per_gpu(_first(g[g["purpose"] == "scaling"])),
+                     "memory_tokens": tokens_per_gpu(_first(g[g["purpose"] == "memory"])),
                      "short": memory_table(g[g["purpose"] == "memory"])}
                     for size, g in ddp.groupby("size", sort=False)] if not ddp.empty else []
     out["not_run"] = not_run(df)
     return out
 
 
-def _context(g: pd.DataFrame) -> int | None:
-    x = g["context"].dropna()
-    return int(x.iloc[0]) if len(x) else None
+def tokens_per_gpu(case: pd.Series | None) -> str | None:
+    """The tokens each GPU of a training case takes a step, as sequences x context:
+    "4 x 1,024 = 4,096"; None where its row does not say."""
+    if case is None or pd.isna(case["context"]) or pd.isna(case["sequences_per_gpu"]):
+        return None
+    sequences, context = int(case["sequences_per_gpu"]), int(case["context"])
+    return f"{sequences} x {context:,} = {sequences * context:,}"
 
 
 def ddp_table(g: pd.DataFrame) -> pd.DataFrame:
@@ -213,7 +240,7 @@ def allreduce_bars(ar: pd.DataFrame, peak: dict | None, limits: dict) -> list[di
 
 def ddp_bars(ddp: pd.DataFrame, limits: dict) -> list[dict]:
     """Per model size, on 2 GPUs: the best DDP bucket's speedup and exposed communication, and
-    FSDP2's peak memory against that DDP's."""
+    FSDP2's peak memory against DDP's (`fsdp_pairs`)."""
     speedup, exposed, memory = (limits["ddp_speedup_2gpu"], limits["exposed_comm_fraction"],
                                 limits["fsdp2_memory_vs_ddp"])
     sizes = list(ddp["size"].unique()) if not ddp.empty else []
@@ -234,28 +261,59 @@ def ddp_bars(ddp: pd.DataFrame, limits: dict) -> list[dict]:
         rows.append(bar(text, share, f"{share:.1%} ({fmt(best['exposed_comm_ms'])} of {fmt(best['step_ms'])} ms)",
                         share <= exposed) if pd.notna(share) else
                     _not_measured(text, "not profiled here (a GPU's profile is needed)"))
-        here = ddp[(ddp["size"] == size) & (ddp["processes"] == 2)]
-        fsdp = here[(here["variant"] == "fsdp2") & (here["purpose"] == "scaling")]
-        rows.append(memory_bar(f"{size}: FSDP2 peak memory per rank <= {memory}x DDP's (2 GPUs"
-                               f"{_at(best['context'])})", fsdp, best, memory))
-        # the memory context: the model's state, which sharding divides, fills more of the memory
-        short = here[here["purpose"] == "memory"]
-        ddp_short, fsdp_short = short[short["variant"] == "ddp"], short[short["variant"] == "fsdp2"]
-        if len(ddp_short) or len(fsdp_short):
+        for case, fsdp, against in fsdp_pairs(ddp, size, best):
             rows.append(memory_bar(f"{size}: FSDP2 peak memory per rank <= {memory}x DDP's (2 GPUs"
-                                   f"{_at(short['context'].iloc[0])})", fsdp_short,
-                                   ddp_short.iloc[0] if len(ddp_short) else None, memory))
+                                   f"{_at(case)})", fsdp, against, memory))
     return rows
 
 
-def _at(context) -> str:
-    return f", context {int(context):,} a GPU" if pd.notna(context) else ""
+def fsdp_pairs(ddp: pd.DataFrame, size: str, best: pd.Series) -> list[tuple]:
+    """FSDP2 against DDP on 2 GPUs, as (the case whose tokens a GPU name the pair, FSDP2's rows,
+    DDP's row or None): at the scaling context against the best DDP bucket `best`, and at the
+    memory context, where the model's state (which sharding divides) fills more of the memory,
+    against the DDP case there."""
+    here = ddp[(ddp["size"] == size) & (ddp["processes"] == 2)]
+    pairs = [(best, here[(here["variant"] == "fsdp2") & (here["purpose"] == "scaling")], best)]
+    short = here[here["purpose"] == "memory"]
+    ddp_short, fsdp_short = short[short["variant"] == "ddp"], short[short["variant"] == "fsdp2"]
+    if len(ddp_short) or len(fsdp_short):
+        pairs.append((short.iloc[0], fsdp_short, ddp_short.iloc[0] if len(ddp_short) else None))
+    return pairs
+
+
+def fsdp_ratio(fsdp: pd.DataFrame, ddp: pd.Series | None) -> float:
+    """FSDP2's peak memory per rank over DDP's; NaN where either is not measured."""
+    peak = fsdp["peak_allocated_mib"].iloc[0] if len(fsdp) else math.nan
+    return peak / ddp["peak_allocated_mib"] if ddp is not None else math.nan
+
+
+def answers(ddp: pd.DataFrame) -> list[dict]:
+    """What the report's summary quotes, per model size on 2 GPUs: the best DDP bucket's
+    tokens/s over one GPU's, and FSDP2's peak memory per rank over DDP's at each context (with
+    its tokens a GPU)."""
+    out = []
+    for size in (ddp["size"].unique() if not ddp.empty else []):
+        best = best_ddp(ddp, size, 2)
+        if best is None:
+            continue
+        out.append({"size": size, "speedup": float(best["speedup"]), "bucket_mb": float(best["bucket_cap_mb"]),
+                    "fsdp": [{"tokens": tokens_per_gpu(case), "ratio": fsdp_ratio(fsdp, against)}
+                             for case, fsdp, against in fsdp_pairs(ddp, size, best) if tokens_per_gpu(case)]})
+    return out
+
+
+def _at(case: pd.Series) -> str:
+    return f", {tokens} tokens a GPU" if (tokens := tokens_per_gpu(case)) else ""
+
+
+def _first(g: pd.DataFrame) -> pd.Series | None:
+    return g.iloc[0] if len(g) else None
 
 
 def memory_bar(text: str, fsdp: pd.DataFrame, ddp: pd.Series | None, limit: float) -> dict:
     """FSDP2's peak memory per rank against DDP's, or why it is not measured."""
+    ratio = fsdp_ratio(fsdp, ddp)
     peak = fsdp["peak_allocated_mib"].iloc[0] if len(fsdp) else math.nan
-    ratio = peak / ddp["peak_allocated_mib"] if ddp is not None else math.nan
     if pd.isna(ratio):
         return _not_measured(text, "no peak memory measured (CPU run, or FSDP2 or DDP did not run)")
     return bar(text, ratio, f"{fmt(ratio)}x ({fmt(peak)} vs {fmt(ddp['peak_allocated_mib'])} MiB)", ratio <= limit)

@@ -9,7 +9,7 @@ import math
 
 import pandas as pd
 
-from lmperf import stats
+from lmperf import hardware, stats
 from lmperf.report.format import cell, host_bound, host_bound_legend, idle_text, ratio_range, unavailable
 from lmperf.report.plot import empty, plt, save
 
@@ -34,6 +34,49 @@ def with_quantiles(df: pd.DataFrame) -> pd.DataFrame:
     done = [stats.complete(stats.Quantiles(*q), stats.parse_samples(s)) for q, s in
             zip(df[["median", "q20", "q80"]].astype(float).itertuples(index=False), df["samples"])]
     return df.assign(**dict(zip(("median", "q20", "q80"), map(list, zip(*done))))) if done else df
+
+
+# MFU against the bf16 tensor-core peak, every row whatever its dtype (so that rows compare), and
+# for a row of another dtype its share of that dtype's own peak (fp32 without tensor cores: 67
+# TFLOP/s on an H100, so an fp32 step looks well used there while it uses a few % of the GPU).
+BF16_MFU = "mfu_bf16_pct"
+STATS = ("mean", "std", "median", "q20", "q80", "min", "max")
+
+
+def with_bf16_mfu(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows with an `mfu_bf16_pct` row for every ok case with MFU (`mfu_pct`, against its
+    dtype's peak) and none against the bf16 peak (results written before the benchmarks
+    recorded it): a bf16 case's `mfu_pct` (the same peak), another's TFLOP/s over the dense bf16
+    peak of its GPU (`hardware.peak_tflops`)."""
+    if df.empty or "metric" not in df:
+        return df
+    key = lambda d: pd.Series(list(zip(d["study"], d["case_id"])), index=d.index, dtype=object)
+    have = set(key(df[df["metric"] == BF16_MFU]))
+    ok = df[(df["status"] == "ok") & ~key(df).isin(have)]
+    mfu = ok[ok["metric"] == "mfu_pct"]
+    own = mfu[precision(mfu) == "bf16"]
+    other = set(key(mfu[precision(mfu) != "bf16"]))
+    rate = ok[(ok["metric"] == "tflops") & key(ok).isin(other)]
+    if "gpu" in rate:
+        peak = rate["gpu"].astype(str).map(lambda gpu: hardware.peak_tflops(gpu, "bf16")).astype(float)
+    else:
+        peak = pd.Series(math.nan, index=rate.index)
+    rate, peak = rate[peak.notna()], peak[peak.notna()]
+    derived = rate.assign(unit="%", peak_tflops=peak, samples=math.nan,
+                          **{c: 100 * rate[c] / peak for c in STATS if c in rate})
+    return pd.concat([df, own.assign(metric=BF16_MFU), derived.assign(metric=BF16_MFU)], ignore_index=True)
+
+
+def mfu_columns(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
+    """The rows without the own-dtype MFU of bf16 cases (the bf16 column has it), and the MFU
+    columns {metric: label}: against the bf16 peak, then the other dtypes' own peaks, named
+    ("MFU % of fp32 peak", "MFU % of fp32 / tf32 peak")."""
+    mfu = df["metric"] == "mfu_pct"
+    if not mfu.any():
+        return df, {BF16_MFU: "MFU % of bf16 peak"}
+    bf16 = mfu & (precision(df) == "bf16")
+    others = [d for d in ("fp32", "tf32", "fp16") if d in set(precision(df[mfu & ~bf16]))]
+    return df[~bf16], {BF16_MFU: "MFU % of bf16 peak", "mfu_pct": f"MFU % of {' / '.join(others)} peak"}
 
 
 def wide(df: pd.DataFrame, metrics: dict[str, str], threshold: float = math.inf) -> pd.DataFrame:
@@ -107,7 +150,7 @@ def view(inputs) -> dict:
     if df.empty:
         return unavailable("no end-to-end results (rule e2e_study has not run)")
     threshold = inputs.bars.get("host_bound_idle_pct", math.inf)
-    df = mark_host_bound(ordered(with_quantiles(df)), threshold)
+    df = mark_host_bound(ordered(with_bf16_mfu(with_quantiles(df))), threshold)
     view = {"available": True, "studies": sorted(df["study"].unique()),
             "host_bound": host_bound_legend(df[df["metric"] == "step_ms"], threshold)}
     cases = df.drop_duplicates(["study", "case_id"])  # one case id can be in several studies
@@ -122,15 +165,75 @@ def view(inputs) -> dict:
     mfu = df[(df["metric"] == "mfu_pct") & (df["status"] == "ok")]
     view["has_mfu"] = not mfu.empty
     view["peaks"] = peaks(mfu)
-    if not mfu.empty:
-        best = mfu.loc[mfu["median"].idxmax()]
-        view["best_mfu"] = {"value": float(best["median"]), **{k: best[k] for k in CASE_KEYS}}
+    view["best_mfu"] = best_mfu(df)
+    view["models"] = model_table(df, inputs.models)
     view["optimizers"] = sorted(set((df["optimizer"] if "optimizer" in df else pd.Series(dtype=str))
                                     .fillna("foreach")) or {"foreach"})
-    view.update(variants(df[df["study"] == "variants"], threshold))
+    df, view["mfu_columns"] = mfu_columns(df)
+    view.update(variants(df[df["study"] == "variants"], view["mfu_columns"], threshold))
     view.update(warmup(study_rows(df, "warmup"), threshold))
-    view.update(context(study_rows(df, "context"), threshold))
+    view.update(context(study_rows(df, "context"), view["mfu_columns"], threshold))
     return view
+
+
+def model_table(df: pd.DataFrame, models: dict) -> pd.DataFrame:
+    """One row per model size in the rows: its dimensions as configured (`models`, from
+    config/config.yaml), the contexts it ran at, and its parameters as the benchmark counted
+    them, with and without the embeddings (the token embedding and the untied output head,
+    vocabulary x d_model each). The vocabulary is what the count implies: the count less the
+    Transformer blocks and the final norm that the dimensions give, over 2 x d_model. Every size
+    shares one vocabulary, so a size whose count implies another one (or none: not a positive
+    whole number) was measured with other dimensions than the configuration's: its row says so
+    instead of counting."""
+    params = df[(df["metric"] == "parameters") & (df["status"] == "ok")].groupby("size")["median"].first()
+    rows = []
+    for size in size_order(df):
+        if size not in models or size not in params.index:
+            continue
+        m = models[size]
+        d, f, layers, heads = m["d_model"], m["d_ff"], m["n_layers"], m["n_heads"]
+        d_kv = d // heads * (m.get("n_kv_heads") or heads)
+        body = layers * (2 * d * d + 2 * d * d_kv + 3 * d * f + 2 * d) + d  # q, o; k, v; SwiGLU; norms
+        total = int(params[size])
+        contexts = sorted(set(df[df["size"] == size]["context"].astype(int)))
+        rows.append({"model": size, "d_model": d, "layers": layers, "heads": heads, "d_ff": f,
+                     "contexts": ", ".join(f"{c:,}" for c in contexts), "parameters (B)": total / 1e9,
+                     "without embeddings (B)": body / 1e9, "vocabulary": (total - body) / (2 * d),
+                     "_parameters": total, "_body": body})
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    shared = table["vocabulary"].mode().iloc[0]
+    wrong = (table["vocabulary"] != shared) | (table["vocabulary"] <= 0) | (table["vocabulary"] % 1 != 0)
+    table["without embeddings (B)"] = table["without embeddings (B)"].astype(object).where(
+        ~wrong, "the configuration's dimensions do not give the measured count")
+    table["vocabulary"] = table["vocabulary"].where(~wrong)
+    return table
+
+
+def best_mfu(df: pd.DataFrame) -> dict:
+    """The section's answer: {mode: the case with the highest MFU against the bf16 peak, with
+    its value}, and under "other_dtype" the highest share of its own dtype's peak of a row in
+    another dtype (fp32 against its non-tensor-core peak), with that row's bf16-peak MFU beside
+    it; {} without MFU (a CPU)."""
+    out = {}
+    ok = df[df["status"] == "ok"]
+    bf16 = ok[ok["metric"] == BF16_MFU]
+    rate = ok[ok["metric"] == "tflops"].set_index(["study", "case_id"])["median"]
+    for mode, g in bf16.groupby("mode", sort=False):
+        best = g.loc[g["median"].idxmax()]
+        out[mode] = {"value": float(best["median"]), "peak": float(best["peak_tflops"]),
+                     "tflops": float(rate.get((best["study"], best["case_id"]), math.nan)),
+                     **{k: best[k] for k in CASE_KEYS}}
+    own = ok[(ok["metric"] == "mfu_pct") & (precision(ok) != "bf16")]
+    if not own.empty:
+        best = own.loc[own["median"].idxmax()]
+        same = bf16[(bf16["study"] == best["study"]) & (bf16["case_id"] == best["case_id"])]["median"]
+        out["other_dtype"] = {"value": float(best["median"]), "peak": float(best["peak_tflops"]),
+                              "precision": precision(own.loc[[best.name]]).iloc[0],
+                              "bf16_value": float(same.iloc[0]) if len(same) else math.nan,
+                              **{k: best[k] for k in CASE_KEYS}}
+    return out
 
 
 # The case key each study varies; its other keys stay at values the study lists.
@@ -156,16 +259,17 @@ def study_rows(df: pd.DataFrame, study: str) -> pd.DataFrame:
 
 
 
-def variants(df: pd.DataFrame, threshold: float = math.inf) -> dict:
+def variants(df: pd.DataFrame, mfu: dict[str, str], threshold: float = math.inf) -> dict:
+    """The variants study: its tables (MFU columns `mfu`, `mfu_columns`) and ratios."""
     if df.empty:
         return {}
     train, fwd = df[df["mode"] == "train"], df[df["mode"] == "forward"]
     out = {"variants_train": wide(train, {
         "forward_ms": "forward ms", "backward_ms": "backward ms", "optimizer_ms": "optimizer ms",
-        "step_ms": "step ms", "tokens_per_s": "tokens/s", "mfu_pct": "MFU %",
+        "step_ms": "step ms", "tokens_per_s": "tokens/s", "tflops": "TFLOP/s", **mfu,
         "peak_allocated_mib": "peak MiB", "first_step_ms": "first step ms"}, threshold).drop(columns=["mode", "warmup"]),
         "variants_forward": wide(fwd, {
-            "forward_ms": "forward ms", "tokens_per_s": "tokens/s", "mfu_pct": "MFU %",
+            "forward_ms": "forward ms", "tokens_per_s": "tokens/s", "tflops": "TFLOP/s", **mfu,
             "peak_allocated_mib": "peak MiB", "first_step_ms": "first step ms"}, threshold).drop(columns=["mode", "warmup"])}
     f, b = metric_frame(train, "forward_ms"), metric_frame(train, "backward_ms")
     out["backward_over_forward"] = ratio_range(b / f)
@@ -196,10 +300,10 @@ def warmup(df: pd.DataFrame, threshold: float = math.inf) -> dict:
     return out
 
 
-def context(df: pd.DataFrame, threshold: float = math.inf) -> dict:
+def context(df: pd.DataFrame, mfu: dict[str, str], threshold: float = math.inf) -> dict:
     if df.empty:
         return {}
-    out = {"context": wide(df, {"step_ms": "step ms", "tokens_per_s": "tokens/s", "mfu_pct": "MFU %",
+    out = {"context": wide(df, {"step_ms": "step ms", "tokens_per_s": "tokens/s", "tflops": "TFLOP/s", **mfu,
                                 "peak_allocated_mib": "peak MiB"}, threshold).drop(columns=["compile", "mode", "warmup"])}
     per = metric_frame(df, "step_ms").reset_index().pivot_table(index=["size", "dtype"],
                                                                 columns="context", values="median")

@@ -19,9 +19,10 @@ DIRECTIONS = {"forward": "forward", "backward": "backward", "fwd_bwd": "forward+
 CENTER = "median"
 
 
-def config_table(df: pd.DataFrame, threshold: float = math.inf) -> tuple[pd.DataFrame, dict, set]:
+def config_table(df: pd.DataFrame, threshold: float = math.inf) -> tuple[pd.DataFrame, dict, set, str]:
     """Providers x directions (ms and TFLOP/s) for one configuration, a host-bound time (GPU idle
-    above `threshold` %) marked; ours/peer time ratios; the keys of those with a host-bound side."""
+    above `threshold` %) marked; ours/peer time ratios; the keys of those with a host-bound side;
+    the provider that is ours in the ratios (`OURS`)."""
     rows = []
     bound = df[host_bound(df, threshold)]
     bound = set(zip(bound["provider"], bound["metric"]))
@@ -43,11 +44,11 @@ def config_table(df: pd.DataFrame, threshold: float = math.inf) -> tuple[pd.Data
         ratios[("ms", "fwd_bwd")] = ms[(ours, "fwd_bwd_ms")]
     order = {"triton_compiled": 0, "triton": 1, **{p: i + 2 for i, p in enumerate(PEERS)}}
     rows.sort(key=lambda r: order.get(r["provider"], 99))
-    return pd.DataFrame(rows), ratios, host
+    return pd.DataFrame(rows), ratios, host, ours
 
 
 def bars(configs: list[dict], grid: pd.DataFrame, model: pd.DataFrame, limits: dict) -> list[dict]:
-    """The issue's bars, read off the same run; thresholds from config/config.yaml's report."""
+    """The section's bars, read off the same run; thresholds from config/config.yaml's report."""
     out = []
     for c in configs:
         r = c["ratios"]
@@ -140,14 +141,16 @@ def view(inputs) -> dict:
             ["group", "dtype", "causal", "batch", "heads", "kv_heads", "seq_len", "head_dim"], sort=False):
         if group in ("grid", "model"):
             continue
-        table, ratios, host = config_table(g, inputs.bars.get("host_bound_idle_pct", math.inf))
+        table, ratios, host, ours = config_table(g, inputs.bars.get("host_bound_idle_pct", math.inf))
         mode = "causal" if str(causal).lower() == "true" else "non-causal"
         notes = sorted({f"{r.provider}: {r.message}" for r in g[g["metric"] == "backward_ms"].itertuples()
                         if isinstance(r.message, str) and r.message})
         heads = f"{int(h)} heads" + (f" over {int(kv)} K/V heads" if kv != h else "")
         configs.append({"name": f"{group}: {int(b)} x {heads} x {int(n)} tokens x D {int(d)}, {dtype}, {mode}",
                         "group": group, "causal": mode, "table": table, "notes": notes, "ratios": ratios,
-                        "host_bound": host})
+                        "host_bound": host, "ours": ours,
+                        "forward_tflops": {p: v for p, v in g[(g["metric"] == "forward_tflops") & (g["status"] == "ok")]
+                                           .set_index("provider")[CENTER].items()}})
     grid = bench[bench["group"] == "grid"]
     model = model_table(bench[bench["group"] == "model"])
     model_host = model_table(bench[bench["group"] == "model"], "fwd_bwd_ms")
@@ -158,6 +161,7 @@ def view(inputs) -> dict:
             "model_backward": model_backward, "gqa": gqa_table(bench[bench["group"] == "gqa"]),
             "model_same_kernel": SAME_KERNEL if same_kernel(model, "sdpa_flash", "sdpa_cudnn") else "",
             "bars": pd.DataFrame(bars(configs, grid, model, inputs.bars["flash_attention"]))}
+    view["ratios"] = ratio_table(configs, view["host_bound"]["mark"])
     view["losses"] = loss_table(configs, model, model_backward)
     if not grid.empty:
         view["grid"] = grid_tables(grid)
@@ -190,6 +194,22 @@ def model_table(model: pd.DataFrame, metric: str | None = None) -> pd.DataFrame:
     out = out.rename(columns={"seq_len": "N", "head_dim": "D", "triton": "ours (triton)"})
     out.attrs["metric"] = metric
     return out
+
+
+def ratio_table(configs: list[dict], mark: str) -> pd.DataFrame:
+    """Ours / each peer's time, one row per configuration and pass (below 1 ours is faster), a
+    ratio with a host-bound side marked."""
+    rows = []
+    for c in configs:
+        for d, label in DIRECTIONS.items():
+            row = {"configuration": c["name"], "pass": label}
+            for peer in PEERS:
+                if (peer, d) in c["ratios"]:
+                    r = c["ratios"][(peer, d)]
+                    row[f"ours / {peer}"] = f"{fmt(r)} {mark}" if (peer, d) in c["host_bound"] else r
+            if len(row) > 2:
+                rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def loss_table(configs: list[dict], model: pd.DataFrame, model_backward: pd.DataFrame) -> pd.DataFrame:

@@ -4,6 +4,7 @@ e.g. `oom`) and `Spread`s in plain frames and dicts; templates turn them into te
 from __future__ import annotations
 
 import math
+import re
 from typing import NamedTuple
 
 import numpy as np
@@ -103,6 +104,13 @@ def idle_text(idle, threshold: float):
     if idle is None or not isinstance(idle, (int, float)) or not math.isfinite(idle):
         return None
     return f"{fmt(float(idle))} {HOST_BOUND}" if idle > threshold else float(idle)
+
+
+def anchor(heading: str) -> str:
+    """The anchor GitHub gives a markdown heading: its text in lower case, without punctuation,
+    spaces as hyphens ("## FlashAttention-2 (Triton)" -> "flashattention-2-triton")."""
+    text = heading.lstrip("#").strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
 def unavailable(why: str, **extra) -> dict:

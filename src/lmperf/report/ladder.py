@@ -1,7 +1,7 @@
 """The ladder: from the assignment's setting to the GPU's limit, one change a rung (the rows of
 `results/<hw>/ladder/`, one CSV a model size; medians over the timed steps, as the end-to-end
 section's): the rungs with their phase times, MFU and GPU busy share, the best rung of each size, its phases against the floors measured in the same job,
-FlopCounterMode's count beside the closed form MFU uses, the issue's bars (config/config.yaml's
+FlopCounterMode's count beside the closed form MFU uses, the section's bars (config/config.yaml's
 `report.ladder`), and its figure."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import math
 
 import pandas as pd
 
-from lmperf.report.e2e import SPREAD_METRICS, failures, peaks, size_order, with_quantiles
+from lmperf.report.e2e import (BF16_MFU, SPREAD_METRICS, failures, mfu_columns, peaks, size_order, with_bf16_mfu,
+                                with_quantiles)
 from lmperf.report.format import bar, cell, fmt, host_bound_legend, idle_text, ratio_range, unavailable
 from lmperf.report.plot import empty, plt, save
 
@@ -29,13 +30,15 @@ def view(inputs) -> dict:
 
 
 METRICS = {"forward_ms": "forward ms", "backward_ms": "backward ms", "optimizer_ms": "optimizer ms",
-                  "step_ms": "step ms", "tokens_per_s": "tokens/s", "mfu_pct": "MFU %",
-                  "peak_allocated_mib": "peak MiB"}
+           "step_ms": "step ms", "tokens_per_s": "tokens/s", "tflops": "TFLOP/s"}
 
 
 def rungs(df: pd.DataFrame, threshold: float = math.inf) -> pd.DataFrame:
-    """One row per (size, rung): what changed, its settings, its metrics (or its status), and its
-    GPU idle %, marked host-bound above `threshold`."""
+    """One row per (size, rung): what changed, its settings, its metrics (or its status): MFU
+    against the bf16 peak, and the fp32 and TF32 rungs' share of their own peaks beside it
+    (`e2e.mfu_columns`), and its GPU idle %, marked host-bound above `threshold`."""
+    df, mfu = mfu_columns(df)
+    metrics = {**METRICS, **mfu, "peak_allocated_mib": "peak MiB"}
     out = []
     for _, g in df[df["name"] != "floors"].groupby("case_id", sort=False):
         first = g.iloc[0]
@@ -45,7 +48,7 @@ def rungs(df: pd.DataFrame, threshold: float = math.inf) -> pd.DataFrame:
                isinstance(first.get("attention_backend"), str) else first["attention"],
                "AdamW": first["optimizer"],
                "checkpointed": _count(cell(g, "checkpointed_blocks")) if ok else None}
-        for metric, label in METRICS.items():
+        for metric, label in metrics.items():
             row[label] = cell(g, metric, spread=metric in SPREAD_METRICS, column="median")
         # one profiled step's kernel time against the timed step (GPU only: blank elsewhere)
         kernels, step, attention = (cell(g, m, column="median") for m in ("step_kernel_ms", "step_ms", "step_attention_kernel_ms"))
@@ -58,7 +61,7 @@ def rungs(df: pd.DataFrame, threshold: float = math.inf) -> pd.DataFrame:
         row["_status"] = first["status"]
         out.append(row)
     table = pd.DataFrame(out)
-    return table.drop(columns=[c for c in ("GPU busy %", "attention kernels ms", "GPU idle %")
+    return table.drop(columns=[c for c in ("GPU busy %", "attention kernels ms", "GPU idle %", *mfu.values())
                                if c in table and table[c].isna().all()])
 
 
@@ -74,8 +77,11 @@ def timed_batch(g: pd.DataFrame) -> tuple[int, int]:
 
 def batch_text(g: pd.DataFrame) -> str:
     """Sequences a step: "4", or "16 = 8 x 2" (micro-batches x their size)."""
-    b, k = timed_batch(g)
-    return f"{b}" if k == 1 else f"{b * k} = {k} x {b}"
+    return sequences_text(*timed_batch(g))
+
+
+def sequences_text(batch_size: int, micro_batches: int) -> str:
+    return f"{batch_size}" if micro_batches == 1 else f"{batch_size * micro_batches} = {micro_batches} x {batch_size}"
 
 
 def _busy(rungs: pd.DataFrame, size: str, name: str) -> float:
@@ -103,11 +109,12 @@ def _value(df: pd.DataFrame, case_id: str, metric: str) -> float:
 
 def ladder(df: pd.DataFrame, limits: dict, threshold: float = math.inf) -> dict:
     """The ladder per size: its rungs, the device rates, the best rung with its phase floors,
-    FlopCounterMode's count beside the closed form, and the issue's bars. A best rung or
+    FlopCounterMode's count beside the closed form, and the section's bars. A best rung or
     reference rung whose step is host-bound (GPU idle above `threshold` %) labels the ratio
     between them (`host_bound`): no speed-up is claimed from it."""
     if df.empty:
         return {}
+    df = with_bf16_mfu(df)
     size_rank = {s: i for i, s in enumerate(size_order(df))}  # smallest model first within a rung
     df = df.assign(rung=df["rung"].astype(int), _size=df["size"].map(size_rank))
     df = df.sort_values(["rung", "_size"], kind="stable").drop(columns="_size")
@@ -118,8 +125,7 @@ def ladder(df: pd.DataFrame, limits: dict, threshold: float = math.inf) -> dict:
     out["rates"] = {size: {m: float(v) for m, v in g.set_index("metric")["median"].items()
                                   if m in ("copy_gb_per_s", "bf16_matmul_tflops")}
                            for size, g in rates.groupby("size")}
-    # The best rung is the fastest (tokens/s): MFU is against each rung's own dtype peak (fp32
-    # eager against 67 TFLOP/s, bf16 against 989), so it does not rank rungs of different dtypes.
+    # The best rung is the fastest (tokens/s); its MFU is against the bf16 peak, as every rung's.
     key = "tokens_per_s"
     best, floors, flops = {}, [], []
     for size, g in ok[ok["name"] != "floors"].groupby("size", sort=False):
@@ -135,7 +141,8 @@ def ladder(df: pd.DataFrame, limits: dict, threshold: float = math.inf) -> dict:
                       "batch_size": batch_size, "warmup": int(first["warmup"]), "micro_batches": micro_batches,
                       "timed_steps": int(first["timed_steps"]),
                       "attention": first["attention"], "backend": first.get("attention_backend"),
-                      "optimizer": first["optimizer"], "mfu": _value(g, case_id, "mfu_pct"),
+                      "optimizer": first["optimizer"], "mfu": _value(g, case_id, BF16_MFU),
+                      "tflops": _value(g, case_id, "tflops"),
                       "step_ms": _value(g, case_id, "step_ms"), "tokens_per_s": tokens,
                       "vs_assignment": tokens / _value(g, assignment.iloc[0], "tokens_per_s")
                       if len(assignment) else math.nan,
@@ -158,11 +165,17 @@ def ladder(df: pd.DataFrame, limits: dict, threshold: float = math.inf) -> dict:
         counted, closed = _value(g, case_id, "counted_flops"), _value(g, case_id, "closed_form_flops")
         att_counted = _value(ok, case_id, "counted_attention_flops")
         att_closed = _value(ok, case_id, "closed_form_attention_flops")
+        # a rung that accumulates gradients is counted over one of its micro-batches
+        batch_size, micro_batches = timed_batch(df[df["case_id"] == case_id])
+        over = f"{batch_size} x {int(first['context']):,}"
         flops.append({"size": first["size"], "rung": int(first["rung"]), "attention": first["attention"],
+                      "counted over": f"one micro-batch of {micro_batches}, {over}" if micro_batches > 1
+                      else f"the step, {over}",
                       "checkpointed": _count(_value(ok, case_id, "checkpointed_blocks")),
                       "counted TFLOP": counted / 1e12, "closed form TFLOP": closed / 1e12,
                       "counted / closed": counted / closed, "attention: counted / closed": att_counted / att_closed})
     out["best"] = best
+    out["best_table"] = best_table(best)
     out["floors"] = pd.DataFrame(floors)
     out["flops"] = pd.DataFrame(flops)
     if not out["flops"].empty:
@@ -171,15 +184,31 @@ def ladder(df: pd.DataFrame, limits: dict, threshold: float = math.inf) -> dict:
     return out
 
 
+def best_table(best: dict) -> pd.DataFrame:
+    """The best rung of each size, one row each: what it is, its step and its speed-up over the
+    assignment's setting (rung "torch.compile", same job; labelled, not claimed, where a side is
+    host-bound)."""
+    rows = []
+    for size, b in best.items():
+        x = b["vs_assignment"]
+        rows.append({"size": size, "rung": b["rung"], "change": b["change"], "context": b["context"],
+                     "sequences a step": sequences_text(b["batch_size"], b["micro_batches"]),
+                     "attention": b["backend"] or b["attention"], "AdamW": b["optimizer"], "step ms": b["step_ms"],
+                     "tokens/s": b["tokens_per_s"], "TFLOP/s": b["tflops"], "MFU % of bf16 peak": b["mfu"],
+                     "tokens/s / the assignment's": f"{fmt(x)} (host-bound: {', '.join(b['host_bound'])}; not a "
+                                                    "speed-up claim)" if b["host_bound"] else x})
+    return pd.DataFrame(rows)
+
+
 def bars(best: dict, floors: pd.DataFrame, limits: dict) -> pd.DataFrame:
-    """The issue's bars for the configured size, read off its ladder job."""
+    """The section's bars for the configured size, read off its ladder job."""
     size = limits.get("size")
     b = best.get(size)
     if not b or not limits:
         return pd.DataFrame()
     rows = []
     if math.isfinite(b["mfu"]):
-        for text, limit in ((f"{size}: best rung >= {fmt(limits['best_mfu_pct'])}% MFU with "
+        for text, limit in ((f"{size}: best rung >= {fmt(limits['best_mfu_pct'])}% MFU (bf16 peak) with "
                              f"{limits['best_attention']} attention", limits["best_mfu_pct"]),
                             (f"stretch: >= {fmt(limits['best_mfu_pct_stretch'])}% MFU", limits["best_mfu_pct_stretch"])):
             rows.append(bar(text, b["mfu"], f"{fmt(b['mfu'])}% (rung {b['rung']}, {b['attention']})",

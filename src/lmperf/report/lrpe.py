@@ -46,25 +46,32 @@ def peak_line(val: pd.DataFrame, impl: str, direction: str) -> dict | None:
                f"largest excess {fmt(excess)} MiB", (over <= 0).all())
 
 
-def lines(val: pd.DataFrame, limits: dict, kernel: bool) -> dict[str, list[dict]]:
-    """{"bars": the issue's bars for `triton`, "cache": the same lines for `triton_cache`,
-    "per_call": the torch.compile comparison per call, host included (with kernel times)}."""
+def lines(val: pd.DataFrame, limits: dict, kernel: bool) -> dict:
+    """{"bars": the section's bars for `triton`, "cache": the same lines for `triton_cache`,
+    "per_call": the torch.compile comparison per call, host included (with kernel times),
+    "answer": what the report's summary quotes: per direction, triton's worst share of copy
+    bandwidth over the large configs and its slowest time against torch.compile's (the bars'
+    timing), with the number of large configs}."""
     timing, how = ("_kernel", "kernel time") if kernel else ("", "time per call")
     elements = val[("triton", "x_elements")] if ("triton", "x_elements") in val else pd.Series(dtype=float)
     big = elements[elements >= limits["large_elements"]].index
-    out = {"bars": [], "cache": [], "per_call": []}
+    out = {"bars": [], "cache": [], "per_call": [],
+           "answer": {"large": len(big), "large_elements": limits["large_elements"], "how": how}}
     for direction in ("forward", "backward"):
         key = ("triton", f"{direction}{timing}_copy_fraction")
         if key in val and len(big):
             worst = val.loc[big, key].min()
+            out["answer"][direction] = {"copy_share": float(worst)}
             out["bars"].append(bar(
                 f"triton {direction} >= {100 * limits['copy_fraction']:g}% of copy bandwidth "
                 f"(x >= {limits['large_elements'] / 2**20:g}M elements, {len(big)} configs; {how})",
                 worst, f"worst {fmt(100 * worst)}%", worst >= limits["copy_fraction"]))
     for impl, name in (("triton", "bars"), ("triton_cache", "cache")):
         for direction in ("forward", "backward"):
-            out[name] += [x for x in (faster_than_compile(val, impl, direction, timing, how),
-                                      peak_line(val, impl, direction)) if x]
+            faster = faster_than_compile(val, impl, direction, timing, how)
+            if faster and impl == "triton" and direction in out["answer"]:
+                out["answer"][direction]["vs_compile"] = faster["_value"]
+            out[name] += [x for x in (faster, peak_line(val, impl, direction)) if x]
     # With kernel times the bars use them; the same comparison per call (host included) is shown
     # beside them, since at small sizes it measures the host path of each op, not its kernels.
     if kernel:
@@ -109,7 +116,7 @@ def view(inputs) -> dict:
     setup = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in setup.items()}
     return {"available": True, "tables": tables, "bars": pd.DataFrame(found["bars"]),
             "cache_lines": pd.DataFrame(found["cache"]), "per_call": pd.DataFrame(found["per_call"]),
-            "copy_gbs": float(copy.median()) if len(copy) else None, "kernel": kernel,
+            "copy_gbs": float(copy.median()) if len(copy) else None, "kernel": kernel, "answer": found["answer"],
             "kernel_calls": int(bench["kernel_calls"].max()) if kernel and "kernel_calls" in bench else 0,
             "setup": setup}
 

@@ -6,7 +6,7 @@ import os
 
 import pandas as pd
 
-from lmperf.report.format import cell, unavailable
+from lmperf.report.format import cell, ratio_range, unavailable
 from lmperf.report.plot import empty, plt, save
 
 
@@ -34,12 +34,38 @@ def view(inputs) -> dict:
         for case_id, g in ok[ok["metric"] == "allocation_mib"].groupby("case_id", sort=False)]
     peak = ok[ok["metric"] == "peak_allocated_mib"]
     first = df.iloc[0]
+    e2e = inputs.frames.get("e2e", pd.DataFrame())
+    counted = e2e[(e2e["metric"] == "parameters") & (e2e["size"] == first["size"])]["median"] if not e2e.empty else []
     return {"available": True, "table": pd.DataFrame(rows), "largest": largest,
+            # the parameters' state only where the peaks count it (a GPU's; a CPU's see the step's allocations)
+            "peaks": peaks(ok, float(counted.iloc[0]) if len(counted) and (df["gpu"] != "none").any() else None),
             "size": first["size"], "batch": int(first["batch_size"]),
             "on_gpu": bool((df["gpu"] != "none").any()), "n_cases": len(cases),
             "n_oom": int((cases["status"] == "oom").sum()),
             "largest_peak": (peak.loc[peak["mean"].idxmax(), ["mode", "dtype", "context", "mean"]].to_dict()
                              if len(peak) else None)}
+
+
+def peaks(ok: pd.DataFrame, parameters: float | None) -> dict:
+    """The section's answer: per mode, the range of the peaks over dtypes and contexts
+    ({n, min, max, mean}, MiB); where the training step's peak falls in its recorded timeline
+    (the bucket of the maximum over the buckets, 0 to 1: its last part is the optimizer step, after
+    backward), with the contexts and dtypes of those cases; and, given the model's parameter count, the fp32 parameters, gradients and AdamW's
+    two moments (16 B a parameter, MiB)."""
+    peak = ok[ok["metric"] == "peak_allocated_mib"]
+    out = {mode: ratio_range(g["mean"]) for mode, g in peak.groupby("mode", sort=False)}
+    timeline = ok[(ok["metric"] == "timeline_mib") & (ok["mode"] == "train")]
+    where = []
+    for samples in timeline["samples"].dropna().astype(str):
+        ys = [float(x) for x in samples.split(";")]
+        where.append(ys.index(max(ys)) / max(len(ys) - 1, 1))
+    out["train_peak_at"] = ratio_range(pd.Series(where, dtype=float))
+    train = peak[peak["mode"] == "train"]
+    out["contexts"] = [f"{c:,}" for c in sorted(set(train["context"].astype(int)))]
+    out["dtypes"] = list(dict.fromkeys(train["dtype"]))
+    out["model_state_mib"] = 16 * parameters / 2**20 if parameters else None
+    out["parameters"] = parameters
+    return out
 
 
 def figures(inputs, paths: dict) -> None:

@@ -29,7 +29,7 @@ import pandas as pd
 from lmperf import workflow as wf
 from lmperf.report import format as fmt
 from lmperf.report import references as published
-from lmperf.report import validate
+from lmperf.report import summary, validate
 from lmperf.report.correctness import KERNEL_SECTIONS
 from lmperf.report.sections import SECTIONS, Inputs, Section, figure_paths, frame_names, result_dirs
 
@@ -112,7 +112,7 @@ def environment(templates: Path) -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), trim_blocks=True,
                              lstrip_blocks=True, undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True)
-    env.filters.update(table=fmt.table, fmt=fmt.fmt)
+    env.filters.update(table=fmt.table, fmt=fmt.fmt, anchor=fmt.anchor)
     return env
 
 
@@ -135,12 +135,14 @@ def draw(inputs: Inputs, figures_dir: Path, sections: list[Section] = SECTIONS) 
 
 def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: str,
            bars: dict, promised: dict | None = None, sections: list[Section] = SECTIONS,
-           template: str = "report.md.j2", references: list[dict] | None = None) -> str:
+           template: str = "report.md.j2", references: list[dict] | None = None,
+           models: dict | None = None) -> str:
     """Render `template` (the whole report, or one section's template for a subset of the
     sections) from the CSVs under `results` into `out`, and its figures into `figures_dir`;
     `promised` ({path: ResultFile}, `promised_files`): the files a full run writes, checked and
     listed when missing (None: every CSV is still checked, but nothing is known to be missing);
-    `references`: the published numbers (references.load) shown beside ours where they match."""
+    `references`: the published numbers (references.load) shown beside ours where they match;
+    `models`: the configuration's model sizes (their dimensions, for the table of models)."""
     promised, frames, problems = promised or {}, {}, {}
     for name in frame_names(sections):  # every section read before any is refused, so that all damage is named
         try:
@@ -149,13 +151,15 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
             problems.update(e.problems)
     if problems:
         raise validate.DamagedResults(problems)
-    inputs = Inputs(results=results, frames=frames, bars=bars, out_dir=out.parent, scale=scale)
+    inputs = Inputs(results=results, frames=frames, bars=bars, out_dir=out.parent, scale=scale, models=models or {})
     absent = missing(results, promised)
     out.parent.mkdir(parents=True, exist_ok=True)
     figures_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".render-", dir=out.parent) as tmp:
         staged = draw(inputs, Path(tmp) / "figures", sections)
-        context = {**views(inputs, sections), "sections": [s.name for s in sections],
+        section_views = views(inputs, sections)
+        context = {**section_views, "sections": [s.name for s in sections],
+                   "summary": summary.view(section_views, references or [], results.name),
                    "figures": {name: os.path.relpath(figure_paths(figures_dir)[name], out.parent) for name in staged},
                    "missing": sorted({m for files in absent.values() for m in files}),
                    "partial": absent, "expected": len(promised),
@@ -195,7 +199,7 @@ def main(argv=None):
     promised = promised_files(config, args.results, args.scale, distributed)
     try:
         render(args.results, args.templates, args.out, args.figures, args.scale, config["report"], promised,
-               references=published.load(args.references))
+               references=published.load(args.references), models=config["models"])
     except validate.DamagedResults as e:
         raise SystemExit(f"error: {e}\n{args.out} and its figures are left as they were.")
     print(f"wrote {args.out}")

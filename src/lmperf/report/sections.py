@@ -76,12 +76,14 @@ def figure_paths(figures_dir: str | Path) -> dict[str, Path]:
 @dataclass
 class Inputs:
     """What a view reads: every section's rows, the bars (thresholds, from config/config.yaml's
-    `report`), the results folder and the folder the report is written to."""
+    `report`), the results folder and the folder the report is written to, and the model sizes
+    the grids ran (config/config.yaml's `models`: their dimensions are not in the rows)."""
     results: Path
     frames: dict            # {section: DataFrame of all its CSVs}, empty frames included
     bars: dict              # {section: {bar: threshold}}
     out_dir: Path
     scale: str = "full"
+    models: dict = field(default_factory=dict)  # {size: {d_model, d_ff, n_layers, n_heads}}
 
     def rows(self, section: str, study: str | None = None):
         df = self.frames[section]

@@ -1,0 +1,159 @@
+"""The summary the report opens with: the answers a reader comes for, one row each, taken from
+the sections' views (nothing is computed twice) with what each is read against: a published
+number (config/references.yaml, matched to the results folder's GPU and marked as published)
+or a baseline measured in the same run. templates/summary.md.j2 writes the rows, each linking
+to the section it comes from; an answer that could not be measured here says why."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from lmperf.report import references as published
+from lmperf.report.format import ratio_range, unavailable
+
+
+# The published numbers the summary quotes, by id in config/references.yaml, with the short name
+# it gives them (their sections show them in full, with sources and conditions).
+QUOTED = {"cs336_leaderboard_record": "the CS336 leaderboard's record",
+          "fa3_paper_h100_forward_d128_8k_fa3": "FlashAttention-3 (its paper, 2 x 16 heads)",
+          "fa3_paper_h100_forward_d128_8k_cudnn": "cuDNN in the same paper",
+          "llmc_gpt2_1558m_h100_mfu": "llm.c, the xl's shape on 8 GPUs",
+          "torchtitan_llama31_8b_h100_mfu": "torchtitan, Llama 3.1 8B on 8 GPUs"}
+
+
+def quoted(refs: dict, *ids: str) -> list[dict]:
+    """The matching published entries among `ids`, each with its short name (`QUOTED`)."""
+    return [{**refs[i], "short": QUOTED[i]} for i in ids if i in refs]
+
+
+def view(views: dict, references: list[dict], hw: str) -> dict:
+    """{answer: its numbers, or unavailable(why)} from the sections' views ({section: view})."""
+    refs = published.matching(references, hw)
+    get = lambda name: views.get(name) or unavailable(f"the {name} section is not rendered here")
+    return {"flash_attention": flash_attention(get("flash_attention"), refs),
+            "throughput": throughput(get("flash_attention"), refs),
+            "training": training(get("ladder"), refs),
+            "lrpe": lrpe(get("lrpe")),
+            "scaling": scaling(get("distributed")),
+            "memory": memory(get("memory")),
+            "profile": profile(get("profile")),
+            "correctness": correctness(get("correctness"))}
+
+
+def _config(v: dict, group: str, causal: str | None = None) -> dict | None:
+    return next((c for c in v["configs"] if c["group"] == group and (causal is None or c["causal"] == causal)), None)
+
+
+def flash_attention(v: dict, refs: dict) -> dict:
+    """The headline configuration: our forward+backward time (under the leaderboard's harness
+    where measured, as the section's bars) against SDPA's flash and cuDNN backends (same run)
+    and the leaderboard's record (published)."""
+    if not v["available"]:
+        return unavailable(v["why"])
+    c = _config(v, "headline")
+    if c is None or ("ms", "fwd_bwd") not in c["ratios"]:
+        return unavailable("no headline configuration in the benchmark's rows")
+    r = c["ratios"]
+    record = next(iter(quoted(refs, "cs336_leaderboard_record")), None)
+    return {"available": True, "shape": c["name"].split(": ", 1)[1], "ms": r[("ms", "fwd_bwd")],
+            "leaderboard_harness": c["ours"] == "triton_compiled",
+            "vs_flash": r.get(("sdpa_flash", "fwd_bwd")), "vs_cudnn": r.get(("sdpa_cudnn", "fwd_bwd")),
+            "host_bound": bool({("sdpa_flash", "fwd_bwd"), ("sdpa_cudnn", "fwd_bwd")} & c["host_bound"]),
+            "record": record, "vs_record": r[("ms", "fwd_bwd")] / record["value"] if record else None}
+
+
+def throughput(v: dict, refs: dict) -> dict:
+    """The throughput configuration's forward pass (non-causal): our TFLOP/s, its multiple of
+    SDPA-flash's and cuDNN's (same run), and FlashAttention-3's and cuDNN's in the FlashAttention-3
+    paper (published)."""
+    if not v["available"]:
+        return unavailable(v["why"])
+    c = _config(v, "throughput", "non-causal")
+    if c is None or c["ours"] not in c["forward_tflops"]:
+        return unavailable("no non-causal throughput configuration in the benchmark's rows")
+    r = c["ratios"]
+    multiple = lambda peer: 1 / r[(peer, "forward")] if (peer, "forward") in r else None
+    return {"available": True, "shape": c["name"].split(": ", 1)[1], "tflops": c["forward_tflops"][c["ours"]],
+            "vs_flash": multiple("sdpa_flash"), "vs_cudnn": multiple("sdpa_cudnn"),
+            "host_bound": bool({("sdpa_flash", "forward"), ("sdpa_cudnn", "forward")} & c["host_bound"]),
+            "published": quoted(refs, "fa3_paper_h100_forward_d128_8k_fa3", "fa3_paper_h100_forward_d128_8k_cudnn")}
+
+
+def training(v: dict, refs: dict) -> dict:
+    """The ladder's best training step by MFU against the bf16 peak (among the best rung of each
+    size), the other sizes' best rungs, its tokens/s over the assignment's setting (same job),
+    and the published MFU of llm.c and torchtitan."""
+    if not v["available"]:
+        return unavailable(v["why"])
+    best = {size: b for size, b in v.get("best", {}).items() if math.isfinite(b["mfu"])}
+    if not best:
+        return unavailable("no MFU in the ladder's rows (no peak rate known for this device)")
+    size = max(best, key=lambda s: best[s]["mfu"])
+    return {"available": True, "size": size, **best[size],
+            "others": [{"size": s, "mfu": b["mfu"]} for s, b in best.items() if s != size],
+            "published": quoted(refs, "llmc_gpt2_1558m_h100_mfu", "torchtitan_llama31_8b_h100_mfu")}
+
+
+def lrpe(v: dict) -> dict:
+    """Our LRPE kernel's worst share of the device's copy bandwidth over the large configs, per
+    direction, on the bars' timing, against the copy bandwidth measured in the same run."""
+    if not v["available"]:
+        return unavailable(v["why"])
+    a = v["answer"]
+    if "forward" not in a and "backward" not in a:
+        return unavailable("no configuration at or above the bars' size in the benchmark's rows")
+    return {"available": True, **a, "copy_gbs": v["copy_gbs"]}
+
+
+def scaling(v: dict) -> dict:
+    """DDP's tokens/s on 2 GPUs over one GPU's (the best bucket, range over the model sizes) and
+    FSDP2's peak memory per rank over DDP's (range over the sizes, per tokens a GPU): this
+    machine's multi-GPU run, else another machine's, named, with the link to its section."""
+    machine, link = "", None
+    answers = v.get("answers", [])
+    if not v["available"]:
+        other = next((o for o in v.get("others", []) if o["answers"]), None)
+        if other is None:
+            return unavailable(v["why"])
+        machine, link, answers = other["machine"], other["link"], other["answers"]
+    if not answers:
+        return unavailable("no data-parallel training step on 2 GPUs in the section's rows")
+    tokens = list(dict.fromkeys(f["tokens"] for a in answers for f in a["fsdp"]))
+    fsdp = [{"tokens": t, **ratio_range_of([f["ratio"] for a in answers for f in a["fsdp"] if f["tokens"] == t])}
+            for t in tokens]
+    return {"available": True, "machine": machine, "link": link, "sizes": [a["size"] for a in answers],
+            "speedup": ratio_range_of([a["speedup"] for a in answers]),
+            "fsdp": [f for f in fsdp if f["n"]]}  # none where peak memory is not measured (a CPU)
+
+
+def ratio_range_of(values: list[float]) -> dict:
+    return ratio_range(pd.Series(values, dtype=float))
+
+
+def memory(v: dict) -> dict:
+    """The training step's peak (range over its cases) and the parameters' fp32 state beside it."""
+    if not v["available"]:
+        return unavailable(v["why"])
+    p = v["peaks"]
+    if "train" not in p or not p["train"]["n"]:
+        return unavailable("no training step in the memory section's rows")
+    return {"available": True, "size": v["size"], **p}
+
+
+def profile(v: dict) -> dict:
+    """The matmul share of the forward and backward kernel time under bf16 autocast (eager),
+    against fp32's, from the profiled cases."""
+    if not v["available"]:
+        return unavailable(v["why"])
+    t = v["takeaway"]
+    if "bf16" not in t or not t["bf16"]["matmul"]["n"]:
+        return unavailable("no bf16 case in the profile's rows")
+    return {"available": True, "on_gpu": v["on_gpu"], "bf16": t["bf16"], "fp32": t.get("fp32")}
+
+
+def correctness(v: dict) -> dict:
+    """How many checks passed against float64, and the worst error as a share of its tolerance."""
+    if not v["available"] or not v["n_checks"]:
+        return unavailable("no kernel-test results")
+    return {"available": True, **{k: v[k] for k in ("n_checks", "n_passed", "n_kernels", "worst_ratio", "n_skipped")}}
