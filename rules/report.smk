@@ -32,8 +32,9 @@ rule report:
         # update(): Snakemake neither deletes them before the job nor keeps a failed render's;
         # a failed render leaves the previous report and figures as they were. The figures are
         # a folder: a figure whose section has no rows is not drawn (the report says why).
-        report=update("report/report.md"),
-        figures=update(directory("report/figures")),
+        report=update(report("report/report.md", caption="captions/report.rst", category="Report")),
+        figures=update(report(directory("report/figures"), patterns=["{figure}.png"], caption="captions/figures.rst",
+                              category="Figures", labels={"figure": "{figure}"})),
     log:
         f"{LOGS}/report.log",
     params:
