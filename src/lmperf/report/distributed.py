@@ -271,9 +271,9 @@ def figures(inputs, paths: dict) -> dict[str, str]:
     df = inputs.rows("distributed")
     ar, ddp = frames(df)
     ar = ar[ar["busbw_gbps"].notna()] if not ar.empty else ar
-    missing = {}
+    not_drawn = {}
     if ar.empty:
-        missing["dist_busbw"] = "no all-reduce case ran here"
+        not_drawn["dist_busbw"] = "no all-reduce case ran here"
     else:
         fig, ax = plt.subplots(figsize=(7, 4))
         for (backend, n), g in ar.groupby(["backend", "processes"]):
@@ -290,7 +290,7 @@ def figures(inputs, paths: dict) -> dict[str, str]:
         save(fig, paths["dist_busbw"])
     ddp = ddp[ddp["step_ms"].notna() & (ddp["purpose"] == "scaling")] if not ddp.empty else ddp
     if ddp.empty:
-        return {**missing, "dist_step_vs_gpus": "no training step of the scaling cases ran here"}
+        return {**not_drawn, "dist_step_vs_gpus": "no training step of the scaling cases ran here"}
     fig, ax = plt.subplots(figsize=(7, 4))
     for size, g in ddp.groupby("size", sort=False):
         one = g[g["variant"] == "single"]
@@ -309,7 +309,7 @@ def figures(inputs, paths: dict) -> dict[str, str]:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     save(fig, paths["dist_step_vs_gpus"])
-    return missing
+    return not_drawn
 
 
 # ---------------------------------------------------------------------------------------------

@@ -216,9 +216,9 @@ def figures(inputs, paths: dict) -> dict[str, str]:
     df = with_quantiles(inputs.rows("e2e"))
     ok = df[(df["metric"] == "step_ms") & (df["status"] == "ok")] if not df.empty else df
     variants = ok[(ok["study"] == "variants") & (ok["mode"] == "train")] if not ok.empty else ok
-    missing = {}
+    not_drawn = {}
     if variants.empty:
-        missing["step_vs_size"] = "no training step of the variants study ran ok here"
+        not_drawn["step_vs_size"] = "no training step of the variants study ran ok here"
     else:
         sizes = size_order(df)
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -237,7 +237,7 @@ def figures(inputs, paths: dict) -> dict[str, str]:
     context = study_rows(ordered(df), "context") if not df.empty else df
     context = context[(context["metric"] == "step_ms") & (context["status"] == "ok")] if not context.empty else context
     if context.empty:
-        return {**missing, "step_vs_context": "no training step of the context study ran ok here"}
+        return {**not_drawn, "step_vs_context": "no training step of the context study ran ok here"}
     fig, ax = plt.subplots(figsize=(7, 4))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, size in enumerate(size_order(df)):
@@ -254,4 +254,4 @@ def figures(inputs, paths: dict) -> dict[str, str]:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(ncol=2, fontsize="small")
     save(fig, paths["step_vs_context"])
-    return missing
+    return not_drawn
