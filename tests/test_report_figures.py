@@ -43,6 +43,15 @@ def test_flash_attention_figure_plots_gpu_time_where_measured_and_no_empty_panel
     assert "GPU time" in fig._suptitle.get_text() and "do_bench" in fig._suptitle.get_text()
 
 
+def test_a_dtype_and_head_dim_without_rows_has_no_panel_and_do_bench_alone_says_so(monkeypatch):
+    df = render.load_section(H100, "flash_attention")
+    df = df[~((df["dtype"] == "fp32") & (df["head_dim"] == 128)) & ~df["metric"].astype(str).str.contains("gpu")]
+    (fig,) = drawn(monkeypatch, flash_attention, "flash_attention", frame=df)
+    assert len(fig.axes) == 5 and "fp32, D=128" not in {ax.get_title() for ax in fig.axes}
+    assert all(label.endswith("(do_bench)") for ax in fig.axes for label in lines(ax))
+    assert fig._suptitle.get_text() == "FlashAttention-2 grid, forward+backward: do_bench (host included)"
+
+
 def test_lrpe_figure_uses_the_kernel_time_its_bars_use(monkeypatch):
     (fig,) = drawn(monkeypatch, lrpe, "lrpe")
     bench = render.load_section(H100, "lrpe")

@@ -294,7 +294,7 @@ def figures(inputs, paths: dict) -> dict[str, str]:
         ax.set_xlabel("sequence length")
         ax.set_ylabel("TFLOP/s (fwd+bwd)")
         ax.grid(True, alpha=0.3)
-    fig.suptitle("FlashAttention-2 grid, forward+backward: solid GPU time (CUDA graph), "
-                 "dashed do_bench (host included)", fontsize="medium")
+    fig.suptitle("FlashAttention-2 grid, forward+backward: " + ("solid GPU time (CUDA graph), dashed " if gpu else "")
+                 + "do_bench (host included)", fontsize="medium")
     save(fig, path)
     return {}

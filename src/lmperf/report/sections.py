@@ -1,5 +1,5 @@
 """The report's sections, in the order the report shows them: the one table the renderer, the
-report rule (its figure outputs) and the report template loop over.
+report rule (the results it reads) and the report template loop over.
 
 A section `<name>` is one entry here, one module `lmperf.report.<name>` and one template
 `templates/<name>.md.j2`. The module has `view(inputs) -> dict` (numbers and frames, no
