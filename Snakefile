@@ -2,9 +2,14 @@
 #   snakemake --cores 1 report/report.md                 # the whole report
 #   snakemake --cores 1 e2e                              # one section's results
 #   snakemake --cores 1 report/report.md --config scale=smoke
+#   snakemake --report report/lmperf.html                # after a run: report, figures, CSVs, DAG in one page
 # Each report section has one rule file under rules/; helpers and config checks are in common.smk.
 
 configfile: "config/config.yaml"
+
+
+# What `snakemake --report` says of the workflow; each result's caption is in rules/captions/ too.
+report: "rules/captions/workflow.rst"
 
 
 include: "rules/common.smk"

@@ -7,7 +7,8 @@ rule adamw_master_check:
     input:
         code=wf.code_inputs("lmperf.bench.adamw_master"),
     output:
-        csv=f"{RESULTS}/adamw_master/check.csv",
+        csv=report(f"{RESULTS}/adamw_master/check.csv", caption="captions/adamw_master.rst",
+                   category="Results", subcategory="AdamW with fp32 masters"),
     log:
         f"{LOGS}/adamw_master/check.log",
     params:

@@ -6,7 +6,8 @@ rule attention:
     input:
         code=wf.code_inputs("lmperf.bench.attention"),
     output:
-        csv=f"{RESULTS}/attention/attention.csv",
+        csv=report(f"{RESULTS}/attention/attention.csv", caption="captions/attention.rst", category="Results",
+                   subcategory="Attention in PyTorch"),
     log:
         f"{LOGS}/attention.log",
     params:

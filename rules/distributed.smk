@@ -11,7 +11,9 @@ rule distributed_study:
     input:
         code=wf.code_inputs("lmperf.bench.distributed"),
     output:
-        f"results/{DIST_HW}/distributed/{{study}}_n{{procs}}.csv",
+        report(f"results/{DIST_HW}/distributed/{{study}}_n{{procs}}.csv", caption="captions/distributed.rst",
+               category="Results", subcategory="Scaling across GPUs",
+               labels={"study": "{study}", "processes": "{procs}"}),
     log:
         f"logs/{DIST_HW}/distributed/{{study}}_n{{procs}}.log",
     params:

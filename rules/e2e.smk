@@ -7,7 +7,8 @@ rule e2e_study:
     input:
         code=wf.code_inputs("lmperf.bench.e2e"),
     output:
-        csv=f"{RESULTS}/e2e/{{study}}/{{size}}.csv",
+        csv=report(f"{RESULTS}/e2e/{{study}}/{{size}}.csv", caption="captions/e2e.rst", category="Results",
+                   subcategory="End-to-end timings", labels={"study": "{study}", "model": "{size}"}),
     log:
         f"{LOGS}/e2e/{{study}}/{{size}}.log",
     params:

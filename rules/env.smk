@@ -2,7 +2,8 @@ rule env:
     input:
         code=wf.code_inputs("lmperf.bench.env"),
     output:
-        csv=f"{RESULTS}/env/env.csv",
+        csv=report(f"{RESULTS}/env/env.csv", caption="captions/env.rst", category="Results",
+                   subcategory="Environment"),
     log:
         f"{LOGS}/env.log",
     params:

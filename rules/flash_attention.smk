@@ -7,7 +7,8 @@ rule flash_attention_check:
     input:
         code=wf.code_inputs("lmperf.bench.flash_attention"),
     output:
-        csv=f"{RESULTS}/flash_attention/check.csv",
+        csv=report(f"{RESULTS}/flash_attention/check.csv", caption="captions/flash_attention.rst",
+                   category="Results", subcategory="FlashAttention-2", labels={"job": "check"}),
     log:
         f"{LOGS}/flash_attention/check.log",
     params:
@@ -25,7 +26,8 @@ rule flash_attention_bench:
     input:
         code=wf.code_inputs("lmperf.bench.flash_attention"),
     output:
-        csv=f"{RESULTS}/flash_attention/bench/{{job}}.csv",
+        csv=report(f"{RESULTS}/flash_attention/bench/{{job}}.csv", caption="captions/flash_attention.rst",
+                   category="Results", subcategory="FlashAttention-2", labels={"job": "{job}"}),
     log:
         f"{LOGS}/flash_attention/bench/{{job}}.log",
     params:

@@ -7,7 +7,8 @@ rule ladder_size:
     input:
         code=wf.code_inputs("lmperf.bench.ladder"),
     output:
-        csv=f"{RESULTS}/ladder/{{size}}.csv",
+        csv=report(f"{RESULTS}/ladder/{{size}}.csv", caption="captions/ladder.rst", category="Results",
+                   subcategory="The ladder", labels={"model": "{size}"}),
     log:
         f"{LOGS}/ladder/{{size}}.log",
     params:

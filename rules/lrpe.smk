@@ -7,7 +7,8 @@ rule lrpe_check:
     input:
         code=wf.code_inputs("lmperf.bench.lrpe"),
     output:
-        csv=f"{RESULTS}/lrpe/check.csv",
+        csv=report(f"{RESULTS}/lrpe/check.csv", caption="captions/lrpe.rst", category="Results",
+                   subcategory="LRPE-cosine", labels={"job": "check"}),
     log:
         f"{LOGS}/lrpe/check.log",
     params:
@@ -25,7 +26,8 @@ rule lrpe_bench:
     input:
         code=wf.code_inputs("lmperf.bench.lrpe"),
     output:
-        csv=f"{RESULTS}/lrpe/bench_{{dims}}d.csv",
+        csv=report(f"{RESULTS}/lrpe/bench_{{dims}}d.csv", caption="captions/lrpe.rst", category="Results",
+                   subcategory="LRPE-cosine", labels={"job": "bench {dims}-D"}),
     log:
         f"{LOGS}/lrpe/bench_{{dims}}d.log",
     params:

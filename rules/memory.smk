@@ -6,7 +6,8 @@ rule memory:
     input:
         code=wf.code_inputs("lmperf.bench.memory"),
     output:
-        csv=f"{RESULTS}/memory/memory.csv",
+        csv=report(f"{RESULTS}/memory/memory.csv", caption="captions/memory.rst", category="Results",
+                   subcategory="Memory"),
         html=directory(f"{RESULTS}/memory/html"),  # one snapshot page per case (not in git)
     log:
         f"{LOGS}/memory.log",

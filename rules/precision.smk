@@ -5,7 +5,8 @@ rule precision:
     input:
         code=wf.code_inputs("lmperf.bench.precision"),
     output:
-        csv=f"{RESULTS}/precision/precision.csv",
+        csv=report(f"{RESULTS}/precision/precision.csv", caption="captions/precision.rst", category="Results",
+                   subcategory="Mixed precision"),
     log:
         f"{LOGS}/precision.log",
     params:

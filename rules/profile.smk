@@ -6,7 +6,8 @@ rule profile:
     input:
         code=wf.code_inputs("lmperf.bench.profile"),
     output:
-        csv=f"{RESULTS}/profile/profile.csv",
+        csv=report(f"{RESULTS}/profile/profile.csv", caption="captions/profile.rst", category="Results",
+                   subcategory="Kernel-level profile"),
     log:
         f"{LOGS}/profile.log",
     params:

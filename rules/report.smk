@@ -1,6 +1,6 @@
 # The report: every section's results (the outputs of the rule named after the section) ->
 # report/report.md and its figures. Sections, their figures and their order: lmperf.report.sections.
-from lmperf.report.sections import SECTIONS, figure_paths, frame_names  # noqa: E402
+from lmperf.report.sections import SECTIONS, frame_names  # noqa: E402
 
 
 # A section's results are the outputs of the rule named after it (the correctness section's
@@ -30,9 +30,11 @@ rule report:
         references_schema="config/references.schema.yaml",
     output:
         # update(): Snakemake neither deletes them before the job nor keeps a failed render's;
-        # a failed render leaves the previous report and figures as they were.
-        report=update("report/report.md"),
-        figures=[update(str(p)) for p in figure_paths("report/figures").values()],
+        # a failed render leaves the previous report and figures as they were. The figures are
+        # a folder: a figure whose section has no rows is not drawn (the report says why).
+        report=update(report("report/report.md", caption="captions/report.rst", category="Report")),
+        figures=update(report(directory("report/figures"), patterns=["{figure}.png"], caption="captions/figures.rst",
+                              category="Figures", labels={"figure": "{figure}"})),
     log:
         f"{LOGS}/report.log",
     params:
@@ -45,6 +47,6 @@ rule report:
         "../envs/lmperf.yaml"
     shell:
         "python -m lmperf.report --results results/{params.hw} --scale {params.scale} "
-        "--templates templates --out {output.report} --figures report/figures "
+        "--templates templates --out {output.report} --figures {output.figures} "
         "--config-json {params.config:q} --distributed results/{params.dist_hw} "
         "--references {input.references} > {log} 2>&1"

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 
 from lmperf.report.format import cell, unavailable
-from lmperf.report.plot import empty, plt, save
+from lmperf.report.plot import plt, save
 
 
 def view(inputs) -> dict:
@@ -40,17 +40,17 @@ def view(inputs) -> dict:
     return view
 
 
-def figures(inputs, paths: dict) -> None:
-    """Time (forward, backward) and memory held for backward against sequence length, log-log."""
+def figures(inputs, paths: dict) -> dict[str, str]:
+    """Time (forward, backward) and memory held for backward against sequence length, log-log;
+    {name: why} of a figure not drawn."""
     path = paths["attention"]
     df = inputs.rows("attention")
     ok = df[df["status"] == "ok"] if not df.empty else df
-    if ok.empty:
-        empty(path, "PyTorch attention")
-        return
     panels = [("forward_ms", "forward (ms)"), ("backward_ms", "backward (ms)"),
               ("allocated_before_backward_mib", "held before backward (MiB)")]
-    panels = [p for p in panels if (ok["metric"] == p[0]).any()]
+    panels = [p for p in panels if not ok.empty and (ok["metric"] == p[0]).any()]
+    if not panels:
+        return {"attention": "no attention case ran ok here"}
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
     for ax, (metric, label) in zip(axes.flat, panels):
         for (impl, d), g in ok[ok["metric"] == metric].groupby(["impl", "head_dim"]):
@@ -64,3 +64,4 @@ def figures(inputs, paths: dict) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes.flat[0].legend(fontsize="x-small", ncol=2)
     save(fig, path)
+    return {}

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from lmperf.report.format import Spread, bar, fmt, unavailable
-from lmperf.report.plot import empty, plt, save
+from lmperf.report.plot import plt, save
 
 PHASES = ["forward_ms", "backward_ms", "allreduce_ms", "optimizer_ms"]
 MEMORY = ["param_mib", "grad_mib", "optimizer_state_mib", "activations_mib", "peak_allocated_mib"]
@@ -323,13 +323,15 @@ def memory_bar(text: str, fsdp: pd.DataFrame, ddp: pd.Series | None, limit: floa
 # Figures
 
 
-def figures(inputs, paths: dict) -> None:
-    """Bus bandwidth against message size; training step time against GPU count."""
+def figures(inputs, paths: dict) -> dict[str, str]:
+    """Bus bandwidth against message size; training step time against GPU count; {name: why}
+    of a figure not drawn."""
     df = inputs.rows("distributed")
     ar, ddp = frames(df)
     ar = ar[ar["busbw_gbps"].notna()] if not ar.empty else ar
+    not_drawn = {}
     if ar.empty:
-        empty(paths["dist_busbw"], "all-reduce bus bandwidth vs message size")
+        not_drawn["dist_busbw"] = "no all-reduce case ran here"
     else:
         fig, ax = plt.subplots(figsize=(7, 4))
         for (backend, n), g in ar.groupby(["backend", "processes"]):
@@ -346,8 +348,7 @@ def figures(inputs, paths: dict) -> None:
         save(fig, paths["dist_busbw"])
     ddp = ddp[ddp["step_ms"].notna() & (ddp["purpose"] == "scaling")] if not ddp.empty else ddp
     if ddp.empty:
-        empty(paths["dist_step_vs_gpus"], "training step vs GPU count")
-        return
+        return {**not_drawn, "dist_step_vs_gpus": "no training step of the scaling cases ran here"}
     fig, ax = plt.subplots(figsize=(7, 4))
     for size, g in ddp.groupby("size", sort=False):
         one = g[g["variant"] == "single"]
@@ -366,6 +367,7 @@ def figures(inputs, paths: dict) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     save(fig, paths["dist_step_vs_gpus"])
+    return not_drawn
 
 
 # ---------------------------------------------------------------------------------------------

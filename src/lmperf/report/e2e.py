@@ -11,7 +11,7 @@ import pandas as pd
 
 from lmperf import hardware, stats
 from lmperf.report.format import cell, host_bound, host_bound_legend, idle_text, ratio_range, unavailable
-from lmperf.report.plot import empty, plt, save
+from lmperf.report.plot import plt, save
 
 CASE_KEYS = ["size", "context", "dtype", "compile", "mode", "warmup"]
 # Metrics shown as median [20%, 80%] over the timed steps; the rest show the median alone.
@@ -314,12 +314,15 @@ def context(df: pd.DataFrame, mfu: dict[str, str], threshold: float = math.inf) 
     return out
 
 
-def figures(inputs, paths: dict) -> None:
+def figures(inputs, paths: dict) -> dict[str, str]:
+    """The training step against model size (the variants study) and against context (the
+    context study); {name: why} of a figure not drawn."""
     df = with_quantiles(inputs.rows("e2e"))
     ok = df[(df["metric"] == "step_ms") & (df["status"] == "ok")] if not df.empty else df
     variants = ok[(ok["study"] == "variants") & (ok["mode"] == "train")] if not ok.empty else ok
+    not_drawn = {}
     if variants.empty:
-        empty(paths["step_vs_size"], "training step vs model size")
+        not_drawn["step_vs_size"] = "no training step of the variants study ran ok here"
     else:
         sizes = size_order(df)
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -338,8 +341,7 @@ def figures(inputs, paths: dict) -> None:
     context = study_rows(ordered(df), "context") if not df.empty else df
     context = context[(context["metric"] == "step_ms") & (context["status"] == "ok")] if not context.empty else context
     if context.empty:
-        empty(paths["step_vs_context"], "training step vs context")
-        return
+        return {**not_drawn, "step_vs_context": "no training step of the context study ran ok here"}
     fig, ax = plt.subplots(figsize=(7, 4))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, size in enumerate(size_order(df)):
@@ -356,3 +358,4 @@ def figures(inputs, paths: dict) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(ncol=2, fontsize="small")
     save(fig, paths["step_vs_context"])
+    return not_drawn

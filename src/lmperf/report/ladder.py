@@ -12,7 +12,7 @@ import pandas as pd
 from lmperf.report.e2e import (BF16_MFU, SPREAD_METRICS, failures, mfu_columns, peaks, size_order, with_bf16_mfu,
                                 with_quantiles)
 from lmperf.report.format import bar, cell, fmt, host_bound_legend, idle_text, ratio_range, unavailable
-from lmperf.report.plot import empty, plt, save
+from lmperf.report.plot import plt, save
 
 
 def view(inputs) -> dict:
@@ -229,17 +229,19 @@ def bars(best: dict, floors: pd.DataFrame, limits: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def figures(inputs, paths: dict) -> None:
-    """MFU (when the device has a peak) and tokens/s per rung, one line per model size."""
+def figures(inputs, paths: dict) -> dict[str, str]:
+    """MFU (when the device has a peak) and tokens/s per rung, one line per model size; a tick
+    for each rung that ran (the floors, device rates measured in the same job, are no rung);
+    {name: why} of a figure not drawn."""
     df, path = with_quantiles(inputs.rows("ladder")), paths["ladder"]
-    ok = df[df["status"] == "ok"] if not df.empty else df
+    ok = df[(df["status"] == "ok") & (df["name"] != "floors")] if not df.empty else df
     if ok.empty or not (ok["metric"] == "tokens_per_s").any():
-        empty(path, "the ladder: MFU and tokens/s per rung")
-        return
+        return {"ladder": "no rung of the ladder ran ok here"}
     metrics = [m for m in ("mfu_pct", "tokens_per_s") if (ok["metric"] == m).any()]
     labels = {"mfu_pct": "MFU (%)", "tokens_per_s": "tokens/s"}
     fig, axes = plt.subplots(len(metrics), 1, figsize=(9, 3.2 * len(metrics)), sharex=True, squeeze=False)
-    names = ok.drop_duplicates("rung").sort_values("rung").set_index("rung")["name"]
+    plotted = ok[ok["metric"].isin(metrics)]
+    names = plotted.drop_duplicates("rung").sort_values("rung").set_index("rung")["name"]
     for ax, metric in zip(axes[:, 0], metrics):
         for size in size_order(ok):
             g = ok[(ok["size"] == size) & (ok["metric"] == metric)].sort_values("rung")
@@ -250,3 +252,4 @@ def figures(inputs, paths: dict) -> None:
     axes[-1, 0].set_xticks(list(names.index.astype(int)), list(names), rotation=30, ha="right")
     axes[0, 0].set_title("The ladder: one change a rung (the rung before plus its change)")
     save(fig, path)
+    return {}

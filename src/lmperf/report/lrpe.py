@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from lmperf.report.format import bar, cell, fmt, unavailable
-from lmperf.report.plot import empty, plt, save
+from lmperf.report.plot import plt, save
 
 PROVIDERS = ["triton", "triton_cache", "torch", "torch_compile"]
 CENTER = "median"  # do_bench medians (the 20%/80% quantiles too, in newer rows)
@@ -94,6 +94,11 @@ def dims_table(g: pd.DataFrame, metrics: list[tuple[str, str]]) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values(["l", "n", "_order"], kind="stable")
 
 
+def kernel_timed(bench: pd.DataFrame) -> bool:
+    """Whether the run measured kernel times (host left out): the bars and the figure use them."""
+    return bool(bench["metric"].eq("forward_kernel_ms").any())
+
+
 def view(inputs) -> dict:
     bench = inputs.rows("lrpe", "bench")
     if bench.empty:
@@ -102,8 +107,7 @@ def view(inputs) -> dict:
         bench = bench.assign(**{CENTER: bench["mean"]})
     if (bench["status"] != "ok").all():
         return unavailable("the benchmark did not run here: " + "; ".join(sorted(set(bench["message"].dropna()))))
-    # Kernel time (host left out), where the run measured it: the bars use it.
-    kernel = bool(bench["metric"].eq("forward_kernel_ms").any())
+    kernel = kernel_timed(bench)
     metrics = [m for m in METRICS if kernel or "kernel" not in m[0]]
     tables = [{"dims": int(dims), "table": dims_table(g, metrics)}
               for dims, g in bench.groupby("dims", sort=True)]
@@ -121,20 +125,21 @@ def view(inputs) -> dict:
             "setup": setup}
 
 
-def figures(inputs, paths: dict) -> None:
-    """Achieved GB/s against tokens, forward and backward, per provider (l = 0)."""
+def figures(inputs, paths: dict) -> dict[str, str]:
+    """Achieved GB/s against tokens, forward and backward, per provider (l = 0), by the time the
+    bars use (kernel time where measured, else time per call); {name: why} of a figure not drawn."""
     path = paths["lrpe_bandwidth"]
     bench = inputs.rows("lrpe", "bench")
     ok = bench[(bench["status"] == "ok") & (bench["l"] == 0)] if not bench.empty else bench
     if ok.empty:
-        empty(path, "LRPE-cosine bandwidth")
-        return
+        return {"lrpe_bandwidth": "no LRPE benchmark case ran ok here"}
+    timing, how = ("_kernel", "kernel time") if kernel_timed(ok) else ("", "time per call")
     copy = ok[ok["metric"] == "copy_gbs"][CENTER].median()
     colours = {p: f"C{i}" for i, p in enumerate(sorted(ok["provider"].unique()))}  # provider: colour
     styles = ["-.", "-", "--"]                                                       # dims: line
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), squeeze=False)
     for ax, direction in zip(axes.flat, ("forward", "backward")):
-        g = ok[ok["metric"] == f"{direction}_gbs"]
+        g = ok[ok["metric"] == f"{direction}{timing}_gbs"]
         for (provider, dims), p in g.groupby(["provider", "dims"]):
             p = p.sort_values("tokens")
             ax.plot(p["tokens"], p[CENTER], label=f"{provider} {int(dims)}-D",
@@ -143,7 +148,8 @@ def figures(inputs, paths: dict) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("tokens (l = 0)")
         ax.set_ylabel("GB/s (x read + output written)")
-        ax.set_title(f"LRPE-cosine {direction}")
+        ax.set_title(f"LRPE-cosine {direction}, by {how}")
         ax.grid(True, alpha=0.3)
     axes.flat[0].legend(fontsize="x-small", ncol=2)
     save(fig, path)
+    return {}

@@ -7,7 +7,7 @@ import os
 import pandas as pd
 
 from lmperf.report.format import cell, ratio_range, unavailable
-from lmperf.report.plot import empty, plt, save
+from lmperf.report.plot import plt, save
 
 
 def view(inputs) -> dict:
@@ -68,14 +68,14 @@ def peaks(ok: pd.DataFrame, parameters: float | None) -> dict:
     return out
 
 
-def figures(inputs, paths: dict) -> None:
-    """Active memory over the recorded step, one panel per case (from the CSV's timeline rows)."""
+def figures(inputs, paths: dict) -> dict[str, str]:
+    """Active memory over the recorded step, one panel per case (from the CSV's timeline rows);
+    {name: why} of a figure not drawn."""
     path = paths["memory"]
     df = inputs.rows("memory")
     rows = df[(df["metric"] == "timeline_mib") & (df["status"] == "ok")] if not df.empty else df
     if rows.empty:
-        empty(path, "memory timelines")
-        return
+        return {"memory": "no memory timeline was recorded here"}
     cols = min(4, len(rows))
     nrows = -(-len(rows) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 2.8 * nrows), squeeze=False)
@@ -87,5 +87,6 @@ def figures(inputs, paths: dict) -> None:
         ax.set_ylabel("active MiB")
         ax.grid(True, alpha=0.3)
     for ax in list(axes.flat)[len(rows):]:
-        ax.axis("off")
+        ax.remove()
     save(fig, path)
+    return {}

@@ -1,5 +1,8 @@
-"""What every section's figures share: matplotlib without a display, saving, and the figure
-written when there is no data (the report rule declares every figure as an output)."""
+"""What every section's figures share: matplotlib without a display, and saving.
+
+A section's `figures(inputs, paths) -> dict` writes each figure it has rows for and returns
+{name: why} for those it did not draw; no figure is drawn without data, and the template shows
+the reason in place of the image (templates/figure.md.j2)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,10 +18,3 @@ def save(fig, path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
-
-
-def empty(path: Path, title: str) -> Path:
-    fig, ax = plt.subplots(figsize=(6, 2))
-    ax.axis("off")
-    ax.text(0.5, 0.5, f"{title}: no data", ha="center", va="center")
-    return save(fig, path)

@@ -121,16 +121,21 @@ def views(inputs: Inputs, sections: list[Section] = SECTIONS) -> dict:
     return {s.name: importlib.import_module(f"lmperf.report.{s.name}").view(inputs) for s in sections}
 
 
-def draw(inputs: Inputs, figures_dir: Path, sections: list[Section] = SECTIONS) -> dict[str, Path]:
-    """Every figure of these sections, written; {name: path}."""
+def draw(inputs: Inputs, figures_dir: Path, sections: list[Section] = SECTIONS) -> tuple[dict[str, Path], dict[str, str]]:
+    """Every figure of these sections that has rows to show, written: ({name: path}, {name: why
+    it was not drawn}); the template shows the reason in place of a figure not drawn."""
     figures_dir.mkdir(parents=True, exist_ok=True)
     paths = figure_paths(figures_dir)
-    drawn = {}
+    drawn, not_drawn = {}, {}
     for s in sections:
         if s.figures:
-            drawn.update({k: paths[k] for k in s.figures})
-            importlib.import_module(f"lmperf.report.{s.name}").figures(inputs, {k: paths[k] for k in s.figures})
-    return drawn
+            why = importlib.import_module(f"lmperf.report.{s.name}").figures(inputs, {k: paths[k] for k in s.figures})
+            written = {k: paths[k] for k in s.figures if k not in why}
+            if lost := [str(p) for p in written.values() if not p.exists()]:
+                raise RuntimeError(f"lmperf.report.{s.name}.figures neither wrote {lost} nor said why")
+            drawn.update(written)
+            not_drawn.update(why)
+    return drawn, not_drawn
 
 
 def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: str,
@@ -156,20 +161,24 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
     out.parent.mkdir(parents=True, exist_ok=True)
     figures_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".render-", dir=out.parent) as tmp:
-        staged = draw(inputs, Path(tmp) / "figures", sections)
+        staged, not_drawn = draw(inputs, Path(tmp) / "figures", sections)
         section_views = views(inputs, sections)
         context = {**section_views, "sections": [s.name for s in sections],
                    "summary": summary.view(section_views, references or [], results.name),
                    "figures": {name: os.path.relpath(figure_paths(figures_dir)[name], out.parent) for name in staged},
+                   "no_figure": not_drawn,
                    "missing": sorted({m for files in absent.values() for m in files}),
                    "partial": absent, "expected": len(promised),
                    "references": published.by_section(references or [], results.name),
                    "rendered_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
         text = environment(templates).get_template(template).render(**context)
         (Path(tmp) / out.name).write_text(text)
-        # everything rendered: move it into place (a rename each where on one file system)
+        # everything rendered: move it into place (a rename each where on one file system); a
+        # figure not drawn this time leaves no image of an earlier render behind
         for name, path in staged.items():
             shutil.move(path, figure_paths(figures_dir)[name])
+        for name in not_drawn:
+            figure_paths(figures_dir)[name].unlink(missing_ok=True)
         shutil.move(Path(tmp) / out.name, out)
     return text
 

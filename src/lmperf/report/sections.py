@@ -1,9 +1,10 @@
 """The report's sections, in the order the report shows them: the one table the renderer, the
-report rule (its figure outputs) and the report template loop over.
+report rule (the results it reads) and the report template loop over.
 
 A section `<name>` is one entry here, one module `lmperf.report.<name>` and one template
 `templates/<name>.md.j2`. The module has `view(inputs) -> dict` (numbers and frames, no
-markdown) and, when the entry names figures, `figures(inputs, paths) -> None` writing them.
+markdown) and, when the entry names figures, `figures(inputs, paths) -> {name: why}` writing
+those it has rows for and saying why for the others (no figure is drawn without data).
 Its results, if any, are the CSVs under `results/<hw>/<name>/` (`result_dirs`), with one
 exception: `distributed` (Scaling across GPUs) runs on machines named by their GPU count, so the
 report of results/<hw> reads results/<hw>/distributed/ (the CPU's Gloo run, or a `hw` set in the
