@@ -630,3 +630,16 @@ def test_the_scaling_answer_of_a_cpu_run_leaves_out_the_memory_it_could_not_meas
                                                                  "answers": view["answers"]}]}
     assert summary.scaling(other)["machine"] == "h200-x2"
     assert summary.scaling({**other, "others": []}) == {"available": False, "why": "none here"}
+
+
+def test_a_study_whose_every_case_failed_renders_its_table_and_no_ratio(tmp_path):
+    results = tmp_path / "results" / "x"
+    shutil.copytree(FIXTURE, results)
+    for study in ("context", "warmup"):
+        for csv in (results / "e2e" / study).glob("*.csv"):
+            df = pd.read_csv(csv)
+            df.assign(status="oom", median=np.nan).to_csv(csv, index=False)
+    view = e2e.view(inputs(results))
+    assert view["context_growth"]["n"] == 0 and (view["context_growth"]["short"], view["context_growth"]["long"]) == (128, 1024)
+    assert view["warmup_std_ratio"]["n"] == 0 and set(view["context"]["step ms"]) == {"oom"}
+    assert "Going from context" not in run(results, tmp_path, "full")

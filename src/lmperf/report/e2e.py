@@ -141,7 +141,7 @@ def failures(cases: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """The cases (one row each) that are not ok: their keys, status and message, cut at 110
     characters."""
     failed = cases[cases["status"] != "ok"][[*keys, "status", "message"]].copy()
-    failed["message"] = [m if len(m) <= 110 else m[:110] + "…" for m in failed["message"].astype(str)]
+    failed["message"] = [m if len(m) <= 110 else m[:110] + "…" for m in failed["message"].fillna("").astype(str)]
     return failed
 
 
@@ -295,8 +295,9 @@ def warmup(df: pd.DataFrame, threshold: float = math.inf) -> dict:
            .drop(columns=["compile", "mode", "context"])}
     step = df[(df["metric"] == "step_ms") & (df["status"] == "ok")]
     std = step.pivot_table(index="size", columns="warmup", values="std")
-    lo, hi = min(std.columns), max(std.columns)
-    out["warmup_std_ratio"] = {"cold": int(lo), "warm": int(hi), **ratio_range(std[lo] / std[hi])}
+    lo, hi = int(df["warmup"].min()), int(df["warmup"].max())  # the study's range, whatever ran
+    ratio = std[lo] / std[hi] if {lo, hi} <= set(std.columns) else pd.Series(dtype=float)
+    out["warmup_std_ratio"] = {"cold": lo, "warm": hi, **ratio_range(ratio)}
     return out
 
 
@@ -307,9 +308,9 @@ def context(df: pd.DataFrame, mfu: dict[str, str], threshold: float = math.inf) 
                                 "peak_allocated_mib": "peak MiB"}, threshold).drop(columns=["compile", "mode", "warmup"])}
     per = metric_frame(df, "step_ms").reset_index().pivot_table(index=["size", "dtype"],
                                                                 columns="context", values="median")
-    lo, hi = min(per.columns), max(per.columns)
-    out["context_growth"] = {"short": int(lo), "long": int(hi), "factor": int(hi // lo),
-                             **ratio_range(per[hi] / per[lo])}
+    lo, hi = int(df["context"].min()), int(df["context"].max())  # the study's range, whatever ran
+    growth = per[hi] / per[lo] if {lo, hi} <= set(per.columns) else pd.Series(dtype=float)
+    out["context_growth"] = {"short": lo, "long": hi, "factor": hi // lo, **ratio_range(growth)}
     out["context_oom"] = df.drop_duplicates("case_id").query("status == 'oom'")[["size", "context", "dtype"]]
     return out
 

@@ -230,15 +230,15 @@ def bars(best: dict, floors: pd.DataFrame, limits: dict) -> pd.DataFrame:
 
 
 def figures(inputs, paths: dict) -> dict[str, str]:
-    """MFU (when the device has a peak) and tokens/s per rung, one line per model size; a tick
-    for each rung that ran (the floors, device rates measured in the same job, are no rung);
-    {name: why} of a figure not drawn."""
-    df, path = with_quantiles(inputs.rows("ladder")), paths["ladder"]
+    """MFU against the bf16 peak (when the device has one: the tables' first MFU column) and
+    tokens/s per rung, one line per model size; a tick for each rung that ran (the floors, device
+    rates measured in the same job, are no rung); {name: why} of a figure not drawn."""
+    df, path = with_bf16_mfu(with_quantiles(inputs.rows("ladder"))), paths["ladder"]
     ok = df[(df["status"] == "ok") & (df["name"] != "floors")] if not df.empty else df
     if ok.empty or not (ok["metric"] == "tokens_per_s").any():
         return {"ladder": "no rung of the ladder ran ok here"}
-    metrics = [m for m in ("mfu_pct", "tokens_per_s") if (ok["metric"] == m).any()]
-    labels = {"mfu_pct": "MFU (%)", "tokens_per_s": "tokens/s"}
+    metrics = [m for m in (BF16_MFU, "tokens_per_s") if (ok["metric"] == m).any()]
+    labels = {BF16_MFU: "MFU (% of bf16 peak)", "tokens_per_s": "tokens/s"}
     fig, axes = plt.subplots(len(metrics), 1, figsize=(9, 3.2 * len(metrics)), sharex=True, squeeze=False)
     plotted = ok[ok["metric"].isin(metrics)]
     names = plotted.drop_duplicates("rung").sort_values("rung").set_index("rung")["name"]
