@@ -222,8 +222,19 @@ def fa_bench_jobs(fa: dict, models: dict) -> dict[str, dict]:
     return jobs
 
 
+def workers(settings: dict) -> int:
+    """A check's or a bench's worker processes (`--workers`, bench/workers.py): how a job runs,
+    not what it measures, so they are a param of their own, never part of a spec."""
+    return settings.get("workers", 1)
+
+
+def _measured(settings: dict, *leave_out: str) -> dict:
+    """A check's or bench's settings without `workers` and `leave_out`: what its cases measure."""
+    return {k: v for k, v in settings.items() if k not in ("workers", *leave_out)}
+
+
 def fa_check_spec(fa: dict) -> str:
-    return json.dumps(fa["check"], sort_keys=True)
+    return json.dumps(_measured(fa["check"]), sort_keys=True)
 
 
 def fa_bench_spec(fa: dict, models: dict, job: str) -> str:
@@ -231,19 +242,19 @@ def fa_bench_spec(fa: dict, models: dict, job: str) -> str:
 
 
 def lrpe_check_spec(lrpe: dict) -> str:
-    return json.dumps(lrpe["check"], sort_keys=True)
+    return json.dumps(_measured(lrpe["check"]), sort_keys=True)
 
 
 def lrpe_bench_spec(lrpe: dict, dims: str) -> str:
     """The spec of one benchmark job: the shared settings and the grid with `dims` axes."""
-    bench = {k: v for k, v in lrpe["bench"].items() if k != "grids"}
+    bench = _measured(lrpe["bench"], "grids")
     grid = next(g for g in lrpe["bench"]["grids"] if g["dims"] == int(dims))
     return json.dumps({**bench, **grid}, sort_keys=True)
 
 
 def adamw_master_check_spec(config: dict, adamw: dict) -> str:
     """The check's settings, its sizes resolved to their dims."""
-    check = {k: v for k, v in adamw["check"].items() if k != "sizes"}
+    check = _measured(adamw["check"], "sizes")
     return json.dumps({**check, "models": {s: config["models"][s] for s in adamw["check"]["sizes"]}}, sort_keys=True)
 
 
