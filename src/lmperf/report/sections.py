@@ -37,6 +37,7 @@ SECTIONS = [
     Section("lrpe", {"lrpe_bandwidth": "lrpe_bandwidth.png"}),
     Section("distributed", {"dist_busbw": "distributed_busbw_vs_size.png",
                             "dist_step_vs_gpus": "distributed_step_vs_gpus.png"}),
+    Section("repeats"),
 ]
 # Kernels checked by a rule of their own (results/<hw>/<name>/check.csv) with no section of
 # their own: the correctness section reads their rows.
