@@ -34,6 +34,11 @@ job's death: the case is tried once more in a fresh worker, and a second death i
 row, as a case that killed a serial job twice. Rows finished ahead of the loop and not yet
 journalled are lost with the parent, never half-written.
 
+Neither the workers nor the parent of a check times anything, so each leaves the objects of what
+it imported out of the garbage collector's work (`freeze_imports`): the collection after every
+case would otherwise cost a quarter of a second of the parent's loop. A timing job keeps the
+collector as it was.
+
 A row's `wall_s` is the loop's wait for its case (a case finished ahead waits little), so a
 job's sum of `wall_s` is still its time on the GPU; `worker_wall_s` is the case's own time in
 its worker.
@@ -41,6 +46,7 @@ its worker.
 from __future__ import annotations
 
 import collections
+import gc
 import importlib
 import json
 import multiprocessing
@@ -90,11 +96,21 @@ class _ToParent:
         self.conn.send(("say", text))
 
 
+def freeze_imports() -> None:
+    """Leave what the process has imported (torch, triton: long-lived, hundreds of thousands of
+    objects) out of the garbage collector's work, so that the full collection after every case
+    (common.clean_device) takes milliseconds, not a quarter of a second. Only in processes that
+    time nothing: a worker, and the parent of a check measured in workers."""
+    gc.collect()
+    gc.freeze()
+
+
 def serve(conn, module: str, name: str) -> None:
     """A worker's loop: receive a case, run it through common.run_case with `module.name` as its
     measure, send its rows back; stop at None or when the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's, which stops the workers
     measure = getattr(importlib.import_module(module), name)
+    freeze_imports()
     while True:
         try:
             case = conn.recv()
