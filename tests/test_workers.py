@@ -164,10 +164,13 @@ def test_the_warm_up_leaves_graphs_that_the_jobs_own_process_loads(tmp_path, mon
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    compiled_attention({"seq_len": 16})  # this process's first compile (imports, Inductor's set-up)
     cold = compiled_attention({"seq_len": 24})[0]["median"]  # a length the warm-up does not see
     cases = [{"case_id": f"n{n}", "seq_len": n} for n in (32, 48)]
     progress = common.Progress("test/warm", len(cases), tmp_path / "warm.log")
-    workers.warm_up(compiled_attention, cases, 2, progress)
+    workers.warm_up(compiled_attention, cases, 2, progress)  # too few: not warmed
+    assert "not warming the compile caches: 2 compiling cases" in (tmp_path / "warm.log").read_text()
+    workers.warm_up(compiled_attention, cases, 1, progress)
     progress.close()
     counters = torch._dynamo.utils.counters
     hits = counters["inductor"]["fxgraph_cache_hit"]

@@ -292,8 +292,13 @@ def warm_up(warm: Callable[[dict], list[dict]], cases: list[dict], workers: int,
     """Run `warm(case)` once for every case in up to `workers` worker processes, rows discarded:
     what compiling leaves in the compile caches is what the timed loop then loads (module
     docstring). A case that fails or kills its worker is named in the log and costs the timed
-    loop only its compile."""
-    if not cases:
+    loop only its compile. Fewer than two cases a worker and the warm-up would cost more than it
+    saves (each worker starts torch and CUDA, about ten seconds, and a cached compile still
+    traces: a third of a cold one): then nothing is warmed."""
+    if len(cases) < 2 * workers:
+        if cases:
+            progress.say(f"not warming the compile caches: {len(cases)} compiling cases, fewer than two "
+                         f"for each of {workers} workers")
         return
     t0 = time.monotonic()
     size = min(workers, len(cases))
