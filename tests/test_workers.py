@@ -178,3 +178,18 @@ def test_the_warm_up_leaves_graphs_that_the_jobs_own_process_loads(tmp_path, mon
     assert counters["inductor"]["fxgraph_cache_hit"] > hits, "the worker's graph was not found in the cache"
     assert warm < cold
     assert "compile caches warm in" in (tmp_path / "warm.log").read_text()
+
+
+def autotune_cache_setting(case: dict) -> list[dict]:
+    import torch._inductor.config
+    return [common.summarize("autotune_local_cache", "value", [int(torch._inductor.config.autotune_local_cache)])]
+
+
+@pytest.mark.parametrize("warming, cached", [(True, 0), (False, 1)])
+def test_a_warming_worker_caches_no_launch_config_choice(warming, cached):
+    """Inductor's choice among a kernel's launch configs is the timed process's, made on an idle
+    GPU: a warm-up worker, timing them beside the other workers, keeps none."""
+    with workers.Pool(autotune_cache_setting, 1, print, warming=warming) as pool:
+        pool.submit({"case_id": "x"})
+        [(_, rows, _)] = pool.collect()
+    assert rows[0]["median"] == cached

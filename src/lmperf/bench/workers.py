@@ -13,8 +13,13 @@ numbers would share the GPU. What it can share is what compiling leaves on disk:
 kernels and Inductor's graphs go to the results folder's caches (`.cache/<hw>/`,
 lmperf.workflow.COMPILE_CACHES), so compiling its cases first in worker processes, results
 discarded, leaves the timed loop, still serial and in one process, to load them. Compiled code
-is the same code either way (nothing here autotunes: our kernels' tiles come from a rule table,
-Inductor's defaults pick the rest), so the times do not change, only the wait before them.
+is the same code either way (our kernels' tiles come from a rule table, not a search), so the
+times do not change, only the wait before them. One choice is not code: Inductor times a few
+launch configs of some of its kernels the first time they run and caches the fastest. A worker
+would time them beside the other workers, on a shared GPU, so the warm-up caches no such choice
+(`autotune_local_cache` off in its workers, a setting Inductor's graph cache does not key on):
+the timed process makes it on an idle GPU, as without a warm-up. (The warmed graphs, ours and
+FlexAttention under torch.compile, have no matmul for Inductor to time padded and unpadded.)
 
 Why both ways and not one: a warm-up of a check would run every case twice (the check's own
 run is the work, compiling included), while running a timing job's cases in workers would time
@@ -105,11 +110,15 @@ def freeze_imports() -> None:
     gc.freeze()
 
 
-def serve(conn, module: str, name: str) -> None:
+def serve(conn, module: str, name: str, warming: bool = False) -> None:
     """A worker's loop: receive a case, run it through common.run_case with `module.name` as its
-    measure, send its rows back; stop at None or when the parent is gone."""
+    measure, send its rows back; stop at None or when the parent is gone. `warming`: compile
+    only, leaving the kernels' launch-config choices to the timed process (module docstring)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's, which stops the workers
     measure = getattr(importlib.import_module(module), name)
+    if warming:
+        import torch._inductor.config
+        torch._inductor.config.autotune_local_cache = False
     freeze_imports()
     while True:
         try:
@@ -128,10 +137,11 @@ class Pool:
     """`size` worker processes, each running cases with `measure` one at a time. Use as a
     context manager: the workers are stopped on the way out, whatever happened."""
 
-    def __init__(self, measure: Callable[[dict], list[dict]], size: int, say: Callable[[str], None]):
+    def __init__(self, measure: Callable[[dict], list[dict]], size: int, say: Callable[[str], None],
+                 warming: bool = False):
         if size < 1:
             raise ValueError(f"a pool needs at least one worker, got {size}")
-        self.target, self.size, self.say = qualified_name(measure), size, say
+        self.target, self.size, self.say, self.warming = qualified_name(measure), size, say, warming
         self.context = multiprocessing.get_context("spawn")
         self.idle: list = []
         self.busy: dict = {}  # connection -> (process, case)
@@ -156,7 +166,7 @@ class Pool:
             proc, conn = self.idle.pop()
         else:
             conn, child = self.context.Pipe()
-            proc = self.context.Process(target=serve, args=(child, *self.target), daemon=True,
+            proc = self.context.Process(target=serve, args=(child, *self.target, self.warming), daemon=True,
                                         name=f"lmperf-worker-{self.target[1]}")
             proc.start()
             child.close()
@@ -304,7 +314,7 @@ def warm_up(warm: Callable[[dict], list[dict]], cases: list[dict], workers: int,
     size = min(workers, len(cases))
     progress.say(f"warming the compile caches: {len(cases)} cases in {size} worker processes")
     queue, failed = collections.deque(cases), []
-    with Pool(warm, size, progress.say) as pool:
+    with Pool(warm, size, progress.say, warming=True) as pool:
         while queue or pool.busy:
             while queue and pool.free():
                 pool.submit(queue.popleft())
