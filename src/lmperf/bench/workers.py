@@ -55,6 +55,7 @@ import gc
 import importlib
 import json
 import multiprocessing
+import os
 import signal
 import sys
 import time
@@ -110,14 +111,18 @@ def freeze_imports() -> None:
     gc.freeze()
 
 
-def serve(conn, module: str, name: str, warming: bool = False) -> None:
+def serve(conn, module: str, name: str, workers: int = 1, warming: bool = False) -> None:
     """A worker's loop: receive a case, run it through common.run_case with `module.name` as its
-    measure, send its rows back; stop at None or when the parent is gone. `warming`: compile
-    only, leaving the kernels' launch-config choices to the timed process (module docstring)."""
+    measure, send its rows back; stop at None or when the parent is gone. Inductor compiles in
+    this worker's share of the CPU cores (it starts a pool of compile processes of the machine's
+    size in every process otherwise); `warming`: compile only, leaving the kernels'
+    launch-config choices to the timed process (module docstring). Neither setting is in
+    Inductor's cache key."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's, which stops the workers
     measure = getattr(importlib.import_module(module), name)
+    import torch._inductor.config
+    torch._inductor.config.compile_threads = max(1, (os.cpu_count() or 1) // workers)
     if warming:
-        import torch._inductor.config
         torch._inductor.config.autotune_local_cache = False
     freeze_imports()
     while True:
@@ -166,7 +171,7 @@ class Pool:
             proc, conn = self.idle.pop()
         else:
             conn, child = self.context.Pipe()
-            proc = self.context.Process(target=serve, args=(child, *self.target, self.warming), daemon=True,
+            proc = self.context.Process(target=serve, args=(child, *self.target, self.size, self.warming), daemon=True,
                                         name=f"lmperf-worker-{self.target[1]}")
             proc.start()
             child.close()
