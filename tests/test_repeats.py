@@ -92,7 +92,7 @@ def test_each_process_median_and_both_spreads():
     assert [line["the job's process"], line["fresh process 1"], line["fresh process 2"]] == [5.0, 4.5, 5.5]
     assert line["across processes: (max - min) / median %"] == pytest.approx(100 * (5.5 - 4.5) / 5.0)
     assert line["within one process: (q80 - q20) / median %, widest"] == pytest.approx(100 * 0.2 / 5.0)
-    assert v["wider_across"] == 1 and v["widest"]["case"] == CASE
+    assert v["wider_across"] == 1 == v["comparable"] and v["widest"]["case"] == CASE
 
 
 def test_a_process_where_the_case_did_not_run_ok_shows_its_status_and_adds_no_median():

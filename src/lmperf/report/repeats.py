@@ -89,4 +89,5 @@ def view(inputs) -> dict:
                 "within_pct": float(widest["within one process: (q80 - q20) / median %, widest"])},
             "across_median_pct": float(across.median()) if across.notna().any() else math.nan,
             "within_median_pct": float(within.median()) if within.notna().any() else math.nan,
-            "wider_across": int((across > within).sum())}
+            "wider_across": int((across > within).sum()),
+            "comparable": int((across.notna() & within.notna()).sum())}
