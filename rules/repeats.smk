@@ -1,8 +1,9 @@
 # The headline cases measured again, each time in a fresh process: config `repeats` names timing
 # jobs (their results files under results/<hw>/, without .csv) and case patterns; each run is
-# the job's own command and spec with --cases, into results/<hw>/repeats/<job>/run<k>.csv.
-REPEATS = wf.repeats_by_run(wf.result_files(config, RESULTS, SCALE, []), RESULTS)  # {(job, k): ResultFile}
-wf.check_repeats(list(REPEATS.values()), SCALE)
+# the job's own command and spec with --cases, into results/<hw>/repeats/<job>/run<k>.csv
+# (lmperf.repeats, imported as repeat_plan in common.smk).
+REPEATS = repeat_plan.by_run(wf.result_files(config, RESULTS, SCALE, []), RESULTS)  # {(job, k): ResultFile}
+repeat_plan.check(list(REPEATS.values()), SCALE)
 
 
 rule repeat:
@@ -14,7 +15,7 @@ rule repeat:
         f"{LOGS}/repeats/{{job}}/run{{k}}.log",
     params:
         **PROVENANCE,
-        command=lambda w: wf.job_command(REPEATS[w.job, w.k].repeat_of),
+        command=lambda w: repeat_plan.job_command(REPEATS[w.job, w.k].repeat_of),
         spec=lambda w: REPEATS[w.job, w.k].spec,
         cases=lambda w: list(REPEATS[w.job, w.k].cases),
     wildcard_constraints:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lmperf import compare, workflow as wf
+from lmperf import compare, repeats as repeat_plan, workflow as wf
 from lmperf.report import render, repeats
 from lmperf.report.sections import Inputs
 
@@ -35,8 +35,8 @@ def test_a_repeat_runs_the_selected_cases_of_its_job_in_each_of_its_processes():
     assert files[0].case_ids() == [c for c in job.case_ids() if c.startswith(("headline-triton_compiled-",
                                                                                "headline-sdpa_"))]
     assert len(files[0].case_ids()) == 3
-    assert wf.job_command(job) == "flash_attention bench"
-    assert wf.repeats_by_run(files, RESULTS)[JOB["job"], "2"] == files[1]
+    assert repeat_plan.job_command(job) == "flash_attention bench"
+    assert repeat_plan.by_run(files, RESULTS)[JOB["job"], "2"] == files[1]
 
 
 @pytest.mark.parametrize("job, message", [
@@ -52,7 +52,7 @@ def test_a_repeat_of_no_timing_job_is_named(job, message):
 def test_a_case_pattern_that_selects_nothing_is_named_at_planning():
     files = repeat_files(config_with({**JOB, "cases": ["headline-sdpa_*", "headline-nope-*"]}))
     with pytest.raises(ValueError, match=r"repeats\.full: job .*headline_d64\.csv: .*'headline-nope-\*'"):
-        wf.check_repeats(files, "full")
+        repeat_plan.check(files, "full")
 
 
 def test_compare_leaves_the_repeats_out(tmp_path):

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmperf import hardware, sources
+from lmperf import hardware, repeats, sources
 
 ATTENTION_CONTRACT = Path(__file__).parent / "kernels" / "attention_contract.py"
 
@@ -223,13 +223,12 @@ def fa_bench_jobs(fa: dict, models: dict) -> dict[str, dict]:
 
 
 def workers(settings: dict) -> int:
-    """A check's or a bench's worker processes (`--workers`, bench/workers.py): how a job runs,
-    not what it measures, so they are a param of their own, never part of a spec."""
+    """A check's or bench's worker processes (`--workers`, bench/workers.py): how a job runs, not
+    what it measures, so a param of their own and never part of a spec (`_measured`)."""
     return settings.get("workers", 1)
 
 
-def _measured(settings: dict, *leave_out: str) -> dict:
-    """A check's or bench's settings without `workers` and `leave_out`: what its cases measure."""
+def _measured(settings: dict, *leave_out: str) -> dict:  # what a check's or bench's cases measure
     return {k: v for k, v in settings.items() if k not in ("workers", *leave_out)}
 
 
@@ -311,9 +310,8 @@ def distributed_spec(config: dict, dist: dict, study: str) -> str:
 @dataclass(frozen=True)
 class ResultFile:
     """One result CSV a full run writes: its path, the benchmark's section and study, and the
-    job's spec (the JSON its rule passes) with its size (e2e) or process count (distributed).
-    A repeat (section `repeats`) names the job it measures again (`repeat_of`) and the case
-    patterns it runs (`cases`)."""
+    job's spec (the JSON its rule passes) with its size (e2e) or process count (distributed); a
+    repeat's job and case patterns (lmperf.repeats)."""
     path: str
     section: str
     study: str
@@ -327,7 +325,7 @@ class ResultFile:
         spec (imports lmperf.bench.<section>, not torch); None for env.csv, a key/value table."""
         if self.section == "env":
             return None
-        if self.repeat_of is not None:  # the job's cases that the patterns select (ValueError if one selects none)
+        if self.repeat_of is not None:  # the job's cases the patterns select (ValueError if one selects none)
             from lmperf.bench.jobs import select
             return [c["case_id"] for c in select([{"case_id": c} for c in self.repeat_of.case_ids()], list(self.cases))]
         import importlib
@@ -377,65 +375,7 @@ def result_files(config: dict, results: str, scale: str, distributed: list[str])
         files += [ResultFile(f"{folder}/distributed/{study}_n{n}.csv", "distributed", study,
                              distributed_spec(config, dist, study), str(n))
                   for study in DISTRIBUTED_STUDIES for n in dist[study]["procs"]]
-    return files + repeat_files(config, results, scale, files)
-
-
-# ---------------------------------------------------------------------------------------------
-# Repeats (rules/repeats.smk): some cases of a timing job measured again, each time in a fresh process
-
-REPEATABLE = ("flash_attention", "lrpe", "ladder")  # sections whose command takes --cases (bench/jobs.py)
-
-
-def repeat_files(config: dict, results: str, scale: str, files: list[ResultFile]) -> list[ResultFile]:
-    """The CSVs of config `repeats.<scale>`: for each of its jobs (a timing job's results file
-    under results/<hw>/, without .csv) `processes` runs of the selected cases with the job's
-    spec, results/<hw>/repeats/<job>/run<k>.csv, k = 1, 2, ... (ValueError naming a job that
-    is not one of `files`, or not a timing job of a REPEATABLE section)."""
-    repeats = config.get("repeats", {}).get(scale)
-    if not repeats:
-        return []
-    by_job = {f.path[len(results) + 1:-len(".csv")]: f for f in files if f.path.startswith(results + "/")}
-    out = []
-    for entry in repeats["jobs"]:
-        job = by_job.get(entry["job"])
-        if job is None or job.section not in REPEATABLE or job.study == "check":
-            timing = sorted(j for j, f in by_job.items() if f.section in REPEATABLE and f.study != "check")
-            raise ValueError(f"config: repeats.{scale}.jobs names {entry['job']!r}, which is not a timing job "
-                             f"of this configuration whose cases can run alone: {', '.join(timing)}")
-        out += [ResultFile(f"{results}/repeats/{entry['job']}/run{k}.csv", "repeats", job.study, job.spec,
-                           job.arg, repeat_of=job, cases=tuple(entry["cases"]))
-                for k in range(1, repeats["processes"] + 1)]
-    return out
-
-
-def check_repeats(files: list[ResultFile], scale: str) -> None:
-    """Every case pattern of a repeat selects a case of its job (ValueError naming it): a typo
-    fails at planning, not after the GPU has started."""
-    for f in files:
-        try:
-            f.case_ids()
-        except ValueError as e:
-            raise ValueError(f"config: repeats.{scale}: job {f.repeat_of.path}: {e}") from None
-
-
-def repeats_by_run(files: list[ResultFile], results: str) -> dict[tuple[str, str], ResultFile]:
-    """{(job, k): its repeat's ResultFile} of the repeats among `files` (rules/repeats.smk's wildcards)."""
-    runs = {}
-    for f in files:
-        if f.section == "repeats":
-            job, run = f.path[len(f"{results}/repeats/"):-len(".csv")].rsplit("/", 1)
-            runs[job, run.removeprefix("run")] = f
-    return runs
-
-
-def job_command(f: ResultFile) -> str:
-    """The arguments of `python -m lmperf.bench.` before --spec in the command that writes the
-    timing job `f` (its rule's shell command, rules/<section>.smk)."""
-    if f.section in ("flash_attention", "lrpe"):
-        return f"{f.section} {f.study}"
-    if f.section == "ladder":
-        return f"ladder --size {f.arg}"
-    raise ValueError(f"{f.path}: a {f.section} job cannot run some of its cases alone")
+    return files + repeats.repeat_files(config, results, scale, files)
 
 
 def checked_results(files: tuple[ResultFile, ...], dag) -> list[str]:
