@@ -235,7 +235,8 @@ def test_every_benchmark_job_has_the_modules_its_command_imports_as_inputs(fresh
     rules = {rule for rule, _, _ in jobs}
     assert rules == {"env", "e2e_study", "ladder_size", "adamw_master_check", "flash_attention_check", "flash_attention_bench", "lrpe_check",
                      "adamw_master_check",
-                     "lrpe_bench", "attention", "precision", "profile", "memory", "distributed_study", "repeat"}
+                     "lrpe_bench", "attention", "precision", "profile", "memory", "distributed_study", "repeat",
+                     "distributed_repeat"}
     for module in {m for _, m, _ in jobs}:
         imported = imported_at_top(fresh_copy, module)
         path = f"src/{module.replace('.', '/')}"
@@ -265,7 +266,7 @@ def test_a_repeat_is_its_jobs_command_with_its_cases_into_its_own_file(fresh_cop
         cases = next(j["cases"] for j in config["jobs"] if j["job"] == job[2])
         assert f" --cases {' '.join(cases)} --out " in cmd.replace("'", "")
         without_cases = cmd[:cmd.index(" --cases ")] + cmd[cmd.index(" --out "):]
-        strip = lambda c: re.sub(r" --(out|log|workers) \S+", "", c)
+        strip = lambda c: re.sub(r" --(out|log|progress-log|workers) \S+", "", c)
         assert strip(without_cases) == strip(main)
 
 

@@ -7,16 +7,23 @@ time in a fresh process, with the job's own command and spec and `--cases` (benc
         jobs:
           - {job: lrpe/bench_1d, cases: [1d-n32768-l0-*]}
 
-A job is named by its results file under results/<hw>/, without .csv; its repeats are
-results/<hw>/repeats/<job>/run<k>.csv, k = 1 ... processes. Files are lmperf.workflow.ResultFile
-(section `repeats`, `repeat_of` the job's, `cases` the patterns). Imports nothing heavy: the
-Snakefile plans with it.
+A job is named by its results file under its results folder, without .csv: results/<hw>/ for
+one GPU, the multi-GPU folder results/<gpu>-x<count>/ for `distributed/...` (rules/distributed.smk);
+its repeats are <folder>/repeats/<job>/run<k>.csv, k = 1 ... processes. Files are
+lmperf.workflow.ResultFile (section `repeats`, `repeat_of` the job's, `cases` the patterns).
+Imports nothing heavy: the Snakefile plans with it.
 """
 from __future__ import annotations
 
 import dataclasses
 
-REPEATABLE = ("flash_attention", "lrpe", "ladder")  # sections whose command takes --cases (bench/jobs.py)
+# sections whose command takes --cases (bench/jobs.py)
+REPEATABLE = ("flash_attention", "lrpe", "ladder", "distributed")
+
+
+def folder(f, results: str) -> str:
+    """The results folder of a job's file: a distributed job's own (results/<gpu>-x<count>)."""
+    return f.path.rsplit("/distributed/", 1)[0] if f.section == "distributed" else results
 
 
 def repeat_files(config: dict, results: str, scale: str, files: list) -> list:
@@ -25,7 +32,8 @@ def repeat_files(config: dict, results: str, scale: str, files: list) -> list:
     repeats = config.get("repeats", {}).get(scale)
     if not repeats:
         return []
-    by_job = {f.path[len(results) + 1:-len(".csv")]: f for f in files if f.path.startswith(results + "/")}
+    by_job = {f.path[len(folder(f, results)) + 1:-len(".csv")]: f for f in files
+              if f.path.startswith(folder(f, results) + "/")}
     out = []
     for entry in repeats["jobs"]:
         job = by_job.get(entry["job"])
@@ -33,8 +41,8 @@ def repeat_files(config: dict, results: str, scale: str, files: list) -> list:
             timing = sorted(j for j, f in by_job.items() if f.section in REPEATABLE and f.study != "check")
             raise ValueError(f"config: repeats.{scale}.jobs names {entry['job']!r}, which is not a timing job "
                              f"of this configuration whose cases can run alone: {', '.join(timing)}")
-        out += [dataclasses.replace(job, path=f"{results}/repeats/{entry['job']}/run{k}.csv", section="repeats",
-                                    repeat_of=job, cases=tuple(entry["cases"]))
+        out += [dataclasses.replace(job, path=f"{folder(job, results)}/repeats/{entry['job']}/run{k}.csv",
+                                    section="repeats", repeat_of=job, cases=tuple(entry["cases"]))
                 for k in range(1, repeats["processes"] + 1)]
     return out
 
@@ -49,12 +57,12 @@ def check(files: list, scale: str) -> None:
             raise ValueError(f"config: repeats.{scale}: job {f.repeat_of.path}: {e}") from None
 
 
-def by_run(files: list, results: str) -> dict:
+def by_run(files: list) -> dict:
     """{(job, k): its repeat's ResultFile} of the repeats among `files` (rules/repeats.smk's wildcards)."""
     runs = {}
     for f in files:
         if f.section == "repeats":
-            job, run = f.path[len(f"{results}/repeats/"):-len(".csv")].rsplit("/", 1)
+            job, run = f.path.split("/repeats/", 1)[1][:-len(".csv")].rsplit("/", 1)
             runs[job, run.removeprefix("run")] = f
     return runs
 

@@ -13,10 +13,12 @@ from lmperf.report.format import unavailable
 
 # The metrics of each section whose spread across processes the section shows: the headline
 # numbers (FlashAttention's forward+backward, by the host's clock and as a CUDA graph; LRPE's
-# call and kernel times; the ladder's step, tokens/s and MFU).
+# call and kernel times; the ladder's step, tokens/s and MFU; the data-parallel step's tokens/s,
+# one GPU's and several's, whose ratio is the scaling).
 HEADLINE = {"flash_attention": ("fwd_bwd_ms", "fwd_bwd_gpu_ms"),
             "lrpe": ("forward_ms", "backward_ms", "forward_kernel_ms", "backward_kernel_ms"),
-            "ladder": ("step_ms", "tokens_per_s", "mfu_pct")}
+            "ladder": ("step_ms", "tokens_per_s", "mfu_pct"),
+            "distributed": ("step_ms", "tokens_per_s")}
 
 
 def relative_range(low: float, high: float, center: float) -> float:
@@ -69,7 +71,9 @@ def view(inputs) -> dict:
     lines = []
     for (section, study, case_id), rep in groups:
         job = inputs.frames.get(section, pd.DataFrame())
-        job = job[(job["study"] == study) & (job["case_id"] == case_id)] if not job.empty else job
+        if not job.empty:  # the job's rows of this case, from the machine the repeats ran on
+            job = job[(job["study"] == study) & (job["case_id"] == case_id)
+                      & (job["hw"] == rep["hw"].iloc[0] if "hw" in job and "hw" in rep else True)]
         for metric in HEADLINE.get(section, ()):
             measured = processes(job, rep, metric)
             if any(isinstance(m, pd.Series) for m in measured):

@@ -51,8 +51,9 @@ def frame_names(sections: list[Section]) -> list[str]:
     return names + list(CHECKED_ONLY) * ("correctness" in names)
 
 
-# Sections whose results come from the multi-GPU folders results/<hw>-x<N>/ too.
-MULTI_GPU = {"distributed"}
+# Sections whose results come from the multi-GPU folders results/<hw>-x<N>/ too (the repeats:
+# those of the distributed jobs, lmperf.repeats).
+MULTI_GPU = {"distributed", "repeats"}
 
 
 def result_dirs(results: str | Path, section: str) -> list[Path]:
