@@ -256,9 +256,9 @@ def setup_bench(case: dict):
 def compiles(case: dict) -> bool:
     """Whether a bench case compiles what the compile-cache warm-up can leave for its timed run:
     our Triton kernels, FlexAttention, and every provider under the leaderboard harness but
-    SDPA's (compiled without the caches, _compile_caches). Not plain_compiled: it compiles one
-    graph for every sequence length (dynamic shapes) in about a second, and warming it would run
-    the largest plain attention a second time."""
+    SDPA's (compiled without the caches, _compile_caches). Not plain_compiled: its graphs have
+    dynamic shapes, so which ones a process compiles depends on the lengths it met before (a
+    worker's need not be the timed loop's), and it would run the largest plain attention twice."""
     if case.get("skip_reason") or case["provider"] in ("sdpa_flash", "sdpa_cudnn"):
         return False
     return case["provider"] in ("triton", "triton_compiled", "flex") or case.get("harness") == "leaderboard"
