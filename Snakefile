@@ -24,6 +24,7 @@ include: "rules/precision.smk"
 include: "rules/profile.smk"
 include: "rules/memory.smk"
 include: "rules/distributed.smk"
+include: "rules/repeats.smk"
 include: "rules/report.smk"
 include: "rules/compare.smk"
 

@@ -14,12 +14,14 @@ rule adamw_master_check:
     params:
         **PROVENANCE,
         spec=wf.adamw_master_check_spec(config, ADAMW_MASTER),
+        workers=wf.workers(ADAMW_MASTER["check"]),
+    threads: wf.workers(ADAMW_MASTER["check"])  # its worker processes' CPU cores
     resources:
         gpu=1,
     conda:
         "../envs/lmperf.yaml"
     shell:
-        wf.bench("adamw_master check --spec {params.spec:q}")
+        wf.bench("adamw_master check --spec {params.spec:q} --workers {params.workers}")
 
 
 rule adamw_master:

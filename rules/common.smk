@@ -8,7 +8,7 @@ from pathlib import Path
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
-from lmperf import hardware, workflow as wf  # noqa: E402
+from lmperf import hardware, repeats as repeat_plan, workflow as wf  # noqa: E402
 from lmperf.bench.failures import ACCEPT_ERRORS_ENV  # noqa: E402
 
 try:

@@ -14,12 +14,14 @@ rule flash_attention_check:
     params:
         **PROVENANCE,
         spec=wf.fa_check_spec(FA),
+        workers=wf.workers(FA["check"]),
+    threads: wf.workers(FA["check"])  # its worker processes' CPU cores
     resources:
         gpu=1,
     conda:
         "../envs/lmperf.yaml"
     shell:
-        wf.bench("flash_attention check --spec {params.spec:q}")
+        wf.bench("flash_attention check --spec {params.spec:q} --workers {params.workers}")
 
 
 rule flash_attention_bench:
@@ -33,14 +35,16 @@ rule flash_attention_bench:
     params:
         **PROVENANCE,
         spec=lambda w: wf.fa_bench_spec(FA, config["models"], w.job),
+        workers=wf.workers(FA["bench"]),
     wildcard_constraints:
         job="|".join(FA_BENCH_JOBS),
+    threads: wf.workers(FA["bench"])  # its worker processes' CPU cores
     resources:
         gpu=1,
     conda:
         "../envs/lmperf.yaml"
     shell:
-        wf.bench("flash_attention bench --spec {params.spec:q}")
+        wf.bench("flash_attention bench --spec {params.spec:q} --workers {params.workers}")
 
 
 rule flash_attention:

@@ -14,12 +14,14 @@ rule lrpe_check:
     params:
         **PROVENANCE,
         spec=wf.lrpe_check_spec(LRPE),
+        workers=wf.workers(LRPE["check"]),
+    threads: wf.workers(LRPE["check"])  # its worker processes' CPU cores
     resources:
         gpu=1,
     conda:
         "../envs/lmperf.yaml"
     shell:
-        wf.bench("lrpe check --spec {params.spec:q}")
+        wf.bench("lrpe check --spec {params.spec:q} --workers {params.workers}")
 
 
 rule lrpe_bench:
@@ -33,14 +35,16 @@ rule lrpe_bench:
     params:
         **PROVENANCE,
         spec=lambda w: wf.lrpe_bench_spec(LRPE, w.dims),
+        workers=wf.workers(LRPE["bench"]),
     wildcard_constraints:
         dims="|".join(LRPE_DIMS),
+    threads: wf.workers(LRPE["bench"])  # its worker processes' CPU cores
     resources:
         gpu=1,
     conda:
         "../envs/lmperf.yaml"
     shell:
-        wf.bench("lrpe bench --spec {params.spec:q}")
+        wf.bench("lrpe bench --spec {params.spec:q} --workers {params.workers}")
 
 
 rule lrpe:

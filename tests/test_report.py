@@ -263,12 +263,16 @@ def test_two_providers_with_the_same_times_everywhere_are_flagged():
     assert len(cudnn) == 1 and cudnn[0]["measured"].startswith("not measured") and not cudnn[0]["met"]
 
 
-def test_the_whole_run_wall_time_spans_first_case_start_to_last_row():
+def test_the_whole_run_wall_time_spans_the_first_jobs_start_to_the_last_jobs_end():
+    """A job's rows carry its process's start (measured_at); it ends its cases' wall times later
+    (each case once, whatever its rows)."""
     from lmperf.report import env as env_view
-    one = pd.DataFrame({"measured_at": ["2026-11-23T10:00:00+00:00", "2026-11-23T10:20:00+00:00"],
-                        "wall_s": [60.0, 30.0], "commit": ["abc", "abc"]})
-    other = pd.DataFrame({"measured_at": ["2026-11-23T10:05:00+00:00"], "wall_s": [5.0], "commit": ["abc"]})
-    assert env_view.run_span_seconds({"a": one, "b": other}) == 21 * 60  # 09:59 to 10:20
+    one = pd.DataFrame({"measured_at": ["2026-11-23T10:00:00+00:00"] * 3 + ["2026-11-23T10:20:00+00:00"],
+                        "case_id": ["x", "x", "y", "z"], "wall_s": [60.0, 60.0, 30.0, 100.0], "commit": ["abc"] * 4})
+    other = pd.DataFrame({"measured_at": ["2026-11-23T10:05:00+00:00"], "case_id": ["w"], "wall_s": [5.0],
+                          "commit": ["abc"]})
+    assert env_view.run_span_seconds({"a": one, "b": other}) == 21 * 60 + 40  # 10:00 to 10:21:40
+    assert env_view.run_span_seconds({"a": one.iloc[:3], "b": other}) == 5 * 60 + 5  # to other's end
     other["commit"] = "def"  # two runs: their span would count the time between them
     assert env_view.run_span_seconds({"a": one, "b": other}) is None
 

@@ -235,13 +235,39 @@ def test_every_benchmark_job_has_the_modules_its_command_imports_as_inputs(fresh
     rules = {rule for rule, _, _ in jobs}
     assert rules == {"env", "e2e_study", "ladder_size", "adamw_master_check", "flash_attention_check", "flash_attention_bench", "lrpe_check",
                      "adamw_master_check",
-                     "lrpe_bench", "attention", "precision", "profile", "memory", "distributed_study"}
+                     "lrpe_bench", "attention", "precision", "profile", "memory", "distributed_study", "repeat",
+                     "distributed_repeat"}
     for module in {m for _, m, _ in jobs}:
         imported = imported_at_top(fresh_copy, module)
         path = f"src/{module.replace('.', '/')}"
         assert f"{path}.py" in imported or f"{path}/__init__.py" in imported  # a module or a package
         for rule, _, inputs in (j for j in jobs if j[1] == module):
             assert imported <= inputs, f"{rule}: {sorted(imported - inputs)} missing from its inputs"
+
+
+def shell_commands(repo: Path) -> dict[str, str]:
+    """{output: shell command} of every job a dry run of the report plans."""
+    dry = snakemake(repo, "report/report.md", "-n", "-p", *SMOKE)
+    blocks = (dry.stdout + dry.stderr).split("\nrule ")[1:]
+    return {re.search(r"^    output: (\S+)", b, re.M)[1]: re.search(r"^Shell command: (.*)$", b, re.M)[1]
+            for b in blocks if "Shell command:" in b}
+
+
+def test_a_repeat_is_its_jobs_command_with_its_cases_into_its_own_file(fresh_copy):
+    """Each smoke repeat runs the command of the job it repeats (the same module, spec and
+    library checks), only with --cases and its own output and log."""
+    commands = shell_commands(fresh_copy)
+    repeats = {out: cmd for out, cmd in commands.items() if "/repeats/" in out}
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["repeats"]["smoke"]
+    assert len(repeats) == config["processes"] * len(config["jobs"])
+    for out, cmd in repeats.items():
+        job = re.fullmatch(r"results/([^/]+)/repeats/(.+)/run\d+\.csv", out)
+        main = commands[f"results/{job[1]}/{job[2]}.csv"]
+        cases = next(j["cases"] for j in config["jobs"] if j["job"] == job[2])
+        assert f" --cases {' '.join(cases)} --out " in cmd.replace("'", "")
+        without_cases = cmd[:cmd.index(" --cases ")] + cmd[cmd.index(" --out "):]
+        strip = lambda c: re.sub(r" --(out|log|progress-log|workers) \S+", "", c)
+        assert strip(without_cases) == strip(main)
 
 
 def test_every_module_a_benchmark_imported_while_running_is_among_its_inputs(built_repo, tmp_path):

@@ -61,9 +61,10 @@ LARGEST = 3  # differences the summary names
 
 
 def result_csvs(folder) -> list[str]:
-    """The results CSVs under a folder, journals of unfinished jobs excluded (also the Snakemake
-    rule's inputs); a ValueError naming the folder where there are none."""
-    paths = [str(p) for p in sorted(Path(folder).rglob("*.csv")) if ".journal" not in p.parts]
+    """The results CSVs under a folder (also the Snakemake rule's inputs) but journals and the
+    repeats (`repeats/`: cases its jobs hold, measured again); a ValueError where there are none."""
+    paths = [str(p) for p in sorted(Path(folder).rglob("*.csv"))
+             if ".journal" not in p.parts and p.relative_to(folder).parts[0] != "repeats"]
     if not paths:
         raise ValueError(f"{folder}: no results CSVs under it" if Path(folder).is_dir()
                          else f"{folder}: no such results folder")

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmperf import hardware, sources
+from lmperf import hardware, repeats, sources
 
 ATTENTION_CONTRACT = Path(__file__).parent / "kernels" / "attention_contract.py"
 
@@ -222,8 +222,18 @@ def fa_bench_jobs(fa: dict, models: dict) -> dict[str, dict]:
     return jobs
 
 
+def workers(settings: dict) -> int:
+    """A check's or bench's worker processes (`--workers`, bench/workers.py): how a job runs, not
+    what it measures, so a param of their own and never part of a spec (`_measured`)."""
+    return settings.get("workers", 1)
+
+
+def _measured(settings: dict, *leave_out: str) -> dict:  # what a check's or bench's cases measure
+    return {k: v for k, v in settings.items() if k not in ("workers", *leave_out)}
+
+
 def fa_check_spec(fa: dict) -> str:
-    return json.dumps(fa["check"], sort_keys=True)
+    return json.dumps(_measured(fa["check"]), sort_keys=True)
 
 
 def fa_bench_spec(fa: dict, models: dict, job: str) -> str:
@@ -231,19 +241,19 @@ def fa_bench_spec(fa: dict, models: dict, job: str) -> str:
 
 
 def lrpe_check_spec(lrpe: dict) -> str:
-    return json.dumps(lrpe["check"], sort_keys=True)
+    return json.dumps(_measured(lrpe["check"]), sort_keys=True)
 
 
 def lrpe_bench_spec(lrpe: dict, dims: str) -> str:
     """The spec of one benchmark job: the shared settings and the grid with `dims` axes."""
-    bench = {k: v for k, v in lrpe["bench"].items() if k != "grids"}
+    bench = _measured(lrpe["bench"], "grids")
     grid = next(g for g in lrpe["bench"]["grids"] if g["dims"] == int(dims))
     return json.dumps({**bench, **grid}, sort_keys=True)
 
 
 def adamw_master_check_spec(config: dict, adamw: dict) -> str:
     """The check's settings, its sizes resolved to their dims."""
-    check = {k: v for k, v in adamw["check"].items() if k != "sizes"}
+    check = _measured(adamw["check"], "sizes")
     return json.dumps({**check, "models": {s: config["models"][s] for s in adamw["check"]["sizes"]}}, sort_keys=True)
 
 
@@ -300,18 +310,24 @@ def distributed_spec(config: dict, dist: dict, study: str) -> str:
 @dataclass(frozen=True)
 class ResultFile:
     """One result CSV a full run writes: its path, the benchmark's section and study, and the
-    job's spec (the JSON its rule passes) with its size (e2e) or process count (distributed)."""
+    job's spec (the JSON its rule passes) with its size (e2e) or process count (distributed); a
+    repeat's job and case patterns (lmperf.repeats)."""
     path: str
     section: str
     study: str
     spec: str | None = None
     arg: str | None = None
+    repeat_of: ResultFile | None = None
+    cases: tuple[str, ...] = ()
 
     def case_ids(self) -> list[str] | None:
         """The case ids its job writes rows for, from the benchmark's own case list over the
         spec (imports lmperf.bench.<section>, not torch); None for env.csv, a key/value table."""
         if self.section == "env":
             return None
+        if self.repeat_of is not None:  # the job's cases the patterns select (ValueError if one selects none)
+            from lmperf.bench.jobs import select
+            return [c["case_id"] for c in select([{"case_id": c} for c in self.repeat_of.case_ids()], list(self.cases))]
         import importlib
         bench = importlib.import_module(f"lmperf.bench.{self.section}")
         spec = json.loads(self.spec) if self.spec else None
@@ -359,7 +375,7 @@ def result_files(config: dict, results: str, scale: str, distributed: list[str])
         files += [ResultFile(f"{folder}/distributed/{study}_n{n}.csv", "distributed", study,
                              distributed_spec(config, dist, study), str(n))
                   for study in DISTRIBUTED_STUDIES for n in dist[study]["procs"]]
-    return files
+    return files + repeats.repeat_files(config, results, scale, files)
 
 
 def checked_results(files: tuple[ResultFile, ...], dag) -> list[str]:

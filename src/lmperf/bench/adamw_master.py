@@ -4,6 +4,8 @@ replaces in the ladder's best rungs.
 
     python -m lmperf.bench.adamw_master check --spec '{...}' --out results/cpu/adamw_master/check.csv --hw cpu
 
+With `--workers N` its cases run in N worker processes (bench/jobs.py).
+
 Every case draws fresh random inputs (its seed is in each row); two kinds:
 
 - `float64`: Linear weights of awkward sizes around the kernel's chunk (under one, exactly one,
@@ -26,7 +28,7 @@ import itertools
 import math
 import random
 
-from lmperf.bench import common
+from lmperf.bench import common, jobs
 
 FP32_ULP = 2.0**-23  # at 1.0
 MODEL_DIMS = ("d_model", "d_ff", "n_layers", "n_heads", "vocab_size")
@@ -158,9 +160,9 @@ def measure_check(case: dict) -> list[dict]:
 
 
 def main(argv=None):
-    args = common.bench_args(__doc__, argv, studies=("check",))
-    common.run_cases(section="adamw_master", study=args.study, cases=check_cases(args.spec), measure=measure_check,
-                     out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={"spec": args.spec})
+    args = common.bench_args(__doc__, argv, studies=("check",), options=jobs.options)
+    jobs.run(section="adamw_master", study=args.study, cases=check_cases(args.spec), measure=measure_check,
+             args=args, fingerprint={"spec": args.spec}, parallel=True)  # --workers: cases side by side
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """FlashAttention-2: correctness against float64 (`check`) and speed against PyTorch's attention
 (`bench`).
 
-    python -m lmperf.bench.flash_attention check --spec '{...}' --out .../check.csv --hw cpu
+    python -m lmperf.bench.flash_attention check --spec '{...}' --out .../check.csv --hw cpu [--workers 6]
     python -m lmperf.bench.flash_attention bench --spec '{...}' --out .../bench_d64.csv --hw h100-80gb-hbm3
+
+With `--workers N` the check's cases run in N worker processes, and a bench job first compiles
+its compiling cases in N worker processes, then times every case in its own (bench/jobs.py).
 
 The forward and forward+backward rows of a bench case carry `gpu_idle_pct`, the share of the
 call's median time the GPU sat idle (bench/timing.py's gpu_idle): high where do_bench times the
@@ -14,7 +17,7 @@ import functools
 import itertools
 import random
 
-from lmperf.bench import common, timing
+from lmperf.bench import common, jobs, timing
 
 # ---------------------------------------------------------------------------------------------
 # check
@@ -134,16 +137,18 @@ def bench_cases(spec: dict) -> list[dict]:
     return cases
 
 
-def _fresh_compiles():
-    """Inductor's caches off for the rest of the process, so that every later torch.compile traces
-    and compiles anew: Inductor's graph cache does not key on
-    the SDPA backend (pytorch/pytorch#185449), and with it sdpa_cudnn ran the graph compiled
-    for sdpa_flash (the same times at every shape of the model group; tuning/flash_attention/NOTES.md v5). It also
-    keeps a published time independent of what an earlier job left in the cache. Called for
-    the leaderboard harness's cases, where the SDPA backends are compiled; the grid's
-    plain_compiled (no SDPA in its graph) keeps the caches, which halves its compile time."""
+def _compile_caches(case: dict) -> None:
+    """Inductor's caches off for an SDPA provider under the leaderboard harness, on for every
+    other case (set per case: one process runs several providers). Inductor's graph cache does
+    not key on the SDPA backend (pytorch/pytorch#185449): with it, sdpa_cudnn ran the graph
+    compiled for sdpa_flash (the same times at every shape of the model group;
+    tuning/flash_attention/NOTES.md v5), so those graphs are compiled anew every time (about a
+    second: SDPA and a sum). Every other compiled graph (ours under torch.compile, FlexAttention,
+    plain_compiled) keys on what it runs, so a cached one is the same code compiled earlier: the
+    compile-cache warm-up (bench/workers.py) leaves it there for the timed loop to load."""
     import torch._inductor.config
-    torch._inductor.config.force_disable_caches = True
+    sdpa = case["provider"] in ("sdpa_flash", "sdpa_cudnn")
+    torch._inductor.config.force_disable_caches = sdpa and case.get("harness", "eager") == "leaderboard"
 
 
 def _no_donated_buffers():
@@ -213,7 +218,10 @@ def provider_fn(case: dict):
     raise ValueError(f"unknown provider {p!r}")
 
 
-def measure_bench(case: dict) -> list[dict]:
+def setup_bench(case: dict):
+    """(fn, context, fwd_bwd, (q, k, v, dout)) of a bench case: the provider's call (under the
+    leaderboard harness, torch.compile'd), the context each timed call runs in, forward+backward
+    as the case's harness runs it, and the inputs (the same every run). Raises NotRun."""
     import torch
 
     if case.get("skip_reason"):  # left out by the config: a row that says why
@@ -221,9 +229,9 @@ def measure_bench(case: dict) -> list[dict]:
     if not torch.cuda.is_available():
         raise common.NotRun("needs CUDA")
     fn, context = provider_fn(case)
+    _compile_caches(case)
     leaderboard = case.get("harness", "eager") == "leaderboard"
     if leaderboard:
-        _fresh_compiles()
         import torch._dynamo
         _no_donated_buffers()
         torch._dynamo.reset()  # each case compiles its own graph; no recompile limit across cases
@@ -236,6 +244,49 @@ def measure_bench(case: dict) -> list[dict]:
     q, k, v = (torch.randn(b, heads, n, d, device="cuda", dtype=dtype, generator=gen).requires_grad_()
                for heads in (h, h_kv, h_kv))
     dout = torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen)
+
+    def fwd_bwd():
+        if leaderboard:
+            fn(q, k, v).sum().backward()
+        else:
+            fn(q, k, v).backward(dout)
+    return fn, context, fwd_bwd, (q, k, v, dout)
+
+
+def compiles(case: dict) -> bool:
+    """Whether a bench case compiles what the compile-cache warm-up can leave for its timed run:
+    our Triton kernels, FlexAttention, and every provider under the leaderboard harness but
+    SDPA's (compiled without the caches, _compile_caches). Not plain_compiled: its graphs have
+    dynamic shapes, so which ones a process compiles depends on the lengths it met before (a
+    worker's need not be the timed loop's), and it would run the largest plain attention twice."""
+    if case.get("skip_reason") or case["provider"] in ("sdpa_flash", "sdpa_cudnn"):
+        return False
+    return case["provider"] in ("triton", "triton_compiled", "flex") or case.get("harness") == "leaderboard"
+
+
+def warm_bench(case: dict) -> list[dict]:
+    """Compile what measure_bench compiles for `case` and time nothing: its forward without
+    gradients and its forward+backward, once each (the warm-up of bench/workers.py). The backward
+    alone and the CUDA-graph replays call the same compiled code."""
+    import torch
+
+    fn, context, fwd_bwd, (q, k, v, _) = setup_bench(case)
+    with torch.no_grad(), context():
+        fn(q, k, v)
+    with context():
+        fwd_bwd()
+    torch.cuda.synchronize()
+    return [{**common.failure_row("ok", ""), "metric": "compiled"}]
+
+
+def measure_bench(case: dict) -> list[dict]:
+    import torch
+
+    fn, context, fwd_bwd, (q, k, v, dout) = setup_bench(case)
+    leaderboard = case.get("harness", "eager") == "leaderboard"
+    b, h, n, d = case["batch"], case["heads"], case["seq_len"], case["head_dim"]
+    dtype = common.torch_dtype(case["dtype"])
+    h_kv = case.get("kv_heads", h)
     warmup, rep = (int(x) for x in case["timing_ms"].split("/"))
 
     def bench(f, idle_of: str = "", grad_to_none=()):  # (median, q20, q80) in ms
@@ -256,11 +307,6 @@ def measure_bench(case: dict) -> list[dict]:
     with torch.no_grad():
         times = {"forward": bench(lambda: fn(q, k, v), "forward")}
 
-    def fwd_bwd():
-        if leaderboard:
-            fn(q, k, v).sum().backward()
-        else:
-            fn(q, k, v).backward(dout)
     times["fwd_bwd"] = bench(fwd_bwd, "fwd_bwd", grad_to_none=[q, k, v])
     note = ""
     try:  # backward alone, replaying one retained graph
@@ -343,10 +389,11 @@ def _gpu_time_rows(case: dict, fn, fwd_bwd, context, q, k, v, rep: int) -> list[
 
 def main(argv=None):
     studies = {"check": (check_cases, measure_check), "bench": (bench_cases, measure_bench)}
-    args = common.bench_args(__doc__, argv, studies=studies)
+    args = common.bench_args(__doc__, argv, studies=studies, options=jobs.options)
     cases, measure = studies[args.study]
-    common.run_cases(section="flash_attention", study=args.study, cases=cases(args.spec), measure=measure,
-                     out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={"spec": args.spec})
+    # a check's cases run side by side in the workers; a timing job's compiles are warmed in them
+    jobs.run(section="flash_attention", study=args.study, cases=cases(args.spec), measure=measure, args=args,
+             fingerprint={"spec": args.spec}, parallel=args.study == "check", warm=warm_bench, compiles=compiles)
 
 
 if __name__ == "__main__":

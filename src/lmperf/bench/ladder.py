@@ -2,6 +2,10 @@
 one model size measured in the same job.
 
     python -m lmperf.bench.ladder --size xl --spec '{...}' --out results/cpu/ladder/xl.csv --hw cpu
+    python -m lmperf.bench.ladder --size xl --spec '{...}' --cases 'xl-rung12-*' --out .../run1.csv --hw ...
+
+A rung carries every setting of the rungs before it, so it can run alone (`--cases`, bench/jobs.py:
+the repeats in fresh processes); the device rates of its floors are then measured for it.
 
 Each rung is the rung before plus one change (RUNGS, then one rung per longer context, gradient
 accumulation after the context `accumulate.context` if configured, then activation checkpointing).
@@ -36,7 +40,7 @@ import functools
 import re
 
 from lmperf import train
-from lmperf.bench import common, e2e, memory_fit, profile, timing
+from lmperf.bench import common, e2e, jobs, memory_fit, profile, timing
 
 # The rungs before the longer contexts, in order: (rung, what changes, the case keys it sets,
 # whether it needs CUDA). The base is the assignment's model and optimizer in fp32, eager.
@@ -323,13 +327,13 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
 
 
 def main(argv=None):
-    args = common.bench_args(__doc__, argv, size=True)  # spec: the ladder's settings and the model dims
+    # spec: the ladder's settings and the model dims; --cases: some rungs alone (bench/jobs.py)
+    args = common.bench_args(__doc__, argv, size=True, options=lambda p: jobs.options(p, workers=False))
     import torch
 
     dims, rungs = args.spec["models"][args.size], cases(args.spec, args.size, cuda=torch.cuda.is_available())
-    common.run_cases(section="ladder", study="ladder", cases=rungs, measure=lambda case: measure(case, dims, args.spec),
-                     out_csv=args.out, hw=args.hw, log_path=args.log,
-                     fingerprint={"spec": args.spec, "size": args.size})
+    jobs.run(section="ladder", study="ladder", cases=rungs, measure=lambda case: measure(case, dims, args.spec),
+             args=args, fingerprint={"spec": args.spec, "size": args.size})
 
 
 if __name__ == "__main__":

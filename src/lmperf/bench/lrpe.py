@@ -1,8 +1,11 @@
 """Multi-dimensional LRPE-cosine: correctness against float64 (`check`) and speed and memory
 against PyTorch (`bench`), on the seed benchmark's grid.
 
-    python -m lmperf.bench.lrpe check --spec '{...}' --out results/cpu/lrpe/check.csv --hw cpu
+    python -m lmperf.bench.lrpe check --spec '{...}' --out results/cpu/lrpe/check.csv --hw cpu [--workers 4]
     python -m lmperf.bench.lrpe bench --spec '{...}' --out results/h100-80gb-hbm3/lrpe/bench_1d.csv --hw ...
+
+With `--workers N` the check's cases run in N worker processes, and a bench job first compiles
+its compiling cases in N worker processes, then times every case in its own (bench/jobs.py).
 
 A bench case's call-time rows (ms, GB/s, share of copy bandwidth, per direction) carry
 `gpu_idle_pct`, the share of the median call the GPU sat idle (bench/timing.py's gpu_idle): high
@@ -15,7 +18,7 @@ import itertools
 import math
 import random
 
-from lmperf.bench import common, timing
+from lmperf.bench import common, jobs, timing
 
 PROVIDERS = ("triton", "triton_cache", "torch", "torch_compile")
 
@@ -179,9 +182,10 @@ def kernel_ms(call, calls: int) -> float:
     return device_us(prof.key_averages(), calls, flush_kernels) / 1e3
 
 
-def measure_bench(case: dict) -> list[dict]:
+def setup_bench(case: dict):
+    """(fn, (x, theta, grad)) of a bench case: the provider's call fn(x, theta) and its inputs
+    (the same every run). Raises NotRun without CUDA."""
     import torch
-    import triton.testing
     from lmperf.kernels.lrpe import lrpe_cosine_md
 
     if not torch.cuda.is_available():
@@ -200,6 +204,33 @@ def measure_bench(case: dict) -> list[dict]:
     x = torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen, requires_grad=True)
     theta = torch.rand(h, case["e"], device="cuda", generator=gen)
     grad = torch.randn(b, h, n, 2 * d, device="cuda", dtype=dtype, generator=gen)
+    return fn, (x, theta, grad)
+
+
+def compiles(case: dict) -> bool:
+    """Whether a bench case compiles (what the compile-cache warm-up of bench/workers.py can
+    leave for its timed run): our Triton kernels and torch.compile; plain PyTorch does not."""
+    return case["provider"] != "torch"
+
+
+def warm_bench(case: dict) -> list[dict]:
+    """Compile what measure_bench compiles for `case` and time nothing: one forward and one
+    backward (the warm-up of bench/workers.py)."""
+    import torch
+
+    fn, (x, theta, grad) = setup_bench(case)
+    fn(x, theta).backward(grad)
+    torch.cuda.synchronize()
+    return [{**common.failure_row("ok", ""), "metric": "compiled"}]
+
+
+def measure_bench(case: dict) -> list[dict]:
+    import torch
+    import triton.testing
+
+    fn, (x, theta, grad) = setup_bench(case)
+    d = case["d"]
+    provider = case["provider"]
     warmup, rep_ms = windows(case["timing_ms"])
     copy_windows, calls = windows(case["copy_timing_ms"]), case["kernel_calls"]
     bench = functools.partial(triton.testing.do_bench, warmup=warmup, rep=rep_ms, quantiles=list(QUANTILES))
@@ -271,10 +302,11 @@ def measure_bench(case: dict) -> list[dict]:
 
 def main(argv=None):
     studies = {"check": (check_cases, measure_check), "bench": (bench_cases, measure_bench)}
-    args = common.bench_args(__doc__, argv, studies=studies)
+    args = common.bench_args(__doc__, argv, studies=studies, options=jobs.options)
     cases, measure = studies[args.study]
-    common.run_cases(section="lrpe", study=args.study, cases=cases(args.spec), measure=measure,
-                     out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={"spec": args.spec})
+    # a check's cases run side by side in the workers; a timing job's compiles are warmed in them
+    jobs.run(section="lrpe", study=args.study, cases=cases(args.spec), measure=measure, args=args,
+             fingerprint={"spec": args.spec}, parallel=args.study == "check", warm=warm_bench, compiles=compiles)
 
 
 if __name__ == "__main__":

@@ -21,16 +21,22 @@ def measured_seconds(frames: dict[str, pd.DataFrame]) -> dict[str, float]:
 
 def run_span_seconds(frames: dict[str, pd.DataFrame]) -> float | None:
     """The wall time of the run that measured these rows, start-up, compiles and gaps between
-    jobs included: from the earliest case's start (its row's `measured_at` less its `wall_s`) to
-    the last row written. None when the rows come from more than one commit (several runs: their
-    span would count the time between them)."""
+    jobs included: from the earliest job's start to the latest job's end. A process stamps every
+    row it writes with its start (`measured_at`, bench/common.py's provenance), so a job is the
+    rows of one `measured_at` and ends its cases' wall times after it. None when the rows come
+    from more than one commit (several runs: their span would count the time between them)."""
     frames = [df for df in frames.values() if not df.empty and {"measured_at", "wall_s", "commit"} <= set(df)]
     if not frames or len(commits(frames)) != 1:
         return None
-    rows = pd.concat([df[["measured_at", "wall_s"]] for df in frames], ignore_index=True)
-    end = pd.to_datetime(rows["measured_at"], utc=True, errors="coerce")
-    start = end - pd.to_timedelta(pd.to_numeric(rows["wall_s"], errors="coerce").fillna(0), unit="s")
-    return None if end.isna().all() else float((end.max() - start.min()).total_seconds())
+    rows = pd.concat([df.drop_duplicates(["measured_at", "case_id"] if "case_id" in df else None)
+                      [["measured_at", "wall_s"]] for df in frames], ignore_index=True)
+    rows["start"] = pd.to_datetime(rows["measured_at"], utc=True, errors="coerce")
+    rows["wall_s"] = pd.to_numeric(rows["wall_s"], errors="coerce").fillna(0)
+    jobs = rows.dropna(subset=["start"]).groupby("start")["wall_s"].sum()
+    if jobs.empty:
+        return None
+    end = (jobs.index + pd.to_timedelta(jobs.to_numpy(), unit="s")).max()
+    return float((end - jobs.index.min()).total_seconds())
 
 
 def commits(frames: list[pd.DataFrame]) -> list[str]:

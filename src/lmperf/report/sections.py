@@ -38,6 +38,7 @@ SECTIONS = [
     Section("lrpe", {"lrpe_bandwidth": "lrpe_bandwidth.png"}),
     Section("distributed", {"dist_busbw": "distributed_busbw_vs_size.png",
                             "dist_step_vs_gpus": "distributed_step_vs_gpus.png"}),
+    Section("repeats"),
 ]
 # Kernels checked by a rule of their own (results/<hw>/<name>/check.csv) with no section of
 # their own: the correctness section reads their rows.
@@ -51,8 +52,9 @@ def frame_names(sections: list[Section]) -> list[str]:
     return names + list(CHECKED_ONLY) * ("correctness" in names)
 
 
-# Sections whose results come from the multi-GPU folders results/<hw>-x<N>/ too.
-MULTI_GPU = {"distributed"}
+# Sections whose results come from the multi-GPU folders results/<hw>-x<N>/ too (the repeats:
+# those of the distributed jobs, lmperf.repeats).
+MULTI_GPU = {"distributed", "repeats"}
 
 
 def result_dirs(results: str | Path, section: str) -> list[Path]:

@@ -7,6 +7,8 @@ count per call, under torchrun:
         --spec '{...}' --out results/h200-x2/distributed/allreduce_n2.csv --hw h200-x2
     python -m lmperf.bench.distributed ddp --spec '{...}' --out results/cpu/distributed/ddp_n1.csv --hw cpu
 
+`--cases PATTERN ...` runs only those cases (the repeats in fresh processes, bench/jobs.py).
+
 Every rank measures; rank 0 runs the harness (journal, failures as rows, the atomic CSV), hands
 each case to the other ranks over a Gloo control group and gathers their numbers (ranks.py). A
 case that needs more GPUs than the machine has is a `skipped` row "needs N GPUs", never a crash.
@@ -15,10 +17,11 @@ every finished case, and a case that killed the job twice is an `error` row, as 
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-from lmperf.bench import common
+from lmperf.bench import common, jobs
 from lmperf.bench.distributed import allreduce, ddp
 from lmperf.bench.distributed.ranks import follow, init_ranks, lead
 
@@ -34,14 +37,23 @@ def progress_log(p) -> None:
     p.add_argument("--progress-log", dest="log", type=Path, help="the same as --log")
 
 
+def options(p) -> None:
+    progress_log(p)
+    jobs.options(p, workers=False)  # --cases: some cases alone (the repeats, bench/jobs.py)
+
+
 def main(argv=None):
-    args = common.bench_args(__doc__, argv, studies=STUDIES, options=progress_log)
-    ranks = init_ranks(args.spec.get("timeout_s", 600))
+    args = common.bench_args(__doc__, argv, studies=STUDIES, options=options)
     make_cases, measure, to_rows = STUDIES[args.study]
+    try:  # on every rank, before they join: a pattern that selects nothing stops them all
+        cases = jobs.select(make_cases(args.spec, int(os.environ.get("WORLD_SIZE", "1"))), args.cases)
+    except ValueError as exc:
+        raise SystemExit(f"error: --cases: {exc}") from None
+    ranks = init_ranks(args.spec.get("timeout_s", 600))
     measure_local = lambda case, ranks: measure(case, ranks, args.spec)
     try:
         if ranks.rank == 0:
-            common.run_cases(section=SECTION, study=args.study, cases=make_cases(args.spec, ranks.world),
+            common.run_cases(section=SECTION, study=args.study, cases=cases,
                              measure=lead(ranks, measure_local, to_rows), out_csv=args.out,
                              hw=args.hw, log_path=args.log,
                              fingerprint={"spec": args.spec, "world_size": ranks.world})

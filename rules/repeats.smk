@@ -1,0 +1,62 @@
+# The headline cases measured again, each time in a fresh process: config `repeats` names timing
+# jobs (their results files, without .csv) and case patterns; each run is the job's own command
+# and spec with --cases, into <its results folder>/repeats/<job>/run<k>.csv (lmperf.repeats,
+# imported as repeat_plan in common.smk). A distributed job's repeats run under torchrun in its
+# multi-GPU folder (rules/distributed.smk).
+REPEATS = repeat_plan.by_run(wf.result_files(config, RESULTS, SCALE, [f"results/{DIST_HW}"]))  # {(job, k): file}
+repeat_plan.check(list(REPEATS.values()), SCALE)
+
+
+rule repeat:
+    input:
+        code=lambda w: wf.code_inputs(f"lmperf.bench.{REPEATS[w.job, w.k].repeat_of.section}"),
+    output:
+        csv=f"{RESULTS}/repeats/{{job}}/run{{k}}.csv",
+    log:
+        f"{LOGS}/repeats/{{job}}/run{{k}}.log",
+    params:
+        **PROVENANCE,
+        command=lambda w: repeat_plan.job_command(REPEATS[w.job, w.k].repeat_of),
+        spec=lambda w: REPEATS[w.job, w.k].spec,
+        cases=lambda w: list(REPEATS[w.job, w.k].cases),
+    wildcard_constraints:
+        job="|".join(sorted({re.escape(j) for j, _ in REPEATS if not j.startswith("distributed/")})) or "(?!)",
+        k=r"\d+",
+    resources:
+        gpu=1,
+    conda:
+        "../envs/lmperf.yaml"
+    shell:
+        wf.bench("{params.command} --spec {params.spec:q} --cases {params.cases:q}")
+
+
+rule distributed_repeat:
+    input:
+        code=wf.code_inputs("lmperf.bench.distributed"),
+    output:
+        f"results/{DIST_HW}/repeats/distributed/{{study}}_n{{procs}}/run{{k}}.csv",
+    log:
+        f"logs/{DIST_HW}/repeats/distributed/{{study}}_n{{procs}}/run{{k}}.log",
+    params:
+        **{**PROVENANCE, "hw": DIST_HW},
+        spec=lambda w: REPEATS[f"distributed/{w.study}_n{w.procs}", w.k].spec,
+        cases=lambda w: list(REPEATS[f"distributed/{w.study}_n{w.procs}", w.k].cases),
+    resources:
+        gpu=lambda w: int(w.procs),
+    wildcard_constraints:
+        study="|".join(wf.DISTRIBUTED_STUDIES),
+        procs=r"\d+",
+        k=r"\d+",
+    conda:
+        "../envs/lmperf.yaml"
+    shell:
+        # the command of rule distributed_study, with --cases
+        wf.COMPILE_CACHES + " python -m torch.distributed.run --standalone --nproc_per_node={wildcards.procs} "
+        "-m lmperf.bench.distributed {wildcards.study} --spec {params.spec:q} --cases {params.cases:q} "
+        "--out {output} --hw {params.hw} --progress-log {log} --expect-torch {params.torch} "
+        "--expect-triton {params.triton}"
+
+
+rule repeats:
+    input:
+        [f.path for f in REPEATS.values()],

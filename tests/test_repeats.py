@@ -1,0 +1,124 @@
+"""Repeats: a timing job's headline cases measured again in fresh processes (config `repeats`,
+rules/repeats.smk, lmperf.workflow.repeat_files) and the report's "Across processes" section
+(lmperf.report.repeats)."""
+import copy
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lmperf import compare, repeats as repeat_plan, workflow as wf
+from lmperf.report import render, repeats
+from lmperf.report.sections import Inputs
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = "results/x"
+JOB = {"job": "flash_attention/bench/headline_d64", "cases": ["headline-triton_compiled-*", "headline-sdpa_*"]}
+
+
+def config_with(*jobs: dict, processes: int = 2) -> dict:
+    config = copy.deepcopy(render.load_config(REPO / "config" / "config.yaml"))
+    config["repeats"]["full"] = {"processes": processes, "jobs": list(jobs)}
+    return config
+
+
+def repeat_files(config: dict) -> list[wf.ResultFile]:
+    return [f for f in wf.result_files(config, RESULTS, "full", []) if f.section == "repeats"]
+
+
+def test_a_repeat_runs_the_selected_cases_of_its_job_in_each_of_its_processes():
+    files = repeat_files(config_with(JOB, processes=3))
+    assert [f.path for f in files] == [f"{RESULTS}/repeats/{JOB['job']}/run{k}.csv" for k in (1, 2, 3)]
+    job = files[0].repeat_of
+    assert job.path == f"{RESULTS}/{JOB['job']}.csv" and all(f.spec == job.spec for f in files)
+    assert files[0].case_ids() == [c for c in job.case_ids() if c.startswith(("headline-triton_compiled-",
+                                                                               "headline-sdpa_"))]
+    assert len(files[0].case_ids()) == 3
+    assert repeat_plan.job_command(job) == "flash_attention bench"
+    assert repeat_plan.by_run(files)[JOB["job"], "2"] == files[1]
+
+
+def test_a_distributed_jobs_repeats_go_to_its_multi_gpu_folder():
+    config = config_with({"job": "distributed/ddp_n2", "cases": ["*-ddp-b25-n2"]})
+    files = [f for f in wf.result_files(config, RESULTS, "full", ["results/x-x2"]) if f.section == "repeats"]
+    assert [f.path for f in files] == [f"results/x-x2/repeats/distributed/ddp_n2/run{k}.csv" for k in (1, 2)]
+    assert files[0].repeat_of.path == "results/x-x2/distributed/ddp_n2.csv"
+    assert files[0].case_ids() == ["xl-ddp-b25-n2", "2.7B-ddp-b25-n2"]
+    assert set(repeat_plan.by_run(files)) == {("distributed/ddp_n2", "1"), ("distributed/ddp_n2", "2")}
+
+
+@pytest.mark.parametrize("job, message", [
+    ("flash_attention/check", "not a timing job"),   # a check times nothing
+    ("lrpe/bench_9d", "not a timing job"),           # no such job in this configuration
+])
+def test_a_repeat_of_no_timing_job_is_named(job, message):
+    with pytest.raises(ValueError, match=message) as err:
+        repeat_files(config_with({"job": job, "cases": ["*"]}))
+    assert job in str(err.value) and "flash_attention/bench/headline_d64" in str(err.value)
+
+
+def test_a_case_pattern_that_selects_nothing_is_named_at_planning():
+    files = repeat_files(config_with({**JOB, "cases": ["headline-sdpa_*", "headline-nope-*"]}))
+    with pytest.raises(ValueError, match=r"repeats\.full: job .*headline_d64\.csv: .*'headline-nope-\*'"):
+        repeat_plan.check(files, "full")
+
+
+def test_compare_leaves_the_repeats_out(tmp_path):
+    """compare joins one row per case and metric: a repeat's rows are the job's cases again."""
+    for path in ("lrpe/bench_1d.csv", "repeats/lrpe/bench_1d/run1.csv"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("case_id,status\nx,ok\n")
+    assert compare.result_csvs(tmp_path) == [str(tmp_path / "lrpe/bench_1d.csv")]
+
+
+# --- the report section ----------------------------------------------------------------------
+
+CASE = "headline-triton_compiled-bf16-causal-b1h16n16384d64"
+
+
+def rows(measured_at: str, median: float, q20: float, q80: float, status: str = "ok") -> list[dict]:
+    base = {"section": "flash_attention", "study": "bench", "case_id": CASE, "measured_at": measured_at,
+            "status": status}
+    if status != "ok":
+        return [{**base, "metric": "", "unit": "", "median": math.nan, "q20": math.nan, "q80": math.nan}]
+    return [{**base, "metric": "fwd_bwd_ms", "unit": "ms", "median": median, "q20": q20, "q80": q80},
+            {**base, "metric": "forward_ms", "unit": "ms", "median": median / 3, "q20": q20 / 3, "q80": q80 / 3}]
+
+
+def view(job: list[dict], fresh: list[list[dict]]) -> dict:
+    frames = {"flash_attention": pd.DataFrame(job), "repeats": pd.DataFrame([r for p in fresh for r in p])}
+    return repeats.view(Inputs(results=Path(RESULTS), frames=frames, bars={}, out_dir=Path(".")))
+
+
+def test_each_process_median_and_both_spreads():
+    v = view(rows("2026-01-01T00:00:00", 5.0, 4.9, 5.1),
+             [rows("2026-01-01T02:00:00", 5.5, 5.4, 5.6), rows("2026-01-01T01:00:00", 4.5, 4.45, 4.55)])
+    assert v["available"] and v["processes"] == 3 and v["numbers"] == 1 == v["complete"]
+    line = v["table"].iloc[0]
+    assert line["metric"] == "fwd_bwd_ms"  # a headline metric; forward_ms is not one
+    # the job's process first, then the fresh ones in the order they ran
+    assert [line["the job's process"], line["fresh process 1"], line["fresh process 2"]] == [5.0, 4.5, 5.5]
+    assert line["across processes: (max - min) / median %"] == pytest.approx(100 * (5.5 - 4.5) / 5.0)
+    assert line["within one process: (q80 - q20) / median %, widest"] == pytest.approx(100 * 0.2 / 5.0)
+    assert v["wider_across"] == 1 == v["comparable"] and v["widest"]["case"] == CASE
+
+
+def test_a_process_where_the_case_did_not_run_ok_shows_its_status_and_adds_no_median():
+    v = view(rows("2026-01-01T00:00:00", 5.0, 4.9, 5.1),
+             [rows("2026-01-01T01:00:00", 0, 0, 0, status="oom"), rows("2026-01-01T02:00:00", 5.2, 5.1, 5.3)])
+    line = v["table"].iloc[0]
+    assert line["fresh process 1"] == "oom" and line["fresh process 2"] == 5.2
+    assert line["across processes: (max - min) / median %"] == pytest.approx(100 * 0.2 / 5.1)
+    assert v["complete"] == 0
+
+
+def test_without_the_jobs_own_rows_the_fresh_processes_still_count():
+    v = view([], [rows("2026-01-01T01:00:00", 5.0, 4.9, 5.1), rows("2026-01-01T02:00:00", 5.2, 5.1, 5.3)])
+    line = v["table"].iloc[0]
+    assert line["the job's process"] is None and line["_processes"] == 2
+
+
+def test_without_repeats_the_section_says_why():
+    v = repeats.view(Inputs(results=Path(RESULTS), frames={"repeats": pd.DataFrame()}, bars={}, out_dir=Path(".")))
+    assert not v["available"] and "repeats" in v["why"]

@@ -1,0 +1,195 @@
+"""Worker processes of a benchmark job (bench/workers.py, bench/jobs.py): a check measured in
+two workers writes the rows one process writes, keeps the journal's promises (a failure is a
+row, a worker that dies is retried once and then a row, the parent's death resumes), and the
+compile-cache warm-up leaves graphs that the job's own process then loads."""
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lmperf.bench import common, failures, jobs, lrpe, workers
+
+REPO = Path(__file__).resolve().parents[1]
+# A small LRPE check: fp32 runs in Triton's interpreter, bf16 Triton is a `skipped` row on a CPU.
+SPEC = {"impls": ["torch", "triton"], "dtypes": ["fp32", "bf16"], "extra_tokens": [0, 3], "batch": 1,
+        "heads": 2, "grids": [{"shape": [9], "d": 8, "e": 8}, {"shape": [3, 2], "d": 8, "e": 4}]}
+CASE_IDS = [c["case_id"] for c in lrpe.check_cases(SPEC)]
+
+
+def check_cli(out: Path, *extra: str, fault: str = "") -> subprocess.CompletedProcess:
+    """`python -m lmperf.bench.lrpe check` on SPEC, no errors accepted."""
+    env = {k: v for k, v in os.environ.items() if k != failures.ACCEPT_ERRORS_ENV}
+    cli = [sys.executable, "-m", "lmperf.bench.lrpe", "check", "--spec", json.dumps(SPEC), "--out", str(out),
+           "--hw", "cpu", "--log", str(out.with_suffix(".log")), *extra]
+    return subprocess.run(cli, env={**env, "PYTHONPATH": str(REPO / "src"), common.FAULT_ENV: fault},
+                          capture_output=True, text=True, timeout=600)
+
+
+def same_rows(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    """The same cases, metrics, statuses and verdicts in the same order (errors and their
+    tolerances differ: every case draws fresh random inputs)."""
+    columns = ["case_id", "metric", "status", "passed"]
+    pd.testing.assert_frame_equal(a[columns].reset_index(drop=True), b[columns].reset_index(drop=True))
+
+
+def test_a_check_in_two_workers_writes_the_rows_of_one_process(tmp_path):
+    one, two = tmp_path / "one.csv", tmp_path / "two.csv"
+    for out, extra in ((one, ()), (two, ("--workers", "2"))):
+        proc = check_cli(out, *extra)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = pd.read_csv(one), pd.read_csv(two)
+    same_rows(a, b)
+    assert list(b.drop_duplicates("case_id")["case_id"]) == CASE_IDS
+    assert "worker_wall_s" in b and b["worker_wall_s"].notna().all()
+    assert not (tmp_path / ".journal").exists()
+
+
+def test_in_workers_an_error_is_a_row_that_fails_the_job_and_a_rerun_measures_only_it(tmp_path):
+    out, failing = tmp_path / "r.csv", CASE_IDS[3]
+    proc = check_cli(out, "--workers", "2", fault=f"error@{failing}")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    status = pd.read_csv(out).drop_duplicates("case_id").set_index("case_id")["status"]
+    assert status[failing] == "error" and (status.drop(failing) != "error").all()
+    proc = check_cli(out, "--workers", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resuming: {len(CASE_IDS) - 1} of {len(CASE_IDS)} cases" in proc.stderr
+    assert set(pd.read_csv(out)["status"]) <= {"ok", "skipped"}
+
+
+def test_in_workers_the_parents_death_loses_nothing_journalled_and_a_rerun_completes(tmp_path):
+    """The parent dies (a crash of the job, as a serial job's) in case 5: the journal keeps the
+    four before it, the rerun measures the rest in fresh workers."""
+    out = tmp_path / "r.csv"
+    proc = check_cli(out, "--workers", "2", fault=f"crash@{CASE_IDS[4]}")
+    assert proc.returncode == 70 and not out.exists()
+    proc = check_cli(out, "--workers", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resuming: 4 of {len(CASE_IDS)} cases" in proc.stderr
+    assert list(pd.read_csv(out).drop_duplicates("case_id")["case_id"]) == CASE_IDS
+
+
+def test_a_case_can_be_measured_alone_by_its_id(tmp_path):
+    out = tmp_path / "r.csv"
+    proc = check_cli(out, "--cases", "torch-fp32-*-l3-*", CASE_IDS[-1])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ids = list(pd.read_csv(out).drop_duplicates("case_id")["case_id"])
+    assert ids == [c for c in CASE_IDS if c.startswith("torch-fp32-") and "-l3-" in c] + [CASE_IDS[-1]]
+    proc = check_cli(out, "--cases", "no-such-case-*")
+    assert proc.returncode != 0 and "no-such-case-*" in proc.stderr
+
+
+# --- worker deaths, with measures of this module (workers import them by name) ---------------
+
+def in_a_worker() -> bool:
+    return multiprocessing.parent_process() is not None
+
+
+def dies_in_workers(case: dict) -> list[dict]:
+    """Kills its worker in case 'dies', and in case 'dies-once' the first time only (a marker
+    file in the case's folder remembers)."""
+    marker = Path(case["folder"]) / f"{case['case_id']}.died"
+    if in_a_worker() and (case["case_id"] == "dies" or (case["case_id"] == "dies-once" and not marker.exists())):
+        marker.touch()
+        os._exit(3)
+    return [common.summarize("value", "count", [len(case["case_id"])])]
+
+
+def run_in_workers(tmp_path: Path, ids: list[str], measure, n: int = 2) -> pd.DataFrame:
+    cases = [{"case_id": i, "folder": str(tmp_path)} for i in ids]
+    args = Namespace(out=tmp_path / "r.csv", hw="cpu", log=tmp_path / "r.log", workers=n, cases=None)
+    try:
+        jobs.run(section="test", study="workers", cases=cases, measure=measure, args=args, fingerprint={},
+                 parallel=True)
+    except SystemExit as stop:
+        assert stop.code == 1  # an error row fails the job once the CSV is written
+    return pd.read_csv(args.out).set_index("case_id")
+
+
+def test_a_worker_that_dies_in_a_case_is_replaced_the_case_retried_once_then_an_error_row(tmp_path, monkeypatch):
+    monkeypatch.delenv(failures.ACCEPT_ERRORS_ENV, raising=False)
+    df = run_in_workers(tmp_path, ["a", "dies-once", "b", "dies", "c", "d"], dies_in_workers)
+    assert df.loc["dies-once", "status"] == "ok", "a second try in a fresh worker"
+    assert df.loc["dies", "status"] == "error"
+    assert "worker process died in this case (exit code 3), 2 times" in df.loc["dies", "message"]
+    assert (df.drop("dies")["status"] == "ok").all()
+    assert df.loc["c", "median"] == 1
+    log = (tmp_path / "r.log").read_text()
+    assert "dies-once: the worker process died in this case (exit code 3); trying it once more" in log
+
+
+def test_a_pool_stops_its_workers(tmp_path):
+    with workers.Pool(dies_in_workers, 2, print) as pool:
+        for i in ("a", "b"):
+            pool.submit({"case_id": i, "folder": str(tmp_path)})
+        procs = [p for p, _ in pool.busy.values()]
+        while pool.busy:
+            pool.collect()
+    for p in procs:
+        assert not p.is_alive()
+
+
+def test_functions_that_workers_cannot_import_are_refused():
+    with pytest.raises(ValueError, match="module-level"):
+        workers.qualified_name(lambda case: [])
+
+
+# --- the compile-cache warm-up ----------------------------------------------------------------
+
+def compiled_attention(case: dict) -> list[dict]:
+    """A training step of plain attention under torch.compile (Inductor's C++ backend on a CPU),
+    at the case's sequence length; its compile time as a row."""
+    import torch
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    n = case["seq_len"]
+    fn = torch.compile(lambda q, k: torch.softmax(q @ k.transpose(-1, -2) / 8.0, dim=-1).sum(), dynamic=False)
+    q, k = (torch.randn(2, n, 16, requires_grad=True) for _ in range(2))
+    t0 = time.perf_counter()
+    fn(q, k).backward()
+    return [common.summarize("compile_s", "s", [time.perf_counter() - t0])]
+
+
+def test_the_warm_up_leaves_graphs_that_the_jobs_own_process_loads(tmp_path, monkeypatch):
+    """Compiled in a worker, loaded from the cache by this process: Inductor's graph cache hits,
+    and the compile takes less time than a cold one."""
+    import torch._dynamo.utils
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    compiled_attention({"seq_len": 16})  # this process's first compile (imports, Inductor's set-up)
+    cold = compiled_attention({"seq_len": 24})[0]["median"]  # a length the warm-up does not see
+    cases = [{"case_id": f"n{n}", "seq_len": n} for n in (32, 48)]
+    progress = common.Progress("test/warm", len(cases), tmp_path / "warm.log")
+    workers.warm_up(compiled_attention, cases, 2, progress)  # too few: not warmed
+    assert "not warming the compile caches: 2 compiling cases" in (tmp_path / "warm.log").read_text()
+    workers.warm_up(compiled_attention, cases, 1, progress)
+    progress.close()
+    counters = torch._dynamo.utils.counters
+    hits = counters["inductor"]["fxgraph_cache_hit"]
+    warm = compiled_attention(cases[0])[0]["median"]
+    assert counters["inductor"]["fxgraph_cache_hit"] > hits, "the worker's graph was not found in the cache"
+    assert warm < cold
+    assert "compile caches warm in" in (tmp_path / "warm.log").read_text()
+
+
+def autotune_cache_setting(case: dict) -> list[dict]:
+    import torch._inductor.config
+    return [common.summarize("autotune_local_cache", "value", [int(torch._inductor.config.autotune_local_cache)])]
+
+
+@pytest.mark.parametrize("warming, cached", [(True, 0), (False, 1)])
+def test_a_warming_worker_caches_no_launch_config_choice(warming, cached):
+    """Inductor's choice among a kernel's launch configs is the timed process's, made on an idle
+    GPU: a warm-up worker, timing them beside the other workers, keeps none."""
+    with workers.Pool(autotune_cache_setting, 1, print, warming=warming) as pool:
+        pool.submit({"case_id": "x"})
+        [(_, rows, _)] = pool.collect()
+    assert rows[0]["median"] == cached
