@@ -78,7 +78,7 @@ def _rows_last(t: torch.Tensor) -> torch.Tensor:
 
 
 def _fake(q, k, cos, sin, inverse):
-    return torch.empty_like(q), torch.empty_like(k)
+    return torch.empty_like(_rows_last(q)), torch.empty_like(_rows_last(k))
 
 
 @register("lmperf::rope", _fake)
