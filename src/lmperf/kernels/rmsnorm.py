@@ -49,7 +49,7 @@ def launch_config(d: int) -> dict:
 
 
 @triton.jit
-def _forward_kernel(X, DELTA, W, H, Y, RSTD, n_rows, D, stride_x, stride_delta, stride_h, stride_y, eps,
+def _rmsnorm_forward_kernel(X, DELTA, W, H, Y, RSTD, n_rows, D, stride_x, stride_delta, stride_h, stride_y, eps,
                     HAS_DELTA: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
@@ -68,7 +68,7 @@ def _forward_kernel(X, DELTA, W, H, Y, RSTD, n_rows, D, stride_x, stride_delta, 
 
 
 @triton.jit
-def _backward_kernel(DY, DH, H, W, RSTD, DX, DDELTA, DW_PARTS, n_rows, D, rows_per_program,
+def _rmsnorm_backward_kernel(DY, DH, H, W, RSTD, DX, DDELTA, DW_PARTS, n_rows, D, rows_per_program,
                      stride_dy, stride_dh, stride_h, stride_dx, stride_ddelta,
                      HAS_DH: tl.constexpr, TWO_OUTPUTS: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
     pid = tl.program_id(0)
@@ -142,7 +142,7 @@ def _fake_add_forward(x, delta, weight, eps, out_dtype):
 def rmsnorm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float,
                     out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, rstd): y = RMSNorm(x) * weight in out_dtype, rstd = 1/RMS(x) (fp32, x.shape[:-1])."""
-    _, y, rstd = _forward(wrap_triton(_forward_kernel), x, None, weight, eps, out_dtype)
+    _, y, rstd = _forward(wrap_triton(_rmsnorm_forward_kernel), x, None, weight, eps, out_dtype)
     return y, rstd
 
 
@@ -150,7 +150,7 @@ def rmsnorm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float,
 def add_rmsnorm_forward(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
                         out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(h, y, rstd): h = x + delta, y = RMSNorm(h) * weight in out_dtype, rstd = 1/RMS(h)."""
-    return _forward(wrap_triton(_forward_kernel), x, delta, weight, eps, out_dtype)
+    return _forward(wrap_triton(_rmsnorm_forward_kernel), x, delta, weight, eps, out_dtype)
 
 
 def _fake_backward(dy, dh, h, weight, rstd, dx_dtype, two_outputs, ddelta_dtype):
@@ -179,8 +179,9 @@ def rmsnorm_backward(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor,
     parts = torch.empty((programs, d), dtype=torch.float32, device=h.device)
     dx2 = dx.view(-1, d)
     ddelta2 = ddelta.view(-1, d) if two_outputs else h2  # not dereferenced without two_outputs
-    wrap_triton(_backward_kernel)[(programs,)](
-        dy2, dh2 if dh2 is not None else dy2, h2, weight.contiguous(), rstd, dx2, ddelta2, parts, n_rows, d, rows_per_program,
+    wrap_triton(_rmsnorm_backward_kernel)[(programs,)](
+        dy2, dh2 if dh2 is not None else dy2, h2, weight.contiguous(), rstd, dx2, ddelta2, parts, n_rows, d,
+        rows_per_program,
         dy2.stride(0), dh2.stride(0) if dh2 is not None else 0, h2.stride(0), dx2.stride(0), ddelta2.stride(0),
         HAS_DH=dh is not None, TWO_OUTPUTS=two_outputs, **cfg)
     return dx, ddelta, parts.sum(0).to(weight.dtype)
@@ -231,7 +232,8 @@ def check_inputs(x, delta, weight) -> None:
         raise ValueError(f"add_rmsnorm takes {[str(t) for t in DTYPES]}; got x {x.dtype}"
                          + (f", delta {delta.dtype}" if delta is not None else ""))
     if x.dim() < 1 or x.shape[-1] < 1 or x.shape[-1] > MAX_D:
-        raise ValueError(f"add_rmsnorm: the normalised (last) dim must have 1 to {MAX_D} elements; x is {tuple(x.shape)}")
+        raise ValueError(f"add_rmsnorm: the normalised (last) dim must have 1 to {MAX_D} elements; "
+                         f"x is {tuple(x.shape)}")
     if delta is not None and (delta.shape != x.shape or delta.device != x.device):
         raise ValueError(f"add_rmsnorm: delta {tuple(delta.shape)} on {delta.device} must match x "
                          f"{tuple(x.shape)} on {x.device}")

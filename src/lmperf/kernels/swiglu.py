@@ -29,7 +29,7 @@ BLOCK = 256 if INTERPRET else 2048
 
 
 @triton.jit
-def _forward_kernel(A, B, C, numel, BLOCK: tl.constexpr):
+def _silu_mul_forward_kernel(A, B, C, numel, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     a = tl.load(A + offs, mask=mask, other=0.0).to(tl.float32)
@@ -38,7 +38,7 @@ def _forward_kernel(A, B, C, numel, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _backward_kernel(DC, A, B, DA, DB, numel, BLOCK: tl.constexpr):
+def _silu_mul_backward_kernel(DC, A, B, DA, DB, numel, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     dc = tl.load(DC + offs, mask=mask, other=0.0).to(tl.float32)
@@ -64,7 +64,7 @@ def silu_mul_forward(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """silu(a) * b, contiguous, in a's dtype."""
     check_device(a, "silu_mul")
     c = torch.empty_like(a, memory_format=torch.contiguous_format)
-    _launch(wrap_triton(_forward_kernel), _flat(a), _flat(b), c)
+    _launch(wrap_triton(_silu_mul_forward_kernel), _flat(a), _flat(b), c)
     return c
 
 
@@ -79,7 +79,7 @@ def silu_mul_backward(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tup
     check_device(a, "silu_mul")
     da = torch.empty_like(a, memory_format=torch.contiguous_format)
     db = torch.empty_like(b, memory_format=torch.contiguous_format)
-    _launch(wrap_triton(_backward_kernel), _flat(dc), _flat(a), _flat(b), da, db)
+    _launch(wrap_triton(_silu_mul_backward_kernel), _flat(dc), _flat(a), _flat(b), da, db)
     return da, db
 
 
