@@ -324,3 +324,51 @@ def test_a_host_bound_reference_rung_claims_no_speed_up():
     assert not tokens["met"]
     idle = view["rungs"].set_index("_name")["GPU idle %"]
     assert idle["compiled"] == "40.0 ‡" and idle["sdpa"] == 3.0
+
+
+def test_fused_rungs_follow_bf16_weights_ours_carried_up_and_the_peer_beside_it():
+    spec = {**SPEC, "fused": ["ours", "liger"]}
+    cases = ladder.cases(spec, "tiny", cuda=True)
+    names = [c["name"] for c in cases]
+    i = names.index("bf16_weights")
+    assert names[i + 1:i + 4] == ["fused", "liger", "ctx64"]
+    assert changed(cases[i], cases[i + 1]) == {"fused": "ours"}
+    assert changed(cases[i + 1], cases[i + 2]) == {"fused": "liger"}  # the peer: ours swapped for Liger's
+    assert changed(cases[i + 1], cases[i + 3]) == {"context": 64}  # the next rung builds on ours, not the peer
+    assert all(c["fused"] == "ours" for c in cases[i + 3:]) and cases[i + 1]["needs_cuda"]
+    assert [c["name"] for c in ladder.cases({**SPEC, "fused": ["liger"]}, "tiny", cuda=True)][i + 1] == "liger"
+    assert names == [c["name"] for c in ladder.cases(spec, "tiny", cuda=False)]  # the same ids without CUDA
+    with pytest.raises(ValueError, match=r"ladder fused \['nope'\]"):
+        ladder.cases({**SPEC, "fused": ["nope"]}, "tiny", cuda=True)
+
+
+def test_without_cuda_the_fused_rung_is_not_carried_and_a_missing_peer_says_what_it_needs():
+    import importlib.util
+
+    cases = {c["name"]: c for c in ladder.cases({**SPEC, "fused": ["ours", "liger"]}, "tiny", cuda=False)}
+    assert cases["ctx64"]["fused"] == "none"
+    with pytest.raises(common.NotRun, match="needs CUDA"):
+        ladder.measure(cases["fused"], DIMS, SPEC)
+    if importlib.util.find_spec("liger_kernel") is None:
+        with pytest.raises(common.NotRun, match=r"needs liger-kernel \(pip wheel; tools/wheelhouse.sh\)"):
+            ladder.measure(cases["liger"], DIMS, SPEC)
+
+
+def test_a_fused_rung_patches_the_model_it_times(monkeypatch):
+    """The fused rung's measure runs our kernels in the model it times (here on the CPU, in
+    Triton's interpreter: fp32, eager, the model's attention)."""
+    from lmperf.kernels import fused
+
+    case = next(c for c in ladder.cases({**SPEC, "fused": ["ours"]}, "tiny", cuda=False) if c["name"] == "fused")
+    case = {**case, "needs_cuda": False, "dtype": "fp32", "compile": False, "optimizer": "foreach",
+            "attention": "plain", "warmup": 0, "timed_steps": 2}
+    patched = []
+    apply = fused.apply
+    monkeypatch.setattr(fused, "apply", lambda model, impl: patched.append(impl) or apply(model, impl))
+    timed = []
+    time_steps = e2e.time_steps
+    monkeypatch.setattr(e2e, "time_steps", lambda c, cfg, model, *a: timed.append(type(model).__name__)
+                        or time_steps(c, cfg, model, *a))
+    rows = ladder.measure(case, DIMS, SPEC)
+    assert patched == ["ours"] and timed == ["FusedTransformerLM"]
+    assert any(r["metric"] == "step_ms" and r["status"] == "ok" for r in rows)

@@ -3,8 +3,10 @@ one model size measured in the same job.
 
     python -m lmperf.bench.ladder --size xl --spec '{...}' --out results/cpu/ladder/xl.csv --hw cpu
 
-Each rung is the rung before plus one change (RUNGS, then one rung per longer context, gradient
-accumulation after the context `accumulate.context` if configured, then activation checkpointing).
+Each rung is the rung before plus one change (RUNGS, then the fused-kernel rungs the spec's
+`fused` lists, then one rung per longer context, gradient accumulation after the context
+`accumulate.context` if configured, then activation checkpointing). A peer (FUSED_RUNGS: another
+library's kernels in place of ours) is measured beside the rung before it and carried nowhere.
 A rung that needs CUDA becomes a `skipped` row where there is none, and
 its change is not carried to the rungs after it. Every rung is timed like the end-to-end studies
 (bench/e2e.py's time_steps: warm-up, then timed steps of lmperf.train.step per phase), and adds:
@@ -41,7 +43,8 @@ from lmperf.bench import common, e2e, memory_fit, profile, timing
 # The rungs before the longer contexts, in order: (rung, what changes, the case keys it sets,
 # whether it needs CUDA). The base is the assignment's model and optimizer in fp32, eager.
 BASE = {"dtype": "fp32", "tf32": False, "compile": False, "optimizer": "foreach",
-        "attention": "plain", "checkpoint_every": 0, "micro_batches": 1, "expandable_segments": False}
+        "attention": "plain", "checkpoint_every": 0, "micro_batches": 1, "expandable_segments": False,
+        "fused": "none"}
 RUNGS = [
     ("fp32_eager", "fp32, eager, AdamW default (foreach), plain attention", {}, False),
     ("tf32", "TF32 matmuls: set_float32_matmul_precision('high')", {"tf32": True}, True),
@@ -53,6 +56,17 @@ RUNGS = [
     ("bf16_weights", "AdamW on fp32 master weights writing bf16 Linear weights: no autocast casts "
      "(the same math; kernels/adamw_master.py)", {"optimizer": "master"}, True),
 ]
+# The fused-kernel rungs after bf16_weights, for the implementations the spec's `fused` lists
+# (kernels/fused.py): ours, carried up like every rung, and peers measured beside it (the same
+# settings with the peer's kernels in place of ours), carried nowhere. A peer whose package is
+# missing is a `skipped` row.
+FUSED_RUNGS = {
+    "ours": ("fused", "RMSNorm with the residual add, SwiGLU's product and RoPE as our fused Triton kernels "
+             "(the same math; kernels/fused.py)"),
+    "liger": ("liger", "peer, beside the rung before and not carried up: Liger-Kernel's fused add-RMSNorm, "
+              "RMSNorm and SiLU-mul in place of ours (RoPE the model's: Liger's rotates halves)"),
+}
+PEERS = {"liger"}
 ASSIGNMENT_RUNG = "compiled"  # the assignment's setting: batch x context as given, bf16 compiled
 # AdamW's bytes a parameter: fp32 param, grad, exp_avg, exp_avg_sq read, param, exp_avg, exp_avg_sq
 # written; MasterWeightAdamW's nn.Linear weights: bf16 weight + int16 remainder (the fp32 master),
@@ -71,6 +85,10 @@ def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
     out = [{**common_keys, **settings, "rung": 0, "name": "floors",
             "change": "device rates: copy bandwidth, bf16 matmul", "needs_cuda": True}]
     steps = list(RUNGS)
+    unknown = [impl for impl in spec.get("fused", []) if impl not in FUSED_RUNGS]
+    if unknown:
+        raise ValueError(f"ladder fused {unknown}: choose from {sorted(FUSED_RUNGS)}")
+    steps += [(*FUSED_RUNGS[impl], {"fused": impl}, True) for impl in FUSED_RUNGS if impl in spec.get("fused", [])]
     accumulate = spec.get("accumulate")
 
     sizes = []  # the micro-batch sizes the accumulating rungs choose from, largest first
@@ -106,7 +124,7 @@ def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
         elif case["micro_batches"] > 1 and sizes:  # accumulating (the rung and the longer contexts after it)
             case["micro_batch_candidates"] = ",".join(map(str, sizes))
         out.append(case)
-        if cuda or not needs_cuda:
+        if (cuda or not needs_cuda) and name not in PEERS:
             settings.update(sets)
     for case in out:
         case["case_id"] = f"{size}-rung{case['rung']:02d}-{case['name']}"
@@ -288,6 +306,13 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
     import torch
 
     cuda = torch.cuda.is_available()
+    fused_impl = case.get("fused", "none")
+    if fused_impl != "none":
+        from lmperf.kernels import fused
+        try:
+            fused.kernels(fused_impl)
+        except fused.MissingPackage as exc:
+            raise common.NotRun(str(exc)) from None
     if case["needs_cuda"] and not cuda:
         raise common.NotRun("needs CUDA")
     if case["name"] == "floors":
@@ -299,6 +324,8 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
     rows = []
     with train.matmul_precision(case["tf32"]):
         cfg, model, optimizer, inputs, targets, autocast = train.setup(case, dims)
+        if fused_impl != "none":  # before the compiled blocks' first call
+            fused.apply(model, fused_impl)
         if case["checkpoint_candidates"]:
             case, checkpointed = memory_fit.time_checkpointed(case, spec, cfg, model, optimizer, inputs, targets,
                                                               autocast)
