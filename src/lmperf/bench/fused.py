@@ -39,9 +39,14 @@ def _variants(kernel: str, dtype: str) -> list[str]:
 def check_cases(spec: dict) -> list[dict]:
     """kernel x dtype x shape (x variant), eager on the kernel's shapes and compiled on its
     `compiled_shapes`; then model size x dtype x compile."""
+    compiled_shapes = spec.get("compiled_shapes", {})
+    odd = [r for r in spec["rope"] + compiled_shapes.get("rope", []) if r[-1] % 2]
+    if odd:
+        raise ValueError(f"fused check rope shapes {odd}: the head dim D (last entry) must be even "
+                         "(RoPE rotates pairs)")
     cases = []
     for kernel, dtype in itertools.product(KERNELS, spec["dtypes"]):
-        for compiled, shapes in ((False, spec[kernel]), (True, spec["compiled_shapes"].get(kernel, []))):
+        for compiled, shapes in ((False, spec[kernel]), (True, compiled_shapes.get(kernel, []))):
             for shape, variant in itertools.product(shapes, _variants(kernel, dtype)):
                 case = {"impl": kernel, "dtype": dtype, "variant": variant, "compiled": compiled,
                         "shape": "x".join(map(str, shape))}
