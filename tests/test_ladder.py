@@ -326,16 +326,18 @@ def test_a_host_bound_reference_rung_claims_no_speed_up():
     assert idle["compiled"] == "40.0 ‡" and idle["sdpa"] == 3.0
 
 
-def test_fused_rungs_follow_bf16_weights_ours_carried_up_and_the_peer_beside_it():
-    spec = {**SPEC, "fused": ["ours", "liger"]}
+def test_fused_rungs_follow_bf16_weights_ours_carried_up_and_the_peers_beside_it():
+    spec = {**SPEC, "fused": ["ours", "liger"], "float8": ["tensorwise", "rowwise"]}
     cases = ladder.cases(spec, "tiny", cuda=True)
     names = [c["name"] for c in cases]
     i = names.index("bf16_weights")
-    assert names[i + 1:i + 4] == ["fused", "liger", "ctx64"]
+    assert names[i + 1:i + 6] == ["fused", "liger", "float8_tensorwise", "float8_rowwise", "ctx64"]
     assert changed(cases[i], cases[i + 1]) == {"fused": "ours"}
-    assert changed(cases[i + 1], cases[i + 2]) == {"fused": "liger"}  # the peer: ours swapped for Liger's
-    assert changed(cases[i + 1], cases[i + 3]) == {"context": 64}  # the next rung builds on ours, not the peer
-    assert all(c["fused"] == "ours" for c in cases[i + 3:]) and cases[i + 1]["needs_cuda"]
+    assert changed(cases[i + 1], cases[i + 2]) == {"fused": "liger"}  # a peer: ours swapped for Liger's
+    for peer, recipe in ((cases[i + 3], "tensorwise"), (cases[i + 4], "rowwise")):
+        assert changed(cases[i + 1], peer) == {"float8": recipe} and peer["fused"] == "ours"
+    assert changed(cases[i + 1], cases[i + 5]) == {"context": 64}  # the next rung builds on ours, not a peer
+    assert all(c["fused"] == "ours" and c["float8"] == "none" for c in cases[i + 5:]) and cases[i + 1]["needs_cuda"]
     assert [c["name"] for c in ladder.cases({**SPEC, "fused": ["liger"]}, "tiny", cuda=True)][i + 1] == "liger"
     assert names == [c["name"] for c in ladder.cases(spec, "tiny", cuda=False)]  # the same ids without CUDA
     with pytest.raises(ValueError, match=r"ladder fused \['nope'\]"):
@@ -345,13 +347,15 @@ def test_fused_rungs_follow_bf16_weights_ours_carried_up_and_the_peer_beside_it(
 def test_without_cuda_the_fused_rung_is_not_carried_and_a_missing_peer_says_what_it_needs():
     import importlib.util
 
-    cases = {c["name"]: c for c in ladder.cases({**SPEC, "fused": ["ours", "liger"]}, "tiny", cuda=False)}
+    cases = {c["name"]: c for c in ladder.cases({**SPEC, "fused": ["ours", "liger"], "float8": ["rowwise"]},
+                                                "tiny", cuda=False)}
     assert cases["ctx64"]["fused"] == "none"
     with pytest.raises(common.NotRun, match="needs CUDA"):
         ladder.measure(cases["fused"], DIMS, SPEC)
-    if importlib.util.find_spec("liger_kernel") is None:
-        with pytest.raises(common.NotRun, match=r"needs liger-kernel \(pip wheel; tools/wheelhouse.sh\)"):
-            ladder.measure(cases["liger"], DIMS, SPEC)
+    for name, package in (("liger", "liger_kernel"), ("float8_rowwise", "torchao")):
+        if importlib.util.find_spec(package) is None:
+            with pytest.raises(common.NotRun, match=r"needs [a-z-]+ \(pip wheel; tools/wheelhouse.sh\)"):
+                ladder.measure(cases[name], DIMS, SPEC)
 
 
 def test_a_fused_rung_patches_the_model_it_times(monkeypatch):

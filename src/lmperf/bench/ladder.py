@@ -4,9 +4,10 @@ one model size measured in the same job.
     python -m lmperf.bench.ladder --size xl --spec '{...}' --out results/cpu/ladder/xl.csv --hw cpu
 
 Each rung is the rung before plus one change (RUNGS, then the fused-kernel rungs the spec's
-`fused` lists, then one rung per longer context, gradient accumulation after the context
-`accumulate.context` if configured, then activation checkpointing). A peer (FUSED_RUNGS: another
-library's kernels in place of ours) is measured beside the rung before it and carried nowhere.
+`fused` lists and the float8 peers its `float8` lists, then one rung per longer context, gradient
+accumulation after the context `accumulate.context` if configured, then activation
+checkpointing). A peer (PEERS: another library's kernels in place of ours, torchao's float8
+training) is measured on the last carried rung's settings and carried nowhere.
 A rung that needs CUDA becomes a `skipped` row where there is none, and
 its change is not carried to the rungs after it. Every rung is timed like the end-to-end studies
 (bench/e2e.py's time_steps: warm-up, then timed steps of lmperf.train.step per phase), and adds:
@@ -44,7 +45,7 @@ from lmperf.bench import common, e2e, memory_fit, profile, timing
 # whether it needs CUDA). The base is the assignment's model and optimizer in fp32, eager.
 BASE = {"dtype": "fp32", "tf32": False, "compile": False, "optimizer": "foreach",
         "attention": "plain", "checkpoint_every": 0, "micro_batches": 1, "expandable_segments": False,
-        "fused": "none"}
+        "fused": "none", "float8": "none"}
 RUNGS = [
     ("fp32_eager", "fp32, eager, AdamW default (foreach), plain attention", {}, False),
     ("tf32", "TF32 matmuls: set_float32_matmul_precision('high')", {"tf32": True}, True),
@@ -56,17 +57,20 @@ RUNGS = [
     ("bf16_weights", "AdamW on fp32 master weights writing bf16 Linear weights: no autocast casts "
      "(the same math; kernels/adamw_master.py)", {"optimizer": "master"}, True),
 ]
-# The fused-kernel rungs after bf16_weights, for the implementations the spec's `fused` lists
-# (kernels/fused.py): ours, carried up like every rung, and peers measured beside it (the same
-# settings with the peer's kernels in place of ours), carried nowhere. A peer whose package is
-# missing is a `skipped` row.
+# After bf16_weights: the fused-kernel rungs the spec's `fused` lists (kernels/fused.py): ours,
+# carried up like every rung, and peers measured on the last carried rung's settings and carried
+# nowhere: Liger-Kernel's kernels in place of ours, and torchao's float8 training in each recipe
+# the spec's `float8` lists. A peer whose package is missing is a `skipped` row.
+PEER = "peer (on the last carried rung's settings; not carried up): "
 FUSED_RUNGS = {
     "ours": ("fused", "RMSNorm with the residual add, SwiGLU's product and RoPE as our fused Triton kernels "
              "(the same math; kernels/fused.py)"),
-    "liger": ("liger", "peer, beside the rung before and not carried up: Liger-Kernel's fused add-RMSNorm, "
-              "RMSNorm and SiLU-mul in place of ours (RoPE the model's: Liger's rotates halves)"),
+    "liger": ("liger", PEER + "Liger-Kernel's fused add-RMSNorm, RMSNorm and SiLU-mul in place of ours (RoPE "
+              "the model's: Liger's rotates halves)"),
 }
-PEERS = {"liger"}
+FLOAT8_RECIPES = ("tensorwise", "rowwise")
+PEERS = {"liger", *(f"float8_{r}" for r in FLOAT8_RECIPES)}
+MISSING = {"torchao": "needs torchao (pip wheel; tools/wheelhouse.sh)"}
 ASSIGNMENT_RUNG = "compiled"  # the assignment's setting: batch x context as given, bf16 compiled
 # AdamW's bytes a parameter: fp32 param, grad, exp_avg, exp_avg_sq read, param, exp_avg, exp_avg_sq
 # written; MasterWeightAdamW's nn.Linear weights: bf16 weight + int16 remainder (the fp32 master),
@@ -89,6 +93,8 @@ def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
     if unknown:
         raise ValueError(f"ladder fused {unknown}: choose from {sorted(FUSED_RUNGS)}")
     steps += [(*FUSED_RUNGS[impl], {"fused": impl}, True) for impl in FUSED_RUNGS if impl in spec.get("fused", [])]
+    steps += [(f"float8_{r}", f"{PEER}torchao float8 training, {r} scaling: every nn.Linear but the LM head "
+               f"multiplies in fp8", {"float8": r}, True) for r in FLOAT8_RECIPES if r in spec.get("float8", [])]
     accumulate = spec.get("accumulate")
 
     sizes = []  # the micro-batch sizes the accumulating rungs choose from, largest first
@@ -302,17 +308,31 @@ def profile_step(case: dict, model, optimizer, inputs, targets, autocast) -> tup
     return "unknown", rows
 
 
+def float8_training(recipe: str):
+    """fn(model): torchao's float8 training in `recipe` on every nn.Linear but the LM head (its
+    Float8Linear keeps the same weight parameters, so the optimizer's stay valid); NotRun where
+    torchao cannot be imported (not installed, or built for another torch)."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except Exception as exc:  # noqa: BLE001
+        raise common.NotRun(f"{MISSING['torchao']} ({type(exc).__name__})") from None
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    return lambda model: convert_to_float8_training(model, config=config,
+                                                    module_filter_fn=lambda module, fqn: fqn != "lm_head")
+
+
 def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
     import torch
 
     cuda = torch.cuda.is_available()
-    fused_impl = case.get("fused", "none")
+    fused_impl, recipe = case.get("fused", "none"), case.get("float8", "none")
     if fused_impl != "none":
         from lmperf.kernels import fused
         try:
             fused.kernels(fused_impl)
         except fused.MissingPackage as exc:
             raise common.NotRun(str(exc)) from None
+    convert = float8_training(recipe) if recipe != "none" else None
     if case["needs_cuda"] and not cuda:
         raise common.NotRun("needs CUDA")
     if case["name"] == "floors":
@@ -326,6 +346,8 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
         cfg, model, optimizer, inputs, targets, autocast = train.setup(case, dims)
         if fused_impl != "none":  # before the compiled blocks' first call
             fused.apply(model, fused_impl)
+        if convert is not None:
+            convert(model)
         if case["checkpoint_candidates"]:
             case, checkpointed = memory_fit.time_checkpointed(case, spec, cfg, model, optimizer, inputs, targets,
                                                               autocast)
