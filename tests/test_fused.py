@@ -3,6 +3,8 @@ inputs of awkward shapes, as PyTorch ops under torch.compile, and the model patc
 (kernels/fused.py) against the model itself. On a CPU the kernels run in Triton's interpreter,
 which rounds to bfloat16 by truncation: bf16 is checked on the GPU."""
 import copy
+import sys
+import types
 
 import pytest
 import torch
@@ -233,6 +235,43 @@ def test_liger_without_its_package_is_named_and_leaves_the_model_as_it_was():
     assert type(model).__name__ == "TransformerLM"
     with pytest.raises(ValueError, match="impl='nope'"):
         fused.apply(model, "nope")
+
+
+def liger_stand_in() -> types.ModuleType:
+    """A stand-in for liger_kernel.ops computing what Liger's functions are documented to compute
+    (casting mode "gemma": fp32 math, the input's dtype out; the fused add returns (Y, S))."""
+    def rmsnorm_gemma(X, W, eps, offset=0.0, casting_mode="llama", in_place=True, row_mode=None):
+        assert casting_mode == "gemma" and offset == 0.0 and in_place is False
+        x = X.float()
+        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (offset + W.float())).to(X.dtype)
+
+    def add_rmsnorm_gemma(X, R, W, eps, offset=0.0, casting_mode="llama", in_place=False):
+        assert X.dtype == R.dtype, "Liger adds in one dtype"
+        S = X + R
+        return rmsnorm_gemma(S, W, eps, offset, casting_mode, in_place), S
+
+    ops = types.ModuleType("liger_kernel.ops")
+    ops.LigerRMSNormFunction = types.SimpleNamespace(apply=rmsnorm_gemma)
+    ops.LigerFusedAddRMSNormFunction = types.SimpleNamespace(apply=add_rmsnorm_gemma)
+    ops.LigerSiLUMulFunction = types.SimpleNamespace(apply=lambda a, b: torch.nn.functional.silu(a) * b)
+    return ops
+
+
+def test_liger_gets_its_arguments_in_its_order(monkeypatch):
+    """With the stand-in for Liger's functions, the model patched for Liger computes the model's
+    function, in fp32 and with the fp32 residual and bf16 sublayer outputs of autocast."""
+    ops = liger_stand_in()
+    monkeypatch.setitem(sys.modules, "liger_kernel", types.SimpleNamespace(ops=ops))
+    monkeypatch.setitem(sys.modules, "liger_kernel.ops", ops)
+    model = train.build_model(CFG, DEVICE)
+    patched = fused.apply(copy.deepcopy(model), "liger")
+    x, y = train.random_tokens(CFG, 2, 13, DEVICE)
+    for dtype in ("fp32", "bf16"):
+        loss, grads = loss_and_grads(model, x, y, train.autocast(dtype, DEVICE))
+        liger_loss, liger_grads = loss_and_grads(patched, x, y, train.autocast(dtype, DEVICE))
+        torch.testing.assert_close(liger_loss, loss, rtol=1e-6, atol=1e-6)
+        for name, g in grads.items():
+            torch.testing.assert_close(liger_grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_the_check_rows_pass_and_bf16_on_a_cpu_says_why():
