@@ -216,6 +216,21 @@ def test_patched_model_computes_the_models_function(compiled, checkpoint_every):
         torch.testing.assert_close(fused_grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("parts", [("rmsnorm",), ("swiglu",), ("rope",), ("swiglu", "rope")], ids="+".join)
+def test_a_model_patched_with_some_of_our_kernels_computes_the_models_function(parts):
+    """The ladder adds our kernels one a rung: the model's own code does the others."""
+    model = train.build_model(CFG, DEVICE)
+    patched = fused.apply(copy.deepcopy(model), "ours", parts)
+    x, y = train.random_tokens(CFG, 2, 13, DEVICE)
+    loss, grads = loss_and_grads(model, x, y)
+    fused_loss, fused_grads = loss_and_grads(patched, x, y)
+    torch.testing.assert_close(fused_loss, loss, rtol=1e-6, atol=1e-6)
+    for name, g in grads.items():
+        torch.testing.assert_close(fused_grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
+    with pytest.raises(ValueError, match="parts"):
+        fused.apply(model, "ours", ("layernorm",))
+
+
 @pytest.mark.skipif(not CUDA, reason="needs CUDA: Triton's interpreter rounds to bfloat16 by truncation")
 def test_patched_model_under_bf16_autocast_matches_float64_as_well_as_the_model():
     from lmperf.bench import fused as check

@@ -57,17 +57,20 @@ RUNGS = [
     ("bf16_weights", "AdamW on fp32 master weights writing bf16 Linear weights: no autocast casts "
      "(the same math; kernels/adamw_master.py)", {"optimizer": "master"}, True),
 ]
-# After bf16_weights: the fused-kernel rungs the spec's `fused` lists (kernels/fused.py): ours,
-# carried up like every rung, and peers measured on the last carried rung's settings and carried
-# nowhere: Liger-Kernel's kernels in place of ours, and torchao's float8 training in each recipe
-# the spec's `float8` lists. A peer whose package is missing is a `skipped` row.
+# After bf16_weights: our fused kernels (kernels/fused.py), one a rung in this order, for those the
+# spec's `fused` lists, each carried up like every rung (the case's `fused`: the kernels so far,
+# '+'-joined); then peers, measured on the last carried rung's settings and carried nowhere:
+# Liger-Kernel's kernels in place of ours (`fused` lists liger) and torchao's float8 training in
+# each recipe the spec's `float8` lists. A peer whose package is missing is a `skipped` row.
 PEER = "peer (on the last carried rung's settings; not carried up): "
 FUSED_RUNGS = {
-    "ours": ("fused", "RMSNorm with the residual add, SwiGLU's product and RoPE as our fused Triton kernels "
-             "(the same math; kernels/fused.py)"),
-    "liger": ("liger", PEER + "Liger-Kernel's fused add-RMSNorm, RMSNorm and SiLU-mul in place of ours (RoPE "
-              "the model's: Liger's rotates halves)"),
+    "rmsnorm": "our fused RMSNorm: each residual add fused into the RMSNorm after it, across blocks "
+               "(Triton, the same math; kernels/rmsnorm.py)",
+    "swiglu": "our fused SwiGLU product silu(a) * b (kernels/swiglu.py)",
+    "rope": "our RoPE on q and k in one launch, in the projections' layout (kernels/rope.py)",
 }
+LIGER = PEER + ("Liger-Kernel's fused add-RMSNorm, RMSNorm and SiLU-mul in place of ours (RoPE the model's: "
+                "Liger's rotates halves)")
 FLOAT8_RECIPES = ("tensorwise", "rowwise")
 PEERS = {"liger", *(f"float8_{r}" for r in FLOAT8_RECIPES)}
 MISSING = {"torchao": "needs torchao (pip wheel; tools/wheelhouse.sh)"}
@@ -89,10 +92,13 @@ def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
     out = [{**common_keys, **settings, "rung": 0, "name": "floors",
             "change": "device rates: copy bandwidth, bf16 matmul", "needs_cuda": True}]
     steps = list(RUNGS)
-    unknown = [impl for impl in spec.get("fused", []) if impl not in FUSED_RUNGS]
+    listed = spec.get("fused", [])
+    unknown = [k for k in listed if k not in [*FUSED_RUNGS, "liger"]]
     if unknown:
-        raise ValueError(f"ladder fused {unknown}: choose from {sorted(FUSED_RUNGS)}")
-    steps += [(*FUSED_RUNGS[impl], {"fused": impl}, True) for impl in FUSED_RUNGS if impl in spec.get("fused", [])]
+        raise ValueError(f"ladder fused {unknown}: choose from {[*FUSED_RUNGS, 'liger']}")
+    ours = [k for k in FUSED_RUNGS if k in listed]
+    steps += [(f"fused_{k}", FUSED_RUNGS[k], {"fused": "+".join(ours[:i + 1])}, True) for i, k in enumerate(ours)]
+    steps += [("liger", LIGER, {"fused": "liger"}, True)] if "liger" in listed else []
     steps += [(f"float8_{r}", f"{PEER}torchao float8 training, {r} scaling: every nn.Linear but the LM head "
                f"multiplies in fp8", {"float8": r}, True) for r in FLOAT8_RECIPES if r in spec.get("float8", [])]
     accumulate = spec.get("accumulate")
@@ -325,11 +331,12 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
     import torch
 
     cuda = torch.cuda.is_available()
-    fused_impl, recipe = case.get("fused", "none"), case.get("float8", "none")
-    if fused_impl != "none":
+    fused_kernels, recipe = case.get("fused", "none"), case.get("float8", "none")
+    if fused_kernels != "none":  # (impl, parts) of kernels/fused.apply
         from lmperf.kernels import fused
+        patch = ("liger", fused.PARTS) if fused_kernels == "liger" else ("ours", fused_kernels.split("+"))
         try:
-            fused.kernels(fused_impl)
+            fused.kernels(*patch)
         except fused.MissingPackage as exc:
             raise common.NotRun(str(exc)) from None
     convert = float8_training(recipe) if recipe != "none" else None
@@ -344,8 +351,8 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
     rows = []
     with train.matmul_precision(case["tf32"]):
         cfg, model, optimizer, inputs, targets, autocast = train.setup(case, dims)
-        if fused_impl != "none":  # before the compiled blocks' first call
-            fused.apply(model, fused_impl)
+        if fused_kernels != "none":  # before the compiled blocks' first call
+            fused.apply(model, *patch)
         if convert is not None:
             convert(model)
         if case["checkpoint_candidates"]:

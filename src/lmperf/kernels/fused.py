@@ -3,7 +3,9 @@ existing lmperf.model.TransformerLM into one whose RMSNorms are fused with the r
 before them, whose SwiGLU product and RoPE are one kernel each, without touching model.py, its
 parameters or anything an optimizer already holds (Liger-Kernel's way of patching a model).
 
-    impl "ours":  kernels/rmsnorm.py, kernels/swiglu.py, kernels/rope.py (Triton)
+    impl "ours":  kernels/rmsnorm.py, kernels/swiglu.py, kernels/rope.py (Triton); `parts`
+                  chooses which (PARTS), the model's own code doing the others (the ladder
+                  adds them one a rung)
     impl "liger": Liger-Kernel's fused add-RMSNorm, RMSNorm and SiLU-mul (a peer for the ladder).
                   Liger's RoPE rotates the two halves of a head (the Llama convention), not the
                   consecutive pairs this model rotates: RoPE stays the model's.
@@ -25,10 +27,12 @@ import importlib
 from typing import Callable, NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from lmperf.model import Block, CausalSelfAttention, SwiGLU, TransformerLM, apply_rope
 
 IMPLS = ("ours", "liger")
+PARTS = ("rmsnorm", "swiglu", "rope")
 LIGER_MISSING = "needs liger-kernel (pip wheel; tools/wheelhouse.sh)"
 
 
@@ -44,12 +48,28 @@ class Kernels(NamedTuple):
     rope: Callable
 
 
-def _ours() -> Kernels:
+def _model_add_rmsnorm(x, delta, norm, out_dtype):
+    h = x if delta is None else x + delta
+    return h, norm(h)
+
+
+def _model_rope(q, k, cos, sin):
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+
+def _model_silu_mul(a, b):
+    return F.silu(a) * b
+
+
+def _ours(parts) -> Kernels:
+    """Our kernels for `parts`, the model's code (the functions above) for the others."""
     from lmperf.kernels import rmsnorm, rope, swiglu
 
     def add_rmsnorm(x, delta, norm, out_dtype):
         return rmsnorm.add_rmsnorm(x, delta, norm.weight, norm.eps, out_dtype)
-    return Kernels(add_rmsnorm, swiglu.silu_mul, rope.rope)
+    return Kernels(add_rmsnorm if "rmsnorm" in parts else _model_add_rmsnorm,
+                   swiglu.silu_mul if "swiglu" in parts else _model_silu_mul,
+                   rope.rope if "rope" in parts else _model_rope)
 
 
 def _liger() -> Kernels:
@@ -66,16 +86,17 @@ def _liger() -> Kernels:
         y, h = ops.LigerFusedAddRMSNormFunction.apply(delta.to(x.dtype), x, norm.weight, norm.eps, 0.0, "gemma", False)
         return h, y
 
-    def rope(q, k, cos, sin):
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    return Kernels(add_rmsnorm, ops.LigerSiLUMulFunction.apply, rope)
+    return Kernels(add_rmsnorm, ops.LigerSiLUMulFunction.apply, _model_rope)
 
 
-def kernels(impl: str) -> Kernels:
-    """The kernels of `impl` (IMPLS); raises MissingPackage where its package is not installed."""
+def kernels(impl: str, parts=PARTS) -> Kernels:
+    """The kernels of `impl` (IMPLS; for "ours", those of `parts`); raises MissingPackage where
+    its package is not installed."""
     if impl not in IMPLS:
         raise ValueError(f"fused kernels impl={impl!r}; choose one of {IMPLS}")
-    return _ours() if impl == "ours" else _liger()
+    if not set(parts) <= set(PARTS):
+        raise ValueError(f"fused kernels parts={tuple(parts)}; choose from {PARTS}")
+    return _ours(parts) if impl == "ours" else _liger()
 
 
 def norm_dtype(x: torch.Tensor) -> torch.dtype | None:
@@ -137,12 +158,12 @@ FUSED = {TransformerLM: FusedTransformerLM, Block: FusedBlock, CausalSelfAttenti
          SwiGLU: FusedSwiGLU}
 
 
-def apply(model: TransformerLM, impl: str = "ours") -> TransformerLM:
-    """Patch `model` in place (and return it) to run the fused kernels of `impl`: its modules'
-    classes become the Fused* subclasses above, with the same parameters and buffers. Call it
-    before the model's first compiled call. Raises MissingPackage where impl's package is not
-    installed (the model is then unchanged)."""
-    chosen = kernels(impl)
+def apply(model: TransformerLM, impl: str = "ours", parts=PARTS) -> TransformerLM:
+    """Patch `model` in place (and return it) to run the fused kernels of `impl` (`parts` of
+    ours): its modules' classes become the Fused* subclasses above, with the same parameters and
+    buffers. Call it before the model's first compiled call. Raises MissingPackage where impl's
+    package is not installed (the model is then unchanged)."""
+    chosen = kernels(impl, parts)
     if not isinstance(model, TransformerLM):
         raise TypeError(f"apply patches an lmperf.model.TransformerLM; got {type(model).__name__}")
     for module in model.modules():
