@@ -4,7 +4,7 @@ CORES ?= 1
 SNAKEMAKE_ARGS ?=
 # The kernel tests run a second time under the newest Triton, in a venv of its own.
 NEWEST_VENV ?= .venv-triton-newest
-KERNEL_TESTS ?= tests/test_lrpe.py tests/test_flash_attention.py tests/test_flash_attention_gqa.py tests/test_adamw_master.py
+KERNEL_TESTS ?= tests/test_lrpe.py tests/test_flash_attention.py tests/test_flash_attention_gqa.py tests/test_adamw_master.py tests/test_fused.py
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: setup report test test-triton-newest clean-results

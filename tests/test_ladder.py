@@ -324,3 +324,60 @@ def test_a_host_bound_reference_rung_claims_no_speed_up():
     assert not tokens["met"]
     idle = view["rungs"].set_index("_name")["GPU idle %"]
     assert idle["compiled"] == "40.0 ‡" and idle["sdpa"] == 3.0
+
+
+def test_fused_rungs_follow_bf16_weights_ours_one_a_rung_and_the_peers_beside_them():
+    spec = {**SPEC, "fused": ["rope", "liger", "rmsnorm", "swiglu"], "float8": ["tensorwise", "rowwise"]}
+    cases = ladder.cases(spec, "tiny", cuda=True)
+    names = [c["name"] for c in cases]
+    i = names.index("bf16_weights")
+    assert names[i + 1:i + 8] == ["fused_rmsnorm", "fused_swiglu", "fused_rope", "liger", "float8_tensorwise",
+                                  "float8_rowwise", "ctx64"]
+    assert [changed(a, b) for a, b in zip(cases[i:i + 3], cases[i + 1:i + 4])] == [
+        {"fused": "rmsnorm"}, {"fused": "rmsnorm+swiglu"}, {"fused": "rmsnorm+swiglu+rope"}]
+    ours = cases[i + 3]
+    assert changed(ours, cases[i + 4]) == {"fused": "liger"}  # a peer: ours swapped for Liger's
+    for peer, recipe in ((cases[i + 5], "tensorwise"), (cases[i + 6], "rowwise")):
+        assert changed(ours, peer) == {"float8": recipe}
+    assert changed(ours, cases[i + 7]) == {"context": 64}  # the next rung builds on ours, not a peer
+    assert all(c["fused"] == "rmsnorm+swiglu+rope" and c["float8"] == "none" for c in cases[i + 7:])
+    assert all(c["needs_cuda"] for c in cases[i + 1:i + 7])
+    assert [c["name"] for c in ladder.cases({**SPEC, "fused": ["liger"]}, "tiny", cuda=True)][i + 1] == "liger"
+    assert names == [c["name"] for c in ladder.cases(spec, "tiny", cuda=False)]  # the same ids without CUDA
+    with pytest.raises(ValueError, match=r"ladder fused \['nope'\]"):
+        ladder.cases({**SPEC, "fused": ["nope"]}, "tiny", cuda=True)
+
+
+def test_without_cuda_the_fused_rung_is_not_carried_and_a_missing_peer_says_what_it_needs():
+    import importlib.util
+
+    cases = {c["name"]: c for c in ladder.cases({**SPEC, "fused": ["rmsnorm", "liger"], "float8": ["rowwise"]},
+                                                "tiny", cuda=False)}
+    assert cases["ctx64"]["fused"] == "none"
+    with pytest.raises(common.NotRun, match="needs CUDA"):
+        ladder.measure(cases["fused_rmsnorm"], DIMS, SPEC)
+    for name, package in (("liger", "liger_kernel"), ("float8_rowwise", "torchao")):
+        if importlib.util.find_spec(package) is None:
+            with pytest.raises(common.NotRun, match=r"needs [a-z-]+ \(pip wheel; tools/wheelhouse.sh\)"):
+                ladder.measure(cases[name], DIMS, SPEC)
+
+
+def test_a_fused_rung_patches_the_model_it_times(monkeypatch):
+    """A fused rung's measure runs our kernels so far (here RMSNorm and RoPE) in the model it
+    times (here on the CPU, in Triton's interpreter: fp32, eager, the model's attention)."""
+    from lmperf.kernels import fused
+
+    spec = {**SPEC, "fused": ["rmsnorm", "rope"]}
+    case = next(c for c in ladder.cases(spec, "tiny", cuda=False) if c["name"] == "fused_rope")
+    case = {**case, "needs_cuda": False, "dtype": "fp32", "compile": False, "optimizer": "foreach",
+            "attention": "plain", "warmup": 0, "timed_steps": 2}
+    patched = []
+    apply = fused.apply
+    monkeypatch.setattr(fused, "apply", lambda model, *a: patched.append(a) or apply(model, *a))
+    timed = []
+    time_steps = e2e.time_steps
+    monkeypatch.setattr(e2e, "time_steps", lambda c, cfg, model, *a: timed.append(type(model).__name__)
+                        or time_steps(c, cfg, model, *a))
+    rows = ladder.measure(case, DIMS, SPEC)
+    assert patched == [("ours", ["rmsnorm", "rope"])] and timed == ["FusedTransformerLM"]
+    assert any(r["metric"] == "step_ms" and r["status"] == "ok" for r in rows)

@@ -157,25 +157,26 @@ def test_editing_a_template_reruns_only_the_report(built_copy):
 def test_editing_the_model_or_its_attention_kernel_reruns_their_rules_and_the_report_only(built_copy, module):
     """The rules whose benchmark can import the model (which runs our FlashAttention kernel for
     attention: flash-triton): every end-to-end job, the attention, profile and memory benchmarks,
-    both FlashAttention rules (PyTorch attention is the model's) and the distributed jobs."""
+    both FlashAttention rules (PyTorch attention is the model's), the distributed jobs and the
+    checks of the kernels that train it (master-weight AdamW, the fused kernels' patched model)."""
     edit(built_copy / "src" / "lmperf" / module, "\n# edited\n")
     jobs = planned(built_copy)
     fresh = planned(copy_repo(built_copy.parent / "fresh"))
     assert jobs == {"e2e_study": fresh["e2e_study"], "ladder_size": fresh["ladder_size"], "attention": 1,
-                    "profile": 1, "memory": 1, "flash_attention_check": 1, "adamw_master_check": 1,
+                    "profile": 1, "memory": 1, "flash_attention_check": 1, "adamw_master_check": 1, "fused_check": 1,
                     "flash_attention_bench": fresh["flash_attention_bench"],
                     "distributed_study": fresh["distributed_study"], "report": 1}
 
 
 def test_editing_the_training_step_reruns_every_rule_that_trains_and_the_report(built_copy):
     """lmperf.train is the one training step: the end-to-end, ladder, profile, memory and
-    data-parallel jobs run it, and so does the master-weight AdamW's check (it trains the LM
-    through it); the other kernels' and attention's benchmarks do not."""
+    data-parallel jobs run it, and so do the master-weight AdamW's and the fused kernels' checks
+    (they train the LM through it); the other kernels' and attention's benchmarks do not."""
     edit(built_copy / "src" / "lmperf" / "train.py", "\n# edited\n")
     fresh = planned(copy_repo(built_copy.parent / "fresh"))
     assert planned(built_copy) == {"e2e_study": fresh["e2e_study"], "ladder_size": fresh["ladder_size"],
                                    "profile": 1, "memory": 1, "distributed_study": fresh["distributed_study"],
-                                   "adamw_master_check": 1, "report": 1}
+                                   "adamw_master_check": 1, "fused_check": 1, "report": 1}
 
 
 def test_editing_the_ladder_reruns_only_its_jobs_and_the_report(built_copy):
@@ -234,7 +235,7 @@ def test_every_benchmark_job_has_the_modules_its_command_imports_as_inputs(fresh
     jobs = benchmark_jobs(fresh_copy)
     rules = {rule for rule, _, _ in jobs}
     assert rules == {"env", "e2e_study", "ladder_size", "adamw_master_check", "flash_attention_check", "flash_attention_bench", "lrpe_check",
-                     "adamw_master_check",
+                     "adamw_master_check", "fused_check",
                      "lrpe_bench", "attention", "precision", "profile", "memory", "distributed_study", "repeat",
                      "distributed_repeat"}
     for module in {m for _, m, _ in jobs}:

@@ -115,6 +115,12 @@ def check_config(config: dict) -> None:
         if unknown:
             raise ValueError(f"config: adamw_master.{scale}.check.sizes names {unknown}, which are not "
                              f"under models: {sorted(config['models'])}")
+    for scale, fused in config["fused"].items():
+        sizes = fused["check"]["model"]["sizes"] if "check" in fused else []
+        unknown = [s for s in sizes if s not in config["models"]]
+        if unknown:
+            raise ValueError(f"config: fused.{scale}.check.model.sizes names {unknown}, which are not "
+                             f"under models: {sorted(config['models'])}")
     _check_models(config)
     _check_attention_head_dims(config)
 
@@ -257,6 +263,13 @@ def adamw_master_check_spec(config: dict, adamw: dict) -> str:
     return json.dumps({**check, "models": {s: config["models"][s] for s in adamw["check"]["sizes"]}}, sort_keys=True)
 
 
+def fused_check_spec(config: dict, fused: dict) -> str:
+    """The check's settings, the model cases' sizes resolved to their dims."""
+    check = fused["check"]
+    model = {**check["model"], "models": {s: config["models"][s] for s in check["model"]["sizes"]}}
+    return json.dumps({**check, "model": model}, sort_keys=True)
+
+
 def profile_spec(config: dict, prof: dict) -> str:
     models = {c["size"]: config["models"][c["size"]] for c in prof["cases"]}
     return json.dumps({**prof, "models": models}, sort_keys=True)
@@ -337,7 +350,7 @@ class ResultFile:
             cases = bench.study_cases(spec, self.arg)
         elif self.section == "distributed":
             cases = importlib.import_module(f"lmperf.bench.distributed.{self.study}").cases(spec, int(self.arg))
-        elif self.section in ("flash_attention", "lrpe", "adamw_master"):
+        elif self.section in ("flash_attention", "lrpe", "adamw_master", "fused"):
             cases = getattr(bench, f"{self.study}_cases")(spec)
         else:
             cases = bench.cases(spec) if spec else bench.cases()
@@ -366,6 +379,9 @@ def result_files(config: dict, results: str, scale: str, distributed: list[str])
               for g in lrpe["bench"]["grids"]]
     files.append(ResultFile(f"{results}/adamw_master/check.csv", "adamw_master", "check",
                             adamw_master_check_spec(config, config["adamw_master"][scale])))
+    if "check" in config["fused"][scale]:  # a scale without a fused check has no job
+        files.append(ResultFile(f"{results}/fused/check.csv", "fused", "check",
+                                fused_check_spec(config, config["fused"][scale])))
     files += [ResultFile(f"{results}/attention/attention.csv", "attention", "attention",
                          json.dumps(config["attention"][scale], sort_keys=True)),
               ResultFile(f"{results}/precision/precision.csv", "precision", "precision"),

@@ -2,9 +2,11 @@
 the time a rung spends outside matmuls and attention can be read (tuning/ladder/NOTES.md).
 
     python tuning/ladder/ladder_kernels.py --size 2.7B --context 2048 --batch 4 --out DIR
+        [--optimizer master] [--fused ours]
 
 Writes DIR/ladder_kernels_<size>_<context>.csv (kernel, category, ms per step, calls per step, and
-the run's provenance: GPU, torch, triton, commit).
+the run's provenance: GPU, torch, triton, commit); with another optimizer or fused kernels
+(kernels/fused.py: the ladder's bf16_weights and fused rungs) ..._<optimizer>_<fused>.csv.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from lmperf.bench import common, ladder, profile
 def rung_case(args) -> dict:
     """The ladder rung of `args` (bf16, compiled, fused AdamW, our FlashAttention-2; the 2.7B's
     rung 9 by default) as an e2e case."""
-    return {**ladder.BASE, "dtype": "bf16", "compile": True, "optimizer": "fused", "attention": "flash-triton",
+    return {**ladder.BASE, "dtype": "bf16", "compile": True, "optimizer": args.optimizer, "attention": "flash-triton",
             "context": args.context, "batch_size": args.batch, "mode": "train"}
 
 
@@ -34,12 +36,18 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3, help="profiled steps (after 3 warm-up steps)")
+    ap.add_argument("--optimizer", default="fused", choices=["fused", "master"])
+    ap.add_argument("--fused", default="none", choices=["none", "ours", "liger"],
+                    help="fused kernels (kernels/fused.py)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("ladder_kernels: needs CUDA (it profiles the GPU's kernels)")
     dims = yaml.safe_load(open("config/config.yaml"))["models"][args.size]
     cfg, model, optimizer, inputs, targets, autocast = train.setup(rung_case(args), dims)
+    if args.fused != "none":
+        from lmperf.kernels import fused
+        fused.apply(model, args.fused)
     nothing = lambda phase: contextlib.nullcontext()
     for _ in range(3):
         train.step(model, optimizer, inputs, targets, autocast, nothing)
@@ -57,7 +65,8 @@ def main() -> None:
         rows.append({"kernel": name[:200], "category": cat, "ms_per_step": us / 1e3 / args.steps,
                      "calls_per_step": calls / args.steps, **prov})
     rows.sort(key=lambda r: -r["ms_per_step"])
-    path = args.out / f"ladder_kernels_{args.size}_{args.context}.csv"
+    variant = "" if (args.optimizer, args.fused) == ("fused", "none") else f"_{args.optimizer}_{args.fused}"
+    path = args.out / f"ladder_kernels_{args.size}_{args.context}{variant}.csv"
     common.write_csv_atomic(pd.DataFrame(rows), path)
     total = sum(r["ms_per_step"] for r in rows)
     by = {}

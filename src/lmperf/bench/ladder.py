@@ -7,8 +7,11 @@ one model size measured in the same job.
 A rung carries every setting of the rungs before it, so it can run alone (`--cases`, bench/jobs.py:
 the repeats in fresh processes); the device rates of its floors are then measured for it.
 
-Each rung is the rung before plus one change (RUNGS, then one rung per longer context, gradient
-accumulation after the context `accumulate.context` if configured, then activation checkpointing).
+Each rung is the rung before plus one change (RUNGS, then the fused-kernel rungs the spec's
+`fused` lists and the float8 peers its `float8` lists, then one rung per longer context, gradient
+accumulation after the context `accumulate.context` if configured, then activation
+checkpointing). A peer (PEERS: another library's kernels in place of ours, torchao's float8
+training) is measured on the last carried rung's settings and carried nowhere.
 A rung that needs CUDA becomes a `skipped` row where there is none, and
 its change is not carried to the rungs after it. Every rung is timed like the end-to-end studies
 (bench/e2e.py's time_steps: warm-up, then timed steps of lmperf.train.step per phase), and adds:
@@ -45,7 +48,8 @@ from lmperf.bench import common, e2e, jobs, memory_fit, profile, timing
 # The rungs before the longer contexts, in order: (rung, what changes, the case keys it sets,
 # whether it needs CUDA). The base is the assignment's model and optimizer in fp32, eager.
 BASE = {"dtype": "fp32", "tf32": False, "compile": False, "optimizer": "foreach",
-        "attention": "plain", "checkpoint_every": 0, "micro_batches": 1, "expandable_segments": False}
+        "attention": "plain", "checkpoint_every": 0, "micro_batches": 1, "expandable_segments": False,
+        "fused": "none", "float8": "none"}
 RUNGS = [
     ("fp32_eager", "fp32, eager, AdamW default (foreach), plain attention", {}, False),
     ("tf32", "TF32 matmuls: set_float32_matmul_precision('high')", {"tf32": True}, True),
@@ -57,6 +61,23 @@ RUNGS = [
     ("bf16_weights", "AdamW on fp32 master weights writing bf16 Linear weights: no autocast casts "
      "(the same math; kernels/adamw_master.py)", {"optimizer": "master"}, True),
 ]
+# After bf16_weights: our fused kernels (kernels/fused.py), one a rung in this order, for those the
+# spec's `fused` lists, each carried up like every rung (the case's `fused`: the kernels so far,
+# '+'-joined); then peers, measured on the last carried rung's settings and carried nowhere:
+# Liger-Kernel's kernels in place of ours (`fused` lists liger) and torchao's float8 training in
+# each recipe the spec's `float8` lists. A peer whose package is missing is a `skipped` row.
+PEER = "peer (on the last carried rung's settings; not carried up): "
+FUSED_RUNGS = {
+    "rmsnorm": "our fused RMSNorm: each residual add fused into the RMSNorm after it, across blocks "
+               "(Triton, the same math; kernels/rmsnorm.py)",
+    "swiglu": "our fused SwiGLU product silu(a) * b (kernels/swiglu.py)",
+    "rope": "our RoPE on q and k in one launch, in the projections' layout (kernels/rope.py)",
+}
+LIGER = PEER + ("Liger-Kernel's fused add-RMSNorm, RMSNorm and SiLU-mul in place of ours (RoPE the model's: "
+                "Liger's rotates halves)")
+FLOAT8_RECIPES = ("tensorwise", "rowwise")
+PEERS = {"liger", *(f"float8_{r}" for r in FLOAT8_RECIPES)}
+MISSING = {"torchao": "needs torchao (pip wheel; tools/wheelhouse.sh)"}
 ASSIGNMENT_RUNG = "compiled"  # the assignment's setting: batch x context as given, bf16 compiled
 # AdamW's bytes a parameter: fp32 param, grad, exp_avg, exp_avg_sq read, param, exp_avg, exp_avg_sq
 # written; MasterWeightAdamW's nn.Linear weights: bf16 weight + int16 remainder (the fp32 master),
@@ -75,6 +96,15 @@ def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
     out = [{**common_keys, **settings, "rung": 0, "name": "floors",
             "change": "device rates: copy bandwidth, bf16 matmul", "needs_cuda": True}]
     steps = list(RUNGS)
+    listed = spec.get("fused", [])
+    unknown = [k for k in listed if k not in [*FUSED_RUNGS, "liger"]]
+    if unknown:
+        raise ValueError(f"ladder fused {unknown}: choose from {[*FUSED_RUNGS, 'liger']}")
+    ours = [k for k in FUSED_RUNGS if k in listed]
+    steps += [(f"fused_{k}", FUSED_RUNGS[k], {"fused": "+".join(ours[:i + 1])}, True) for i, k in enumerate(ours)]
+    steps += [("liger", LIGER, {"fused": "liger"}, True)] if "liger" in listed else []
+    steps += [(f"float8_{r}", f"{PEER}torchao float8 training, {r} scaling: every nn.Linear but the LM head "
+               f"multiplies in fp8", {"float8": r}, True) for r in FLOAT8_RECIPES if r in spec.get("float8", [])]
     accumulate = spec.get("accumulate")
 
     sizes = []  # the micro-batch sizes the accumulating rungs choose from, largest first
@@ -110,7 +140,7 @@ def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
         elif case["micro_batches"] > 1 and sizes:  # accumulating (the rung and the longer contexts after it)
             case["micro_batch_candidates"] = ",".join(map(str, sizes))
         out.append(case)
-        if cuda or not needs_cuda:
+        if (cuda or not needs_cuda) and name not in PEERS:
             settings.update(sets)
     for case in out:
         case["case_id"] = f"{size}-rung{case['rung']:02d}-{case['name']}"
@@ -288,10 +318,32 @@ def profile_step(case: dict, model, optimizer, inputs, targets, autocast) -> tup
     return "unknown", rows
 
 
+def float8_training(recipe: str):
+    """fn(model): torchao's float8 training in `recipe` on every nn.Linear but the LM head (its
+    Float8Linear keeps the same weight parameters, so the optimizer's stay valid); NotRun where
+    torchao cannot be imported (not installed, or built for another torch)."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except Exception as exc:  # noqa: BLE001
+        raise common.NotRun(f"{MISSING['torchao']} ({type(exc).__name__})") from None
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    return lambda model: convert_to_float8_training(model, config=config,
+                                                    module_filter_fn=lambda module, fqn: fqn != "lm_head")
+
+
 def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
     import torch
 
     cuda = torch.cuda.is_available()
+    fused_kernels, recipe = case.get("fused", "none"), case.get("float8", "none")
+    if fused_kernels != "none":  # (impl, parts) of kernels/fused.apply
+        from lmperf.kernels import fused
+        patch = ("liger", fused.PARTS) if fused_kernels == "liger" else ("ours", fused_kernels.split("+"))
+        try:
+            fused.kernels(*patch)
+        except fused.MissingPackage as exc:
+            raise common.NotRun(str(exc)) from None
+    convert = float8_training(recipe) if recipe != "none" else None
     if case["needs_cuda"] and not cuda:
         raise common.NotRun("needs CUDA")
     if case["name"] == "floors":
@@ -303,6 +355,10 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
     rows = []
     with train.matmul_precision(case["tf32"]):
         cfg, model, optimizer, inputs, targets, autocast = train.setup(case, dims)
+        if fused_kernels != "none":  # before the compiled blocks' first call
+            fused.apply(model, *patch)
+        if convert is not None:
+            convert(model)
         if case["checkpoint_candidates"]:
             case, checkpointed = memory_fit.time_checkpointed(case, spec, cfg, model, optimizer, inputs, targets,
                                                               autocast)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-KERNEL_SECTIONS = ("flash_attention", "lrpe", "adamw_master")
+KERNEL_SECTIONS = ("flash_attention", "lrpe", "adamw_master", "fused")
 
 
 def view(inputs) -> dict:

@@ -42,7 +42,7 @@ SECTIONS = [
 ]
 # Kernels checked by a rule of their own (results/<hw>/<name>/check.csv) with no section of
 # their own: the correctness section reads their rows.
-CHECKED_ONLY = ("adamw_master",)
+CHECKED_ONLY = ("adamw_master", "fused")
 
 
 def frame_names(sections: list[Section]) -> list[str]:

@@ -1,0 +1,27 @@
+# The fused kernels (RMSNorm with the residual add, SwiGLU's product, RoPE) and the model patched
+# to run them, against float64. Kernels without a report section of their own: their rows are in
+# the correctness table. A scale whose config has no fused check has no job.
+FUSED = config["fused"][SCALE]
+
+
+rule fused_check:
+    input:
+        code=wf.code_inputs("lmperf.bench.fused"),
+    output:
+        csv=f"{RESULTS}/fused/check.csv",
+    log:
+        f"{LOGS}/fused/check.log",
+    params:
+        **PROVENANCE,
+        spec=lambda w: wf.fused_check_spec(config, FUSED),
+    resources:
+        gpu=1,
+    conda:
+        "../envs/lmperf.yaml"
+    shell:
+        wf.bench("fused check --spec {params.spec:q}")
+
+
+rule fused:
+    input:
+        [rules.fused_check.output.csv] if "check" in FUSED else [],
