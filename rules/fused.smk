@@ -14,12 +14,14 @@ rule fused_check:
     params:
         **PROVENANCE,
         spec=lambda w: wf.fused_check_spec(config, FUSED),
+        workers=wf.workers(FUSED.get("check", {})),
+    threads: wf.workers(FUSED.get("check", {}))  # its worker processes' CPU cores
     resources:
         gpu=1,
     conda:
         "../envs/lmperf.yaml"
     shell:
-        wf.bench("fused check --spec {params.spec:q}")
+        wf.bench("fused check --spec {params.spec:q} --workers {params.workers}")
 
 
 rule fused:

@@ -265,7 +265,7 @@ def adamw_master_check_spec(config: dict, adamw: dict) -> str:
 
 def fused_check_spec(config: dict, fused: dict) -> str:
     """The check's settings, the model cases' sizes resolved to their dims."""
-    check = fused["check"]
+    check = _measured(fused["check"])
     model = {**check["model"], "models": {s: config["models"][s] for s in check["model"]["sizes"]}}
     return json.dumps({**check, "model": model}, sort_keys=True)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from lmperf.bench import common
+from lmperf.bench import common, jobs
 
 KERNELS = ("rmsnorm", "swiglu", "rope")
 MODEL_DIMS = ("d_model", "d_ff", "n_layers", "n_heads", "vocab_size")
@@ -170,9 +170,9 @@ def measure_check(case: dict) -> list[dict]:
 
 
 def main(argv=None):
-    args = common.bench_args(__doc__, argv, studies=("check",))
-    common.run_cases(section="fused", study=args.study, cases=check_cases(args.spec), measure=measure_check,
-                     out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={"spec": args.spec})
+    args = common.bench_args(__doc__, argv, studies=("check",), options=jobs.options)
+    jobs.run(section="fused", study=args.study, cases=check_cases(args.spec), measure=measure_check,
+             args=args, fingerprint={"spec": args.spec}, parallel=True)  # --workers: cases side by side
 
 
 if __name__ == "__main__":
