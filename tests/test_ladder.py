@@ -83,12 +83,12 @@ def test_flop_count_includes_checkpointing_recomputation():
     assert ck["total"] - plain["total"] == 2 * (block_forward - w2)
 
 
-def ladder_frame(size: str, metrics):
+def ladder_frame(size: str, metrics, spec: dict = SPEC):
     """The ladder job's tidy rows for `size`, each case with the values metrics(case) gives."""
     import pandas as pd
     return pd.DataFrame([{**case, "study": "ladder", "metric": m, "mean": v, "median": v, "status": "ok",
                           "attention_backend": case["attention"]}
-                         for case in ladder.cases(SPEC, size, cuda=True) for m, v in metrics(case).items()])
+                         for case in ladder.cases(spec, size, cuda=True) for m, v in metrics(case).items()])
 
 
 def test_report_reads_the_bars_off_the_ladder_rows():
@@ -381,3 +381,26 @@ def test_a_fused_rung_patches_the_model_it_times(monkeypatch):
     rows = ladder.measure(case, DIMS, SPEC)
     assert patched == [("ours", ["rmsnorm", "rope"])] and timed == ["FusedTransformerLM"]
     assert any(r["metric"] == "step_ms" and r["status"] == "ok" for r in rows)
+
+
+def test_the_best_rung_is_one_of_ours_never_a_faster_peer():
+    """Liger-Kernel's and torchao's float8 rungs are measured beside ours and shown; the best rung
+    (and the bars read off it) is chosen among our stack's rungs."""
+    from lmperf.report import ladder as report
+    from lmperf.report.render import bars_from_config
+    from tests.conftest import REPO
+
+    limits = bars_from_config(REPO / "config" / "config.yaml")["ladder"]
+    spec = {**SPEC, "fused": ["rmsnorm", "liger"], "float8": ["tensorwise"]}
+    cases = ladder.cases(spec, limits["size"], cuda=True)
+
+    def metrics(case):  # the peers the fastest by far, ours faster rung by rung
+        fast = 10**6 if case["name"] in ladder.PEERS else 1000.0 * case["rung"]
+        return {} if case["name"] == "floors" else {"step_ms": 100.0, "tokens_per_s": fast}
+    df = ladder_frame(limits["size"], metrics, spec)
+    view = report.ladder(df, limits)
+    best = view["best"][limits["size"]]
+    names = {c["rung"]: c["name"] for c in cases}
+    assert names[best["rung"]] not in ladder.PEERS and best["rung"] == max(
+        c["rung"] for c in cases if c["name"] not in ladder.PEERS)
+    assert {"liger", "float8_tensorwise"} <= set(view["rungs"]["_name"])  # still shown

@@ -107,6 +107,11 @@ def _value(df: pd.DataFrame, case_id: str, metric: str) -> float:
     return float(r.iloc[0]) if len(r) else math.nan
 
 
+def is_peer(df: pd.DataFrame) -> pd.Series:
+    """Rows of a peer rung (bench/ladder.py's PEERS: its change starts with "peer")."""
+    return df["change"].astype(str).str.startswith("peer")
+
+
 def ladder(df: pd.DataFrame, limits: dict, threshold: float = math.inf) -> dict:
     """The ladder per size: its rungs, the device rates, the best rung with its phase floors,
     FlopCounterMode's count beside the closed form, and the section's bars. A best rung or
@@ -125,10 +130,13 @@ def ladder(df: pd.DataFrame, limits: dict, threshold: float = math.inf) -> dict:
     out["rates"] = {size: {m: float(v) for m, v in g.set_index("metric")["median"].items()
                                   if m in ("copy_gb_per_s", "bf16_matmul_tflops")}
                            for size, g in rates.groupby("size")}
-    # The best rung is the fastest (tokens/s); its MFU is against the bf16 peak, as every rung's.
+    # The best rung is the fastest (tokens/s) of our stack's rungs (a peer, another library's
+    # kernels or training recipe measured beside them, is shown, not chosen); its MFU is against
+    # the bf16 peak, as every rung's.
     key = "tokens_per_s"
     best, floors, flops = {}, [], []
-    for size, g in ok[ok["name"] != "floors"].groupby("size", sort=False):
+    own = ok[(ok["name"] != "floors") & ~is_peer(ok)]
+    for size, g in own.groupby("size", sort=False):
         score = g[g["metric"] == key].set_index("case_id")["median"]
         if score.empty:
             continue
