@@ -17,9 +17,11 @@ while (($#)); do
     esac
 done
 if ! python3 -c 'import snakemake' 2>/dev/null; then
-    [[ -d $wheels ]] || { echo "gpu_run: no snakemake and no wheelhouse at $wheels" >&2; exit 1; }
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/lmperf-site "$wheels"/*.whl \
-        || { echo "gpu_run: installing the wheelhouse failed" >&2; exit 1; }
+    if [[ ! -d /tmp/lmperf-site/snakemake ]]; then  # installed once a machine (gpu_targets.sh calls this per target)
+        [[ -d $wheels ]] || { echo "gpu_run: no snakemake and no wheelhouse at $wheels" >&2; exit 1; }
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/lmperf-site "$wheels"/*.whl \
+            || { echo "gpu_run: installing the wheelhouse failed" >&2; exit 1; }
+    fi
     export PYTHONPATH=/tmp/lmperf-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
