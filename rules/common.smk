@@ -8,7 +8,7 @@ from pathlib import Path
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
-from lmperf import hardware, repeats as repeat_plan, workflow as wf  # noqa: E402
+from lmperf import hardware, planning, repeats as repeat_plan, workflow as wf  # noqa: E402
 from lmperf.bench.failures import ACCEPT_ERRORS_ENV  # noqa: E402
 
 try:
@@ -16,7 +16,7 @@ try:
 except WorkflowError as e:  # --config key=value parses nested values as strings
     raise WorkflowError(f"{e}\nA nested override (e.g. models.tiny.d_model) takes a YAML file: "
                         "--configfile my.yaml, which Snakemake merges over config/config.yaml") from None
-wf.check_config(config)
+planning.check_config(config)
 
 HW, SCALE = wf.machine(config)
 VERSIONS = hardware.library_versions()

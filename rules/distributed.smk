@@ -4,7 +4,7 @@
 DIST = config["distributed"][SCALE]
 DIST_HW = wf.distributed_hw(config)
 DIST_CSVS = wf.distributed_csvs(f"results/{DIST_HW}", DIST)
-wf.check_distributed_config(config)
+planning.check_distributed_config(config)
 
 
 rule distributed_study:

@@ -8,7 +8,8 @@ rule fused_check:
     input:
         code=wf.code_inputs("lmperf.bench.fused"),
     output:
-        csv=f"{RESULTS}/fused/check.csv",
+        csv=report(f"{RESULTS}/fused/check.csv", caption="captions/fused.rst", category="Results",
+                   subcategory="Fused kernels", labels={"job": "check"}),
     log:
         f"{LOGS}/fused/check.log",
     params:

@@ -11,7 +11,8 @@ rule repeat:
     input:
         code=lambda w: wf.code_inputs(f"lmperf.bench.{REPEATS[w.job, w.k].repeat_of.section}"),
     output:
-        csv=f"{RESULTS}/repeats/{{job}}/run{{k}}.csv",
+        csv=report(f"{RESULTS}/repeats/{{job}}/run{{k}}.csv", caption="captions/repeats.rst", category="Results",
+                   subcategory="Across processes", labels={"job": "{job}", "process": "{k}"}),
     log:
         f"{LOGS}/repeats/{{job}}/run{{k}}.log",
     params:
@@ -34,7 +35,9 @@ rule distributed_repeat:
     input:
         code=wf.code_inputs("lmperf.bench.distributed"),
     output:
-        f"results/{DIST_HW}/repeats/distributed/{{study}}_n{{procs}}/run{{k}}.csv",
+        report(f"results/{DIST_HW}/repeats/distributed/{{study}}_n{{procs}}/run{{k}}.csv",
+               caption="captions/repeats.rst", category="Results", subcategory="Across processes",
+               labels={"job": "distributed/{study}_n{procs}", "process": "{k}"}),
     log:
         f"logs/{DIST_HW}/repeats/distributed/{{study}}_n{{procs}}/run{{k}}.log",
     params:

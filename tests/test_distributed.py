@@ -384,7 +384,7 @@ def test_gpu_script_runs_every_job_and_renders_the_section_on_a_cpu(tmp_path):
 def test_workflow_helpers_name_jobs_specs_and_bad_sizes():
     import yaml
 
-    from lmperf import hardware, workflow
+    from lmperf import hardware, planning, workflow
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     smoke = config["distributed"]["smoke"]
     assert workflow.distributed_csvs("results/cpu", smoke) == [
@@ -395,7 +395,7 @@ def test_workflow_helpers_name_jobs_specs_and_bad_sizes():
     assert hardware.machine_slug("NVIDIA H200", 2) == "h200-x2" and hardware.machine_slug(None, 0) == "cpu"
     config["distributed"]["full"]["ddp"]["sizes"] = ["xl", "huge"]
     with pytest.raises(ValueError, match=r"distributed.full.ddp.sizes names \['huge'\]"):
-        workflow.check_distributed_config(config)
+        planning.check_distributed_config(config)
 
 
 def test_a_report_without_multi_gpu_results_names_other_machines_results(tmp_path):

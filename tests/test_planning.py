@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import REPO, copy_repo, snakemake
-from lmperf import hardware, workflow as wf
+from lmperf import hardware, planning, workflow as wf
 from lmperf.report import render
 
 CONFIG = render.load_config(REPO / "config" / "config.yaml")
@@ -27,7 +27,7 @@ def edited(change) -> dict:
 
 def test_the_head_dims_read_from_the_attention_contract_are_its_own():
     from lmperf.kernels import attention_contract
-    assert wf.attention_head_dims() == attention_contract.HEAD_DIMS
+    assert planning.attention_head_dims() == attention_contract.HEAD_DIMS
 
 
 @pytest.mark.parametrize("change, message", [
@@ -49,7 +49,7 @@ def test_the_head_dims_read_from_the_attention_contract_are_its_own():
 ])
 def test_config_errors_that_would_fail_at_run_time_stop_at_planning(change, message):
     with pytest.raises(ValueError) as e:
-        wf.check_config(edited(change))
+        planning.check_config(edited(change))
     assert message in str(e.value)
 
 

@@ -161,7 +161,11 @@ def test_the_warm_up_leaves_graphs_that_the_jobs_own_process_loads(tmp_path, mon
     """Compiled in a worker, loaded from the cache by this process: Inductor's graph cache hits,
     and the compile takes less time than a cold one."""
     import torch._dynamo.utils
+    import torch._inductor.config
 
+    # as a benchmark process starts: an earlier test in this process may have left them off (a
+    # leaderboard case of an SDPA provider turns Inductor's caches off for itself)
+    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", False)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     compiled_attention({"seq_len": 16})  # this process's first compile (imports, Inductor's set-up)

@@ -1,129 +1,16 @@
-"""Helpers for the Snakemake workflow (rules/*.smk): config checks, the machine's name and
-scale (and whether it can measure them), each benchmark rule's command, code inputs and
-params, and the result files a full run promises with the cases each must hold (the
-renderer reads them too). Imports neither torch nor triton, so planning stays fast."""
+"""Helpers for the Snakemake workflow (rules/*.smk): the machine's name and scale (and whether
+it can measure them), each benchmark rule's command, code inputs and params, and the result
+files a full run promises with the cases each must hold (the renderer reads them too). The
+config's cross-field checks are lmperf.planning's. Imports neither torch nor triton, so
+planning stays fast."""
 from __future__ import annotations
 
-import ast
 import functools
 import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from lmperf import hardware, repeats, sources
-
-ATTENTION_CONTRACT = Path(__file__).parent / "kernels" / "attention_contract.py"
-
-
-def attention_head_dims() -> tuple[int, ...]:
-    """The head dims our FlashAttention accepts (HEAD_DIM_MIN to HEAD_DIM_MAX in steps of
-    HEAD_DIM_STEP), read from kernels/attention_contract.py's source: importing it imports torch."""
-    names = {}
-    for node in ast.parse(ATTENTION_CONTRACT.read_text()).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1:
-            target, value = node.targets[0], node.value
-            pairs = (zip(target.elts, value.elts) if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
-                     else [(target, value)])
-            names.update({t.id: v.value for t, v in pairs if isinstance(t, ast.Name) and isinstance(v, ast.Constant)})
-    try:
-        return tuple(range(names["HEAD_DIM_MIN"], names["HEAD_DIM_MAX"] + 1, names["HEAD_DIM_STEP"]))
-    except KeyError as missing:
-        raise RuntimeError(f"{ATTENTION_CONTRACT} no longer sets {missing} to a number; "
-                           "lmperf.workflow.attention_head_dims reads the head dims from it") from None
-
-
-def _check_models(config: dict) -> None:
-    """Every model's heads split d_model evenly, into an even head dim (RoPE rotates pairs)."""
-    for name, m in config["models"].items():
-        if m["d_model"] % m["n_heads"]:
-            raise ValueError(f"config: models.{name}: n_heads = {m['n_heads']} does not divide "
-                             f"d_model = {m['d_model']}")
-        if (m["d_model"] // m["n_heads"]) % 2:
-            raise ValueError(f"config: models.{name}: head dim d_model / n_heads = "
-                             f"{m['d_model'] // m['n_heads']} is odd; RoPE needs an even one")
-
-
-def _check_attention_head_dims(config: dict) -> None:
-    """Every head dim our FlashAttention is run at is one its contract accepts: the check
-    shapes' last dim, the bench groups' head dims, and the head dims of the model sizes it runs
-    inside (bench model groups, e2e studies with our attention or the ladder)."""
-    dims = attention_head_dims()
-    contract = f"our FlashAttention takes head dims {dims[0]}, {dims[1]}, ... {dims[-1]} ({ATTENTION_CONTRACT.name})"
-    head_dim = lambda size: config["models"][size]["d_model"] // config["models"][size]["n_heads"]
-    for scale, fa in config["flash_attention"].items():
-        for key in ("shapes", "compiled_shapes"):
-            bad = [s for s in fa["check"].get(key, []) if s[-1] not in dims]
-            if bad:
-                raise ValueError(f"config: flash_attention.{scale}.check.{key} has shapes {bad} whose "
-                                 f"head dim (last entry) is not one {contract}")
-        for group in fa["bench"]["groups"]:
-            bad = [d for d in group.get("head_dims", []) if d not in dims]
-            bad += [f"{m} ({head_dim(m)})" for m in group.get("models", []) if head_dim(m) not in dims]
-            if bad:
-                raise ValueError(f"config: flash_attention.{scale}.bench group {group['name']!r}: head "
-                                 f"dims {bad} are not ones {contract}")
-    for scale, e2e in config["e2e"].items():
-        for study, spec in e2e["studies"].items():
-            if e2e_uses_our_attention(spec):
-                bad = [f"{s} ({head_dim(s)})" for s in spec["sizes"] if head_dim(s) not in dims]
-                if bad:
-                    raise ValueError(f"config: e2e.{scale}.studies.{study} runs our FlashAttention on "
-                                     f"sizes {bad}, whose head dims are not ones {contract}")
-    for scale, ladder in config["ladder"].items():  # its flash-triton rungs
-        bad = [f"{s} ({head_dim(s)})" for s in ladder["sizes"] if head_dim(s) not in dims]
-        if bad:
-            raise ValueError(f"config: ladder.{scale}.sizes: the ladder runs our FlashAttention on sizes "
-                             f"{bad}, whose head dims are not ones {contract}")
-
-
-def check_config(config: dict) -> None:
-    """Cross-field checks the JSON schema cannot express; raise ValueError naming the key."""
-    for scale, prof in config["profile"].items():
-        unknown = [c["size"] for c in prof["cases"] if c["size"] not in config["models"]]
-        if unknown:
-            raise ValueError(f"config: profile.{scale}.cases names sizes {unknown}, which are not "
-                             f"under models: {sorted(config['models'])}")
-    for scale, mem in config["memory"].items():
-        if mem["size"] not in config["models"]:
-            raise ValueError(f"config: memory.{scale}.size is {mem['size']!r}, which is not under "
-                             f"models: {sorted(config['models'])}")
-    for scale, lrpe in config["lrpe"].items():
-        for i, grid in enumerate(lrpe["check"]["grids"]):
-            if len(grid["shape"]) * grid["e"] < grid["d"]:
-                raise ValueError(f"config: lrpe.{scale}.check.grids[{i}]: m * e = "
-                                 f"{len(grid['shape'])} * {grid['e']} < d = {grid['d']}")
-    for scale, fa in config["flash_attention"].items():
-        for group in fa["bench"]["groups"]:
-            unknown = [m for m in group.get("models", []) if m not in config["models"]]
-            if unknown:
-                raise ValueError(f"config: flash_attention.{scale}.bench group {group['name']!r} names "
-                                 f"sizes {unknown}, which are not under models: {sorted(config['models'])}")
-    for scale, e2e in config["e2e"].items():
-        for study, spec in e2e["studies"].items():
-            unknown = [s for s in spec["sizes"] if s not in config["models"]]
-            if unknown:
-                raise ValueError(f"config: e2e.{scale}.studies.{study}.sizes names {unknown}, "
-                                 f"which are not under models: {sorted(config['models'])}")
-    for scale, ladder in config["ladder"].items():
-        unknown = [s for s in ladder["sizes"] if s not in config["models"]]
-        if unknown:
-            raise ValueError(f"config: ladder.{scale}.sizes names {unknown}, which are not under "
-                             f"models: {sorted(config['models'])}")
-    for scale, adamw in config["adamw_master"].items():
-        unknown = [s for s in adamw["check"]["sizes"] if s not in config["models"]]
-        if unknown:
-            raise ValueError(f"config: adamw_master.{scale}.check.sizes names {unknown}, which are not "
-                             f"under models: {sorted(config['models'])}")
-    for scale, fused in config["fused"].items():
-        sizes = fused["check"]["model"]["sizes"] if "check" in fused else []
-        unknown = [s for s in sizes if s not in config["models"]]
-        if unknown:
-            raise ValueError(f"config: fused.{scale}.check.model.sizes names {unknown}, which are not "
-                             f"under models: {sorted(config['models'])}")
-    _check_models(config)
-    _check_attention_head_dims(config)
-
 
 def machine(config: dict) -> tuple[str, str]:
     """(hw, scale): the results folder name and the grid scale, 'auto' resolved."""
@@ -193,11 +80,6 @@ def results_of(rule) -> list[str]:
 def e2e_jobs(e2e: dict) -> list[tuple[str, str]]:
     """(study, size) of every end-to-end job: one CSV each."""
     return [(study, size) for study, spec in e2e["studies"].items() for size in spec["sizes"]]
-
-
-def e2e_uses_our_attention(spec: dict) -> bool:
-    """Whether an e2e study's model runs our FlashAttention kernel: a study with that attention."""
-    return spec.get("attention") == "flash-triton"
 
 
 def e2e_spec(config: dict, e2e: dict, study: str, size: str) -> str:
@@ -283,15 +165,6 @@ def memory_spec(config: dict, mem: dict) -> str:
 # Scaling across GPUs (rules/distributed.smk): one torchrun job per study and process count
 
 DISTRIBUTED_STUDIES = ("allreduce", "ddp")
-
-
-def check_distributed_config(config: dict) -> None:
-    """The distributed section's sizes are model names (raise ValueError naming the key)."""
-    for scale in ("full", "smoke"):
-        unknown = [s for s in config["distributed"][scale]["ddp"]["sizes"] if s not in config["models"]]
-        if unknown:
-            raise ValueError(f"config: distributed.{scale}.ddp.sizes names {unknown}, which are "
-                             f"not under models: {sorted(config['models'])}")
 
 
 def distributed_hw(config: dict) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
-from lmperf import workflow as wf
+from lmperf import planning, workflow as wf
 from lmperf.report import format as fmt
 from lmperf.report import references as published
 from lmperf.report import summary, validate
@@ -70,12 +70,12 @@ def bars_from_config(path: Path = CONFIG) -> dict:
 
 def load_config(path: Path = CONFIG) -> dict:
     """A config file as the workflow sees it: validated against config/schema.yaml (which fills
-    the defaults) and cross-checked (`lmperf.workflow.check_config`)."""
+    the defaults) and cross-checked (`lmperf.planning.check_config`)."""
     import yaml
     from snakemake.utils import validate as validate_schema
     config = yaml.safe_load(Path(path).read_text())
     validate_schema(config, str(Path(path).parent / SCHEMA.name))
-    wf.check_config(config)
+    planning.check_config(config)
     return config
 
 
