@@ -108,7 +108,10 @@ def test_rope_keeps_the_layout_and_takes_a_longer_table():
 
 
 def compiled_matches_eager(fn, inputs, grad_of=lambda out: out):
-    """fn under torch.compile(fullgraph=True) gives eager's outputs and gradients, exactly."""
+    """fn under torch.compile(fullgraph=True) gives eager's outputs and gradients: exactly on the
+    CPU; on a GPU within assert_close's rounding for the dtype, since Inductor fuses the ops around
+    our kernels there (the gradient sums of the ops' backward formulas) with fused multiply-adds
+    (an H100 differs in the last bit of fp32)."""
     torch._dynamo.reset()
     results = []
     for f in (fn, torch.compile(fn, backend=COMPILE_BACKEND, fullgraph=True)):
@@ -117,7 +120,7 @@ def compiled_matches_eager(fn, inputs, grad_of=lambda out: out):
         sum(o.float().square().sum() for o in out).backward()
         results.append(([o.detach() for o in out], [t.grad for t in leaves if t is not None and t.requires_grad]))
     for a, b in zip(results[0][0] + results[0][1], results[1][0] + results[1][1]):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, b, **({} if CUDA else {"rtol": 0, "atol": 0}))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16] + ([torch.bfloat16] if CUDA else []), ids=str)

@@ -81,10 +81,14 @@ def _liger() -> Kernels:
     def add_rmsnorm(x, delta, norm, out_dtype):
         # casting mode "gemma": everything in fp32, the result in the input's dtype (the model's
         # math); Liger adds in the input's dtype, so a 16-bit delta joins the fp32 residual first
+        # in rows (-1, d), as Liger's kernels see them: its backward gives every gradient the
+        # shape of the output's, which under torch.compile need not be the input's it belongs to
+        rows = lambda t: t.reshape(-1, t.shape[-1])
         if delta is None:
-            return x, ops.LigerRMSNormFunction.apply(x, norm.weight, norm.eps, 0.0, "gemma", False)
-        y, h = ops.LigerFusedAddRMSNormFunction.apply(delta.to(x.dtype), x, norm.weight, norm.eps, 0.0, "gemma", False)
-        return h, y
+            return x, ops.LigerRMSNormFunction.apply(rows(x), norm.weight, norm.eps, 0.0, "gemma", False).view(x.shape)
+        y, h = ops.LigerFusedAddRMSNormFunction.apply(rows(delta.to(x.dtype)), rows(x), norm.weight, norm.eps, 0.0,
+                                                     "gemma", False)
+        return h.view(x.shape), y.view(x.shape)
 
     return Kernels(add_rmsnorm, ops.LigerSiLUMulFunction.apply, _model_rope)
 
