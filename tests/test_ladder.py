@@ -1,6 +1,8 @@
 """The ladder (bench/ladder.py, bench/memory_fit.py, report/ladder.py): how its rungs are built,
 the FLOP count it checks MFU with, the choices it makes by measured memory, and its bars."""
 import contextlib
+import math
+import re
 
 import pytest
 import torch
@@ -404,3 +406,84 @@ def test_the_best_rung_is_one_of_ours_never_a_faster_peer():
     assert names[best["rung"]] not in ladder.PEERS and best["rung"] == max(
         c["rung"] for c in cases if c["name"] not in ladder.PEERS)
     assert {"liger", "float8_tensorwise"} <= set(view["rungs"]["_name"])  # still shown
+
+
+def energy_case(base: dict, joules: float, power: float = 690.0, limit: float = 700.0, clock: float = 1_755.0,
+                message: str = "") -> list[dict]:
+    """The energy rows bench/e2e.py's time_steps writes for a rung on a GPU (one value each)."""
+    values = {"joules_per_token": joules, "mean_power_w": power, "power_limit_w": limit, "mean_sm_clock_mhz": clock}
+    return [{**base, "metric": m, "median": v, "mean": v, "message": message if m == "joules_per_token" else ""}
+            for m, v in values.items()]
+
+
+def test_ladder_table_shows_energy_per_token_where_measured():
+    """J/token beside tokens/s and MFU: the rung's value where measured, "not measured" where its
+    joules row is empty (why: the note), an empty cell where the rung has no joules row (older
+    results, a CPU run); no column at all where no rung has one. The floors are no rung."""
+    import pandas as pd
+    from lmperf.report import ladder as report
+
+    base = {"study": "ladder", "size": "tiny", "name": "compiled", "change": "x", "context": 8,
+            "attention": "plain", "attention_backend": "plain matmuls", "optimizer": "foreach",
+            "status": "ok", "case_id": "tiny-r4", "rung": 4, "batch_size": 2, "warmup": 1, "timed_steps": 2,
+            "dtype": "bf16"}
+    fused = {**base, "name": "fused", "case_id": "tiny-r5", "rung": 5, "optimizer": "fused"}
+    old = {**base, "name": "sdpa", "case_id": "tiny-r6", "rung": 6}
+    floors = {**base, "name": "floors", "case_id": "tiny-r0", "rung": 0}
+    rows = [{**case, "metric": m, "median": v, "mean": v} for case in (base, fused, old)
+            for m, v in (("step_ms", 100.0), ("tokens_per_s", 1000.0 * case["rung"]))]
+    assert "J/token" not in report.rungs(pd.DataFrame(rows)).columns
+    why = "energy not measured: NVMLError: Not Supported"
+    rows += [*energy_case(base, 0.0417), *energy_case(fused, math.nan, message=why),
+             *energy_case(floors, 9.0), {**floors, "metric": "copy_gb_per_s", "median": 3000.0}]
+    table = report.rungs(pd.DataFrame(rows)).set_index("rung")
+    columns = list(table.columns)
+    assert columns.index("tokens/s") < columns.index("J/token") < columns.index("peak MiB")
+    assert table.loc[4, "J/token"] == 0.0417 and table.loc[5, "J/token"] == "not measured"
+    assert pd.isna(table.loc[6, "J/token"]) and 0 not in table.index
+    view = report.ladder(pd.DataFrame(rows), {})
+    assert view["best"]["tiny"]["rung"] == 6 and math.isnan(view["best"]["tiny"]["joules_per_token"])
+    assert view["power"]["n"] == 1 and view["power"]["why_not"] == [{"message": why, "n": 1}]
+    assert [c["case"] for c in view["power"]["near"]] == ["tiny rung 4 (compiled)", "tiny rung 5 (fused)"]
+
+
+@pytest.mark.parametrize("with_energy", [False, True])
+def test_ladder_section_renders_the_committed_rungs_with_or_without_energy(tmp_path, with_energy):
+    """The committed ladder CSVs (written before the ladder measured energy) render without a
+    J/token column and say so; with joules rows added to one rung, that rung's row has its value
+    and the others' cells are empty."""
+    import shutil
+
+    import pandas as pd
+    from lmperf.report import render
+    from lmperf.report.sections import SECTIONS
+    from tests.conftest import REPO
+
+    results = tmp_path / "results" / "h100-80gb-hbm3"
+    shutil.copytree(REPO / "results" / "h100-80gb-hbm3" / "ladder", results / "ladder")
+    csv = results / "ladder" / "2.7B.csv"
+    df = pd.read_csv(csv)
+    df = df[df["metric"] != "joules_per_token"]  # as the committed ones, should they be re-measured
+    if with_energy:
+        rung = df[(df["rung"] == 4) & (df["metric"] == "step_ms")].iloc[0].to_dict()
+        extra = [{**rung, "metric": r["metric"], "unit": "", **{k: r["median"] for k in ("mean", "median", "q20", "q80",
+                                                                                          "min", "max")},
+                  "std": math.nan, "n": 1, "samples": str(r["median"]), "message": ""} for r in energy_case({}, 0.0765)]
+        df = pd.concat([df, pd.DataFrame(extra)], ignore_index=True)
+    df.to_csv(csv, index=False)
+    bars = render.bars_from_config(REPO / "config" / "config.yaml")
+    text = render.render(results, REPO / "templates", tmp_path / "r.md", tmp_path / "fig", "full", bars,
+                         sections=[s for s in SECTIONS if s.name == "ladder"], template="ladder.md.j2")
+    block = text.split("<summary>The ladder, rung by rung</summary>", 1)[1].split("</details>", 1)[0]
+    table = [line for line in block.splitlines() if line.startswith("|")]
+    header, rows = table[0], table[2:]
+    if not with_energy:
+        assert "J/token" not in text.split("<details>")[0] + header and "No rung here has its energy per token" in text
+        return
+    assert "J/token" in header and "whole GPU board" in text
+    cells = lambda line: [c.strip() for c in line.strip("|").split("|")]
+    column = cells(header).index("J/token")
+    assert cells(header)[column - 1].startswith("MFU %")  # beside tokens/s and MFU
+    values = {tuple(cells(line)[:2]): cells(line)[column] for line in rows}
+    assert values.pop(("2.7B", "4")) == "0.0765" and set(values.values()) == {""}
+    assert "2.7B rung 4 (compiled) (690 W, 1,755 MHz)" in block

@@ -647,3 +647,83 @@ def test_a_study_whose_every_case_failed_renders_its_table_and_no_ratio(tmp_path
     assert view["context_growth"]["n"] == 0 and (view["context_growth"]["short"], view["context_growth"]["long"]) == (128, 1024)
     assert view["warmup_std_ratio"]["n"] == 0 and set(view["context"]["step ms"]) == {"oom"}
     assert "Going from context" not in run(results, tmp_path, "full")
+
+
+ENERGY_UNITS = {"joules_per_token": "J/token", "mean_power_w": "W", "power_limit_w": "W", "mean_sm_clock_mhz": "MHz"}
+
+
+def energy_rows(df: pd.DataFrame, case_id: str, joules: float, power: float, limit: float = 700.0,
+                clock: float = 1_755.0, message: str = "") -> pd.DataFrame:
+    """The energy rows bench/e2e.py's time_steps writes for a CUDA case (one value each, over its
+    timed steps), on the case's own columns; `message` on the joules row says why it is NaN."""
+    base = df[df["case_id"] == case_id].iloc[[0]]
+    values = {"joules_per_token": joules, "mean_power_w": power, "power_limit_w": limit, "mean_sm_clock_mhz": clock}
+    return pd.concat([base.assign(metric=m, unit=ENERGY_UNITS[m], mean=v, median=v, q20=v, q80=v, min=v, max=v,
+                                  std=np.nan, n=1, samples=f"{v:.6g}", status="ok",
+                                  message=message if m == "joules_per_token" else np.nan)
+                      for m, v in values.items()], ignore_index=True)
+
+
+def test_energy_per_token_is_shown_beside_tokens_per_s_and_mfu(tmp_path):
+    """A case with energy rows shows its J/token and mean power against the limit; a case whose
+    energy counter could not be read says "not measured" and the note under its table says why;
+    a case without the rows (older results) leaves the cells empty; the note under the training
+    table names the case near its power limit with its SM clock."""
+    results = tmp_path / "results" / "h100-80gb-hbm3"
+    shutil.copytree(FIXTURE, results)
+    csv = results / "e2e" / "variants" / "2.7B.csv"
+    df = pd.read_csv(csv)
+    measured, failed = "2.7B-ctx256-bf16-compiled-train-warmup5", "2.7B-ctx256-fp32-compiled-forward-warmup5"
+    why = "energy not measured: NVMLError: Not Supported"
+    pd.concat([df, energy_rows(df, measured, 0.0883, power=672.4),
+               energy_rows(df, failed, np.nan, power=301.0, message=why)]).to_csv(csv, index=False)
+    view = e2e.view(inputs(results))
+    train = view["variants_train"].set_index(["size", "dtype", "compile"])
+    columns = list(train.columns)
+    assert columns.index("tokens/s") < columns.index("MFU % of bf16 peak") < columns.index("J/token") < columns.index(
+        "W / limit") < columns.index("peak MiB")
+    assert train.loc[("2.7B", "bf16", "compiled"), "J/token"] == 0.0883
+    assert train.loc[("2.7B", "bf16", "compiled"), "W / limit"] == "672 / 700"
+    assert pd.isna(train.loc[("2.7B", "fp32", "eager"), "J/token"])  # no energy rows: an empty cell
+    assert pd.isna(train.loc[("2.7B", "fp32", "eager"), "W / limit"])
+    forward = view["variants_forward"].set_index(["size", "dtype", "compile"])
+    assert forward.loc[("2.7B", "fp32", "compiled"), "J/token"] == "not measured"
+    assert forward.loc[("2.7B", "fp32", "compiled"), "W / limit"] == "301 / 700"
+    power = view["variants_train_power"]
+    assert power["n"] == 1 and power["share_max"] == pytest.approx(672.4 / 700)
+    assert power["near"] == [{"case": "2.7B, bf16, compiled", "power": 672.4, "share_pct": pytest.approx(96.057, rel=1e-4),
+                              "clock": 1_755.0}]
+    assert view["variants_forward_power"]["why_not"] == [{"message": why, "n": 1}]
+    assert view["variants_forward_power"]["n_near"] == 0
+
+    text = run(results, tmp_path)
+    row = next(line for line in text.splitlines() if re.match(r"\| 2\.7B\s+\| 256\s+\| bf16\s+\| compiled .*\| 0\.0883 ", line))
+    assert "| 672 / 700 " in row
+    assert "2.7B, bf16, compiled (672 W, 1,755 MHz)" in text
+    assert f"J/token not measured in 1 case: {why}." in text
+    assert "whole GPU board" in text and "NVML's energy counter" in text
+
+
+def test_results_without_energy_rows_render_without_the_columns(rendered):
+    """Results written before the energy was measured (the fixture) have no J/token or power
+    column and no power note: nothing made up."""
+    view = e2e.view(inputs(FIXTURE))
+    for name in ("variants_train", "variants_forward", "context"):
+        assert not {"J/token", "W / limit"} & set(view[name].columns), name
+        assert view.get(f"{name}_power", {"n": 0})["n"] == 0
+    text, _ = rendered
+    assert "| J/token" not in text and "W / limit |" not in text and "Power over the timed steps" not in text
+
+
+def test_the_committed_results_show_j_per_token_where_their_csvs_have_it(committed_render):
+    """The e2e tables and the ladder's rungs have a J/token column exactly where their CSVs hold
+    joules rows (the committed ladder CSVs may predate them), with the CSV's value."""
+    sections = {s.split("\n", 1)[0]: s for s in committed_render.split("\n## ")}
+    for folder, heading in (("e2e", "End-to-end"), ("ladder", "The ladder")):
+        rows = csv_rows("h100-80gb-hbm3", folder, "*.csv" if folder == "ladder" else "*/*.csv")
+        joules = rows[(rows["metric"] == "joules_per_token") & rows["median"].notna() & (rows["study"] != "warmup")]
+        section = next(text for title, text in sections.items() if title.startswith(heading))
+        headers = [line for line in section.splitlines() if line.startswith("| size") and "tokens/s" in line]
+        assert headers and all(("J/token" in h) == (not joules.empty) for h in headers), (folder, headers)
+        if not joules.empty:
+            assert f"| {fmt(float(joules['median'].iloc[0]))} " in section

@@ -1,7 +1,7 @@
 """End-to-end Transformer timings: the variants (dtype x compile), warm-up and context studies of
-`results/<hw>/e2e/`, with MFU against each case's peak, and their figures. Every number is a
-median over the timed steps, shown with its 20%-80% quantiles where it has a spread, and every
-ratio is a ratio of medians. The model sizes' order (`size_order`), the phase metrics shown with
+`results/<hw>/e2e/`, with MFU against each case's peak, energy per token (report/energy.py: one
+value over the timed steps), and their figures. Every timing is a median over the timed steps,
+shown with its 20%-80% quantiles where it has a spread, and every ratio is a ratio of medians. The model sizes' order (`size_order`), the phase metrics shown with
 their spread and `with_quantiles` are shared with the ladder's section (report/ladder.py)."""
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import math
 import pandas as pd
 
 from lmperf import hardware, stats
+from lmperf.report import energy
 from lmperf.report.format import cell, host_bound, host_bound_legend, idle_text, ratio_range, unavailable
 from lmperf.report.plot import plt, save
 
@@ -81,13 +82,17 @@ def mfu_columns(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
 
 def wide(df: pd.DataFrame, metrics: dict[str, str], threshold: float = math.inf) -> pd.DataFrame:
     """One row per case: its keys, then each metric's value (a Spread for the phase times, the
-    status for a case that did not run), and its GPU idle %, marked host-bound above `threshold`."""
+    status for a case that did not run; `joules_per_token` as J/token and the mean power against
+    the limit, report/energy.py), and its GPU idle %, marked host-bound above `threshold`."""
     metrics = {m: label for m, label in metrics.items() if m in set(df["metric"])}
     out = []
     for _, g in df.groupby("case_id", sort=False):
         row = {k: g.iloc[0][k] for k in CASE_KEYS}
         for metric, label in metrics.items():
-            row[label] = cell(g, metric, spread=metric in SPREAD_METRICS, column="median")
+            if metric == energy.JOULES:
+                row.update(energy.columns(g))
+            else:
+                row[label] = cell(g, metric, spread=metric in SPREAD_METRICS, column="median")
         row["GPU idle %"] = idle_text(cell(g, "step_ms", column="gpu_idle_pct") if "gpu_idle_pct" in g else None,
                                       threshold)
         out.append(row)
@@ -258,19 +263,25 @@ def study_rows(df: pd.DataFrame, study: str) -> pd.DataFrame:
     return ordered_rows(pd.concat([own, shared.assign(study=study)], ignore_index=True))
 
 
+def case_label(keys: list[str]):
+    """A case's name in prose, from its first row's `keys`: "2.7B, fp32, compiled", "xl, bf16, context 512"."""
+    return lambda r: ", ".join(f"context {int(r[k]):,}" if k == "context" else str(r[k]) for k in keys)
+
 
 def variants(df: pd.DataFrame, mfu: dict[str, str], threshold: float = math.inf) -> dict:
     """The variants study: its tables (MFU columns `mfu`, `mfu_columns`) and ratios."""
     if df.empty:
         return {}
     train, fwd = df[df["mode"] == "train"], df[df["mode"] == "forward"]
-    out = {"variants_train": wide(train, {
-        "forward_ms": "forward ms", "backward_ms": "backward ms", "optimizer_ms": "optimizer ms",
-        "step_ms": "step ms", "tokens_per_s": "tokens/s", "tflops": "TFLOP/s", **mfu,
-        "peak_allocated_mib": "peak MiB", "first_step_ms": "first step ms"}, threshold).drop(columns=["mode", "warmup"]),
-        "variants_forward": wide(fwd, {
-            "forward_ms": "forward ms", "tokens_per_s": "tokens/s", "tflops": "TFLOP/s", **mfu,
-            "peak_allocated_mib": "peak MiB", "first_step_ms": "first step ms"}, threshold).drop(columns=["mode", "warmup"])}
+    rates = {"tokens_per_s": "tokens/s", "tflops": "TFLOP/s", **mfu, energy.JOULES: "J/token",
+             "peak_allocated_mib": "peak MiB", "first_step_ms": "first step ms"}
+    phases = {"forward_ms": "forward ms", "backward_ms": "backward ms", "optimizer_ms": "optimizer ms",
+              "step_ms": "step ms"}
+    label = case_label(["size", "dtype", "compile"])
+    out = {"variants_train": wide(train, {**phases, **rates}, threshold).drop(columns=["mode", "warmup"]),
+           "variants_forward": wide(fwd, {"forward_ms": "forward ms", **rates}, threshold).drop(columns=["mode", "warmup"]),
+           "variants_train_power": energy.power_note(train, label),
+           "variants_forward_power": energy.power_note(fwd, label)}
     f, b = metric_frame(train, "forward_ms"), metric_frame(train, "backward_ms")
     out["backward_over_forward"] = ratio_range(b / f)
     step = metric_frame(df, "step_ms").reset_index()
@@ -305,7 +316,9 @@ def context(df: pd.DataFrame, mfu: dict[str, str], threshold: float = math.inf) 
     if df.empty:
         return {}
     out = {"context": wide(df, {"step_ms": "step ms", "tokens_per_s": "tokens/s", "tflops": "TFLOP/s", **mfu,
-                                "peak_allocated_mib": "peak MiB"}, threshold).drop(columns=["compile", "mode", "warmup"])}
+                                energy.JOULES: "J/token", "peak_allocated_mib": "peak MiB"}, threshold)
+           .drop(columns=["compile", "mode", "warmup"]),
+           "context_power": energy.power_note(df, case_label(["size", "dtype", "context"]))}
     per = metric_frame(df, "step_ms").reset_index().pivot_table(index=["size", "dtype"],
                                                                 columns="context", values="median")
     lo, hi = int(df["context"].min()), int(df["context"].max())  # the study's range, whatever ran

@@ -1,6 +1,6 @@
 """The ladder: from the assignment's setting to the GPU's limit, one change a rung (the rows of
 `results/<hw>/ladder/`, one CSV a model size; medians over the timed steps, as the end-to-end
-section's): the rungs with their phase times, MFU and GPU busy share, the best rung of each size, its phases against the floors measured in the same job,
+section's): the rungs with their phase times, MFU, energy per token and GPU busy share, the best rung of each size, its phases against the floors measured in the same job,
 FlopCounterMode's count beside the closed form MFU uses, the section's bars (config/config.yaml's
 `report.ladder`), and its figure."""
 from __future__ import annotations
@@ -9,6 +9,7 @@ import math
 
 import pandas as pd
 
+from lmperf.report import energy
 from lmperf.report.e2e import (BF16_MFU, SPREAD_METRICS, failures, mfu_columns, peaks, size_order, with_bf16_mfu,
                                 with_quantiles)
 from lmperf.report.format import bar, cell, fmt, host_bound_legend, idle_text, ratio_range, unavailable
@@ -36,9 +37,10 @@ METRICS = {"forward_ms": "forward ms", "backward_ms": "backward ms", "optimizer_
 def rungs(df: pd.DataFrame, threshold: float = math.inf) -> pd.DataFrame:
     """One row per (size, rung): what changed, its settings, its metrics (or its status): MFU
     against the bf16 peak, and the fp32 and TF32 rungs' share of their own peaks beside it
-    (`e2e.mfu_columns`), and its GPU idle %, marked host-bound above `threshold`."""
+    (`e2e.mfu_columns`), its energy per token (report/energy.py: empty where not measured), and
+    its GPU idle %, marked host-bound above `threshold`."""
     df, mfu = mfu_columns(df)
-    metrics = {**METRICS, **mfu, "peak_allocated_mib": "peak MiB"}
+    metrics = {**METRICS, **mfu, energy.JOULES: "J/token", "peak_allocated_mib": "peak MiB"}
     out = []
     for _, g in df[df["name"] != "floors"].groupby("case_id", sort=False):
         first = g.iloc[0]
@@ -49,7 +51,8 @@ def rungs(df: pd.DataFrame, threshold: float = math.inf) -> pd.DataFrame:
                "AdamW": first["optimizer"],
                "checkpointed": _count(cell(g, "checkpointed_blocks")) if ok else None}
         for metric, label in metrics.items():
-            row[label] = cell(g, metric, spread=metric in SPREAD_METRICS, column="median")
+            row[label] = (energy.joules_cell(g) if metric == energy.JOULES
+                          else cell(g, metric, spread=metric in SPREAD_METRICS, column="median"))
         # one profiled step's kernel time against the timed step (GPU only: blank elsewhere)
         kernels, step, attention = (cell(g, m, column="median") for m in ("step_kernel_ms", "step_ms", "step_attention_kernel_ms"))
         busy = isinstance(kernels, float) and isinstance(step, float) and step > 0
@@ -61,7 +64,7 @@ def rungs(df: pd.DataFrame, threshold: float = math.inf) -> pd.DataFrame:
         row["_status"] = first["status"]
         out.append(row)
     table = pd.DataFrame(out)
-    return table.drop(columns=[c for c in ("GPU busy %", "attention kernels ms", "GPU idle %", *mfu.values())
+    return table.drop(columns=[c for c in ("GPU busy %", "attention kernels ms", "GPU idle %", "J/token", *mfu.values())
                                if c in table and table[c].isna().all()])
 
 
@@ -124,7 +127,9 @@ def ladder(df: pd.DataFrame, limits: dict, threshold: float = math.inf) -> dict:
     df = df.assign(rung=df["rung"].astype(int), _size=df["size"].map(size_rank))
     df = df.sort_values(["rung", "_size"], kind="stable").drop(columns="_size")
     table = rungs(df, threshold)
-    out = {"rungs": table, "sizes": [s for s in size_order(df) if s in set(table["size"])]}
+    label = lambda r: f"{r['size']} rung {int(r['rung'])} ({r['name']})"
+    out = {"rungs": table, "sizes": [s for s in size_order(df) if s in set(table["size"])],
+           "power": energy.power_note(df[df["name"] != "floors"], label)}  # under the table: does the power limit bind?
     ok = df[df["status"] == "ok"]
     rates = ok[ok["name"] == "floors"]
     out["rates"] = {size: {m: float(v) for m, v in g.set_index("metric")["median"].items()
@@ -150,7 +155,7 @@ def ladder(df: pd.DataFrame, limits: dict, threshold: float = math.inf) -> dict:
                       "timed_steps": int(first["timed_steps"]),
                       "attention": first["attention"], "backend": first.get("attention_backend"),
                       "optimizer": first["optimizer"], "mfu": _value(g, case_id, BF16_MFU),
-                      "tflops": _value(g, case_id, "tflops"),
+                      "tflops": _value(g, case_id, "tflops"), "joules_per_token": _value(g, case_id, energy.JOULES),
                       "step_ms": _value(g, case_id, "step_ms"), "tokens_per_s": tokens,
                       "vs_assignment": tokens / _value(g, assignment.iloc[0], "tokens_per_s")
                       if len(assignment) else math.nan,
@@ -203,6 +208,7 @@ def best_table(best: dict) -> pd.DataFrame:
                      "sequences a step": sequences_text(b["batch_size"], b["micro_batches"]),
                      "attention": b["backend"] or b["attention"], "AdamW": b["optimizer"], "step ms": b["step_ms"],
                      "tokens/s": b["tokens_per_s"], "TFLOP/s": b["tflops"], "MFU % of bf16 peak": b["mfu"],
+                     "J/token": b["joules_per_token"],
                      "tokens/s / the assignment's": f"{fmt(x)} (host-bound: {', '.join(b['host_bound'])}; not a "
                                                     "speed-up claim)" if b["host_bound"] else x})
     return pd.DataFrame(rows)
