@@ -492,7 +492,7 @@ def expected_summary() -> dict[str, list[str]]:
     out["Where an eager bf16 step's kernel time goes"] = [
         f"matrix multiplies {fmt(min(share['bf16']))}–{fmt(max(share['bf16']))}%",
         f"matrix multiplies {fmt(min(share['fp32']))}–{fmt(max(share['fp32']))}%"]
-    checks = pd.concat([csv_rows("h100-80gb-hbm3", k, "check.csv") for k in ("flash_attention", "lrpe", "adamw_master")])
+    checks = csv_rows("h100-80gb-hbm3", "*/check.csv")  # every kernel's check, whichever are committed
     checks = checks[checks["status"] == "ok"]
     passed = int(checks["passed"].astype(str).str.lower().eq("true").sum())
     out["Are the kernels right?"] = [f"{passed} of {len(checks)} checks pass"]
