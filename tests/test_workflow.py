@@ -239,7 +239,7 @@ def imported_at_top(repo: Path, module: str) -> set[str]:
 def test_every_benchmark_job_has_the_modules_its_command_imports_as_inputs(fresh_copy):
     jobs = benchmark_jobs(fresh_copy)
     rules = {rule for rule, _, _ in jobs}
-    assert rules == {"env", "e2e_study", "ladder_size", "adamw_master_check", "flash_attention_check", "flash_attention_bench", "lrpe_check",
+    assert rules == {"env", "e2e_study", "ladder_size", "convergence_run", "adamw_master_check", "flash_attention_check", "flash_attention_bench", "lrpe_check",
                      "adamw_master_check", "fused_check",
                      "lrpe_bench", "attention", "precision", "profile", "memory", "distributed_study", "repeat",
                      "distributed_repeat"}

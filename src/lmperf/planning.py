@@ -91,6 +91,8 @@ def _named_sizes(config: dict):
         yield f"adamw_master.{scale}.check.sizes", adamw["check"]["sizes"]
     for scale, fused in config["fused"].items():
         yield f"fused.{scale}.check.model.sizes", fused["check"]["model"]["sizes"] if "check" in fused else []
+    for scale, conv in config.get("convergence", {}).items():
+        yield f"convergence.{scale}.size", [conv["size"]] if "size" in conv else []
 
 
 def _check_sizes(config: dict, named) -> None:
@@ -112,6 +114,21 @@ def check_config(config: dict) -> None:
                                  f"{len(grid['shape'])} * {grid['e']} < d = {grid['d']}")
     _check_models(config)
     _check_attention_head_dims(config)
+    _check_float8(config)
+
+
+def _check_float8(config: dict) -> None:
+    """The ladder's FP8 rung follows the rung at one of its contexts, and a convergence job has an
+    FP8 rung to train."""
+    for scale, ladder in config["ladder"].items():
+        fp8, contexts = ladder.get("float8_ours"), [ladder["context"], *ladder["contexts"]]
+        if fp8 and fp8["context"] not in contexts:
+            raise ValueError(f"config: ladder.{scale}.float8_ours.context = {fp8['context']}: the FP8 rung "
+                             f"follows the rung at one of the ladder's contexts (context or contexts): {contexts}")
+    for scale, conv in config.get("convergence", {}).items():
+        if "size" in conv and not config["ladder"][scale].get("float8_ours"):
+            raise ValueError(f"config: convergence.{scale} trains the ladder's FP8 rung, but ladder.{scale} "
+                             f"has no float8_ours")
 
 
 def e2e_uses_our_attention(spec: dict) -> bool:

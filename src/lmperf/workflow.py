@@ -97,6 +97,15 @@ def ladder_spec(config: dict, ladder: dict, size: str) -> str:
     return json.dumps({**settings, "models": {size: config["models"][size]}}, sort_keys=True)
 
 
+def convergence_spec(config: dict, scale: str) -> str:
+    """The JSON spec of the convergence job at `scale`: its settings, the ladder's (whose FP8 rung
+    and the rung before it it trains) and its size's dims."""
+    conv, ladder = config["convergence"][scale], config["ladder"][scale]
+    settings = {k: v for k, v in ladder.items() if k != "sizes"}
+    return json.dumps({**conv, "ladder": settings, "models": {conv["size"]: config["models"][conv["size"]]}},
+                      sort_keys=True)
+
+
 def fa_bench_jobs(fa: dict, models: dict) -> dict[str, dict]:
     """{'<group>_d<D>': spec} : one benchmark job per group and head dim; a group of model
     sizes is one job '<group>', its sizes resolved to their dims."""
@@ -244,6 +253,9 @@ def result_files(config: dict, results: str, scale: str, distributed: list[str])
     ladder = config["ladder"][scale]
     files += [ResultFile(f"{results}/ladder/{size}.csv", "ladder", "ladder", ladder_spec(config, ladder, size), size)
               for size in ladder["sizes"]]
+    if "size" in config.get("convergence", {}).get(scale, {}):  # a scale without a convergence size has no job
+        files.append(ResultFile(f"{results}/convergence/convergence.csv", "convergence", "convergence",
+                                convergence_spec(config, scale)))
     files.append(ResultFile(f"{results}/flash_attention/check.csv", "flash_attention", "check", fa_check_spec(fa)))
     files += [ResultFile(f"{results}/flash_attention/bench/{job}.csv", "flash_attention", "bench",
                          fa_bench_spec(fa, models, job)) for job in fa_bench_jobs(fa, models)]

@@ -10,8 +10,9 @@ the repeats in fresh processes); the device rates of its floors are then measure
 Each rung is the rung before plus one change (RUNGS, then the fused-kernel rungs the spec's
 `fused` lists and the float8 peers its `float8` lists, then one rung per longer context, gradient
 accumulation after the context `accumulate.context` if configured, then activation
-checkpointing). A peer (PEERS: another library's kernels in place of ours, torchao's float8
-training) is measured on the last carried rung's settings and carried nowhere.
+checkpointing; the FP8 rung of our stack, `float8_ours`, right after the rung at its context:
+bench/float8.py). A peer (PEERS: another library's kernels in place of ours, torchao's float8
+training) is measured on the last carried rung's settings and carried nowhere; nor is float8.
 A rung that needs CUDA becomes a `skipped` row where there is none, and
 its change is not carried to the rungs after it. Every rung is timed like the end-to-end studies
 (bench/e2e.py's time_steps: warm-up, then timed steps of lmperf.train.step per phase), and adds:
@@ -43,7 +44,7 @@ import functools
 import re
 
 from lmperf import train
-from lmperf.bench import common, e2e, jobs, memory_fit, profile, timing
+from lmperf.bench import common, e2e, float8, jobs, memory_fit, profile, timing
 
 # The rungs before the longer contexts, in order: (rung, what changes, the case keys it sets,
 # whether it needs CUDA). The base is the assignment's model and optimizer in fp32, eager.
@@ -75,9 +76,8 @@ FUSED_RUNGS = {
 }
 LIGER = PEER + ("Liger-Kernel's fused add-RMSNorm, RMSNorm and SiLU-mul in place of ours (RoPE the model's: "
                 "Liger's rotates halves)")
-FLOAT8_RECIPES = ("tensorwise", "rowwise")
+FLOAT8_RECIPES = float8.RECIPES
 PEERS = {"liger", *(f"float8_{r}" for r in FLOAT8_RECIPES)}
-MISSING = {"torchao": "needs torchao (pip wheel; tools/wheelhouse.sh)"}
 ASSIGNMENT_RUNG = "compiled"  # the assignment's setting: batch x context as given, bf16 compiled
 # AdamW's bytes a parameter: fp32 param, grad, exp_avg, exp_avg_sq read, param, exp_avg, exp_avg_sq
 # written; MasterWeightAdamW's nn.Linear weights: bf16 weight + int16 remainder (the fp32 master),
@@ -125,9 +125,11 @@ def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
             steps.append((f"accumulate{k}", f"gradient accumulation: global batch {k * b} x {c:,} a step, {how} "
                           f"(the optimizer's time spread over {k}x the tokens; not the model's math)",
                           {"micro_batches": k}, False))
+    steps += float8.ours_rung(spec, spec["context"])  # the FP8 rung of our stack, after the rung at its context
     accumulate_after(spec["context"])
     for c in spec["contexts"]:
         steps.append((f"ctx{c}", f"context {c:,} (same batch)", {"context": c}, False))
+        steps += float8.ours_rung(spec, c)
         accumulate_after(c)
     ck = spec["checkpoint"]
     steps.append(("checkpoint", f"activation checkpointing at context {ck['context']:,}: every k-th "
@@ -140,7 +142,7 @@ def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
         elif case["micro_batches"] > 1 and sizes:  # accumulating (the rung and the longer contexts after it)
             case["micro_batch_candidates"] = ",".join(map(str, sizes))
         out.append(case)
-        if (cuda or not needs_cuda) and name not in PEERS:
+        if (cuda or not needs_cuda) and name not in PEERS and "float8" not in sets:  # fp8 carried nowhere
             settings.update(sets)
     for case in out:
         case["case_id"] = f"{size}-rung{case['rung']:02d}-{case['name']}"
@@ -318,19 +320,6 @@ def profile_step(case: dict, model, optimizer, inputs, targets, autocast) -> tup
     return "unknown", rows
 
 
-def float8_training(recipe: str):
-    """fn(model): torchao's float8 training in `recipe` on every nn.Linear but the LM head (its
-    Float8Linear keeps the same weight parameters, so the optimizer's stay valid); NotRun where
-    torchao cannot be imported (not installed, or built for another torch)."""
-    try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    except Exception as exc:  # noqa: BLE001
-        raise common.NotRun(f"{MISSING['torchao']} ({type(exc).__name__})") from None
-    config = Float8LinearConfig.from_recipe_name(recipe)
-    return lambda model: convert_to_float8_training(model, config=config,
-                                                    module_filter_fn=lambda module, fqn: fqn != "lm_head")
-
-
 def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
     import torch
 
@@ -343,7 +332,7 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
             fused.kernels(*patch)
         except fused.MissingPackage as exc:
             raise common.NotRun(str(exc)) from None
-    convert = float8_training(recipe) if recipe != "none" else None
+    convert = float8.training(recipe) if recipe != "none" else None
     if case["needs_cuda"] and not cuda:
         raise common.NotRun("needs CUDA")
     if case["name"] == "floors":

@@ -13,6 +13,7 @@ from lmperf.report import energy
 from lmperf.report.e2e import (BF16_MFU, SPREAD_METRICS, failures, mfu_columns, peaks, size_order, with_bf16_mfu,
                                 with_quantiles)
 from lmperf.report.format import bar, cell, fmt, host_bound_legend, idle_text, ratio_range, unavailable
+from lmperf.report import ladder_fp8
 from lmperf.report.plot import plt, save
 
 
@@ -140,7 +141,7 @@ def ladder(df: pd.DataFrame, limits: dict, threshold: float = math.inf) -> dict:
     # the bf16 peak, as every rung's.
     key = "tokens_per_s"
     best, floors, flops = {}, [], []
-    own = ok[(ok["name"] != "floors") & ~is_peer(ok)]
+    own = ok[(ok["name"] != "floors") & ~is_peer(ok) & ~ladder_fp8.is_fp8(ok)]  # the best bf16 rung
     for size, g in own.groupby("size", sort=False):
         score = g[g["metric"] == key].set_index("case_id")["median"]
         if score.empty:
@@ -193,7 +194,8 @@ def ladder(df: pd.DataFrame, limits: dict, threshold: float = math.inf) -> dict:
     out["flops"] = pd.DataFrame(flops)
     if not out["flops"].empty:
         out["flops_range"] = ratio_range(out["flops"]["counted / closed"])
-    out["bars"] = bars(best, out["floors"], limits)
+    out["fp8"], out["fp8_peak_source"] = ladder_fp8.table(df, best), ladder_fp8.FP8_PEAK_SOURCE  # the FP8 rung, and its bar
+    out["bars"] = ladder_fp8.with_bar(bars(best, out["floors"], limits), out["fp8"], limits)
     return out
 
 
