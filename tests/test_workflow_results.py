@@ -63,7 +63,7 @@ def test_the_report_counts_the_result_files_the_config_promises(built_repo):
     (header_only, "has a header but no rows"),
     (emptied, "is empty"),
     (garbage, "is not a results table"),
-    (short_at_a_row_boundary, "holds 2 of the 4 cases its job promises"),
+    (short_at_a_row_boundary, "holds 2 of the 3 cases its job promises"),
 ])
 def test_a_damaged_result_is_named_at_planning_and_its_job_planned(built_copy, damage, says):
     path = built_copy / TARGET
