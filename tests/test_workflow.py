@@ -159,11 +159,13 @@ def test_editing_the_model_or_its_attention_kernel_reruns_their_rules_and_the_re
     attention: flash-triton): every end-to-end job, the attention, profile and memory benchmarks,
     both FlashAttention rules (PyTorch attention is the model's), the distributed jobs and the
     checks of the kernels that train it (master-weight AdamW, the fused kernels' patched model),
-    and the repeats of their jobs (smoke: a FlashAttention headline case, a ladder rung, DDP)."""
+    the FP8 rung's convergence job (it trains the model on the ladder's settings), and the repeats
+    of their jobs (smoke: a FlashAttention headline case, a ladder rung, DDP)."""
     edit(built_copy / "src" / "lmperf" / module, "\n# edited\n")
     jobs = planned(built_copy)
     fresh = planned(copy_repo(built_copy.parent / "fresh"))
-    assert jobs == {"e2e_study": fresh["e2e_study"], "ladder_size": fresh["ladder_size"], "attention": 1,
+    assert jobs == {"e2e_study": fresh["e2e_study"], "ladder_size": fresh["ladder_size"], "convergence_run": 1,
+                    "attention": 1,
                     "profile": 1, "memory": 1, "flash_attention_check": 1, "adamw_master_check": 1, "fused_check": 1,
                     "flash_attention_bench": fresh["flash_attention_bench"],
                     "distributed_study": fresh["distributed_study"], "repeat": fresh["repeat"],
@@ -171,23 +173,25 @@ def test_editing_the_model_or_its_attention_kernel_reruns_their_rules_and_the_re
 
 
 def test_editing_the_training_step_reruns_every_rule_that_trains_and_the_report(built_copy):
-    """lmperf.train is the one training step: the end-to-end, ladder, profile, memory and
-    data-parallel jobs run it, and so do the master-weight AdamW's and the fused kernels' checks
+    """lmperf.train is the one training step: the end-to-end, ladder, convergence, profile, memory
+    and data-parallel jobs run it, and so do the master-weight AdamW's and the fused kernels' checks
     (they train the LM through it), and the repeats of the ladder's and DDP's jobs (smoke: two
     processes each); the other kernels' and attention's benchmarks do not."""
     edit(built_copy / "src" / "lmperf" / "train.py", "\n# edited\n")
     fresh = planned(copy_repo(built_copy.parent / "fresh"))
     assert planned(built_copy) == {"e2e_study": fresh["e2e_study"], "ladder_size": fresh["ladder_size"],
-                                   "profile": 1, "memory": 1, "distributed_study": fresh["distributed_study"],
+                                   "convergence_run": 1, "profile": 1, "memory": 1, "distributed_study": fresh["distributed_study"],
                                    "adamw_master_check": 1, "fused_check": 1, "repeat": 2,
                                    "distributed_repeat": fresh["distributed_repeat"], "report": 1}
 
 
 def test_editing_the_ladder_reruns_only_its_jobs_and_the_report(built_copy):
+    """Its jobs: the ladder's, and the convergence job, which trains the ladder's FP8 rung."""
     edit(built_copy / "src" / "lmperf" / "bench" / "ladder.py", "\n# edited\n")
     fresh = planned(copy_repo(built_copy.parent / "fresh"))
     # and the repeats of its rung (smoke: two processes)
-    assert planned(built_copy) == {"ladder_size": fresh["ladder_size"], "repeat": 2, "report": 1}
+    assert planned(built_copy) == {"ladder_size": fresh["ladder_size"], "convergence_run": 1, "repeat": 2,
+                                   "report": 1}
 
 
 def test_editing_the_lrpe_kernel_reruns_only_its_rules_and_the_report(built_copy):
