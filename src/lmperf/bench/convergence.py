@@ -109,23 +109,12 @@ def measure(case: dict, dims: dict) -> list[dict]:
     cuda = torch.cuda.is_available()
     if case["needs_cuda"] and not cuda:
         raise common.NotRun("needs CUDA")
-    convert = float8.training(case["float8"]) if case["float8"] != "none" else None
-    fused_kernels = case["fused"]
-    if fused_kernels != "none":  # our kernels so far, as the ladder's rung (kernels/fused.apply)
-        from lmperf.kernels import fused
-        patch = ("liger", fused.PARTS) if fused_kernels == "liger" else ("ours", fused_kernels.split("+"))
-        try:
-            fused.kernels(*patch)
-        except fused.MissingPackage as exc:
-            raise common.NotRun(str(exc)) from None
+    change = ladder.model_changes(case)  # the rung's fused kernels and float8, as the ladder's
     device = "cuda" if cuda else "cpu"
     k = case["micro_batches"]
     with train.matmul_precision(case["tf32"]):
         cfg, model, optimizer, _, _, autocast = train.setup(case, dims)
-        if fused_kernels != "none":
-            fused.apply(model, *patch)
-        if convert is not None:
-            convert(model)
+        change(model)
         with recorded_losses() as losses:
             for inputs, targets in batches(case, device):
                 train.step(model, optimizer, inputs, targets, autocast, train.nothing, k)

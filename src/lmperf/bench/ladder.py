@@ -320,11 +320,12 @@ def profile_step(case: dict, model, optimizer, inputs, targets, autocast) -> tup
     return "unknown", rows
 
 
-def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
-    import torch
-
-    cuda = torch.cuda.is_available()
+def model_changes(case: dict):
+    """fn(model): what the case's rung does to the model it builds, in place: our fused kernels or
+    Liger's (kernels/fused.apply, before the compiled blocks' first call), then torchao's float8
+    training. NotRun, before any model is built, where a package it needs is missing."""
     fused_kernels, recipe = case.get("fused", "none"), case.get("float8", "none")
+    patch = None
     if fused_kernels != "none":  # (impl, parts) of kernels/fused.apply
         from lmperf.kernels import fused
         patch = ("liger", fused.PARTS) if fused_kernels == "liger" else ("ours", fused_kernels.split("+"))
@@ -333,6 +334,20 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
         except fused.MissingPackage as exc:
             raise common.NotRun(str(exc)) from None
     convert = float8.training(recipe) if recipe != "none" else None
+
+    def change(model) -> None:
+        if patch is not None:
+            fused.apply(model, *patch)
+        if convert is not None:
+            convert(model)
+    return change
+
+
+def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    change = model_changes(case)
     if case["needs_cuda"] and not cuda:
         raise common.NotRun("needs CUDA")
     if case["name"] == "floors":
@@ -344,10 +359,7 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
     rows = []
     with train.matmul_precision(case["tf32"]):
         cfg, model, optimizer, inputs, targets, autocast = train.setup(case, dims)
-        if fused_kernels != "none":  # before the compiled blocks' first call
-            fused.apply(model, *patch)
-        if convert is not None:
-            convert(model)
+        change(model)
         if case["checkpoint_candidates"]:
             case, checkpointed = memory_fit.time_checkpointed(case, spec, cfg, model, optimizer, inputs, targets,
                                                               autocast)
