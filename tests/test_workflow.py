@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from conftest import REPO, SMOKE, copy_repo, snakemake, workflow_env
+from lmperf.bench import failures
 
 pytestmark = pytest.mark.slow
 
@@ -399,6 +400,17 @@ def test_a_job_stopped_after_writing_is_named_and_gpu_run_redoes_it(built_copy):
     rows = (built_copy / target).read_text().splitlines()   # the job's output was written anew
     assert len(rows) > 1 and "status" in rows[0] and (built_copy / target).stat().st_mtime_ns > stopped
     assert script(built_copy, "refresh_demo.sh", *SMOKE).returncode == 0
+
+
+def test_gpu_run_goes_on_past_a_failed_job(fresh_copy):
+    """A job that fails (a case ended in an error) does not stop gpu_run.sh's other jobs: the
+    budget of a GPU session was planned for all of them. The failing job is scheduled first."""
+    failing, other = (f"results/cpu/{path}" for path in ("precision/precision.csv", "adamw_master/check.csv"))
+    env = workflow_env(fresh_copy, {failures.FAULT_ENV: "error@accumulation"})  # a precision case
+    run = subprocess.run(["bash", "tools/gpu_run.sh", failing, other, "--", *SMOKE, "hw=cpu", "--prioritize", failing],
+                         cwd=fresh_copy, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode != 0 and "Error in rule precision" in run.stdout + run.stderr
+    assert not (fresh_copy / failing).exists() and (fresh_copy / other).exists(), run.stderr[-3000:]
 
 
 FAKE_PYTHON = """#!/usr/bin/env bash
