@@ -345,9 +345,9 @@ def test_another_library_version_reruns_the_benchmarks(built_copy, tmp_path, lib
     assert planned(built_copy) == {}, "with the real versions nothing is stale"
 
 
-def script(repo: Path, name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run tools/<name> in `repo` with this interpreter first on PATH as `python3`."""
-    return subprocess.run(["bash", f"tools/{name}", *args], cwd=repo, env=workflow_env(repo),
+def script(repo: Path, name: str, *args: str, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run tools/<name> in `repo` with this interpreter first on PATH as `python3` (and `env`)."""
+    return subprocess.run(["bash", f"tools/{name}", *args], cwd=repo, env=workflow_env(repo, env),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -406,9 +406,8 @@ def test_gpu_run_goes_on_past_a_failed_job(fresh_copy):
     """A job that fails (a case ended in an error) does not stop gpu_run.sh's other jobs: the
     budget of a GPU session was planned for all of them. The failing job is scheduled first."""
     failing, other = (f"results/cpu/{path}" for path in ("precision/precision.csv", "adamw_master/check.csv"))
-    env = workflow_env(fresh_copy, {failures.FAULT_ENV: "error@accumulation"})  # a precision case
-    run = subprocess.run(["bash", "tools/gpu_run.sh", failing, other, "--", *SMOKE, "hw=cpu", "--prioritize", failing],
-                         cwd=fresh_copy, env=env, capture_output=True, text=True, timeout=600)
+    run = script(fresh_copy, "gpu_run.sh", failing, other, "--", *SMOKE, "hw=cpu", "--prioritize", failing,
+                 env={failures.FAULT_ENV: "error@accumulation"})  # a precision case
     assert run.returncode != 0 and "Error in rule precision" in run.stdout + run.stderr
     assert not (fresh_copy / failing).exists() and (fresh_copy / other).exists(), run.stderr[-3000:]
 
