@@ -412,6 +412,19 @@ def test_gpu_run_goes_on_past_a_failed_job(fresh_copy):
     assert not (fresh_copy / failing).exists() and (fresh_copy / other).exists(), run.stderr[-3000:]
 
 
+def test_gpu_detached_follow_on_a_machine_without_the_run_says_so_at_once(fresh_copy, tmp_path):
+    """A lent machine that went back between two calls comes back bare: `follow` says the run is
+    not there and exits 3 at once, rather than waiting out its seconds on nothing; a run that
+    `start` launched is found by the next `follow` from its first second."""
+    t0 = time.monotonic()
+    gone = script(fresh_copy, "gpu_detached.sh", "follow", str(tmp_path / "run"), "300", str(tmp_path / "pack.tgz"))
+    assert gone.returncode == 3 and "no run in" in gone.stderr and time.monotonic() - t0 < 60
+    started = script(fresh_copy, "gpu_detached.sh", "start", str(tmp_path / "run"), "1", str(tmp_path / "pack.tgz"),
+                     "no-such-target", env={"FOLLOW_S": "0"})
+    assert "gpu_detached: started" in started.stdout, started.stderr
+    assert (tmp_path / "run" / ".gpu_detached.log").exists()
+
+
 FAKE_PYTHON = """#!/usr/bin/env bash
 # Stands in for `python -m lmperf.<...> --out PATH ...`: records when it ran, writes its outputs.
 prev=""; out=""

@@ -11,7 +11,8 @@
 #                          included) into PACK
 # Every `follow` prints the run's
 # progress and "gpu_detached: running" or "gpu_detached: done (rc N)"; the next call must start
-# before the idle machine goes back. Unpack PACK elsewhere and copy back the CSVs the run wrote.
+# before the idle machine goes back. `follow` on a machine without the run (it went back and a
+# bare one came) exits 3 at once. Unpack PACK elsewhere and copy back the CSVs the run wrote.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 verb=${1:-} dir=${2:-}
@@ -19,6 +20,12 @@ verb=${1:-} dir=${2:-}
 
 follow() {  # follow DIR SECONDS PACK
     local dir=$1 seconds=$2 pack=$3 end=$((SECONDS + $2))
+    # a machine that went back between two calls comes back bare: say so at once (waiting out
+    # SECONDS on it spends device time on nothing); the run is lost, its last PACK is what is left
+    if [[ ! -f $dir/.gpu_detached.log ]]; then
+        echo "gpu_detached: no run in $dir on this machine (the machine was replaced since the run started?)" >&2
+        return 3
+    fi
     while [[ ! -f $dir/.gpu_detached.rc ]] && ((SECONDS < end)); do sleep 5; done
     # the memory visualizer's HTML stays behind: it can be larger than a transfer allows
     tar czf "$pack" -C "$dir" --exclude="*.html" results logs 2>/dev/null
@@ -37,7 +44,7 @@ case $verb in
         rm -rf "$dir" && mkdir -p "$dir" || exit 1
         tar cf - --exclude=./results --exclude=./logs --exclude=./.snakemake --exclude='./.venv*' \
             --exclude=./.cache . | tar xf - -C "$dir"
-        mkdir -p "$dir/results" "$dir/logs"
+        mkdir -p "$dir/results" "$dir/logs" && : > "$dir/.gpu_detached.log"
         (cd "$dir" && setsid nohup bash -c 'tools/gpu_targets.sh "$@"; echo $? > .gpu_detached.rc' \
             gpu_targets "$budget" "$dir/pack.tgz" "$@" > .gpu_detached.log 2>&1 < /dev/null &)
         echo "gpu_detached: started ${*} in $dir (budget ${budget} s)"
