@@ -5,7 +5,8 @@
 # them call after call until they end.
 #   tools/gpu_detached.sh start DIR BUDGET_S PACK TARGET...  copy the repository to DIR with an
 #                          empty results/ and logs/, start tools/gpu_targets.sh BUDGET_S there in
-#                          its own session (setsid), then follow it for $FOLLOW_S seconds (540)
+#                          its own session (setsid), then follow it for $FOLLOW_S seconds (480: with
+#                          the copy and the wheel install, a 540 s follow ran past a 600 s call)
 #   tools/gpu_detached.sh follow DIR SECONDS PACK  wait up to SECONDS for it to end (a call must
 #                          end before its limit), then pack DIR's results/ and logs/ (journals
 #                          included) into PACK
@@ -16,7 +17,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 verb=${1:-} dir=${2:-}
-[[ -n $verb && -n $dir ]] || { sed -n '2,14p' "$0" >&2; exit 2; }
+[[ -n $verb && -n $dir ]] || { sed -n '2,16p' "$0" >&2; exit 2; }
 
 follow() {  # follow DIR SECONDS PACK
     local dir=$1 seconds=$2 pack=$3 end=$((SECONDS + $2))
@@ -48,7 +49,7 @@ case $verb in
         (cd "$dir" && setsid nohup bash -c 'tools/gpu_targets.sh "$@"; echo $? > .gpu_detached.rc' \
             gpu_targets "$budget" "$dir/pack.tgz" "$@" > .gpu_detached.log 2>&1 < /dev/null &)
         echo "gpu_detached: started ${*} in $dir (budget ${budget} s)"
-        follow "$dir" "${FOLLOW_S:-540}" "$pack"
+        follow "$dir" "${FOLLOW_S:-480}" "$pack"
         ;;
     follow)
         follow "$dir" "$3" "$4"
