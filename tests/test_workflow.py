@@ -421,7 +421,7 @@ def test_gpu_detached_follow_on_a_machine_without_the_run_says_so_at_once(fresh_
     assert gone.returncode == 3 and "no run in" in gone.stderr and time.monotonic() - t0 < 60
     started = script(fresh_copy, "gpu_detached.sh", "start", str(tmp_path / "run"), "1", str(tmp_path / "pack.tgz"),
                      "no-such-target", env={"FOLLOW_S": "0"})
-    assert "gpu_detached: started" in started.stdout, started.stderr
+    assert started.returncode == 0 and "gpu_detached: started" in started.stdout, started.stderr
     assert (tmp_path / "run" / ".gpu_detached.log").exists()
 
 
