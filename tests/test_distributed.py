@@ -2,9 +2,10 @@
 as one process on the same global batch (Gloo, 2 processes), through the training step every
 section runs (lmperf.train.step), with and without micro-batches; the CLI under torchrun writes
 one CSV from rank 0, with a `skipped` "needs N GPUs" row for NCCL; the interval and parsing helpers."""
+import faulthandler
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +42,12 @@ def batches() -> list[torch.Tensor]:
 
 
 def _train_every_variant(rank: int, world: int, store: str, out: str) -> None:
-    """One spawned rank: join the Gloo group, train each variant, rank 0 saves the weights."""
+    """One spawned rank: join the Gloo group, train each variant, rank 0 saves the weights.
+    Its stderr, and the Python stack of every thread should it die on a signal, go to
+    rank<r>.log, which the fixture shows when a rank fails."""
+    log = open(Path(out) / f"rank{rank}.log", "w")
+    os.dup2(log.fileno(), 2)
+    faulthandler.enable(log, all_threads=True)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
@@ -52,12 +58,34 @@ def _train_every_variant(rank: int, world: int, store: str, out: str) -> None:
                 torch.save(state, Path(out) / f"{case_id}.pt")
     finally:
         dist.destroy_process_group()
+    # The work is done and saved: leave without the interpreter's teardown, where Gloo's worker
+    # threads can still hold tensors whose release needs the GIL being torn down, and the process
+    # then dies on SIGABRT (pytorch/pytorch#179291) after a correct run.
+    log.flush()
+    os._exit(0)
+
+
+def _where_it_died(log: str) -> str:
+    """A rank log's fatal error and innermost frame (faulthandler's dump), or its last line: the
+    failure in one line, for the test summary."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    fatal = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), None)
+    if fatal is None:
+        return lines[-1] if lines else "(empty log)"
+    frame = next((line for line in lines[fatal + 1:] if line.startswith("File ")), "")
+    return f"{lines[fatal]} at {frame}"
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("weights")
-    mp.spawn(_train_every_variant, args=(WORLD, str(out / "store"), str(out)), nprocs=WORLD)
+    try:
+        mp.spawn(_train_every_variant, args=(WORLD, str(out / "store"), str(out)), nprocs=WORLD)
+    except Exception as exc:
+        logs = {r: (out / f"rank{r}.log").read_text() for r in range(WORLD) if (out / f"rank{r}.log").exists()}
+        raise AssertionError(f"the {WORLD} Gloo ranks did not finish: {exc}; "
+                             + "; ".join(f"rank {r}: {_where_it_died(text)}" for r, text in logs.items())
+                             + "".join(f"\n--- rank{r}.log ---\n{text[-3000:]}" for r, text in logs.items())) from exc
     return out
 
 
