@@ -43,7 +43,7 @@ from __future__ import annotations
 import functools
 import re
 
-from lmperf import train
+from lmperf import flops, train
 from lmperf.bench import common, e2e, float8, jobs, memory_fit, profile, timing
 
 # The rungs before the longer contexts, in order: (rung, what changes, the case keys it sets,
@@ -75,7 +75,7 @@ FUSED_RUNGS = {
     "rope": "our RoPE on q and k in one launch, in the projections' layout (kernels/rope.py)",
 }
 LIGER = PEER + ("Liger-Kernel's fused add-RMSNorm, RMSNorm and SiLU-mul in place of ours (RoPE the model's: "
-                "Liger's rotates halves)")
+                "Liger's rotates halves; its norms outside the compiled graph, which Dynamo traces wrongly)")
 FLOAT8_RECIPES = float8.RECIPES
 PEERS = {"liger", *(f"float8_{r}" for r in FLOAT8_RECIPES)}
 ASSIGNMENT_RUNG = "compiled"  # the assignment's setting: batch x context as given, bf16 compiled
@@ -208,48 +208,6 @@ def optimizer_bytes(cfg, optimizer: str) -> int:
     return linear * MASTER_BYTES_PER_LINEAR_WEIGHT + (total - linear) * ADAMW_BYTES_PER_PARAM
 
 
-def route_attention_through_op(model) -> None:
-    """Eager FlashAttention2Triton launches its kernels directly (no op dispatch, to save tens of
-    us a call), which a dispatch mode such as FlopCounterMode cannot see; call the same kernels
-    through their op (torch.ops.lmperf.flash_attention_forward, with its autograd) instead."""
-    import torch
-
-    def attend(q, k, v, is_causal):
-        return torch.ops.lmperf.flash_attention_forward(q, k, v, is_causal)[0]
-    for block in model.blocks:
-        block.attn.attend = attend
-
-
-def count_step_flops(case: dict, dims: dict, device: str) -> dict[str, int]:
-    """{'total', 'attention'} FLOPs of one training step (lmperf.train.step: forward with the
-    loss, backward, optimizer) as FlopCounterMode counts them, on fake tensors of `device`: the
-    ops dispatch as they would there (SDPA picks its kernel), with no memory and no compute.
-    An optimizer update has no matmul, so FlopCounterMode counts none of it: plain SGD steps
-    here in the case's optimizer's place (MasterWeightAdamW's Triton kernel cannot run on fake
-    tensors)."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from lmperf.flops import register_attention_formulas, split_counts
-    from lmperf.model import ModelConfig, TransformerLM
-
-    register_attention_formulas()
-    cfg = ModelConfig(**dims, context_length=case["context"], attention=case["attention"])
-    with torch.device("meta"):
-        model = TransformerLM(cfg)
-    if case["attention"] == "flash-triton":
-        route_attention_through_op(model)
-    train.checkpoint_blocks(model, case.get("checkpoint_every", 0))
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        model = model.to_empty(device=device)
-        inputs, targets = train.random_tokens(cfg, case["batch_size"], case["context"], device)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-        with FlopCounterMode(display=False) as counter:
-            train.step(model, optimizer, inputs, targets, train.autocast(case["dtype"], device))
-    return split_counts(counter.get_flop_counts()["Global"])
-
-
 def flop_rows(cfg, case: dict, dims: dict, device: str) -> list[dict]:
     """Counted and closed-form FLOPs of one micro-batch's forward and backward (the whole step
     when micro_batches is 1): the check of the closed form that MFU uses."""
@@ -257,7 +215,7 @@ def flop_rows(cfg, case: dict, dims: dict, device: str) -> list[dict]:
 
     tokens = case["batch_size"] * case["context"]
     try:  # a check beside the timing: if counting fails, the rung's timings still stand
-        counted = count_step_flops(case, dims, device)
+        counted = flops.count_step(case, dims, device)
         note = ""
     except Exception as exc:  # noqa: BLE001
         counted, note = {"total": float("nan"), "attention": float("nan")}, "count failed: " + common.classify_failure(exc)[1]

@@ -6,7 +6,8 @@ parameters or anything an optimizer already holds (Liger-Kernel's way of patchin
     impl "ours":  kernels/rmsnorm.py, kernels/swiglu.py, kernels/rope.py (Triton); `parts`
                   chooses which (PARTS), the model's own code doing the others (the ladder
                   adds them one a rung)
-    impl "liger": Liger-Kernel's fused add-RMSNorm, RMSNorm and SiLU-mul (a peer for the ladder).
+    impl "liger": Liger-Kernel's fused add-RMSNorm, RMSNorm and SiLU-mul (a peer for the ladder);
+                  its norms run outside torch.compile's graph (Dynamo traces them wrongly).
                   Liger's RoPE rotates the two halves of a head (the Llama convention), not the
                   consecutive pairs this model rotates: RoPE stays the model's.
 
@@ -78,6 +79,12 @@ def _liger() -> Kernels:
     except ImportError as e:
         raise MissingPackage(LIGER_MISSING) from e
 
+    # Outside the compiled graph: Dynamo traces Liger's norms wrongly (H100, torch 2.11, Liger
+    # 0.8.5): rows in and out reach the attention with 2 dimensions instead of 3, and 3-D inputs
+    # make its backward return gradients of the rows' shape ("returned an invalid gradient");
+    # run eagerly between the compiled regions they match eager Liger's loss and gradients.
+    # Its SiLU-mul compiles.
+    @torch.compiler.disable
     def add_rmsnorm(x, delta, norm, out_dtype):
         # casting mode "gemma": everything in fp32, the result in the input's dtype (the model's
         # math); Liger adds in the input's dtype, so a 16-bit delta joins the fp32 residual first
