@@ -41,15 +41,17 @@ def batches() -> list[torch.Tensor]:
             for _ in range(STEPS)]
 
 
-def _train_every_variant(rank: int, world: int, store: str, out: str) -> None:
-    """One spawned rank: join the Gloo group, train each variant, rank 0 saves the weights.
-    Its stderr, and the Python stack of every thread should it die on a signal, go to
-    rank<r>.log, which the fixture shows when a rank fails."""
+def _train_every_variant(rank: int, world: int, port: int, out: str) -> None:
+    """One spawned rank: join the Gloo group through the fixture's TCP store on this machine (as
+    torchrun's ranks do), train each variant, rank 0 saves the weights. Its stderr, and the
+    Python stack of every thread should it die on a signal, go to rank<r>.log, which the fixture
+    shows when a rank fails."""
     log = open(Path(out) / f"rank{rank}.log", "w")
     os.dup2(log.fileno(), 2)
     faulthandler.enable(log, all_threads=True)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     try:
         for (variant, bucket, k), case_id in zip(CASES, CASE_IDS):
             state = ddp.train_steps(variant, CFG, rank, world, batches(), OPTIMIZER, bucket_cap_mb=bucket,
@@ -79,8 +81,9 @@ def _where_it_died(log: str) -> str:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("weights")
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # a free port, held here
     try:
-        mp.spawn(_train_every_variant, args=(WORLD, str(out / "store"), str(out)), nprocs=WORLD)
+        mp.spawn(_train_every_variant, args=(WORLD, store.port, str(out)), nprocs=WORLD)
     except Exception as exc:
         logs = {r: (out / f"rank{r}.log").read_text() for r in range(WORLD) if (out / f"rank{r}.log").exists()}
         raise AssertionError(f"the {WORLD} Gloo ranks did not finish: {exc}; "
