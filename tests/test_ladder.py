@@ -7,8 +7,8 @@ import re
 import pytest
 import torch
 
-from lmperf import flops, train
-from lmperf.bench import common, e2e, ladder, memory_fit
+from lmperf import train
+from lmperf.bench import common, e2e, flop_count, ladder, memory_fit
 from lmperf.flops import closed_form_attention, flops_per_token
 from lmperf.model import ModelConfig, TransformerLM
 
@@ -51,7 +51,7 @@ def test_without_cuda_a_rung_that_needs_it_is_kept_but_changes_nothing_after_it(
 def fake_count(attention="plain", dtype="fp32", every=0, context=32):
     case = {**ladder.BASE, "attention": attention, "dtype": dtype, "checkpoint_every": every,
             "context": context, "batch_size": 2}
-    return flops.count_step(case, DIMS, "cpu")
+    return flop_count.count_step(case, DIMS, "cpu")
 
 
 def closed(context=32):
@@ -62,14 +62,12 @@ def closed(context=32):
 
 def test_rungs_that_differ_only_in_what_the_count_leaves_out_share_one_count(monkeypatch):
     calls = []
-    monkeypatch.setattr(flops, "count_flops", lambda case, dims, device: calls.append(case) or {"total": len(calls)})
-    flops._count_flops.cache_clear()
-    base = {**ladder.BASE, "context": 32, "batch_size": 2}
-    first = flops.count_step(base, DIMS, "cpu")
-    assert flops.count_step({**base, "compile": True, "optimizer": "fused", "fused": "rmsnorm"}, DIMS, "cpu") == first
-    assert flops.count_step({**base, "context": 64}, DIMS, "cpu") != first
-    assert [c["context"] for c in calls] == [32, 64]
-    flops._count_flops.cache_clear()
+    monkeypatch.setattr(flop_count, "count_flops", lambda case, dims, device: calls.append(case) or {"total": len(calls)})
+    base = {**ladder.BASE, "context": 37, "batch_size": 3}  # a setting no other test counts (the cache is the process's)
+    first = flop_count.count_step(base, DIMS, "cpu")
+    assert flop_count.count_step({**base, "compile": True, "optimizer": "fused", "fused": "rmsnorm"}, DIMS, "cpu") == first
+    assert flop_count.count_step({**base, "context": 41}, DIMS, "cpu") != first
+    assert [c["context"] for c in calls] == [37, 41]
 
 
 def test_flop_count_of_plain_attention_equals_the_closed_form():

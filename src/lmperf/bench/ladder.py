@@ -43,8 +43,8 @@ from __future__ import annotations
 import functools
 import re
 
-from lmperf import flops, train
-from lmperf.bench import common, e2e, float8, jobs, memory_fit, profile, timing
+from lmperf import train
+from lmperf.bench import common, e2e, float8, flop_count, jobs, memory_fit, profile, timing
 
 # The rungs before the longer contexts, in order: (rung, what changes, the case keys it sets,
 # whether it needs CUDA). The base is the assignment's model and optimizer in fp32, eager.
@@ -215,7 +215,7 @@ def flop_rows(cfg, case: dict, dims: dict, device: str) -> list[dict]:
 
     tokens = case["batch_size"] * case["context"]
     try:  # a check beside the timing: if counting fails, the rung's timings still stand
-        counted = flops.count_step(case, dims, device)
+        counted = flop_count.count_step(case, dims, device)
         note = ""
     except Exception as exc:  # noqa: BLE001
         counted, note = {"total": float("nan"), "attention": float("nan")}, "count failed: " + common.classify_failure(exc)[1]
