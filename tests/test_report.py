@@ -143,10 +143,14 @@ def test_fmt_and_the_table_filter():
 
 
 def test_readme_results_block_is_a_fresh_render_of_the_committed_results():
-    from lmperf.report import readme
+    from lmperf.report import freshness, readme
     text = (REPO / "README.md").read_text()
     hw = re.search(r"results/([a-z0-9._-]+)/e2e/", text.split(readme.BEGIN)[1])[1]
     block = readme.render_block(REPO / "results" / hw, REPO / "templates")
+    frames = {s: render.load_section(REPO / "results" / hw, s) for s in readme.OLDER_NAMES}
+    if freshness.view(frames)["unknown"]:  # a clone without the rows' commits (shallow): no line on older code
+        drop = lambda t: re.sub(re.escape(readme.OLDER) + r".*?\n\n", "", t, flags=re.S)
+        block, text = drop(block), drop(text)
     assert readme.replace_block(text, block) == text, \
         "README's results block is stale: run python -m lmperf.report.readme --results results/" + hw
 
@@ -515,6 +519,24 @@ def test_the_report_opens_with_a_summary_and_its_contents(committed_render):
     links = re.findall(r"^- \[(.+)\]\(#([\w-]+)\)$", contents, re.M)
     assert len(links) == len(SECTIONS) and all(headings[a] == "## " + t for t, a in links)
     assert lines.index("## Summary") < lines.index("## Contents") < lines.index("## Environment")
+
+
+def test_the_report_names_every_section_measured_at_older_code(committed_render):
+    """Above the summary, the sections whose code has changed since their rows were measured
+    (lmperf.report.freshness, over the committed results), each by its heading; their summary
+    answers say so too."""
+    from lmperf.report import freshness
+    frames = {s: render.load_section(COMMITTED, s) for s in ("ladder", "flash_attention", "e2e", "lrpe", "memory")}
+    code = freshness.view(frames)
+    head = committed_render.split("\n## Summary\n", 1)[0]
+    older = head.split("**Measured at older code:**", 1)[1].split("\n\n", 1)[0] if code["changed"] else ""
+    titles = {"ladder": "The ladder", "flash_attention": "FlashAttention-2 (Triton)", "e2e": "End-to-end",
+              "lrpe": "Multi-dimensional LRPE", "memory": "Memory"}
+    for section, title in titles.items():
+        assert (title in older) == (section in code["changed"]), (section, older)
+    rows = summary_rows(committed_render)
+    flagged = rows["Our FlashAttention-2 against SDPA and the leaderboard"][0].startswith("**measured at older code**")
+    assert flagged == ("flash_attention" in code["changed"])
 
 
 @pytest.mark.parametrize("text", ["fresh", "committed"])

@@ -72,6 +72,13 @@ def code_inputs(module: str) -> list[str]:
     return [str(path.relative_to(sources.SRC.parent)) for path in sources.files(module)]
 
 
+def section_code_inputs(section: str) -> list[str] | None:
+    """The code inputs of the benchmark rule that writes a section's rows (`python -m
+    lmperf.bench.<section>`); None where no benchmark module has that name."""
+    module = f"lmperf.bench.{section}"
+    return code_inputs(module) if sources.module_file(module) is not None else None
+
+
 def results_of(rule) -> list[str]:
     """The result CSVs of a section's rule: a job's outputs, or an aggregate rule's inputs."""
     return [str(f) for f in (rule.output or rule.input) if str(f).endswith(".csv")]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lmperf.report import freshness
 from lmperf.report.format import Spread, bar, fmt, unavailable
 from lmperf.report.plot import plt, save
 
@@ -140,7 +141,8 @@ def other_machines(results: Path, out_dir: Path) -> list[dict]:
     out = []
     for folder in other_folders(results):
         section = results.parent.parent / "report" / "distributed" / folder.name / "distributed.md"
-        out.append({"machine": folder.name, "answers": answers(frames(load_section(folder, "distributed"))[1]),
+        rows = load_section(folder, "distributed")
+        out.append({"machine": folder.name, "answers": answers(frames(rows)[1]), "code": freshness.section_state(rows),
                     "link": os.path.relpath(section, out_dir) if section.exists() else None})
     return out
 
@@ -158,7 +160,7 @@ def view(inputs) -> dict:
     out = {"available": True, "folders": sorted(df["hw"].astype(str).unique()),
            "gpu": ", ".join(gpus) if gpus else "the CPU (Gloo)",
            "torch": sorted(df["torch"].astype(str).unique()),
-           "commits": sorted(df["commit"].dropna().astype(str).unique())}
+           "commits": sorted(df["commit"].dropna().astype(str).unique()), "code": freshness.section_state(df)}
     ar, ddp = frames(df)
     peaks = link_peaks(df) if not ar.empty else []
     out["link_peaks"] = pd.DataFrame(peaks).rename(columns={"gbps": "GB/s per direction"})

@@ -1,9 +1,11 @@
 """Environment: the machine and libraries of `results/<hw>/env/env.csv`, and per section the
-commits its rows were measured at and the GPU minutes they took."""
+commits its rows were measured at, whether its code has changed since (report/freshness.py) and
+the GPU minutes they took."""
 from __future__ import annotations
 
 import pandas as pd
 
+from lmperf.report import freshness
 from lmperf.report.format import unavailable
 
 LABELS = {"gpu": "GPU", "gpu_memory_gib": "GPU memory (GiB)", "gpu_multiprocessors": "GPU SMs",
@@ -43,9 +45,10 @@ def commits(frames: list[pd.DataFrame]) -> list[str]:
     return sorted({c for df in frames if "commit" in df for c in df["commit"].dropna().astype(str)})
 
 
-def provenance(frames: dict[str, pd.DataFrame], seconds: dict[str, float]) -> pd.DataFrame:
-    """Per section: the commits its rows were measured at, when, and its GPU minutes, so a
-    report assembled from several runs says so."""
+def provenance(frames: dict[str, pd.DataFrame], seconds: dict[str, float], code: dict) -> pd.DataFrame:
+    """Per section: the commits its rows were measured at, when, whether its code is still what
+    measured them (`code`: freshness.view's sections) and its GPU minutes, so a report assembled
+    from several runs, or from rows older than their code, says so."""
     rows = []
     for section, df in frames.items():
         if df.empty or "commit" not in df:
@@ -54,20 +57,21 @@ def provenance(frames: dict[str, pd.DataFrame], seconds: dict[str, float]) -> pd
         span = "" if when.empty else (f"{when.min():%Y-%m-%d %H:%M}" if when.min() == when.max()
                                       else f"{when.min():%Y-%m-%d %H:%M} to {when.max():%H:%M} UTC")
         rows.append({"section": section, "commit(s)": ", ".join(commits([df])), "measured": span,
-                     "GPU min": seconds.get(section, 0.0) / 60})
+                     "its code now": code.get(section, {}).get("text", ""), "GPU min": seconds.get(section, 0.0) / 60})
     return pd.DataFrame(rows)
 
 
 def view(inputs) -> dict:
     frames = {s: df for s, df in inputs.frames.items() if s != "env"}
     seconds = measured_seconds(frames)
+    code = freshness.view(frames)
     timing = {"per_section": {k: v / 60 for k, v in seconds.items()},
               "total_min": sum(seconds.values()) / 60,
               "run_min": None if (span := run_span_seconds(frames)) is None else span / 60,
-              "provenance": provenance(frames, seconds)} if seconds else None
+              "provenance": provenance(frames, seconds, code["sections"])} if seconds else None
     env = inputs.rows("env")
     if env.empty:
-        return unavailable(f"no {inputs.results}/env/env.csv", facts={}, timing=timing)
+        return unavailable(f"no {inputs.results}/env/env.csv", facts={}, timing=timing, code=code)
     facts = dict(zip(env["key"], env["value"].astype(str)))
     table = pd.DataFrame([{"": LABELS.get(k, k), "value": v} for k, v in facts.items()])
-    return {"available": True, "facts": facts, "table": table, "timing": timing}
+    return {"available": True, "facts": facts, "table": table, "timing": timing, "code": code}

@@ -15,6 +15,7 @@ import pandas as pd
 from lmperf.report.e2e import BF16_MFU, peaks, precision, size_order, with_bf16_mfu
 from lmperf.report.ladder import ladder as ladder_view
 from lmperf.report.env import measured_seconds
+from lmperf.report import freshness
 from lmperf.report.flash_attention import OURS
 from lmperf.report.format import HOST_BOUND, fmt, host_bound, host_bound_legend, table
 from lmperf.report.render import CONFIG, bars_from_config, load_section
@@ -132,6 +133,13 @@ def steps_text(rows: pd.DataFrame) -> str:
     return "?" if n.empty else f"{n.min()}" if n.min() == n.max() else f"{n.min()}-{n.max()}"
 
 
+# The block's line on rows measured at code that has changed since (report/freshness.py), and the
+# names it gives their sections
+OLDER = "**Measured at older code:**"
+OLDER_NAMES = {"e2e": "end-to-end", "ladder": "ladder (the last column)", "flash_attention": "FlashAttention-2",
+               "lrpe": "LRPE"}
+
+
 def render_block(results: Path, templates: Path, config: Path = CONFIG) -> str:
     e2e = load_section(results, "e2e")
     ladder = load_section(results, "ladder")
@@ -154,11 +162,13 @@ def render_block(results: Path, templates: Path, config: Path = CONFIG) -> str:
                "batch_size": int(e2e["batch_size"].iloc[0]),
                "minutes": fmt(sum(seconds.values()) / 60),
                "peaks": peaks(mfu[(mfu["metric"] == "mfu_pct") & (mfu["status"] == "ok")])}
+    code = freshness.view({"e2e": e2e, "ladder": ladder, "flash_attention": fa, "lrpe": lrpe})
+    context["older"] = [OLDER_NAMES[s] for s in code["changed"]]
     marked = (table_text + context["kernels"]).count(HOST_BOUND)
     context["host_bound"] = {**host_bound_legend(e2e, threshold), "n": marked}
     env_j2 = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), trim_blocks=True,
                                 lstrip_blocks=True, undefined=jinja2.StrictUndefined)
-    return env_j2.get_template("readme_results.md.j2").render(**context).strip()
+    return env_j2.get_template("readme_results.md.j2").render(**context, older_line=OLDER).strip()
 
 
 def replace_block(text: str, block: str) -> str:

@@ -111,12 +111,12 @@ def scaling(v: dict) -> dict:
     FSDP2's peak memory per rank over DDP's (range over the sizes, per tokens a GPU): this
     machine's multi-GPU run, else another machine's, named, with the link to its section."""
     machine, link = "", None
-    answers = v.get("answers", [])
+    answers, code = v.get("answers", []), v.get("code")
     if not v["available"]:
         other = next((o for o in v.get("others", []) if o["answers"]), None)
         if other is None:
             return unavailable(v["why"])
-        machine, link, answers = other["machine"], other["link"], other["answers"]
+        machine, link, answers, code = other["machine"], other["link"], other["answers"], other.get("code")
     if not answers:
         return unavailable("no data-parallel training step on 2 GPUs in the section's rows")
     tokens = list(dict.fromkeys(f["tokens"] for a in answers for f in a["fsdp"]))
@@ -124,7 +124,8 @@ def scaling(v: dict) -> dict:
             for t in tokens]
     return {"available": True, "machine": machine, "link": link, "sizes": [a["size"] for a in answers],
             "speedup": ratio_range_of([a["speedup"] for a in answers]),
-            "fsdp": [f for f in fsdp if f["n"]]}  # none where peak memory is not measured (a CPU)
+            "fsdp": [f for f in fsdp if f["n"]],  # none where peak memory is not measured (a CPU)
+            "older": bool(code) and code["state"] == "changed"}  # its rows' code has changed since (freshness)
 
 
 def ratio_range_of(values: list[float]) -> dict:
