@@ -14,6 +14,8 @@ rule ladder_size:
     params:
         **PROVENANCE,
         spec=lambda w: wf.ladder_spec(config, LADDER, w.size),
+        workers=wf.workers(LADDER),
+    threads: wf.workers(LADDER)  # its worker processes' CPU cores (they compile before the timed loop)
     wildcard_constraints:
         size="|".join(map(re.escape, LADDER["sizes"])),
     resources:
@@ -21,7 +23,7 @@ rule ladder_size:
     conda:
         "../envs/lmperf.yaml"
     shell:
-        wf.bench("ladder --size {wildcards.size} --spec {params.spec:q}")
+        wf.bench("ladder --size {wildcards.size} --spec {params.spec:q} --workers {params.workers}")
 
 
 rule ladder:

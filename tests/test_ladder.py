@@ -497,3 +497,20 @@ def test_ladder_section_renders_the_committed_rungs_with_or_without_energy(tmp_p
     values = {tuple(cells(line)[:2]): cells(line)[column] for line in rows}
     assert values.pop(("2.7B", "4")) == "0.0765" and set(values.values()) == {""}
     assert "2.7B rung 4 (compiled) (690 W, 1,755 MHz)" in block
+
+
+def test_the_rungs_warmed_in_workers_are_those_whose_compiled_shapes_are_known_before_they_run():
+    cases = {c["name"]: c for c in ladder.cases({**SPEC, "models": {"tiny": DIMS}}, "tiny", cuda=True)}
+    warmed = [name for name, c in cases.items() if ladder.compiles(c)]
+    assert warmed[:4] == ["compiled", "fused_adamw", "sdpa", "flash_triton"] and "bf16" not in warmed
+    assert "checkpoint" not in warmed and "floors" not in warmed
+    assert all({k: cases[n][k] for k in DIMS} == DIMS for n in warmed)  # warm builds the model from the case
+
+
+def test_warm_runs_a_rung_on_its_model_cut_to_two_blocks(monkeypatch):
+    case = {c["name"]: c for c in ladder.cases({**SPEC, "models": {"tiny": DIMS}}, "tiny", cuda=False)}["compiled"]
+    built = []
+    setup = ladder.train.setup
+    monkeypatch.setattr(ladder.train, "setup", lambda case, dims: built.append(dims) or setup(case, dims))
+    rows = ladder.warm(case)
+    assert rows[0]["status"] == "ok" and built == [{**DIMS, "n_layers": ladder.WARM_LAYERS}]

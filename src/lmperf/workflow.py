@@ -100,7 +100,7 @@ def e2e_spec(config: dict, e2e: dict, study: str, size: str) -> str:
 def ladder_spec(config: dict, ladder: dict, size: str) -> str:
     """The JSON spec of one ladder job (one model size): the ladder's settings and that size's
     dims, so that adding a size reruns no other size's job."""
-    settings = {k: v for k, v in ladder.items() if k != "sizes"}
+    settings = _measured(ladder, "sizes")
     return json.dumps({**settings, "models": {size: config["models"][size]}}, sort_keys=True)
 
 
@@ -108,7 +108,7 @@ def convergence_spec(config: dict, scale: str) -> str:
     """The JSON spec of the convergence job at `scale`: its settings, the ladder's (whose FP8 rung
     and the rung before it it trains) and its size's dims."""
     conv, ladder = config["convergence"][scale], config["ladder"][scale]
-    settings = {k: v for k, v in ladder.items() if k != "sizes"}
+    settings = _measured(ladder, "sizes")
     return json.dumps({**conv, "ladder": settings, "models": {conv["size"]: config["models"][conv["size"]]}},
                       sort_keys=True)
 

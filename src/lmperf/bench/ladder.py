@@ -26,6 +26,10 @@ its change is not carried to the rungs after it. Every rung is timed like the en
 - floors: the optimizer phase against params x 28 bytes / the copy bandwidth, the forward and
   backward against the bf16 matmul rate, both rates measured in this job (the `floors` case).
 
+With `--workers N` (the config's `workers`), the rungs whose compiled blocks are known before
+they run are first compiled in N worker processes on the model cut to two blocks (`warm`,
+bench/workers.py): their first steps then load the graphs and kernels from the compile caches.
+
 The checkpointing rung chooses how many blocks to checkpoint by measured peak memory
 (bench/memory_fit.py): every k-th
 block for k in the configured order (fewest checkpointed blocks first), one step each, the first
@@ -92,7 +96,8 @@ def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
     for the rungs after it."""
     settings = {**BASE, "context": spec["context"], "batch_size": spec["batch_size"]}
     common_keys = {"size": size, "mode": "train", "warmup": spec["warmup"], **e2e.timing_keys(spec),
-                   "checkpoint_candidates": "", "micro_batch_candidates": ""}
+                   "checkpoint_candidates": "", "micro_batch_candidates": "",
+                   **spec.get("models", {}).get(size, {})}  # the model's dims: what `warm` builds
     out = [{**common_keys, **settings, "rung": 0, "name": "floors",
             "change": "device rates: copy bandwidth, bf16 matmul", "needs_cuda": True}]
     steps = list(RUNGS)
@@ -341,14 +346,48 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
              "micro_batches": case["micro_batches"], **r, "attention_backend": backend} for r in rows]
 
 
+# The blocks of the model `warm` compiles: the first (with our fused RMSNorm it takes no residual
+# delta) and one like all the others; the model's blocks share those graphs whatever its depth.
+WARM_LAYERS = 2
+DIM_KEYS = ("d_model", "d_ff", "n_layers", "n_heads")
+
+
+def compiles(case: dict) -> bool:
+    """Whether `warm` compiles what a rung's timed steps will: its blocks are compiled and its
+    shapes are known before it runs (not the rungs that choose a micro-batch or the blocks to
+    checkpoint by measured memory)."""
+    return (case["name"] != "floors" and bool(case["compile"]) and not case["checkpoint_candidates"]
+            and not case.get("micro_batch_candidates"))
+
+
+def warm(case: dict) -> list[dict]:
+    """One training step of a rung on its model cut to WARM_LAYERS blocks, timing nothing: run in
+    worker processes before the timed loop (bench/workers.py), it leaves in the compile caches
+    the graphs and Triton kernels the rung's blocks compile, which its first step then loads (a
+    third of a cold compile). The step times do not change, only the wait before them."""
+    import torch
+
+    dims = {k: case[k] for k in DIM_KEYS} | {"n_layers": min(WARM_LAYERS, case["n_layers"])}
+    change = model_changes(case)
+    if case["needs_cuda"] and not torch.cuda.is_available():
+        raise common.NotRun("needs CUDA")
+    with train.matmul_precision(case["tf32"]):
+        cfg, model, optimizer, inputs, targets, autocast = train.setup(case, dims)
+        change(model)
+        train.step(model, optimizer, inputs, targets, autocast, train.nothing, case["micro_batches"])
+    timing.synchronizer()()
+    return [{**common.failure_row("ok", ""), "metric": "compiled"}]
+
+
 def main(argv=None):
-    # spec: the ladder's settings and the model dims; --cases: some rungs alone (bench/jobs.py)
-    args = common.bench_args(__doc__, argv, size=True, options=lambda p: jobs.options(p, workers=False))
+    # spec: the ladder's settings and the model dims; --cases: some rungs alone (bench/jobs.py);
+    # --workers: compile the rungs in that many worker processes first (`warm`)
+    args = common.bench_args(__doc__, argv, size=True, options=jobs.options)
     import torch
 
     dims, rungs = args.spec["models"][args.size], cases(args.spec, args.size, cuda=torch.cuda.is_available())
     jobs.run(section="ladder", study="ladder", cases=rungs, measure=lambda case: measure(case, dims, args.spec),
-             args=args, fingerprint={"spec": args.spec, "size": args.size})
+             args=args, fingerprint={"spec": args.spec, "size": args.size}, warm=warm, compiles=compiles)
 
 
 if __name__ == "__main__":
