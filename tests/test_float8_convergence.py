@@ -2,6 +2,7 @@
 (bench/convergence.py, report/convergence.py): where the rung sits and what it carries, the
 config's errors, the job on a CPU, and the report's verdict against the tolerance."""
 import json
+import re
 import math
 import subprocess
 import sys
@@ -55,7 +56,7 @@ def test_the_configs_fp8_rung_and_convergence_job_at_smoke_scale():
     assert {c["case_id"] for c in runs} == {c["case_id"] for c in convergence.cases(spec, cuda=False)}
     assert [c["rung"] for c in runs] == [fp8[0]["case_id"]] * 3 and settings
     full = [f.section for f in wf.result_files(CONFIG, "results/x", "full", [])]
-    assert "convergence" not in full  # full scale: joins with the next H100 run
+    assert "convergence" in full
     assert "convergence" in [f.section for f in wf.result_files(CONFIG, "results/cpu", "smoke", ["results/cpu"])]
 
 
@@ -165,16 +166,20 @@ def test_the_report_renders_the_section_from_the_csv(tmp_path):
         assert (tmp_path / name / "fig" / "convergence_loss.png").exists()
 
 
-def test_the_committed_h100_report_renders_and_says_the_convergence_results_are_missing(tmp_path):
-    """The committed H100 results, against the full config (its FP8 rung and convergence job are
-    comments until the next H100 run): the ladder's best rung is still rung 10, in bf16."""
+def test_the_committed_h100_report_renders_the_convergence_and_sets_the_fp8_rung_beside_the_best_bf16(tmp_path):
+    """The committed H100 results against the full config: the convergence section judges the FP8
+    run from its CSV, and the ladder's best rung is a bf16 one with the FP8 rung beside it."""
     committed = REPO / "results" / "h100-80gb-hbm3"
     promised = render.promised_files(CONFIG, committed, "full", [str(REPO / "results" / "h200-x2")])
     text = render.render(committed, REPO / "templates", tmp_path / "r.md", tmp_path / "fig", "full", BARS, promised,
                          models=CONFIG["models"])
     section = text.split("\n## The FP8 rung's convergence", 1)[1].split("\n## ", 1)[0]
-    assert "Not available: no convergence results" in section
-    assert "Our stack in fp8" not in text  # no FP8 rung in the committed ladder
+    assert "Not available" not in section and re.search(r"\*\*(pass|FAIL)\*\*: \|", section), section[:600]
+    assert (tmp_path / "fig" / "convergence_loss.png").exists()
+    ladder_section = text.split("\n## The ladder", 1)[1].split("\n## ", 1)[0]
+    assert "Our stack in fp8" in ladder_section
+    fp8 = ladder_section.split("Our stack in fp8", 1)[1]
+    assert re.search(r"\| 2\.7B +\| 16 +\| tensorwise +\| 2048 +\| ok", fp8), fp8[:1500]
 
 
 def test_the_ladder_report_keeps_the_best_bf16_rung_and_sets_the_fp8_rung_beside_it():

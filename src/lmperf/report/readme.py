@@ -61,7 +61,7 @@ def headline(e2e: pd.DataFrame, ladder: pd.DataFrame, threshold: float) -> tuple
                 f"{str(b['micro_batches']) + ' micro-batches of ' if b['micro_batches'] > 1 else ''}"
                 f"{b['batch_size']} x {b['context']:,}, "
                 f"{b['backend'] or b['attention']}, AdamW {b['optimizer']}; {fmt(b['vs_assignment'])}x "
-                f"the bf16 compiled tokens/s{'; host-bound, not a claim' if b['host_bound'] else ''})")
+                f"the bf16 compiled tokens/s{'; host-bound (' + ', '.join(b['host_bound']) + '): not a claim' if b['host_bound'] else ''})")
         rows.append(row)
     return table(pd.DataFrame(rows)), next(iter(best.values()), None)
 

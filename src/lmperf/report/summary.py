@@ -33,7 +33,7 @@ def view(views: dict, references: list[dict], hw: str) -> dict:
     get = lambda name: views.get(name) or unavailable(f"the {name} section is not rendered here")
     return {"flash_attention": flash_attention(get("flash_attention"), refs),
             "throughput": throughput(get("flash_attention"), refs),
-            "training": training(get("ladder"), refs),
+            "training": training(get("ladder"), refs, views.get("convergence")),
             "lrpe": lrpe(get("lrpe")),
             "scaling": scaling(get("distributed")),
             "memory": memory(get("memory")),
@@ -80,17 +80,25 @@ def throughput(v: dict, refs: dict) -> dict:
             "published": quoted(refs, "fa3_paper_h100_forward_d128_8k_fa3", "fa3_paper_h100_forward_d128_8k_cudnn")}
 
 
-def training(v: dict, refs: dict) -> dict:
+def training(v: dict, refs: dict, convergence: dict | None = None) -> dict:
     """The ladder's best training step by MFU against the bf16 peak (among the best rung of each
     size), the other sizes' best rungs, its tokens/s over the assignment's setting (same job),
-    and the published MFU of llm.c and torchtitan."""
+    the FP8 rung of its size beside it (tokens/s over the best bf16 rung's, same job, and the
+    convergence section's verdict on its loss), and the published MFU of llm.c and torchtitan."""
     if not v["available"]:
         return unavailable(v["why"])
     best = {size: b for size, b in v.get("best", {}).items() if math.isfinite(b["mfu"])}
     if not best:
         return unavailable("no MFU in the ladder's rows (no peak rate known for this device)")
     size = max(best, key=lambda s: best[s]["mfu"])
-    return {"available": True, "size": size, **best[size],
+    fp8 = v.get("fp8")
+    fp8 = fp8[(fp8["size"] == size) & (fp8["status"] == "ok")] if fp8 is not None and len(fp8) else []
+    fp8 = None if not len(fp8) else {
+        "recipe": fp8["recipe"].iloc[0], "rung": int(fp8["rung"].iloc[0]),
+        "vs_best": float(fp8["tokens/s / best bf16 rung's"].iloc[0]),
+        "convergence": ({"verdict": convergence["verdict"], "steps": int(convergence["table"]["steps"].max())}
+                        if convergence and convergence.get("available") else None)}
+    return {"available": True, "size": size, **best[size], "fp8": fp8,
             "others": [{"size": s, "mfu": b["mfu"]} for s, b in best.items() if s != size],
             "published": quoted(refs, "llmc_gpt2_1558m_h100_mfu", "torchtitan_llama31_8b_h100_mfu")}
 
