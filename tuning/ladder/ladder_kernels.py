@@ -2,11 +2,14 @@
 the time a rung spends outside matmuls and attention can be read (tuning/ladder/NOTES.md).
 
     python tuning/ladder/ladder_kernels.py --size 2.7B --context 2048 --batch 4 --out DIR
-        [--optimizer master] [--fused ours]
+        [--optimizer master] [--fused rmsnorm+swiglu] [--float8 tensorwise]
 
 Writes DIR/ladder_kernels_<size>_<context>.csv (kernel, category, ms per step, calls per step, and
-the run's provenance: GPU, torch, triton, commit); with another optimizer or fused kernels
-(kernels/fused.py: the ladder's bf16_weights and fused rungs) ..._<optimizer>_<fused>.csv.
+the run's provenance: GPU, torch, triton, commit); with another optimizer, fused kernels or float8
+..._<optimizer>_<fused>[_float8_<recipe>].csv. --fused and --float8 take the ladder's values
+(a rung's `fused` and `float8` columns) and change the model as the ladder does
+(bench/ladder.py's model_changes): the best bf16 rung of the 2.7B ladder is
+`--optimizer master --fused rmsnorm+swiglu`, its FP8 rung the same with `--float8 tensorwise`.
 """
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ def rung_case(args) -> dict:
     """The ladder rung of `args` (bf16, compiled, fused AdamW, our FlashAttention-2; the 2.7B's
     rung 9 by default) as an e2e case."""
     return {**ladder.BASE, "dtype": "bf16", "compile": True, "optimizer": args.optimizer, "attention": "flash-triton",
-            "context": args.context, "batch_size": args.batch, "mode": "train"}
+            "context": args.context, "batch_size": args.batch, "mode": "train", "fused": args.fused,
+            "float8": args.float8}
 
 
 def main() -> None:
@@ -37,17 +41,26 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3, help="profiled steps (after 3 warm-up steps)")
     ap.add_argument("--optimizer", default="fused", choices=["fused", "master"])
-    ap.add_argument("--fused", default="none", choices=["none", "ours", "liger"],
-                    help="fused kernels (kernels/fused.py)")
+    ap.add_argument("--fused", default="none",
+                    help="fused kernels as the ladder's `fused` column: none, liger, or our parts joined by + "
+                         "(kernels/fused.py's PARTS; 'ours': all of them)")
+    ap.add_argument("--float8", default="none", choices=["none", *ladder.FLOAT8_RECIPES],
+                    help="torchao float8 training in this recipe (bench/float8.py)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
+    if args.fused == "ours":
+        from lmperf.kernels import fused
+        args.fused = "+".join(fused.PARTS)
+    case = rung_case(args)
+    try:  # before CUDA: a bad part is a ValueError, a missing package (Liger, torchao) NotRun
+        change = ladder.model_changes(case)
+    except common.NotRun as exc:
+        raise SystemExit(f"ladder_kernels: {exc}") from None
     if not torch.cuda.is_available():
         raise SystemExit("ladder_kernels: needs CUDA (it profiles the GPU's kernels)")
     dims = yaml.safe_load(open("config/config.yaml"))["models"][args.size]
-    cfg, model, optimizer, inputs, targets, autocast = train.setup(rung_case(args), dims)
-    if args.fused != "none":
-        from lmperf.kernels import fused
-        fused.apply(model, args.fused)
+    cfg, model, optimizer, inputs, targets, autocast = train.setup(case, dims)
+    change(model)
     nothing = lambda phase: contextlib.nullcontext()
     for _ in range(3):
         train.step(model, optimizer, inputs, targets, autocast, nothing)
@@ -66,6 +79,7 @@ def main() -> None:
                      "calls_per_step": calls / args.steps, **prov})
     rows.sort(key=lambda r: -r["ms_per_step"])
     variant = "" if (args.optimizer, args.fused) == ("fused", "none") else f"_{args.optimizer}_{args.fused}"
+    variant += "" if args.float8 == "none" else f"_float8_{args.float8}"
     path = args.out / f"ladder_kernels_{args.size}_{args.context}{variant}.csv"
     common.write_csv_atomic(pd.DataFrame(rows), path)
     total = sum(r["ms_per_step"] for r in rows)
