@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from dataclasses import dataclass
 
@@ -288,14 +289,22 @@ def result_files(config: dict, results: str, scale: str, distributed: list[str])
 
 def checked_results(files: tuple[ResultFile, ...], dag) -> list[str]:
     """The paths of `files`, for the report rule's input function: it runs while Snakemake
-    builds the DAG, the moment to check the results that exist. A damaged one (cut short,
-    emptied, not a results table, other cases than its job promises) is newer than its inputs,
-    so Snakemake would keep it: it is named and its job forced to rerun, by adding it to the
-    DAG's forced files (which --forcerun fills: Snakemake reads --forcerun only after the
-    Snakefile, and reruns no job whose output is merely older than its inputs, since it
-    compares their checksums)."""
+    builds the DAG, the moment to check the results. A damaged one (cut short, emptied, not a
+    results table, other cases than its job promises) is newer than its inputs, so Snakemake
+    would keep it: it is named and its job forced to rerun, by adding it to the DAG's forced
+    files (which --forcerun fills: Snakemake reads --forcerun only after the Snakefile, and
+    reruns no job whose output is merely older than its inputs, since it compares their
+    checksums). A missing one is forced too: Snakemake plans no job for a missing input of a
+    report that is newer than the inputs it has (one rendered after its results, or a copy
+    whose files share one time), so a deleted result would otherwise stay missing and the
+    report keep numbers no file holds."""
     dag.forcefiles.update(_damaged(files))
+    dag.forcefiles.update(_missing(files))
     return [f.path for f in files]
+
+
+def _missing(files: tuple[ResultFile, ...]) -> tuple[str, ...]:
+    return tuple(f.path for f in files if not os.path.exists(f.path))
 
 
 @functools.cache

@@ -40,8 +40,10 @@ def _median(g: pd.DataFrame, metric: str) -> float:
 
 
 def table(df: pd.DataFrame, best: dict) -> pd.DataFrame:
-    """One row per FP8 rung: its step, tokens/s and MFU (bf16 peak; fp8 peak beside it), and its
-    tokens/s against the best bf16 rung of its size (`best`, report/ladder.py's)."""
+    """One row per FP8 rung: its step, tokens/s, MFU (bf16 peak; fp8 peak beside it) and J/token,
+    and its tokens/s against the best bf16 rung of its size (`best`, report/ladder.py's), whose
+    J/token is beside it (a column without a value, as in results measured before the energy
+    meter, is left out)."""
     rows = []
     for case_id, g in df[is_fp8(df)].groupby("case_id", sort=False):
         first, b = g.iloc[0], best.get(g.iloc[0]["size"], {})
@@ -54,11 +56,13 @@ def table(df: pd.DataFrame, best: dict) -> pd.DataFrame:
                      "MFU % of bf16 peak": _median(g, "mfu_bf16_pct") if (g["metric"] == "mfu_bf16_pct").any()
                      else _median(g, "mfu_pct"),
                      "MFU % of fp8 peak": 100 * tflops / peak if peak else None,
+                     "J/token": _median(g, "joules_per_token"),
                      "best bf16 rung": f"{b['rung']} ({b['step_ms']:.1f} ms)" if b else None,
-                     "best bf16 tokens/s": best_tokens,
+                     "best bf16 tokens/s": best_tokens, "best bf16 J/token": b.get("joules_per_token", math.nan),
                      "tokens/s / best bf16 rung's": tokens / best_tokens if best_tokens else math.nan})
     out = pd.DataFrame(rows)
-    return out.drop(columns=[c for c in ("MFU % of fp8 peak",) if c in out and out[c].isna().all()])
+    return out.drop(columns=[c for c in ("MFU % of fp8 peak", "J/token", "best bf16 J/token")
+                             if c in out and pd.to_numeric(out[c], errors="coerce").isna().all()])
 
 
 def with_bar(bars: pd.DataFrame, fp8: pd.DataFrame, limits: dict) -> pd.DataFrame:
