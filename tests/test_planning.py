@@ -87,6 +87,23 @@ def test_a_refused_full_scale_run_on_a_cpu_touches_no_committed_file(tmp_path):
     assert not (repo / "results" / "cpu").exists()
 
 
+def test_a_missing_result_is_planned_even_when_the_report_is_newer_than_every_file(tmp_path):
+    """Snakemake plans no job for a missing input of a target newer than the inputs it has (a
+    report rendered after its results, or a copy whose files share one time): the report rule's
+    input function forces a missing result's job, as a damaged one's."""
+    repo = copy_repo(tmp_path / "lmperf")
+    shutil.copytree(REPO / "results" / "h100-80gb-hbm3", repo / "results" / "h100-80gb-hbm3")
+    shutil.copytree(REPO / "report", repo / "report", dirs_exist_ok=True)
+    (repo / "results" / "h100-80gb-hbm3" / "precision" / "precision.csv").unlink()
+    for path in repo.rglob("*"):  # every file of one time, as a tarball's, and the report an hour newer
+        os.utime(path, (1.7e9, 1.7e9), follow_symlinks=False)
+    for path in (repo / "report" / "report.md", repo / "report" / "figures"):
+        os.utime(path, (1.7e9 + 3600, 1.7e9 + 3600))
+    plan = snakemake(repo, "report/report.md", "-n", "--quiet", "rules", "--config", "hw=h100-80gb-hbm3", "scale=full")
+    out = plan.stdout + plan.stderr
+    assert "Nothing to be done" not in out and "precision" in out and "report" in out, out[-2000:]
+
+
 def test_a_nested_config_override_points_to_configfile(tmp_path):
     repo = copy_repo(tmp_path / "lmperf")
     proc = snakemake(repo, "-n", "--config", 'models={"tiny": {"d_model": 8, "d_ff": 16, "n_layers": 1, "n_heads": 2}}',
