@@ -459,13 +459,14 @@ def test_ladder_table_shows_energy_per_token_where_measured():
 
 @pytest.mark.parametrize("with_energy", [False, True])
 def test_ladder_section_renders_the_committed_rungs_with_or_without_energy(tmp_path, with_energy):
-    """The committed ladder CSVs (written before the ladder measured energy) render without a
-    J/token column and say so; with joules rows added to one rung, that rung's row has its value
-    and the others' cells are empty."""
+    """The committed ladder CSV without its energy rows (as one written before the ladder measured
+    energy) renders without a J/token column and says so; with energy rows added to one rung, that
+    rung's row has its value and the others' cells are empty."""
     import shutil
 
     import pandas as pd
     from lmperf.report import render
+    from lmperf.report.energy import ENERGY_METRICS
     from lmperf.report.sections import SECTIONS
     from tests.conftest import REPO
 
@@ -473,7 +474,7 @@ def test_ladder_section_renders_the_committed_rungs_with_or_without_energy(tmp_p
     shutil.copytree(REPO / "results" / "h100-80gb-hbm3" / "ladder", results / "ladder")
     csv = results / "ladder" / "2.7B.csv"
     df = pd.read_csv(csv)
-    df = df[df["metric"] != "joules_per_token"]  # as the committed ones, should they be re-measured
+    df = df[~df["metric"].isin(ENERGY_METRICS)]  # as ladder CSVs written before the energy meter
     if with_energy:
         rung = df[(df["rung"] == 4) & (df["metric"] == "step_ms")].iloc[0].to_dict()
         extra = [{**rung, "metric": r["metric"], "unit": "", **{k: r["median"] for k in ("mean", "median", "q20", "q80",
