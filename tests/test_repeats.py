@@ -2,7 +2,11 @@
 rules/repeats.smk, lmperf.workflow.repeat_files) and the report's "Across processes" section
 (lmperf.report.repeats)."""
 import copy
+import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -122,3 +126,55 @@ def test_without_the_jobs_own_rows_the_fresh_processes_still_count():
 def test_without_repeats_the_section_says_why():
     v = repeats.view(Inputs(results=Path(RESULTS), frames={"repeats": pd.DataFrame()}, bars={}, out_dir=Path(".")))
     assert not v["available"] and "repeats" in v["why"]
+
+
+def test_planning_lists_the_cases_of_every_kind_of_job_without_torch_once_they_are_cached(tmp_path):
+    """Snakemake lists the cases of every result file and repeat while it plans (the report rule's
+    check of the results, rules/repeats.smk's patterns); the ladder's and e2e's case lists import
+    torch (seconds at every `snakemake` call). In a second fresh process the lists come from the
+    cache (workflow.listed_case_ids), the same ids, and torch is not imported."""
+    code = f"""
+import json, sys
+from pathlib import Path
+from lmperf import repeats, workflow as wf
+from lmperf.report import render
+wf.CASE_IDS_CACHE = Path({str(tmp_path)!r})
+config = render.load_config({str(REPO / "config" / "config.yaml")!r})
+jobs = [{{"job": "ladder/2.7B", "cases": ["2.7B-rung15-*"]}}, {json.dumps(JOB)},
+        {{"job": "distributed/ddp_n2", "cases": ["*-ddp-b25-n2"]}}]
+config["repeats"]["full"] = {{"processes": 1, "jobs": jobs}}
+config["ladder"]["full"]["sizes"] = ["2.7B"]
+ids = {{}}
+for scale in ("full", "smoke"):
+    files = wf.result_files(config, "results/x", scale, ["results/x-x2"])
+    repeats.check([f for f in files if f.section == "repeats"], scale)
+    ids.update({{f.path: f.case_ids() for f in files}})
+print(json.dumps([ids, sorted(m for m in ("torch", "triton") if m in sys.modules)]))
+"""
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                              env={**os.environ, "PYTHONPATH": str(REPO / "src")}, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs.append(json.loads(proc.stdout))
+    (first, imported_first), (second, imported_second) = runs
+    assert "torch" in imported_first and imported_second == [] and first == second
+    assert len(first["results/x/ladder/2.7B.csv"]) > 10 and first["results/x/repeats/ladder/2.7B/run1.csv"] == [
+        "2.7B-rung15-ctx2048"]
+
+
+def test_the_cached_case_list_is_listed_again_when_the_job_or_its_code_changes(tmp_path, monkeypatch):
+    from lmperf import sources
+
+    monkeypatch.setattr(wf, "CASE_IDS_CACHE", tmp_path)
+    listed = []
+    real = wf._case_ids
+    monkeypatch.setattr(wf, "_case_ids", lambda *a: listed.append(a) or real(*a))
+    spec = wf.fa_bench_spec(config_with()["flash_attention"]["full"], config_with()["models"], "headline_d64")
+    job = ("flash_attention", "bench", spec, None)
+    ids = wf.listed_case_ids(*job)
+    assert ids == wf.listed_case_ids(*job) and len(listed) == 1 and ids  # the second from the cache
+    wf.listed_case_ids("flash_attention", "bench", spec.replace("16384", "8192"), None)
+    assert len(listed) == 2  # another spec
+    monkeypatch.setattr(sources, "digest", lambda module: "an edited file")
+    assert wf.listed_case_ids(*job) == ids and len(listed) == 3  # the same job, other code

@@ -2,10 +2,11 @@
 it can measure them), each benchmark rule's command, code inputs and params, and the result
 files a full run promises with the cases each must hold (the renderer reads them too). The
 config's cross-field checks are lmperf.planning's. Imports neither torch nor triton, so
-planning stays fast."""
+planning stays fast (the case lists of the ladder and e2e do: they are cached, `listed_case_ids`)."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import sys
@@ -225,26 +226,58 @@ class ResultFile:
 
     def case_ids(self) -> list[str] | None:
         """The case ids its job writes rows for, from the benchmark's own case list over the
-        spec (imports lmperf.bench.<section>, not torch); None for env.csv, a key/value table."""
+        spec (`listed_case_ids`); None for env.csv, a key/value table."""
         if self.section == "env":
             return None
         if self.repeat_of is not None:  # the job's cases the patterns select (ValueError if one selects none)
             from lmperf.bench.jobs import select
             return [c["case_id"] for c in select([{"case_id": c} for c in self.repeat_of.case_ids()], list(self.cases))]
-        import importlib
-        bench = importlib.import_module(f"lmperf.bench.{self.section}")
-        spec = json.loads(self.spec) if self.spec else None
-        if self.section == "ladder":  # the rungs' ids are the same with and without CUDA
-            cases = bench.cases(spec, self.arg, cuda=False)
-        elif self.section == "e2e":
-            cases = bench.study_cases(spec, self.arg)
-        elif self.section == "distributed":
-            cases = importlib.import_module(f"lmperf.bench.distributed.{self.study}").cases(spec, int(self.arg))
-        elif self.section in ("flash_attention", "lrpe", "adamw_master", "fused"):
-            cases = getattr(bench, f"{self.study}_cases")(spec)
-        else:
-            cases = bench.cases(spec) if spec else bench.cases()
-        return [c["case_id"] for c in cases]
+        return listed_case_ids(self.section, self.study, self.spec, self.arg)
+
+
+# Planning lists the cases of every result file at each Snakemake call (the report rule's check
+# of the results, the repeats' patterns), and the ladder's and e2e's case lists import
+# lmperf.train, so torch (about 3 s). The lists are kept under .cache/case-ids/ (ignored by git),
+# keyed by the job (section, study, spec, size or process count) and the sha256 of every file its
+# benchmark module can import: an edit to any of them lists the cases again.
+CASE_IDS_CACHE = sources.SRC.parent / ".cache" / "case-ids"
+
+
+def listed_case_ids(section: str, study: str, spec: str | None, arg: str | None) -> list[str]:
+    """The case ids of one job, from the cache or from lmperf.bench.<section>'s case list."""
+    module = f"lmperf.bench.distributed.{study}" if section == "distributed" else f"lmperf.bench.{section}"
+    key = hashlib.sha256(json.dumps([section, study, spec, arg, sources.digest(module)]).encode()).hexdigest()
+    path = CASE_IDS_CACHE / f"{key[:32]}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    ids = _case_ids(module, section, study, spec, arg)
+    try:  # a cache that cannot be written (a read-only checkout) only costs the next planning its time
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(f"{path.name}.{os.getpid()}.part")
+        part.write_text(json.dumps(ids))
+        os.replace(part, path)
+    except OSError:
+        pass
+    return ids
+
+
+def _case_ids(module: str, section: str, study: str, spec: str | None, arg: str | None) -> list[str]:
+    import importlib
+    bench = importlib.import_module(module)
+    spec = json.loads(spec) if spec else None
+    if section == "ladder":  # the rungs' ids are the same with and without CUDA
+        cases = bench.cases(spec, arg, cuda=False)
+    elif section == "e2e":
+        cases = bench.study_cases(spec, arg)
+    elif section == "distributed":
+        cases = bench.cases(spec, int(arg))
+    elif section in ("flash_attention", "lrpe", "adamw_master", "fused"):
+        cases = getattr(bench, f"{study}_cases")(spec)
+    else:
+        cases = bench.cases(spec) if spec else bench.cases()
+    return [c["case_id"] for c in cases]
 
 
 def result_files(config: dict, results: str, scale: str, distributed: list[str]) -> list[ResultFile]:
