@@ -168,8 +168,8 @@ def test_the_cached_case_list_is_listed_again_when_the_job_or_its_code_changes(t
 
     monkeypatch.setattr(wf, "CASE_IDS_CACHE", tmp_path)
     listed = []
-    real = wf._case_ids
-    monkeypatch.setattr(wf, "_case_ids", lambda *a: listed.append(a) or real(*a))
+    real = wf.benchmark_case_ids
+    monkeypatch.setattr(wf, "benchmark_case_ids", lambda *a: listed.append(a) or real(*a))
     spec = wf.fa_bench_spec(config_with()["flash_attention"]["full"], config_with()["models"], "headline_d64")
     job = ("flash_attention", "bench", spec, None)
     ids = wf.listed_case_ids(*job)

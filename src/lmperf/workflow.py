@@ -252,7 +252,7 @@ def listed_case_ids(section: str, study: str, spec: str | None, arg: str | None)
         return json.loads(path.read_text())
     except (OSError, ValueError):
         pass
-    ids = _case_ids(module, section, study, spec, arg)
+    ids = benchmark_case_ids(module, section, study, spec, arg)
     try:  # a cache that cannot be written (a read-only checkout) only costs the next planning its time
         path.parent.mkdir(parents=True, exist_ok=True)
         part = path.with_name(f"{path.name}.{os.getpid()}.part")
@@ -263,7 +263,8 @@ def listed_case_ids(section: str, study: str, spec: str | None, arg: str | None)
     return ids
 
 
-def _case_ids(module: str, section: str, study: str, spec: str | None, arg: str | None) -> list[str]:
+def benchmark_case_ids(module: str, section: str, study: str, spec: str | None, arg: str | None) -> list[str]:
+    """The case ids of one job from its benchmark module's own case list (what the cache keeps)."""
     import importlib
     bench = importlib.import_module(module)
     spec = json.loads(spec) if spec else None
