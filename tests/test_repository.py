@@ -5,6 +5,7 @@
 - what is kept outside the pipeline (`tools/`, `tuning/`) cannot rot: every Python file there is
   run with `--help` (which imports it), every lmperf name it uses exists, every shell script
   parses, and the memory-fixture recorder runs on this machine;
+- every `python -m lmperf...` command answers `--help`;
 - `scripts/` holds only what rules call, the repository holds no patch files, and every
   repository path that code, config, rules, templates, tools and the README name exists.
 """
@@ -24,6 +25,11 @@ SRC = ROOT / "src"
 CHECKED = ("src", "tests", "tools", "tuning")
 KEPT = sorted((ROOT / "tools").glob("*.py")) + sorted((ROOT / "tuning").rglob("*.py"))
 SHELL_TOOLS = sorted((ROOT / "tools").glob("*.sh"))
+# the modules `python -m` runs: a main guard, or a package's __main__.py (lmperf.report's calls
+# render.main)
+COMMANDS = sorted({".".join(p.relative_to(SRC).with_suffix("").parts).removesuffix(".__main__")
+                   for p in SRC.rglob("*.py")
+                   if p.name == "__main__.py" or 'if __name__ == "__main__":' in p.read_text()})
 
 
 
@@ -151,6 +157,18 @@ def test_kept_python_files_import_and_answer_help(path):
     proc = subprocess.run([sys.executable, str(path), "--help"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_answers_help(command, capsys):
+    """In this process (one torch import for all): a help text argparse cannot format (a bare
+    `%` in it) fails only when a user asks for help."""
+    module = importlib.import_module(command if command != "lmperf.report" else "lmperf.report.render")
+    if command == "lmperf.bench.distributed":
+        module = importlib.import_module("lmperf.bench.distributed.__main__")
+    with pytest.raises(SystemExit) as exit_:
+        module.main(["--help"])
+    assert exit_.value.code == 0 and "usage:" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("path", KEPT, ids=lambda p: str(p.relative_to(ROOT)))

@@ -375,7 +375,8 @@ def main(argv=None) -> int:
     p.add_argument("b", help="the results folder compared with it")
     p.add_argument("--out", type=Path, help="write the page here (default: print it)")
     p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
-                   help=f"the practical threshold, a fraction (default {DEFAULT_THRESHOLD}: {pct(DEFAULT_THRESHOLD)})")
+                   help=f"the practical threshold, a fraction (default {DEFAULT_THRESHOLD}: "
+                        f"{pct(DEFAULT_THRESHOLD)})".replace("%", "%%"))
     p.add_argument("--exit-zero", action="store_true",
                    help="exit 0 whatever the verdict (the workflow rule: the page is the product)")
     args = p.parse_args(argv)
