@@ -17,6 +17,7 @@ rule compare:
     params:
         a="results/{a}",
         b="results/{b}",
+        host_bound_pct=config["report"]["host_bound_idle_pct"],
     wildcard_constraints:
         a=r"[^/]+",
         b=r"[^/]+",
@@ -24,4 +25,5 @@ rule compare:
         "../envs/lmperf.yaml"
     shell:
         # --exit-zero: the page is the product; its summary says whether the check passed
-        "python -m lmperf.compare {params.a} {params.b} --out {output} --exit-zero > {log} 2>&1"
+        ("python -m lmperf.compare {params.a} {params.b} --out {output} --exit-zero "
+         "--host-bound-pct {params.host_bound_pct} > {log} 2>&1")

@@ -25,12 +25,14 @@ TOKENS = 4 * 256
 
 def write_run(folder: Path, seed: int, shift: dict | None = None, provenance: dict = H100,
               cv: float = 0.05, slow_steps: float = 0.1, drop: tuple = (),
-              status: dict | None = None) -> Path:
+              status: dict | None = None, idle: dict | None = None) -> Path:
     """A synthetic results folder. `shift` multiplies the times of the cases it names, `cv` is
     the per-step noise, `slow_steps` the share of steps that take 3x (as host-bound eager steps
-    do now and then), `drop` leaves cases out, `status` turns cases into failure rows."""
+    do now and then), `drop` leaves cases out, `status` turns cases into failure rows, `idle`
+    gives kernel cases a gpu_idle_pct on their ms row only (as the benchmarks measure it on
+    some rows of a case)."""
     rng = np.random.default_rng(seed)
-    shift, status = shift or {}, status or {}
+    shift, status, idle = shift or {}, status or {}, idle or {}
     rows = []
 
     def add(section, study, case, row, **case_columns):
@@ -47,7 +49,8 @@ def write_run(folder: Path, seed: int, shift: dict | None = None, provenance: di
     for j, case in enumerate(KERNELS):
         repeats = (1 + j) * shift.get(case, 1) * (1 + 0.01 * rng.standard_normal(200))
         median, q20, q80 = np.quantile(repeats, [0.5, 0.2, 0.8])
-        add("flash_attention", "bench", case, summarize_quantiles("fwd_bwd_ms", "ms", median, q20, q80))
+        add("flash_attention", "bench", case, {**summarize_quantiles("fwd_bwd_ms", "ms", median, q20, q80),
+                                               "gpu_idle_pct": idle.get(case, 1.0)})
         add("flash_attention", "bench", case,
             summarize_quantiles("fwd_bwd_tflops", "TFLOP/s", 50 / median, 50 / q80, 50 / q20))
     for kernel in PROFILED[::1 if seed % 2 else -1]:  # file order differs from run to run
@@ -178,6 +181,10 @@ def test_rows_in_one_run_only_are_listed_not_dropped(tmp_path):
                               ("small-ctx768", "parameters"): "B"}
     page = compare.render(result, "a", "b", compare.load(a), compare.load(b))
     assert "- 2 rows are in A only and 3 in B only." in page and "small-ctx768" in page
+    # a study the other run lacks altogether is one line: its cases and rows
+    shutil.rmtree(b / "profile")
+    page = compare.render(run_compare(a, b), "a", "b", compare.load(a), compare.load(b))
+    assert "| profile | profile | A | 1 | 3 |" in page and "small-ctx768" in page
 
 
 def test_several_rows_of_one_metric_are_joined_by_the_columns_that_tell_them_apart(tmp_path):
@@ -213,6 +220,29 @@ def test_regression_exit_status(tmp_path, capsys):
     result = run_compare(a, skipped)
     assert result["not_ok"][["case_id", "status_a", "status_b"]].values.tolist() == [
         ["small-ctx512", "ok", "skipped"]]
+
+
+def test_host_bound_rows_are_marked_and_never_fail(tmp_path, capsys):
+    """A kernel whose GPU sat idle 40% of its call in B (beyond the 10% default) and 50% slower
+    there: judged slower, marked host-bound, counted apart, and the check passes; the same shift
+    on a GPU-bound kernel fails it. The rate row, which has no idle % of its own, takes its case's."""
+    a = write_run(tmp_path / "a", seed=0, cv=0.01, slow_steps=0)
+    host = write_run(tmp_path / "host", seed=1, cv=0.01, slow_steps=0, shift={"headline-sdpa_flash": 1.5},
+                     idle={"headline-sdpa_flash": 40.0})
+    result = run_compare(a, host)
+    rows = result["rows"].set_index(["case_id", "metric"])
+    for metric in ("fwd_bwd_ms", "fwd_bwd_tflops"):
+        assert rows.loc[("headline-sdpa_flash", metric), "verdict"] == stats.SLOWER
+        assert rows.loc[("headline-sdpa_flash", metric), "host_bound"]
+    assert rows["host_bound"].sum() == 2 and result["failing"]["slower"].empty
+    assert compare.main([str(a), str(host), "--out", str(tmp_path / "page.md")]) == 0
+    page = (tmp_path / "page.md").read_text()
+    assert "A further 2 rows are host-bound" in page and "| slower ‡ |" in page
+    assert "**Result: pass**" in page
+    # with the mark's threshold above the idle share, the rows count as GPU-bound and fail
+    assert compare.main([str(a), str(host), "--host-bound-pct", "50"]) == 1
+    gpu_bound = write_run(tmp_path / "gpu", seed=1, cv=0.01, slow_steps=0, shift={"headline-sdpa_flash": 1.5})
+    assert compare.main([str(a), str(gpu_bound)]) == 1
 
 
 def test_across_gpus_it_is_a_hardware_comparison_and_does_not_fail(tmp_path, capsys):

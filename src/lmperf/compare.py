@@ -19,6 +19,12 @@ What is judged, by the metric's unit:
 - counts and sizes (parameters, FLOP, MiB, ...): equal or differs;
 - everything else (errors against float64 on fresh random inputs, fractions): shown only.
 
+A timing row is host-bound when its GPU sat idle more than `--host-bound-pct` (the report's
+`host_bound_idle_pct`, 10) % of its median call in either run (the rows' `gpu_idle_pct`; a row
+without it takes its case's highest in that run): its time follows the host's speed, which
+differs between machines and processes more than the GPU's, so it is judged and marked but
+never fails the regression check, and the summary counts it apart.
+
 A case in both runs that did not run `ok` in one or both (oom, error, skipped, ...) is listed
 with both statuses instead of being judged; rows present in one run only are listed with their
 status, never dropped.
@@ -46,9 +52,11 @@ import pandas as pd
 
 from lmperf import stats
 from lmperf.bench.common import METRIC_COLUMNS, PROVENANCE_COLUMNS
+from lmperf.compare_page import DIFFERS, EQUAL, gpus, pct, render, summary
 from lmperf.report.format import Spread
 
 DEFAULT_THRESHOLD = 0.08
+HOST_BOUND_IDLE_PCT = 10.0  # config report.host_bound_idle_pct, which the workflow rule passes
 CASE = ["section", "study", "case_id"]
 KEY = [*CASE, "metric"]
 TIME_UNITS = {"ms", "s", "us", "ns"}
@@ -56,8 +64,6 @@ RATE_UNITS = {"TFLOP/s", "GB/s", "tokens/s"}
 RATE_METRIC_PREFIXES = ("mfu",)  # MFU is in %, a unit other metrics share
 EXACT_UNITS = {"count", "FLOP", "MiB", "blocks", "sequences", "value"}
 FAILED = {"oom", "error"}  # statuses that, after an ok baseline, fail the regression check
-EQUAL, DIFFERS = "equal", "differs"
-LARGEST = 3  # differences the summary names
 
 
 def result_csvs(folder) -> list[str]:
@@ -159,13 +165,17 @@ def judge(row, threshold: float) -> dict:
     return {**out, "low": j.ratio.low, "high": j.ratio.high, "basis": j.basis, "verdict": j.verdict}
 
 
-def gpus(df: pd.DataFrame) -> list[str]:
-    """The GPUs a run's rows name (`gpu` provenance; `hw` where it is empty, as on a CPU)."""
-    names = df["gpu"] if "gpu" in df else pd.Series(math.nan, index=df.index, dtype=object)
-    return sorted(set(names.fillna(df["hw"] if "hw" in df else math.nan).dropna().astype(str)))
+def with_idle(df: pd.DataFrame) -> pd.DataFrame:
+    """`_idle`: a row's gpu_idle_pct, else the highest of its case's rows in its run (the
+    benchmarks measure it on some directions of a case only), else NaN."""
+    idle = pd.to_numeric(df["gpu_idle_pct"], errors="coerce") if "gpu_idle_pct" in df \
+        else pd.Series(math.nan, index=df.index)
+    case_max = idle.groupby([df["_run"], *(df[c] for c in CASE)], dropna=False).transform("max")
+    return df.assign(_idle=idle.fillna(case_max))
 
 
-def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> dict:
+def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD,
+            host_bound_pct: float = HOST_BOUND_IDLE_PCT) -> dict:
     """Join two runs' rows and judge each: {"rows": every paired row with its verdict,
     "only": rows in one run only (with their status), "not_ok": cases in both runs and not ok
     in one or both, "hardware": whether the runs are on different GPUs, "gpus", "failing": the
@@ -175,9 +185,9 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float = DEFAULT_THRESHO
     cases = case_status(a).add_suffix("_a").join(case_status(b).add_suffix("_b"), how="outer")
     in_both = cases["status_a"].notna() & cases["status_b"].notna()
     not_ok = cases[in_both & (cases["status_a"].ne("ok") | cases["status_b"].ne("ok"))]
-    both = add_detail(pd.concat([a.assign(_run="a"), b.assign(_run="b")], ignore_index=True))
+    both = with_idle(add_detail(pd.concat([a.assign(_run="a"), b.assign(_run="b")], ignore_index=True)))
     both = both[~both.set_index(CASE).index.isin(not_ok.index)]
-    columns = [*KEY, "detail", "unit", "status", "median", "q20", "q80", "samples"]
+    columns = [*KEY, "detail", "unit", "status", "median", "q20", "q80", "samples", "_idle"]
     for c in columns:
         both[c] = both[c] if c in both else math.nan
     joined = pd.merge(both.loc[both["_run"] == "a", columns], both.loc[both["_run"] == "b", columns],
@@ -189,184 +199,18 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float = DEFAULT_THRESHO
     judged = pd.DataFrame([judge(r, threshold) for _, r in paired.iterrows()],
                           columns=["kind", "A", "B", "ratio", "low", "high", "basis", "verdict"])
     rows = pd.concat([paired[[*KEY, "detail", "unit"]], judged], axis=1)
+    rows["host_bound"] = (paired["_idle_a"].gt(host_bound_pct) | paired["_idle_b"].gt(host_bound_pct)).values
     ga, gb = gpus(a), gpus(b)
     hardware = bool(ga and gb and ga != gb)
-    slower = rows[(rows["verdict"] == stats.SLOWER) & rows["basis"].isin(stats.BASES[:2])]
+    slower = rows[(rows["verdict"] == stats.SLOWER) & rows["basis"].isin(stats.BASES[:2]) & ~rows["host_bound"]]
     broke = not_ok[not_ok["status_a"].eq("ok") & not_ok["status_b"].isin(FAILED)]
     failing = {"slower": pd.DataFrame() if hardware else slower,
                "broke": pd.DataFrame() if hardware else broke}
     return {"rows": rows, "not_ok": not_ok.reset_index(),
             "only": only.assign(run=only["_merge"].map({"left_only": "A", "right_only": "B"}))
             [[*KEY, "detail", "unit", "run", "status"]].reset_index(drop=True),
-            "hardware": hardware, "gpus": (ga, gb), "threshold": threshold, "failing": failing}
-
-
-# ---------------------------------------------------------------------------------------------
-# The page
-
-
-def pct(fraction: float) -> str:
-    return f"{100 * fraction:g}%"
-
-
-def describe(df: pd.DataFrame) -> str:
-    """A run's provenance in one line: GPU, commits, library versions, when it was measured."""
-    def values(column, most=3):
-        v = sorted(set(df[column].dropna().astype(str))) if column in df else []
-        return ", ".join(v[:most]) + (f" and {len(v) - most} more" if len(v) > most else "") or "n/a"
-    dates = sorted(df["measured_at"].dropna().astype(str).str[:10]) if "measured_at" in df else []
-    when = f"measured {dates[0]} to {dates[-1]}" if dates else "no measurement dates"
-    return (f"{', '.join(gpus(df)) or 'n/a'}; commit {values('commit')}; torch {values('torch')}, "
-            f"triton {values('triton')}; {when}")
-
-
-def time_ratio(rows: pd.DataFrame) -> pd.Series:
-    """B's time over A's per row: the ratio itself for times, its reciprocal for rates."""
-    return rows["ratio"].where(rows["kind"] != "rate", 1 / rows["ratio"])
-
-
-def label(r) -> str:
-    detail = f" ({r['detail']})" if r["detail"] else ""
-    return f"`{r['section']}/{r['study']}/{r['case_id']}` {r['metric']}{detail}"
-
-
-def largest(rows: pd.DataFrame, n: int = LARGEST) -> str:
-    """The n rows whose time ratio is farthest from 1, as prose."""
-    top = rows.assign(_d=np.log(time_ratio(rows)).abs()).nlargest(n, "_d")
-    return "; ".join(f"{label(r)} B/A {r['ratio']:.3f} ({r['verdict']})" for _, r in top.iterrows())
-
-
-def framing(result: dict, name_a: str, name_b: str) -> str:
-    (ga, gb), t = result["gpus"], result["threshold"]
-    if result["hardware"]:
-        return (f"**Hardware comparison**: {', '.join(gb)} (B, `{name_b}`) against {', '.join(ga)} "
-                f"(A, `{name_a}`). Differences here are the hardware's: this is not a regression "
-                "check, and the exit status is 0.")
-    return (f"**Regression check** on {', '.join(ga) or 'one machine'}: B (`{name_b}`) against "
-            f"the baseline A (`{name_a}`), threshold {pct(t)}.")
-
-
-def agreement(result: dict) -> str:
-    """How many timing rows agree, which differ most."""
-    rows, t = result["rows"], result["threshold"]
-    timing = rows[rows["kind"].isin(["time", "rate"])
-                  & rows["verdict"].isin([stats.SAME, stats.FASTER, stats.SLOWER])]
-    if not len(timing):
-        return "The two runs have no timing row in common."
-    count = timing["verdict"].value_counts()
-    same, faster, slower = (int(count.get(v, 0)) for v in (stats.SAME, stats.FASTER, stats.SLOWER))
-    if result["hardware"]:
-        tr = time_ratio(timing)
-        text = (f"Of {len(timing)} timing rows, B is faster in {faster}, slower in {slower} and the "
-                f"same within noise in {same} (threshold {pct(t)}); B's time over A's: median "
-                f"{tr.median():.3f}, from {tr.min():.3f} to {tr.max():.3f}.")
-    else:
-        text = (f"**{same} of {len(timing)} timing rows agree within noise**; B is slower in "
-                f"{slower} and faster in {faster} (beyond {pct(t)} and outside the noise).")
-    differ = timing[timing["verdict"] != stats.SAME]
-    if len(differ):
-        return f"{text} The largest differences: {largest(differ)}."
-    return f"{text} No row differs beyond the noise; the largest ratios: {largest(timing)}."
-
-
-def summary(result: dict, name_a: str, name_b: str, a: pd.DataFrame, b: pd.DataFrame) -> list[str]:
-    """The page's first lines (also what the command prints)."""
-    rows, t = result["rows"], result["threshold"]
-    lines = [framing(result, name_a, name_b), "", f"- A: {describe(a)}", f"- B: {describe(b)}", "",
-             agreement(result), ""]
-    one_value = int((rows["basis"] == stats.BASES[2]).sum())
-    if one_value:
-        lines.append(f"- {one_value} timing rows have one value and no spread in a run: they are judged "
-                     "on the threshold alone and never fail the check.")
-    exact = rows[rows["kind"] == "exact"]
-    if len(exact):
-        lines.append(f"- Of {len(exact)} counts and sizes, {int((exact['verdict'] == EQUAL).sum())} are equal.")
-    only = result["only"]["run"].value_counts()
-    changed = int(status_changed(result["not_ok"]).sum())
-    lines += [f"- {int(only.get('A', 0))} rows are in A only and {int(only.get('B', 0))} in B only.",
-              f"- Of the cases in both runs, {changed} changed status (ok, oom, skipped, ...) and "
-              f"{len(result['not_ok']) - changed} were not ok in both alike (listed below).", ""]
-    if not result["hardware"]:
-        slow, broke = result["failing"]["slower"], result["failing"]["broke"]
-        if len(slow) or len(broke):
-            lines.append(f"**Result: fail** (exit status 1): {len(slow)} rows slower beyond {pct(t)} and "
-                         f"outside the noise; {len(broke)} cases that ran ok in A fail (oom, error) in B.")
-        else:
-            lines.append("**Result: pass** (exit status 0): no row slower beyond the threshold and "
-                         "outside the noise, no case that ran ok in A fails in B.")
-    return lines
-
-
-METHOD = ("B/A is the ratio of the two runs' medians (for TFLOP/s, GB/s, tokens/s and MFU, above 1 "
-          f"is faster). Its interval: a {stats.LEVEL:.0%} percentile bootstrap over both runs' samples "
-          f"({stats.RESAMPLES:,} resamples, seed {stats.SEED}; basis `samples`), or, for rows that "
-          "keep only a median and 20%/80% quantiles (do_bench), B's 20%-80% range against A's "
-          "(basis `quantiles`: the interval excludes 1 when the ranges do not overlap). A row is "
-          "slower or faster when its interval lies wholly on one side of 1 and its ratio is beyond "
-          "the threshold; rows with one value (basis `one value`) on the threshold alone. Counts "
-          "and sizes are equal or differ; other values (errors on fresh random inputs, fractions) "
-          "are shown only.")
-
-
-def status_changed(not_ok: pd.DataFrame) -> pd.Series:
-    return not_ok["status_a"] != not_ok["status_b"]
-
-
-def view(rows: pd.DataFrame) -> pd.DataFrame:
-    """Judged rows as the page's table: numbers as text (medians with their 20%-80% ranges)."""
-    ratio = lambda x: f"{x:.3f}" if math.isfinite(x) else ""
-    interval = [f"[{lo:.3f}, {hi:.3f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
-                for lo, hi in zip(rows["low"], rows["high"])]
-    return pd.DataFrame({
-        "row": (rows["section"] + "/" + rows["study"] + "/" + rows["case_id"]).values,
-        "metric": rows["metric"].values, "detail": rows["detail"].values, "unit": rows["unit"].values,
-        "A": [str(x) for x in rows["A"]], "B": [str(x) for x in rows["B"]],
-        "B/A": rows["ratio"].map(ratio).values, "interval": interval,
-        "basis": rows["basis"].values, "verdict": rows["verdict"].values})
-
-
-def markdown(frame: pd.DataFrame) -> str:
-    """A markdown table without the alignment padding `format.table` adds: every row of a
-    results folder is thousands of lines, and padding to the widest cell would multiply them."""
-    if not len(frame):
-        return "(no rows)"
-    cell = lambda v: "" if v is None or (isinstance(v, float) and math.isnan(v)) \
-        else str(v).replace("|", r"\|").replace("\n", " ")
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in frame.itertuples(index=False)]
-    return "\n".join(lines)
-
-
-def folded(title: str, text: str) -> list[str]:
-    return ["<details>", f"<summary>{title}</summary>", "", text, "", "</details>", ""]
-
-
-def render(result: dict, name_a: str, name_b: str, a: pd.DataFrame, b: pd.DataFrame) -> str:
-    """The page: summary, rows that disagree, cases not ok, rows in one run only, every row
-    (one folded table a section)."""
-    rows = result["rows"]
-    kind_of = "hardware comparison" if result["hardware"] else "regression check"
-    out = [f"# `{name_b}` against `{name_a}` ({kind_of})", "",
-           *summary(result, name_a, name_b, a, b), "", METHOD, ""]
-    disagree = rows[rows["verdict"].isin([stats.FASTER, stats.SLOWER, DIFFERS])]
-    disagree = disagree.assign(_d=np.log(time_ratio(disagree)).abs()).sort_values("_d", ascending=False)
-    out += ["## Rows that disagree", "", markdown(view(disagree)), ""]
-    not_ok = result["not_ok"].copy()
-    for c in ("message_a", "message_b"):
-        not_ok[c] = not_ok[c].map(lambda m: "" if pd.isna(m) else str(m)[:120])
-    not_ok = not_ok.rename(columns={"status_a": "A status", "status_b": "B status",
-                                    "message_a": "A message", "message_b": "B message"})
-    changed = status_changed(result["not_ok"])
-    out += ["## Cases not ok in a run", "", "Status changed between the runs:", "",
-            markdown(not_ok[changed.values]), ""]
-    out += folded(f"Not ok in both runs alike ({int((~changed).sum())} cases)", markdown(not_ok[~changed.values]))
-    only = result["only"]
-    out += ["## Rows in one run only", ""]
-    out += folded(f"{len(only)} rows", markdown(only)) if len(only) > 20 else [markdown(only), ""]
-    out += ["## Every row", ""]
-    for section, group in view(rows).groupby(rows["section"].values, sort=False):
-        out += folded(f"{section} ({len(group)} rows)", markdown(group))
-    return "\n".join(out)
+            "hardware": hardware, "gpus": (ga, gb), "threshold": threshold, "failing": failing,
+            "host_bound_pct": host_bound_pct}
 
 
 def main(argv=None) -> int:
@@ -377,12 +221,15 @@ def main(argv=None) -> int:
     p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                    help=f"the practical threshold, a fraction (default {DEFAULT_THRESHOLD}: "
                         f"{pct(DEFAULT_THRESHOLD)})".replace("%", "%%"))
+    p.add_argument("--host-bound-pct", type=float, default=HOST_BOUND_IDLE_PCT,
+                   help=f"a timing row whose GPU sat idle more than this share (%%) of its call in "
+                        f"either run is host-bound: judged, never failing (default {HOST_BOUND_IDLE_PCT:g})")
     p.add_argument("--exit-zero", action="store_true",
                    help="exit 0 whatever the verdict (the workflow rule: the page is the product)")
     args = p.parse_args(argv)
     try:
         a, b = load(args.a), load(args.b)
-        result = compare(a, b, args.threshold)
+        result = compare(a, b, args.threshold, args.host_bound_pct)
     except ValueError as e:
         p.error(str(e))
     page = render(result, args.a, args.b, a, b)

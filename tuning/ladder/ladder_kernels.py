@@ -6,7 +6,7 @@ the time a rung spends outside matmuls and attention can be read (tuning/ladder/
 
 Writes DIR/ladder_kernels_<size>_<context>.csv (kernel, category, ms per step, calls per step, and
 the run's provenance: GPU, torch, triton, commit); with another optimizer, fused kernels or float8
-..._<optimizer>_<fused>[_float8_<recipe>].csv. --fused and --float8 take the ladder's values
+..._<optimizer>_<fused, its + as ->[_float8_<recipe>].csv (a lent GPU returns no name with +). --fused and --float8 take the ladder's values
 (a rung's `fused` and `float8` columns) and change the model as the ladder does
 (bench/ladder.py's model_changes): the best bf16 rung of the 2.7B ladder is
 `--optimizer master --fused rmsnorm+swiglu`, its FP8 rung the same with `--float8 tensorwise`.
@@ -78,7 +78,8 @@ def main() -> None:
         rows.append({"kernel": name[:200], "category": cat, "ms_per_step": us / 1e3 / args.steps,
                      "calls_per_step": calls / args.steps, **prov})
     rows.sort(key=lambda r: -r["ms_per_step"])
-    variant = "" if (args.optimizer, args.fused) == ("fused", "none") else f"_{args.optimizer}_{args.fused}"
+    variant = ("" if (args.optimizer, args.fused) == ("fused", "none")
+               else f"_{args.optimizer}_{args.fused.replace('+', '-')}")
     variant += "" if args.float8 == "none" else f"_float8_{args.float8}"
     path = args.out / f"ladder_kernels_{args.size}_{args.context}{variant}.csv"
     common.write_csv_atomic(pd.DataFrame(rows), path)
