@@ -26,6 +26,9 @@ rule report:
         results=lambda w: wf.checked_results(RESULT_FILES, workflow.dag),
         templates=sorted(str(p) for p in Path("templates").glob("*.md.j2")),
         code=sorted(str(p) for p in Path("src/lmperf/report").glob("*.py")),
+        # the headline jobs rerun on a fresh machine, judged by lmperf.compare ("Across processes")
+        rerun=sorted(str(p) for p in Path(f"{RESULTS}-rerun").rglob("*.csv") if ".journal" not in p.parts),
+        compare=wf.code_inputs("lmperf.compare"),
         references="config/references.yaml",
         references_schema="config/references.schema.yaml",
     output:

@@ -178,3 +178,26 @@ def test_the_cached_case_list_is_listed_again_when_the_job_or_its_code_changes(t
     assert len(listed) == 2  # another spec
     monkeypatch.setattr(sources, "digest", lambda module: "an edited file")
     assert wf.listed_case_ids(*job) == ids and len(listed) == 3  # the same job, other code
+
+
+def test_the_fresh_machine_rerun_is_judged_row_by_row(tmp_path):
+    """results/<hw>-rerun beside results/<hw>: the section counts the timing rows that agree, the
+    host-bound ones apart, and names the largest difference; no rerun folder, no paragraph."""
+    from lmperf.report import rerun
+    headline = REPO / "results" / "h100-80gb-hbm3" / "flash_attention" / "bench" / "headline_d64.csv"
+    a, b = tmp_path / "results" / "h100", tmp_path / "results" / "h100-rerun"
+    assert rerun.view(a, {}) is None
+    df = pd.read_csv(headline)
+    (a / "flash_attention").mkdir(parents=True)
+    df.to_csv(a / "flash_attention" / "headline.csv", index=False)
+    slow = df["case_id"].str.contains("sdpa_cudnn") & df["metric"].eq("fwd_bwd_ms")
+    for c in ("median", "q20", "q80"):
+        df.loc[slow, c] *= 1.5
+    (b / "flash_attention").mkdir(parents=True)
+    df.to_csv(b / "flash_attention" / "headline.csv", index=False)
+    v = rerun.view(a, {"host_bound_idle_pct": 10})
+    timing = 6 * 7  # 7 providers x forward, backward, fwd_bwd in ms and TFLOP/s
+    assert v["gpu_rows"] + v["host_rows"] == timing and not v["hardware"]
+    assert v["gpu_agree"] + v["host_agree"] == timing - 1
+    assert "headline-sdpa_cudnn-bf16-causal-b1h16n16384d64` fwd_bwd_ms B/A 1.500 (slower)" in v["largest"]
+    assert v["folder"] == "results/h100-rerun" and v["page"] == "compare/h100_vs_h100-rerun.md"

@@ -9,6 +9,7 @@ import math
 
 import pandas as pd
 
+from lmperf.report import rerun
 from lmperf.report.format import unavailable
 
 # The metrics of each section whose spread across processes the section shows: the headline
@@ -64,8 +65,9 @@ def spread_row(section: str, case_id: str, metric: str, measured: list, width: i
 
 def view(inputs) -> dict:
     repeats = inputs.rows("repeats")
+    fresh = rerun.view(inputs.results, inputs.bars)
     if repeats.empty:
-        return unavailable(f"no {inputs.results}/repeats/ (rule repeats: config `repeats`)")
+        return unavailable(f"no {inputs.results}/repeats/ (rule repeats: config `repeats`)", fresh_machine=fresh)
     groups = list(repeats.groupby(["section", "study", "case_id"], sort=False))
     width = 1 + max(g["measured_at"].nunique() for _, g in groups)
     lines = []
@@ -81,11 +83,11 @@ def view(inputs) -> dict:
     table = pd.DataFrame(lines)
     if table.empty:
         return unavailable("the repeats' rows hold none of the headline metrics "
-                           f"({', '.join(m for ms in HEADLINE.values() for m in ms)})")
+                           f"({', '.join(m for ms in HEADLINE.values() for m in ms)})", fresh_machine=fresh)
     across = table["across processes: (max - min) / median %"]
     within = table["within one process: (q80 - q20) / median %, widest"]
     widest = table.loc[across.idxmax()] if across.notna().any() else None
-    return {"available": True, "table": table, "processes": width,
+    return {"available": True, "table": table, "processes": width, "fresh_machine": fresh,
             "numbers": len(table), "complete": int((table["_processes"] == width).sum()),
             "widest": None if widest is None else {
                 "case": widest["case"], "metric": widest["metric"],
