@@ -504,6 +504,13 @@ def expected_summary() -> dict[str, list[str]]:
     checks = checks[checks["status"] == "ok"]
     passed = int(checks["passed"].astype(str).str.lower().eq("true").sum())
     out["Are the kernels right?"] = [f"{passed} of {len(checks)} checks pass"]
+    from lmperf import compare  # the fresh machine's rerun, judged row by row (tests/test_compare.py)
+    judged = compare.compare(compare.load(COMMITTED), compare.load(COMMITTED.parent / "h100-80gb-hbm3-rerun"),
+                             host_bound_pct=BARS["host_bound_idle_pct"])["rows"]
+    timing = judged[judged["kind"].isin(["time", "rate"]) & judged["verdict"].isin(["same within noise", "faster", "slower"])]
+    gpu = timing[~timing["host_bound"]]
+    out["Does a rerun give these numbers?"] = [
+        f"{int((gpu['verdict'] == 'same within noise').sum())} of {len(gpu)} timing rows agree within noise", "threshold 8%"]
     return out
 
 
@@ -515,7 +522,7 @@ def test_the_report_opens_with_a_summary_and_its_contents(committed_render):
     assert "## Summary" in lines[:40]
     headings = {anchor(line): line for line in lines if line.startswith("## ")}
     rows = summary_rows(committed_render)
-    assert len(rows) == 8
+    assert len(rows) == 9
     for question, (_, _, section) in rows.items():
         target = re.fullmatch(r"\[(.+)\]\(#([\w-]+)\)", section)
         assert target and headings.get(target[2]) == "## " + target[1], (question, section)
@@ -560,7 +567,7 @@ def test_a_summary_answer_that_was_not_measured_says_so(tmp_path):
     empty.mkdir(parents=True)
     text = run(empty, tmp_path, "smoke")
     rows = summary_rows(text)
-    assert len(rows) == 8
+    assert len(rows) == 9
     for question, (measured, _, section) in rows.items():
         assert measured.startswith("not measured here: "), question
         assert re.fullmatch(r"\[.+\]\(#[\w-]+\)", section)

@@ -38,7 +38,8 @@ def view(views: dict, references: list[dict], hw: str) -> dict:
             "scaling": scaling(get("distributed")),
             "memory": memory(get("memory")),
             "profile": profile(get("profile")),
-            "correctness": correctness(get("correctness"))}
+            "correctness": correctness(get("correctness")),
+            "reproducibility": reproducibility(get("repeats"))}
 
 
 def _config(v: dict, group: str, causal: str | None = None) -> dict | None:
@@ -166,3 +167,15 @@ def correctness(v: dict) -> dict:
     if not v["available"] or not v["n_checks"]:
         return unavailable("no kernel-test results")
     return {"available": True, **{k: v[k] for k in ("n_checks", "n_passed", "n_kernels", "worst_ratio", "n_skipped")}}
+
+
+def reproducibility(v: dict) -> dict:
+    """Whether a rerun gives these numbers: the headline jobs on a fresh machine (how many timing
+    rows agree within noise, host-bound ones apart) and the headline cases in fresh processes
+    (their medians' spread against one process's)."""
+    fresh = v.get("fresh_machine")
+    if not v["available"] and not fresh:
+        return unavailable(v["why"])
+    across = {k: v[k] for k in ("numbers", "processes", "across_median_pct", "within_median_pct")} \
+        if v["available"] else None
+    return {"available": True, "fresh": fresh, "across": across}
