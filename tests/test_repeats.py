@@ -123,6 +123,17 @@ def test_without_the_jobs_own_rows_the_fresh_processes_still_count():
     assert line["the job's process"] is None and line["_processes"] == 2
 
 
+def test_a_metric_whose_gpu_sat_idle_in_a_process_is_marked_host_bound():
+    fresh = [{**r, "gpu_idle_pct": 40.0} for r in rows("2026-01-01T01:00:00", 5.2, 5.1, 5.3)]
+    frames = {"flash_attention": pd.DataFrame(rows("2026-01-01T00:00:00", 5.0, 4.9, 5.1)),
+              "repeats": pd.DataFrame(fresh)}
+    inputs = Inputs(results=Path(RESULTS), frames=frames, bars={"host_bound_idle_pct": 10}, out_dir=Path("."))
+    v = repeats.view(inputs)
+    assert v["table"]["metric"].tolist() == ["fwd_bwd_ms ‡"] and v["host_bound"]["n"] == 1
+    inputs.bars["host_bound_idle_pct"] = 50
+    assert repeats.view(inputs)["table"]["metric"].tolist() == ["fwd_bwd_ms"]
+
+
 def test_without_repeats_the_section_says_why():
     v = repeats.view(Inputs(results=Path(RESULTS), frames={"repeats": pd.DataFrame()}, bars={}, out_dir=Path(".")))
     assert not v["available"] and "repeats" in v["why"]

@@ -10,7 +10,7 @@ import math
 import pandas as pd
 
 from lmperf.report import rerun
-from lmperf.report.format import unavailable
+from lmperf.report.format import HOST_BOUND, unavailable
 
 # The metrics of each section whose spread across processes the section shows: the headline
 # numbers (FlashAttention's forward+backward, by the host's clock and as a CUDA graph; LRPE's
@@ -43,14 +43,18 @@ def processes(job: pd.DataFrame, repeats: pd.DataFrame, metric: str) -> list[pd.
     return [entry(job)] + [entry(rows) for _, rows in repeats.groupby("measured_at", sort=True)]
 
 
-def spread_row(section: str, case_id: str, metric: str, measured: list, width: int) -> dict:
-    """The table's line for one case and metric, `measured` as `processes` gives it."""
+def spread_row(section: str, case_id: str, metric: str, measured: list, width: int,
+               threshold: float = math.inf) -> dict:
+    """The table's line for one case and metric, `measured` as `processes` gives it; the metric
+    marked host-bound where its GPU sat idle more than `threshold` % of the call in a process."""
     rows = [m for m in measured if isinstance(m, pd.Series) and math.isfinite(float(m["median"]))]
+    idle = [float(r["gpu_idle_pct"]) for r in rows if "gpu_idle_pct" in r and pd.notna(r["gpu_idle_pct"])]
+    bound = bool(idle) and max(idle) > threshold
     medians = [float(r["median"]) for r in rows]
     center = float(pd.Series(medians).median()) if medians else math.nan
     within = [relative_range(float(r["q20"]), float(r["q80"]), float(r["median"])) for r in rows]
     within = [w for w in within if math.isfinite(w)]
-    line = {"section": section, "case": case_id, "metric": metric,
+    line = {"section": section, "case": case_id, "metric": f"{metric} {HOST_BOUND}" if bound else metric,
             "unit": rows[0]["unit"] if rows else ""}
     for i in range(width):
         label = "the job's process" if i == 0 else f"fresh process {i}"
@@ -59,7 +63,7 @@ def spread_row(section: str, case_id: str, metric: str, measured: list, width: i
     line["across processes: (max - min) / median %"] = (
         relative_range(min(medians), max(medians), center) if len(medians) > 1 else math.nan)
     line["within one process: (q80 - q20) / median %, widest"] = max(within) if within else math.nan
-    line["_processes"] = len(medians)
+    line["_processes"], line["_host_bound"] = len(medians), bound
     return line
 
 
@@ -79,7 +83,8 @@ def view(inputs) -> dict:
         for metric in HEADLINE.get(section, ()):
             measured = processes(job, rep, metric)
             if any(isinstance(m, pd.Series) for m in measured):
-                lines.append(spread_row(section, case_id, metric, measured, width))
+                lines.append(spread_row(section, case_id, metric, measured, width,
+                                        inputs.bars.get("host_bound_idle_pct", math.inf)))
     table = pd.DataFrame(lines)
     if table.empty:
         return unavailable("the repeats' rows hold none of the headline metrics "
@@ -87,7 +92,10 @@ def view(inputs) -> dict:
     across = table["across processes: (max - min) / median %"]
     within = table["within one process: (q80 - q20) / median %, widest"]
     widest = table.loc[across.idxmax()] if across.notna().any() else None
-    return {"available": True, "table": table, "processes": width, "fresh_machine": fresh,
+    threshold = inputs.bars.get("host_bound_idle_pct", math.inf)
+    legend = {"measured": bool(table["_host_bound"].any()), "threshold": threshold, "mark": HOST_BOUND,
+              "n": int(table["_host_bound"].sum())}
+    return {"available": True, "table": table, "processes": width, "fresh_machine": fresh, "host_bound": legend,
             "numbers": len(table), "complete": int((table["_processes"] == width).sum()),
             "widest": None if widest is None else {
                 "case": widest["case"], "metric": widest["metric"],
