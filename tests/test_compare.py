@@ -308,3 +308,14 @@ def test_the_workflow_rule_writes_the_page(tmp_path):
     page = (repo / "report" / "compare" / "base_vs_new.md").read_text()
     assert page.startswith("# `results/new` against `results/base` (regression check)")
     assert "**Result: fail**" in page  # the job itself succeeds: the page is its product
+
+
+@pytest.mark.parametrize("page", sorted((REPO / "report" / "compare").glob("*_vs_*.md")), ids=lambda p: p.name)
+def test_every_committed_page_is_what_the_command_writes_from_the_committed_results(page, tmp_path, monkeypatch):
+    """report/compare/<a>_vs_<b>.md, which the report links, is current: the command run on the
+    committed results/<a> and results/<b> writes it byte for byte."""
+    a, b = page.stem.split("_vs_")
+    monkeypatch.chdir(REPO)  # the page names the folders as the command was given them
+    out = tmp_path / page.name
+    assert compare.main([f"results/{a}", f"results/{b}", "--out", str(out), "--exit-zero"]) == 0
+    assert out.read_text() == page.read_text(), f"rewrite it: python -m lmperf.compare results/{a} results/{b} --out {page.relative_to(REPO)}"
