@@ -53,3 +53,31 @@ rule report:
         "--templates templates --out {output.report} --figures {output.figures} "
         "--config-json {params.config:q} --distributed results/{params.dist_hw} "
         "--references {input.references} > {log} 2>&1"
+
+
+# Another GPU's results rendered alone, e.g. `snakemake --cores 1 report/h200/report.md`: what
+# results/<hw>/ holds, at the scale it was measured at (its env.csv), measuring nothing; the
+# files a full run would add are listed under the report's heading. The multi-GPU section reads
+# the results/<hw>-x<N> folders there are.
+rule hw_report:
+    input:
+        results=lambda w: sorted(str(p) for p in Path(f"results/{w.hw}").rglob("*.csv") if ".journal" not in p.parts),
+        templates=sorted(str(p) for p in Path("templates").glob("*.md.j2")),
+        code=sorted(str(p) for p in Path("src/lmperf/report").glob("*.py")),
+        references="config/references.yaml",
+    output:
+        report=update("report/{hw}/report.md"),
+        figures=update(directory("report/{hw}/figures")),
+    log:
+        "logs/report/{hw}.log",
+    params:
+        scale=lambda w: wf.measured_scale(f"results/{w.hw}"),
+        config=json.dumps({k: v for k, v in config.items() if k not in ("hw", "scale")}, sort_keys=True),
+    wildcard_constraints:
+        hw=r"[^/]+",
+    conda:
+        "../envs/lmperf.yaml"
+    shell:
+        "python -m lmperf.report --results results/{wildcards.hw} --scale {params.scale} "
+        "--templates templates --out {output.report} --figures {output.figures} "
+        "--config-json {params.config:q} --references {input.references} > {log} 2>&1"

@@ -104,7 +104,8 @@ def test_a_figure_neither_written_nor_explained_stops_the_render(tmp_path, monke
 
 def test_no_placeholder_image_is_committed():
     """Every committed figure is one the committed report links."""
-    for report in [REPO / "report" / "report.md", *(REPO / "report" / "distributed").glob("*/distributed.md")]:
+    for report in [REPO / "report" / "report.md", *(REPO / "report").glob("*/report.md"),
+                   *(REPO / "report" / "distributed").glob("*/distributed.md")]:
         text = report.read_text()
         for png in (report.parent / "figures").glob("*.png"):
             assert f"](figures/{png.name})" in text, f"{png.relative_to(REPO)} is not in {report.name}"

@@ -22,6 +22,21 @@ def machine(config: dict) -> tuple[str, str]:
     return hw, scale
 
 
+def measured_scale(results: str) -> str:
+    """The scale a results folder was measured at, from its env/env.csv (key `scale`); a
+    ValueError naming the file where it cannot be read."""
+    import csv
+    path = os.path.join(results, "env", "env.csv")
+    try:
+        with open(path, newline="") as f:
+            scale = {row["key"]: row["value"] for row in csv.DictReader(f)}.get("scale")
+    except (OSError, KeyError) as exc:
+        raise ValueError(f"{path}: cannot read the scale these results were measured at ({exc})") from None
+    if scale not in ("smoke", "full"):
+        raise ValueError(f"{path}: no scale (smoke or full) in it: {scale!r}")
+    return scale
+
+
 def cannot_measure(hw: str, scale: str, gpu: str | None) -> str | None:
     """Why a machine whose GPU is `gpu` (None: no CUDA GPU) cannot run the benchmarks of
     results/<hw> at `scale`, or None when it can. Snakemake deletes a job's old CSV before the

@@ -170,7 +170,10 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
                    "missing": sorted({m for files in absent.values() for m in files}),
                    "partial": absent, "expected": len(promised),
                    "references": published.by_section(references or [], results.name),
-                   "rendered_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+                   "rendered_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                   # the Snakemake target that writes it: report/<hw>/report.md for a results
+                   # folder rendered alone (rule hw_report), else the report
+                   "target": f"report/{results.name}/{out.name}" if out.parent.name == results.name else "report/report.md"}
         text = environment(templates).get_template(template).render(**context)
         (Path(tmp) / out.name).write_text(text)
         # everything rendered: move it into place (a rename each where on one file system); a

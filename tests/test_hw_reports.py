@@ -1,0 +1,56 @@
+"""Another GPU's results rendered alone (rule hw_report, report/<hw>/report.md): the scale comes
+from the results' env.csv, the rule measures nothing, and every committed page is what the
+renderer writes from the committed results."""
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from conftest import REPO, copy_repo, snakemake
+from lmperf import workflow
+from lmperf.report import render
+
+HW_REPORTS = sorted(p for p in (REPO / "report").glob("*/report.md"))
+
+
+def test_the_scale_is_the_one_the_results_were_measured_at(tmp_path):
+    env = tmp_path / "results" / "x" / "env"
+    env.mkdir(parents=True)
+    (env / "env.csv").write_text("key,value\nhw,x\nscale,full\n")
+    assert workflow.measured_scale(str(tmp_path / "results" / "x")) == "full"
+    (env / "env.csv").write_text("key,value\nhw,x\n")
+    with pytest.raises(ValueError, match=r"env\.csv: no scale"):
+        workflow.measured_scale(str(tmp_path / "results" / "x"))
+    with pytest.raises(ValueError, match="cannot read the scale"):
+        workflow.measured_scale(str(tmp_path / "results" / "none"))
+
+
+def test_an_hw_report_renders_and_measures_nothing(tmp_path):
+    """A dry run of report/h200/report.md plans the render alone, on a machine that cannot
+    measure."""
+    repo = copy_repo(tmp_path / "repo")
+    shutil.copytree(REPO / "results" / "h200", repo / "results" / "h200")
+    plan = snakemake(repo, "report/h200/report.md", "-n", "-F", "--quiet", "rules").stdout
+    jobs = re.findall(r"^(\w+)\s+\d+\s*$", plan, flags=re.M)
+    assert set(jobs) == {"hw_report", "total"}, plan
+
+
+@pytest.mark.skipif(not HW_REPORTS, reason="no report/<hw>/report.md committed")
+@pytest.mark.parametrize("page", HW_REPORTS, ids=lambda p: p.parent.name)
+def test_every_committed_hw_report_is_what_the_renderer_writes(page, tmp_path, monkeypatch):
+    hw = page.parent.name
+    monkeypatch.chdir(REPO)  # the page names the results folder as the rule gives it
+    results = f"results/{hw}"
+    out = tmp_path / "report" / hw / "report.md"
+    argv = ["--results", results, "--scale", workflow.measured_scale(results),
+            "--templates", "templates", "--out", str(out), "--figures", str(out.parent / "figures"),
+            "--config", "config/config.yaml", "--references", "config/references.yaml"]
+    render.main(argv)
+    stamp = re.compile(r" on \d{4}-\d\d-\d\d \d\d:\d\d UTC\.")
+    fresh, committed = (stamp.sub(" on <time>.", p.read_text()) for p in (out, page))
+    assert f"snakemake --cores 1 report/{hw}/report.md" in fresh
+    assert fresh == committed, f"rewrite it: snakemake --cores 1 -F report/{hw}/report.md"
+    assert sorted(p.name for p in (out.parent / "figures").glob("*.png")) == \
+        sorted(p.name for p in (page.parent / "figures").glob("*.png"))
