@@ -1,5 +1,6 @@
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,12 @@ import torch
 # Without a GPU, Triton kernels run in Triton's interpreter; this must be set before triton loads.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# A test run started in the background (`nohup make test &`) ignores SIGINT, and every process it
+# starts inherits the ignore: the tests of what Ctrl-C does (a job stopped, journalled, named)
+# would see no interrupt. A handler here is reset to the default in each child at exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parents[1]
 # What a copy of the repository leaves out: environments, caches, and the workflow's outputs.
