@@ -1,12 +1,14 @@
 # The report: every section's results (the outputs of the rule named after the section) ->
 # report/report.md and its figures. Sections, their figures and their order: lmperf.report.sections.
-from lmperf.report.sections import SECTIONS, frame_names  # noqa: E402
+from lmperf.report.sections import SECTIONS, frame_names, result_dirs  # noqa: E402
 
 
 # A section's results are the outputs of the rule named after it (the correctness section's
 # also those of the kernels checked without a section, sections.CHECKED_ONLY); for `distributed`
 # those are results/<gpu>-x<count>/distributed/*.csv on this machine (results/cpu/ on a CPU),
 # which the renderer reads beside results/<hw>/ (lmperf.report.sections.result_dirs).
+# the grids (what each result file must hold) and the bars, hw and scale left to each rule
+REPORT_CONFIG = json.dumps({k: v for k, v in config.items() if k not in ("hw", "scale")}, sort_keys=True)
 RULE_NAMES = {r.name for r in workflow.rules}  # sections without results (correctness) have none
 REPORT_RESULTS = [f for name in frame_names(SECTIONS) if name in RULE_NAMES
                   for f in wf.results_of(getattr(rules, name))]
@@ -44,8 +46,7 @@ rule report:
         hw=HW,
         scale=SCALE,
         dist_hw=DIST_HW,
-        # the grids (what each result file must hold) and the bars; hw and scale as resolved
-        config=json.dumps({k: v for k, v in config.items() if k not in ("hw", "scale")}, sort_keys=True),
+        config=REPORT_CONFIG,
     conda:
         "../envs/lmperf.yaml"
     shell:
@@ -61,7 +62,9 @@ rule report:
 # the results/<hw>-x<N> folders there are.
 rule hw_report:
     input:
-        results=lambda w: sorted(str(p) for p in Path(f"results/{w.hw}").rglob("*.csv") if ".journal" not in p.parts),
+        # its own CSVs and those of the multi-GPU folders its report reads (results/<hw>-x<N>)
+        results=lambda w: sorted(str(p) for d in [Path(f"results/{w.hw}"), *result_dirs(f"results/{w.hw}", "distributed")[1:]]
+                                 for p in d.rglob("*.csv") if ".journal" not in p.parts),
         templates=sorted(str(p) for p in Path("templates").glob("*.md.j2")),
         code=sorted(str(p) for p in Path("src/lmperf/report").glob("*.py")),
         references="config/references.yaml",
@@ -72,7 +75,7 @@ rule hw_report:
         "logs/report/{hw}.log",
     params:
         scale=lambda w: wf.measured_scale(f"results/{w.hw}"),
-        config=json.dumps({k: v for k, v in config.items() if k not in ("hw", "scale")}, sort_keys=True),
+        config=REPORT_CONFIG,
     wildcard_constraints:
         hw=r"[^/]+",
     conda:
