@@ -319,3 +319,19 @@ def test_every_committed_page_is_what_the_command_writes_from_the_committed_resu
     out = tmp_path / page.name
     assert compare.main([f"results/{a}", f"results/{b}", "--out", str(out), "--exit-zero"]) == 0
     assert out.read_text() == page.read_text(), f"rewrite it: python -m lmperf.compare results/{a} results/{b} --out {page.relative_to(REPO)}"
+
+
+def test_rows_that_disagree_are_ordered_the_same_whatever_their_order_and_last_bits():
+    """A time and the rate computed from it have the same ratio up to the last bits (which differ
+    between NumPy builds): they tie, and ties go in the order of the row's key, so a page written
+    on another machine from the same results is the same page."""
+    from lmperf.compare_page import farthest_first
+    rows = pd.DataFrame({
+        "section": ["lrpe"] * 4, "study": ["bench"] * 4,
+        "case_id": ["b", "b", "a", "c"], "metric": ["ms", "gbs", "ms", "ms"], "detail": [""] * 4,
+        "kind": ["time", "rate", "time", "time"],
+        "ratio": [5.589, 1 / 5.589 * (1 + 1e-15), 5.589 * (1 - 1e-15), 2.0]})
+    want = [("a", "ms"), ("b", "gbs"), ("b", "ms"), ("c", "ms")]
+    for order in ([0, 1, 2, 3], [3, 2, 1, 0], [1, 3, 0, 2]):
+        got = farthest_first(rows.iloc[order])
+        assert list(zip(got["case_id"], got["metric"])) == want

@@ -46,9 +46,19 @@ def label(r) -> str:
     return f"`{r['section']}/{r['study']}/{r['case_id']}` {r['metric']}{detail}"
 
 
+def farthest_first(rows: pd.DataFrame) -> pd.DataFrame:
+    """`rows` by how far their time ratio is from 1, farthest first. The distance is rounded to 9
+    decimals, so a time and the rate computed from it (the same ratio up to the last bits, which
+    differ between NumPy builds) tie, and ties go in the order of the row's key: the same page
+    from the same results on every machine."""
+    key = ["section", "study", "case_id", "metric", "detail"]
+    return (rows.assign(_d=np.log(time_ratio(rows)).abs().round(9))
+            .sort_values(["_d", *key], ascending=[False] + [True] * len(key), kind="stable"))
+
+
 def largest(rows: pd.DataFrame, n: int = LARGEST) -> str:
     """The n rows whose time ratio is farthest from 1, as prose."""
-    top = rows.assign(_d=np.log(time_ratio(rows)).abs()).nlargest(n, "_d")
+    top = farthest_first(rows).head(n)
     return "; ".join(f"{label(r)} B/A {r['ratio']:.3f} ({r['verdict']})" for _, r in top.iterrows())
 
 
@@ -200,7 +210,7 @@ def render(result: dict, name_a: str, name_b: str, a: pd.DataFrame, b: pd.DataFr
     out = [f"# `{name_b}` against `{name_a}` ({kind_of})", "",
            *summary(result, name_a, name_b, a, b), "", METHOD, ""]
     disagree = rows[rows["verdict"].isin([stats.FASTER, stats.SLOWER, DIFFERS])]
-    disagree = disagree.assign(_d=np.log(time_ratio(disagree)).abs()).sort_values("_d", ascending=False)
+    disagree = farthest_first(disagree)
     out += ["## Rows that disagree", "", markdown(view(disagree)), ""]
     not_ok = result["not_ok"].copy()
     for c in ("message_a", "message_b"):
