@@ -89,3 +89,37 @@ def built_repo(tmp_path_factory) -> Path:
     env = {"PYTHONPATH": f"{repo / 'src'}{os.pathsep}{recorder}", "LMPERF_RECORD": str(repo / ".records")}
     snakemake(repo, "--cores", "1", "report/report.md", *SMOKE, env=env, timeout=1800)
     return repo
+
+
+def _ours(fixturedef, root: Path) -> bool:
+    """A fixture defined in the suite (under its root folder), not one of pytest's or a plugin's
+    (such as tmp_path_factory), whose files may be under the root too, in a venv there."""
+    code = getattr(fixturedef.func, "__code__", None)
+    if code is None:
+        return False
+    where = Path(code.co_filename)
+    return where.is_relative_to(root) and not any(where.is_relative_to(p) for p in {sys.prefix, sys.base_prefix})
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`), the tests that share a
+    fixture wider than one test (built_repo: the smoke workflow, minutes; a module's rendered
+    report) go to one worker, so that the fixture is built once, not once a worker. Those of a
+    session fixture come first: their worker starts on the longest share while the others take
+    the rest, instead of starting it last."""
+    session = set()
+    for item in items:
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        shared = sorted(name for name, chain in defs.items()
+                        if chain and chain[-1].scope in ("module", "session") and _ours(chain[-1], config.rootpath))
+        if shared:
+            name = shared[0]
+            if defs[name][-1].scope == "session":
+                group = name
+                session.add(item)
+            else:
+                group = f"{item.module.__name__}::{name}"
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item not in session)  # stable: the order within each part stays
+
