@@ -214,6 +214,28 @@ def test_cuda_graph_timing_is_asked_per_group_or_per_provider(gpu_time, timed):
     assert {c["provider"] for c in bench_cases({"groups": [group]}) if c["gpu_time"]} == timed
 
 
+def test_compiled_plain_attention_is_one_static_graph_a_case_and_warmed():
+    """The grid's torch.compile'd peer is compiled for its case's shape alone, as users get it for
+    a shape that does not change: a second length is a recompile, not a dynamic graph, and the next
+    case starts from no graph at all (with dynamic=True its time depended on the lengths an earlier
+    case met). Each case's graph is compiled first by the compile-cache warm-up."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    from lmperf.bench.flash_attention import compiles, provider_fn
+    from lmperf.model import plain_attention
+
+    graphs = lambda: len(_debug_get_cache_entry_list(plain_attention.__code__))
+    case = lambda n: {"case_id": f"n{n}", "provider": "plain_compiled", "causal": True, "dtype": "fp32",
+                      "heads": 1, "seq_len": n}
+    fn, _ = provider_fn(case(16))
+    for n, expected in ((16, 1), (24, 2)):
+        x = torch.randn(1, 1, n, 8)
+        fn(x, x, x)
+        assert graphs() == expected
+    provider_fn(case(40))
+    assert graphs() == 0
+    assert compiles(case(40)) and not compiles({**case(40), "provider": "plain"})
+
+
 # ---------------------------------------------------------------------------------------------
 # The Triton kernels as PyTorch ops: torch.compile and torch.library's own checks.
 # On a GPU torch.compile runs Inductor (which launches the kernels itself); on the CPU it runs

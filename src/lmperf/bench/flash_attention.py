@@ -159,12 +159,14 @@ def _no_donated_buffers():
     torch._functorch.config.donated_buffer = False
 
 
-@functools.cache
 def _compiled_plain():
+    """torch.compile'd PyTorch attention for one shape, as users get it for a fixed one: anew each
+    case, never with kernels made for an earlier case's lengths (tuning NOTES.md, steps 28-29)."""
     import torch
     from lmperf.model import plain_attention
     _no_donated_buffers()
-    return torch.compile(plain_attention, dynamic=True)
+    torch._dynamo.reset()
+    return torch.compile(plain_attention, dynamic=False)
 
 
 @functools.cache
@@ -198,7 +200,7 @@ def provider_fn(case: dict):
     if p == "plain":
         return (lambda q, k, v: plain_attention(q, k, v, causal)), none
     if p == "plain_compiled":
-        return (lambda q, k, v: _compiled_plain()(q, k, v, causal)), none
+        return (lambda q, k, v, compiled=_compiled_plain(): compiled(q, k, v, causal)), none  # compiled here, once
     if p in ("sdpa_flash", "sdpa_cudnn"):
         from torch.nn.attention import SDPBackend, sdpa_kernel
         if dtype == "fp32":
@@ -254,14 +256,12 @@ def setup_bench(case: dict):
 
 
 def compiles(case: dict) -> bool:
-    """Whether a bench case compiles what the compile-cache warm-up can leave for its timed run:
-    our Triton kernels, FlexAttention, and every provider under the leaderboard harness but
-    SDPA's (compiled without the caches, _compile_caches). Not plain_compiled: its graphs have
-    dynamic shapes, so which ones a process compiles depends on the lengths it met before (a
-    worker's need not be the timed loop's), and it would run the largest plain attention twice."""
+    """Whether a bench case compiles what the compile-cache warm-up can leave for its timed run: all
+    but plain, torch_tiled and SDPA (compiled without the caches under the leaderboard harness)."""
     if case.get("skip_reason") or case["provider"] in ("sdpa_flash", "sdpa_cudnn"):
         return False
-    return case["provider"] in ("triton", "triton_compiled", "flex") or case.get("harness") == "leaderboard"
+    compiled = ("triton", "triton_compiled", "flex", "plain_compiled")
+    return case["provider"] in compiled or case.get("harness") == "leaderboard"
 
 
 def warm_bench(case: dict) -> list[dict]:
