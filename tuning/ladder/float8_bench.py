@@ -1,0 +1,111 @@
+"""Float8 training of the ladder's best bf16 rung, in one process on one GPU: the rung in bf16,
+then the same model with every nn.Linear but the LM head in fp8 (kernels/float8_delayed.py:
+delayed scaling; or torchao's dynamic `tensorwise` where torchao imports), step time and kernel
+time a step by category, so the float8 recipe's cost outside the matmuls can be read
+(tuning/ladder/NOTES.md, section 4).
+
+    python tuning/ladder/float8_bench.py --out DIR [--size 2.7B --context 2048 --batch 4]
+        [--recipe delayed|tensorwise] [--steps 15]
+
+The rung: our FlashAttention-2, MasterWeightAdamW, our RMSNorm, compiled blocks (the ladder's
+rung 15 at 4 x 2,048 for the 2.7B). Writes DIR/float8_bench_<size>_<context>_<recipe>.csv: per
+variant the step time (median, 20/80% quantiles and samples of CUDA-event timed steps, after 3
+warm-up steps), tokens/s, the loss of the last step, and kernel ms a step by category
+(`amax` for the amax reductions), with the run's provenance.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+from pathlib import Path
+
+
+def timed(model, optimizer, inputs, targets, autocast, steps: int) -> tuple[list[float], float]:
+    import torch
+
+    from lmperf import train
+    nothing = lambda phase: contextlib.nullcontext()
+    out = []
+    for _ in range(steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        train.step(model, optimizer, inputs, targets, autocast, nothing)
+        end.record()
+        torch.cuda.synchronize()
+        out.append(start.elapsed_time(end))
+    with torch.no_grad(), autocast:
+        loss = train.loss(model, inputs, targets).item()
+    return out, loss
+
+
+def kernels(model, optimizer, inputs, targets, autocast, steps: int = 2) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    from lmperf import train
+    from lmperf.bench import ladder, profile
+    nothing = lambda phase: contextlib.nullcontext()
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            train.step(model, optimizer, inputs, targets, autocast, nothing)
+        torch.cuda.synchronize()
+    by = {}
+    for name, (us, _) in profile.kernel_times(prof, cuda=True).items():
+        cat = "attention" if ladder.ATTENTION_KERNEL.search(name) else profile.category(name)
+        if "abs_max" in name or "amax" in name:
+            cat = "amax"
+        by[cat] = by.get(cat, 0.0) + us / 1e3 / steps
+    return by
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="2.7B")
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--recipe", default="delayed", choices=["delayed", "tensorwise"])
+    ap.add_argument("--steps", type=int, default=15, help="timed steps of each variant (after 3 warm-up steps)")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    import pandas as pd
+    import torch
+    import yaml
+
+    from lmperf import hardware, train
+    from lmperf.bench import common, float8, ladder
+    from lmperf.kernels import float8_delayed
+    if not torch.cuda.is_available():
+        raise SystemExit("float8_bench: needs CUDA (it times the GPU's steps)")
+    convert = float8_delayed.convert if args.recipe == "delayed" else float8.training(args.recipe)
+    case = {**ladder.BASE, "dtype": "bf16", "compile": True, "optimizer": "master", "attention": "flash-triton",
+            "context": args.context, "batch_size": args.batch, "mode": "train", "fused": "rmsnorm", "float8": "none"}
+    dims = yaml.safe_load(open("config/config.yaml"))["models"][args.size]
+    cfg, model, optimizer, inputs, targets, autocast = train.setup(case, dims)
+    ladder.model_changes(case)(model)
+    rows, prov = [], common.provenance(hardware.hw_slug(hardware.gpu_name()))
+    tokens = args.batch * args.context
+    for variant in ("bf16", f"fp8_{args.recipe}"):
+        if variant != "bf16":
+            convert(model)
+            torch._dynamo.reset()
+        times, loss = timed(model, optimizer, inputs, targets, autocast, 3 + args.steps)
+        times = times[3:]
+        q = statistics.quantiles(times, n=5)
+        by = kernels(model, optimizer, inputs, targets, autocast)
+        med = statistics.median(times)
+        rows.append({"variant": variant, "metric": "step_ms", "median": med, "q20": q[0], "q80": q[3],
+                     "n": len(times), "samples": " ".join(f"{t:.3f}" for t in times),
+                     "tokens_per_s": tokens / med * 1e3, "loss": loss, **prov})
+        rows += [{"variant": variant, "metric": f"kernel_ms_{cat}", "median": ms, **prov} for cat, ms in by.items()]
+        print(f"{variant}: step {med:.1f} ms (q20 {q[0]:.1f}, q80 {q[3]:.1f}), loss {loss:.4f}; kernels "
+              + ", ".join(f"{k} {v:.1f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])), flush=True)
+    base, fp8 = (r for r in rows if r["metric"] == "step_ms")
+    print(f"{fp8['variant']} / bf16 tokens/s: {base['median'] / fp8['median']:.3f}x")
+    args.out.mkdir(parents=True, exist_ok=True)
+    common.write_csv_atomic(pd.DataFrame(rows),
+                            args.out / f"float8_bench_{args.size}_{args.context}_{args.recipe}.csv")
+
+
+if __name__ == "__main__":
+    main()
