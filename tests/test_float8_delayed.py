@@ -1,13 +1,18 @@
-"""Float8 training with delayed scaling (kernels/float8_delayed.py): the fp8 matmuls against
-float64 on fresh random inputs, the scales each step takes from the history, what is and is not
-converted, and the same results under torch.compile(fullgraph=True). torch._scaled_mm runs on
-the CPU too, so everything here runs on either device; its speed needs the GPU."""
+"""Float8 training with delayed scaling (kernels/float8_delayed.py): its cast kernel against
+PyTorch's cast, the fp8 matmuls exactly on operands fp8 represents and against float64 on fresh
+random inputs, the scales each step takes from the history, what is and is not converted, and
+the same results under torch.compile(fullgraph=True). torch._scaled_mm runs on the CPU too and
+the cast kernel in Triton's interpreter, so everything here runs on either device; its speed
+needs the GPU. Triton 3.6's interpreter rounds to fp8 wrongly where rounding carries into the
+exponent (127.3 in e4m3 becomes 64, not 128): on the CPU the cast and the matmuls are checked on
+values that need no rounding, and on fresh random values only on the GPU."""
 import pytest
 import torch
 import torch._dynamo
 import torch.nn as nn
 
 from lmperf.kernels import float8_delayed as f8
+from lmperf.kernels.triton_op import INTERPRET
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 COMPILE_BACKEND = "inductor" if DEVICE == "cuda" else "aot_eager"
@@ -15,6 +20,8 @@ COMPILE_BACKEND = "inductor" if DEVICE == "cuda" else "aot_eager"
 # to 2^-4 of a value), e5m2 2 bits (2^-3); a matmul averages them down. Measured on random
 # normal data: about 0.04 for y and 0.06 for dx and dw.
 TOLERANCE = {"y": 0.06, "dx": 0.09, "dw": 0.09}
+NEEDS_GPU_ROUNDING = pytest.mark.skipif(INTERPRET, reason="needs CUDA: Triton's interpreter rounds to fp8 wrongly "
+                                        "where rounding carries into the exponent (127.3 -> 64 in e4m3)")
 
 
 def rel(a, b):
@@ -58,6 +65,70 @@ def step(model, x, gy):
     return y, x.grad
 
 
+@pytest.mark.parametrize("fp8", [f8.E4M3, f8.E5M2], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 16), (3, 7), (40, 48), (33, 100)], ids=str)
+def test_cast_kernel_exact_where_no_rounding(shape, dtype, fp8):
+    """float8_cast on values that both formats hold once scaled (1, 1.5 times powers of two), and
+    a value past the format's range (clamped to its largest): y and its zero-padded transpose
+    equal PyTorch's cast, amax is max |x|; rows with a stride."""
+    m, k = shape
+    gen = torch.Generator(device=DEVICE).manual_seed(torch.seed() % 2**31)
+    held = torch.tensor([0, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, -0.25, -0.5, -0.75, -1, -1.5, -2, -3, -4], device=DEVICE)
+    x = held[torch.randint(0, len(held), (m, k + 5), device=DEVICE, generator=gen)]
+    x[0, 0] = 1e6  # past the range: clamped
+    x = x.to(dtype)[:, :k]  # rows strided, not contiguous
+    scale = torch.tensor(2.0, device=DEVICE)
+    y, yt, amax = f8.float8_cast(x, scale, fp8)
+    fmax = torch.finfo(fp8).max
+    ref = (x.float() * scale).clamp(-fmax, fmax).to(fp8).float()
+    assert torch.equal(y.float(), ref) and ref[0, 0] == fmax
+    assert yt.shape == (k, (m + 15) // 16 * 16) and yt.is_contiguous()
+    assert torch.equal(yt[:, :m].t().float(), ref) and not yt[:, m:].float().any()
+    assert amax.item() == x.float().abs().max().item()
+
+
+@NEEDS_GPU_ROUNDING
+@pytest.mark.parametrize("fp8", [f8.E4M3, f8.E5M2], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 16), (3, 7), (100, 64), (33, 1000), (257, 130)], ids=str)
+def test_cast_kernel_matches_torch(shape, dtype, fp8):
+    """float8_cast against PyTorch's cast of x * scale clamped to the format's range (values past
+    it included): y and its zero-padded transpose, and amax, from rows with a stride."""
+    m, k = shape
+    x = (torch.randn(m, k + 5, device=DEVICE) * 50).to(dtype)[:, :k]  # rows strided, not contiguous
+    scale = torch.tensor(3.0, device=DEVICE)
+    y, yt, amax = f8.float8_cast(x, scale, fp8)
+    fmax = torch.finfo(fp8).max
+    ref = (x.float() * scale).clamp(-fmax, fmax).to(fp8).float()
+    got = y.float()
+    assert torch.equal(got, ref)
+    assert yt.shape == (k, (m + 15) // 16 * 16) and yt.is_contiguous()
+    assert torch.equal(yt[:, :m].t().float(), got) and not yt[:, m:].float().any()
+    assert amax.item() == x.float().abs().max().item()
+
+
+@pytest.mark.parametrize("tokens", [16, 21, 256], ids=str)
+def test_matmuls_exact_on_values_fp8_represents(tokens, gpu_contract):
+    """With scales of distinct powers of two and operands that fp8 holds exactly once scaled
+    (small integers, powers of two), y, dx and dw are the float64 results rounded once to bf16:
+    every layout, transpose, padding and scale of the three matmuls is right, whatever the
+    rounding mode."""
+    model, state = one_layer(48, 32)
+    state.delayed = True
+    state.scales.copy_(torch.tensor([2.0, 16.0, 0.25]))  # x to integers <= 16, w to 2^(4-k), dy to quarters
+    gen = torch.Generator(device=DEVICE).manual_seed(torch.seed() % 2**31)
+    x = torch.randint(-8, 9, (tokens, 48), device=DEVICE, generator=gen).to(torch.bfloat16)
+    gy = torch.randint(-8, 9, (tokens, 32), device=DEVICE, generator=gen).to(torch.bfloat16)
+    with torch.no_grad():
+        model[0].weight.copy_(2.0 ** -torch.randint(0, 6, (32, 48), device=DEVICE, generator=gen))
+    y, dx = step(model, x, gy)
+    ry, rdx, rdw = reference(x, model[0].weight, gy)
+    for got, want in ((y, ry), (dx, rdx), (model[0].weight.grad, rdw)):
+        assert torch.equal(got, want.to(torch.bfloat16))
+
+
+@NEEDS_GPU_ROUNDING
 @pytest.mark.parametrize("shape", [(4, 64, 256, 512), (1, 3, 48, 16), (7, 13, 160, 96), (2, 1000, 32, 2048)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_matches_float64_first_step_and_delayed(shape, gpu_contract):
@@ -117,9 +188,9 @@ def test_converts_what_torch_scaled_mm_can_multiply_and_keeps_the_parameters():
 
 
 def test_compiled_fullgraph_gives_the_eager_results():
-    """A model of two converted layers under torch.compile(fullgraph=True) (the pre-hook runs at
-    the top, eagerly, around the compiled module): the same outputs, gradients and scales as eager,
-    first step and delayed ones."""
+    """A model of two converted layers under torch.compile(fullgraph=True) (the history updated
+    eagerly, outside the compiled module): the outputs, gradients and scales of eager, first step
+    and delayed ones."""
     torch.manual_seed(0)
     eager = nn.Sequential(nn.Linear(64, 128, bias=False), nn.GELU(), nn.Linear(128, 32, bias=False)).to(
         DEVICE, torch.bfloat16)
@@ -133,10 +204,12 @@ def test_compiled_fullgraph_gives_the_eager_results():
         ye, dxe = step(eager, x, gy)
         sc.update()
         yc, dxc = step(body, x, gy)
-        torch.testing.assert_close(yc, ye, rtol=0.02, atol=1e-3)
-        torch.testing.assert_close(dxc, dxe, rtol=0.05, atol=1e-6)
+        # the first step's scales are computed inside the graph (a compiled division may round
+        # differently), so compiled and eager may round a few values to neighbouring fp8 values:
+        # each within the fp8 tolerance of the other
+        assert rel(yc, ye.double()) < TOLERANCE["y"] and rel(dxc, dxe.double()) < TOLERANCE["dx"], k
         for le, lc in zip(se.layers, sc.layers):
-            torch.testing.assert_close(lc.weight.grad, le.weight.grad, rtol=0.05, atol=1e-6)
+            assert rel(lc.weight.grad, le.weight.grad.double()) < TOLERANCE["dw"], k
             le.weight.grad = lc.weight.grad = None
     eager(x)
     sc.update()

@@ -1,7 +1,7 @@
 """Float8 training of the ladder's best bf16 rung, in one process on one GPU: the rung in bf16,
 then the same model with every nn.Linear but the LM head in fp8 (kernels/float8_delayed.py:
 delayed scaling; or torchao's dynamic `tensorwise` where torchao imports), step time and kernel
-time a step by category, so the float8 recipe's cost outside the matmuls can be read
+time a step by category and by kernel, so the float8 recipe's cost outside the matmuls can be read
 (tuning/ladder/NOTES.md, section 4).
 
     python tuning/ladder/float8_bench.py --out DIR [--size 2.7B --context 2048 --batch 4]
@@ -11,7 +11,8 @@ The rung: our FlashAttention-2, MasterWeightAdamW, our RMSNorm, compiled blocks 
 rung 15 at 4 x 2,048 for the 2.7B). Writes DIR/float8_bench_<size>_<context>_<recipe>.csv: per
 variant the step time (median, 20/80% quantiles and samples of CUDA-event timed steps, after 3
 warm-up steps), tokens/s, the loss of the last step, and kernel ms a step by category
-(`amax` for the amax reductions), with the run's provenance.
+(`amax` for the amax reductions, `float8_cast` for ours) and each kernel's ms a step, with the
+run's provenance.
 """
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ def timed(model, optimizer, inputs, targets, autocast, steps: int) -> tuple[list
     return out, loss
 
 
-def kernels(model, optimizer, inputs, targets, autocast, steps: int = 2) -> dict:
+def kernels(model, optimizer, inputs, targets, autocast, steps: int = 2) -> list[tuple[str, str, float]]:
+    """(kernel, category, ms a step) of every kernel, longest first; category `amax` for the
+    amax reductions and `float8_cast` for our cast kernel."""
     import torch
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
@@ -50,13 +53,12 @@ def kernels(model, optimizer, inputs, targets, autocast, steps: int = 2) -> dict
         for _ in range(steps):
             train.step(model, optimizer, inputs, targets, autocast, nothing)
         torch.cuda.synchronize()
-    by = {}
+    out = []
     for name, (us, _) in profile.kernel_times(prof, cuda=True).items():
         cat = "attention" if ladder.ATTENTION_KERNEL.search(name) else profile.category(name)
-        if "abs_max" in name or "amax" in name:
-            cat = "amax"
-        by[cat] = by.get(cat, 0.0) + us / 1e3 / steps
-    return by
+        cat = "float8_cast" if "_cast_kernel" in name else "amax" if "abs_max" in name or "amax" in name else cat
+        out.append((name[:200], cat, us / 1e3 / steps))
+    return sorted(out, key=lambda r: -r[2])
 
 
 def main() -> None:
@@ -92,12 +94,17 @@ def main() -> None:
         times, loss = timed(model, optimizer, inputs, targets, autocast, 3 + args.steps)
         times = times[3:]
         q = statistics.quantiles(times, n=5)
-        by = kernels(model, optimizer, inputs, targets, autocast)
+        per_kernel = kernels(model, optimizer, inputs, targets, autocast)
+        by = {}
+        for _, cat, ms in per_kernel:
+            by[cat] = by.get(cat, 0.0) + ms
         med = statistics.median(times)
         rows.append({"variant": variant, "metric": "step_ms", "median": med, "q20": q[0], "q80": q[3],
                      "n": len(times), "samples": " ".join(f"{t:.3f}" for t in times),
                      "tokens_per_s": tokens / med * 1e3, "loss": loss, **prov})
         rows += [{"variant": variant, "metric": f"kernel_ms_{cat}", "median": ms, **prov} for cat, ms in by.items()]
+        rows += [{"variant": variant, "metric": "kernel_ms", "kernel": name, "category": cat, "median": ms, **prov}
+                 for name, cat, ms in per_kernel]
         print(f"{variant}: step {med:.1f} ms (q20 {q[0]:.1f}, q80 {q[3]:.1f}), loss {loss:.4f}; kernels "
               + ", ".join(f"{k} {v:.1f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])), flush=True)
     base, fp8 = (r for r in rows if r["metric"] == "step_ms")

@@ -8,12 +8,15 @@ Each converted layer computes y = x @ w.T as torch._scaled_mm of x and w cast to
 and its backward dx = dy @ w and dw = dy.T @ x with dy cast to e5m2 (the wider range gradients
 need), accumulating in fp32 (the forward with `use_fast_accum`, as torchao's tensorwise recipe).
 A tensor's scale is fp8_max / (amax * HEADROOM), amax the largest |value| the tensor had over the
-last `history` steps (tensorwise, Transformer Engine's delayed recipe). The amax of every cast
-tensor is computed beside its cast (row maxima, which a compiler can fuse into the cast's loop)
-and reaches the next step as the gradient of a zero scalar each layer passes to its matmul, so
-nothing in a forward or backward graph is mutated. The first step, before any history, scales
-dynamically (the tensor's own amax); after it the scaling is delayed, and a compiled model
-recompiles once.
+last `history` steps (tensorwise, Transformer Engine's delayed recipe). One Triton kernel
+(`float8_cast`, the op lmperf::float8_cast) reads each tensor once and writes it in fp8 in both
+layouts torch._scaled_mm needs (row-major, and transposed with the token dimension padded to a
+multiple of 16) and its amax; the amaxes reach the next step as the gradient of a zero scalar
+each layer passes to its matmul, so nothing in a forward or backward graph is mutated. The first
+step, before any history, scales dynamically (the tensor's own amax, one more pass); after it
+the scaling is delayed, and a compiled model recompiles once. On a CPU the kernel runs in
+Triton's interpreter (TRITON_INTERPRET=1), whose fp8 rounding is wrong where it carries into the
+exponent: use it to check code, not numbers.
 
 `convert` registers a forward pre-hook on the model that, at each forward call of the model,
 moves the last step's amaxes into the history and recomputes every layer's scales (a few
@@ -28,6 +31,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import triton
+import triton.language as tl
+from torch.library import wrap_triton
+
+from lmperf.kernels.triton_op import INTERPRET, cdiv, check_device, num_warps, register
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 HEADROOM = 2.0  # one power of two below the format's largest value: an amax that grows within
@@ -36,66 +44,98 @@ X, W, G = range(3)  # rows of a layer's amax and scale: input, weight, output gr
 FP8_MAX = (torch.finfo(E4M3).max, torch.finfo(E4M3).max, torch.finfo(E5M2).max)
 
 
-def _amax(t: torch.Tensor) -> torch.Tensor:
-    """max |t| in fp32, as row maxima first (a reduction over the cast's inner loop)."""
-    return t.abs().amax(dim=-1).amax().float()
+# Elements of a program's tile, rows x columns (the interpreter: small, so that tests span
+# several programs).
+BLOCK_M, BLOCK_K = (16, 16) if INTERPRET else (64, 128)
 
 
-def _cast(t: torch.Tensor, scale: torch.Tensor, dtype) -> torch.Tensor:
-    fmax = torch.finfo(dtype).max
-    return (t.float() * scale).clamp(-fmax, fmax).to(dtype)
+@triton.jit
+def _cast_kernel(X, Y, YT, AMAX, SCALE, M, K, M_T, stride_xm, FMAX: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """One (BLOCK_M, BLOCK_K) tile of x (M, K): y = clamp(x * scale) in fp8, stored row-major in Y
+    (M, K) and transposed in YT (K, M_T), whose columns M..M_T are zeros; the tile's max |x| into
+    AMAX by an atomic max."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    inside = (rm[:, None] < M) & (rk[None, :] < K)
+    x = tl.load(X + rm[:, None].to(tl.int64) * stride_xm + rk[None, :], mask=inside, other=0.0).to(tl.float32)
+    y = tl.clamp(x * tl.load(SCALE), -FMAX, FMAX).to(Y.dtype.element_ty)
+    tl.store(Y + rm[:, None].to(tl.int64) * K + rk[None, :], y, mask=inside)
+    tl.store(YT + rk[:, None].to(tl.int64) * M_T + rm[None, :], tl.trans(y),
+             mask=(rk[:, None] < K) & (rm[None, :] < M_T))
+    tl.atomic_max(AMAX, tl.max(tl.max(tl.abs(x), axis=1), axis=0))
 
 
-def _pad_rows(t: torch.Tensor, multiple: int = 16) -> torch.Tensor:
-    """t with zero rows appended up to a multiple of `multiple` (the weight gradient's inner
-    dimension is the token count, which torch._scaled_mm needs in multiples of 16 on a GPU)."""
-    pad = -t.shape[0] % multiple
-    if not pad:
-        return t
-    out = t.new_zeros((t.shape[0] + pad, *t.shape[1:]))
-    out[:t.shape[0]].copy_(t)
-    return out
+def _fake_cast(x, scale, fp8):
+    m, k = x.shape
+    return (x.new_empty((m, k), dtype=fp8), x.new_empty((k, _round16(m)), dtype=fp8),
+            x.new_empty((), dtype=torch.float32))
 
 
-def _dynamic_scale(amax: torch.Tensor, row: int) -> torch.Tensor:
-    return FP8_MAX[row] / (torch.clamp(amax, min=1e-12) * HEADROOM)
+def _round16(n):
+    return (n + 15) // 16 * 16
+
+
+@register("lmperf::float8_cast", _fake_cast)
+def float8_cast(x: torch.Tensor, scale: torch.Tensor, fp8: torch.dtype) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                  torch.Tensor]:
+    """(y, yT, amax) of a 2-D x with unit stride along its rows: y = x * scale clamped to fp8's
+    range and rounded to `fp8` (M, K), the same transposed (K, M rounded up to 16, the extra
+    columns zero: torch._scaled_mm's inner dimension), and max |x| in fp32, all from one read of x."""
+    check_device(x, "float8_cast")
+    m, k = x.shape
+    y = x.new_empty((m, k), dtype=fp8)
+    yt = x.new_empty((k, _round16(m)), dtype=fp8)
+    amax = torch.zeros((), dtype=torch.float32, device=x.device)
+    if m and k:
+        grid = (cdiv(_round16(m), BLOCK_M), cdiv(k, BLOCK_K))
+        wrap_triton(_cast_kernel)[grid](x, y, yt, amax, scale, m, k, _round16(m), x.stride(0),
+                                        FMAX=torch.finfo(fp8).max, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K,
+                                        num_warps=num_warps(BLOCK_M * BLOCK_K))
+    return y, yt, amax
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    t = t.reshape(-1, t.shape[-1])
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _dynamic_scale(t: torch.Tensor, row: int) -> torch.Tensor:
+    """The scale of t from its own amax (the first step, before any history)."""
+    return FP8_MAX[row] / (torch.clamp(t.abs().amax().float(), min=1e-12) * HEADROOM)
 
 
 class _Float8Matmul(torch.autograd.Function):
     """y = x @ w.T in fp8. `scales` (3,) are the delayed scales of x, w and dy, or None to scale
     each by its own amax (the first step); `slot` a zero (3,) leaf whose gradient becomes this
-    step's (amax x, amax w, amax dy)."""
+    step's (amax x, amax w, amax dy). torch._scaled_mm takes its first operand row-major and its
+    second column-major: float8_cast writes both layouts of each tensor in one pass."""
 
     @staticmethod
     def forward(ctx, x, w, scales, slot, out_dtype):
-        x2 = x.reshape(-1, x.shape[-1])
-        amax_x, amax_w = _amax(x2), _amax(w)
-        if scales is None:
-            sx, sw = _dynamic_scale(amax_x, X), _dynamic_scale(amax_w, W)
-        else:
-            sx, sw = scales[X], scales[W]
-        xf, wf = _cast(x2, sx, E4M3), _cast(w, sw, E4M3)
-        # _scaled_mm: the first operand row-major, the second column-major (wf.t() is)
+        x2 = _rows(x)
+        sx = scales[X] if scales is not None else _dynamic_scale(x2, X)
+        sw = scales[W] if scales is not None else _dynamic_scale(w, W)
+        xf, xft, amax_x = float8_cast(x2, sx, E4M3)
+        wf, wft, amax_w = float8_cast(_rows(w), sw, E4M3)
         y = torch._scaled_mm(xf, wf.t(), scale_a=sx.reciprocal(), scale_b=sw.reciprocal(), out_dtype=out_dtype,
                              use_fast_accum=True)
-        ctx.save_for_backward(xf, wf, sx, sw, amax_x, amax_w, scales[G] if scales is not None else None)
+        ctx.save_for_backward(xft, wft, sx, sw, amax_x, amax_w, scales[G] if scales is not None else None)
         ctx.x_shape, ctx.x_dtype, ctx.w_dtype, ctx.out_dtype = x.shape, x.dtype, w.dtype, out_dtype
         return y.reshape(*x.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx, gy):
-        xf, wf, sx, sw, amax_x, amax_w, sg = ctx.saved_tensors
-        g2 = gy.reshape(-1, gy.shape[-1])
-        amax_g = _amax(g2)
+        xft, wft, sx, sw, amax_x, amax_w, sg = ctx.saved_tensors
+        g2 = _rows(gy)
         if sg is None:
-            sg = _dynamic_scale(amax_g, G)
-        gf = _cast(g2, sg, E5M2)
-        gx = torch._scaled_mm(gf, wf.t().contiguous().t(), scale_a=sg.reciprocal(), scale_b=sw.reciprocal(),
-                              out_dtype=ctx.out_dtype)
-        gfp, xfp = _pad_rows(gf), _pad_rows(xf)  # zero rows add nothing to dy.T @ x
-        gw = torch._scaled_mm(gfp.t().contiguous(), xfp.t().contiguous().t(), scale_a=sg.reciprocal(),
-                              scale_b=sx.reciprocal(), out_dtype=torch.float32 if ctx.w_dtype == torch.float32
-                              else ctx.out_dtype)
+            sg = _dynamic_scale(g2, G)
+        gf, gft, amax_g = float8_cast(g2, sg, E5M2)
+        # dx = dy @ w: w column-major is wT's transpose; dw = dy.T @ x over the tokens, padded with
+        # zero columns in gT and xT to a multiple of 16 (zeros add nothing)
+        gx = torch._scaled_mm(gf, wft.t(), scale_a=sg.reciprocal(), scale_b=sw.reciprocal(), out_dtype=ctx.out_dtype)
+        gw = torch._scaled_mm(gft, xft.t(), scale_a=sg.reciprocal(), scale_b=sx.reciprocal(),
+                              out_dtype=torch.float32 if ctx.w_dtype == torch.float32 else ctx.out_dtype)
         amaxes = torch.stack([amax_x, amax_w, amax_g])
         return gx.reshape(ctx.x_shape).to(ctx.x_dtype), gw.to(ctx.w_dtype), None, amaxes, None
 
