@@ -26,6 +26,8 @@ blocks, as lmperf.train does, or call `state.update()` yourself before each step
 
 Weights stay the module's own parameters (an optimizer holding them keeps working); only layers
 whose in and out features are multiples of 16 (torch._scaled_mm's contract) are converted.
+Convert a model on its device: each layer's scales are a view of the State's, which moving the
+model would copy apart.
 """
 from __future__ import annotations
 
@@ -173,8 +175,8 @@ class State:
             layer.fp8_slot = torch.zeros(3, device=dev, requires_grad=True)
 
     def update(self) -> None:
-        """Move the amaxes of the last backward into the history and recompute the scales. A
-        layer without one (no backward since: a forward-only call) keeps its history as it is."""
+        """Move the amaxes of the last backward into the history and recompute the scales; if a
+        layer has none (no backward since the last update: a forward-only call), nothing changes."""
         amaxes = [layer.fp8_slot.grad for layer in self.layers]
         if any(a is None for a in amaxes):
             return
