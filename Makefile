@@ -8,7 +8,8 @@ NEWEST_VENV ?= .venv-triton-newest
 # one worker (tests/conftest.py). PYTEST_WORKERS=0 runs the suite in this process.
 PYTEST_WORKERS ?= auto
 PYTEST_XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
-KERNEL_TESTS ?= tests/test_lrpe.py tests/test_flash_attention.py tests/test_flash_attention_gqa.py tests/test_adamw_master.py tests/test_fused.py
+KERNEL_TESTS ?= tests/test_lrpe.py tests/test_flash_attention.py tests/test_flash_attention_gqa.py tests/test_adamw_master.py tests/test_fused.py \
+	tests/test_float8_delayed.py
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: setup report test test-triton-newest clean-results

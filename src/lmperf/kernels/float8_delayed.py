@@ -16,7 +16,7 @@ each layer passes to its matmul, so nothing in a forward or backward graph is mu
 step, before any history, scales dynamically (the tensor's own amax, one more pass); after it
 the scaling is delayed, and a compiled model recompiles once. On a CPU the kernel runs in
 Triton's interpreter (TRITON_INTERPRET=1), whose fp8 rounding is wrong where it carries into the
-exponent: use it to check code, not numbers.
+exponent (triton-lang/triton#8322): use it to check code, not numbers.
 
 `convert` registers a forward pre-hook on the model that, at each forward call of the model,
 moves the last step's amaxes into the history and recomputes every layer's scales (a few
