@@ -41,24 +41,16 @@ def timed(model, optimizer, inputs, targets, autocast, steps: int) -> tuple[list
 
 
 def kernels(model, optimizer, inputs, targets, autocast, steps: int = 2) -> list[tuple[str, str, float]]:
-    """(kernel, category, ms a step) of every kernel, longest first; category `amax` for the
-    amax reductions and `float8_cast` for our cast kernel."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile as torch_profile
-
-    from lmperf import train
-    from lmperf.bench import ladder, profile
-    nothing = lambda phase: contextlib.nullcontext()
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            train.step(model, optimizer, inputs, targets, autocast, nothing)
-        torch.cuda.synchronize()
+    """(kernel, category, ms a step) of every kernel, longest first (ladder_kernels.step_kernels),
+    with the categories `amax` for the amax reductions and `float8_cast` for our cast kernel."""
+    from ladder_kernels import step_kernels  # this folder's: the same profile of a step
     out = []
-    for name, (us, _) in profile.kernel_times(prof, cuda=True).items():
-        cat = "attention" if ladder.ATTENTION_KERNEL.search(name) else profile.category(name)
-        cat = "float8_cast" if "_cast_kernel" in name else "amax" if "abs_max" in name or "amax" in name else cat
-        out.append((name[:200], cat, us / 1e3 / steps))
-    return sorted(out, key=lambda r: -r[2])
+    for r in step_kernels(model, optimizer, inputs, targets, autocast, steps):
+        name = r["kernel"]
+        cat = "float8_cast" if "_cast_kernel" in name else "amax" if "abs_max" in name or "amax" in name \
+            else r["category"]
+        out.append((name, cat, r["ms_per_step"]))
+    return out
 
 
 def main() -> None:
@@ -80,8 +72,9 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("float8_bench: needs CUDA (it times the GPU's steps)")
     convert = float8_delayed.convert if args.recipe == "delayed" else float8.training(args.recipe)
-    case = {**ladder.BASE, "dtype": "bf16", "compile": True, "optimizer": "master", "attention": "flash-triton",
-            "context": args.context, "batch_size": args.batch, "mode": "train", "fused": "rmsnorm", "float8": "none"}
+    from ladder_kernels import rung_case  # this folder's
+    case = rung_case(argparse.Namespace(optimizer="master", fused="rmsnorm", float8="none", context=args.context,
+                                        batch=args.batch))
     dims = yaml.safe_load(open("config/config.yaml"))["models"][args.size]
     cfg, model, optimizer, inputs, targets, autocast = train.setup(case, dims)
     ladder.model_changes(case)(model)

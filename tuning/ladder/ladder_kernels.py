@@ -34,6 +34,24 @@ def rung_case(args) -> dict:
             "float8": args.float8}
 
 
+def step_kernels(model, optimizer, inputs, targets, autocast, steps: int) -> list[dict]:
+    """Every kernel of `steps` training steps under the profiler: kernel (name), category
+    (`attention` for our FlashAttention's and SDPA's kernels, else profile.category),
+    ms_per_step and calls_per_step, longest first."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    nothing = lambda phase: contextlib.nullcontext()
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            train.step(model, optimizer, inputs, targets, autocast, nothing)
+        torch.cuda.synchronize()
+    rows = []
+    for name, (us, calls) in profile.kernel_times(prof, cuda=True).items():
+        cat = ("attention" if ladder.ATTENTION_KERNEL.search(name) else profile.category(name))
+        rows.append({"kernel": name[:200], "category": cat, "ms_per_step": us / 1e3 / steps,
+                     "calls_per_step": calls / steps})
+    return sorted(rows, key=lambda r: -r["ms_per_step"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="2.7B")
@@ -65,19 +83,8 @@ def main() -> None:
     for _ in range(3):
         train.step(model, optimizer, inputs, targets, autocast, nothing)
     torch.cuda.synchronize()
-    from torch.profiler import ProfilerActivity, profile as torch_profile
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(args.steps):
-            train.step(model, optimizer, inputs, targets, autocast, nothing)
-        torch.cuda.synchronize()
-    kernels = profile.kernel_times(prof, cuda=True)
     prov = common.provenance(hardware.hw_slug(hardware.gpu_name()))
-    rows = []
-    for name, (us, calls) in kernels.items():
-        cat = ("attention" if ladder.ATTENTION_KERNEL.search(name) else profile.category(name))
-        rows.append({"kernel": name[:200], "category": cat, "ms_per_step": us / 1e3 / args.steps,
-                     "calls_per_step": calls / args.steps, **prov})
-    rows.sort(key=lambda r: -r["ms_per_step"])
+    rows = [{**r, **prov} for r in step_kernels(model, optimizer, inputs, targets, autocast, args.steps)]
     variant = ("" if (args.optimizer, args.fused) == ("fused", "none")
                else f"_{args.optimizer}_{args.fused.replace('+', '-')}")
     variant += "" if args.float8 == "none" else f"_float8_{args.float8}"

@@ -144,7 +144,8 @@ class _Float8Matmul(torch.autograd.Function):
 
 class Float8Linear(nn.Linear):
     """An nn.Linear without bias multiplying in fp8 with delayed scaling (made by `convert`).
-    Its output dtype is the autocast dtype under autocast, else the input's (fp16 or bf16)."""
+    Its output dtype is the autocast dtype under autocast, else the input's (an fp32 input's
+    product is rounded to bf16 first)."""
 
     def forward(self, x):
         if torch.is_autocast_enabled(x.device.type):
@@ -182,8 +183,7 @@ class State:
             return
         with torch.no_grad():
             self.history[self.steps % len(self.history)] = torch.stack(amaxes)
-            amax = self.history.amax(dim=0) if self.steps + 1 >= len(self.history) else \
-                self.history[:self.steps + 1].amax(dim=0)
+            amax = self.history.amax(dim=0)  # rows not yet written are zeros: no amax is below them
             self.scales.copy_(self.fp8_max / (amax.clamp(min=1e-12) * HEADROOM))
         for layer in self.layers:
             layer.fp8_slot.grad = None
