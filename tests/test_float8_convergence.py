@@ -50,7 +50,7 @@ def test_the_configs_fp8_rung_and_convergence_job_at_smoke_scale():
     assert len(fp8) == 1 and fp8[0]["context"] == smoke["float8_ours"]["context"]
     spec = json.loads(wf.convergence_spec(CONFIG, "smoke"))
     runs = convergence.cases(spec, cuda=True)
-    assert [c["case_id"] for c in runs] == ["tiny-bf16", "tiny-bf16_seed1", "tiny-float8_tensorwise"]
+    assert [c["case_id"] for c in runs] == ["tiny-bf16", "tiny-bf16_seed1", "tiny-float8_delayed"]
     settings = [*ladder.BASE, "context", "batch_size"]
     assert all(changed(fp8[0], c) == {"float8": "none"} for c in runs[:2]) and changed(fp8[0], runs[2]) == {}
     assert {c["case_id"] for c in runs} == {c["case_id"] for c in convergence.cases(spec, cuda=False)}
@@ -114,7 +114,7 @@ def test_the_convergence_job_writes_bf16_losses_and_a_skipped_fp8_row_on_a_cpu(t
     assert set(ok["run"]) == {"bf16", "bf16_seed1"} and (ok["metric"] == "loss").all()
     assert sorted(ok[ok["run"] == "bf16"]["step"]) == [1, 2, 3, 4] and ok["mean"].map(math.isfinite).all()
     assert ok["mean"].between(5, 12).all()  # about log(10,000) at the start
-    fp8 = df[df["run"] == "float8_tensorwise"]
+    fp8 = df[df["run"] == "float8_delayed"]
     assert list(fp8["status"]) == ["skipped"] and list(fp8["message"]) == ["needs CUDA"]
     assert {"commit", "torch", "measured_at", "hw"} <= set(df.columns)
 
@@ -179,7 +179,7 @@ def test_the_committed_h100_report_renders_the_convergence_and_sets_the_fp8_rung
     ladder_section = text.split("\n## The ladder", 1)[1].split("\n## ", 1)[0]
     assert "Our stack in fp8" in ladder_section
     fp8 = ladder_section.split("Our stack in fp8", 1)[1]
-    assert re.search(r"\| 2\.7B +\| 16 +\| tensorwise +\| 2048 +\| ok", fp8), fp8[:1500]
+    assert re.search(r"\| 2\.7B +\| 16 +\| delayed +\| 2048 +\| ok", fp8), fp8[:1500]
 
 
 def test_the_ladder_report_keeps_the_best_bf16_rung_and_sets_the_fp8_rung_beside_it():

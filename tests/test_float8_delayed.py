@@ -216,3 +216,61 @@ def test_compiled_fullgraph_gives_the_eager_results():
     sc.update()
     torch.testing.assert_close(sc.scales, se.scales, rtol=0.02, atol=0)
     assert sc.delayed and se.delayed
+
+
+class ThreeReadOne(nn.Module):
+    """q, k and v read one input, o another: the shape of an attention's projections."""
+
+    def __init__(self, d=64):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d, bias=False) for _ in range(4))
+
+    def forward(self, x):
+        return self.o(self.q(x) * self.k(x) + self.v(x))
+
+    def unshared(self, x):
+        """The same, each layer called outside this module's forward (no sibling shares a cast)."""
+        return self.o(self.q(x) * self.k(x) + self.v(x))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_siblings_reading_one_input_share_its_cast(compiled, monkeypatch):
+    """Layers of one parent called on the same tensor in the parent's forward cast it once (the
+    input of q, k and v once, o's own), and give the same outputs, gradients and amaxes as when
+    each casts it itself (called outside the parent's forward, where nothing is kept), bitwise,
+    on the first (dynamic) step and a delayed one; under torch.compile(fullgraph=True) too."""
+    torch.manual_seed(0)
+    shared = ThreeReadOne().to(DEVICE, torch.bfloat16)
+    alone = __import__("copy").deepcopy(shared)
+    ss, sa = f8.convert(shared, skip=(), hook=False), f8.convert(alone, skip=(), hook=False)
+    casts = []
+    real = f8.float8_cast
+    if not compiled:  # a side effect a graph cannot hold
+        monkeypatch.setattr(f8, "float8_cast", lambda t, s, fp8: casts.append(tuple(t.shape)) or real(t, s, fp8))
+    graph_casts = []
+
+    def counting(gm, inputs):  # the input casts are outside the matmuls' autograd.Function: top level
+        graph_casts.append(sum("float8_cast" in str(n.target) for n in gm.graph.nodes))
+        return torch._dynamo.lookup_backend(COMPILE_BACKEND)(gm, inputs)
+
+    run = torch.compile(shared, fullgraph=True, backend=counting) if compiled else shared
+    for k in range(2):
+        x = torch.randn(2, 16, 64, device=DEVICE, dtype=torch.bfloat16)
+        gy = torch.randn(2, 16, 64, device=DEVICE, dtype=torch.bfloat16)
+        ss.update(), sa.update()
+        casts.clear()
+        ys, dxs = step(run, x, gy)
+        if not compiled:  # the inputs' casts (32 tokens) in the forward: x once, o's input once
+            assert [c for c in casts if c[0] == 32][:2] == [(32, 64), (32, 64)], casts
+            assert len([c for c in casts if c[0] == 32]) == 2 + 4, casts  # and the 4 gradients in the backward
+        xa = x.detach().requires_grad_()
+        ya = alone.unshared(xa)
+        ya.backward(gy)
+        assert torch.equal(ys, ya) and torch.equal(dxs, xa.grad), k
+        for ls, la in zip(ss.layers, sa.layers):
+            assert torch.equal(ls.weight.grad, la.weight.grad) and torch.equal(ls.fp8_slot.grad, la.fp8_slot.grad), k
+            ls.weight.grad = la.weight.grad = None
+        assert len({ls.fp8_slot.grad[f8.X].item() for ls in ss.layers[:3]}) == 1
+    assert ss.delayed and shared.q.fp8_siblings.x is None  # nothing kept after the forward
+    if compiled:  # a graph for the first step and one for the delayed: x cast once, o's input once
+        assert graph_casts == [2, 2], graph_casts

@@ -56,15 +56,20 @@ def _cast_kernel(X, Y, YT, AMAX, SCALE, M, K, M_T, stride_xm, FMAX: tl.constexpr
                  BLOCK_K: tl.constexpr):
     """One (BLOCK_M, BLOCK_K) tile of x (M, K): y = clamp(x * scale) in fp8, stored row-major in Y
     (M, K) and transposed in YT (K, M_T), whose columns M..M_T are zeros; the tile's max |x| into
-    AMAX by an atomic max."""
+    AMAX by an atomic max. The transpose is the tile loaded again with its indices swapped (from
+    the cache: x still costs one read of memory), not tl.trans: Triton 3.6 on the H100 stores a
+    transposed 8-bit tile with elements missing, through fp16 too (tests/test_float8_delayed.py)."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    scale = tl.load(SCALE)
     inside = (rm[:, None] < M) & (rk[None, :] < K)
     x = tl.load(X + rm[:, None].to(tl.int64) * stride_xm + rk[None, :], mask=inside, other=0.0).to(tl.float32)
-    y = tl.clamp(x * tl.load(SCALE), -FMAX, FMAX).to(Y.dtype.element_ty)
+    y = tl.clamp(x * scale, -FMAX, FMAX).to(Y.dtype.element_ty)
     tl.store(Y + rm[:, None].to(tl.int64) * K + rk[None, :], y, mask=inside)
-    tl.store(YT + rk[:, None].to(tl.int64) * M_T + rm[None, :], tl.trans(y),
-             mask=(rk[:, None] < K) & (rm[None, :] < M_T))
+    xt = tl.load(X + rm[None, :].to(tl.int64) * stride_xm + rk[:, None], mask=(rk[:, None] < K) & (rm[None, :] < M),
+                 other=0.0).to(tl.float32)
+    yt = tl.clamp(xt * scale, -FMAX, FMAX).to(YT.dtype.element_ty)
+    tl.store(YT + rk[:, None].to(tl.int64) * M_T + rm[None, :], yt, mask=(rk[:, None] < K) & (rm[None, :] < M_T))
     tl.atomic_max(AMAX, tl.max(tl.max(tl.abs(x), axis=1), axis=0))
 
 
@@ -108,17 +113,16 @@ def _dynamic_scale(t: torch.Tensor, row: int) -> torch.Tensor:
 
 
 class _Float8Matmul(torch.autograd.Function):
-    """y = x @ w.T in fp8. `scales` (3,) are the delayed scales of x, w and dy, or None to scale
-    each by its own amax (the first step); `slot` a zero (3,) leaf whose gradient becomes this
-    step's (amax x, amax w, amax dy). torch._scaled_mm takes its first operand row-major and its
-    second column-major: float8_cast writes both layouts of each tensor in one pass."""
+    """y = x @ w.T in fp8, x given cast (xf row-major, xft transposed, amax_x, its scale sx: one
+    cast may serve several layers that read x). `scales` (3,) are the layer's delayed scales (of
+    x, w and dy; x's is sx), or None to scale w and dy by their own amax (the first step); `slot`
+    a zero (3,) leaf whose gradient becomes this step's (amax x, amax w, amax dy).
+    torch._scaled_mm takes its first operand row-major and its second column-major: float8_cast
+    writes both layouts of each tensor in one pass."""
 
     @staticmethod
-    def forward(ctx, x, w, scales, slot, out_dtype):
-        x2 = _rows(x)
-        sx = scales[X] if scales is not None else _dynamic_scale(x2, X)
+    def forward(ctx, x, xf, xft, amax_x, sx, w, scales, slot, out_dtype):
         sw = scales[W] if scales is not None else _dynamic_scale(w, W)
-        xf, xft, amax_x = float8_cast(x2, sx, E4M3)
         wf, wft, amax_w = float8_cast(_rows(w), sw, E4M3)
         y = torch._scaled_mm(xf, wf.t(), scale_a=sx.reciprocal(), scale_b=sw.reciprocal(), out_dtype=out_dtype,
                              use_fast_accum=True)
@@ -139,7 +143,25 @@ class _Float8Matmul(torch.autograd.Function):
         gw = torch._scaled_mm(gft, xft.t(), scale_a=sg.reciprocal(), scale_b=sx.reciprocal(),
                               out_dtype=torch.float32 if ctx.w_dtype == torch.float32 else ctx.out_dtype)
         amaxes = torch.stack([amax_x, amax_w, amax_g])
-        return gx.reshape(ctx.x_shape).to(ctx.x_dtype), gw.to(ctx.w_dtype), None, amaxes, None
+        return gx.reshape(ctx.x_shape).to(ctx.x_dtype), None, None, None, None, gw.to(ctx.w_dtype), None, amaxes, None
+
+
+class _Siblings:
+    """The converted layers of one parent module (q, k, v and o of an attention; w1, w2 and w3 of
+    a SwiGLU). While the parent's forward runs (`open`, set and cleared by hooks on the parent),
+    the first of them to cast an input keeps the cast, and a sibling called on the same tensor
+    (k and v after q; w3 after w1) takes it instead of casting again: x is read once, its fp8
+    copies written once, and its amax is the same in every sibling's history, so each scales x
+    alike. Outside the parent's forward nothing is kept."""
+
+    def __init__(self):
+        self.open, self.x, self.cast = False, None, None
+
+    def enter(self, module, args):
+        self.open, self.x, self.cast = True, None, None
+
+    def leave(self, module, args, output):
+        self.open, self.x, self.cast = False, None, None
 
 
 class Float8Linear(nn.Linear):
@@ -152,8 +174,19 @@ class Float8Linear(nn.Linear):
             out_dtype = torch.get_autocast_dtype(x.device.type)
         else:
             out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
-        scales = self.fp8_scales if self.fp8_state.delayed else None
-        y = _Float8Matmul.apply(x, self.weight, scales, self.fp8_slot, out_dtype)
+        delayed = self.fp8_state.delayed
+        siblings = self.fp8_siblings
+        if siblings is not None and siblings.x is x:
+            xf, xft, amax_x, sx = siblings.cast
+        else:
+            with torch.no_grad():
+                x2 = _rows(x.detach())
+                sx = self.fp8_scales[X] if delayed else _dynamic_scale(x2, X)
+                xf, xft, amax_x = float8_cast(x2, sx, E4M3)
+            if siblings is not None and siblings.open and siblings.x is None:
+                siblings.x, siblings.cast = x, (xf, xft, amax_x, sx)
+        y = _Float8Matmul.apply(x, xf, xft, amax_x, sx, self.weight, self.fp8_scales if delayed else None,
+                                self.fp8_slot, out_dtype)
         return y if torch.is_autocast_enabled(x.device.type) or x.dtype == out_dtype else y.to(x.dtype)
 
 
@@ -197,18 +230,28 @@ def convert(model: nn.Module, skip: tuple[str, ...] = ("lm_head",), history: int
     in `skip`) into a Float8Linear, in place; the returned State holds their history. With
     `hook`, a forward pre-hook on `model` calls State.update before each forward. ValueError if
     nothing is converted."""
-    layers = []
+    layers, parents = [], {}
     for name, module in model.named_modules():
         if type(module) is not nn.Linear or name in skip or module.bias is not None:
             continue
         if module.in_features % 16 or module.out_features % 16:
             continue  # torch._scaled_mm multiplies only multiples of 16: the layer stays as it is
         module.__class__ = Float8Linear
+        module.fp8_siblings = None
         layers.append(module)
+        parents.setdefault(name.rpartition(".")[0], []).append(module)
     if not layers:
         raise ValueError("float8_delayed.convert: no nn.Linear without bias and with features that are "
                          "multiples of 16 outside `skip`")
     state = State(layers, history)
+    for parent, children in parents.items():
+        if len(children) > 1:
+            siblings = _Siblings()
+            for child in children:
+                child.fp8_siblings = siblings
+            holder = model.get_submodule(parent)
+            holder.register_forward_pre_hook(siblings.enter)
+            holder.register_forward_hook(siblings.leave)
     if hook:
         model.register_forward_pre_hook(lambda module, args: state.update())
     return state
