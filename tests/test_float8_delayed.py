@@ -238,7 +238,8 @@ def test_siblings_reading_one_input_share_its_cast(compiled, monkeypatch):
     """Layers of one parent called on the same tensor in the parent's forward cast it once (the
     input of q, k and v once, o's own), and give the same outputs, gradients and amaxes as when
     each casts it itself (called outside the parent's forward, where nothing is kept), bitwise,
-    on the first (dynamic) step and a delayed one; under torch.compile(fullgraph=True) too."""
+    on the first (dynamic) step and a delayed one; under torch.compile(fullgraph=True) too (its
+    graphs hold two input casts, not four; results within fp8's tolerance of eager's)."""
     torch.manual_seed(0)
     shared = ThreeReadOne().to(DEVICE, torch.bfloat16)
     alone = __import__("copy").deepcopy(shared)
@@ -266,9 +267,16 @@ def test_siblings_reading_one_input_share_its_cast(compiled, monkeypatch):
         xa = x.detach().requires_grad_()
         ya = alone.unshared(xa)
         ya.backward(gy)
-        assert torch.equal(ys, ya) and torch.equal(dxs, xa.grad), k
+        if compiled:  # Inductor rounds q * k + v once, and the first step's scale by its own division
+            assert rel(ys, ya.double()) < TOLERANCE["y"] and rel(dxs, xa.grad.double()) < TOLERANCE["dx"], k
+        else:
+            assert torch.equal(ys, ya) and torch.equal(dxs, xa.grad), k
         for ls, la in zip(ss.layers, sa.layers):
-            assert torch.equal(ls.weight.grad, la.weight.grad) and torch.equal(ls.fp8_slot.grad, la.fp8_slot.grad), k
+            if compiled:
+                assert rel(ls.weight.grad, la.weight.grad.double()) < TOLERANCE["dw"], k
+                torch.testing.assert_close(ls.fp8_slot.grad, la.fp8_slot.grad, rtol=0.02, atol=0)
+            else:
+                assert torch.equal(ls.weight.grad, la.weight.grad) and torch.equal(ls.fp8_slot.grad, la.fp8_slot.grad)
             ls.weight.grad = la.weight.grad = None
         assert len({ls.fp8_slot.grad[f8.X].item() for ls in ss.layers[:3]}) == 1
     assert ss.delayed and shared.q.fp8_siblings.x is None  # nothing kept after the forward
