@@ -16,6 +16,7 @@ import math
 
 import pandas as pd
 
+from lmperf.report import ladder_fp8
 from lmperf.report.format import fmt, unavailable
 from lmperf.report.plot import plt, save
 
@@ -63,7 +64,8 @@ def judge(df: pd.DataFrame, limits: dict) -> dict:
            "context": int(first["context"]), "batch": int(first["batch_size"]),
            "entropy": float(first["stream_entropy"]), "noise_delta": noise_delta, "tolerance": tolerance,
            "limits": limits, "ref": ref, "ref_first": float(curves["bf16"].iloc[0]) if "bf16" in curves else math.nan,
-           "passed": None, "why": "", "delta": math.nan, "fp8_run": fp8["run"] if fp8 is not None else "float8"}
+           "passed": None, "why": "", "delta": math.nan, "fp8_run": fp8["run"] if fp8 is not None else "float8",
+           "fp8_how": ladder_fp8.how(fp8["float8"]) if fp8 is not None else "float8 training"}
     if fp8 is None or fp8["status"] != "ok":
         out["why"] = ("no FP8 run in the results" if fp8 is None else
                       f"the FP8 run is `{fp8['status']}` ({fp8['message']})")

@@ -195,6 +195,8 @@ def ladder(df: pd.DataFrame, limits: dict, threshold: float = math.inf) -> dict:
     if not out["flops"].empty:
         out["flops_range"] = ratio_range(out["flops"]["counted / closed"])
     out["fp8"], out["fp8_peak_source"] = ladder_fp8.table(df, best), ladder_fp8.FP8_PEAK_SOURCE  # the FP8 rung, and its bar
+    recipes = out["fp8"]["recipe"].drop_duplicates().tolist() if len(out["fp8"]) else []
+    out["fp8_how"] = "; ".join(ladder_fp8.how(r) for r in recipes) or "float8 training"
     out["bars"] = ladder_fp8.with_bar(bars(best, out["floors"], limits), out["fp8"], limits)
     return out
 

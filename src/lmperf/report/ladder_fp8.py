@@ -19,6 +19,13 @@ FP8_PEAK_SOURCE = ("half the datasheet's FP8 tensor-core figure with sparsity (N
                    "datasheets)")
 
 
+def how(recipe) -> str:
+    """What a float8 recipe of the FP8 rung is, in words (bench/float8.py: `delayed` is ours)."""
+    if recipe == "delayed":
+        return "our delayed-scaling float8 training from kernels/float8_delayed.py"
+    return f"torchao float8 training, {recipe} scaling"
+
+
 def fp8_peak(gpu) -> float | None:
     for key, peak in FP8_PEAK_TFLOPS.items():
         if isinstance(gpu, str) and key in gpu:

@@ -9,7 +9,7 @@ import math
 
 import pandas as pd
 
-from lmperf.report import references as published
+from lmperf.report import ladder_fp8, references as published
 from lmperf.report.format import ratio_range, unavailable
 
 
@@ -95,7 +95,7 @@ def training(v: dict, refs: dict, convergence: dict | None = None) -> dict:
     fp8 = v.get("fp8")
     fp8 = fp8[(fp8["size"] == size) & (fp8["status"] == "ok")] if fp8 is not None and len(fp8) else []
     fp8 = None if not len(fp8) else {
-        "recipe": fp8["recipe"].iloc[0], "rung": int(fp8["rung"].iloc[0]),
+        "recipe": fp8["recipe"].iloc[0], "how": ladder_fp8.how(fp8["recipe"].iloc[0]), "rung": int(fp8["rung"].iloc[0]),
         "vs_best": float(fp8["tokens/s / best bf16 rung's"].iloc[0]),
         "convergence": ({"verdict": convergence["verdict"], "steps": int(convergence["table"]["steps"].max())}
                         if convergence and convergence.get("available") else None)}
