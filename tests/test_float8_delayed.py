@@ -183,6 +183,14 @@ def test_converts_what_torch_scaled_mm_can_multiply_and_keeps_the_parameters():
         ["Float8Linear", "Linear", "Linear", "Linear"]
     assert state.layers == [model["a"]]
     assert {n: p for n, p in model.named_parameters()} == params  # an optimizer's references stay valid
+    from lmperf.model import SwiGLU
+    ffns = nn.ModuleDict({"even": SwiGLU(32, 64), "odd": SwiGLU(32, 24)}).to(DEVICE)
+    f8.convert(ffns)
+    assert [type(ffns[k]).__name__ for k in ("even", "odd")] == ["Float8SwiGLU", "SwiGLU"]  # odd: no layer converted
+    assert type(ffns["odd"].w1).__name__ == "Linear"
+    ffns = nn.ModuleDict({"even": SwiGLU(32, 64)}).to(DEVICE)
+    f8.convert(ffns, swiglu=False)
+    assert type(ffns["even"]).__name__ == "SwiGLU" and ffns["even"].w1.fp8_siblings is ffns["even"].w3.fp8_siblings
     with pytest.raises(ValueError, match="no nn.Linear"):
         f8.convert(nn.Sequential(nn.Linear(24, 32)))
     with pytest.raises(ValueError, match="history=0"):
@@ -283,3 +291,166 @@ def test_siblings_reading_one_input_share_its_cast(compiled, monkeypatch):
     assert ss.delayed and shared.q.fp8_siblings.x is None  # nothing kept after the forward
     if compiled:  # a graph for the first step and one for the delayed: x cast once, o's input once
         assert graph_casts == [2, 2], graph_casts
+
+
+def swiglu_reference(g, a, b):
+    """h = silu(a) * b and its gradients (da, db) for dh = g, in float64."""
+    a, b, g = a.double(), b.double(), g.double()
+    s = torch.sigmoid(a)
+    return a * s * b, g * b * s * (1 + a * (1 - s)), g * a * s
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 16), (3, 7), (40, 48), (33, 100)], ids=str)
+def test_swiglu_kernels_compute_in_fp32(shape, dtype):
+    """float8_swiglu and float8_swiglu_backward written in float32 (the values they round to fp8,
+    before rounding): silu(a) * b and its gradients within fp32's rounding of float64, each times
+    its scale, row-major and in the zero-padded transpose, and their amaxes; rows with a stride."""
+    m, k = shape
+    a, b, g = ((torch.randn(m, k + 3, device=DEVICE) * 4).to(dtype)[:, :k] for _ in range(3))
+    s1, s2 = torch.tensor(0.5, device=DEVICE), torch.tensor(8.0, device=DEVICE)
+    h, da, db = swiglu_reference(g, a, b)
+    outputs = (f8.float8_swiglu(a, b, s1, torch.float32),
+               f8.float8_swiglu_backward(g, a, b, s1, s2, torch.float32)[:3],
+               f8.float8_swiglu_backward(g, a, b, s1, s2, torch.float32)[3:])
+    for (y, yt, amax), want, s in zip(outputs, (h, da, db), (s1, s1, s2)):
+        torch.testing.assert_close(y.double(), want * s.double(), rtol=1e-5, atol=1e-6)
+        assert yt.shape == (k, (m + 15) // 16 * 16) and torch.equal(yt[:, :m].t(), y) and not yt[:, m:].any()
+        torch.testing.assert_close(amax.double(), want.abs().max(), rtol=1e-5, atol=1e-6)
+
+
+@NEEDS_GPU_ROUNDING
+@pytest.mark.parametrize("fp8", [f8.E4M3, f8.E5M2], ids=str)
+@pytest.mark.parametrize("shape", [(3, 7), (257, 130), (1000, 64)], ids=str)
+def test_swiglu_kernels_round_as_torch(shape, fp8):
+    """In fp8, the kernels' outputs are their float32 values rounded by PyTorch's cast (clamped
+    to the format's range, values past it included), in both layouts."""
+    m, k = shape
+    a, b, g = (torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16) * 8 for _ in range(3))
+    s1, s2 = torch.tensor(40.0, device=DEVICE), torch.tensor(3.0, device=DEVICE)
+    fmax = torch.finfo(fp8).max
+    pairs = [(f8.float8_swiglu(a, b, s1, fp8), f8.float8_swiglu(a, b, s1, torch.float32))]
+    got, exact = f8.float8_swiglu_backward(g, a, b, s1, s2, fp8), f8.float8_swiglu_backward(g, a, b, s1, s2,
+                                                                                           torch.float32)
+    pairs += [(got[:3], exact[:3]), (got[3:], exact[3:])]
+    assert any(e[0].abs().max() > fmax for _, e in pairs)  # some values past the range
+    for (y, yt, amax), (ye, yte, amaxe) in pairs:
+        assert torch.equal(y.float(), ye.clamp(-fmax, fmax).to(fp8).float())
+        assert torch.equal(yt.float(), yte.clamp(-fmax, fmax).to(fp8).float())
+        assert amax.item() == amaxe.item()
+
+
+def two_swiglus(d=64, f=160, seed=0, both=False):
+    """A bf16 lmperf.model.SwiGLU converted with swiglu=True (one fp8 function) and a copy
+    converted with swiglu=False (three Float8Linear layers around the model's product), or with
+    `both` swiglu=True too; each with its State."""
+    from lmperf.model import SwiGLU
+    torch.manual_seed(seed)
+    fused = SwiGLU(d, f).to(DEVICE, torch.bfloat16)
+    alone = __import__("copy").deepcopy(fused)
+    return (fused, f8.convert(fused, skip=(), hook=False), alone,
+            f8.convert(alone, skip=(), hook=False, swiglu=both))
+
+
+def ffn_step(model, x, gy):
+    y, dx = step(model, x, gy)
+    grads = [model.get_parameter(f"{w}.weight").grad for w in ("w1", "w3", "w2")]
+    for p in model.parameters():
+        p.grad = None
+    return [y, dx, *grads]
+
+
+@pytest.mark.parametrize("tokens", [24, 16 * 3], ids=str)
+def test_swiglu_in_one_function_is_wired_as_its_layers(tokens, monkeypatch):
+    """With the product's two kernels replaced by the model's product in bf16 and float8_cast
+    (what the three layers alone compute), Float8SwiGLU gives the layers' outputs, gradients and
+    amaxes bitwise, on delayed scales: every operand, scale, layout and sum of its five matmuls
+    is the layers' (the kernels' own values are checked above and against float64 below)."""
+    import torch.nn.functional as F
+    fused, sf, alone, sa = two_swiglus()
+    assert type(fused).__name__ == "Float8SwiGLU" and type(alone).__name__ == "SwiGLU"
+
+    def swiglu(a, b, scale, fp8):
+        return f8.float8_cast(F.silu(a) * b, scale, fp8)
+
+    def swiglu_backward(g, a, b, sa_, sb, fp8):
+        a, b = a.detach().requires_grad_(), b.detach().requires_grad_()
+        with torch.enable_grad():
+            da, db = torch.autograd.grad(F.silu(a) * b, (a, b), g)
+        return (*f8.float8_cast(da, sa_, fp8), *f8.float8_cast(db, sb, fp8))
+    monkeypatch.setattr(f8, "float8_swiglu", swiglu)
+    monkeypatch.setattr(f8, "float8_swiglu_backward", swiglu_backward)
+    for state in (sf, sa):
+        state.delayed = True
+        state.scales.copy_(torch.tensor([[4.0, 2048.0, 2.0**20], [4.0, 1024.0, 2.0**21], [64.0, 4096.0, 2.0**19]]))
+    for k in range(2):
+        x = torch.randn(2, tokens // 2, 64, device=DEVICE, dtype=torch.bfloat16) * 3
+        gy = torch.randn(2, tokens // 2, 64, device=DEVICE, dtype=torch.bfloat16) * 1e-4
+        for got, want in zip(ffn_step(fused, x, gy), ffn_step(alone, x, gy)):
+            assert torch.equal(got, want), k
+        for lf, la in zip(sf.layers, sa.layers):
+            assert torch.equal(lf.fp8_slot.grad, la.fp8_slot.grad), k
+            lf.fp8_slot.grad = la.fp8_slot.grad = None
+
+
+@NEEDS_GPU_ROUNDING
+@pytest.mark.parametrize("shape", [(4, 64, 256, 688), (1, 3, 48, 128), (7, 13, 160, 96), (2, 1000, 32, 2048)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_swiglu_in_fp8_matches_float64_first_step_and_delayed(shape, gpu_contract):
+    """Float8SwiGLU on fresh random inputs (token counts no multiple of 16), the first step
+    (dynamic scales) and three delayed ones: y, dx and the three weight gradients within fp8's
+    tolerance of float64 (h = silu(a) * b rounds once more to fp8 than a lone layer's output,
+    its gradients once more to e5m2: 1.5 times a layer's tolerance), and no further from it than
+    the three layers alone (which round h to bf16 first) by more than a quarter."""
+    b, n, d, f = shape
+    fused, sf, alone, sa = two_swiglus(d, f, seed=torch.seed() % 2**31)
+    ref = __import__("copy").deepcopy(fused).double()
+    for k in range(4):
+        x = torch.randn(b, n, d, device=DEVICE, dtype=torch.bfloat16) * 3
+        gy = torch.randn(b, n, d, device=DEVICE, dtype=torch.bfloat16) * 1e-4
+        sf.update(), sa.update()
+        got, lone = ffn_step(fused, x, gy), ffn_step(alone, x, gy)
+        want = reference_swiglu(ref, x, gy)
+        for q, g_, l_, w_ in zip(("y", "dx", "dw", "dw", "dw"), got, lone, want):
+            err, err_alone = rel(g_, w_), rel(l_, w_)
+            assert err < 1.5 * TOLERANCE[q] and err < 1.25 * err_alone + 0.005, (k, q, err, err_alone)
+        assert sf.delayed == (k > 0)
+
+
+def reference_swiglu(ref, x, gy):
+    """y, dx, dw1, dw3, dw2 of a float64 SwiGLU."""
+    xd = x.detach().double().requires_grad_()
+    y = ref(xd)
+    y.backward(gy.double())
+    out = [y.detach(), xd.grad, *(ref.get_parameter(f"{w}.weight").grad for w in ("w1", "w3", "w2"))]
+    for p in ref.parameters():
+        p.grad = None
+    return out
+
+
+def test_swiglu_compiled_fullgraph_gives_the_eager_results():
+    """Float8SwiGLU under torch.compile(fullgraph=True) (the history updated outside): results
+    within fp8's tolerance of eager's, first step and delayed, and the product computed only by
+    its kernels once the scaling is delayed."""
+    fused, sf, eager, se = two_swiglus(both=True)
+    graphs = []
+
+    def counting(gm, inputs):  # the targets of every node, the autograd.Function's bodies included
+        graphs.append([str(n.target) for m in gm.modules() if isinstance(m, torch.fx.GraphModule)
+                       for n in m.graph.nodes])
+        return torch._dynamo.lookup_backend(COMPILE_BACKEND)(gm, inputs)
+    torch._dynamo.reset()
+    body = torch.compile(fused, fullgraph=True, backend=counting)
+    for k in range(3):
+        x = torch.randn(3, 16, 64, device=DEVICE, dtype=torch.bfloat16)
+        gy = torch.randn(3, 16, 64, device=DEVICE, dtype=torch.bfloat16) * 1e-3
+        se.update(), sf.update()
+        for q, c, e in zip(("y", "dx", "dw", "dw", "dw"), ffn_step(body, x, gy), ffn_step(eager, x, gy)):
+            assert rel(c, e.double()) < TOLERANCE[q], (k, q)
+    # a graph for the first step and one for the delayed; each casts x, the three weights and dy,
+    # and runs the product's two kernels; the delayed one computes nothing of SwiGLU outside them
+    assert len(graphs) == 2
+    for names in graphs:
+        assert [sum(t.endswith(op + ".default") for t in names) for op in ("float8_cast", "float8_swiglu",
+                                                                          "float8_swiglu_backward")] == [5, 1, 1]
+    assert not [t for t in graphs[1] if "silu" in t or "sigmoid" in t]
