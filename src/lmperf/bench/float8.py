@@ -6,7 +6,8 @@ The FP8 rung is our stack's rung at one context (`float8_ours.context`: the base
 `contexts`, the best bf16 rung's) plus float8 matmuls: every nn.Linear but the LM head multiplies
 in fp8, in `float8_ours.recipe`: `delayed`, ours (scales from a 16-step amax history, one Triton
 cast kernel that also writes the transposed copy and the amax, the input cast once for the layers
-that read it, each SwiGLU's product and its gradients computed and cast in fp8 by one kernel each), or torchao's `convert_to_float8_training` in one of its recipes; on top of our
+that read it, each SwiGLU's product and its gradients computed and cast in fp8 by one kernel
+each), or torchao's `convert_to_float8_training` in one of its recipes; on top of our
 FlashAttention, MasterWeightAdamW's bf16 weights and our fused kernels (whatever that rung
 carries). It follows that rung directly and, like the float8 peers, is carried nowhere: the bf16
 rungs stay bf16, so the best bf16 rung stays comparable. Its MFU is counted against the bf16
