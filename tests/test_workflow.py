@@ -159,8 +159,8 @@ def test_editing_the_model_or_its_attention_kernel_reruns_their_rules_and_the_re
     """The rules whose benchmark can import the model (which runs our FlashAttention kernel for
     attention: flash-triton): every end-to-end job, the attention, profile and memory benchmarks,
     both FlashAttention rules (PyTorch attention is the model's), the distributed jobs and the
-    checks of the kernels that train it (master-weight AdamW, the fused kernels' patched model),
-    the FP8 rung's convergence job (it trains the model on the ladder's settings), and the repeats
+    checks of the kernels that train it (master-weight AdamW, the fused kernels' patched model,
+    float8 training's layers, among them the model's SwiGLU), the FP8 rung's convergence job (it trains the model on the ladder's settings), and the repeats
     of their jobs (smoke: a FlashAttention headline case, a ladder rung, DDP)."""
     edit(built_copy / "src" / "lmperf" / module, "\n# edited\n")
     jobs = planned(built_copy)
@@ -168,7 +168,7 @@ def test_editing_the_model_or_its_attention_kernel_reruns_their_rules_and_the_re
     assert jobs == {"e2e_study": fresh["e2e_study"], "ladder_size": fresh["ladder_size"], "convergence_run": 1,
                     "attention": 1,
                     "profile": 1, "memory": 1, "flash_attention_check": 1, "adamw_master_check": 1, "fused_check": 1,
-                    "flash_attention_bench": fresh["flash_attention_bench"],
+                    "float8_delayed_check": 1, "flash_attention_bench": fresh["flash_attention_bench"],
                     "distributed_study": fresh["distributed_study"], "repeat": fresh["repeat"],
                     "distributed_repeat": fresh["distributed_repeat"], "report": 1}
 
@@ -245,7 +245,7 @@ def test_every_benchmark_job_has_the_modules_its_command_imports_as_inputs(fresh
     jobs = benchmark_jobs(fresh_copy)
     rules = {rule for rule, _, _ in jobs}
     assert rules == {"env", "e2e_study", "ladder_size", "convergence_run", "adamw_master_check", "flash_attention_check", "flash_attention_bench", "lrpe_check",
-                     "adamw_master_check", "fused_check",
+                     "adamw_master_check", "fused_check", "float8_delayed_check",
                      "lrpe_bench", "attention", "precision", "profile", "memory", "distributed_study", "repeat",
                      "distributed_repeat"}
     for module in {m for _, m, _ in jobs}:

@@ -185,6 +185,10 @@ def fused_check_spec(config: dict, fused: dict) -> str:
     return json.dumps({**check, "model": model}, sort_keys=True)
 
 
+def float8_delayed_check_spec(float8: dict) -> str:
+    return json.dumps(_measured(float8["check"]), sort_keys=True)
+
+
 def profile_spec(config: dict, prof: dict) -> str:
     models = {c["size"]: config["models"][c["size"]] for c in prof["cases"]}
     return json.dumps({**prof, "models": models}, sort_keys=True)
@@ -289,7 +293,7 @@ def benchmark_case_ids(module: str, section: str, study: str, spec: str | None, 
         cases = bench.study_cases(spec, arg)
     elif section == "distributed":
         cases = bench.cases(spec, int(arg))
-    elif section in ("flash_attention", "lrpe", "adamw_master", "fused"):
+    elif section in ("flash_attention", "lrpe", "adamw_master", "fused", "float8_delayed"):
         cases = getattr(bench, f"{study}_cases")(spec)
     else:
         cases = bench.cases(spec) if spec else bench.cases()
@@ -324,6 +328,9 @@ def result_files(config: dict, results: str, scale: str, distributed: list[str])
     if "check" in config["fused"][scale]:  # a scale without a fused check has no job
         files.append(ResultFile(f"{results}/fused/check.csv", "fused", "check",
                                 fused_check_spec(config, config["fused"][scale])))
+    if "check" in config["float8_delayed"][scale]:  # a scale without a float8 check has no job
+        files.append(ResultFile(f"{results}/float8_delayed/check.csv", "float8_delayed", "check",
+                                float8_delayed_check_spec(config["float8_delayed"][scale])))
     files += [ResultFile(f"{results}/attention/attention.csv", "attention", "attention",
                          json.dumps(config["attention"][scale], sort_keys=True)),
               ResultFile(f"{results}/precision/precision.csv", "precision", "precision"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-KERNEL_SECTIONS = ("flash_attention", "lrpe", "adamw_master", "fused")
+KERNEL_SECTIONS = ("flash_attention", "lrpe", "adamw_master", "fused", "float8_delayed")
 
 
 def view(inputs) -> dict:

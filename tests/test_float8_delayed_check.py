@@ -1,0 +1,60 @@
+"""The rows of rules/float8_delayed.smk's check (lmperf.bench.float8_delayed): its cases, every
+case that runs on this machine passing, and those that need CUDA's fp8 rounding saying so on a
+CPU, with their code run there anyway (their numbers are the interpreter's, not checked)."""
+import math
+
+import pytest
+import torch
+
+from lmperf.bench import common
+from lmperf.bench import float8_delayed as check
+
+CUDA = torch.cuda.is_available()
+SPEC = {"cast": [[3, 7], [17, 40]], "swiglu": [[5, 7]], "layers": [[1, 3, 32, 48]],
+        "compiled": {"cast": [[3, 7]], "swiglu": [[5, 7]], "layers": [[1, 3, 32, 48]]}}
+
+
+def test_cases_cover_each_kernel_and_layer_eager_and_compiled():
+    cases = check.check_cases(SPEC)
+    ids = [c["case_id"] for c in cases]
+    assert len(set(ids)) == len(ids)
+    assert {"cast-held-e4m3-bf16-eager-3x7", "cast-random-e5m2-fp16-compiled-3x7", "swiglu-fp32-fp32-eager-5x7",
+            "swiglu_backward-fp8-bf16-compiled-5x7", "linear-float64-bf16-compiled-1x3x32x48",
+            "ffn-float64-bf16-eager-1x3x32x48", "ffn-wiring-bf16-eager-1x3x32x48"} <= set(ids)
+    assert not [i for i in ids if "wiring" in i and "compiled" in i]  # an eager comparison
+    # 2 casts x 2 variants x 3 dtypes x 2 formats x 3 shapes (2 eager, 1 compiled), 2 swiglu ops x 2 x 3 x 2,
+    # linear 1 x 2, ffn 2 eager + 1 compiled
+    assert len(cases) == 2 * 3 * 2 * 3 + 2 * 2 * 3 * 2 + 2 + 3
+    with pytest.raises(ValueError, match="multiples of 16"):
+        check.check_cases({**SPEC, "layers": [[1, 3, 32, 40]]})
+
+
+@pytest.mark.parametrize("case", check.check_cases(SPEC), ids=lambda c: c["case_id"])
+def test_each_case_passes_or_says_it_needs_cuda(case):
+    if not CUDA and case["variant"] in ("random", "fp8", "float64"):
+        with pytest.raises(common.NotRun, match="needs CUDA"):
+            check.measure_check(case)
+        return
+    rows = check.measure_check(case)
+    assert rows and all(r["passed"] for r in rows), (case["case_id"], rows)
+    assert all(r["tolerance"] >= 0 and math.isfinite(r["mean"]) for r in rows)
+
+
+@pytest.mark.skipif(CUDA, reason="on a GPU the cases run through measure_check above")
+@pytest.mark.parametrize("impl, variant", [("cast", "random"), ("swiglu", "fp8"), ("swiglu_backward", "fp8"),
+                                           ("linear", "float64"), ("ffn", "float64")])
+def test_the_cuda_only_checks_run_on_the_cpu_too(impl, variant):
+    """Their code, not their numbers (the interpreter's fp8 rounding is wrong in places): every
+    metric is there, finite, with its tolerance."""
+    case = next(c for c in check.check_cases(SPEC) if (c["impl"], c["variant"]) == (impl, variant)
+                and not c["compiled"])
+    fn = {"cast": check.check_cast, "swiglu": check.check_swiglu, "swiglu_backward": check.check_swiglu,
+          "linear": check.check_layers, "ffn": check.check_layers}[impl]
+    rows = fn(case, "cpu")
+    metrics = [r["metric"] for r in rows]
+    want = {"cast": ["y_and_transpose_mismatches", "amax_abs_err"],
+            "swiglu": ["h_e4m3_mismatches", "h_e5m2_mismatches"],
+            "swiglu_backward": ["da_e4m3_mismatches", "db_e4m3_mismatches", "da_e5m2_mismatches", "db_e5m2_mismatches"],
+            "linear": ["y_rel_err", "dx_rel_err", "dw_rel_err"], "ffn": ["y_rel_err", "dx_rel_err", "dw_rel_err"]}
+    assert metrics == want[impl]
+    assert all(math.isfinite(r["max_abs_err"]) and r["tolerance"] >= 0 for r in rows)
