@@ -36,6 +36,10 @@ Weights stay the module's own parameters (an optimizer holding them keeps workin
 whose in and out features are multiples of 16 (torch._scaled_mm's contract) are converted.
 Convert a model on its device: each layer's scales are a view of the State's, which moving the
 model would copy apart.
+
+One file of about 485 lines on purpose: the three kernels share their tile loads and stores,
+and the two autograd functions the scales, amaxes and layouts those kernels write; split, each
+half would need the other's internals.
 """
 from __future__ import annotations
 
