@@ -363,36 +363,29 @@ def ffn_step(model, x, gy):
 
 
 @pytest.mark.parametrize("tokens", [24, 16 * 3], ids=str)
-def test_swiglu_in_one_function_is_wired_as_its_layers(tokens, monkeypatch):
+def test_swiglu_in_one_function_is_wired_as_its_layers(tokens):
     """With the product's two kernels replaced by the model's product in bf16 and float8_cast
-    (what the three layers alone compute), Float8SwiGLU gives the layers' outputs, gradients and
-    amaxes bitwise, on delayed scales: every operand, scale, layout and sum of its five matmuls
-    is the layers' (the kernels' own values are checked above and against float64 below)."""
-    import torch.nn.functional as F
+    (what the three layers alone compute: bench/float8_delayed.model_product), Float8SwiGLU gives
+    the layers' outputs, gradients and amaxes bitwise, on delayed scales: every operand, scale,
+    layout and sum of its five matmuls is the layers' (the kernels' own values are checked above
+    and against float64 below)."""
+    from lmperf.bench import float8_delayed as check
     fused, sf, alone, sa = two_swiglus()
     assert type(fused).__name__ == "Float8SwiGLU" and type(alone).__name__ == "SwiGLU"
-
-    def swiglu(a, b, scale, fp8):
-        return f8.float8_cast(F.silu(a) * b, scale, fp8)
-
-    def swiglu_backward(g, a, b, sa_, sb, fp8):
-        a, b = a.detach().requires_grad_(), b.detach().requires_grad_()
-        with torch.enable_grad():
-            da, db = torch.autograd.grad(F.silu(a) * b, (a, b), g)
-        return (*f8.float8_cast(da, sa_, fp8), *f8.float8_cast(db, sb, fp8))
-    monkeypatch.setattr(f8, "float8_swiglu", swiglu)
-    monkeypatch.setattr(f8, "float8_swiglu_backward", swiglu_backward)
     for state in (sf, sa):
         state.delayed = True
-        state.scales.copy_(torch.tensor([[4.0, 2048.0, 2.0**20], [4.0, 1024.0, 2.0**21], [64.0, 4096.0, 2.0**19]]))
-    for k in range(2):
-        x = torch.randn(2, tokens // 2, 64, device=DEVICE, dtype=torch.bfloat16) * 3
-        gy = torch.randn(2, tokens // 2, 64, device=DEVICE, dtype=torch.bfloat16) * 1e-4
-        for got, want in zip(ffn_step(fused, x, gy), ffn_step(alone, x, gy)):
-            assert torch.equal(got, want), k
-        for lf, la in zip(sf.layers, sa.layers):
-            assert torch.equal(lf.fp8_slot.grad, la.fp8_slot.grad), k
-            lf.fp8_slot.grad = la.fp8_slot.grad = None
+        state.scales.copy_(torch.tensor(check.WIRING_SCALES))
+    kernels = f8.float8_swiglu, f8.float8_swiglu_backward
+    with check.model_product():
+        for k in range(2):
+            x = torch.randn(2, tokens // 2, 64, device=DEVICE, dtype=torch.bfloat16) * 3
+            gy = torch.randn(2, tokens // 2, 64, device=DEVICE, dtype=torch.bfloat16) * 1e-4
+            for got, want in zip(ffn_step(fused, x, gy), ffn_step(alone, x, gy)):
+                assert torch.equal(got, want), k
+            for lf, la in zip(sf.layers, sa.layers):
+                assert torch.equal(lf.fp8_slot.grad, la.fp8_slot.grad), k
+                lf.fp8_slot.grad = la.fp8_slot.grad = None
+    assert f8.float8_swiglu is kernels[0] and f8.float8_swiglu_backward is kernels[1]  # the kernels are back
 
 
 @NEEDS_GPU_ROUNDING

@@ -27,6 +27,7 @@ layer under torch.compile(fullgraph=True) (Inductor on a GPU, AOTAutograd on the
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 
@@ -235,14 +236,15 @@ def check_layers(case: dict, device: str) -> list[dict]:
     return [_row(f"{q}_rel_err", err, factor * TOLERANCE[q]) for q, err in worst.items()]
 
 
-def _wiring(bsz: int, n: int, d: int, f: int, device: str) -> list[dict]:
-    """The Float8SwiGLU with its product kernels replaced by the model's bf16 product and
-    float8_cast, against the lone layers, on fixed delayed scales: mismatching elements."""
+@contextlib.contextmanager
+def model_product():
+    """Within: float8_delayed's two SwiGLU product kernels replaced by what three lone
+    Float8Linear layers compute around the model's product: silu(a) * b in bf16 (PyTorch's
+    rounding), and its gradients by autograd, each cast by float8_cast. A Float8SwiGLU then gives
+    the lone layers' results bitwise, which checks its wiring apart from the kernels' values."""
     import torch
     import torch.nn.functional as F
     from lmperf.kernels import float8_delayed as f8
-
-    fused, sf, alone, sa = _swiglus(d, f, device, swiglu_alone=True)
 
     def swiglu(a, b, scale, fp8):
         return f8.float8_cast(F.silu(a) * b, scale, fp8)
@@ -255,12 +257,28 @@ def _wiring(bsz: int, n: int, d: int, f: int, device: str) -> list[dict]:
     kernels = f8.float8_swiglu, f8.float8_swiglu_backward
     f8.float8_swiglu, f8.float8_swiglu_backward = swiglu, swiglu_backward
     try:
-        scales = torch.tensor([[4.0, 2048.0, 2.0**20], [4.0, 1024.0, 2.0**21], [64.0, 4096.0, 2.0**19]])
-        for state in (sf, sa):
-            state.delayed = True
-            state.scales.copy_(scales)
-        weights = ["w1.weight", "w3.weight", "w2.weight"]
-        wrong = 0
+        yield
+    finally:
+        f8.float8_swiglu, f8.float8_swiglu_backward = kernels
+
+
+# delayed scales of w1, w3 and w2 (rows: input, weight, output gradient) that keep the wiring
+# check's values in range: x to e4m3 near its top, weights and gradients scaled up
+WIRING_SCALES = [[4.0, 2048.0, 2.0**20], [4.0, 1024.0, 2.0**21], [64.0, 4096.0, 2.0**19]]
+
+
+def _wiring(bsz: int, n: int, d: int, f: int, device: str) -> list[dict]:
+    """The Float8SwiGLU under model_product() against the lone layers, on fixed delayed scales:
+    mismatching elements of y, dx, the gradients and the amaxes."""
+    import torch
+
+    fused, sf, alone, sa = _swiglus(d, f, device, swiglu_alone=True)
+    for state in (sf, sa):
+        state.delayed = True
+        state.scales.copy_(torch.tensor(WIRING_SCALES))
+    weights = ["w1.weight", "w3.weight", "w2.weight"]
+    wrong = 0
+    with model_product():
         for _ in range(2):
             x = torch.randn(bsz, n, d, device=device, dtype=torch.bfloat16) * 3
             gy = torch.randn(bsz, n, d, device=device, dtype=torch.bfloat16) * 1e-4
@@ -269,8 +287,6 @@ def _wiring(bsz: int, n: int, d: int, f: int, device: str) -> list[dict]:
             for lf, la in zip(sf.layers, sa.layers):
                 wrong += int((lf.fp8_slot.grad != la.fp8_slot.grad).sum())
                 lf.fp8_slot.grad = la.fp8_slot.grad = None
-    finally:
-        f8.float8_swiglu, f8.float8_swiglu_backward = kernels
     return [_row("mismatches_against_the_lone_layers", wrong, 0)]
 
 
