@@ -173,19 +173,19 @@ def check_swiglu(case: dict, device: str) -> list[dict]:
     return rows
 
 
-def _swiglus(d: int, f: int, device: str, swiglu_alone: bool):
-    """A bf16 lmperf.model.SwiGLU converted to a Float8SwiGLU, and a copy converted with its layers
-    alone (swiglu_alone) or to a Float8SwiGLU too; each with its State."""
+def _fused_and_alone(d: int, f: int, device: str):
+    """A bf16 lmperf.model.SwiGLU converted to a Float8SwiGLU, and a copy converted with its three
+    layers alone; each with its State."""
     import copy
 
     import torch
     from lmperf.kernels import float8_delayed as f8
     from lmperf.model import SwiGLU
 
-    one = SwiGLU(d, f).to(device, torch.bfloat16)
-    two = copy.deepcopy(one)
-    return (one, f8.convert(one, skip=(), hook=False), two,
-            f8.convert(two, skip=(), hook=False, swiglu=not swiglu_alone))
+    fused = SwiGLU(d, f).to(device, torch.bfloat16)
+    alone = copy.deepcopy(fused)
+    return (fused, f8.convert(fused, skip=(), hook=False), alone,
+            f8.convert(alone, skip=(), hook=False, swiglu=False))
 
 
 def _step(model, x, gy, weights: list[str]) -> list:
@@ -210,18 +210,12 @@ def check_layers(case: dict, device: str) -> list[dict]:
     if case["variant"] == "wiring":
         return _wiring(bsz, n, d, f, device)
     if ffn:
-        model, state = _swiglus(d, f, device, swiglu_alone=True)[:2]
-        weights = ["w1.weight", "w3.weight", "w2.weight"]
-    else:
-        model = nn.Sequential(nn.Linear(d, f, bias=False)).to(device, torch.bfloat16)
-        state, weights = f8.convert(model, skip=(), hook=False), ["0.weight"]
-    ref = copy.deepcopy(model).double()  # its layers multiply in float64: Float8Linear.forward is not used
-    for layer in ref.modules():
-        if isinstance(layer, f8.Float8Linear):
-            layer.__class__ = nn.Linear
-    if ffn:
         from lmperf.model import SwiGLU
-        ref.__class__ = SwiGLU
+        model, weights = SwiGLU(d, f).to(device, torch.bfloat16), ["w1.weight", "w3.weight", "w2.weight"]
+    else:
+        model, weights = nn.Sequential(nn.Linear(d, f, bias=False)).to(device, torch.bfloat16), ["0.weight"]
+    ref = copy.deepcopy(model).double()  # the module as it was, in float64
+    state = f8.convert(model, skip=(), hook=False)
     run = _compiled(model, case["compiled"])
     worst = {}
     for _ in range(4):  # the first step scales dynamically, the next three from the history
@@ -272,7 +266,7 @@ def _wiring(bsz: int, n: int, d: int, f: int, device: str) -> list[dict]:
     mismatching elements of y, dx, the gradients and the amaxes."""
     import torch
 
-    fused, sf, alone, sa = _swiglus(d, f, device, swiglu_alone=True)
+    fused, sf, alone, sa = _fused_and_alone(d, f, device)
     for state in (sf, sa):
         state.delayed = True
         state.scales.copy_(torch.tensor(WIRING_SCALES))
