@@ -17,10 +17,15 @@ layer under torch.compile(fullgraph=True) (Inductor on a GPU, AOTAutograd on the
   error of the same computation in PyTorch in fp32, plus a floor); variant `fp8` (needs CUDA),
   the elements written in fp8 that differ from PyTorch's rounding of the fp32 values (0 allowed).
 - `linear` (a Float8Linear) and `ffn` (a Float8SwiGLU: lmperf.model.SwiGLU converted), bf16,
-  shape (B, N, d_in, d_out) or (B, N, d_model, d_ff): variant `float64` (needs CUDA), the worst
-  relative error (Frobenius) of y, dx and each weight gradient against float64 over a first
-  step (dynamic scales) and three delayed ones, within fp8's tolerance (TOLERANCE, 1.5 times for
-  the FFN, whose product and its gradients are rounded once more); variant `wiring` (`ffn`,
+  shape (B, N, d_in, d_out) or (B, N, d_model, d_ff): variant `float64` (needs CUDA), the
+  relative error (Frobenius) of y, dx and each weight gradient against float64 over a first step
+  (dynamic scales) and three delayed ones, each against the error of the same computation
+  emulated in PyTorch (`fp8_emulated`: every operand the layer rounds to fp8 rounded by PyTorch's
+  cast at a dynamic tensorwise scale, the products in float64): at most 1.5 times it plus bf16's
+  unit roundoff (the layer writes y and the gradients in bf16), at the step where the ratio is
+  worst. fp8's error does not fall with the shape, but its spread does: a fixed tolerance that
+  holds at the model's shapes fails on a layer of 16 features (y 0.097 against 0.09, H100,
+  81c247bc74f6) where PyTorch's own rounding errs as much; variant `wiring` (`ffn`,
   eager; runs anywhere): with its two product kernels replaced by the model's bf16 product and
   float8_cast, the Float8SwiGLU against the three lone Float8Linear layers on fixed delayed
   scales: the elements of y, dx, the gradients and the amaxes that differ (0 allowed).
@@ -35,12 +40,12 @@ from lmperf.bench import common, jobs
 
 NEEDS_GPU_ROUNDING = ("needs CUDA: Triton's interpreter rounds to fp8 wrongly where rounding carries into the "
                       "exponent (127.3 -> 64 in e4m3; triton-lang/triton#8322)")
-# Relative error (Frobenius norm) against float64 of a layer with x and w in e4m3 and dy in e5m2
-# (3 and 2 mantissa bits: rounding errors up to 2^-4 and 2^-3 of a value, averaged down by the
-# matmul): measured about 0.04 for y and 0.06 for dx and dw on random normal data
-# (tests/test_float8_delayed.py); the FFN rounds h and its gradients once more
-TOLERANCE = {"y": 0.06, "dx": 0.09, "dw": 0.09}
-FFN_FACTOR = 1.5
+# A layer's relative error (Frobenius norm) against float64 may be at most EMULATED_FACTOR times
+# that of fp8_emulated (the same roundings to fp8 by PyTorch, exact products) plus BF16_ROUNDOFF
+# (y and the gradients are written in bf16): delayed scales and bf16 accumulations differ from
+# the emulation's dynamic scales and float64 sums; measured ratios 0.9-1.1 (H100)
+EMULATED_FACTOR = 1.5
+BF16_ROUNDOFF = 2.0 ** -8
 VARIANTS = {"cast": ("held", "random"), "swiglu": ("fp32", "fp8"), "swiglu_backward": ("fp32", "fp8"),
             "linear": ("float64",), "ffn": ("float64", "wiring")}
 SHAPES = {"cast": "cast", "swiglu": "swiglu", "swiglu_backward": "swiglu", "linear": "layers", "ffn": "layers"}
@@ -198,6 +203,43 @@ def _step(model, x, gy, weights: list[str]) -> list:
     return out
 
 
+def _q(t, fmt):
+    """t rounded to the fp8 format `fmt` by PyTorch's cast at a dynamic tensorwise scale (fp8_max /
+    (amax * HEADROOM), as a layer's first step), back in float64."""
+    import torch
+    from lmperf.kernels import float8_delayed as f8
+
+    fmax, amax = torch.finfo(fmt).max, float(t.abs().max())
+    s = fmax / (amax * f8.HEADROOM) if amax > 0 else 1.0
+    return (t * s).float().clamp(-fmax, fmax).to(fmt).double() / s
+
+
+def fp8_emulated(weights: list, x, gy, ffn: bool) -> list:
+    """y, dx and the weight gradients (in `weights`' order: [w] or [w1, w3, w2]) of a Float8Linear
+    or a Float8SwiGLU on float64 x, gy and weights, with every operand the layer rounds to fp8
+    rounded by PyTorch (x, the weights and h in e4m3; gy and the SwiGLU's da and db in e5m2) and
+    everything else in float64."""
+    import torch
+    from lmperf.kernels import float8_delayed as f8
+
+    e4, e5 = f8.E4M3, f8.E5M2
+    lead = x.shape[:-1]
+    x2, g2 = x.reshape(-1, x.shape[-1]), gy.reshape(-1, gy.shape[-1])
+    xq, gq = _q(x2, e4), _q(g2, e5)
+    if not ffn:
+        wq = _q(weights[0], e4)
+        return [(xq @ wq.T).reshape(*lead, -1), (gq @ wq).reshape(x.shape), gq.T @ xq]
+    w1, w3, w2 = (_q(w, e4) for w in weights)
+    a, b = xq @ w1.T, xq @ w3.T
+    sig = torch.sigmoid(a)
+    hq = _q(a * sig * b, e4)
+    dh = gq @ w2
+    daq = _q(dh * b * sig * (1 + a * (1 - sig)), e5)
+    dbq = _q(dh * a * sig, e5)
+    return [(hq @ w2.T).reshape(*lead, -1), (daq @ w1 + dbq @ w3).reshape(x.shape), daq.T @ xq, dbq.T @ xq,
+            gq.T @ hq]
+
+
 def check_layers(case: dict, device: str) -> list[dict]:
     import copy
 
@@ -217,17 +259,20 @@ def check_layers(case: dict, device: str) -> list[dict]:
     ref = copy.deepcopy(model).double()  # the module as it was, in float64
     state = f8.convert(model, skip=(), hook=False)
     run = _compiled(model, case["compiled"])
-    worst = {}
+    worst = {}  # quantity -> (ratio, error, emulated error), at the step where the ratio is worst
     for _ in range(4):  # the first step scales dynamically, the next three from the history
         state.update()
         x = torch.randn(bsz, n, d, device=device, dtype=torch.bfloat16) * 3
         gy = torch.randn(bsz, n, f if not ffn else d, device=device, dtype=torch.bfloat16) * 1e-4
         got, want = _step(run, x, gy, weights), _step(ref, x.double(), gy.double(), weights)
-        for q, g_, w_ in zip(("y", "dx", *(["dw"] * len(weights))), got, want):
+        emulated = fp8_emulated([ref.get_parameter(w).detach() for w in weights], x.double(), gy.double(), ffn)
+        for q, g_, e_, w_ in zip(("y", "dx", *(["dw"] * len(weights))), got, emulated, want):
             err = float((g_.double() - w_).norm() / w_.norm())
-            worst[q] = max(worst.get(q, 0.0), err)
-    factor = FFN_FACTOR if ffn else 1.0
-    return [_row(f"{q}_rel_err", err, factor * TOLERANCE[q]) for q, err in worst.items()]
+            emu = float((e_ - w_).norm() / w_.norm())
+            if q not in worst or err / emu > worst[q][0]:
+                worst[q] = (err / emu, err, emu)
+    return [_row(f"{q}_rel_err", err, EMULATED_FACTOR * emu + BF16_ROUNDOFF, emu)
+            for q, (_, err, emu) in worst.items()]
 
 
 @contextlib.contextmanager
