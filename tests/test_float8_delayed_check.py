@@ -62,7 +62,7 @@ def test_the_cuda_only_checks_run_on_the_cpu_too(impl, variant):
 
 @pytest.mark.parametrize("ffn", [False, True], ids=["linear", "ffn"])
 def test_the_fp8_emulation_is_the_layers_float64_gradients_without_its_roundings(ffn, monkeypatch):
-    """With _q the identity, fp8_emulated is the float64 module's forward and autograd gradients:
+    """With fp8_round the identity, fp8_emulated is the float64 module's forward and autograd gradients:
     its hand-written backward (the SwiGLU's da and db included) is the layer's math."""
     from lmperf.model import SwiGLU
 
@@ -75,7 +75,7 @@ def test_the_fp8_emulation_is_the_layers_float64_gradients_without_its_roundings
     y = model(x)
     y.backward(gy)
     want = [y.detach(), x.grad, *(model.get_parameter(n).grad for n in names)]
-    monkeypatch.setattr(check, "_q", lambda t, fmt: t)
+    monkeypatch.setattr(check, "fp8_round", lambda t, fmt: t)
     got = check.fp8_emulated([model.get_parameter(n).detach() for n in names], x.detach(), gy, ffn)
     assert len(got) == len(want)
     for g, w in zip(got, want):
@@ -86,7 +86,7 @@ def test_the_fp8_emulation_errs_as_fp8_does():
     """PyTorch's roundings (CPU casts, not Triton's interpreter) give fp8's error: on normal data,
     y of a linear layer about 0.037 from float64 (x and w in e4m3), its gradients about 0.059
     (gy in e5m2), as the H100 measured the Float8Linear at 7 x 13 x 160 x 96 (0.038, 0.060,
-    0.060); and _q keeps a tensor's largest value within the format's rounding."""
+    0.060); and fp8_round keeps a tensor's largest value within the format's rounding."""
     torch.manual_seed(1)
     x, w, gy = torch.randn(64, 160, dtype=torch.float64) * 3, torch.randn(96, 160, dtype=torch.float64) * 0.05, \
         torch.randn(64, 96, dtype=torch.float64) * 1e-4
@@ -94,5 +94,5 @@ def test_the_fp8_emulation_errs_as_fp8_does():
     rel = lambda a, b: float((a - b).norm() / b.norm())
     assert 0.03 < rel(y, x @ w.T) < 0.045
     assert 0.05 < rel(dx, gy @ w) < 0.07 and 0.05 < rel(dw, gy.T @ x) < 0.07
-    q = check._q(x, torch.float8_e4m3fn)
+    q = check.fp8_round(x, torch.float8_e4m3fn)
     assert float((q - x).abs().max() / x.abs().max()) <= 2.0 ** -4

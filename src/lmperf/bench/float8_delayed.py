@@ -203,7 +203,7 @@ def _step(model, x, gy, weights: list[str]) -> list:
     return out
 
 
-def _q(t, fmt):
+def fp8_round(t, fmt):
     """t rounded to the fp8 format `fmt` by PyTorch's cast at a dynamic tensorwise scale (fp8_max /
     (amax * HEADROOM), as a layer's first step), back in float64."""
     import torch
@@ -225,17 +225,17 @@ def fp8_emulated(weights: list, x, gy, ffn: bool) -> list:
     e4, e5 = f8.E4M3, f8.E5M2
     lead = x.shape[:-1]
     x2, g2 = x.reshape(-1, x.shape[-1]), gy.reshape(-1, gy.shape[-1])
-    xq, gq = _q(x2, e4), _q(g2, e5)
+    xq, gq = fp8_round(x2, e4), fp8_round(g2, e5)
     if not ffn:
-        wq = _q(weights[0], e4)
+        wq = fp8_round(weights[0], e4)
         return [(xq @ wq.T).reshape(*lead, -1), (gq @ wq).reshape(x.shape), gq.T @ xq]
-    w1, w3, w2 = (_q(w, e4) for w in weights)
+    w1, w3, w2 = (fp8_round(w, e4) for w in weights)
     a, b = xq @ w1.T, xq @ w3.T
     sig = torch.sigmoid(a)
-    hq = _q(a * sig * b, e4)
+    hq = fp8_round(a * sig * b, e4)
     dh = gq @ w2
-    daq = _q(dh * b * sig * (1 + a * (1 - sig)), e5)
-    dbq = _q(dh * a * sig, e5)
+    daq = fp8_round(dh * b * sig * (1 + a * (1 - sig)), e5)
+    dbq = fp8_round(dh * a * sig, e5)
     return [(hq @ w2.T).reshape(*lead, -1), (daq @ w1 + dbq @ w3).reshape(x.shape), daq.T @ xq, dbq.T @ xq,
             gq.T @ hq]
 
