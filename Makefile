@@ -9,7 +9,7 @@ NEWEST_VENV ?= .venv-triton-newest
 PYTEST_WORKERS ?= auto
 PYTEST_XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
 KERNEL_TESTS ?= tests/test_lrpe.py tests/test_flash_attention.py tests/test_flash_attention_gqa.py tests/test_adamw_master.py tests/test_fused.py \
-	tests/test_float8_delayed.py tests/test_float8_delayed_check.py
+	tests/test_float8_delayed.py tests/test_float8_delayed_check.py tests/test_kernel_writes.py
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: setup report test test-triton-newest clean-results
