@@ -68,6 +68,7 @@ def _probe(Q, K, DO, DQ, COUNT, TICKET, SINK, N, NK, D: tl.constexpr, BLOCK_M: t
                     pass
                 cur = tl.load(ptrs, cache_modifier=".cg")
                 tl.store(ptrs, cur + dq, cache_modifier=".cg")
+                tl.debug_barrier()  # every thread's part of the tile stored before the one release
                 tl.atomic_add(c, 1, sem="release")
     out = tl.sum(dk, 1) + tl.sum(dv, 1)
     tl.store(SINK + vid * BLOCK_N + tl.arange(0, BLOCK_N), out)
