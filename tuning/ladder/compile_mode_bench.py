@@ -16,7 +16,6 @@ Writes DIR/compile_mode_bench_<size>_<context>.csv with the run's provenance.
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 
 VARIANTS = {"default": ("rmsnorm+swiglu", None), "autotune": ("rmsnorm+swiglu", "max-autotune-no-cudagraphs"),
@@ -40,7 +39,7 @@ def main() -> None:
     from lmperf.bench import common, ladder
     if not torch.cuda.is_available():
         raise SystemExit("compile_mode_bench: needs CUDA (it times the GPU's steps)")
-    from float8_bench import kernels, timed  # this folder's
+    from float8_bench import measure_variant  # this folder's
     from ladder_kernels import rung_case
     dims = yaml.safe_load(open("config/config.yaml"))["models"][args.size]
     rows, prov = [], common.provenance(hardware.hw_slug(hardware.gpu_name()))
@@ -57,24 +56,7 @@ def main() -> None:
         if mode is not None:
             for block in model.blocks:
                 block.compile(mode=mode)
-        times, loss = timed(model, optimizer, inputs, targets, autocast, 3 + args.steps)
-        first_s = times[0] / 1e3  # the first step's: the compile (and max-autotune's benchmarks) in it
-        times = times[3:]
-        q = statistics.quantiles(times, n=5)
-        per_kernel = kernels(model, optimizer, inputs, targets, autocast)
-        by = {}
-        for _, cat, ms in per_kernel:
-            by[cat] = by.get(cat, 0.0) + ms
-        med = statistics.median(times)
-        rows.append({"variant": variant, "metric": "step_ms", "median": med, "q20": q[0], "q80": q[3],
-                     "n": len(times), "samples": " ".join(f"{t:.3f}" for t in times),
-                     "tokens_per_s": tokens / med * 1e3, "loss": loss, "first_step_s": first_s, **prov})
-        rows += [{"variant": variant, "metric": f"kernel_ms_{cat}", "median": ms, **prov} for cat, ms in by.items()]
-        rows += [{"variant": variant, "metric": "kernel_ms", "kernel": k, "category": cat, "median": ms, **prov}
-                 for k, cat, ms in per_kernel]
-        print(f"{variant}: step {med:.1f} ms (q20 {q[0]:.1f}, q80 {q[3]:.1f}), loss {loss:.4f}, first step "
-              f"{first_s:.0f} s; kernels " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])),
-              flush=True)
+        rows += measure_variant(variant, model, optimizer, inputs, targets, autocast, args.steps, tokens, prov)
         del model, optimizer, cfg, inputs, targets
         torch.cuda.empty_cache()
         args.out.mkdir(parents=True, exist_ok=True)  # after each variant: a cut run keeps what it measured

@@ -59,6 +59,30 @@ def kernels(model, optimizer, inputs, targets, autocast, steps: int = 2) -> list
     return out
 
 
+def measure_variant(name: str, model, optimizer, inputs, targets, autocast, steps: int, tokens: int,
+                    prov: dict) -> list[dict]:
+    """One variant's rows: its step time (3 warm-up steps, then `steps` timed: median, 20/80%
+    quantiles, samples; tokens/s; the last loss; the first step's seconds, its compile in them),
+    kernel ms a step by category and by kernel; a line printed."""
+    times, loss = timed(model, optimizer, inputs, targets, autocast, 3 + steps)
+    first_s, times = times[0] / 1e3, times[3:]
+    q = statistics.quantiles(times, n=5)
+    per_kernel = kernels(model, optimizer, inputs, targets, autocast)
+    by = {}
+    for _, cat, ms in per_kernel:
+        by[cat] = by.get(cat, 0.0) + ms
+    med = statistics.median(times)
+    rows = [{"variant": name, "metric": "step_ms", "median": med, "q20": q[0], "q80": q[3], "n": len(times),
+             "samples": " ".join(f"{t:.3f}" for t in times), "tokens_per_s": tokens / med * 1e3, "loss": loss,
+             "first_step_s": first_s, **prov}]
+    rows += [{"variant": name, "metric": f"kernel_ms_{cat}", "median": ms, **prov} for cat, ms in by.items()]
+    rows += [{"variant": name, "metric": "kernel_ms", "kernel": k, "category": cat, "median": ms, **prov}
+             for k, cat, ms in per_kernel]
+    print(f"{name}: step {med:.1f} ms (q20 {q[0]:.1f}, q80 {q[3]:.1f}), loss {loss:.4f}, first step {first_s:.0f} s; "
+          "kernels " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])), flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="2.7B")
@@ -95,23 +119,8 @@ def main() -> None:
             float8.training(args.recipe)(model)
         elif variant == "fp8_layers":
             float8_delayed.convert(model, skip=("lm_head",), swiglu=False)
-        times, loss = timed(model, optimizer, inputs, targets, autocast, 3 + args.steps)
-        times = times[3:]
-        q = statistics.quantiles(times, n=5)
-        per_kernel = kernels(model, optimizer, inputs, targets, autocast)
-        by = {}
-        for _, cat, ms in per_kernel:
-            by[cat] = by.get(cat, 0.0) + ms
-        med = statistics.median(times)
         name = variant if variant == "bf16" else f"{variant}_{args.recipe}"
-        rows.append({"variant": name, "metric": "step_ms", "median": med, "q20": q[0], "q80": q[3],
-                     "n": len(times), "samples": " ".join(f"{t:.3f}" for t in times),
-                     "tokens_per_s": tokens / med * 1e3, "loss": loss, **prov})
-        rows += [{"variant": name, "metric": f"kernel_ms_{cat}", "median": ms, **prov} for cat, ms in by.items()]
-        rows += [{"variant": name, "metric": "kernel_ms", "kernel": k, "category": cat, "median": ms, **prov}
-                 for k, cat, ms in per_kernel]
-        print(f"{name}: step {med:.1f} ms (q20 {q[0]:.1f}, q80 {q[3]:.1f}), loss {loss:.4f}; kernels "
-              + ", ".join(f"{k} {v:.1f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])), flush=True)
+        rows += measure_variant(name, model, optimizer, inputs, targets, autocast, args.steps, tokens, prov)
         del model, optimizer, cfg, inputs, targets
         torch.cuda.empty_cache()
     steps = {r["variant"]: r["median"] for r in rows if r["metric"] == "step_ms"}
