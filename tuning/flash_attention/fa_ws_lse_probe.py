@@ -10,6 +10,9 @@ poisoned with NaN before the call, twice: the same bits?) and timed at the bar's
   wide_desc   L through a descriptor of a (rows, 4) fp32 array, column 0 read back
   halves      the tile as two 64-row halves in the source, each with its m, l and L store
   no_ws       `after` without warp specialisation (the pointer kernel's speed)
+  lazy        `after`, rescaling O and l only when a row's max grew by more than 2^8 (a uniform branch)
+  ex2_bf16    `after`, P's exponentials two an instruction (ex2.approx.ftz.bf16x2; GPU only)
+  lazy_ex2    both
 
     PYTHONPATH=src python tuning/flash_attention/fa_ws_lse_probe.py
 """
@@ -23,12 +26,33 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _half(q, dk, dv, m_i, l_i, acc, start, QK_SCALE: tl.constexpr):
+def _exp2(x, EX2: tl.constexpr):
+    if EX2 == 1:  # two values an instruction: ex2.approx.ftz.bf16x2 (sm_90), p in bf16
+        return tl.inline_asm_elementwise("ex2.approx.ftz.bf16x2 $0, $1;", "=r,r", [x.to(tl.bfloat16)],
+                                         dtype=tl.bfloat16, is_pure=True, pack=2)
+    else:
+        return tl.math.exp2(x)
+
+
+@triton.jit
+def _half(q, dk, dv, m_i, l_i, acc, start, QK_SCALE: tl.constexpr, LAZY: tl.constexpr = False,
+          EX2: tl.constexpr = 0):
     s = tl.dot(q, dk.load([start, 0]).T)
     m_new = tl.maximum(m_i, tl.max(s, 1) * QK_SCALE)
-    p = tl.math.exp2(s * QK_SCALE - m_new[:, None])
+    if LAZY:  # rescale only when some row's max grew by more than 2^8 (exact: l and acc share m)
+        if tl.max(m_new - m_i, 0) > 8.0:
+            alpha = tl.math.exp2(m_i - m_new)
+            l_i = l_i * alpha
+            acc = acc * alpha[:, None]
+            m_i = m_new
+        p = _exp2(s * QK_SCALE - m_i[:, None], EX2)
+        l_i = l_i + tl.sum(p.to(tl.float32), 1)
+        v = dv.load([start, 0])
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        return m_i, l_i, acc
+    p = _exp2(s * QK_SCALE - m_new[:, None], EX2)
     alpha = tl.math.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    l_i = l_i * alpha + tl.sum(p.to(tl.float32), 1)
     v = dv.load([start, 0])
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return m_new, l_i, acc
@@ -36,7 +60,8 @@ def _half(q, dk, dv, m_i, l_i, acc, start, QK_SCALE: tl.constexpr):
 
 @triton.jit
 def _fwd(Q, K, V, O, L, LW, N, H, QK_SCALE: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr,
-         BLOCK_K: tl.constexpr, WS: tl.constexpr, MODE: tl.constexpr):
+         BLOCK_K: tl.constexpr, WS: tl.constexpr, MODE: tl.constexpr, LAZY: tl.constexpr = False,
+         EX2: tl.constexpr = 0):
     # MODE: 0 after, 1 in_loop, 2 wide_desc, 3 halves
     q_tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -74,7 +99,7 @@ def _fwd(Q, K, V, O, L, LW, N, H, QK_SCALE: tl.constexpr, D: tl.constexpr, BLOCK
         l_i = tl.zeros([BLOCK_Q], tl.float32)
         acc = tl.zeros([BLOCK_Q, D], tl.float32)
         for start in tl.range(row0, row0 + N, BLOCK_K, warp_specialize=WS):
-            m_i, l_i, acc = _half(q, dk, dv, m_i, l_i, acc, start, QK_SCALE)
+            m_i, l_i, acc = _half(q, dk, dv, m_i, l_i, acc, start, QK_SCALE, LAZY, EX2)
             if MODE == 1:
                 tl.store(L + bh * N + offs, (m_i + tl.math.log2(l_i)) * LN2, mask=offs < N)
         do.store([row0 + q0, 0], (acc / l_i[:, None]).to(O.dtype.element_ty))
@@ -86,7 +111,7 @@ def _fwd(Q, K, V, O, L, LW, N, H, QK_SCALE: tl.constexpr, D: tl.constexpr, BLOCK
             dl.store([row0 + q0, 0], tl.broadcast_to(lse[:, None], [BLOCK_Q, 4]))
 
 
-def forward(q, k, v, mode, ws, block_q=128, block_k=128, warps=4, stages=2):
+def forward(q, k, v, mode, ws, block_q=128, block_k=128, warps=4, stages=2, lazy=False, ex2=0):
     b, h, n, d = q.shape
     o = torch.empty_like(q)
     lse = torch.full((b * h, n), float("nan"), device=q.device)
@@ -94,7 +119,7 @@ def forward(q, k, v, mode, ws, block_q=128, block_k=128, warps=4, stages=2):
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=q.device))
     flat = [t.reshape(b * h * n, d) for t in (q, k, v, o)]
     _fwd[(triton.cdiv(n, block_q), b * h)](*flat, lse, wide, n, h, QK_SCALE=1.4426950408889634 / d ** 0.5, D=d,
-                                           BLOCK_Q=block_q, BLOCK_K=block_k, WS=ws, MODE=mode, num_warps=warps,
+                                           BLOCK_Q=block_q, BLOCK_K=block_k, WS=ws, MODE=mode, LAZY=lazy, EX2=ex2, num_warps=warps,
                                            num_stages=stages)
     return o, (wide[:, 0].reshape(b * h, n) if mode == 2 else lse)
 
@@ -112,22 +137,28 @@ def main():
     ref_l, ref_o = torch.logsumexp(s, -1).reshape(4, n), torch.softmax(s, -1) @ vs.float()
     big = [torch.randn(4, 16, 8192, 128, device=dev, dtype=dt, generator=g) for _ in range(3)] if dev == "cuda" else []
     flops = 4 * 4 * 16 * 8192 ** 2 * 128
-    for name, mode, ws in (("after", 0, True), ("in_loop", 1, True), ("wide_desc", 2, True), ("halves", 3, True),
-                           ("no_ws", 0, False)):
+    variants = (("after", 0, True, False, 0), ("in_loop", 1, True, False, 0), ("wide_desc", 2, True, False, 0),
+                ("halves", 3, True, False, 0), ("no_ws", 0, False, False, 0), ("lazy", 0, True, True, 0),
+                ("ex2_bf16", 0, True, False, 1), ("lazy_ex2", 0, True, True, 1))
+    for name, mode, ws, lazy, ex2 in variants:
+        if ex2 and dev == "cpu":
+            print(f"{name:10s} needs CUDA (inline PTX)")
+            continue
         try:
-            o1, l1 = forward(qs, ks, vs, mode, ws, bq, bk, w)
-            o2, l2 = forward(qs, ks, vs, mode, ws, bq, bk, w)
+            o1, l1 = forward(qs, ks, vs, mode, ws, bq, bk, w, lazy=lazy, ex2=ex2)
+            o2, l2 = forward(qs, ks, vs, mode, ws, bq, bk, w, lazy=lazy, ex2=ex2)
             lerr, oerr = float((l1 - ref_l).abs().max()), float((o1.float() - ref_o).abs().max())
             nan_rows = int(l1.isnan().sum())
             same = torch.equal(l1, l2) and torch.equal(o1, o2)
             tf = ""
             if big:
-                ms = triton.testing.do_bench(lambda: forward(*big, mode, ws), warmup=25, rep=150, return_mode="median")
+                ms = triton.testing.do_bench(lambda: forward(*big, mode, ws, lazy=lazy, ex2=ex2), warmup=25, rep=150, return_mode="median")
                 tf = f"  {flops / ms / 1e9:.1f} TFLOP/s"
             print(f"{name:10s} L err {lerr:.3g} (NaN rows {nan_rows})  O err {oerr:.3g}  repeatable {same}{tf}",
                   flush=True)
         except Exception as exc:  # a variant that does not compile is a line, not the end
-            print(f"{name:10s} {type(exc).__name__}: {str(exc).splitlines()[0][:150] if str(exc) else ''}", flush=True)
+            lines = str(exc).splitlines() or [""]
+            print(f"{name:10s} {type(exc).__name__}: {lines[0][:150]} ... {lines[-1][:300]}", flush=True)
     if big:
         fl = torch.nn.attention.SDPBackend.CUDNN_ATTENTION
         with torch.nn.attention.sdpa_kernel(fl):
