@@ -40,7 +40,7 @@ def _step(q, dk, dv, m_i, l_i, acc, start, offs_q, QK_SCALE: tl.constexpr, BLOCK
 
 @triton.jit
 def _fwd(Q, K, V, O, L, N, BH, QK_SCALE: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr,
-         BLOCK_K: tl.constexpr, WS: tl.constexpr):
+         BLOCK_K: tl.constexpr, WS: tl.constexpr, DIAG_FIRST: tl.constexpr = False):
     pid = tl.program_id(0)
     n_q = N // BLOCK_Q
     bh = pid % BH
@@ -56,16 +56,20 @@ def _fwd(Q, K, V, O, L, N, BH, QK_SCALE: tl.constexpr, D: tl.constexpr, BLOCK_Q:
     m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q], tl.float32)
     acc = tl.zeros([BLOCK_Q, D], tl.float32)
+    if DIAG_FIRST:  # the masked diagonal first, then the specialised loop last in the kernel
+        for start in tl.range(row0 + q0, row0 + q0 + BLOCK_Q, BLOCK_K):
+            m_i, l_i, acc = _step(q, dk, dv, m_i, l_i, acc, start, offs_q, QK_SCALE, BLOCK_K, True)
     for start in tl.range(row0, row0 + q0, BLOCK_K, warp_specialize=WS):
         m_i, l_i, acc = _step(q, dk, dv, m_i, l_i, acc, start, offs_q, QK_SCALE, BLOCK_K, False)
-    for start in tl.range(row0 + q0, row0 + q0 + BLOCK_Q, BLOCK_K):
-        m_i, l_i, acc = _step(q, dk, dv, m_i, l_i, acc, start, offs_q, QK_SCALE, BLOCK_K, True)
+    if not DIAG_FIRST:
+        for start in tl.range(row0 + q0, row0 + q0 + BLOCK_Q, BLOCK_K):
+            m_i, l_i, acc = _step(q, dk, dv, m_i, l_i, acc, start, offs_q, QK_SCALE, BLOCK_K, True)
     do.store([row0 + q0, 0], (acc / l_i[:, None]).to(do.dtype))
     offs = q0 + tl.arange(0, BLOCK_Q)
     tl.store(L + bh * N + offs, (m_i + tl.math.log2(l_i)) * LN2, mask=offs < N)
 
 
-def forward(q, k, v, ws, block_q=128, block_k=64, warps=4, stages=2):
+def forward(q, k, v, ws, block_q=128, block_k=64, warps=4, stages=2, diag_first=False):
     b, h, n, d = q.shape
     if n % block_q or block_q % block_k:
         raise ValueError(f"N = {n} must be a multiple of block_q = {block_q}, and block_q of block_k = {block_k}")
@@ -74,7 +78,8 @@ def forward(q, k, v, ws, block_q=128, block_k=64, warps=4, stages=2):
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=q.device))
     flat = [t.reshape(b * h * n, d) for t in (q, k, v, o)]
     _fwd[(b * h * (n // block_q),)](*flat, lse, n, b * h, QK_SCALE=1.4426950408889634 / d ** 0.5, D=d,
-                                     BLOCK_Q=block_q, BLOCK_K=block_k, WS=ws, num_warps=warps, num_stages=stages)
+                                     BLOCK_Q=block_q, BLOCK_K=block_k, WS=ws, DIAG_FIRST=diag_first, num_warps=warps,
+                                     num_stages=stages)
     return o, lse
 
 
@@ -100,17 +105,17 @@ def main():
         qs, ks, vs = (torch.randn(1, 4, n, d, device=dev, dtype=dt, generator=g) for _ in range(3))
         ref_l, ref_o = reference(qs, ks, vs)
         for cfg in configs:
-            for name, ws in (("ws", True), ("plain", False)):
+            for name, ws, first in (("ws", True, False), ("ws_diag_first", True, True), ("plain", False, False)):
                 try:
-                    o1, l1 = forward(qs, ks, vs, ws, *cfg)
-                    o2, l2 = forward(qs, ks, vs, ws, *cfg)
+                    o1, l1 = forward(qs, ks, vs, ws, *cfg, diag_first=first)
+                    o2, l2 = forward(qs, ks, vs, ws, *cfg, diag_first=first)
                     lerr, oerr = float((l1 - ref_l).abs().max()), float((o1.float() - ref_o).abs().max())
                     same = torch.equal(l1, l2) and torch.equal(o1, o2)
-                    print(f"D {d} {cfg} {name:6s} L err {lerr:.3g} (NaN rows {int(l1.isnan().sum())})  O err "
+                    print(f"D {d} {cfg} {name:13s} L err {lerr:.3g} (NaN rows {int(l1.isnan().sum())})  O err "
                           f"{oerr:.3g}  repeatable {same}", flush=True)
                 except Exception as exc:  # a variant that does not compile is a line, not the end
                     lines = str(exc).splitlines() or [""]
-                    print(f"D {d} {cfg} {name:6s} {type(exc).__name__}: {lines[0][:120]} ... {lines[-1][:200]}",
+                    print(f"D {d} {cfg} {name:13s} {type(exc).__name__}: {lines[0][:120]} ... {lines[-1][:200]}",
                           flush=True)
     if not shapes:
         return
@@ -127,6 +132,7 @@ def main():
         for cfg in configs:
             if cfg[0] == 128:
                 fns[f"ws{cfg}"] = (lambda c: lambda: forward(*big, True, *c))(cfg)
+                fns[f"ws_diag_first{cfg}"] = (lambda c: lambda: forward(*big, True, *c, diag_first=True))(cfg)
         fns["cudnn"] = lambda: _cudnn(big)
         times = {}
         for _ in range(3):  # interleaved rounds
