@@ -1,0 +1,222 @@
+"""Contenders checked against float64 before anything of theirs is timed (lmperf.contenders).
+
+    python -m lmperf.bench.contenders attention --spec '{"contenders": {...}, ...}' --out .../attention.csv --hw cpu
+    python -m lmperf.bench.contenders distributed --spec '{"contenders": {...}, ...}' --out .../distributed.csv --hw cpu
+
+`attention`: each attention adapter (`<name>_triton`, `<name>_pytorch`) on our contract's shapes,
+dtypes, causal and non-causal, awkward N and head dims, as CS336 passes them ((batch, N, D)
+inputs): out, L (the one saved fp32 tensor of shape (batch, N)) and dQ, dK, dV against float64,
+with flash-attention's tolerance (at most twice plain PyTorch's error in the same dtype). Then its
+properties, one case each: grouped-query (K and V with fewer heads, (B, H, N, D) inputs),
+compiles (torch.compile fullgraph, the same result as eager), deterministic (forward and backward
+bitwise equal over repeats) and fresh (a result follows its inputs when their contents change in
+the same storage: an implementation that caches is caught).
+
+`distributed`: each distributed adapter (DDP, FSDP, sharded optimizer) trains a small model for a
+few steps in 2 processes over Gloo; its weights must equal one process's training on the whole
+batch (the assignment's correctness).
+
+Every case runs in a process of its own with a time limit (bench/isolation.py): a contender that
+hangs, kills its process, runs out of memory or returns the wrong shape, dtype, device or NaN is
+a row (`timeout`, `crashed`, `oom`, `wrong`) and the job goes on. An adapter that is missing or
+raises NotImplementedError is a `skipped` row saying "not implemented".
+"""
+from __future__ import annotations
+
+import random
+
+from lmperf import contenders as contenders_mod
+from lmperf.bench import common, failures, isolation, jobs
+
+PROPERTIES = ("gqa", "compiles", "deterministic", "fresh")
+DISTRIBUTED = ("ddp", "fsdp", "sharded_optimizer")
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases
+
+
+def attention_cases(spec: dict) -> list[dict]:
+    """contender x kind x (dtype x causal x shape, then each property)."""
+    cases = []
+    for name, source in contenders_mod.normalise(spec["contenders"]).items():
+        for kind in spec.get("kinds", list(contenders_mod.ATTENTION)):
+            base = {"contender": name, "source": source, "kind": kind, "provider": f"{name}_{kind}"}
+            for dtype in spec["dtypes"]:
+                for causal in spec["causal"]:
+                    for shape in spec["shapes"]:
+                        shape_id = "x".join(map(str, shape))
+                        cases.append({**base, "check": "values", "dtype": dtype, "causal": causal, "shape": shape_id,
+                                      "case_id": f"{name}_{kind}-{dtype}-{'causal' if causal else 'full'}-{shape_id}"})
+            for prop in PROPERTIES:
+                shape = spec["gqa_shape"] if prop == "gqa" else spec["property_shape"]
+                shape_id = "x".join(map(str, shape))
+                cases.append({**base, "check": prop, "dtype": spec["property_dtype"], "causal": True,
+                              "shape": shape_id, "case_id": f"{name}_{kind}-{prop}-{shape_id}"})
+    return cases
+
+
+def distributed_cases(spec: dict) -> list[dict]:
+    """contender x adapter contract (ddp, fsdp, sharded_optimizer), trained on Gloo."""
+    cases = []
+    for name, source in contenders_mod.normalise(spec["contenders"]).items():
+        for contract in DISTRIBUTED:
+            cases.append({"contender": name, "source": source, "contract": contract, "backend": "gloo",
+                          "procs": spec.get("procs", 2), "steps": spec.get("steps", 3),
+                          "case_id": f"{name}-{contract}-gloo"})
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------
+# attention
+
+
+def _contender(case: dict):
+    return contenders_mod.load(case["contender"], case["source"])
+
+
+def _inputs(case: dict, seed: int):
+    import torch
+    cuda = torch.cuda.is_available()
+    gen = torch.Generator(device="cuda" if cuda else "cpu").manual_seed(seed)
+    dims = [int(x) for x in case["shape"].split("x")]
+    dtype = common.torch_dtype(case["dtype"])
+    make = lambda shape: torch.randn(shape, generator=gen, device=gen.device, dtype=dtype)
+    if case["check"] == "gqa":  # [B, H, H_kv, N, D]
+        b, h, h_kv, n, d = dims
+        return make((b, h, n, d)), make((b, h_kv, n, d)), make((b, h_kv, n, d))
+    return make(dims), make(dims), make(dims)
+
+
+def measure_attention(case: dict) -> list[dict]:
+    """A case's rows; what the contender's code raises is a `failed` row (an out-of-memory an
+    `oom` row), what it returns against the contract a `wrong` row."""
+    try:
+        return _measure_attention(case)
+    except common.NotRun:
+        raise
+    except AssertionError as exc:  # the contract's own checks (attention_contract.saved_logsumexp)
+        raise contenders_mod.Wrong(str(exc)) from None
+    except Exception as exc:
+        if failures.is_oom(exc):
+            raise
+        raise contenders_mod.Failed(failures.describe(exc)) from None
+
+
+def _measure_attention(case: dict) -> list[dict]:
+    import torch
+    from lmperf.kernels.attention_contract import compare
+
+    cuda = torch.cuda.is_available()
+    if case["kind"] == "triton" and case["dtype"] == "bf16" and not cuda:
+        raise common.NotRun("needs CUDA: Triton's interpreter computes bfloat16 dots wrongly")
+    fn = contenders_mod.attention_fn(_contender(case), case["kind"])
+    seed = random.randrange(2**31)  # fresh inputs every run; the seed is kept to reproduce them
+    q, k, v = _inputs(case, seed)
+    if case["check"] != "values":
+        return [{**row, "seed": seed} for row in _property(case, fn, q, k, v)]
+
+    def forward(q, k, v, is_causal):
+        out = fn(q, k, v, is_causal)
+        contenders_mod.check_output(out, q)
+        return out
+    rows = []
+    for r in compare(forward, q, k, v, case["causal"]):
+        row = common.summarize(f"{r['quantity']}_max_abs_err", "abs", [r["max_abs_err"]])
+        row.update(torch_err=r["torch_err"], tolerance=r["tolerance"], passed=r["passed"], seed=seed)
+        rows.append(row)
+    return rows
+
+
+def _property_row(prop: str, holds: bool, message: str = "") -> dict:
+    row = common.summarize(prop, "bool", [float(holds)])
+    row.update(passed=bool(holds), message=message)
+    return row
+
+
+def _property(case: dict, fn, q, k, v) -> list[dict]:
+    """One row: whether the contender has the property `case['check']`."""
+    import torch
+    from lmperf.kernels.attention_contract import reference
+
+    prop, causal = case["check"], case["causal"]
+    if prop == "gqa":
+        try:
+            out = fn(q, k, v, causal)
+        except Exception as exc:  # a contender without grouped-query attention: not wrong, unsupported
+            raise common.Unsupported(f"does not take fewer K/V heads than Q heads: "
+                                     f"{type(exc).__name__}: {str(exc)[:200]}") from None
+        contenders_mod.check_output(out, q)
+        ref, _ = reference(q, k, v, causal, dtype=torch.float64)
+        torch_out, _ = reference(q, k, v, causal, dtype=q.dtype)
+        from lmperf.kernels.attention_contract import tolerance
+        err = float((out.double() - ref).abs().max())
+        tol = tolerance(float((torch_out.double() - ref).abs().max()), q.dtype)
+        return [_property_row("gqa", err <= tol, f"forward error {err:.3g}, tolerance {tol:.3g}")]
+    if prop == "compiles":
+        cuda = torch.cuda.is_available()
+        import torch._dynamo
+        torch._dynamo.reset()
+        eager = fn(q, k, v, causal)
+        try:
+            compiled = torch.compile(fn, fullgraph=True, backend="inductor" if cuda else "aot_eager")(q, k, v, causal)
+        except Exception as exc:
+            return [_property_row("compiles", False, f"torch.compile(fullgraph=True): {type(exc).__name__}: "
+                                                     f"{str(exc).splitlines()[0][:300] if str(exc) else ''}")]
+        contenders_mod.check_output(compiled, q, "compiled output")
+        same = torch.equal(compiled, eager)
+        err = float((compiled.double() - eager.double()).abs().max())
+        return [_property_row("compiles", True, "compiled equals eager bitwise" if same else
+                              f"compiled differs from eager by up to {err:.3g}")]
+    if prop == "deterministic":
+        grad_out = torch.randn_like(q)
+
+        def run():
+            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            out = fn(*leaves, causal)
+            contenders_mod.check_output(out, q)
+            out.backward(grad_out)
+            return [out.detach()] + [t.grad for t in leaves]
+        first = run()
+        same = all(all(torch.equal(a, b) for a, b in zip(first, run())) for _ in range(3))
+        return [_property_row("deterministic", same, "forward and backward bitwise equal over 4 runs" if same
+                              else "forward or backward differ between runs on the same inputs")]
+    if prop == "fresh":
+        with torch.no_grad():
+            for _ in range(3):  # called as a timing loop calls it: the same tensors every time
+                contenders_mod.check_output(fn(q, k, v, causal), q)
+        why = contenders_mod.stale_output(fn, q, k, v, causal)
+        if why:
+            raise contenders_mod.Wrong(why)
+        return [_property_row("fresh", True, "the output follows the inputs' contents in the same storage")]
+    raise ValueError(f"unknown property {prop!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# distributed
+
+
+def measure_distributed(case: dict) -> list[dict]:
+    from lmperf.bench import contender_distributed
+    return contender_distributed.measure(case, _contender(case))
+
+
+def main(argv=None):
+    studies = {"attention": (attention_cases, measure_attention),
+               "distributed": (distributed_cases, measure_distributed)}
+    args = common.bench_args(__doc__, argv, studies=studies, options=lambda p: jobs.options(p, workers=False))
+    cases, measure = studies[args.study]
+    try:
+        cases = cases(args.spec)
+    except contenders_mod.ContenderError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    limit = float(args.spec.get("time_limit_s", 600))
+    # the contenders' files: an edit to one starts its journal over
+    digest = contenders_mod.digest(args.spec["contenders"])
+    with isolation.Isolated(measure, limit) as isolated:
+        jobs.run(section="contenders", study=args.study, cases=cases, measure=isolated, args=args,
+                 fingerprint={"spec": args.spec, "contender_files": digest})
+
+
+if __name__ == "__main__":
+    main()

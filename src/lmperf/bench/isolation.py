@@ -1,0 +1,127 @@
+"""Someone else's code, measured in a process of its own: a case that kills its process or hangs
+is a row, and the job goes on with the next case.
+
+    with Isolated(measure, time_limit_s=300) as isolated:
+        rows = isolated(case)          # measure(case)'s rows, or one row saying what went wrong
+
+One child process (spawned: CUDA does not survive a fork) measures the cases one after another,
+so its imports and compiles are paid once. When a case does not answer within the time limit the
+child is killed and the case is a `timeout` row; when the child dies (a segfault, os._exit, an
+illegal memory access) the case is a `crashed` row with the exit code or signal. Either way the
+next case starts in a fresh child. Both are results about the code under test, not failures of
+the job (only `error` fails a job: bench/failures.py).
+
+`measure` must be importable by its module and qualified name (a module-level function).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import sys
+from typing import Callable
+
+from lmperf.bench import common
+
+
+def _serve(module: str, name: str, conn) -> None:
+    """The child: measure each case it is sent, send its rows (a failure becomes a row here, as
+    in common.run_case) until it is sent None."""
+    import importlib
+    measure = importlib.import_module(module)
+    for part in name.split("."):
+        measure = getattr(measure, part)
+    while True:
+        try:
+            case = conn.recv()
+        except EOFError:  # the parent is gone
+            return
+        if case is None:
+            return
+        try:
+            rows = measure(case)
+        except Exception as exc:  # a failed case is data
+            status, message = common.classify_failure(exc)
+            rows = [common.failure_row(status, message)]
+        common.clean_device()
+        conn.send(rows)
+
+
+def _death(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "the process died"
+    if exitcode < 0:
+        try:
+            return f"the process was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"the process was killed by signal {-exitcode}"
+    return f"the process exited with code {exitcode}"
+
+
+class Isolated:
+    """measure(case) run in a child process, one case at a time, with a time limit per case."""
+
+    def __init__(self, measure: Callable[[dict], list[dict]], time_limit_s: float):
+        if time_limit_s <= 0:
+            raise ValueError(f"time limit {time_limit_s} s: must be positive")
+        self.module, self.name = measure.__module__, measure.__qualname__
+        if self.module == "__main__":  # a `python -m` module: its importable name
+            spec = getattr(sys.modules["__main__"], "__spec__", None)
+            self.module = spec.name if spec else self.module
+        self.time_limit_s = time_limit_s
+        self.ctx = multiprocessing.get_context("spawn")
+        self.proc = self.conn = None
+
+    def __enter__(self) -> "Isolated":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        parent, child = self.ctx.Pipe()
+        # not a daemon: a case may start processes of its own (the distributed study); it ends
+        # when the parent closes the pipe (recv raises EOFError) or kills it
+        self.proc = self.ctx.Process(target=_serve, args=(self.module, self.name, child))
+        self.proc.start()
+        child.close()
+        self.conn = parent
+
+    def _kill(self) -> None:
+        if self.proc is not None:
+            if self.proc.is_alive():
+                self.proc.kill()
+            self.proc.join(10)
+            self.conn.close()
+        self.proc = self.conn = None
+
+    def __call__(self, case: dict) -> list[dict]:
+        if self.proc is None or not self.proc.is_alive():
+            self._kill()
+            self._start()
+        try:
+            self.conn.send(case)
+            if self.conn.poll(self.time_limit_s):
+                return self.conn.recv()
+        except (EOFError, OSError, BrokenPipeError):  # it died in the case
+            self.proc.join(10)
+            code = self.proc.exitcode
+            self._kill()
+            return [common.failure_row("crashed", f"{_death(code)} in this case; the next case runs in a "
+                                                  f"fresh process")]
+        if not self.proc.is_alive():
+            code = self.proc.exitcode
+            self._kill()
+            return [common.failure_row("crashed", f"{_death(code)} in this case; the next case runs in a "
+                                                  f"fresh process")]
+        self._kill()
+        return [common.failure_row("timeout", f"no answer within {self.time_limit_s:g} s (the time limit per "
+                                              f"case, config contender_time_limit_s); the process was killed")]
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.is_alive():
+            try:
+                self.conn.send(None)
+                self.proc.join(10)
+            except (OSError, BrokenPipeError):
+                pass
+        self._kill()
