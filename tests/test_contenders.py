@@ -1,0 +1,150 @@
+"""Contenders (lmperf.contenders, lmperf.bench.contenders): a user's adapter module loaded, checked
+and kept honest; someone else's misbehaving code is a row, and the job goes on."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lmperf import contenders
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "tests" / "data" / "contenders"
+EXAMPLES = REPO / "examples" / "contenders"
+
+
+def test_a_path_names_a_contender_by_its_file():
+    assert contenders.normalise("examples/contenders/plain_pytorch.py") == \
+        {"plain_pytorch": "examples/contenders/plain_pytorch.py"}
+    assert contenders.normalise("a/x.py,b/y.py") == {"x": "a/x.py", "y": "b/y.py"}
+    assert contenders.normalise({}) == {} and contenders.normalise(None) == {}
+
+
+@pytest.mark.parametrize("value, words", [
+    ({"Bad-Name": "x.py"}, "Bad-Name"),
+    ({"ok": {"get_dpp": "m:f"}}, "get_dpp"),
+    ({"ok": 3}, "ok"),
+    (["x.py"], "list"),
+])
+def test_a_malformed_entry_is_a_clear_error(value, words):
+    with pytest.raises(contenders.ContenderError, match=words):
+        contenders.normalise(value)
+
+
+def test_a_module_that_does_not_import_is_named():
+    with pytest.raises(contenders.ContenderError, match=r"broken_import\.py does not import: "
+                                                        r"ModuleNotFoundError"):
+        contenders.load_all(str(DATA / "broken_import.py"))
+    with pytest.raises(contenders.ContenderError, match="does not exist"):
+        contenders.load_all("no/such/file.py")
+
+
+def test_partial_adapters_are_not_implemented_with_their_reason():
+    partial = contenders.load("partial", str(DATA / "partial.py"))
+    assert not partial.implements("ddp") and partial.implements("sharded_optimizer")
+    with pytest.raises(contenders.NotImplementedByContender, match="defines no get_ddp"):
+        partial.adapter("get_ddp")
+    with pytest.raises(contenders.NotImplementedByContender, match="raised NotImplementedError"):
+        contenders.attention_fn(partial, "triton")
+
+
+def test_the_lmperf_kernels_example_is_our_kernel_over_the_assignments_contract():
+    """CS336's contract: (batch, N, D) inputs, one saved fp32 tensor of shape (batch, N) (the
+    logsumexp), within 1e-2 of the reference; (B, H, N, D) inputs pass as (B * H, N, D)."""
+    import torch
+
+    from lmperf.kernels.attention_contract import reference, saved_logsumexp
+    ours = contenders.load("ours", str(EXAMPLES / "lmperf_kernels.py"))
+    for kind in ("pytorch", "triton"):
+        cls = contenders.attention_class(ours, kind)
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(4, 128, 64, requires_grad=True) for _ in range(3))
+        for causal in (False, True):
+            out = cls.apply(q, k, v, causal)
+            ref, lse = reference(q, k, v, causal)
+            torch.testing.assert_close(out.double(), ref, rtol=1e-2, atol=1e-2)
+            torch.testing.assert_close(saved_logsumexp(out, q.shape[:-1]).double(), lse, rtol=1e-2, atol=1e-2)
+        q4 = torch.randn(2, 3, 17, 16)
+        out4 = contenders.attention_fn(ours, kind)(q4, q4, q4, True)
+        torch.testing.assert_close(out4.double(), reference(q4, q4, q4, True)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_an_output_of_the_wrong_shape_dtype_or_with_nan_is_wrong():
+    import torch
+    q = torch.randn(2, 5, 8)
+    contenders.check_output(q.clone(), q)
+    for bad, words in ((q[:, :4], "shape"), (q.double(), "dtype"), (q * float("nan"), "NaN"), ((q,), "tuple")):
+        with pytest.raises(contenders.Wrong, match=words):
+            contenders.check_output(bad, q)
+
+
+def _bench(study: str, spec: dict, out: Path) -> pd.DataFrame:
+    proc = subprocess.run([sys.executable, "-m", "lmperf.bench.contenders", study, "--spec", json.dumps(spec),
+                           "--out", str(out), "--hw", "cpu"], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return pd.read_csv(out)
+
+
+@pytest.fixture(scope="module")
+def attention_rows(tmp_path_factory):
+    """One check over the example and every misbehaving fixture (each case in a child process)."""
+    spec = {"contenders": {"plain": str(EXAMPLES / "plain_pytorch.py"), "wrong": str(DATA / "wrong_attention.py"),
+                           "caching": str(DATA / "caching_attention.py"), "bad": str(DATA / "misbehaving.py"),
+                           "partial": str(DATA / "partial.py")},
+            "kinds": ["pytorch", "triton"], "dtypes": ["fp32"], "causal": [True],
+            "shapes": [[2, 13, 16], [2, 14, 16], [2, 15, 16], [2, 40, 32]], "gqa_shape": [1, 4, 1, 33, 32],
+            "property_shape": [2, 2, 33, 32], "property_dtype": "fp32", "time_limit_s": 30}
+    rows = _bench("attention", spec, tmp_path_factory.mktemp("contenders") / "attention.csv")
+    return rows.groupby("case_id", sort=False).agg(
+        status=("status", "first"), passed=("passed", lambda s: bool(s.fillna(False).astype(bool).all())),
+        message=("message", lambda s: str(s.fillna("").iloc[0])))
+
+
+def test_a_right_contender_passes_every_check(attention_rows):
+    plain = attention_rows.loc[[c for c in attention_rows.index if c.startswith("plain_pytorch")]]
+    assert (plain["status"] == "ok").all() and plain["passed"].all(), plain
+    assert "bitwise" in attention_rows.loc["plain_pytorch-deterministic-2x2x33x32", "message"]
+
+
+def test_a_wrong_attention_fails_its_check_and_is_not_called_stale(attention_rows):
+    values = attention_rows.loc[[c for c in attention_rows.index if c.startswith("wrong_pytorch-fp32")]]
+    assert (values["status"] == "ok").all() and not values["passed"].any()
+    assert attention_rows.loc["wrong_pytorch-fresh-2x2x33x32", "status"] == "ok"  # wrong, but not caching
+
+
+def test_a_caching_contender_is_caught(attention_rows):
+    fresh = attention_rows.loc["caching_pytorch-fresh-2x2x33x32"]
+    assert fresh["status"] == "wrong" and "stale result" in fresh["message"]
+
+
+def test_a_hang_a_crash_and_a_wrong_shape_are_rows_and_the_job_goes_on(attention_rows):
+    rows = attention_rows
+    assert rows.loc["bad_pytorch-fp32-causal-2x13x16", "status"] == "timeout"
+    assert rows.loc["bad_pytorch-fp32-causal-2x14x16", "status"] == "crashed"
+    assert "exited with code 9" in rows.loc["bad_pytorch-fp32-causal-2x14x16", "message"]
+    wrong_shape = rows.loc["bad_pytorch-fp32-causal-2x15x16"]
+    assert wrong_shape["status"] == "wrong" and "shape (2, 14, 16)" in wrong_shape["message"]
+    assert rows.loc["bad_pytorch-fp32-causal-2x40x32", "status"] == "ok"  # the cases after them ran
+
+
+def test_partial_adapters_give_skipped_rows_saying_not_implemented(attention_rows):
+    partial = attention_rows.loc[[c for c in attention_rows.index if c.startswith("partial_")]]
+    assert (partial["status"] == "skipped").all()
+    assert partial["message"].str.startswith("not implemented").all()
+    assert "raised NotImplementedError" in attention_rows.loc["partial_triton-fp32-causal-2x40x32", "message"]
+    assert "defines no get_flashattention_autograd_function_pytorch" in \
+        attention_rows.loc["partial_pytorch-fp32-causal-2x40x32", "message"]
+
+
+def test_a_contenders_ddp_and_sharded_optimizer_train_to_one_process_weights(tmp_path):
+    spec = {"contenders": {"plain": str(EXAMPLES / "plain_pytorch.py"), "partial": str(DATA / "partial.py")},
+            "procs": 2, "steps": 2, "time_limit_s": 300}
+    rows = _bench("distributed", spec, tmp_path / "distributed.csv").set_index("case_id")
+    for case in ("plain-ddp-gloo", "plain-sharded_optimizer-gloo"):
+        assert rows.loc[case, "status"] == "ok" and bool(rows.loc[case, "passed"]), rows.loc[case]
+        assert rows.loc[case, "median"] <= 1e-5
+    assert rows.loc["plain-fsdp-gloo", "status"] == "skipped"
+    assert rows.loc["partial-ddp-gloo", "message"].startswith("not implemented")
+    assert "raised NotImplementedError" in rows.loc["partial-sharded_optimizer-gloo", "message"]
