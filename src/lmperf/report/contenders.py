@@ -1,0 +1,169 @@
+"""Contenders: a user's implementations beside ours (lmperf.contenders). One summary row per
+contender provider (correct / compiles / deterministic / fresh, its time, its ratio to ours and
+to the best peer), and each contender's page (`pages`: everything about it, report/contenders/).
+
+Reads results/<hw>/contenders/ (bench/contenders.py: the float64 check and the properties; the
+distributed adapters against one process) and the FlashAttention section's rows of contender
+providers (the timings). A contender that failed any check is "wrong" in every timing cell: its
+time is never shown as a speed-up.
+
+    python -m lmperf.report.contenders --results results/cpu --out-dir report/contenders
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+PROPERTIES = ("gqa", "compiles", "deterministic", "fresh")
+# The timing a provider is compared on, in order of preference: GPU time (CUDA graphs) where
+# the case has it, else do_bench's; one method for a row's ratios (never mixed within a row).
+TIMINGS = ("fwd_bwd_gpu_ms", "fwd_bwd_ms")
+OURS = "triton"
+
+
+def _truth(s: pd.Series) -> pd.Series:
+    return s.astype(str).str.lower().isin(["true", "1", "1.0"])
+
+
+def checks(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per contender provider: its float64 check and its properties."""
+    if rows.empty:
+        return pd.DataFrame()
+    att = rows[rows["study"] == "attention"]
+    out = []
+    for provider, g in att.groupby("provider", sort=False):
+        values = g[g["check"] == "values"]
+        ok = values[values["status"] == "ok"]
+        passed = _truth(ok["passed"])
+        bad = g[g["status"].isin(["wrong", "failed", "timeout", "crashed", "oom"])]
+        skipped = g[g["status"].isin(["skipped", "unsupported"])]
+        line = {"contender": g["contender"].iloc[0], "provider": provider,
+                "checks passed": f"{int(passed.sum())}/{len(ok)}" if len(ok) else "none ran",
+                "_passed": int(passed.sum()), "_checks": len(ok), "_bad": len(bad)}
+        for prop in PROPERTIES:
+            p = g[g["check"] == prop]
+            if p.empty:
+                line[prop] = "not checked"
+            elif p["status"].iloc[0] == "ok":
+                line[prop] = "yes" if _truth(p["passed"]).all() else "no"
+            else:
+                line[prop] = p["status"].iloc[0]
+        not_implemented = not skipped.empty and len(skipped) == len(g) and \
+            skipped["message"].astype(str).str.startswith("not implemented").all()
+        correct = len(ok) > 0 and bool(passed.all()) and bad.empty and line["fresh"] in ("yes", "not checked")
+        line["result"] = ("not implemented" if not_implemented else "correct" if correct else
+                          "not checked" if len(ok) == 0 and bad.empty else "WRONG")
+        line["why"] = _why(g, ok, passed, bad, skipped)
+        out.append(line)
+    return pd.DataFrame(out)
+
+
+def _why(g, ok, passed, bad, skipped) -> str:
+    if not bad.empty:
+        r = bad.iloc[0]
+        return f"{r['status']} in {r['case_id']}: {r['message']}"
+    if len(ok) and not passed.all():
+        r = ok[~passed].iloc[0]
+        return f"{r['metric']} = {r['median']:.3g} > tolerance {float(r['tolerance']):.3g} in {r['case_id']}"
+    if not skipped.empty:
+        return str(skipped["message"].iloc[0])
+    return ""
+
+
+def distributed(rows: pd.DataFrame) -> pd.DataFrame:
+    if rows.empty or "contract" not in rows:
+        return pd.DataFrame()
+    d = rows[rows["study"] == "distributed"]
+    return pd.DataFrame([{"contender": r.contender, "contract": r.contract, "backend": r.backend,
+                          "result": ("correct" if str(r.passed).lower() == "true" else "WRONG") if r.status == "ok"
+                          else r.status,
+                          "max weight difference": r.median if r.status == "ok" else None,
+                          "why": "" if r.status == "ok" else r.message} for r in d.itertuples()])
+
+
+def _time(g: pd.DataFrame, provider: str, metric: str):
+    r = g[(g["provider"] == provider) & (g["metric"] == metric) & (g["status"] == "ok")]
+    return float(r["median"].iloc[0]) if len(r) else None
+
+
+def timings(fa: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """Per FlashAttention bench case and contender provider: its time, ours, the best peer's,
+    the ratios (one timing method a row), or 'wrong' where the contender failed a check."""
+    if fa.empty or table.empty or "provider" not in fa:
+        return pd.DataFrame()
+    bench = fa[fa["study"] == "bench"]
+    result = dict(zip(table["provider"], table["result"]))
+    peers = [p for p in bench["provider"].unique() if p not in result and p != OURS and p != "triton_compiled"]
+    keys = ["group", "dtype", "causal", "batch", "heads", "kv_heads", "seq_len", "head_dim"]
+    out = []
+    for key, g in bench.groupby([k for k in keys if k in bench], sort=False):
+        shape = dict(zip([k for k in keys if k in bench], key))
+        for provider in [p for p in g["provider"].unique() if p in result]:
+            metric = next((m for m in TIMINGS if _time(g, provider, m) is not None and _time(g, OURS, m) is not None),
+                          None)
+            line = {"contender": provider, "group": shape.get("group"),
+                    "shape": f"b{shape.get('batch')} h{shape.get('heads')} n{shape.get('seq_len')} d{shape.get('head_dim')}",
+                    "causal": shape.get("causal"), "dtype": shape.get("dtype")}
+            if result[provider] == "WRONG":
+                line.update({"ms": "wrong", "vs ours": "wrong", "vs best peer": "wrong", "timing": ""})
+            elif metric is None:
+                r = g[g["provider"] == provider]
+                line.update({"ms": None, "vs ours": None, "vs best peer": None,
+                             "timing": f"not measured: {r['message'].iloc[0] if len(r) else 'no row'}"})
+            else:
+                mine, ours = _time(g, provider, metric), _time(g, OURS, metric)
+                best = min((t for p in peers if (t := _time(g, p, metric)) is not None), default=None)
+                line.update({"ms": mine, "vs ours": ours / mine, "vs best peer": best / mine if best else None,
+                             "timing": "GPU time (CUDA graph)" if metric.endswith("gpu_ms") else "do_bench"})
+            out.append(line)
+    return pd.DataFrame(out)
+
+
+def view(inputs) -> dict:
+    rows = inputs.frames.get("contenders", pd.DataFrame())
+    table = checks(rows)
+    fa = inputs.frames.get("flash_attention", pd.DataFrame())
+    times = timings(fa, table)
+    return {"available": not table.empty or not rows.empty, "table": table.drop(
+                columns=[c for c in table.columns if c.startswith("_")]) if not table.empty else table,
+            "distributed": distributed(rows), "timings": times,
+            "names": sorted(table["contender"].unique()) if not table.empty else [],
+            "n_wrong": int((table["result"] == "WRONG").sum()) if not table.empty else 0}
+
+
+def pages(view: dict, out_dir: Path, template) -> list[Path]:
+    """report/contenders/<name>.md for each contender: its checks, properties, distributed
+    adapters and timings, rendered through `template` (templates/contender_page.md.j2)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in view["names"]:
+        mine = lambda df: df[df["contender"] == name] if not df.empty else df
+        timed = view["timings"]
+        timed = timed[timed["contender"].str.startswith(f"{name}_")] if not timed.empty else timed
+        page = template.render(name=name, table=mine(view["table"]), distributed=mine(view["distributed"]),
+                               timings=timed)
+        path = out_dir / f"{name}.md"
+        path.write_text(page)
+        written.append(path)
+    return written
+
+
+def main(argv=None):
+    from lmperf.report import render
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", type=Path, required=True)
+    p.add_argument("--templates", type=Path, default=Path("templates"))
+    p.add_argument("--out-dir", type=Path, default=Path("report/contenders"))
+    args = p.parse_args(argv)
+    frames = {s: render.load_section(args.results, s) for s in ("contenders", "flash_attention")}
+    from lmperf.report.sections import Inputs
+    inputs = Inputs(results=args.results, frames=frames, bars={}, out_dir=args.out_dir)
+    env = render.environment(args.templates)
+    for path in pages(view(inputs), args.out_dir, env.get_template("contender_page.md.j2")):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
