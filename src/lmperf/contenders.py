@@ -324,3 +324,23 @@ def stale_output(fn: Callable, q, k, v, is_causal: bool) -> str | None:
                 f"from the output on a fresh copy of the same contents (tolerance {tol:.3g}): a result "
                 f"cached for the same storage")
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The workflow's jobs (rules/contenders.smk)
+
+STUDIES = ("attention", "distributed")
+
+
+def study_spec(config: dict, scale: str, study: str) -> str:
+    """The JSON spec of one contenders job: the contenders (normalised) and that study's
+    settings at `scale`, with the time limit per case."""
+    import json
+    settings = config.get("contenders_check", {}).get(scale, {})
+    return json.dumps({"contenders": normalise(config.get("contenders")), **settings.get(study, {}),
+                       "time_limit_s": settings.get("time_limit_s", 600)}, sort_keys=True)
+
+
+def result_paths(config: dict, results: str) -> list[str]:
+    """The contenders jobs' CSVs under `results` (results/<hw>); none without contenders."""
+    return [f"{results}/contenders/{study}.csv" for study in STUDIES] if normalise(config.get("contenders")) else []
