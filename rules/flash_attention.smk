@@ -5,7 +5,7 @@ FA_BENCH_JOBS = list(wf.fa_bench_jobs(FA, config["models"]))
 
 rule flash_attention_check:
     input:
-        code=wf.code_inputs("lmperf.bench.flash_attention"),
+        code=wf.code_inputs("lmperf.bench.flash_attention") + wf.provider_inputs(config),
     output:
         csv=report(f"{RESULTS}/flash_attention/check.csv", caption="captions/flash_attention.rst",
                    category="Results", subcategory="FlashAttention-2", labels={"job": "check"}),
@@ -13,7 +13,7 @@ rule flash_attention_check:
         f"{LOGS}/flash_attention/check.log",
     params:
         **PROVENANCE,
-        spec=wf.fa_check_spec(FA),
+        spec=wf.fa_check_spec(FA, config),
         workers=wf.workers(FA["check"]),
     threads: wf.workers(FA["check"])  # its worker processes' CPU cores
     resources:
@@ -26,7 +26,7 @@ rule flash_attention_check:
 
 rule flash_attention_bench:
     input:
-        code=wf.code_inputs("lmperf.bench.flash_attention"),
+        code=wf.code_inputs("lmperf.bench.flash_attention") + wf.provider_inputs(config),
     output:
         csv=report(f"{RESULTS}/flash_attention/bench/{{job}}.csv", caption="captions/flash_attention.rst",
                    category="Results", subcategory="FlashAttention-2", labels={"job": "{job}"}),
@@ -34,7 +34,7 @@ rule flash_attention_bench:
         f"{LOGS}/flash_attention/bench/{{job}}.log",
     params:
         **PROVENANCE,
-        spec=lambda w: wf.fa_bench_spec(FA, config["models"], w.job),
+        spec=lambda w: wf.fa_bench_spec(FA, config["models"], w.job, config),
         workers=wf.workers(FA["bench"]),
     wildcard_constraints:
         job="|".join(FA_BENCH_JOBS),

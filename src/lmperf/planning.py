@@ -1,13 +1,16 @@
 """What can be known about a config before anything runs (rules/common.smk calls these while
 Snakemake plans, the renderer when it reads a config): the cross-field checks the JSON schema
 cannot express. Every model size a grid names exists, heads split d_model into an even head dim
-(RoPE rotates pairs), and our FlashAttention is run only at head dims its contract accepts. Each
-raises ValueError naming the key. Imports neither torch nor triton.
+(RoPE rotates pairs), our FlashAttention is run only at head dims its contract accepts, and
+every provider a grid names is one of lmperf.providers' (after loading the config's
+`provider_modules`). Each raises ValueError naming the key. Imports neither torch nor triton.
 """
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+from lmperf import providers
 
 ATTENTION_CONTRACT = Path(__file__).parent / "kernels" / "attention_contract.py"
 
@@ -104,8 +107,33 @@ def _check_sizes(config: dict, named) -> None:
                              f"{sorted(config['models'])}")
 
 
+def _named_providers(config: dict):
+    """(key, contract, the provider names it lists) for every entry of the config that names
+    providers."""
+    for scale, fa in config["flash_attention"].items():
+        yield f"flash_attention.{scale}.check.impls", "attention", fa["check"]["impls"]
+        for group in fa["bench"]["groups"]:
+            key = f"flash_attention.{scale}.bench group {group['name']!r}"
+            yield f"{key} providers", "attention", group["providers"]
+            if isinstance(group.get("gpu_time"), list):
+                yield f"{key} gpu_time", "attention", group["gpu_time"]
+            yield f"{key} skip", "attention", [s["provider"] for s in group.get("skip", [])]
+
+
+def _check_providers(config: dict) -> None:
+    """Every provider the config names is registered (lmperf.providers), the modules of its
+    `provider_modules` loaded first (a ValueError names one that does not import)."""
+    providers.load_config(config)
+    for key, contract, names in _named_providers(config):
+        if unknown := providers.unknown(contract, names):
+            raise ValueError(f"config: {key} names {unknown}, which are not {contract} providers; known: "
+                             f"{', '.join(providers.names(contract))} (src/lmperf/providers.py, or a module "
+                             f"of provider_modules)")
+
+
 def check_config(config: dict) -> None:
     """Cross-field checks the JSON schema cannot express; raise ValueError naming the key."""
+    _check_providers(config)
     _check_sizes(config, _named_sizes(config))
     for scale, lrpe in config["lrpe"].items():
         for i, grid in enumerate(lrpe["check"]["grids"]):

@@ -12,7 +12,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from lmperf import hardware, repeats, sources
+from lmperf import hardware, providers, repeats, sources
 
 def machine(config: dict) -> tuple[str, str]:
     """(hw, scale): the results folder name and the grid scale, 'auto' resolved."""
@@ -153,12 +153,26 @@ def _measured(settings: dict, *leave_out: str) -> dict:  # what a check's or ben
     return {k: v for k, v in settings.items() if k not in ("workers", *leave_out)}
 
 
-def fa_check_spec(fa: dict) -> str:
-    return json.dumps(_measured(fa["check"]), sort_keys=True)
+def with_provider_modules(spec: dict, config: dict | None) -> dict:
+    """A spec of a job that runs providers, with the config's `provider_modules` where it names
+    any (the job loads them; a spec without them stays as it was)."""
+    modules = providers.modules_of(config or {})
+    return {**spec, "provider_modules": modules} if modules else spec
 
 
-def fa_bench_spec(fa: dict, models: dict, job: str) -> str:
-    return json.dumps(fa_bench_jobs(fa, models)[job], sort_keys=True)
+def fa_check_spec(fa: dict, config: dict | None = None) -> str:
+    return json.dumps(with_provider_modules(_measured(fa["check"]), config), sort_keys=True)
+
+
+def fa_bench_spec(fa: dict, models: dict, job: str, config: dict | None = None) -> str:
+    return json.dumps(with_provider_modules(fa_bench_jobs(fa, models)[job], config), sort_keys=True)
+
+
+def provider_inputs(config: dict) -> list[str]:
+    """The files of the providers the config's `provider_modules` add: code inputs of every job
+    that can run them (lmperf.providers.sources)."""
+    providers.load_config(config)
+    return providers.sources()
 
 
 def lrpe_check_spec(lrpe: dict) -> str:
@@ -306,6 +320,7 @@ def result_files(config: dict, results: str, scale: str, distributed: list[str])
     results/cpu): what rules/*.smk write, with their specs. rules/report.smk checks at planning
     that this list and the report rule's inputs agree; by hand, the renderer derives the files
     a run promises from it."""
+    providers.load_config(config)  # the providers the config adds: the report's columns read them too
     models, e2e, fa = config["models"], config["e2e"][scale], config["flash_attention"][scale]
     lrpe, dist = config["lrpe"][scale], config["distributed"][scale]
     files = [ResultFile(f"{results}/env/env.csv", "env", "env")]
@@ -317,9 +332,10 @@ def result_files(config: dict, results: str, scale: str, distributed: list[str])
     if "size" in config.get("convergence", {}).get(scale, {}):  # a scale without a convergence size has no job
         files.append(ResultFile(f"{results}/convergence/convergence.csv", "convergence", "convergence",
                                 convergence_spec(config, scale)))
-    files.append(ResultFile(f"{results}/flash_attention/check.csv", "flash_attention", "check", fa_check_spec(fa)))
+    files.append(ResultFile(f"{results}/flash_attention/check.csv", "flash_attention", "check",
+                            fa_check_spec(fa, config)))
     files += [ResultFile(f"{results}/flash_attention/bench/{job}.csv", "flash_attention", "bench",
-                         fa_bench_spec(fa, models, job)) for job in fa_bench_jobs(fa, models)]
+                         fa_bench_spec(fa, models, job, config)) for job in fa_bench_jobs(fa, models)]
     files.append(ResultFile(f"{results}/lrpe/check.csv", "lrpe", "check", lrpe_check_spec(lrpe)))
     files += [ResultFile(f"{results}/lrpe/bench_{g['dims']}d.csv", "lrpe", "bench", lrpe_bench_spec(lrpe, g["dims"]))
               for g in lrpe["bench"]["grids"]]

@@ -13,10 +13,10 @@ host. The backward alone, the derived rows and the CUDA-graph rows (no host in t
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import random
 
+from lmperf import providers
 from lmperf.bench import common, jobs, timing
 
 # ---------------------------------------------------------------------------------------------
@@ -24,12 +24,16 @@ from lmperf.bench import common, jobs, timing
 
 
 def check_cases(spec: dict) -> list[dict]:
-    """impl x dtype x causal x shape; triton_compiled (ours under torch.compile, fullgraph) on
-    `compiled_shapes` (each shape compiles anew, seconds a case); every impl also on
-    `grouped_shapes` [B, H, H_kv, N, D] (grouped-query attention: k and v with H_kv heads)."""
+    """impl x dtype x causal x shape, each impl a provider of the attention contract
+    (lmperf.providers); one that runs under the leaderboard's harness (triton_compiled: ours
+    under torch.compile, fullgraph) on `compiled_shapes` (each shape compiles anew, seconds a
+    case); every impl also on `grouped_shapes` [B, H, H_kv, N, D] (grouped-query attention: k and
+    v with H_kv heads)."""
+    providers.load(spec.get("provider_modules", []))
     cases = []
     for impl, dtype, causal in itertools.product(spec["impls"], spec["dtypes"], spec["causal"]):
-        shapes = spec.get("compiled_shapes", spec["shapes"]) if impl == "triton_compiled" else spec["shapes"]
+        compiled = providers.get(impl).harness == "leaderboard"
+        shapes = spec.get("compiled_shapes", spec["shapes"]) if compiled else spec["shapes"]
         for shape in shapes:
             cases.append(_check_case(impl, dtype, causal, shape))
         for b, h, h_kv, n, d in spec.get("grouped_shapes", []):
@@ -48,21 +52,30 @@ def _check_case(impl, dtype, causal, shape, kv_heads=None) -> dict:
     return case
 
 
+def attention_case(case: dict) -> dict:
+    """A check case as the attention contract's providers read it (lmperf.providers): heads,
+    K/V heads, N and D from its shape (..., [H,] N, D)."""
+    shape = [int(x) for x in case["shape"].split("x")]
+    heads = shape[-3] if len(shape) >= 3 else 1
+    return {**case, "provider": case["impl"], "heads": heads, "kv_heads": case.get("kv_heads", heads),
+            "seq_len": shape[-2], "head_dim": shape[-1]}
+
+
 def measure_check(case: dict) -> list[dict]:
     import torch
-    from lmperf.kernels import flash_attention_torch, flash_attention_triton
     from lmperf.kernels.attention_contract import compare
 
     cuda = torch.cuda.is_available()
-    if case["impl"].startswith("triton") and case["dtype"] == "bf16" and not cuda:
-        raise common.NotRun("needs CUDA: Triton's interpreter computes bfloat16 dots wrongly")
-    impl = {"torch": flash_attention_torch.FlashAttention2PyTorch.apply,
-            "triton": flash_attention_triton.FlashAttention2Triton.apply,
-            "triton_compiled": flash_attention_triton.FlashAttention2Triton.apply}[case["impl"]]
-    if case["impl"] == "triton_compiled":  # Inductor on a GPU; on the CPU the same trace, kernels interpreted
+    provider = providers.get(case["impl"])
+    fn, context = provider.make(attention_case(case))
+    if provider.harness == "leaderboard":  # Inductor on a GPU; on the CPU the same trace, kernels interpreted
         import torch._dynamo
         torch._dynamo.reset()
-        impl = torch.compile(impl, fullgraph=True, backend="inductor" if cuda else "aot_eager")
+        fn = torch.compile(fn, fullgraph=True, backend="inductor" if cuda else "aot_eager")
+
+    def impl(q, k, v, causal):  # the case's causal is the provider's
+        with context():
+            return fn(q, k, v)
     seed = random.randrange(2**31)  # fresh inputs every run; the seed is kept to reproduce them
     gen = torch.Generator(device="cuda" if cuda else "cpu").manual_seed(seed)
     shape = tuple(int(x) for x in case["shape"].split("x"))
@@ -80,13 +93,10 @@ def measure_check(case: dict) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 # bench
 
-PROVIDERS = ("triton", "triton_compiled", "torch_tiled", "plain", "plain_compiled", "sdpa_flash",
-             "sdpa_cudnn", "flex")
-# How a case is timed. "eager": the provider as it is, forward+backward = fn(q, k, v).backward(dO).
-# "leaderboard" (the CS336 leaderboard's harness): torch.compile around the provider,
-# forward+backward = fn(q, k, v).sum().backward(). Provider triton_compiled is ours under the
-# leaderboard harness whatever the group's harness.
-HARNESSES = ("eager", "leaderboard")
+# How a case is timed (providers.HARNESSES). "eager": the provider as it is, forward+backward =
+# fn(q, k, v).backward(dO). "leaderboard" (the CS336 leaderboard's harness): torch.compile around
+# the provider, forward+backward = fn(q, k, v).sum().backward(). A provider with a harness of its
+# own (triton_compiled: ours under the leaderboard's) runs under it whatever the group's.
 
 
 def attention_flops(b: int, h: int, n: int, d: int, causal: bool, direction: str) -> float:
@@ -114,11 +124,14 @@ def _kv_heads(group: dict, heads: int) -> int:
 
 
 def bench_cases(spec: dict) -> list[dict]:
+    """group x provider x dtype x causal x N x shape; each provider one of the attention
+    contract's (lmperf.providers), under its own harness or the group's."""
+    providers.load(spec.get("provider_modules", []))
     cases = []
     for group in spec["groups"]:
         for provider, dtype, causal, n, (heads, d, model) in itertools.product(
                 group["providers"], group["dtypes"], group["causal"], group["seq_lens"], _shapes(group)):
-            harness = "leaderboard" if provider == "triton_compiled" else group.get("harness", "eager")
+            harness = providers.get(provider).harness or group.get("harness", "eager")
             gpu_time = group.get("gpu_time", False)
             kv = _kv_heads(group, heads)
             case = {"group": group["name"], "provider": provider, "harness": harness, "dtype": dtype,
@@ -138,86 +151,25 @@ def bench_cases(spec: dict) -> list[dict]:
 
 
 def _compile_caches(case: dict) -> None:
-    """Inductor's caches off for an SDPA provider under the leaderboard harness, on for every
-    other case (set per case: one process runs several providers). Inductor's graph cache does
-    not key on the SDPA backend (pytorch/pytorch#185449): with it, sdpa_cudnn ran the graph
-    compiled for sdpa_flash (the same times at every shape of the model group;
+    """Inductor's caches off for a provider whose compiled graphs the cache cannot tell apart
+    (`cache_compiled` False: SDPA's backends) under the leaderboard harness, on for every other
+    case (set per case: one process runs several providers). Inductor's graph cache does not key
+    on the SDPA backend (pytorch/pytorch#185449): with it, sdpa_cudnn ran the graph compiled for
+    sdpa_flash (the same times at every shape of the model group;
     tuning/flash_attention/NOTES.md v5), so those graphs are compiled anew every time (about a
     second: SDPA and a sum). Every other compiled graph (ours under torch.compile, FlexAttention,
     plain_compiled) keys on what it runs, so a cached one is the same code compiled earlier: the
     compile-cache warm-up (bench/workers.py) leaves it there for the timed loop to load."""
     import torch._inductor.config
-    sdpa = case["provider"] in ("sdpa_flash", "sdpa_cudnn")
-    torch._inductor.config.force_disable_caches = sdpa and case.get("harness", "eager") == "leaderboard"
-
-
-def _no_donated_buffers():
-    """The benchmark times backward alone with retain_graph=True, which compiled backwards with
-    donated buffers refuse; donation only saves memory, not time. Every compiled provider
-    sets this itself: a run resumed from its journal may start with any of them."""
-    import torch
-    torch._functorch.config.donated_buffer = False
-
-
-def _compiled_plain():
-    """torch.compile'd PyTorch attention for one shape, as users get it for a fixed one: anew each
-    case, never with kernels made for an earlier case's lengths (tuning NOTES.md, steps 28-29)."""
-    import torch
-    from lmperf.model import plain_attention
-    _no_donated_buffers()
-    torch._dynamo.reset()
-    return torch.compile(plain_attention, dynamic=False)
-
-
-@functools.cache
-def _compiled_flex():
-    import torch
-    from torch.nn.attention.flex_attention import flex_attention
-    _no_donated_buffers()
-    return torch.compile(flex_attention, dynamic=False)
+    uncached = not providers.get(case["provider"]).cache_compiled
+    torch._inductor.config.force_disable_caches = uncached and case.get("harness", "eager") == "leaderboard"
 
 
 def provider_fn(case: dict):
-    """(fn(q, k, v), context) for the case's provider: each timed call runs inside `context()`
-    (SDPA's backend choice; a no-op otherwise). Raises Unsupported / NotRun."""
-    import contextlib
-
-    import torch.nn.functional as F
-    from lmperf.kernels.flash_attention_torch import FlashAttention2PyTorch
-    from lmperf.kernels.flash_attention_triton import FlashAttention2Triton
-    from lmperf.model import plain_attention
-
-    p, causal, dtype = case["provider"], case["causal"], case["dtype"]
-    gqa = case.get("kv_heads", case["heads"]) != case["heads"]  # k, v with fewer heads than q
-    none = contextlib.nullcontext
-    if p in ("triton", "triton_compiled"):
-        return (lambda q, k, v: FlashAttention2Triton.apply(q, k, v, causal)), none
-    if p == "torch_tiled":
-        if case["seq_len"] > case["tiled_max_seq_len"]:
-            raise common.NotRun(f"N > {case['tiled_max_seq_len']} (tiled_max_seq_len): the Python tile loop "
-                                "takes seconds a case above it")
-        return (lambda q, k, v: FlashAttention2PyTorch.apply(q, k, v, causal)), none
-    if p == "plain":
-        return (lambda q, k, v: plain_attention(q, k, v, causal)), none
-    if p == "plain_compiled":
-        return (lambda q, k, v, compiled=_compiled_plain(): compiled(q, k, v, causal)), none  # compiled here, once
-    if p in ("sdpa_flash", "sdpa_cudnn"):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        if dtype == "fp32":
-            raise common.Unsupported(f"{p}: fp16/bf16 only")
-        backend = SDPBackend.FLASH_ATTENTION if p == "sdpa_flash" else SDPBackend.CUDNN_ATTENTION
-        kw = {"enable_gqa": True} if gqa else {}
-        return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, **kw)), \
-            (lambda: sdpa_kernel(backend))
-    if p == "flex":
-        from torch.nn.attention.flex_attention import create_block_mask
-        n = case["seq_len"]
-        mask = None
-        if causal:
-            mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, n, n, device="cuda")
-        kw = {"enable_gqa": True} if gqa else {}
-        return (lambda q, k, v: _compiled_flex()(q, k, v, block_mask=mask, **kw)), none
-    raise ValueError(f"unknown provider {p!r}")
+    """(fn(q, k, v), context) for the case's provider (lmperf.providers): each timed call runs
+    inside `context()` (SDPA's backend choice; a no-op otherwise). Raises Unsupported / NotRun,
+    the provider's needs checked first."""
+    return providers.get(case["provider"]).make(case)
 
 
 def setup_bench(case: dict):
@@ -235,7 +187,7 @@ def setup_bench(case: dict):
     leaderboard = case.get("harness", "eager") == "leaderboard"
     if leaderboard:
         import torch._dynamo
-        _no_donated_buffers()
+        providers.no_donated_buffers()
         torch._dynamo.reset()  # each case compiles its own graph; no recompile limit across cases
         fn = torch.compile(fn, fullgraph=True, dynamic=False)
     b, h, n, d = case["batch"], case["heads"], case["seq_len"], case["head_dim"]
@@ -256,12 +208,13 @@ def setup_bench(case: dict):
 
 
 def compiles(case: dict) -> bool:
-    """Whether a bench case compiles what the compile-cache warm-up can leave for its timed run: all
-    but plain, torch_tiled and SDPA (compiled without the caches under the leaderboard harness)."""
-    if case.get("skip_reason") or case["provider"] in ("sdpa_flash", "sdpa_cudnn"):
+    """Whether a bench case compiles what the compile-cache warm-up can leave for its timed run:
+    a provider that compiles (lmperf.providers), or any under the leaderboard harness, but none
+    whose compiled graphs the cache cannot tell apart (SDPA: compiled anew each case)."""
+    if case.get("skip_reason"):
         return False
-    compiled = ("triton", "triton_compiled", "flex", "plain_compiled")
-    return case["provider"] in compiled or case.get("harness") == "leaderboard"
+    p = providers.get(case["provider"])
+    return p.cache_compiled and (p.compiles or case.get("harness") == "leaderboard")
 
 
 def warm_bench(case: dict) -> list[dict]:
@@ -327,14 +280,8 @@ def measure_bench(case: dict) -> list[dict]:
     gpu_rows = []
     if case.get("gpu_time"):  # the same calls replayed as CUDA graphs: the GPU's time alone
         gpu_rows = _gpu_time_rows(case, fn, fwd_bwd, context, q, k, v, rep)
-    config = ""
-    if case["provider"] in ("triton", "triton_compiled"):  # the rule table's choice, for the notes
-        from lmperf.kernels import flash_attention_triton as fa
-        bh = b * h
-        bwd = fa.bwd_config(n, d, dtype, case["causal"], bh, h // h_kv)
-        config = "; ".join(f"{name}: " + " ".join(f"{k}={v}" for k, v in cfg.items()) for name, cfg in
-                           (("fwd", fa.fwd_config(n, d, dtype, case["causal"], bh)),
-                            ("dq", bwd["dq"]), ("dkdv", bwd["dkdv"]), ("bwd", {"fused": bwd["fused"]})))
+    describe = providers.get(case["provider"]).config  # e.g. the rule table's choice, for the notes
+    config = describe(case) if describe else ""
     rows = []
     for direction in ("forward", "backward", "fwd_bwd"):
         ms, q20, q80 = times[direction]
@@ -391,9 +338,13 @@ def main(argv=None):
     studies = {"check": (check_cases, measure_check), "bench": (bench_cases, measure_bench)}
     args = common.bench_args(__doc__, argv, studies=studies, options=jobs.options)
     cases, measure = studies[args.study]
+    cases = cases(args.spec)  # loads the spec's provider_modules first
+    providers.share()  # and the workers load them too
+    # a resume never mixes rows of two versions of a provider module's file
+    fingerprint = {"spec": args.spec, **({"provider_sources": providers.digest()} if providers.sources() else {})}
     # a check's cases run side by side in the workers; a timing job's compiles are warmed in them
-    jobs.run(section="flash_attention", study=args.study, cases=cases(args.spec), measure=measure, args=args,
-             fingerprint={"spec": args.spec}, parallel=args.study == "check", warm=warm_bench, compiles=compiles)
+    jobs.run(section="flash_attention", study=args.study, cases=cases, measure=measure, args=args,
+             fingerprint=fingerprint, parallel=args.study == "check", warm=warm_bench, compiles=compiles)
 
 
 if __name__ == "__main__":

@@ -9,12 +9,18 @@ import pandas as pd
 import itertools
 import math
 
+from lmperf import providers
 from lmperf.report.format import HOST_BOUND, bar, cell, fmt, host_bound, host_bound_legend, unavailable
 from lmperf.report.plot import plt, save
 
-PEERS = ["sdpa_flash", "sdpa_cudnn", "flex", "plain_compiled", "plain", "torch_tiled"]
+def peers() -> list[str]:
+    """The providers ours is compared with, in the registry's order (lmperf.providers): the peers,
+    then any contender."""
+    return providers.names("attention", role="peer") + providers.names("attention", role="contender")
+
+
 # Ours: under the leaderboard's harness (torch.compile around apply) where the group has it.
-OURS = ["triton_compiled", "triton"]
+OURS = providers.names("attention", role="ours")
 DIRECTIONS = {"forward": "forward", "backward": "backward", "fwd_bwd": "forward+backward"}
 # do_bench gives medians (and, in newer rows, the 20% and 80% quantiles), not means.
 CENTER = "median"
@@ -38,12 +44,12 @@ def config_table(df: pd.DataFrame, threshold: float = math.inf) -> tuple[pd.Data
     ms = df[df["metric"].str.endswith("_ms") & (df["status"] == "ok")].set_index(["provider", "metric"])[CENTER]
     ours = next((p for p in OURS if (p, "fwd_bwd_ms") in ms.index), "triton")
     ratios = {(peer, d): ms[(ours, f"{d}_ms")] / ms[(peer, f"{d}_ms")]
-              for peer in PEERS for d in DIRECTIONS
+              for peer in peers() for d in DIRECTIONS
               if (ours, f"{d}_ms") in ms.index and (peer, f"{d}_ms") in ms.index}
     host = {(peer, d) for peer, d in ratios if {(ours, f"{d}_ms"), (peer, f"{d}_ms")} & bound}
     if (ours, "fwd_bwd_ms") in ms.index:
         ratios[("ms", "fwd_bwd")] = ms[(ours, "fwd_bwd_ms")]
-    order = {"triton_compiled": 0, "triton": 1, **{p: i + 2 for i, p in enumerate(PEERS)}}
+    order = {p: i for i, p in enumerate(OURS + peers())}
     rows.sort(key=lambda r: order.get(r["provider"], 99))
     return pd.DataFrame(rows), ratios, host, ours
 
@@ -204,7 +210,7 @@ def ratio_table(configs: list[dict], mark: str) -> pd.DataFrame:
     for c in configs:
         for d, label in DIRECTIONS.items():
             row = {"configuration": c["name"], "pass": label}
-            for peer in PEERS:
+            for peer in peers():
                 if (peer, d) in c["ratios"]:
                     r = c["ratios"][(peer, d)]
                     row[f"ours / {peer}"] = f"{fmt(r)} {mark}" if (peer, d) in c["host_bound"] else r

@@ -15,6 +15,7 @@ import pandas as pd
 from lmperf.report.e2e import BF16_MFU, peaks, precision, size_order, with_bf16_mfu
 from lmperf.report.ladder import ladder as ladder_view
 from lmperf.report.env import measured_seconds
+from lmperf import providers
 from lmperf.report import freshness
 from lmperf.report.flash_attention import OURS
 from lmperf.report.format import HOST_BOUND, fmt, host_bound, host_bound_legend, table
@@ -66,8 +67,14 @@ def headline(e2e: pd.DataFrame, ladder: pd.DataFrame, threshold: float) -> tuple
     return table(pd.DataFrame(rows)), next(iter(best.values()), None)
 
 
-FA_PROVIDERS = {"ours": "ours (Triton)", "sdpa_flash": "SDPA-flash", "sdpa_cudnn": "SDPA-cuDNN",
-                "flex": "FlexAttention", "plain_compiled": "torch.compile", "plain": "PyTorch"}
+def fa_providers(fa: pd.DataFrame) -> dict[str, str]:
+    """The README's FlashAttention-2 columns: ours, and each other provider with rows in `fa`, by
+    their labels (lmperf.providers)."""
+    others = {p.name: p.label for p in providers.providers("attention") if p.role != "ours"}
+    return {"ours": providers.get(OURS[-1]).label,
+            **{p: label for p, label in others.items() if (fa["provider"] == p).any()}}
+
+
 LRPE_PROVIDERS = {"triton": "ours (Triton)", "triton_cache": "ours, angle cache",
                   "torch_compile": "torch.compile", "torch": "PyTorch"}
 
@@ -95,7 +102,7 @@ def kernels(fa: pd.DataFrame, lrpe: pd.DataFrame, threshold: float) -> str:
         if ours == "triton_compiled":
             what += " (ours under the leaderboard's harness, torch.compile)"
         row = {"kernel, configuration": what}
-        for p, label in FA_PROVIDERS.items():
+        for p, label in fa_providers(fa[fa["group"].isin(["headline", "throughput"])]).items():
             p = ours if p == "ours" else p
             v = _median(sel[sel["provider"] == p], metric)
             row[label] = "" if v is None else fmt(v) + _mark(sel[sel["provider"] == p], metric, threshold)

@@ -1,0 +1,347 @@
+"""Every implementation a benchmark runs, declared once: its name (the id in the config and the
+CSVs), the label the report and the README print, its role (ours, a peer, a user's contender),
+the contract it implements, how to build it for a case, what it needs, and whether it compiles.
+The config's provider lists are checked against this registry (lmperf.planning), the bench
+builds from it (bench/flash_attention.py), and the report's peer columns and the README's
+labels read it.
+
+    providers.names("attention")              # ['triton_compiled', 'triton', 'sdpa_flash', ...]
+    providers.names("attention", role="peer") # the report's peer columns, in this order
+    providers.get("sdpa_flash").build(case)   # (fn(q, k, v), context factory)
+
+Contract "attention": `build(case)` returns `(fn, context)`: `fn(q, k, v) -> o`, differentiable,
+with the case's `causal` (and the grouped-query K/V heads it was given); each call runs inside
+`context()`. `case` holds at least `causal`, `dtype` ('fp32' | 'fp16' | 'bf16'), `heads`,
+`kv_heads`, `seq_len`, `head_dim` (a bench case has more: `tiled_max_seq_len`, `harness`). A
+provider that cannot run a case raises bench.common.Unsupported or NotRun, which become rows.
+
+More providers: the config key `provider_modules` (a list of Python files or importable module
+names; the same through `--config provider_modules=path/to/mine.py` for one) names modules whose
+top level calls `providers.register(Provider(...))`. Planning (lmperf.planning.check_config), the
+result-file listing (lmperf.workflow.result_files, which the renderer calls) and the benchmark
+(through its job's spec, key `provider_modules`) each load them with `load_config` / `load`; a
+module that does not import stops them with its file named. A provider from such a file has
+that file as its `source`: a code input of every job that runs it (`sources`). A user's
+contenders (lmperf.contenders) are registered the same way, with role "contender". A process
+started by a job (a worker, a torchrun rank) finds the job's modules in the environment
+(`share`, LMPERF_PROVIDER_MODULES) and loads them at its first lookup.
+
+Imports neither torch nor triton: the builds import them when called.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Iterable
+
+ROLES = ("ours", "peer", "contender")
+CONTRACTS = ("attention",)  # later: "ddp", "fsdp", "sharded_optimizer"
+# What a provider may need, checked before its build: (exception class name in bench.failures,
+# message; {name} is the provider's).
+NEEDS = {
+    "cuda": ("NotRun", "needs CUDA"),
+    "half": ("Unsupported", "{name}: fp16/bf16 only"),
+    "cuda_for_bf16": ("NotRun", "needs CUDA: Triton's interpreter computes bfloat16 dots wrongly"),
+}
+HARNESSES = ("eager", "leaderboard")
+
+
+@dataclass(frozen=True)
+class Provider:
+    """One implementation of a contract. `harness`: the bench harness it always runs under
+    (None: its group's); `cache_compiled`: False where Inductor's graph cache cannot tell its
+    compiled graphs apart (they are then compiled anew each case); `config`: what it chose for
+    a case (the kernels' tile configs), for the rows' `config` column."""
+    name: str
+    label: str
+    role: str
+    contract: str
+    build: Callable[[dict], tuple[Callable, Callable]]
+    needs: tuple[str, ...] = ()
+    compiles: bool = False
+    gqa: bool = True
+    source: str | None = None
+    harness: str | None = None
+    cache_compiled: bool = True
+    config: Callable[[dict], str] | None = None
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"provider {self.name!r}: role {self.role!r} is not one of {ROLES}")
+        if self.contract not in CONTRACTS:
+            raise ValueError(f"provider {self.name!r}: contract {self.contract!r} is not one of {CONTRACTS}")
+        unknown = [n for n in self.needs if n not in NEEDS]
+        if unknown:
+            raise ValueError(f"provider {self.name!r}: needs {unknown} are not among {sorted(NEEDS)}")
+        if self.harness not in (None, *HARNESSES):
+            raise ValueError(f"provider {self.name!r}: harness {self.harness!r} is not one of {HARNESSES}")
+
+    def check_needs(self, case: dict) -> None:
+        """Raise the Unsupported / NotRun of the first need the case or this machine does not
+        meet."""
+        from lmperf.bench import failures
+        for need in self.needs:
+            if not _MET[need](case):
+                kind, message = NEEDS[need]
+                raise getattr(failures, kind)(message.format(name=self.name))
+        if not self.gqa and case.get("kv_heads", case.get("heads")) != case.get("heads"):
+            raise failures.Unsupported(f"{self.name}: K/V with as many heads as Q only (no grouped-query attention)")
+
+    def make(self, case: dict) -> tuple[Callable, Callable]:
+        """`build(case)` after its needs are checked."""
+        self.check_needs(case)
+        return self.build(case)
+
+
+def _cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+_MET = {"cuda": lambda case: _cuda(),
+        "half": lambda case: case["dtype"] != "fp32",
+        "cuda_for_bf16": lambda case: case["dtype"] != "bf16" or _cuda()}
+
+_REGISTRY: dict[str, Provider] = {}
+_LOADED: dict[str, str] = {}  # module (a resolved path or a module name) -> its file
+ENV = "LMPERF_PROVIDER_MODULES"  # JSON list of modules: what `share` passes to child processes
+
+
+def share() -> None:
+    """Pass the modules loaded here to the processes this one starts (workers, torchrun ranks):
+    they load them at their first lookup."""
+    os.environ[ENV] = json.dumps(list(_LOADED))
+
+
+def _from_environment() -> None:
+    if os.environ.get(ENV):
+        load(json.loads(os.environ[ENV]))
+
+
+def register(p: Provider) -> Provider:
+    """Add a provider; ValueError if another one has its name."""
+    old = _REGISTRY.get(p.name)
+    if old is not None and old != p:
+        raise ValueError(f"provider {p.name!r} is declared twice" + (f" (in {old.source} and {p.source})"
+                                                                    if old.source or p.source else ""))
+    _REGISTRY[p.name] = p
+    return p
+
+
+def get(name: str) -> Provider:
+    _from_environment()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown provider {name!r}; known: {', '.join(_REGISTRY)}") from None
+
+
+def providers(contract: str, role: str | None = None) -> list[Provider]:
+    """The contract's providers (of one role), in declaration order: ours, then the peers, then
+    the providers that modules and contenders added."""
+    _from_environment()
+    return [p for p in _REGISTRY.values() if p.contract == contract and role in (None, p.role)]
+
+
+def names(contract: str, role: str | None = None) -> list[str]:
+    return [p.name for p in providers(contract, role)]
+
+
+def labels(contract: str) -> dict[str, str]:
+    """{name: label} of the contract's providers."""
+    return {p.name: p.label for p in providers(contract)}
+
+
+def unknown(contract: str, wanted: Iterable[str]) -> list[str]:
+    """The names among `wanted` that are no provider of `contract`."""
+    known = set(names(contract))
+    return [n for n in wanted if n not in known]
+
+
+def sources(contract: str | None = None) -> list[str]:
+    """The files of the providers that modules and contenders added (of one contract): code
+    inputs of every job that runs them."""
+    return sorted({p.source for p in _REGISTRY.values() if p.source and contract in (None, p.contract)})
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading the modules a config names
+
+
+def modules_of(config: dict) -> list[str]:
+    """The config's `provider_modules`: a list, or one name (`--config provider_modules=x.py`)."""
+    mods = config.get("provider_modules") or []
+    return [mods] if isinstance(mods, str) else list(mods)
+
+
+def load_config(config: dict) -> None:
+    """Load the modules the config's `provider_modules` names (`load`)."""
+    load(modules_of(config))
+
+
+def load(modules: Iterable[str]) -> None:
+    """Import each module (a path to a Python file, or a module name), once a process; the
+    providers it registers get its file as their `source`. ValueError naming the module where
+    one does not import."""
+    for module in modules:
+        key = _key(module)
+        if key in _LOADED:
+            continue
+        before = set(_REGISTRY)
+        try:
+            path = _import(module)
+        except Exception as exc:
+            raise ValueError(f"provider module {module!r} does not import: {type(exc).__name__}: {exc}") from exc
+        for name in set(_REGISTRY) - before:
+            if _REGISTRY[name].source is None:
+                _REGISTRY[name] = replace(_REGISTRY[name], source=path)
+        _LOADED[key] = path
+
+
+def _is_path(module: str) -> bool:
+    return module.endswith(".py") or "/" in module or "\\" in module
+
+
+def _key(module: str) -> str:
+    return str(Path(module).resolve()) if _is_path(module) else module
+
+
+def _import(module: str) -> str:
+    """Import `module` (a file or a module name); its file, relative to the working folder where
+    it is under it."""
+    if _is_path(module):
+        path = Path(module)
+        if not path.is_file():
+            raise FileNotFoundError(f"no file {path}")
+        name = "lmperf_providers_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+        file = path
+    else:
+        file = Path(importlib.import_module(module).__file__)
+    with contextlib.suppress(ValueError):
+        return str(file.resolve().relative_to(Path.cwd()))
+    return str(file.resolve())
+
+
+def digest(contract: str | None = None) -> dict[str, str]:
+    """{file: sha256} of `sources(contract)`: what a job's journal keys on besides lmperf's own
+    modules, so that a resume never mixes rows of two versions of a provider's file."""
+    return {f: hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in sources(contract)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention: ours, and PyTorch's
+
+
+def _triton(case: dict):
+    from lmperf.kernels.flash_attention_triton import FlashAttention2Triton
+    causal = case["causal"]
+    return (lambda q, k, v: FlashAttention2Triton.apply(q, k, v, causal)), contextlib.nullcontext
+
+
+def _triton_config(case: dict) -> str:
+    """The rule table's tile configs for the case (forward, dQ, dK/dV, fused backward or not)."""
+    from lmperf.bench.common import torch_dtype
+    from lmperf.kernels import flash_attention_triton as fa
+    n, d, h = case["seq_len"], case["head_dim"], case["heads"]
+    dtype, bh = torch_dtype(case["dtype"]), case.get("batch", 1) * h
+    bwd = fa.bwd_config(n, d, dtype, case["causal"], bh, h // case.get("kv_heads", h))
+    return "; ".join(f"{name}: " + " ".join(f"{k}={v}" for k, v in cfg.items()) for name, cfg in
+                     (("fwd", fa.fwd_config(n, d, dtype, case["causal"], bh)),
+                      ("dq", bwd["dq"]), ("dkdv", bwd["dkdv"]), ("bwd", {"fused": bwd["fused"]})))
+
+
+def _torch_tiled(case: dict):
+    from lmperf.bench.failures import NotRun
+    from lmperf.kernels.flash_attention_torch import FlashAttention2PyTorch
+    limit = case.get("tiled_max_seq_len")
+    if limit is not None and case["seq_len"] > limit:
+        raise NotRun(f"N > {limit} (tiled_max_seq_len): the Python tile loop takes seconds a case above it")
+    causal = case["causal"]
+    return (lambda q, k, v: FlashAttention2PyTorch.apply(q, k, v, causal)), contextlib.nullcontext
+
+
+def _plain(case: dict):
+    from lmperf.model import plain_attention
+    causal = case["causal"]
+    return (lambda q, k, v: plain_attention(q, k, v, causal)), contextlib.nullcontext
+
+
+def no_donated_buffers():
+    """The benchmark times backward alone with retain_graph=True, which compiled backwards with
+    donated buffers refuse; donation only saves memory, not time. Every compiled provider
+    sets this itself: a run resumed from its journal may start with any of them."""
+    import torch
+    torch._functorch.config.donated_buffer = False
+
+
+def _plain_compiled(case: dict):
+    """torch.compile'd PyTorch attention for one shape, as users get it for a fixed one: anew each
+    case, never with kernels made for an earlier case's lengths (tuning NOTES.md, steps 28-29)."""
+    import torch
+    from lmperf.model import plain_attention
+    no_donated_buffers()
+    torch._dynamo.reset()
+    compiled, causal = torch.compile(plain_attention, dynamic=False), case["causal"]
+    return (lambda q, k, v: compiled(q, k, v, causal)), contextlib.nullcontext
+
+
+def _sdpa(backend_name: str):
+    def build(case: dict):
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backend, causal = getattr(SDPBackend, backend_name), case["causal"]
+        kw = {"enable_gqa": True} if case.get("kv_heads", case["heads"]) != case["heads"] else {}
+        return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, **kw)), \
+            (lambda: sdpa_kernel(backend))
+    return build
+
+
+@functools.cache
+def _compiled_flex():
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+    no_donated_buffers()
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _flex(case: dict):
+    from torch.nn.attention.flex_attention import create_block_mask
+    n, mask = case["seq_len"], None
+    if case["causal"]:
+        mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, n, n, device="cuda")
+    kw = {"enable_gqa": True} if case.get("kv_heads", case["heads"]) != case["heads"] else {}
+    return (lambda q, k, v: _compiled_flex()(q, k, v, block_mask=mask, **kw)), contextlib.nullcontext
+
+
+# In the report's order: ours under the leaderboard's harness first, then ours, then the peers.
+for _p in (
+    Provider("triton_compiled", "ours (Triton), torch.compile'd", "ours", "attention", _triton,
+             needs=("cuda_for_bf16",), compiles=True, harness="leaderboard", config=_triton_config),
+    Provider("triton", "ours (Triton)", "ours", "attention", _triton, needs=("cuda_for_bf16",), compiles=True,
+             config=_triton_config),
+    Provider("sdpa_flash", "SDPA-flash", "peer", "attention", _sdpa("FLASH_ATTENTION"), needs=("half",),
+             cache_compiled=False),
+    Provider("sdpa_cudnn", "SDPA-cuDNN", "peer", "attention", _sdpa("CUDNN_ATTENTION"), needs=("half",),
+             cache_compiled=False),
+    Provider("flex", "FlexAttention", "peer", "attention", _flex, needs=("cuda",), compiles=True),
+    Provider("plain_compiled", "torch.compile", "peer", "attention", _plain_compiled, compiles=True),
+    Provider("plain", "PyTorch", "peer", "attention", _plain),
+    Provider("torch_tiled", "ours in PyTorch (tiled)", "peer", "attention", _torch_tiled),
+):
+    register(_p)

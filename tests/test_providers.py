@@ -1,0 +1,210 @@
+"""The registry of providers (lmperf.providers): each name declared once, the config checked
+against it, and a provider added in a module of its own reaching the CSVs and the report with no
+other file touched."""
+import ast
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from lmperf import planning, providers, workflow as wf
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """The registry as it was, back after the test (a test that loads a module adds to it)."""
+    monkeypatch.delenv(providers.ENV, raising=False)
+    saved = dict(providers._REGISTRY), dict(providers._LOADED)
+    yield providers
+    providers._REGISTRY.clear()
+    providers._REGISTRY.update(saved[0])
+    providers._LOADED.clear()
+    providers._LOADED.update(saved[1])
+
+
+def provider_lists(tree: ast.AST, names: set[str]) -> list[tuple[int, list[str]]]:
+    """(line, names) of every list, tuple, set or dict literal in `tree` that holds two or more
+    provider names as strings: a list of providers kept somewhere else than the registry."""
+    found = []
+    for node in ast.walk(tree):
+        items = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None)
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)) and items:
+            spelled = [i.value for i in items if isinstance(i, ast.Constant) and i.value in names]
+            if len(set(spelled)) >= 2:
+                found.append((node.lineno, spelled))
+    return found
+
+
+def test_each_provider_is_declared_once_and_listed_nowhere_else():
+    """Each attention provider's name is declared in one place, src/lmperf/providers.py: no other
+    module of the bench, workflow or planning side keeps a list of them, and neither the schema
+    nor a rule spells them. (config/config.yaml names the providers each grid runs: that is the
+    grid, as data. The report's bars name the peer each compares with, e.g. SDPA-flash for the
+    headline, whose thresholds are named after it.)"""
+    names = set(providers.names("attention"))
+    declared = {}
+    for path in sorted((REPO / "src").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Provider" and node.args:
+                first = node.args[0]
+                if isinstance(first, ast.Constant):
+                    declared.setdefault(first.value, []).append(str(path.relative_to(REPO)))
+        if path.parent.name != "report" and path.name != "providers.py":
+            assert not provider_lists(tree, names), f"{path.relative_to(REPO)} keeps a list of providers"
+    assert {n: where for n, where in declared.items() if n in names} == \
+        {n: ["src/lmperf/providers.py"] for n in names}
+    for path in [REPO / "config" / "schema.yaml", REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk"))]:
+        for i, line in enumerate(path.read_text().splitlines()):
+            for items in re.findall(r"\[([^\[\]]*)\]", line.split("#")[0]):
+                spelled = {x.strip(" '\"") for x in items.split(",")} & names
+                assert len(spelled) < 2, f"{path.relative_to(REPO)}:{i + 1} lists providers {sorted(spelled)}"
+
+
+def test_the_report_and_readme_take_peers_and_labels_from_the_registry(registry):
+    from lmperf.report import flash_attention, readme
+    assert flash_attention.peers() == registry.names("attention", role="peer")
+    assert flash_attention.OURS == registry.names("attention", role="ours")
+    fa = pd.DataFrame({"provider": ["triton", "sdpa_flash", "flex"]})
+    assert readme.fa_providers(fa) == {"ours": registry.get("triton").label,
+                                       "sdpa_flash": registry.labels("attention")["sdpa_flash"],
+                                       "flex": registry.labels("attention")["flex"]}
+
+
+def test_an_unknown_provider_stops_planning_naming_it_and_the_known_ones():
+    config = copy.deepcopy(CONFIG)
+    config["flash_attention"]["smoke"]["bench"]["groups"][0]["providers"].append("sdpa_flashh")
+    with pytest.raises(ValueError, match=r"flash_attention\.smoke\.bench group 'headline' providers names "
+                                         r"\['sdpa_flashh'\].*known: triton_compiled, triton, sdpa_flash"):
+        planning.check_config(config)
+    config = copy.deepcopy(CONFIG)
+    config["flash_attention"]["full"]["check"]["impls"] = ["torch"]
+    with pytest.raises(ValueError, match=r"flash_attention\.full\.check\.impls names \['torch'\]"):
+        planning.check_config(config)
+
+
+def test_a_module_that_does_not_import_is_named(registry, tmp_path):
+    bad = tmp_path / "broken.py"
+    bad.write_text("import no_such_package_here\n")
+    with pytest.raises(ValueError, match=r"provider module '.*broken\.py' does not import: ModuleNotFoundError"):
+        planning.check_config({**copy.deepcopy(CONFIG), "provider_modules": [str(bad)]})
+    with pytest.raises(ValueError, match="no file"):
+        registry.load([str(tmp_path / "missing.py")])
+
+
+def test_needs_become_rows_that_name_them(registry):
+    from lmperf.bench.failures import NotRun, Unsupported
+    case = {"provider": "sdpa_flash", "dtype": "fp32", "causal": True, "heads": 2, "kv_heads": 2, "seq_len": 8,
+            "head_dim": 8}
+    with pytest.raises(Unsupported, match="sdpa_flash: fp16/bf16 only"):
+        registry.get("sdpa_flash").make(case)
+    registry.register(registry.Provider("no_gqa", "no GQA", "peer", "attention", registry.get("plain").build,
+                                        gqa=False, needs=("cuda",) if not _cuda() else ()))
+    with pytest.raises(NotRun if not _cuda() else Unsupported):
+        registry.get("no_gqa").make({**case, "kv_heads": 1})
+    with pytest.raises(ValueError, match="declared twice"):
+        registry.register(registry.Provider("plain", "again", "peer", "attention", registry.get("plain").build))
+    with pytest.raises(KeyError, match="unknown provider 'nope'; known: triton_compiled"):
+        registry.get("nope")
+
+
+def _cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+# A provider declared in a module of its own: our tiled PyTorch FlashAttention under another name.
+MODULE = '''
+import contextlib
+
+from lmperf.providers import Provider, register
+
+
+def build(case):
+    from lmperf.kernels.flash_attention_torch import FlashAttention2PyTorch
+    causal = case["causal"]
+    return (lambda q, k, v: FlashAttention2PyTorch.apply(q, k, v, causal)), contextlib.nullcontext
+
+
+register(Provider("mine_tiled", "Mine, tiled", "peer", "attention", build))
+'''
+
+
+def run_job(repo_src: Path, study: str, spec: str, out: Path, cwd: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(repo_src), "TRITON_INTERPRET": "1"}
+    env.pop(providers.ENV, None)
+    proc = subprocess.run([sys.executable, "-m", "lmperf.bench.flash_attention", study, "--spec", spec,
+                           "--out", str(out), "--hw", "cpu"], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def gpu_like(bench: pd.DataFrame) -> pd.DataFrame:
+    """The job's rows as a GPU run writes them (a CPU cannot time them): each case's forward,
+    backward and forward+backward ms, status ok. The numbers are made up; the cases, providers
+    and every other column are the job's own."""
+    rows = []
+    for i, (_, row) in enumerate(bench.drop_duplicates("case_id").iterrows()):
+        for k, direction in enumerate(("forward", "backward", "fwd_bwd")):
+            rows.append({**row.to_dict(), "metric": f"{direction}_ms", "unit": "ms", "median": 1.0 + i + k,
+                         "status": "ok", "message": ""})
+    return pd.DataFrame(rows)
+
+
+def test_a_provider_in_a_module_of_its_own_reaches_the_csvs_and_the_report(registry, tmp_path):
+    """The module is named in the config (`provider_modules`) and its provider in the grids, as a
+    user's --configfile would: planning accepts it, the check job (CPU, Triton's interpreter)
+    checks it against float64, the bench job writes its rows (needs CUDA here), and the rendered
+    report shows it in the correctness section and, from rows as a GPU writes them, in the
+    FlashAttention-2 tables and the README's columns."""
+    from lmperf.report import readme, render
+
+    module = tmp_path / "mine.py"
+    module.write_text(MODULE)
+    config = render.load_config(REPO / "config" / "config.yaml")  # validated, defaults filled
+    config["provider_modules"] = [str(module)]
+    fa = config["flash_attention"]["smoke"]
+    fa["check"].update(impls=["mine_tiled"], dtypes=["fp32"], shapes=[[1, 2, 17, 16]], grouped_shapes=[[1, 4, 2, 9, 16]])
+    fa["check"].pop("compiled_shapes")
+    for group in fa["bench"]["groups"]:
+        group["providers"].append("mine_tiled")
+    planning.check_config(config)
+    assert registry.get("mine_tiled").source == str(module)
+    assert wf.provider_inputs(config) == [str(module)]
+
+    results = tmp_path / "results" / "cpu"
+    files = {(f.study, Path(f.path).stem): f for f in wf.result_files(config, str(results), "smoke", [str(results)])
+             if f.section == "flash_attention"}
+    check, bench = files["check", "check"], files["bench", "headline_d64"]
+    assert json.loads(check.spec)["provider_modules"] == [str(module)]
+    run_job(REPO / "src", "check", check.spec, Path(check.path), tmp_path)
+    run_job(REPO / "src", "bench", bench.spec, Path(bench.path), tmp_path)
+
+    rows = pd.read_csv(check.path)
+    assert set(rows["impl"]) == {"mine_tiled"} and rows["passed"].all() and (rows["status"] == "ok").all()
+    assert sorted(rows["case_id"].unique()) == sorted(check.case_ids())
+    timed = pd.read_csv(bench.path)
+    mine = timed[timed["provider"] == "mine_tiled"]
+    assert len(mine) == 1 and mine["status"].iloc[0] == "skipped" and mine["message"].iloc[0] == "needs CUDA"
+
+    bars = render.bars_from_config(REPO / "config" / "config.yaml")
+    promised = render.promised_files(config, results, "smoke", [str(results)])
+    text = render.render(results, REPO / "templates", tmp_path / "r.md", tmp_path / "fig", "smoke", bars, promised)
+    correctness = text.split("## Correctness")[1].split("\n## ")[0]
+    assert "flash_attention / mine_tiled" in correctness
+
+    gpu_like(timed).to_csv(bench.path, index=False)
+    text = render.render(results, REPO / "templates", tmp_path / "r.md", tmp_path / "fig", "smoke", bars, promised)
+    section = text.split("## FlashAttention-2")[1].split("\n## ")[0]
+    assert "| mine_tiled " in section and "ours / mine_tiled" in section
+    assert "Mine, tiled" in readme.kernels(pd.read_csv(bench.path), pd.DataFrame(), 10.0)
