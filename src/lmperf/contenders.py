@@ -344,3 +344,79 @@ def study_spec(config: dict, scale: str, study: str) -> str:
 def result_paths(config: dict, results: str) -> list[str]:
     """The contenders jobs' CSVs under `results` (results/<hw>); none without contenders."""
     return [f"{results}/contenders/{study}.csv" for study in STUDIES] if normalise(config.get("contenders")) else []
+
+
+# ---------------------------------------------------------------------------------------------
+# Contenders as providers (lmperf.providers) and as the model's attention (lmperf.model)
+
+ENV = "LMPERF_CONTENDERS"  # JSON of the normalised config value: what child processes register
+TILED_NOTE = "the Python tile loop of a PyTorch implementation takes seconds a case above it"
+
+
+def provider_names(value) -> list[str]:
+    """The attention providers the contenders become, `<name>_triton` and `<name>_pytorch` for
+    each (one that is not implemented gives `skipped` rows saying so)."""
+    return [f"{name}_{kind}" for name in normalise(value) for kind in ATTENTION]
+
+
+def _lazy_attention(name: str, source, kind: str) -> Callable:
+    """fn(q, k, v, is_causal) of a contender's attention, loaded at its first call (a model built
+    in a process that never calls it never imports the contender)."""
+    @functools.cache
+    def resolve():
+        return attention_fn(load(name, source), kind)
+
+    def fn(q, k, v, is_causal):
+        return resolve()(q, k, v, is_causal)
+    return fn
+
+
+def register(value) -> list[str]:
+    """Register every contender of the config's `contenders` as attention providers (role
+    "contender") and as attention choices of the model (lmperf.model.ATTENTION), and pass them to
+    the processes this one starts (ENV). Returns the provider names. ContenderError for a module
+    that does not import."""
+    import json
+
+    from lmperf import model, providers
+    items = normalise(value)
+    if not items:
+        return []
+    loaded = {name: load(name, source) for name, source in items.items()}  # errors name the file, here
+    names = []
+    for name, source in items.items():
+        contender = loaded[name]
+        for kind in ATTENTION:
+            provider = f"{name}_{kind}"
+            fn = _lazy_attention(name, source, kind)
+            providers.register(providers.Provider(
+                provider, f"{name} ({kind}, contender)", "contender", "attention", _build(fn, kind),
+                needs=("cuda_for_bf16",) if kind == "triton" else (),
+                source=contender.sources[0] if contender.sources else None))
+            if provider not in model.ATTENTION:
+                model.register_attention(provider, fn)
+            names.append(provider)
+    os.environ[ENV] = json.dumps(items)
+    return names
+
+
+def _build(fn: Callable, kind: str) -> Callable:
+    def build(case: dict):
+        import contextlib
+        limit = case.get("tiled_max_seq_len")
+        if kind == "pytorch" and limit is not None and case.get("seq_len", 0) > limit:
+            raise NotRun(f"N > {limit} (tiled_max_seq_len): {TILED_NOTE}")
+        causal = case["causal"]
+        checked = guarded(fn)
+        return (lambda q, k, v: checked(q, k, v, causal)), contextlib.nullcontext
+    return build
+
+
+def register_from_environment() -> None:
+    """In a process a job started: register the contenders the job registered (ENV)."""
+    import json
+    raw = os.environ.get(ENV)
+    if raw:
+        from lmperf import providers
+        if not all(n in providers._REGISTRY for n in provider_names(json.loads(raw))):
+            register(json.loads(raw))

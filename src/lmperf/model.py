@@ -92,6 +92,13 @@ ATTENTION: dict[str, Callable] = {"plain": plain_attention, "sdpa": sdpa_attenti
                                   "flash-triton": flash_triton_attention}
 
 
+def register_attention(name: str, fn: Callable) -> None:
+    """Another attention the model can use by `name` (a user's contender: lmperf.contenders)."""
+    if name in ATTENTION and ATTENTION[name] is not fn:
+        raise ValueError(f"attention {name!r} is already registered")
+    ATTENTION[name] = fn
+
+
 class RMSNorm(nn.Module):
     def __init__(self, d: int, eps: float = 1e-5):
         super().__init__()

@@ -47,7 +47,7 @@ from __future__ import annotations
 import functools
 import re
 
-from lmperf import train
+from lmperf import contenders, train
 from lmperf.bench import common, e2e, float8, flop_count, jobs, memory_fit, profile, timing
 
 # The rungs before the longer contexts, in order: (rung, what changes, the case keys it sets,
@@ -110,6 +110,11 @@ def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
     steps += [("liger", LIGER, {"fused": "liger"}, True)] if "liger" in listed else []
     steps += [(f"float8_{r}", f"{PEER}torchao float8 training, {r} scaling: every nn.Linear but the LM head "
                f"multiplies in fp8", {"float8": r}, True) for r in FLOAT8_RECIPES if r in spec.get("float8", [])]
+    # a user's attention (the spec's contenders: lmperf.contenders) in place of ours, on the same
+    # settings: beside our flash_triton rung and the SDPA rung
+    rivals = {f"contender_{p}": p for p in contenders.provider_names(spec.get("contenders"))}
+    steps += [(name, f"contender (on the last carried rung's settings; not carried up): {p}'s attention in "
+               f"place of ours", {"attention": p}, p.endswith("_triton")) for name, p in rivals.items()]
     accumulate = spec.get("accumulate")
 
     sizes = []  # the micro-batch sizes the accumulating rungs choose from, largest first
@@ -147,7 +152,7 @@ def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
         elif case["micro_batches"] > 1 and sizes:  # accumulating (the rung and the longer contexts after it)
             case["micro_batch_candidates"] = ",".join(map(str, sizes))
         out.append(case)
-        if (cuda or not needs_cuda) and name not in PEERS and "float8" not in sets:  # fp8 carried nowhere
+        if (cuda or not needs_cuda) and name not in PEERS and name not in rivals and "float8" not in sets:
             settings.update(sets)
     for case in out:
         case["case_id"] = f"{size}-rung{case['rung']:02d}-{case['name']}"
@@ -308,6 +313,7 @@ def model_changes(case: dict):
 
 def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
     import torch
+    contenders.register_from_environment()  # a contender's attention, by its provider name
 
     cuda = torch.cuda.is_available()
     change = model_changes(case)
@@ -366,6 +372,7 @@ def warm(case: dict) -> list[dict]:
     the graphs and Triton kernels the rung's blocks compile, which its first step then loads (a
     third of a cold compile). The step times do not change, only the wait before them."""
     import torch
+    contenders.register_from_environment()
 
     dims = {k: case[k] for k in DIM_KEYS} | {"n_layers": min(WARM_LAYERS, case["n_layers"])}
     change = model_changes(case)
@@ -385,6 +392,10 @@ def main(argv=None):
     args = common.bench_args(__doc__, argv, size=True, options=jobs.options)
     import torch
 
+    try:
+        contenders.register(args.spec.get("contenders"))  # the model can use them; workers inherit them
+    except contenders.ContenderError as exc:
+        raise SystemExit(f"error: {exc}") from None
     dims, rungs = args.spec["models"][args.size], cases(args.spec, args.size, cuda=torch.cuda.is_available())
     jobs.run(section="ladder", study="ladder", cases=rungs, measure=lambda case: measure(case, dims, args.spec),
              args=args, fingerprint={"spec": args.spec, "size": args.size}, warm=warm, compiles=compiles)
