@@ -5,7 +5,7 @@ LADDER = config["ladder"][SCALE]
 
 rule ladder_size:
     input:
-        code=wf.code_inputs("lmperf.bench.ladder"),
+        code=wf.code_inputs("lmperf.bench.ladder") + wf.provider_inputs(config),
     output:
         csv=report(f"{RESULTS}/ladder/{{size}}.csv", caption="captions/ladder.rst", category="Results",
                    subcategory="The ladder", labels={"model": "{size}"}),

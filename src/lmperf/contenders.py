@@ -338,7 +338,7 @@ def study_spec(config: dict, scale: str, study: str) -> str:
     import json
     settings = config.get("contenders_check", {}).get(scale, {})
     return json.dumps({"contenders": normalise(config.get("contenders")), **settings.get(study, {}),
-                       "time_limit_s": settings.get("time_limit_s", 600)}, sort_keys=True)
+                       "time_limit_s": config.get("contender_time_limit_s", 600)}, sort_keys=True)
 
 
 def result_paths(config: dict, results: str) -> list[str]:

@@ -124,6 +124,8 @@ def share() -> None:
 def _from_environment() -> None:
     if os.environ.get(ENV):
         load(json.loads(os.environ[ENV]))
+    from lmperf import contenders  # a user's contenders, registered by the job that started this process
+    contenders.register_from_environment()
 
 
 def register(p: Provider) -> Provider:

@@ -116,9 +116,10 @@ def e2e_spec(config: dict, e2e: dict, study: str, size: str) -> str:
 
 def ladder_spec(config: dict, ladder: dict, size: str) -> str:
     """The JSON spec of one ladder job (one model size): the ladder's settings and that size's
-    dims, so that adding a size reruns no other size's job."""
+    dims, so that adding a size reruns no other size's job; a user's contenders where the config
+    names any (each a rung of its own)."""
     settings = _measured(ladder, "sizes")
-    return json.dumps({**settings, "models": {size: config["models"][size]}}, sort_keys=True)
+    return json.dumps(with_contenders({**settings, "models": {size: config["models"][size]}}, config), sort_keys=True)
 
 
 def convergence_spec(config: dict, scale: str) -> str:
@@ -165,14 +166,26 @@ def fa_check_spec(fa: dict, config: dict | None = None) -> str:
 
 
 def fa_bench_spec(fa: dict, models: dict, job: str, config: dict | None = None) -> str:
-    return json.dumps(with_provider_modules(fa_bench_jobs(fa, models)[job], config), sort_keys=True)
+    return json.dumps(with_contenders(with_provider_modules(fa_bench_jobs(fa, models)[job], config), config),
+                      sort_keys=True)
+
+
+def with_contenders(spec: dict, config: dict | None) -> dict:
+    """A spec of a job that runs a user's contenders (lmperf.contenders) beside ours, with them
+    and their time limit per case where the config names any (a spec without them stays as it was)."""
+    from lmperf import contenders
+    named = contenders.normalise((config or {}).get("contenders"))
+    if not named:
+        return spec
+    return {**spec, "contenders": named, "contender_time_limit_s": config.get("contender_time_limit_s", 600)}
 
 
 def provider_inputs(config: dict) -> list[str]:
     """The files of the providers the config's `provider_modules` add: code inputs of every job
     that can run them (lmperf.providers.sources)."""
+    from lmperf import contenders
     providers.load_config(config)
-    return providers.sources()
+    return sorted(set(providers.sources()) | set(contenders.code_inputs(config.get("contenders"))))
 
 
 def lrpe_check_spec(lrpe: dict) -> str:
@@ -356,6 +369,9 @@ def result_files(config: dict, results: str, scale: str, distributed: list[str])
         files += [ResultFile(f"{folder}/distributed/{study}_n{n}.csv", "distributed", study,
                              distributed_spec(config, dist, study), str(n))
                   for study in DISTRIBUTED_STUDIES for n in dist[study]["procs"]]
+    from lmperf import contenders
+    files += [ResultFile(path, "contenders", study, contenders.study_spec(config, scale, study))
+              for path, study in zip(contenders.result_paths(config, results), contenders.STUDIES)]
     return files + repeats.repeat_files(config, results, scale, files)
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import itertools
 import random
 
-from lmperf import providers
-from lmperf.bench import common, jobs, timing
+from lmperf import contenders, providers
+from lmperf.bench import common, isolation, jobs, timing
 
 # ---------------------------------------------------------------------------------------------
 # check
@@ -125,12 +125,14 @@ def _kv_heads(group: dict, heads: int) -> int:
 
 def bench_cases(spec: dict) -> list[dict]:
     """group x provider x dtype x causal x N x shape; each provider one of the attention
-    contract's (lmperf.providers), under its own harness or the group's."""
+    contract's (lmperf.providers), under its own harness or the group's; the spec's contenders
+    (lmperf.contenders) in every group, beside the group's providers."""
     providers.load(spec.get("provider_modules", []))
+    rivals = contenders.register(spec.get("contenders"))
     cases = []
     for group in spec["groups"]:
         for provider, dtype, causal, n, (heads, d, model) in itertools.product(
-                group["providers"], group["dtypes"], group["causal"], group["seq_lens"], _shapes(group)):
+                group["providers"] + rivals, group["dtypes"], group["causal"], group["seq_lens"], _shapes(group)):
             harness = providers.get(provider).harness or group.get("harness", "eager")
             gpu_time = group.get("gpu_time", False)
             kv = _kv_heads(group, heads)
@@ -293,6 +295,12 @@ def measure_bench(case: dict) -> list[dict]:
         rows += [{**r, "gpu_idle_pct": gpu_idle_pct} for r in (row, common.summarize_quantiles(
             f"{direction}_tflops", "TFLOP/s", tflops(ms), tflops(q80), tflops(q20)))]
     rows += gpu_rows
+    if providers.get(case["provider"]).role == "contender":  # timed outputs checked afterwards
+        with context():
+            why = contenders.stale_output(lambda q, k, v, causal: fn(q, k, v), q.detach(), k.detach(), v.detach(),
+                                          case["causal"])
+        if why:  # a result cached for the same storage is no time: a `wrong` row instead
+            raise contenders.Wrong(why)
     for row in rows:
         row["config"] = config
     return rows
@@ -338,13 +346,23 @@ def main(argv=None):
     studies = {"check": (check_cases, measure_check), "bench": (bench_cases, measure_bench)}
     args = common.bench_args(__doc__, argv, studies=studies, options=jobs.options)
     cases, measure = studies[args.study]
-    cases = cases(args.spec)  # loads the spec's provider_modules first
+    try:
+        cases = cases(args.spec)  # loads the spec's provider_modules and contenders first
+    except contenders.ContenderError as exc:
+        raise SystemExit(f"error: {exc}") from None
     providers.share()  # and the workers load them too
     # a resume never mixes rows of two versions of a provider module's file
     fingerprint = {"spec": args.spec, **({"provider_sources": providers.digest()} if providers.sources() else {})}
-    # a check's cases run side by side in the workers; a timing job's compiles are warmed in them
-    jobs.run(section="flash_attention", study=args.study, cases=cases, measure=measure, args=args,
-             fingerprint=fingerprint, parallel=args.study == "check", warm=warm_bench, compiles=compiles)
+    # a contender's case in a process of its own, with a time limit: a hang or a crash is a row
+    limit = float(args.spec.get("contender_time_limit_s", 600))
+    with isolation.Isolated(measure, limit) as isolated:
+        def run(case: dict) -> list[dict]:
+            if case.get("provider") and providers.get(case["provider"]).role == "contender":
+                return isolated(case)
+            return measure(case)
+        # a check's cases run side by side in the workers; a timing job's compiles are warmed in them
+        jobs.run(section="flash_attention", study=args.study, cases=cases, measure=run, args=args,
+                 fingerprint=fingerprint, parallel=args.study == "check", warm=warm_bench, compiles=compiles)
 
 
 if __name__ == "__main__":

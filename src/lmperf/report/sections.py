@@ -28,6 +28,7 @@ class Section:
 SECTIONS = [
     Section("env"),
     Section("correctness"),
+    Section("contenders"),
     Section("e2e", {"step_vs_size": "e2e_step_vs_size.png", "step_vs_context": "e2e_step_vs_context.png"}),
     Section("ladder", {"ladder": "e2e_ladder.png"}),
     Section("convergence", {"convergence": "convergence_loss.png"}),
