@@ -1,12 +1,7 @@
 # Contenders (config `contenders`): a user's adapter module checked against float64 and against one
 # process; its timings run in the benchmarks whose contract it implements. lmperf.contenders loads
-# it here, while planning: a module that does not import stops the run before any job, naming it.
-from lmperf import contenders as contenders_mod  # noqa: E402
-
-try:
-    CONTENDER_FILES = contenders_mod.code_inputs(config.get("contenders"))
-except contenders_mod.ContenderError as e:
-    raise WorkflowError(f"lmperf: {e}") from None
+# it while planning (rules/common.smk): a module that does not import stops the run, naming it.
+CONTENDER_FILES = contenders_mod.code_inputs(config.get("contenders"))
 CONTENDER_CSVS = contenders_mod.result_paths(config, RESULTS)
 
 
