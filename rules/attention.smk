@@ -1,10 +1,10 @@
-# PyTorch attention: time and memory, eager and compiled.
+# PyTorch attention: time and memory, eager and compiled (and a user's contenders beside them).
 ATTENTION = config["attention"][SCALE]
 
 
 rule attention:
     input:
-        code=wf.code_inputs("lmperf.bench.attention"),
+        code=wf.code_inputs("lmperf.bench.attention") + wf.provider_inputs(config),
     output:
         csv=report(f"{RESULTS}/attention/attention.csv", caption="captions/attention.rst", category="Results",
                    subcategory="Attention in PyTorch"),
@@ -12,7 +12,7 @@ rule attention:
         f"{LOGS}/attention.log",
     params:
         **PROVENANCE,
-        spec=json.dumps(ATTENTION, sort_keys=True),
+        spec=wf.attention_spec(config, ATTENTION),
     resources:
         gpu=1,
     conda:

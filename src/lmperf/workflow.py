@@ -170,6 +170,11 @@ def fa_bench_spec(fa: dict, models: dict, job: str, config: dict | None = None) 
                       sort_keys=True)
 
 
+def attention_spec(config: dict, attention: dict) -> str:
+    """The JSON spec of the PyTorch-attention job: its grid, with the config's contenders."""
+    return json.dumps(with_contenders(attention, config), sort_keys=True)
+
+
 def with_contenders(spec: dict, config: dict | None) -> dict:
     """A spec of a job that runs a user's contenders (lmperf.contenders) beside ours, with them
     and their time limit per case where the config names any (a spec without them stays as it was)."""
@@ -361,7 +366,7 @@ def result_files(config: dict, results: str, scale: str, distributed: list[str])
         files.append(ResultFile(f"{results}/float8_delayed/check.csv", "float8_delayed", "check",
                                 float8_delayed_check_spec(config["float8_delayed"][scale])))
     files += [ResultFile(f"{results}/attention/attention.csv", "attention", "attention",
-                         json.dumps(config["attention"][scale], sort_keys=True)),
+                         attention_spec(config, config["attention"][scale])),
               ResultFile(f"{results}/precision/precision.csv", "precision", "precision"),
               ResultFile(f"{results}/profile/profile.csv", "profile", "profile", profile_spec(config, config["profile"][scale])),
               ResultFile(f"{results}/memory/memory.csv", "memory", "memory", memory_spec(config, config["memory"][scale]))]

@@ -13,7 +13,8 @@ from __future__ import annotations
 import functools
 import itertools
 
-from lmperf.bench import common, timing
+from lmperf import contenders
+from lmperf.bench import common, isolation, timing
 
 def predicted_saved_bytes(batch: int, seq_len: int, d: int, element_bytes: int = 4) -> int:
     """What eager attention holds between forward and backward, beyond nothing: q, k, v and the
@@ -22,8 +23,12 @@ def predicted_saved_bytes(batch: int, seq_len: int, d: int, element_bytes: int =
     return element_bytes * (4 * batch * seq_len * d + batch * seq_len * seq_len)
 
 def cases(spec: dict) -> list[dict]:
+    """impl x head dim x N: PyTorch's eager and compiled attention, then the spec's contenders'
+    attention providers (lmperf.contenders) on the same grid, (batch, N, D) inputs as the
+    assignment passes them."""
     out = []
-    for impl, d, n in itertools.product(spec["impls"], spec["head_dims"], spec["seq_lens"]):
+    impls = list(spec["impls"]) + contenders.provider_names(spec.get("contenders"))
+    for impl, d, n in itertools.product(impls, spec["head_dims"], spec["seq_lens"]):
         out.append({"impl": impl, "head_dim": d, "seq_len": n, "batch": spec["batch"],
                     "iters": spec["iters"], "min_iters": min(spec["iters"], spec.get("min_iters", spec["iters"])),
                     "window_s": spec.get("window_s"), "case_id": f"{impl}-d{d}-n{n}"})
@@ -51,7 +56,12 @@ def measure(case: dict) -> list[dict]:
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     sync = timing.synchronizer()
-    fn = plain_attention if case["impl"] == "eager" else _compiled()
+    if case["impl"] in ("eager", "compiled"):
+        fn = plain_attention if case["impl"] == "eager" else _compiled()
+    else:  # a contender's, its every output checked (shape, dtype, device, NaN)
+        from lmperf.model import ATTENTION
+        contenders.register_from_environment()
+        fn = contenders.guarded(ATTENTION[case["impl"]])
     b, n, d = case["batch"], case["seq_len"], case["head_dim"]
     q, k, v = (torch.randn(b, n, d, device=device, requires_grad=True) for _ in range(3))
     grad = torch.randn(b, n, d, device=device)
@@ -98,8 +108,15 @@ def measure(case: dict) -> list[dict]:
 
 def main(argv=None):
     args = common.bench_args(__doc__, argv)
-    common.run_cases(section="attention", study="attention", cases=cases(args.spec), measure=measure,
-                     out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={"spec": args.spec})
+    try:
+        rivals = set(contenders.register(args.spec.get("contenders")))
+    except contenders.ContenderError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    # a contender's case in a process of its own, with a time limit: a hang or a crash is a row
+    with isolation.Isolated(measure, float(args.spec.get("contender_time_limit_s", 600))) as isolated:
+        common.run_cases(section="attention", study="attention", cases=cases(args.spec),
+                         measure=lambda case: isolated(case) if case["impl"] in rivals else measure(case),
+                         out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={"spec": args.spec})
 
 if __name__ == "__main__":
     main()
