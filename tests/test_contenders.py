@@ -148,3 +148,42 @@ def test_a_contenders_ddp_and_sharded_optimizer_train_to_one_process_weights(tmp
     assert rows.loc["plain-fsdp-gloo", "status"] == "skipped"
     assert rows.loc["partial-ddp-gloo", "message"].startswith("not implemented")
     assert "raised NotImplementedError" in rows.loc["partial-sharded_optimizer-gloo", "message"]
+
+
+def test_contenders_reach_every_benchmark_whose_contract_they_implement():
+    """Named once in the config, they are cases of the FlashAttention bench (every group), the
+    PyTorch-attention grid and the ladder (a rung each, not carried up), and result files of
+    their own; without them nothing changes."""
+    from lmperf import workflow as wf
+    from lmperf.bench import attention, flash_attention, ladder
+    from lmperf.planning import check_config  # noqa: F401 (the config below is the committed one)
+    from lmperf.report.render import load_config
+    config = load_config()
+    plain = {**config, "contenders": str(EXAMPLES / "plain_pytorch.py")}
+    fa = config["flash_attention"]["smoke"]
+    job = next(iter(wf.fa_bench_jobs(fa, config["models"])))
+    bare = json.loads(wf.fa_bench_spec(fa, config["models"], job, config))
+    spec = json.loads(wf.fa_bench_spec(fa, config["models"], job, plain))
+    assert "contenders" not in bare and spec["contenders"] == {"plain_pytorch": str(EXAMPLES / "plain_pytorch.py")}
+    providers = {c["provider"] for c in flash_attention.bench_cases(spec)}
+    assert {"plain_pytorch_triton", "plain_pytorch_pytorch"} <= providers
+    impls = {c["impl"] for c in attention.cases(json.loads(wf.attention_spec(plain, config["attention"]["smoke"])))}
+    assert {"eager", "compiled", "plain_pytorch_pytorch"} <= impls
+    size = config["ladder"]["smoke"]["sizes"][0]
+    rungs = ladder.cases(json.loads(wf.ladder_spec(plain, config["ladder"]["smoke"], size)), size, cuda=False)
+    rival = [r for r in rungs if r["name"] == "contender_plain_pytorch_pytorch"]
+    assert len(rival) == 1 and rival[0]["attention"] == "plain_pytorch_pytorch"
+    assert all(r["attention"] != "plain_pytorch_pytorch" for r in rungs if r["rung"] > rival[0]["rung"])
+    paths = [f.path for f in wf.result_files(plain, "results/x", "smoke", ["results/x"])]
+    assert "results/x/contenders/attention.csv" in paths and "results/x/contenders/distributed.csv" in paths
+    assert not [p for p in (f.path for f in wf.result_files(config, "results/x", "smoke", ["results/x"])) if "contenders" in p]
+
+
+def test_a_contender_that_does_not_import_stops_planning_naming_its_file(tmp_path):
+    from conftest import SMOKE, copy_repo, snakemake
+    repo = copy_repo(tmp_path / "repo")
+    proc = snakemake(repo, "-n", "--cores", "1", "report/report.md", *SMOKE,
+                     f"contenders={DATA / 'broken_import.py'}", check=False)
+    assert proc.returncode != 0
+    assert "broken_import.py does not import: ModuleNotFoundError" in proc.stdout + proc.stderr
+    assert not (repo / "results" / "cpu").exists()
