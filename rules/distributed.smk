@@ -9,7 +9,7 @@ planning.check_distributed_config(config)
 
 rule distributed_study:
     input:
-        code=wf.code_inputs("lmperf.bench.distributed"),
+        code=wf.code_inputs("lmperf.bench.distributed") + wf.provider_inputs(config),
     output:
         report(f"results/{DIST_HW}/distributed/{{study}}_n{{procs}}.csv", caption="captions/distributed.rst",
                category="Results", subcategory="Scaling across GPUs",

@@ -420,3 +420,14 @@ def register_from_environment() -> None:
         from lmperf import providers
         if not all(n in providers._REGISTRY for n in provider_names(json.loads(raw))):
             register(json.loads(raw))
+
+
+DISTRIBUTED = ("ddp", "fsdp", "sharded_optimizer")
+
+
+def distributed_variants(value) -> dict[str, tuple]:
+    """{variant: (name, source, contract)}: the distributed section's variants a user's contenders
+    add, `<name>-ddp`, `<name>-fsdp`, `<name>-sharded_optimizer` (one not implemented gives
+    `skipped` rows saying so)."""
+    return {f"{name}-{contract}": (name, source, contract)
+            for name, source in normalise(value).items() for contract in DISTRIBUTED}

@@ -255,6 +255,7 @@ def distributed_spec(config: dict, dist: dict, study: str) -> str:
     spec = {k: v for k, v in dist[study].items() if k != "procs"}
     if study == "ddp":
         spec["models"] = {s: config["models"][s] for s in spec["sizes"]}
+        spec = with_contenders(spec, config)  # a user's DDP, FSDP and sharded optimizer, variants beside ours
     return json.dumps(spec, sort_keys=True)
 
 

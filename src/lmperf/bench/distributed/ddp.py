@@ -8,6 +8,7 @@ hides."""
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from typing import Callable
 
@@ -29,10 +30,14 @@ def cases(spec: dict, world: int) -> list[dict]:
     `micro_batches` micro-batches of `batch_per_gpu` sequences (default 1) with AdamW in the
     implementation `optimizer` (lmperf.train.OPTIMIZERS; default foreach)."""
     out = []
+    from lmperf import contenders
+    rivals = contenders.distributed_variants(spec.get("contenders"))  # a user's DDP, FSDP, sharded optimizer
     variants = [("single", None)] if world == 1 else [
-        (v, b) for v in spec["variants"] for b in (spec["bucket_caps_mb"] if v == "ddp" else [None])]
+        (v, b) for v in spec["variants"] for b in (spec["bucket_caps_mb"] if v == "ddp" else [None])] + [
+        (v, None) for v in rivals]
     memory = [("single", None)] if world == 1 else [
-        (v, MEMORY_BUCKET_MB if v == "ddp" else None) for v in ("ddp", "fsdp2") if v in spec["variants"]]
+        (v, MEMORY_BUCKET_MB if v == "ddp" else None) for v in ("ddp", "fsdp2") if v in spec["variants"]] + [
+        (v, None) for v, (_, _, contract) in rivals.items() if contract in ("ddp", "fsdp")]
     contexts = [("scaling", spec["context"], variants)]
     if spec.get("memory_context"):
         contexts.append(("memory", spec["memory_context"], memory))
@@ -48,25 +53,32 @@ def cases(spec: dict, world: int) -> list[dict]:
                             "micro_batches": micro_batches, "optimizer": optimizer,
                             "global_batch": spec["batch_per_gpu"] * micro_batches * world, "context": context,
                             "purpose": purpose, "dtype": spec["dtype"], "warmup": spec["warmup"],
-                            "timed_steps": spec["timed_steps"], "profiled_steps": spec["profiled_steps"]})
+                            "timed_steps": spec["timed_steps"], "profiled_steps": spec["profiled_steps"],
+                            **({"contender": rivals[variant][0], "contender_source": json.dumps(rivals[variant][1])}
+                               if variant in rivals else {})})
     return out
 
 
-def build(variant: str, cfg, device, world: int, bucket_cap_mb: float | None, optimizer="foreach"):
+def build(variant: str, cfg, device, world: int, bucket_cap_mb: float | None, optimizer="foreach",
+          contender: tuple | None = None):
     """(model, optimizer, reduce_gradients) of one variant. The weights are the same on every
     rank (lmperf.train.build_model); reduce_gradients is the explicit all-reduce after backward,
     None where the engine communicates inside backward (DDP, FSDP2) or not at all (single).
     `optimizer` is an implementation of lmperf.train.OPTIMIZERS or a torch optimizer as
     (class, kwargs); MasterWeightAdamW ('master') only for one process: its hooks move each
-    gradient into its own fp32 sums, which none of the engines here reduces."""
+    gradient into its own fp32 sums, which none of the engines here reduces. A user's contender
+    (name, source, contract: lmperf.contenders) wraps the model or makes the optimizer through its
+    adapters; its `*_on_after_backward` is the reduce."""
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from lmperf import train
 
-    if variant not in VARIANTS:
+    if variant not in VARIANTS and contender is None:
         raise ValueError(f"variant {variant!r}; choose one of {VARIANTS}")
     model = train.build_model(cfg, device)
+    if contender is not None:
+        return _contender_build(contender, model, world, optimizer)
     if optimizer == "master":
         if variant != "single":
             raise common.Unsupported(f"optimizer 'master' (MasterWeightAdamW) with variant {variant!r}: its "
@@ -97,6 +109,28 @@ def build(variant: str, cfg, device, world: int, bucket_cap_mb: float | None, op
     else:
         optimizer = optimizer_class(model.parameters(), **optimizer_kwargs)
     return model, optimizer, reduce
+
+
+def _contender_build(contender: tuple, model, world: int, optimizer):
+    """(model, optimizer, reduce) through a contender's adapters (CS336 assignment 2's)."""
+    import torch
+
+    from lmperf import contenders, train
+    name, source, contract = contender
+    rival = contenders.load(name, source)
+    optimizer_class, optimizer_kwargs = ((torch.optim.AdamW, train.adamw_options(optimizer))
+                                         if isinstance(optimizer, str) else optimizer)
+    try:
+        if contract == "sharded_optimizer":
+            sharded = rival.adapter("get_sharded_optimizer")(model.parameters(), optimizer_class, **optimizer_kwargs)
+            return model, sharded, lambda: allreduce_flat(list(model.parameters()), world)
+        wrapped = rival.adapter("get_ddp" if contract == "ddp" else "get_fsdp")(model)
+        after = rival.adapter("ddp_on_after_backward" if contract == "ddp" else "fsdp_on_after_backward")
+        opt = optimizer_class(wrapped.parameters(), **optimizer_kwargs)
+        return wrapped, opt, lambda: after(wrapped, opt)
+    except NotImplementedError as exc:
+        raise contenders.NotImplementedByContender(f"not implemented: an adapter of {contract} raised "
+                                                   f"NotImplementedError" + (f" ({exc})" if str(exc) else "")) from None
 
 
 def allreduce_per_parameter(params, world: int) -> None:
@@ -245,8 +279,10 @@ def measure_local(case: dict, ranks: Ranks, spec: dict) -> dict:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     cfg = ModelConfig(**spec["models"][case["size"]], context_length=case["context"])
     train.check_optimizer(case["optimizer"], case["dtype"])
+    rival = ((case["contender"], json.loads(case["contender_source"]), case["variant"].rsplit("-", 1)[-1])
+             if case.get("contender") else None)
     model, optimizer, reduce = build(case["variant"], cfg, device, ranks.world, case["bucket_cap_mb"],
-                                     case["optimizer"])
+                                     case["optimizer"], rival)
     autocast = train.autocast(case["dtype"], torch.device(device).type)
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(cfg.vocab_size, (case["global_batch"], case["context"] + 1), generator=gen)
