@@ -185,8 +185,11 @@ def modules_of(config: dict) -> list[str]:
 
 
 def load_config(config: dict) -> None:
-    """Load the modules the config's `provider_modules` names (`load`)."""
+    """Load the modules the config's `provider_modules` names (`load`), and register the user's
+    contenders it names (lmperf.contenders)."""
     load(modules_of(config))
+    from lmperf import contenders
+    contenders.register(config.get("contenders"))
 
 
 def load(modules: Iterable[str]) -> None:
