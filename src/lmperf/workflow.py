@@ -329,21 +329,11 @@ def listed_case_ids(section: str, study: str, spec: str | None, arg: str | None)
 
 
 def benchmark_case_ids(module: str, section: str, study: str, spec: str | None, arg: str | None) -> list[str]:
-    """The case ids of one job from its benchmark module's own case list (what the cache keeps)."""
+    """The case ids of one job from its benchmark module's own case list (what the cache keeps):
+    `job_cases(study, spec, arg)`, the signature every benchmark module shares."""
     import importlib
     bench = importlib.import_module(module)
-    spec = json.loads(spec) if spec else None
-    if section == "ladder":  # the rungs' ids are the same with and without CUDA
-        cases = bench.cases(spec, arg, cuda=False)
-    elif section == "e2e":
-        cases = bench.study_cases(spec, arg)
-    elif section == "distributed":
-        cases = bench.cases(spec, int(arg))
-    elif section in ("flash_attention", "lrpe", "adamw_master", "fused", "float8_delayed"):
-        cases = getattr(bench, f"{study}_cases")(spec)
-    else:
-        cases = bench.cases(spec) if spec else bench.cases()
-    return [c["case_id"] for c in cases]
+    return [c["case_id"] for c in bench.job_cases(study, json.loads(spec) if spec else None, arg)]
 
 
 def _file(folder: str, rule: str, section: str, study: str, spec: str | None = None, arg: str | None = None,
