@@ -7,13 +7,13 @@ rule adamw_master_check:
     input:
         code=wf.code_inputs("lmperf.bench.adamw_master"),
     output:
-        csv=report(f"{RESULTS}/adamw_master/check.csv", caption="captions/adamw_master.rst",
+        csv=report(wf.output(RESULTS, "adamw_master_check"), caption="captions/adamw_master.rst",
                    category="Results", subcategory="AdamW with fp32 masters"),
     log:
         f"{LOGS}/adamw_master/check.log",
     params:
         **PROVENANCE,
-        spec=wf.adamw_master_check_spec(config, ADAMW_MASTER),
+        spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
         workers=wf.workers(ADAMW_MASTER["check"]),
     threads: wf.workers(ADAMW_MASTER["check"])  # its worker processes' CPU cores
     resources:
@@ -26,4 +26,4 @@ rule adamw_master_check:
 
 rule adamw_master:
     input:
-        rules.adamw_master_check.output.csv,
+        wf.paths(RESULT_FILES, "adamw_master"),

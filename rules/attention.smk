@@ -1,18 +1,17 @@
 # PyTorch attention: time and memory, eager and compiled (and a user's contenders beside them).
-ATTENTION = config["attention"][SCALE]
 
 
 rule attention:
     input:
         code=wf.code_inputs("lmperf.bench.attention") + wf.provider_inputs(config),
     output:
-        csv=report(f"{RESULTS}/attention/attention.csv", caption="captions/attention.rst", category="Results",
+        csv=report(wf.output(RESULTS, "attention"), caption="captions/attention.rst", category="Results",
                    subcategory="Attention in PyTorch"),
     log:
         f"{LOGS}/attention.log",
     params:
         **PROVENANCE,
-        spec=wf.attention_spec(config, ATTENTION),
+        spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
     resources:
         gpu=1,
     conda:

@@ -37,6 +37,15 @@ PROVENANCE = {"hw": HW, "torch": VERSIONS["torch"], "triton": VERSIONS["triton"]
 # measures, so changing it reruns nothing (a failed job reruns anyway: it has no outputs).
 os.environ[ACCEPT_ERRORS_ENV] = json.dumps(config["accept_errors"])
 
+# Every result CSV a full run writes here, with its job's spec (lmperf.workflow.result_files):
+# each benchmark rule's output pattern is wf.output(<folder>, <rule>) (lmperf.workflow.LAYOUT),
+# its spec wf.spec_of(RESULT_FILES, <its output>), its wildcards' values wf.wildcard(...), and a
+# section's rule takes wf.paths(RESULT_FILES, <section>): the layout has one source. The
+# multi-GPU section writes into results/<gpu>-x<count> (results/cpu without a GPU).
+planning.check_distributed_config(config)
+DIST_HW = wf.distributed_hw(config)
+RESULT_FILES = tuple(wf.result_files(config, RESULTS, SCALE, [f"results/{DIST_HW}"]))
+
 # A machine without CUDA cannot measure a GPU's folder or the full grids: a dry run plans it
 # with a note, a run stops before its first job (Snakemake would delete the CSVs first).
 CANNOT_MEASURE = wf.cannot_measure(HW, SCALE, hardware.gpu_name())

@@ -2,7 +2,6 @@
 # process; its timings run in the benchmarks whose contract it implements. lmperf.contenders loads
 # it while planning (rules/common.smk): a module that does not import stops the run, naming it.
 CONTENDER_FILES = contenders_mod.code_inputs(config.get("contenders"))
-CONTENDER_CSVS = contenders_mod.result_paths(config, RESULTS)
 
 
 rule contenders_study:
@@ -10,15 +9,15 @@ rule contenders_study:
         code=wf.code_inputs("lmperf.bench.contenders"),
         contenders=CONTENDER_FILES,
     output:
-        csv=report(f"{RESULTS}/contenders/{{study}}.csv", caption="captions/contenders.rst", category="Results",
+        csv=report(wf.output(RESULTS, "contenders_study"), caption="captions/contenders.rst", category="Results",
                    subcategory="Contenders", labels={"study": "{study}"}),
     log:
         f"{LOGS}/contenders/{{study}}.log",
     params:
         **PROVENANCE,
-        spec=lambda w: contenders_mod.study_spec(config, SCALE, w.study),
+        spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
     wildcard_constraints:
-        study="|".join(contenders_mod.STUDIES),
+        study=wf.wildcard(RESULT_FILES, "contenders_study", "study"),
     resources:
         gpu=1,
     conda:
@@ -29,4 +28,4 @@ rule contenders_study:
 
 rule contenders:
     input:
-        CONTENDER_CSVS,
+        wf.paths(RESULT_FILES, "contenders"),

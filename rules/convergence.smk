@@ -2,20 +2,19 @@
 # second on another draw of the stream, the noise floor) against the ladder's FP8 rung of our stack
 # (ladder.<scale>.float8_ours), same initial weights, same batches. A scale whose config has no
 # convergence size has no job.
-CONVERGENCE = config["convergence"][SCALE]
 
 
 rule convergence_run:
     input:
         code=wf.code_inputs("lmperf.bench.convergence"),
     output:
-        csv=report(f"{RESULTS}/convergence/convergence.csv", caption="captions/convergence.rst",
+        csv=report(wf.output(RESULTS, "convergence_run"), caption="captions/convergence.rst",
                    category="Results", subcategory="FP8 convergence"),
     log:
         f"{LOGS}/convergence.log",
     params:
         **PROVENANCE,
-        spec=lambda w: wf.convergence_spec(config, SCALE),
+        spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
     resources:
         gpu=1,
     conda:
@@ -26,4 +25,4 @@ rule convergence_run:
 
 rule convergence:
     input:
-        [rules.convergence_run.output.csv] if "size" in CONVERGENCE else [],
+        wf.paths(RESULT_FILES, "convergence"),

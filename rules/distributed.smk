@@ -2,16 +2,13 @@
 # and process count, each declaring as many GPUs. Results go to their own folder, named with the
 # GPU count (results/h200-x2/), so single- and multi-GPU runs never mix.
 DIST = config["distributed"][SCALE]
-DIST_HW = wf.distributed_hw(config)
-DIST_CSVS = wf.distributed_csvs(f"results/{DIST_HW}", DIST)
-planning.check_distributed_config(config)
 
 
 rule distributed_study:
     input:
         code=wf.code_inputs("lmperf.bench.distributed") + wf.provider_inputs(config),
     output:
-        report(f"results/{DIST_HW}/distributed/{{study}}_n{{procs}}.csv", caption="captions/distributed.rst",
+        report(wf.output(f"results/{DIST_HW}", "distributed_study"), caption="captions/distributed.rst",
                category="Results", subcategory="Scaling across GPUs",
                labels={"study": "{study}", "processes": "{procs}"}),
     log:
@@ -35,4 +32,4 @@ rule distributed_study:
 
 rule distributed:
     input:
-        DIST_CSVS,
+        wf.paths(RESULT_FILES, "distributed"),

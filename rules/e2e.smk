@@ -1,22 +1,20 @@
 # End-to-end Transformer timings: one job per (study, model size).
-E2E = config["e2e"][SCALE]
-E2E_JOBS = wf.e2e_jobs(E2E)  # (study, size) pairs: one job and one CSV each
 
 
 rule e2e_study:
     input:
         code=wf.code_inputs("lmperf.bench.e2e"),
     output:
-        csv=report(f"{RESULTS}/e2e/{{study}}/{{size}}.csv", caption="captions/e2e.rst", category="Results",
+        csv=report(wf.output(RESULTS, "e2e_study"), caption="captions/e2e.rst", category="Results",
                    subcategory="End-to-end timings", labels={"study": "{study}", "model": "{size}"}),
     log:
         f"{LOGS}/e2e/{{study}}/{{size}}.log",
     params:
         **PROVENANCE,
-        spec=lambda w: wf.e2e_spec(config, E2E, w.study, w.size),
+        spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
     wildcard_constraints:
-        study="|".join(E2E["studies"]),
-        size="|".join(map(re.escape, config["models"])),
+        study=wf.wildcard(RESULT_FILES, "e2e_study", "study"),
+        size=wf.wildcard(RESULT_FILES, "e2e_study", "size"),
     resources:
         gpu=1,
     conda:
@@ -27,4 +25,4 @@ rule e2e_study:
 
 rule e2e:
     input:
-        expand(rules.e2e_study.output.csv, zip, study=[s for s, _ in E2E_JOBS], size=[z for _, z in E2E_JOBS]),
+        wf.paths(RESULT_FILES, "e2e"),

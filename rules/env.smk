@@ -2,7 +2,7 @@ rule env:
     input:
         code=wf.code_inputs("lmperf.bench.env"),
     output:
-        csv=report(f"{RESULTS}/env/env.csv", caption="captions/env.rst", category="Results",
+        csv=report(wf.output(RESULTS, "env"), caption="captions/env.rst", category="Results",
                    subcategory="Environment"),
     log:
         f"{LOGS}/env.log",

@@ -1,19 +1,18 @@
 # FlashAttention-2: correctness against float64, then speed against PyTorch's attention.
 FA = config["flash_attention"][SCALE]
-FA_BENCH_JOBS = list(wf.fa_bench_jobs(FA, config["models"]))
 
 
 rule flash_attention_check:
     input:
         code=wf.code_inputs("lmperf.bench.flash_attention") + wf.provider_inputs(config),
     output:
-        csv=report(f"{RESULTS}/flash_attention/check.csv", caption="captions/flash_attention.rst",
+        csv=report(wf.output(RESULTS, "flash_attention_check"), caption="captions/flash_attention.rst",
                    category="Results", subcategory="FlashAttention-2", labels={"job": "check"}),
     log:
         f"{LOGS}/flash_attention/check.log",
     params:
         **PROVENANCE,
-        spec=wf.fa_check_spec(FA, config),
+        spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
         workers=wf.workers(FA["check"]),
     threads: wf.workers(FA["check"])  # its worker processes' CPU cores
     resources:
@@ -28,16 +27,16 @@ rule flash_attention_bench:
     input:
         code=wf.code_inputs("lmperf.bench.flash_attention") + wf.provider_inputs(config),
     output:
-        csv=report(f"{RESULTS}/flash_attention/bench/{{job}}.csv", caption="captions/flash_attention.rst",
+        csv=report(wf.output(RESULTS, "flash_attention_bench"), caption="captions/flash_attention.rst",
                    category="Results", subcategory="FlashAttention-2", labels={"job": "{job}"}),
     log:
         f"{LOGS}/flash_attention/bench/{{job}}.log",
     params:
         **PROVENANCE,
-        spec=lambda w: wf.fa_bench_spec(FA, config["models"], w.job, config),
+        spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
         workers=wf.workers(FA["bench"]),
     wildcard_constraints:
-        job="|".join(FA_BENCH_JOBS),
+        job=wf.wildcard(RESULT_FILES, "flash_attention_bench", "job"),
     threads: wf.workers(FA["bench"])  # its worker processes' CPU cores
     resources:
         gpu=1,
@@ -49,5 +48,4 @@ rule flash_attention_bench:
 
 rule flash_attention:
     input:
-        rules.flash_attention_check.output.csv,
-        expand(rules.flash_attention_bench.output.csv, job=FA_BENCH_JOBS),
+        wf.paths(RESULT_FILES, "flash_attention"),

@@ -8,13 +8,13 @@ rule float8_delayed_check:
     input:
         code=wf.code_inputs("lmperf.bench.float8_delayed"),
     output:
-        csv=report(f"{RESULTS}/float8_delayed/check.csv", caption="captions/float8_delayed.rst", category="Results",
+        csv=report(wf.output(RESULTS, "float8_delayed_check"), caption="captions/float8_delayed.rst", category="Results",
                    subcategory="Float8 training", labels={"job": "check"}),
     log:
         f"{LOGS}/float8_delayed/check.log",
     params:
         **PROVENANCE,
-        spec=lambda w: wf.float8_delayed_check_spec(FLOAT8),
+        spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
         workers=wf.workers(FLOAT8.get("check", {})),
     threads: wf.workers(FLOAT8.get("check", {}))  # its worker processes' CPU cores
     resources:
@@ -27,4 +27,4 @@ rule float8_delayed_check:
 
 rule float8_delayed:
     input:
-        [rules.float8_delayed_check.output.csv] if "check" in FLOAT8 else [],
+        wf.paths(RESULT_FILES, "float8_delayed"),

@@ -8,13 +8,13 @@ rule fused_check:
     input:
         code=wf.code_inputs("lmperf.bench.fused"),
     output:
-        csv=report(f"{RESULTS}/fused/check.csv", caption="captions/fused.rst", category="Results",
+        csv=report(wf.output(RESULTS, "fused_check"), caption="captions/fused.rst", category="Results",
                    subcategory="Fused kernels", labels={"job": "check"}),
     log:
         f"{LOGS}/fused/check.log",
     params:
         **PROVENANCE,
-        spec=lambda w: wf.fused_check_spec(config, FUSED),
+        spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
         workers=wf.workers(FUSED.get("check", {})),
     threads: wf.workers(FUSED.get("check", {}))  # its worker processes' CPU cores
     resources:
@@ -27,4 +27,4 @@ rule fused_check:
 
 rule fused:
     input:
-        [rules.fused_check.output.csv] if "check" in FUSED else [],
+        wf.paths(RESULT_FILES, "fused"),

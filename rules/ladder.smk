@@ -7,17 +7,17 @@ rule ladder_size:
     input:
         code=wf.code_inputs("lmperf.bench.ladder") + wf.provider_inputs(config),
     output:
-        csv=report(f"{RESULTS}/ladder/{{size}}.csv", caption="captions/ladder.rst", category="Results",
+        csv=report(wf.output(RESULTS, "ladder_size"), caption="captions/ladder.rst", category="Results",
                    subcategory="The ladder", labels={"model": "{size}"}),
     log:
         f"{LOGS}/ladder/{{size}}.log",
     params:
         **PROVENANCE,
-        spec=lambda w: wf.ladder_spec(config, LADDER, w.size),
+        spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
         workers=wf.workers(LADDER),
     threads: wf.workers(LADDER)  # its worker processes' CPU cores (they compile before the timed loop)
     wildcard_constraints:
-        size="|".join(map(re.escape, LADDER["sizes"])),
+        size=wf.wildcard(RESULT_FILES, "ladder_size", "size"),
     resources:
         gpu=1,
     conda:
@@ -28,4 +28,4 @@ rule ladder_size:
 
 rule ladder:
     input:
-        expand(rules.ladder_size.output.csv, size=LADDER["sizes"]),
+        wf.paths(RESULT_FILES, "ladder"),

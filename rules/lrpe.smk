@@ -1,19 +1,18 @@
 # Multi-dimensional LRPE-cosine: correctness against float64, then speed and memory.
 LRPE = config["lrpe"][SCALE]
-LRPE_DIMS = [str(g["dims"]) for g in LRPE["bench"]["grids"]]
 
 
 rule lrpe_check:
     input:
         code=wf.code_inputs("lmperf.bench.lrpe"),
     output:
-        csv=report(f"{RESULTS}/lrpe/check.csv", caption="captions/lrpe.rst", category="Results",
+        csv=report(wf.output(RESULTS, "lrpe_check"), caption="captions/lrpe.rst", category="Results",
                    subcategory="LRPE-cosine", labels={"job": "check"}),
     log:
         f"{LOGS}/lrpe/check.log",
     params:
         **PROVENANCE,
-        spec=wf.lrpe_check_spec(LRPE),
+        spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
         workers=wf.workers(LRPE["check"]),
     threads: wf.workers(LRPE["check"])  # its worker processes' CPU cores
     resources:
@@ -28,16 +27,16 @@ rule lrpe_bench:
     input:
         code=wf.code_inputs("lmperf.bench.lrpe"),
     output:
-        csv=report(f"{RESULTS}/lrpe/bench_{{dims}}d.csv", caption="captions/lrpe.rst", category="Results",
+        csv=report(wf.output(RESULTS, "lrpe_bench"), caption="captions/lrpe.rst", category="Results",
                    subcategory="LRPE-cosine", labels={"job": "bench {dims}-D"}),
     log:
         f"{LOGS}/lrpe/bench_{{dims}}d.log",
     params:
         **PROVENANCE,
-        spec=lambda w: wf.lrpe_bench_spec(LRPE, w.dims),
+        spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
         workers=wf.workers(LRPE["bench"]),
     wildcard_constraints:
-        dims="|".join(LRPE_DIMS),
+        dims=wf.wildcard(RESULT_FILES, "lrpe_bench", "dims"),
     threads: wf.workers(LRPE["bench"])  # its worker processes' CPU cores
     resources:
         gpu=1,
@@ -49,5 +48,4 @@ rule lrpe_bench:
 
 rule lrpe:
     input:
-        rules.lrpe_check.output.csv,
-        expand(rules.lrpe_bench.output.csv, dims=LRPE_DIMS),
+        wf.paths(RESULT_FILES, "lrpe"),

@@ -5,7 +5,7 @@ rule precision:
     input:
         code=wf.code_inputs("lmperf.bench.precision"),
     output:
-        csv=report(f"{RESULTS}/precision/precision.csv", caption="captions/precision.rst", category="Results",
+        csv=report(wf.output(RESULTS, "precision"), caption="captions/precision.rst", category="Results",
                    subcategory="Mixed precision"),
     log:
         f"{LOGS}/precision.log",

@@ -1,18 +1,17 @@
 # Kernel-level profile of the training step, phase by phase.
-PROFILE = config["profile"][SCALE]
 
 
 rule profile:
     input:
         code=wf.code_inputs("lmperf.bench.profile"),
     output:
-        csv=report(f"{RESULTS}/profile/profile.csv", caption="captions/profile.rst", category="Results",
+        csv=report(wf.output(RESULTS, "profile"), caption="captions/profile.rst", category="Results",
                    subcategory="Kernel-level profile"),
     log:
         f"{LOGS}/profile.log",
     params:
         **PROVENANCE,
-        spec=wf.profile_spec(config, PROFILE),
+        spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
     resources:
         gpu=1,
     conda:

@@ -3,7 +3,7 @@
 # and spec with --cases, into <its results folder>/repeats/<job>/run<k>.csv (lmperf.repeats,
 # imported as repeat_plan in common.smk). A distributed job's repeats run under torchrun in its
 # multi-GPU folder (rules/distributed.smk).
-REPEATS = repeat_plan.by_run(wf.result_files(config, RESULTS, SCALE, [f"results/{DIST_HW}"]))  # {(job, k): file}
+REPEATS = repeat_plan.by_run(RESULT_FILES)  # {(job, k): file}
 repeat_plan.check(list(REPEATS.values()), SCALE)
 
 

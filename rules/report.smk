@@ -1,24 +1,14 @@
 # The report: every section's results (the outputs of the rule named after the section) ->
 # report/report.md and its figures. Sections, their figures and their order: lmperf.report.sections.
-from lmperf.report.sections import SECTIONS, frame_names, result_dirs  # noqa: E402
+from lmperf.report.sections import result_dirs  # noqa: E402
 
 
-# A section's results are the outputs of the rule named after it (the correctness section's
-# also those of the kernels checked without a section, sections.CHECKED_ONLY); for `distributed`
-# those are results/<gpu>-x<count>/distributed/*.csv on this machine (results/cpu/ on a CPU),
-# which the renderer reads beside results/<hw>/ (lmperf.report.sections.result_dirs).
+# A section's results are the inputs of the rule named after it: its files among RESULT_FILES
+# (common.smk), whose paths the benchmark rules' outputs share (lmperf.workflow.LAYOUT); for
+# `distributed` those are results/<gpu>-x<count>/distributed/*.csv on this machine (results/cpu/
+# on a CPU), which the renderer reads beside results/<hw>/ (lmperf.report.sections.result_dirs).
 # the grids (what each result file must hold) and the bars, hw and scale left to each rule
 REPORT_CONFIG = json.dumps({k: v for k, v in config.items() if k not in ("hw", "scale")}, sort_keys=True)
-RULE_NAMES = {r.name for r in workflow.rules}  # sections without results (correctness) have none
-REPORT_RESULTS = [f for name in frame_names(SECTIONS) if name in RULE_NAMES
-                  for f in wf.results_of(getattr(rules, name))]
-# The same files as lmperf.workflow derives them from the config (what the renderer checks
-# each CSV against, and lists when missing); the two must agree.
-RESULT_FILES = tuple(wf.result_files(config, RESULTS, SCALE, [f"results/{DIST_HW}"]))
-if sorted(f.path for f in RESULT_FILES) != sorted(REPORT_RESULTS):
-    raise ValueError("lmperf.workflow.result_files and the rules' outputs disagree: only in "
-                     f"result_files {sorted({f.path for f in RESULT_FILES} - set(REPORT_RESULTS))}, "
-                     f"only in the rules {sorted(set(REPORT_RESULTS) - {f.path for f in RESULT_FILES})}")
 
 
 rule report:

@@ -154,11 +154,11 @@ def test_the_check_rule_runs_grouped_shapes_against_float64():
     """`grouped_shapes` [B, H, H_kv, N, D] become check cases of every impl (the report's
     correctness section), measured like the others."""
     from lmperf.bench.flash_attention import check_cases, measure_check
-    spec = {"impls": ["torch", "triton"], "dtypes": ["fp32"], "causal": [True], "shapes": [[1, 9, 16]],
+    spec = {"impls": ["torch_tiled", "triton"], "dtypes": ["fp32"], "causal": [True], "shapes": [[1, 9, 16]],
             "grouped_shapes": [[1, 4, 1, 19, 16]]}
     cases = {c["case_id"]: c for c in check_cases(spec)}
-    assert set(cases) == {"torch-fp32-causal-1x9x16", "triton-fp32-causal-1x9x16",
-                          "torch-fp32-causal-1x4x19x16-kv1", "triton-fp32-causal-1x4x19x16-kv1"}
+    assert set(cases) == {"torch_tiled-fp32-causal-1x9x16", "triton-fp32-causal-1x9x16",
+                          "torch_tiled-fp32-causal-1x4x19x16-kv1", "triton-fp32-causal-1x4x19x16-kv1"}
     rows = measure_check(cases["triton-fp32-causal-1x4x19x16-kv1"])
     assert len(rows) == 5 and all(r["passed"] for r in rows)
     with pytest.raises(ValueError, match="H_kv=3 does not divide H=4"):

@@ -341,10 +341,6 @@ def study_spec(config: dict, scale: str, study: str) -> str:
                        "time_limit_s": config.get("contender_time_limit_s", 600)}, sort_keys=True)
 
 
-def result_paths(config: dict, results: str) -> list[str]:
-    """The contenders jobs' CSVs under `results` (results/<hw>); none without contenders."""
-    return [f"{results}/contenders/{study}.csv" for study in STUDIES] if normalise(config.get("contenders")) else []
-
 
 # ---------------------------------------------------------------------------------------------
 # Contenders as providers (lmperf.providers) and as the model's attention (lmperf.model)
@@ -386,16 +382,23 @@ def register(value) -> list[str]:
     names = []
     for name, source in items.items():
         contender = loaded[name]
+        source_file = contender.sources[0] if contender.sources else None
         for kind in ATTENTION:
             provider = f"{name}_{kind}"
+            names.append(provider)
+            existing = providers._REGISTRY.get(provider)
+            if existing is not None:  # registered already (by this process, or the name is taken)
+                if existing.role != "contender" or existing.source != source_file:
+                    raise ContenderError(f"contender {name!r}: provider name {provider!r} is taken by "
+                                         f"{existing.source or 'lmperf'}; choose another contender name")
+                continue
             fn = _lazy_attention(name, source, kind)
             providers.register(providers.Provider(
                 provider, f"{name} ({kind}, contender)", "contender", "attention", _build(fn, kind),
                 needs=("cuda_for_bf16",) if kind == "triton" else (),
-                source=contender.sources[0] if contender.sources else None))
+                source=source_file))
             if provider not in model.ATTENTION:
                 model.register_attention(provider, fn)
-            names.append(provider)
     os.environ[ENV] = json.dumps(items)
     return names
 

@@ -96,11 +96,6 @@ def section_code_inputs(section: str) -> list[str] | None:
     return code_inputs(module) if sources.module_file(module) is not None else None
 
 
-def results_of(rule) -> list[str]:
-    """The result CSVs of a section's rule: a job's outputs, or an aggregate rule's inputs."""
-    return [str(f) for f in (rule.output or rule.input) if str(f).endswith(".csv")]
-
-
 def e2e_jobs(e2e: dict) -> list[tuple[str, str]]:
     """(study, size) of every end-to-end job: one CSV each."""
     return [(study, size) for study, spec in e2e["studies"].items() for size in spec["sizes"]]
@@ -246,7 +241,7 @@ def distributed_hw(config: dict) -> str:
 
 def distributed_csvs(results: str, dist: dict) -> list[str]:
     """Every CSV of the section at one scale: <results>/distributed/<study>_n<procs>.csv."""
-    return [f"{results}/distributed/{study}_n{n}.csv"
+    return [result_path(results, "distributed_study", study=study, procs=n)
             for study in DISTRIBUTED_STUDIES for n in dist[study]["procs"]]
 
 
@@ -263,11 +258,47 @@ def distributed_spec(config: dict, dist: dict, study: str) -> str:
 # What a full run promises: every result CSV of one machine and scale, and the cases each holds
 
 
+# The result-file layout: the CSV each benchmark rule writes, under its results folder, by rule
+# name, its wildcards in braces. The rules take their `output:` from here (`output`) and
+# result_files formats the same patterns (`result_path`): one source, so the rules' outputs and
+# the files the renderer expects cannot disagree.
+LAYOUT = {
+    "env": "env/env.csv",
+    "e2e_study": "e2e/{study}/{size}.csv",
+    "ladder_size": "ladder/{size}.csv",
+    "convergence_run": "convergence/convergence.csv",
+    "flash_attention_check": "flash_attention/check.csv",
+    "flash_attention_bench": "flash_attention/bench/{job}.csv",
+    "lrpe_check": "lrpe/check.csv",
+    "lrpe_bench": "lrpe/bench_{dims}d.csv",
+    "adamw_master_check": "adamw_master/check.csv",
+    "fused_check": "fused/check.csv",
+    "float8_delayed_check": "float8_delayed/check.csv",
+    "attention": "attention/attention.csv",
+    "precision": "precision/precision.csv",
+    "profile": "profile/profile.csv",
+    "memory": "memory/memory.csv",
+    "distributed_study": "distributed/{study}_n{procs}.csv",
+    "contenders_study": "contenders/{study}.csv",
+}
+
+
+def output(folder: str, rule: str) -> str:
+    """The `output:` pattern of a benchmark rule (its wildcards in braces), under `folder`."""
+    return f"{folder}/{LAYOUT[rule]}"
+
+
+def result_path(folder: str, rule: str, **wildcards) -> str:
+    """One CSV of a benchmark rule: its `output` pattern with the wildcards filled."""
+    return output(folder, rule).format(**wildcards)
+
+
 @dataclass(frozen=True)
 class ResultFile:
     """One result CSV a full run writes: its path, the benchmark's section and study, and the
     job's spec (the JSON its rule passes) with its size (e2e) or process count (distributed); a
-    repeat's job and case patterns (lmperf.repeats)."""
+    repeat's job and case patterns (lmperf.repeats); the rule that writes it and its wildcards
+    (`LAYOUT`)."""
     path: str
     section: str
     study: str
@@ -275,6 +306,8 @@ class ResultFile:
     arg: str | None = None
     repeat_of: ResultFile | None = None
     cases: tuple[str, ...] = ()
+    rule: str = ""
+    wildcards: tuple[tuple[str, str], ...] = ()
 
     def case_ids(self) -> list[str] | None:
         """The case ids its job writes rows for, from the benchmark's own case list over the
@@ -316,69 +349,86 @@ def listed_case_ids(section: str, study: str, spec: str | None, arg: str | None)
 
 
 def benchmark_case_ids(module: str, section: str, study: str, spec: str | None, arg: str | None) -> list[str]:
-    """The case ids of one job from its benchmark module's own case list (what the cache keeps)."""
+    """The case ids of one job from its benchmark module's own case list (what the cache keeps):
+    `job_cases(study, spec, arg)`, the signature every benchmark module shares."""
     import importlib
     bench = importlib.import_module(module)
-    spec = json.loads(spec) if spec else None
-    if section == "ladder":  # the rungs' ids are the same with and without CUDA
-        cases = bench.cases(spec, arg, cuda=False)
-    elif section == "e2e":
-        cases = bench.study_cases(spec, arg)
-    elif section == "distributed":
-        cases = bench.cases(spec, int(arg))
-    elif section in ("flash_attention", "lrpe", "adamw_master", "fused", "float8_delayed"):
-        cases = getattr(bench, f"{study}_cases")(spec)
-    else:
-        cases = bench.cases(spec) if spec else bench.cases()
-    return [c["case_id"] for c in cases]
+    return [c["case_id"] for c in bench.job_cases(study, json.loads(spec) if spec else None, arg)]
+
+
+def _file(folder: str, rule: str, section: str, study: str, spec: str | None = None, arg: str | None = None,
+          wildcards: dict | None = None) -> ResultFile:
+    wildcards = wildcards or {}
+    return ResultFile(result_path(folder, rule, **wildcards), section, study, spec, arg, rule=rule,
+                      wildcards=tuple((k, str(v)) for k, v in wildcards.items()))
 
 
 def result_files(config: dict, results: str, scale: str, distributed: list[str]) -> list[ResultFile]:
     """Every CSV a full run at `scale` writes into `results` (results/<hw>) and, for the
     multi-GPU section, into each of the `distributed` folders (results/<gpu>-x<count>, or
-    results/cpu): what rules/*.smk write, with their specs. rules/report.smk checks at planning
-    that this list and the report rule's inputs agree; by hand, the renderer derives the files
-    a run promises from it."""
+    results/cpu), with their jobs' specs: the rules' jobs (rules/*.smk take their outputs'
+    patterns from `LAYOUT`, their specs and the files of each section from here); by hand, the
+    renderer derives the files a run promises from it."""
     providers.load_config(config)  # the providers the config adds: the report's columns read them too
     models, e2e, fa = config["models"], config["e2e"][scale], config["flash_attention"][scale]
     lrpe, dist = config["lrpe"][scale], config["distributed"][scale]
-    files = [ResultFile(f"{results}/env/env.csv", "env", "env")]
-    files += [ResultFile(f"{results}/e2e/{study}/{size}.csv", "e2e", study, e2e_spec(config, e2e, study, size), size)
+    files = [_file(results, "env", "env", "env")]
+    files += [_file(results, "e2e_study", "e2e", study, e2e_spec(config, e2e, study, size), size,
+                    {"study": study, "size": size})
               for study, size in e2e_jobs(e2e)]
     ladder = config["ladder"][scale]
-    files += [ResultFile(f"{results}/ladder/{size}.csv", "ladder", "ladder", ladder_spec(config, ladder, size), size)
+    files += [_file(results, "ladder_size", "ladder", "ladder", ladder_spec(config, ladder, size), size, {"size": size})
               for size in ladder["sizes"]]
     if "size" in config.get("convergence", {}).get(scale, {}):  # a scale without a convergence size has no job
-        files.append(ResultFile(f"{results}/convergence/convergence.csv", "convergence", "convergence",
-                                convergence_spec(config, scale)))
-    files.append(ResultFile(f"{results}/flash_attention/check.csv", "flash_attention", "check",
-                            fa_check_spec(fa, config)))
-    files += [ResultFile(f"{results}/flash_attention/bench/{job}.csv", "flash_attention", "bench",
-                         fa_bench_spec(fa, models, job, config)) for job in fa_bench_jobs(fa, models)]
-    files.append(ResultFile(f"{results}/lrpe/check.csv", "lrpe", "check", lrpe_check_spec(lrpe)))
-    files += [ResultFile(f"{results}/lrpe/bench_{g['dims']}d.csv", "lrpe", "bench", lrpe_bench_spec(lrpe, g["dims"]))
+        files.append(_file(results, "convergence_run", "convergence", "convergence", convergence_spec(config, scale)))
+    files.append(_file(results, "flash_attention_check", "flash_attention", "check", fa_check_spec(fa, config)))
+    files += [_file(results, "flash_attention_bench", "flash_attention", "bench", fa_bench_spec(fa, models, job, config),
+                    wildcards={"job": job}) for job in fa_bench_jobs(fa, models)]
+    files.append(_file(results, "lrpe_check", "lrpe", "check", lrpe_check_spec(lrpe)))
+    files += [_file(results, "lrpe_bench", "lrpe", "bench", lrpe_bench_spec(lrpe, g["dims"]),
+                    wildcards={"dims": g["dims"]})
               for g in lrpe["bench"]["grids"]]
-    files.append(ResultFile(f"{results}/adamw_master/check.csv", "adamw_master", "check",
-                            adamw_master_check_spec(config, config["adamw_master"][scale])))
+    files.append(_file(results, "adamw_master_check", "adamw_master", "check",
+                       adamw_master_check_spec(config, config["adamw_master"][scale])))
     if "check" in config["fused"][scale]:  # a scale without a fused check has no job
-        files.append(ResultFile(f"{results}/fused/check.csv", "fused", "check",
-                                fused_check_spec(config, config["fused"][scale])))
+        files.append(_file(results, "fused_check", "fused", "check", fused_check_spec(config, config["fused"][scale])))
     if "check" in config["float8_delayed"][scale]:  # a scale without a float8 check has no job
-        files.append(ResultFile(f"{results}/float8_delayed/check.csv", "float8_delayed", "check",
-                                float8_delayed_check_spec(config["float8_delayed"][scale])))
-    files += [ResultFile(f"{results}/attention/attention.csv", "attention", "attention",
-                         attention_spec(config, config["attention"][scale])),
-              ResultFile(f"{results}/precision/precision.csv", "precision", "precision"),
-              ResultFile(f"{results}/profile/profile.csv", "profile", "profile", profile_spec(config, config["profile"][scale])),
-              ResultFile(f"{results}/memory/memory.csv", "memory", "memory", memory_spec(config, config["memory"][scale]))]
+        files.append(_file(results, "float8_delayed_check", "float8_delayed", "check",
+                           float8_delayed_check_spec(config["float8_delayed"][scale])))
+    files += [_file(results, "attention", "attention", "attention", attention_spec(config, config["attention"][scale])),
+              _file(results, "precision", "precision", "precision"),
+              _file(results, "profile", "profile", "profile", profile_spec(config, config["profile"][scale])),
+              _file(results, "memory", "memory", "memory", memory_spec(config, config["memory"][scale]))]
     for folder in distributed:
-        files += [ResultFile(f"{folder}/distributed/{study}_n{n}.csv", "distributed", study,
-                             distributed_spec(config, dist, study), str(n))
+        files += [_file(folder, "distributed_study", "distributed", study, distributed_spec(config, dist, study), str(n),
+                        {"study": study, "procs": n})
                   for study in DISTRIBUTED_STUDIES for n in dist[study]["procs"]]
     from lmperf import contenders
-    files += [ResultFile(path, "contenders", study, contenders.study_spec(config, scale, study))
-              for path, study in zip(contenders.result_paths(config, results), contenders.STUDIES)]
+    if contenders.normalise(config.get("contenders")):  # a user's contenders: their checks
+        files += [_file(results, "contenders_study", "contenders", study, contenders.study_spec(config, scale, study),
+                        wildcards={"study": study}) for study in contenders.STUDIES]
     return files + repeats.repeat_files(config, results, scale, files)
+
+
+def paths(files, section: str) -> list[str]:
+    """The paths of a section's result files among `files` (a section's rule: all of them)."""
+    return [f.path for f in files if f.section == section]
+
+
+def spec_of(files, path) -> str:
+    """The spec of the job that writes `path` (a rule's params: `lambda w, output: ...`)."""
+    found = [f for f in files if f.path == str(path)]
+    if not found:
+        raise ValueError(f"{path}: no job of this configuration writes it (lmperf.workflow.result_files)")
+    return found[0].spec
+
+
+def wildcard(files, rule: str, name: str) -> str:
+    """The values `name` takes in `rule`'s result files, as a rule's wildcard constraint (a
+    pattern that matches nothing where the rule has no job)."""
+    import re
+    values = sorted({v for f in files if f.rule == rule for k, v in f.wildcards if k == name})
+    return "|".join(map(re.escape, values)) or "(?!)"
 
 
 def checked_results(files: tuple[ResultFile, ...], dag) -> list[str]:

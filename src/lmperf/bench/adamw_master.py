@@ -48,6 +48,12 @@ def check_cases(spec: dict) -> list[dict]:
     return cases
 
 
+def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dict]:
+    """The cases of one job, by the signature every benchmark module shares (lmperf.workflow
+    lists them at planning: the correctness check, study `check`)."""
+    return check_cases(spec)
+
+
 def _row(metric: str, value: float, tolerance: float, seed: int, torch_err: float = math.nan) -> dict:
     row = dict(common.summarize(metric, "abs", [value]), std=math.nan)
     row.update(torch_err=torch_err, tolerance=tolerance, passed=bool(value <= tolerance), seed=seed)

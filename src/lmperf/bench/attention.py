@@ -34,6 +34,12 @@ def cases(spec: dict) -> list[dict]:
                     "window_s": spec.get("window_s"), "case_id": f"{impl}-d{d}-n{n}"})
     return out
 
+def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dict]:
+    """The cases of one job, by the signature every benchmark module shares (lmperf.workflow
+    lists them at planning)."""
+    return cases(spec)
+
+
 @functools.cache
 def _compiled():
     import torch

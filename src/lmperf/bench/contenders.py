@@ -201,13 +201,19 @@ def measure_distributed(case: dict) -> list[dict]:
     return contender_distributed.measure(case, _contender(case))
 
 
+STUDIES = {"attention": (attention_cases, measure_attention), "distributed": (distributed_cases, measure_distributed)}
+
+
+def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dict]:
+    """The cases of one job, by the signature every benchmark module shares."""
+    return STUDIES[study][0](spec)
+
+
 def main(argv=None):
-    studies = {"attention": (attention_cases, measure_attention),
-               "distributed": (distributed_cases, measure_distributed)}
-    args = common.bench_args(__doc__, argv, studies=studies, options=lambda p: jobs.options(p, workers=False))
-    cases, measure = studies[args.study]
+    args = common.bench_args(__doc__, argv, studies=STUDIES, options=lambda p: jobs.options(p, workers=False))
+    measure = STUDIES[args.study][1]
     try:
-        cases = cases(args.spec)
+        cases = job_cases(args.study, args.spec)
     except contenders_mod.ContenderError as exc:
         raise SystemExit(f"error: {exc}") from None
     limit = float(args.spec.get("time_limit_s", 600))

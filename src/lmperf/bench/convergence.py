@@ -63,6 +63,12 @@ def cases(spec: dict, cuda: bool = False) -> list[dict]:
              "case_id": f"{size}-{run}"} for run, recipe, seed in runs(fp8["recipe"])]
 
 
+def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dict]:
+    """The cases of one job, by the signature every benchmark module shares (lmperf.workflow
+    lists them at planning; the ids are the same with and without CUDA)."""
+    return cases(spec)
+
+
 def batches(case: dict, device: str):
     """The case's (inputs, targets) a step, from its stream and data seed: the same batches for
     every run of one data seed."""

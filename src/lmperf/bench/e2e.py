@@ -45,6 +45,12 @@ def study_cases(spec: dict, size: str) -> list[dict]:
     return cases
 
 
+def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dict]:
+    """The cases of one job, by the signature every benchmark module shares (lmperf.workflow
+    lists them at planning; `arg`: the model size)."""
+    return study_cases(spec, arg)
+
+
 def timing_keys(spec: dict) -> dict:
     """How many steps a case times, from its spec: `timed_steps` at most, and with a
     `timed_window_s` (seconds) as few as `min_timed_steps` once the steps fill the window. A spec

@@ -342,12 +342,20 @@ def _gpu_time_rows(case: dict, fn, fwd_bwd, context, q, k, v, rep: int) -> list[
     return rows
 
 
+STUDIES = {"check": (check_cases, measure_check), "bench": (bench_cases, measure_bench)}
+
+
+def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dict]:
+    """The cases of one job, by the signature every benchmark module shares (lmperf.workflow
+    lists them at planning)."""
+    return STUDIES[study][0](spec)
+
+
 def main(argv=None):
-    studies = {"check": (check_cases, measure_check), "bench": (bench_cases, measure_bench)}
-    args = common.bench_args(__doc__, argv, studies=studies, options=jobs.options)
-    cases, measure = studies[args.study]
+    args = common.bench_args(__doc__, argv, studies=STUDIES, options=jobs.options)
+    measure = STUDIES[args.study][1]
     try:
-        cases = cases(args.spec)  # loads the spec's provider_modules and contenders first
+        cases = job_cases(args.study, args.spec)  # loads the spec's provider_modules and contenders first
     except contenders.ContenderError as exc:
         raise SystemExit(f"error: {exc}") from None
     providers.share()  # and the workers load them too

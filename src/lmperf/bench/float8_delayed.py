@@ -84,6 +84,12 @@ def check_cases(spec: dict) -> list[dict]:
     return cases
 
 
+def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dict]:
+    """The cases of one job, by the signature every benchmark module shares (lmperf.workflow
+    lists them at planning: the correctness check, study `check`)."""
+    return check_cases(spec)
+
+
 def _compiled(fn, compiled: bool):
     """fn, or fn under torch.compile(fullgraph=True): Inductor on a GPU, AOTAutograd on the CPU."""
     import torch

@@ -73,6 +73,12 @@ def bench_cases(spec: dict) -> list[dict]:
     return cases
 
 
+def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dict]:
+    """The cases of one job, by the signature every benchmark module shares (lmperf.workflow
+    lists them at planning)."""
+    return {"check": check_cases, "bench": bench_cases}[study](spec)
+
+
 @functools.cache
 def compiled_torch():
     """lrpe_torch under torch.compile (static shapes), made once: the torch.compile peer."""

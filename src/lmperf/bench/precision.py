@@ -82,6 +82,12 @@ def cases() -> list[dict]:
     return out
 
 
+def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dict]:
+    """The cases of one job, by the signature every benchmark module shares (lmperf.workflow
+    lists them at planning; it takes no spec)."""
+    return cases()
+
+
 def measure(case: dict) -> list[dict]:
     import torch
     if case["experiment"] == "accumulation":

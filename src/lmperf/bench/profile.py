@@ -88,6 +88,12 @@ def cases(spec: dict) -> list[dict]:
     return out
 
 
+def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dict]:
+    """The cases of one job, by the signature every benchmark module shares (lmperf.workflow
+    lists them at planning)."""
+    return cases(spec)
+
+
 def measure(case: dict, models: dict) -> list[dict]:
     import torch
     from torch.profiler import ProfilerActivity, profile

@@ -23,6 +23,12 @@ def cases(spec: dict, world: int) -> list[dict]:
     return out
 
 
+def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dict]:
+    """The cases of one job, by the signature every benchmark module shares (lmperf.workflow
+    lists them at planning; `arg`: the process count)."""
+    return cases(spec, int(arg))
+
+
 def bus_bandwidth(algbw: float, world: int) -> float:
     """nccl-tests' bus bandwidth of an all-reduce: each rank sends and receives 2(n-1)/n of the
     buffer, so busbw is comparable with one link's peak whatever the process count."""

@@ -59,6 +59,12 @@ def cases(spec: dict, world: int) -> list[dict]:
     return out
 
 
+def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dict]:
+    """The cases of one job, by the signature every benchmark module shares (lmperf.workflow
+    lists them at planning; `arg`: the process count)."""
+    return cases(spec, int(arg))
+
+
 def build(variant: str, cfg, device, world: int, bucket_cap_mb: float | None, optimizer="foreach",
           contender: tuple | None = None):
     """(model, optimizer, reduce_gradients) of one variant. The weights are the same on every
