@@ -9,7 +9,8 @@ repeat_plan.check(list(REPEATS.values()), SCALE)
 
 rule repeat:
     input:
-        code=lambda w: wf.code_inputs(f"lmperf.bench.{REPEATS[w.job, w.k].repeat_of.section}"),
+        # the job's own code inputs, and the files of the providers the config adds
+        code=lambda w: wf.code_inputs(f"lmperf.bench.{REPEATS[w.job, w.k].repeat_of.section}") + wf.provider_inputs(config),
     output:
         csv=report(f"{RESULTS}/repeats/{{job}}/run{{k}}.csv", caption="captions/repeats.rst", category="Results",
                    subcategory="Across processes", labels={"job": "{job}", "process": "{k}"}),

@@ -18,6 +18,8 @@ rule report:
         results=lambda w: wf.checked_results(RESULT_FILES, workflow.dag),
         templates=sorted(str(p) for p in Path("templates").glob("*.md.j2")),
         code=sorted(str(p) for p in Path("src/lmperf/report").glob("*.py")),
+        # the providers' labels and roles (the peer columns), and the files of those the config adds
+        providers=["src/lmperf/providers.py", *wf.provider_inputs(config)],
         # the headline jobs rerun on a fresh machine, judged by lmperf.compare ("Across processes")
         rerun=sorted(str(p) for p in Path(f"{RESULTS}-rerun").rglob("*.csv") if ".journal" not in p.parts),
         compare=wf.code_inputs("lmperf.compare"),
@@ -57,6 +59,7 @@ rule hw_report:
                                  for p in d.rglob("*.csv") if ".journal" not in p.parts),
         templates=sorted(str(p) for p in Path("templates").glob("*.md.j2")),
         code=sorted(str(p) for p in Path("src/lmperf/report").glob("*.py")),
+        providers=["src/lmperf/providers.py", *wf.provider_inputs(config)],
         references="config/references.yaml",
     output:
         report=update("report/{hw}/report.md"),

@@ -208,3 +208,28 @@ def test_a_provider_in_a_module_of_its_own_reaches_the_csvs_and_the_report(regis
     section = text.split("## FlashAttention-2")[1].split("\n## ")[0]
     assert "| mine_tiled " in section and "ours / mine_tiled" in section
     assert "Mine, tiled" in readme.kernels(pd.read_csv(bench.path), pd.DataFrame(), 10.0)
+
+
+def test_the_workflow_plans_a_provider_module_as_an_input_of_the_jobs_that_run_it(tmp_path):
+    """`--config provider_modules=<file>` and a --configfile that names its provider: the
+    FlashAttention-2 jobs get the file as an input (an edit to it reruns them) and the module in
+    their spec; a grid naming a provider no module declares stops planning, naming it."""
+    from conftest import SMOKE, copy_repo, snakemake
+    repo = copy_repo(tmp_path / "lmperf")
+    (repo / "mine.py").write_text(MODULE)
+    (repo / "mine.yaml").write_text(yaml.safe_dump({"flash_attention": {"smoke": {"check": {
+        "impls": ["triton", "mine_tiled"]}}}}))
+    args = ("-n", "--cores", "1", f"results/cpu/{wf.LAYOUT['flash_attention_check']}", *SMOKE,
+            "provider_modules=mine.py", "--configfile", "mine.yaml")
+    out = repo / "results" / "cpu" / wf.LAYOUT["flash_attention_check"]
+    out.parent.mkdir(parents=True)
+    out.write_text("section\n")  # a result older than the module, newer than the rest
+    later = out.stat().st_mtime + 60
+    os.utime(repo / "mine.py", (later, later))
+    assert "reason: Updated input files: mine.py" in snakemake(repo, *args).stdout
+    out.unlink()
+    plan = snakemake(repo, *args, "--printshellcmds").stdout
+    assert '"provider_modules": ["mine.py"]' in plan and '"impls": ["triton", "mine_tiled"]' in plan
+    failed = snakemake(repo, *args[:-3], "--configfile", "mine.yaml", check=False)
+    assert failed.returncode != 0
+    assert "check.impls names ['mine_tiled'], which are not attention providers" in failed.stdout + failed.stderr

@@ -256,6 +256,30 @@ def test_every_benchmark_job_has_the_modules_its_command_imports_as_inputs(fresh
             assert imported <= inputs, f"{rule}: {sorted(imported - inputs)} missing from its inputs"
 
 
+def test_the_result_file_layout_has_one_source():
+    """Every benchmark rule takes its output from lmperf.workflow.LAYOUT, the layout
+    result_files formats, and no rule writes a CSV path by hand; every job's benchmark lists its
+    cases by the one signature, job_cases(study, spec, arg)."""
+    import importlib
+    import inspect
+    from lmperf import workflow as wf
+    text = "\n".join(p.read_text() for p in sorted((REPO / "rules").glob("*.smk")))
+    for rule in wf.LAYOUT:
+        body = re.search(rf"^rule {rule}:\n(.*?)(?=^rule |\Z)", text, re.S | re.M)
+        assert body, f"no rule {rule} in rules/"
+        assert re.search(rf"wf\.output\([^,]+, \"{rule}\"\)", body[1]), f"rule {rule}'s output is not wf.output(...)"
+    # (a repeat's run<k>.csv is its job's path with repeats/ before it: lmperf.repeats)
+    assert not re.findall(r"/[\w{}]+\.csv\b", text.replace("run{{k}}.csv", "")), "a rule writes a CSV path by hand"
+    from lmperf.report import render
+    config = render.load_config(REPO / "config" / "config.yaml")
+    files = [f for scale in ("smoke", "full") for f in wf.result_files(config, "results/x", scale, ["results/x"])]
+    modules = {f"lmperf.bench.distributed.{f.study}" if f.section == "distributed" else f"lmperf.bench.{f.section}"
+               for f in files if f.section not in ("env", "repeats")}
+    for name in sorted(modules):
+        params = list(inspect.signature(importlib.import_module(name).job_cases).parameters)
+        assert params == ["study", "spec", "arg"], name
+
+
 def shell_commands(repo: Path) -> dict[str, str]:
     """{output: shell command} of every job a dry run of the report plans."""
     dry = snakemake(repo, "report/report.md", "-n", "-p", *SMOKE)
