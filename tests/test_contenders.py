@@ -11,6 +11,24 @@ import pytest
 from lmperf import contenders
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def registries():
+    """The providers' registry, the model's attention choices and the environment as they were,
+    back after each test (registering a contender adds to all three)."""
+    import os
+
+    from lmperf import model, providers
+    env = os.environ.pop(contenders.ENV, None)
+    saved = dict(providers._REGISTRY), dict(providers._LOADED), dict(model.ATTENTION)
+    yield
+    for live, old in zip((providers._REGISTRY, providers._LOADED, model.ATTENTION), saved):
+        live.clear()
+        live.update(old)
+    os.environ.pop(contenders.ENV, None)
+    if env is not None:
+        os.environ[contenders.ENV] = env
 DATA = REPO / "tests" / "data" / "contenders"
 EXAMPLES = REPO / "examples" / "contenders"
 

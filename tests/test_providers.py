@@ -73,7 +73,8 @@ def test_each_provider_is_declared_once_and_listed_nowhere_else():
 
 def test_the_report_and_readme_take_peers_and_labels_from_the_registry(registry):
     from lmperf.report import flash_attention, readme
-    assert flash_attention.peers() == registry.names("attention", role="peer")
+    assert flash_attention.peers() == registry.names("attention", role="peer") + \
+        registry.names("attention", role="contender")
     assert flash_attention.OURS == registry.names("attention", role="ours")
     fa = pd.DataFrame({"provider": ["triton", "sdpa_flash", "flex"]})
     assert readme.fa_providers(fa) == {"ours": registry.get("triton").label,
