@@ -80,7 +80,7 @@ def flash_attention_rows(fa: pd.DataFrame, threshold: float) -> list[dict]:
               ("throughput", False, "forward_tflops", "forward", "TFLOP/s", True))
     for group, causal, metric, what, unit, higher in groups:
         sel = fa[(fa["group"] == group) & (fa["causal"].astype(str).str.lower() == str(causal).lower())]
-        harness = sel[sel["provider"].isin(list(FA_PEERS))]["harness"].dropna().unique()
+        harness = sel[sel["provider"].isin(list(FA_PEERS))]["harness"].dropna().unique() if "harness" in sel else []
         if len(harness) == 1:
             sel = sel[sel["harness"] == harness[0]]
         ours, ours_hb = _value(sel[sel["provider"] == FA_OURS], metric, threshold)
@@ -89,7 +89,7 @@ def flash_attention_rows(fa: pd.DataFrame, threshold: float) -> list[dict]:
         first = _ok(sel[sel["provider"] == FA_OURS], metric).iloc[0]
         peer, peer_value, peer_hb = _best({label: _value(sel[sel["provider"] == p], metric, threshold)
                                            for p, label in FA_PEERS.items()}, higher)
-        timing = "GPU time" if str(first["gpu_time"]).lower() == "true" else "do_bench (host included)"
+        timing = "GPU time" if str(first.get("gpu_time")).lower() == "true" else "do_bench (host included)"
         shape = (f"{int(first['batch'])} x {int(first['heads'])} heads x {int(first['seq_len']):,} x "
                  f"{int(first['head_dim'])}, {'causal' if causal else 'non-causal'}, {first['dtype']}")
         out.append(_row(f"FlashAttention-2 {what}, {shape}", unit, timing, ours, ours_hb, peer, peer_value,
@@ -184,7 +184,7 @@ def training_rows(ladder: pd.DataFrame, threshold: float) -> tuple[list[dict], l
         best = mine.loc[mine["median"].idxmax()]
         hb = lambda r: bool(host_bound(r.to_frame().T, threshold).iloc[0])
         peer = peers.loc[peers["median"].idxmax()] if len(peers) else None
-        precision = "FP8 (ours: delayed scaling)" if fp8 else "bf16"
+        precision = f"FP8 (ours: {best['float8']} scaling)" if fp8 else "bf16"
         rows.append(_row(f"{size} training step, {precision}, batch {int(best['batch_size'])} x context "
                          f"{context:,}", "tokens/s", "median step", float(best["median"]), hb(best),
                          None if peer is None else rung_label(peer),
