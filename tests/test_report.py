@@ -706,8 +706,10 @@ def expected_readme_rows() -> tuple[dict[str, dict], dict]:
     best = rungs[1][2]
     tflops = median(ladder, case_id=best["case_id"], metric="tflops")
     peak = median(ladder, case_id=best["case_id"], metric="mfu_pct", stat="peak_tflops")
+    base = tok[tok["name"] == "compiled"].iloc[0]  # the assignment's setting, at the first row's context
     facts = {"threshold": threshold, "rungs": rungs, "tflops": tflops, "peak": peak, "mfu": 100 * tflops / peak,
-             "compiled plain": (plain("plain_compiled"), plain("sdpa_cudnn"))}
+             "compiled plain": (plain("plain_compiled"), plain("sdpa_cudnn")),
+             "assignment": (base, rungs[0][2], rungs[0][2]["median"] / base["median"], mark(base, rungs[0][2]))}
     return rows, facts
 
 
@@ -735,12 +737,17 @@ def test_readme_numbers_are_recomputed_from_the_csv_medians():
                      rf"dense bf16\s+peak of {facts['peak']:g} TFLOP/s", block)
     compiled, cudnn = facts["compiled plain"]
     assert f"({fmt(compiled)} TFLOP/s forward; SDPA (cuDNN) {fmt(cudnn)})" in block
+    base, ours, speedup, marked = facts["assignment"]
+    assert re.search(rf"Against the assignment's setting \(bf16, torch.compile: rung {base['rung']}\) at context "
+                     rf"{base['context']:,}, rung {ours['rung']}\s+gives {re.escape(fmt(speedup))}x its tokens/s"
+                     rf"{re.escape(marked)}\.", block)
     # and nothing else: every number the block prints is one of those
     allowed = {n for text in [*expected, *(c for cells in expected.values() for c in cells.values())]
                for n in NUMBER.findall(text)}
     allowed |= {fmt(facts["mfu"]), fmt(facts["tflops"]), f"{facts['peak']:g}", fmt(compiled), fmt(cudnn),
                 f"{threshold:g}", str(marks), "1"}  # "1": the template's "above 1"
     allowed |= {f"{c:,}" for c, _, _ in facts["rungs"]} | {str(r["rung"]) for _, _, r in facts["rungs"]}
+    allowed |= {str(base["rung"]), fmt(speedup)}
     printed = set(NUMBER.findall(block.replace(block.split("\n", 1)[0], "")))  # the first line: versions, paths
     assert printed <= allowed, sorted(printed - allowed)
 

@@ -195,6 +195,24 @@ def training_rows(ladder: pd.DataFrame, threshold: float) -> tuple[list[dict], l
     return rows, chosen
 
 
+def against_assignment(ladder: pd.DataFrame, chosen: list[dict], threshold: float) -> dict | None:
+    """Our best bf16 rung at the assignment's context against the assignment's setting (bf16,
+    torch.compile: the ladder's rung "compiled") of the same job: the speed-up of tokens/s, and
+    whether either side is host-bound; None without that rung."""
+    tok = _ok(ladder, "tokens_per_s")
+    ours = next((c for c in chosen if not c["fp8"]), None)  # the first: at the assignment's context
+    if ours is None:
+        return None
+    mine = tok[tok["case_id"] == ours["case_id"]].iloc[0]
+    base = tok[(tok["name"] == "compiled") & (tok["size"] == mine["size"]) & (tok["context"] == ours["context"])]
+    if base.empty:
+        return None
+    base = base.iloc[0]
+    bound = bool(host_bound(pd.DataFrame([mine, base]), threshold).any())
+    return {"rung": int(base["rung"]), "context": int(base["context"]), "ours_rung": ours["rung"],
+            "speedup": float(mine["median"]) / float(base["median"]), "host_bound": bound}
+
+
 def table_text(rows: list[dict]) -> str:
     """The rows as the README's markdown table: one number a cell, host-bound ones marked."""
     mark = lambda hb: f" {HOST_BOUND}" if hb else ""
@@ -243,6 +261,7 @@ def view(results: Path, config: Path = CONFIG) -> dict:
     return {"hw": results.name, "threshold": threshold, "rows": rows, "chosen": chosen,
             "facts": dict(zip(env["key"], env["value"].astype(str))) if not env.empty else {},
             "best": best_mfu(ladder, chosen) if not ladder.empty else None,
+            "assignment": against_assignment(ladder, chosen, threshold) if not ladder.empty else None,
             "peaks": peaks(mfu) if not mfu.empty else {},
             "compiled_plain": compiled_plain_note(fa),
             "host_bound": sum(r["ours_host_bound"] + r["peer_host_bound"] for r in rows),
