@@ -136,6 +136,19 @@ def test_links_lead_to_files_that_exist(path):
     assert not missing, f"{path} links to files that do not exist: {missing}"
 
 
+# A repository path in backticks: `src/lmperf/stats.py`, `kernels/lrpe.py` (under src/lmperf/), `tools/`.
+# results/ and report/ paths name a run's outputs, which a checkout may not hold.
+REPO_PATH = re.compile(r"`((?:src|config|rules|tools|envs|profiles|tests|templates|tuning|examples|kernels)/[^`\s<{*]*)`")
+
+
+@pytest.mark.parametrize("path", ["README.md", *sorted(p.relative_to(REPO).as_posix()
+                                                      for p in (REPO / "docs").rglob("*.md"))])
+def test_named_repository_paths_exist(path):
+    named = [m.rstrip(".,:;") for m in REPO_PATH.findall((REPO / path).read_text())]
+    missing = [m for m in named if not (REPO / m).exists() and not (REPO / "src" / "lmperf" / m).exists()]
+    assert not missing, f"{path} names paths that do not exist: {missing}"
+
+
 def readme_snippet() -> str:
     section = README.split("## Our kernels in your model", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S)[1]
