@@ -11,8 +11,8 @@ A bench case's call-time rows (ms, GB/s, share of copy bandwidth, per direction)
 `gpu_idle_pct`, the share of the median call the GPU sat idle (bench/timing.py's gpu_idle): high
 where do_bench times the host. Two GPU times leave the host out and have none: the kernel-time
 rows (`*_kernel_ms`: the profiler's record of the call's GPU work, cold L2) and the CUDA-graph rows
-(`*_gpu_ms`: the call replayed as a CUDA graph, bench/timing.py's do_bench_cudagraph_quantiles,
-with its 20%/80% quantiles), so that a small case's time per call, mostly the host's, never
+(`*_gpu_ms`: the forward, and the forward with its backward, replayed as CUDA graphs,
+bench/timing.py's do_bench_cudagraph_quantiles; the backward their difference), so that a small case's time per call, mostly the host's, never
 stands alone as the kernel's speed.
 """
 from __future__ import annotations
@@ -306,26 +306,34 @@ def measure_bench(case: dict) -> list[dict]:
 
 
 def graph_rows(fn, x, theta, grad, rep_ms: int, gbs, copy: float) -> list[dict]:
-    """The forward and the backward replayed as CUDA graphs (`{direction}_gpu_ms` with its 20% /
-    80% quantiles, `{direction}_gpu_copy_fraction`): the GPU's time of a call with no host in it.
-    A capture that fails is a row of its own (status and message); the other rows stand."""
+    """The forward, and the forward with its backward, replayed as CUDA graphs
+    (`forward_gpu_ms`, `fwd_bwd_gpu_ms`, with their 20% / 80% quantiles), and the backward as
+    their difference (`backward_gpu_ms`, the median only: quantiles do not subtract), with their
+    shares of the copy bandwidth: the GPU's time of a call with no host in it. The backward is
+    captured with its forward, as autograd runs it on the stream its forward ran on. A capture
+    that fails is a row of its own (status and message); the other rows stand."""
     import torch
-    out = fn(x, theta)
 
-    def backward():
-        torch.autograd.grad(out, x, grad, retain_graph=True)
-    rows = []
-    for direction, call in (("forward", lambda: fn(x, theta)), ("backward", backward)):
+    def fwd_bwd():
+        torch.autograd.grad(fn(x, theta), x, grad)
+    rows, ms = [], {}
+    for name, call in (("forward", lambda: fn(x, theta)), ("fwd_bwd", fwd_bwd)):
         try:
-            ms, q20, q80 = timing.do_bench_cudagraph_quantiles(call, rep_ms=rep_ms)
+            ms[name], q20, q80 = timing.do_bench_cudagraph_quantiles(call, rep_ms=rep_ms)
         except Exception as exc:  # noqa: BLE001  (the other timings stand without it)
             status, message = common.classify_failure(exc)
             rows.append({**common.failure_row(status, ("CUDA graph: " + message)[:300]),
-                         "metric": f"{direction}_gpu_ms", "unit": "ms"})
+                         "metric": f"{name}_gpu_ms", "unit": "ms"})
             continue
-        rows += [quantile_row(f"{direction}_gpu_ms", "ms", q20, ms, q80),
-                 quantile_row(f"{direction}_gpu_copy_fraction", "fraction", gbs(q80) / copy, gbs(ms) / copy,
-                              gbs(q20) / copy)]
+        rows.append(quantile_row(f"{name}_gpu_ms", "ms", q20, ms[name], q80))
+        if name == "forward":
+            rows.append(quantile_row("forward_gpu_copy_fraction", "fraction", gbs(q80) / copy,
+                                     gbs(ms[name]) / copy, gbs(q20) / copy))
+    if len(ms) == 2:
+        backward = ms["fwd_bwd"] - ms["forward"]
+        rows += [{**one_value("backward_gpu_ms", "ms", backward),
+                  "message": "backward = (forward+backward) - forward, both CUDA graphs"},
+                 one_value("backward_gpu_copy_fraction", "fraction", gbs(backward) / copy)]
     return rows
 
 
