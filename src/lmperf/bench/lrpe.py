@@ -331,7 +331,7 @@ def graph_rows(fn, x, theta, grad, rep_ms: int, gbs, copy: float) -> list[dict]:
                                      gbs(ms[name]) / copy, gbs(q20) / copy))
     if len(ms) == 2:
         backward = ms["fwd_bwd"] - ms["forward"]
-        rows += [{**one_value("backward_gpu_ms", "ms", backward),
+        rows += [{**one_value("backward_gpu_ms", "ms", backward), "q20": math.nan, "q80": math.nan,
                   "message": "backward = (forward+backward) - forward, both CUDA graphs"},
                  one_value("backward_gpu_copy_fraction", "fraction", gbs(backward) / copy)]
     return rows
