@@ -167,7 +167,7 @@ def test_context_growth_names_its_pairs_the_host_bound_ones_and_those_out_of_mem
             pairs.append((f"{size}, {dtype}", float(ends[hi]["median"].iloc[0] / ends[lo]["median"].iloc[0])))
     ratios = [r for _, r in pairs]
     shown = fmt(ratios[0]) if len(ratios) == 1 else f"{fmt(min(ratios))}–{fmt(max(ratios))}"
-    assert f"takes {shown}x as long" in answer
+    assert answer.startswith(f"Context {lo:,} -> {hi:,}") and f"takes {shown}x as long" in answer
     assert all(name in answer for name, _ in pairs)
     assert f"{len(host)} pairs have a host-bound step" in answer or (len(host) == 1 and "1 pair has" in answer)
     assert all(size in answer for size, _ in oom) and ("ran out of memory" in answer) == bool(oom)
