@@ -230,7 +230,7 @@ def test_the_published_a800_table_is_set_beside_ours(report):
     assert r["A800 (published): triton / torch.compile, per call"] == fmt(first["triton"] / first["torch_compile"])
     backward = published[published["direction"] == "backward"]
     theirs = int((backward["triton"] >= backward["torch_compile"]).sum())
-    assert f"their `triton` is not faster than torch.compile in" in report
+    assert "their `triton` is not faster than torch.compile in" in report
     assert f"{theirs} of {len(backward)} backward configurations" in section(report, "lrpe")
 
 
