@@ -160,6 +160,10 @@ def ladder(df: pd.DataFrame, limits: dict, threshold: float = math.inf) -> dict:
                       "step_ms": _value(g, case_id, "step_ms"), "tokens_per_s": tokens,
                       "vs_assignment": tokens / _value(g, assignment.iloc[0], "tokens_per_s")
                       if len(assignment) else math.nan,
+                      "assignment": {"rung": int(g[g["case_id"] == assignment.iloc[0]]["rung"].iloc[0]),
+                                     "context": int(g[g["case_id"] == assignment.iloc[0]]["context"].iloc[0]),
+                                     "tokens_per_s": _value(g, assignment.iloc[0], "tokens_per_s")}
+                      if len(assignment) else None,
                       "assignment_busy_pct": _busy(table, size, "compiled"),
                       "host_bound": [f"{which} {fmt(idle)}% GPU idle" for which, idle in
                                      (("best rung", _idle(g, case_id)),
