@@ -357,7 +357,7 @@ def figures(inputs, paths: dict) -> dict[str, str]:
         bottom.legend(loc="lower right", fontsize="small")
         bottom.grid(True, axis="y", alpha=0.3)
         for ax in (top, bottom):
-            ax.set_xticks(list(x), [f"{int(c['rung'])} {c['name']}" for _, c in cases.iterrows()],
+            ax.set_xticks(list(x), [c["name"] for _, c in cases.iterrows()],
                           rotation=40, ha="right", fontsize="small")
     save(fig, path)
     return {}
