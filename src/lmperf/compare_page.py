@@ -111,8 +111,8 @@ def chart(table: pd.DataFrame, path, name_a: str, name_b: str) -> bool:
     ax.axvline(1, color="k", lw=0.8)
     for yi, r in zip(y, ratios):
         ax.annotate(f"{r:.2f}", (r, yi), textcoords="offset points", xytext=(4, -3), fontsize="x-small")
-    ax.set_xlabel(f"B's time / A's (below 1: B faster); B = {name_b}, A = {name_a}")
-    ax.set_title("Headline numbers, B against A")
+    ax.set_xlabel("B's time / A's (below 1: B is faster)")
+    ax.set_title(f"Headline numbers: B = {name_b} against A = {name_a}", fontsize="small")
     path.parent.mkdir(parents=True, exist_ok=True)
     save(fig, path)
     return True
