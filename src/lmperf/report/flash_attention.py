@@ -154,7 +154,9 @@ def view(inputs) -> dict:
                                            .set_index("provider")[CENTER].items()}})
     grid = bench[bench["group"] == "grid"]
     model = model_table(bench[bench["group"] == "model"])
-    model_host = model_table(bench[bench["group"] == "model"], "fwd_bwd_ms")
+    threshold = inputs.bars.get("host_bound_idle_pct", math.inf)
+    model_host = marked(model_table(bench[bench["group"] == "model"], "fwd_bwd_ms"), bench[bench["group"] == "model"],
+                        "fwd_bwd_ms", threshold)
     model_backward = model_table(bench[bench["group"] == "model"], "backward_gpu_ms")
     timed = bench[bench["group"].isin([c["group"] for c in configs]) & bench["metric"].str.endswith("_ms")]
     view = {"available": True, "configs": configs,
@@ -165,13 +167,38 @@ def view(inputs) -> dict:
     view["ratios"] = ratio_table(configs, view["host_bound"]["mark"])
     view["losses"] = loss_table(configs, model, model_backward)
     if not grid.empty:
-        view["grid"] = grid_tables(grid)
+        view["grid"] = grid_tables(grid, threshold)
         view["grid_speedups"] = grid_speedups(grid)
         view["grid_head_dims"] = sorted(int(d) for d in grid["head_dim"].unique())
         view["grid_slower"] = {m: grid_slower(grid, m) for m in ("fwd_bwd_gpu_ms", "fwd_bwd_ms")}
         left_out = grid[grid["status"].isin(["skipped", "unsupported"])].drop_duplicates(["provider", "message"])
         view["grid_left_out"] = [f"{r.provider} ({r.status}): {r.message}" for r in left_out.itertuples()]
     return view
+
+
+def marked(table: pd.DataFrame, rows: pd.DataFrame, metric: str, threshold: float) -> pd.DataFrame:
+    """`table` (a `model_table` by do_bench's `metric`) with each host-bound time, and each ratio
+    with a host-bound side, marked: a host-bound wall time is the host's, not the kernel's."""
+    if table.empty or not math.isfinite(threshold):
+        return table
+    fb = rows[(rows["metric"] == metric) & (rows["status"] == "ok")]
+    fb = fb.assign(model=fb["model"].fillna("").astype(str).replace("", "(no model)") if "model" in fb else "(no model)")
+    bound = fb[host_bound(fb, threshold)]
+    keys = set(zip(bound["model"], bound["batch"].astype(int), bound["heads"].astype(int),
+                   bound["head_dim"].astype(int), bound["seq_len"].astype(int), bound["provider"]))
+    out = table.astype(object)
+    names = {"ours (triton)": "triton"}
+    for i, r in table.iterrows():
+        key = (r["model"], int(r["batch"]), int(r["heads"]), int(r["D"]), int(r["N"]))
+        for column in table.columns:
+            provider = names.get(column, column)
+            if (*key, provider) in keys:
+                out.at[i, column] = f"{fmt(r[column])} {HOST_BOUND}"
+            if str(column).startswith("ours / ") and ({(*key, "triton"), (*key, column[len("ours / "):])} & keys) \
+                    and pd.notna(r[column]):
+                out.at[i, column] = f"{fmt(r[column])} {HOST_BOUND}"
+    out.attrs.update(table.attrs)
+    return out
 
 
 def model_table(model: pd.DataFrame, metric: str | None = None) -> pd.DataFrame:
@@ -290,14 +317,18 @@ def grid_speedups(grid: pd.DataFrame) -> list[dict]:
     return out
 
 
-def grid_tables(grid: pd.DataFrame) -> list[dict]:
-    """Per dtype and head dim: forward+backward ms, one row per sequence length, one column per provider."""
+def grid_tables(grid: pd.DataFrame, threshold: float = math.inf) -> list[dict]:
+    """Per dtype and head dim: forward+backward ms, one row per sequence length, one column per
+    provider (do_bench, a host-bound time marked), and the GPU time beside it where measured."""
     out = []
     for (dtype, d), g in grid.groupby(["dtype", "head_dim"], sort=False):
         cells = {}
         gpu = {}
         for (n, provider), c in g.groupby(["seq_len", "provider"], sort=False):
-            cells.setdefault(n, {"N": int(n)})[provider] = cell(c, "fwd_bwd_ms", spread=True, column=CENTER)
+            value = cell(c, "fwd_bwd_ms", spread=True, column=CENTER)
+            if host_bound(c[c["metric"] == "fwd_bwd_ms"], threshold).any():
+                value = f"{value} {HOST_BOUND}"
+            cells.setdefault(n, {"N": int(n)})[provider] = value
             if (c["metric"] == "fwd_bwd_gpu_ms").any():
                 gpu.setdefault(n, {})[f"{provider}, GPU"] = cell(c, "fwd_bwd_gpu_ms", spread=True, column=CENTER)
         for n, extra in gpu.items():
