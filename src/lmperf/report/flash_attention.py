@@ -413,7 +413,7 @@ def ratio_figure(bench: pd.DataFrame, path) -> dict[str, str]:
         right.plot(range(len(labels)), model[f"ours / {peer}"], "o" if k == 0 else "s", label=peer)
         right.set_xticks(range(len(labels)), labels, rotation=40, ha="right", fontsize="x-small")
     right.axhline(1, color="k", lw=0.8)
-    right.set_title("model sizes' attention (bf16, causal): ours / SDPA, forward+backward")
+    right.set_title("model sizes' attention (bf16, causal): ours / SDPA, fwd+bwd", fontsize="medium")
     right.legend(fontsize="x-small")
     right.grid(True, alpha=0.3)
     fig.suptitle("FlashAttention-2: our time over each peer's, GPU time (CUDA graph) on both sides", fontsize="medium")

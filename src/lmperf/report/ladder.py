@@ -212,6 +212,9 @@ PEER_CAVEATS = {"liger": "its norms run outside the compiled graph (Dynamo trace
                          "rung beside it compiles ours: not the same setting, so not drawn as a like-for-like peer"}
 
 
+PEER_FIGURE_NOTES = {"liger": "norms outside the compiled graph"}
+
+
 def peers(df: pd.DataFrame, fp8: pd.DataFrame, threshold: float) -> pd.DataFrame:
     """One row per peer rung (another library's kernels on the settings of the last rung of our
     stack before it): its tokens/s over that rung's (same job), its GPU idle %, and why it is not
@@ -327,12 +330,20 @@ def figures(inputs, paths: dict) -> dict[str, str]:
         for k, (_, c) in enumerate(cases.iterrows()):
             tokens = _tokens(g, c["case_id"])
             if is_peer(cases.loc[[c.name]]).iloc[0] and tokens:
-                top.plot([k], [1e3 * _value(g, c["case_id"], "step_ms") / tokens], "kD", ms=7,
-                         label="peer (another library's kernels): step" if "peer" not in
+                y = 1e3 * _value(g, c["case_id"], "step_ms") / tokens
+                top.plot([k], [y], "kD", ms=7, label="peer (another library's kernels): step" if "peer" not in
                          " ".join(top.get_legend_handles_labels()[1]) else None)
+                # not the setting of the rung beside it: said on the marker (the peers' table says why)
+                note = PEER_FIGURE_NOTES.get(c["name"]) or (f"context {int(c['context']):,}" if str(
+                    c.get("float8", "none")) not in ("none", "nan") else "")
+                if _idle(g, c["case_id"]) > inputs.bars.get("host_bound_idle_pct", math.inf):
+                    note = f"{HOST_BOUND} {note}".strip()
+                if note:
+                    top.annotate(note, (k, y), textcoords="offset points", xytext=(0, 8), ha="center",
+                                 rotation=90, fontsize="x-small", va="bottom")
         threshold = inputs.bars.get("host_bound_idle_pct", math.inf)
         for k, (_, c) in enumerate(cases.iterrows()):  # a host-bound rung's time is the host's
-            if _idle(g, c["case_id"]) > threshold:
+            if _idle(g, c["case_id"]) > threshold and not is_peer(cases.loc[[c.name]]).iloc[0]:
                 tokens = _tokens(g, c["case_id"])
                 top.annotate(HOST_BOUND, (k, 1e3 * _value(g, c["case_id"], "step_ms") / tokens),
                              textcoords="offset points", xytext=(0, 6), ha="center", fontsize="large")
@@ -351,7 +362,7 @@ def figures(inputs, paths: dict) -> dict[str, str]:
             right.plot([k for k, _ in fp8], [100 * _value(g, c["case_id"], "tflops") / peak for _, c in fp8],
                        "s", color="C3", label="FP8 rung: % of fp8 peak (right axis)")
             right.set_ylabel("FP8 rung: % of fp8 peak", color="C3")
-            right.set_ylim(bottom=0)
+            right.set_ylim(0, 100)
             right.legend(loc="center right", fontsize="small")
         bottom.set_ylim(bottom=0)
         bottom.legend(loc="lower right", fontsize="small")
