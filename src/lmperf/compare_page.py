@@ -274,7 +274,7 @@ def render(result: dict, name_a: str, name_b: str, a: pd.DataFrame, b: pd.DataFr
     rows = result["rows"]
     kind_of = "hardware comparison" if result["hardware"] else "regression check"
     top = headline(rows)
-    out = [f"# `{name_b}` against `{name_a}` ({kind_of})", "", *summary(result, name_a, name_b, a, b)]
+    out = [f"# `{name_b}` against `{name_a}` ({kind_of})", "", *summary(result, name_a, name_b, a, b), ""]
     if len(top):
         drawn = figure is not None and chart(top, Path(figure), name_a, name_b)
         if drawn:
