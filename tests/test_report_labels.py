@@ -242,3 +242,72 @@ def test_fa_figure_is_one_timing_method(report):
     fa = section(report, "## FlashAttention-2 (Triton)")
     alt = re.search(r"!\[([^\]]*)\]\([^)]*fa_tflops", fa)[1]
     assert "GPU time" in alt and "do_bench" not in alt, alt
+
+
+def check_grid_passes_apart(text: str) -> None:
+    fa = section(text, "## FlashAttention-2 (Triton)")
+    for column in ("forward: speed-up", "backward: speed-up", "forward+backward: speed-up"):
+        assert column in fa, f"the grid has no {column!r} column"
+    grid = pd.concat([pd.read_csv(p) for p in sorted((H100 / "flash_attention" / "bench").glob("grid_*.csv"))])
+    dims = sorted(int(d) for d in grid["head_dim"].unique())
+    if 32 not in dims:
+        assert "32 is not in the grid" in fa
+
+
+def check_peers_labelled(text: str) -> None:
+    ladder = section(text, "## The ladder")
+    peers = ladder.split("<summary>Peers", 1)[1].split("</details>", 1)[0]
+    rows = [l for l in peers.splitlines() if l.startswith("| 2.7B")]
+    liger = next(r for r in rows if "liger" in r)
+    assert "outside the compiled graph" in liger and "no:" in liger
+    for r in rows:
+        if "float8" in r:
+            assert "not a peer of our FP8 rung" in r and MARK in r, r
+
+
+def test_grid_forward_and_backward_apart_with_speed_ups(report):
+    check_grid_passes_apart(report)
+
+
+def test_peers_not_in_the_same_setting_say_so(report):
+    check_peers_labelled(report)
+
+
+def drawn(monkeypatch, module, section_name: str) -> list:
+    from lmperf.report.sections import Inputs, figure_paths
+    figs = []
+    monkeypatch.setattr(module, "save", lambda fig, path: figs.append(fig))
+    bars = render.bars_from_config(REPO / "config" / "config.yaml")
+    inputs = Inputs(results=H100, frames={section_name: render.load_section(H100, section_name)}, bars=bars, out_dir=H100)
+    assert module.figures(inputs, figure_paths(H100)) == {}
+    return figs
+
+
+def test_ladder_figure_stacks_phases_marks_peers_apart_and_fp8_on_its_own_axis(monkeypatch):
+    from lmperf.report import ladder
+    (fig,) = drawn(monkeypatch, ladder, "ladder")
+    top = fig.axes[0]
+    phases = [c.get_label() for c in top.containers]
+    assert phases == ["forward", "backward", "optimizer"]
+    for line in top.get_lines():  # peers: markers, never joined by a line
+        assert line.get_linestyle() == "None" and len(line.get_xdata()) == 1
+    fp8_axes = [ax for ax in fig.axes if "fp8" in ax.get_ylabel()]
+    assert fp8_axes and all("bf16" not in ax.get_ylabel() for ax in fp8_axes)
+    bf16 = next(ax for ax in fig.axes if "bf16 peak" in ax.get_ylabel())
+    for line in bf16.get_lines():
+        assert line.get_linestyle() == "None"  # rungs are not a series: no line between them
+
+
+def test_fa_figures_use_one_timing_method(monkeypatch):
+    from lmperf.report import flash_attention
+    tflops, ratio = drawn(monkeypatch, flash_attention, "flash_attention")
+    grid = render.load_section(H100, "flash_attention").query("group == 'grid' and status == 'ok'")
+    gpu = grid[grid["metric"] == "fwd_bwd_gpu_tflops"]
+    for ax in tflops.axes:
+        for line in ax.get_lines():
+            provider = line.get_label()
+            assert provider in set(gpu["provider"]), provider  # only providers with GPU time
+            dtype, d = ax.get_title().split(", D=")
+            rows = gpu[(gpu["provider"] == provider) & (gpu["dtype"] == dtype) & (gpu["head_dim"] == int(d))]
+            assert list(line.get_ydata()) == list(rows.sort_values("seq_len")["median"])
+    assert "GPU time" in ratio._suptitle.get_text()
