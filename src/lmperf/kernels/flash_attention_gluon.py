@@ -136,7 +136,13 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bo
 # Configs: (BLOCK_M, BLOCK_N, num_warps, STAGES), by head dim and causality; measured on the H100
 # (tuning/flash_attention/NOTES.md, steps 37-)
 
+PP_REGS = 232  # registers per thread of the second consumer warpgroup (the producer warp gets 24)
+
 CONFIGS = {
+    ("pp", 64, False): (128, 128, 4, 3),
+    ("pp", 64, True): (128, 128, 4, 3),
+    ("pp", 128, False): (128, 128, 4, 2),
+    ("pp", 128, True): (128, 128, 4, 2),
     ("plain", 64, False): (128, 128, 8, 3),
     ("plain", 64, True): (128, 128, 8, 3),
     ("plain", 128, False): (128, 128, 8, 2),
@@ -179,12 +185,12 @@ if gluon is not None:
         return bh, qt, q_row, q_col, k_row, k_col, n_tiles
 
     @gluon.jit
-    def _first_tile_softmax(s, qt, n_tiles, N, QK_SCALE: gl.constexpr, BLOCK_M: gl.constexpr,
+    def _first_tile_softmax(s, row0, n_tiles, N, QK_SCALE: gl.constexpr, BLOCK_M: gl.constexpr,
                             BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, s_layout: gl.constexpr):
         """The first key tile visited (the last one), masked: the diagonal when causal, columns
         >= N otherwise. Every row keeps at least one key, so m is finite from here on."""
         cols = (n_tiles - 1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        rows = qt * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         if IS_CAUSAL:
             keep = gl.expand_dims(rows, 1) >= gl.expand_dims(cols, 0)
         else:
@@ -204,7 +210,7 @@ if gluon is not None:
         return p, alpha, m_new, l_i
 
     @gluon.jit
-    def _epilogue(o, m_i, l_i, O, L, bh, qt, N, H, stride_ob, stride_oh, stride_on,
+    def _epilogue(o, m_i, l_i, O, L, bh, row0, N, H, stride_ob, stride_oh, stride_on,
                   BLOCK_M: gl.constexpr, D: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
         """O = acc / l (rows < N) into (b, h)'s rows; L = (m + log2 l) ln 2 (natural log)."""
         inv = gl.convert_layout(1.0 / l_i, gl.SliceLayout(1, o_layout))
@@ -213,13 +219,13 @@ if gluon is not None:
         bh64 = bh.to(gl.int64)
         b = bh64 // H
         h = bh64 % H
-        rows_o = qt * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        rows_o = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
         cols_o = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
         rows2 = gl.expand_dims(rows_o, 1) + gl.expand_dims(cols_o, 0) * 0
         ptrs = O + b * stride_ob + h * stride_oh + gl.expand_dims(rows_o.to(gl.int64) * stride_on, 1) \
             + gl.expand_dims(cols_o, 0)
         gl.store(ptrs, o.to(O.dtype.element_ty), mask=rows2 < N)
-        rows_l = qt * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        rows_l = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         gl.store(L + bh64 * N + rows_l, lse, mask=rows_l < N)
 
     # -----------------------------------------------------------------------------------------
@@ -272,7 +278,7 @@ if gluon is not None:
         mbarrier.wait(k_bars.index(0), 0)
         s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        p, m_i, l_i = _first_tile_softmax(s, qt, n_tiles, N, QK_SCALE, BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout)
+        p, m_i, l_i = _first_tile_softmax(s, qt * BLOCK_M, n_tiles, N, QK_SCALE, BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         o = gl.zeros([BLOCK_M, D], gl.float32, o_layout)
 
@@ -301,7 +307,7 @@ if gluon is not None:
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(k_bars.index(i))
             mbarrier.invalidate(v_bars.index(i))
-        _epilogue(o, m_i, l_i, O, L, bh, qt, N, H, stride_ob, stride_oh, stride_on, BLOCK_M, D,
+        _epilogue(o, m_i, l_i, O, L, bh, qt * BLOCK_M, N, H, stride_ob, stride_oh, stride_on, BLOCK_M, D,
                   s_layout, o_layout)
 
     # -----------------------------------------------------------------------------------------
@@ -355,7 +361,7 @@ if gluon is not None:
             mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
             s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-            p, m_i, l_i = _first_tile_softmax(s, qt, n_tiles, N, QK_SCALE, BLOCK_M, BLOCK_N, IS_CAUSAL,
+            p, m_i, l_i = _first_tile_softmax(s, qt * BLOCK_M, n_tiles, N, QK_SCALE, BLOCK_M, BLOCK_N, IS_CAUSAL,
                                               s_layout)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             o = gl.zeros([BLOCK_M, D], gl.float32, o_layout)
@@ -381,7 +387,7 @@ if gluon is not None:
             o = warpgroup_mma(p_op, v_smem.index(last), o, is_async=True)
             o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
             mbarrier.arrive(kv_empty.index(last), count=1)
-            _epilogue(o, m_i, l_i, O, L, bh, qt, N, H, stride_ob, stride_oh, stride_on, BLOCK_M, D,
+            _epilogue(o, m_i, l_i, O, L, bh, qt * BLOCK_M, N, H, stride_ob, stride_oh, stride_on, BLOCK_M, D,
                       s_layout, o_layout)
             c += n_tiles
             tc += 1
@@ -418,6 +424,165 @@ if gluon is not None:
             (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, N, H, total, n_qt,
                             QRB, QRH, QCH, KRB, KRH, KCH, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES)),
         ], [1], [24])
+
+
+    # -----------------------------------------------------------------------------------------
+    # Persistent, warp-specialised, ping-pong: a TMA producer warp and two consumer warpgroups,
+    # each computing 64 rows of a 128-row query tile from the same K/V buffers, issuing their
+    # matrix multiplies in turns (mbarriers turn0/turn1), so that one warpgroup's softmax runs
+    # while the other's QK^T and PV are in the tensor cores (FlashAttention-3's ping-pong)
+
+    @gluon.jit
+    def _pp_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, N, H, total, n_qt,
+                     QRB, QRH, QCH, KRB, KRH, KCH, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        q_ready, q_empty, k_ready, v_ready, kv_empty, turn0, turn1 = bars
+        HALF: gl.constexpr = BLOCK_M // 2
+        c = 0
+        tc = 0
+        for t in range(gl.program_id(0), total, gl.num_programs(0)):
+            bh, qt, q_row, q_col, k_row, k_col, n_tiles = _tile_coords(
+                t, N, H, GROUP, n_qt, QRB, QRH, QCH, KRB, KRH, KCH, BLOCK_M, BLOCK_N, IS_CAUSAL)
+            mbarrier.wait(q_empty, (tc & 1) ^ 1)
+            mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+            _tma_load(q_desc, [q_row, q_col], q_ready, q_smem.index(0))
+            _tma_load(q_desc, [q_row + HALF, q_col], q_ready, q_smem.index(1))
+            for i in range(n_tiles):
+                slot = c % STAGES
+                mbarrier.wait(kv_empty.index(slot), ((c // STAGES) & 1) ^ 1)
+                row = k_row + (n_tiles - 1 - i) * BLOCK_N
+                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+                _tma_load(k_desc, [row, k_col], k_ready.index(slot), k_smem.index(slot))
+                mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+                _tma_load(v_desc, [row, k_col], v_ready.index(slot), v_smem.index(slot))
+                c += 1
+            tc += 1
+
+    @gluon.jit
+    def _pp_turn(bars, r, WG: gl.constexpr):
+        """Wait for this warpgroup's turn r at the tensor cores (warpgroup 0 goes first)."""
+        q_ready, q_empty, k_ready, v_ready, kv_empty, turn0, turn1 = bars
+        if WG == 0:
+            mbarrier.wait(turn0, (r & 1) ^ 1)
+        else:
+            mbarrier.wait(turn1, r & 1)
+
+    @gluon.jit
+    def _pp_pass(bars, WG: gl.constexpr):
+        """Hand the tensor cores to the other warpgroup."""
+        q_ready, q_empty, k_ready, v_ready, kv_empty, turn0, turn1 = bars
+        if WG == 0:
+            mbarrier.arrive(turn1, count=1)
+        else:
+            mbarrier.arrive(turn0, count=1)
+
+    @gluon.jit
+    def _pp_consumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, N, H, total, n_qt,
+                     QRB, QRH, QCH, KRB, KRH, KCH, O, L, stride_ob, stride_oh, stride_on,
+                     QK_SCALE: gl.constexpr, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+                     STAGES: gl.constexpr, WG: gl.constexpr):
+        q_ready, q_empty, k_ready, v_ready, kv_empty, turn0, turn1 = bars
+        HALF: gl.constexpr = BLOCK_M // 2
+        dtype: gl.constexpr = q_desc.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, D, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        zero_s = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
+        q_mine = q_smem.index(WG)
+        c = 0
+        tc = 0
+        r = 0  # turns taken at the tensor cores
+        for t in range(gl.program_id(0), total, gl.num_programs(0)):
+            bh, qt, q_row, q_col, k_row, k_col, n_tiles = _tile_coords(
+                t, N, H, GROUP, n_qt, QRB, QRH, QCH, KRB, KRH, KCH, BLOCK_M, BLOCK_N, IS_CAUSAL)
+            row0 = qt * BLOCK_M + WG * HALF
+            mbarrier.wait(q_ready, tc & 1)
+            slot = c % STAGES
+            mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
+            _pp_turn(bars, r, WG)
+            s = warpgroup_mma(q_mine, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            _pp_pass(bars, WG)
+            r += 1
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+            p, m_i, l_i = _first_tile_softmax(s, row0, n_tiles, N, QK_SCALE, HALF, BLOCK_N, IS_CAUSAL,
+                                              s_layout)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            o = gl.zeros([HALF, D], gl.float32, o_layout)
+            for i in range(1, n_tiles):
+                cur = c + i
+                slot = cur % STAGES
+                prev = (cur - 1) % STAGES
+                mbarrier.wait(k_ready.index(slot), (cur // STAGES) & 1)
+                mbarrier.wait(v_ready.index(prev), ((cur - 1) // STAGES) & 1)
+                _pp_turn(bars, r, WG)
+                s = warpgroup_mma(q_mine, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                                  is_async=True)
+                o = warpgroup_mma(p_op, v_smem.index(prev), o, is_async=True)
+                _pp_pass(bars, WG)
+                r += 1
+                s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, QK_SCALE)
+                o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
+                mbarrier.arrive(kv_empty.index(prev), count=1)
+                o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
+            mbarrier.arrive(q_empty, count=1)
+            cur = c + n_tiles - 1
+            last = cur % STAGES
+            mbarrier.wait(v_ready.index(last), (cur // STAGES) & 1)
+            _pp_turn(bars, r, WG)
+            o = warpgroup_mma(p_op, v_smem.index(last), o, is_async=True)
+            _pp_pass(bars, WG)
+            r += 1
+            o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
+            mbarrier.arrive(kv_empty.index(last), count=1)
+            _epilogue(o, m_i, l_i, O, L, bh, row0, N, H, stride_ob, stride_oh, stride_on, HALF, D,
+                      s_layout, o_layout)
+            c += n_tiles
+            tc += 1
+
+    @gluon.jit
+    def _fwd_pp_kernel(q_desc, k_desc, v_desc, O, L, N, H, total, stride_ob, stride_oh, stride_on,
+                       QRB, QRH, QCH, KRB, KRH, KCH, QK_SCALE: gl.constexpr, GROUP: gl.constexpr,
+                       IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                       D: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                       num_warps: gl.constexpr):
+        gl.static_assert(num_warps == 4, "one consumer warpgroup in the default partition")
+        HALF: gl.constexpr = BLOCK_M // 2
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [2, HALF, D], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], v_desc.layout)
+        q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        turn0 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        turn1 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_ready, count=1)
+        mbarrier.init(q_empty, count=2)  # both consumer warpgroups release Q
+        mbarrier.init(turn0, count=1)
+        mbarrier.init(turn1, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(kv_empty.index(i), count=2)  # and each K/V buffer
+        bars = (q_ready, q_empty, k_ready, v_ready, kv_empty, turn0, turn1)
+        n_qt = (N + BLOCK_M - 1) // BLOCK_M
+        gl.warp_specialize([
+            (_pp_consumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, N, H, total, n_qt,
+                            QRB, QRH, QCH, KRB, KRH, KCH, O, L, stride_ob, stride_oh, stride_on,
+                            QK_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 0)),
+            (_pp_consumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, N, H, total, n_qt,
+                            QRB, QRH, QCH, KRB, KRH, KCH, O, L, stride_ob, stride_oh, stride_on,
+                            QK_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1)),
+            (_pp_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, N, H, total, n_qt,
+                            QRB, QRH, QCH, KRB, KRH, KCH, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -468,23 +633,32 @@ def launch_forward(q, k, v, out, lse, is_causal: bool, variant: str = "ws", cfg:
     common = dict(QK_SCALE=LOG2E / math.sqrt(d), GROUP=group, IS_CAUSAL=bool(is_causal), BLOCK_M=bm,
                   BLOCK_N=bn, D=d, STAGES=stages, num_warps=warps)
     if variant == "plain":
-        _fwd_kernel[(n_qt, nb * nh)](q_desc, k_desc, v_desc, o4, lse, n, nh, o4.stride(0), o4.stride(1),
+        return _fwd_kernel[(n_qt, nb * nh)](q_desc, k_desc, v_desc, o4, lse, n, nh, o4.stride(0), o4.stride(1),
                                      o4.stride(2), qrb, qrh, qch, krb, krh, kch, **common)
+    elif variant == "pp":
+        if bm != 128 or warps != 4:
+            raise ValueError(f"the ping-pong forward takes 128-row tiles and 4 warps per warpgroup; got {cfg}")
+        q_desc, _ = _desc(q4, bm // 2)  # each warpgroup's half of the query tile
+        total = n_qt * nb * nh
+        grid = (min(total, _sm_count(q.device)),)
+        return _fwd_pp_kernel[grid](q_desc, k_desc, v_desc, o4, lse, n, nh, total, o4.stride(0), o4.stride(1),
+                                    o4.stride(2), qrb, qrh, qch, krb, krh, kch, CONSUMER_REGS=PP_REGS, **common)
     elif variant == "ws":
         total = n_qt * nb * nh
         grid = (min(total, _sm_count(q.device)),)
-        _fwd_ws_kernel[grid](q_desc, k_desc, v_desc, o4, lse, n, nh, total, o4.stride(0), o4.stride(1),
+        return _fwd_ws_kernel[grid](q_desc, k_desc, v_desc, o4, lse, n, nh, total, o4.stride(0), o4.stride(1),
                              o4.stride(2), qrb, qrh, qch, krb, krh, kch, **common)
     else:
-        raise ValueError(f"unknown Gluon variant {variant!r}: 'ws' or 'plain'")
+        raise ValueError(f"unknown Gluon variant {variant!r}: 'pp', 'ws' or 'plain'")
 
 
-def forward(q, k, v, is_causal: bool = False, variant: str = "ws", cfg: tuple | None = None):
+def forward(q, k, v, is_causal: bool = False, variant: str | None = None, cfg: tuple | None = None):
     """(O, L) like flash_attention_triton's forward: O shaped like q ((B, N, H, D) in memory for a
     4-D q), L fp32 of shape q.shape[:-1]. Raises ValueError with the reason where the Gluon path
     does not cover the call."""
     if (why := unsupported(q, k, v, is_causal)) is not None:
         raise ValueError(f"the Gluon FlashAttention forward cannot run this call: {why}")
+    variant = variant or DEFAULT_VARIANT
     q4 = _heads(q)
     nb, nh, n, d = q4.shape
     if q.dim() == 4:
@@ -494,3 +668,60 @@ def forward(q, k, v, is_causal: bool = False, variant: str = "ws", cfg: tuple | 
     lse = torch.empty((nb * nh, n), dtype=torch.float32, device=q.device)
     launch_forward(q, k, v, out, lse, is_causal, variant, cfg)
     return out.view(q.shape), lse.view(q.shape[:-1])
+
+
+DEFAULT_VARIANT = "ws"  # the variant `forward` runs unless asked: see CONFIGS' note
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatch: which forward FlashAttention2Triton runs
+
+BACKEND_ENV = "LMPERF_FA_BACKEND"
+BACKENDS = ("auto", "gluon", "triton")
+
+
+def prefers_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> bool:
+    """Where "auto" picks the Gluon forward: the shapes at which it was measured faster than the
+    tile-language kernel on the H100 (tuning/flash_attention/NOTES.md, steps 37-). None so far:
+    the tile-language kernel stays the default everywhere."""
+    return False
+
+
+def use_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+              backend: str | None = None) -> bool:
+    """True where the Gluon forward runs this call: `backend` (else $LMPERF_FA_BACKEND, else
+    "auto") is "gluon" (forced: a clear ValueError where it cannot run the call), "triton" (never),
+    or "auto" (where it covers the call and was measured faster: `prefers_gluon`)."""
+    backend = backend or os.environ.get(BACKEND_ENV) or "auto"
+    if backend == "triton":
+        return False
+    if backend == "auto":
+        return prefers_gluon(q, k, v, is_causal) and unsupported(q, k, v, is_causal) is None
+    if backend == "gluon":
+        if (why := unsupported(q, k, v, is_causal)) is not None:
+            raise ValueError(f"{BACKEND_ENV}=gluon asks for the Gluon FlashAttention forward, which cannot run "
+                             f"this call: {why}. Unset it (or set it to 'auto' or 'triton') for the "
+                             "tile-language kernel")
+        return True
+    raise ValueError(f"{BACKEND_ENV}={backend!r}: expected one of {', '.join(BACKENDS)}")
+
+
+def _forward_fake(q, k, v, is_causal):
+    if q.dim() == 4:
+        b, h, n, d = q.shape
+        out = q.new_empty_strided((b, h, n, d), (n * h * d, d, h * d, 1))
+    else:
+        out = q.new_empty(q.shape)
+    return out, q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("lmperf::flash_attention_forward_gluon", mutates_args=())
+def flash_attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                  is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, L) of the Gluon forward as a PyTorch op, opaque to torch.compile (the compiled graph
+    launches the same kernel as eager mode: the same bits)."""
+    out, lse = forward(q, k, v, is_causal)
+    return out, lse
+
+
+flash_attention_forward_gluon.register_fake(_forward_fake)
