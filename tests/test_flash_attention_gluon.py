@@ -67,6 +67,22 @@ def test_an_unknown_backend_is_an_error(monkeypatch):
         fg.use_gluon(q, k, v, False)
 
 
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+def test_the_dispatch_compiles_without_a_graph_break(monkeypatch, backend):
+    """torch.compile (fullgraph) traces the choice ($LMPERF_FA_BACKEND read at trace time, the
+    rule, the coverage checks) and gives eager mode's bits; here with the rule saying yes, so
+    that "auto" asks whether Gluon can run (on a Hopper GPU it can, and the Gluon op runs)."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    monkeypatch.setenv(fg.BACKEND_ENV, backend)
+    monkeypatch.setattr(fg, "prefers_gluon", lambda *a: True)
+    apply = ft.FlashAttention2Triton.apply
+    compiled = torch.compile(apply, backend="inductor" if GLUON else "aot_eager", fullgraph=True)
+    dtype = torch.bfloat16 if GLUON else torch.float32
+    q, k, v = qkv((1, 2, 40, 64), dtype=dtype)
+    assert torch.equal(compiled(q, k, v, True), apply(q, k, v, True))
+
+
 def test_which_layouts_are_read_in_place():
     """(B, H, N, D) contiguous, and (B, H, N, D) views of (B, N, H, D) memory, are read by TMA
     as they are; anything else (a stride along D, a head that is not a dense run of rows) is

@@ -33,16 +33,15 @@ SHAPES = {
     "gqa_4096": (4, 32, 8, 4096, 128, True),
     "gqa_2048": (4, 32, 8, 2048, 128, True),
     "d64_full": (4, 16, 16, 8192, 64, False),
+    "d128_full_2048": (4, 16, 16, 2048, 128, False),
+    "gqa_d64_1024": (8, 16, 4, 1024, 64, True),
 }
 # (variant, (BLOCK_M, BLOCK_N, num_warps, STAGES)) candidates by (D, causal); causal tiles square
-CANDIDATES = {
-    (128, False): [("plain", (128, 128, 8, 2)), ("ws", (128, 128, 8, 2)), ("pp", (128, 128, 4, 2)),
-                   ("pp", (128, 64, 4, 3))],
-    (128, True): [("plain", (128, 128, 8, 2)), ("ws", (128, 128, 8, 2)), ("pp", (128, 128, 4, 2))],
-    (64, False): [("plain", (128, 128, 8, 3)), ("ws", (128, 128, 8, 3)), ("pp", (128, 128, 4, 3)),
-                  ("pp", (128, 128, 4, 2))],
-    (64, True): [("plain", (128, 128, 8, 3)), ("ws", (128, 128, 8, 3)), ("pp", (128, 128, 4, 3)),
-                 ("pp", (128, 128, 4, 2))],
+CANDIDATES = {  # "pp_snake"/"pp_nosnake": pp with the causal schedule forced (else by head dim)
+    (128, False): [("ws", (128, 128, 8, 2)), ("pp", (128, 128, 4, 2))],
+    (128, True): [("pp", (128, 128, 4, 2)), ("pp_snake", (128, 128, 4, 2))],
+    (64, False): [("plain", (128, 128, 8, 3)), ("pp", (128, 128, 4, 2))],
+    (64, True): [("pp", (128, 128, 4, 3)), ("pp_nosnake", (128, 128, 4, 3)), ("pp", (128, 128, 4, 2))],
 }
 
 
@@ -102,6 +101,45 @@ def check(variants, log) -> list[dict]:
     return rows
 
 
+def compile_check(log) -> list[dict]:
+    """torch.compile (fullgraph, Inductor) around FlashAttention2Triton.apply against eager mode,
+    for each forced backend and two ways of making the gradient: the max abs difference of the
+    output and of each gradient (0 = the same bits)."""
+    import os
+    import torch._dynamo
+    from lmperf.kernels import flash_attention_triton as ft
+    rows = []
+    for backend in ("triton", "gluon"):
+        for loss in ("sum", "float_sum"):
+            for causal in (False, True):
+                os.environ["LMPERF_FA_BACKEND"] = backend
+                torch._dynamo.reset()
+                row = dict(backend=backend, loss=loss, causal=causal)
+                try:
+                    apply = ft.FlashAttention2Triton.apply
+                    compiled = torch.compile(apply, fullgraph=True)
+                    g = torch.Generator(device="cuda").manual_seed(3)
+                    q = torch.randn(2, 4, 700, 64, device="cuda", dtype=BF16, generator=g)
+                    k, v = (torch.randn(2, 2, 700, 64, device="cuda", dtype=BF16, generator=g) for _ in range(2))
+                    res = []
+                    for fn in (compiled, apply):
+                        xs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+                        out = fn(*xs, causal)
+                        (out.float().sum() if loss == "float_sum" else out.sum()).backward()
+                        res.append([out] + [t.grad for t in xs])
+                    for name, a, b in zip(("out", "dq", "dk", "dv"), *res):
+                        row[name] = float((a.float() - b.float()).abs().max())
+                    row["error"] = ""
+                except Exception as exc:  # noqa: BLE001
+                    row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                    log.write(traceback.format_exc() + "\n")
+                finally:
+                    os.environ.pop("LMPERF_FA_BACKEND", None)
+                print("compile vs eager", row, flush=True)
+                rows.append(row)
+    return rows
+
+
 def flops(b, h, n, d, causal):
     f = 4.0 * b * h * n * n * d
     return f / 2 if causal else f
@@ -119,9 +157,22 @@ def bench(names, variants, log, out_csv=None) -> list[dict]:
         q, k, v = make(b, h, hk, n, d, BF16, "bhnd", seed=7)
         fl = flops(b, h, n, d, causal)
         impls = [("triton_tile", "rule", lambda: ft._forward(q, k, v, causal, ft._plain))]
+        def gl_fn(vv, cc):
+            snake = {"snake": True, "nosnake": False}.get(vv.split("_")[-1])
+            def fn():
+                fg.SNAKE_CAUSAL = snake
+                try:
+                    return fg.forward(q, k, v, causal, vv.split("_")[0], cc)
+                finally:
+                    fg.SNAKE_CAUSAL = None
+            return fn
         for variant, cfg in CANDIDATES[(d, causal)]:
-            if variant in variants:
-                impls.append((f"gluon_{variant}", cfg, (lambda vv=variant, cc=cfg: fg.forward(q, k, v, causal, vv, cc))))
+            if variant.split("_")[0] in variants:
+                impls.append((f"gluon_{variant}", cfg, gl_fn(variant, cfg)))
+        def auto():  # the dispatch as users call it (no grad): Gluon where its rule picks it
+            with torch.no_grad():
+                return ft.FlashAttention2Triton.apply(q, k, v, causal)
+        impls.append(("dispatch_auto", f"gluon={fg.use_gluon(q, k, v, causal, 'auto')}", auto))
         outb = q.new_empty(q.shape)
         lseb = torch.empty((b * h, n), dtype=torch.float32, device="cuda")
         gqa = h != hk
@@ -145,7 +196,9 @@ def bench(names, variants, log, out_csv=None) -> list[dict]:
                 row.update(ms_p20=q20, ms_median=q50, ms_p80=q80, tflops=fl / (q50 * 1e-3) / 1e12,
                            max_diff_vs_tile=diff, error="")
                 if label.startswith("gluon"):  # this config's compiled kernel
+                    fg.SNAKE_CAUSAL = {"snake": True, "nosnake": False}.get(label.split("_")[-1])
                     kk = fg.launch_forward(q, k, v, outb, lseb, causal, label.split("_")[1], cfg)
+                    fg.SNAKE_CAUSAL = None
                     row["regs_spills"] = f"{getattr(kk, 'n_regs', '?')}/{getattr(kk, 'n_spills', '?')}"
             except Exception as exc:  # noqa: BLE001
                 row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -176,6 +229,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--skip-bench", action="store_true")
+    ap.add_argument("--compile-check", action="store_true", help="compiled against eager, then exit")
     ap.add_argument("--only", default=",".join(SHAPES))
     ap.add_argument("--variants", default="plain,ws,pp")
     args = ap.parse_args(argv)
@@ -184,6 +238,9 @@ def main(argv=None) -> int:
     print(f"torch {torch.__version__} triton {triton.__version__} {torch.cuda.get_device_name()}", flush=True)
     variants = args.variants.split(",")
     with (args.out / "gluon_probe_traces.txt").open("w") as log:
+        if args.compile_check:
+            write(args.out / "gluon_compile_check.csv", compile_check(log))
+            return 0
         if not args.skip_check:
             t0 = time.time()
             rows = check(variants, log)

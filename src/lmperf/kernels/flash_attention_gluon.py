@@ -125,7 +125,7 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bo
         if _rows(t) is None:
             return (f"{name} is neither (B, H, N, D) contiguous nor a (B, H, N, D) view of (B, N, H, D) "
                     f"memory (strides {tuple(t.stride())})")
-        if t.data_ptr() % 16:
+        if not torch.compiler.is_compiling() and t.data_ptr() % 16:  # (a trace's tensors have no data)
             return f"{name}'s data is not 16-byte aligned (TMA)"
     if q4.shape[0] * q4.shape[1] * q4.shape[2] >= 2 ** 31:
         return "more than 2^31 query rows"
@@ -136,11 +136,15 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bo
 # Configs: (BLOCK_M, BLOCK_N, num_warps, STAGES), by head dim and causality; measured on the H100
 # (tuning/flash_attention/NOTES.md, steps 37-)
 
+# Causal persistent schedules: None = by head dim (the snake at D = 64, where it was faster on the
+# H100, the tile-fastest order at D = 128, where it was); True/False forces one (the probe).
+# Snake: heads fastest, longest tiles first, every odd round reversed; else tile-fastest.
+SNAKE_CAUSAL = None
 PP_REGS = 232  # registers per thread of the second consumer warpgroup (the producer warp gets 24)
 
 CONFIGS = {
     ("pp", 64, False): (128, 128, 4, 3),
-    ("pp", 64, True): (128, 128, 4, 3),
+    ("pp", 64, True): (128, 128, 4, 3),  # 3 stages: 432 TFLOP/s against 2 stages' 416 (headline)
     ("pp", 128, False): (128, 128, 4, 2),
     ("pp", 128, True): (128, 128, 4, 2),
     ("plain", 64, False): (128, 128, 8, 3),
@@ -162,13 +166,34 @@ if gluon is not None:
     # Shared pieces
 
     @gluon.jit
+    def _persistent_tile(i, total, SNAKE: gl.constexpr):
+        """The tile a persistent program takes at its step i (= program id + round * programs):
+        in order, or, with SNAKE, every odd round that all programs share walked backwards, so
+        that with tiles sorted longest first each program's sum of tile lengths is about the
+        same (causal: a tile's length is its number of key tiles)."""
+        if SNAKE:
+            nprog = gl.num_programs(0)
+            r = i // nprog
+            p = i - r * nprog
+            rev = ((r % 2) == 1) & ((r + 1) * nprog <= total)
+            i = i + rev.to(gl.int32) * (nprog - 1 - 2 * p)
+        return i
+
+    @gluon.jit
     def _tile_coords(t, N, H, GROUP: gl.constexpr, n_qt, QRB, QRH, QCH, KRB, KRH, KCH,
-                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
-        """Tile t (tile-fastest within a sequence, causal tiles longest first) -> (bh, qt, the
-        query tile's TMA row and column, the K/V sequence's first TMA row and column, the
-        number of key tiles)."""
-        bh = t // n_qt
-        qt = t % n_qt
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                     HEADS_FASTEST: gl.constexpr = False, total=0):
+        """Tile t -> (bh, qt, the query tile's TMA row and column, the K/V sequence's first TMA
+        row and column, the number of key tiles). Tile-fastest within a sequence (its K/V stay
+        in L2), or with HEADS_FASTEST the same query tile of every sequence in turn; causal
+        tiles longest first."""
+        if HEADS_FASTEST:
+            n_bh = total // n_qt
+            bh = t % n_bh
+            qt = t // n_bh
+        else:
+            bh = t // n_qt
+            qt = t % n_qt
         if IS_CAUSAL:
             qt = n_qt - 1 - qt
         b = bh // H
@@ -316,13 +341,16 @@ if gluon is not None:
     @gluon.jit
     def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, N, H, total, n_qt,
                      QRB, QRH, QCH, KRB, KRH, KCH, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                     SNAKE: gl.constexpr):
         q_ready, q_empty, k_ready, v_ready, kv_empty = bars
         c = 0
         tc = 0
-        for t in range(gl.program_id(0), total, gl.num_programs(0)):
+        for i_t in range(gl.program_id(0), total, gl.num_programs(0)):
+            t = _persistent_tile(i_t, total, IS_CAUSAL and SNAKE)
             bh, qt, q_row, q_col, k_row, k_col, n_tiles = _tile_coords(
-                t, N, H, GROUP, n_qt, QRB, QRH, QCH, KRB, KRH, KCH, BLOCK_M, BLOCK_N, IS_CAUSAL)
+                t, N, H, GROUP, n_qt, QRB, QRH, QCH, KRB, KRH, KCH, BLOCK_M, BLOCK_N, IS_CAUSAL,
+                IS_CAUSAL and SNAKE, total)
             mbarrier.wait(q_empty, (tc & 1) ^ 1)
             mbarrier.expect(q_ready, q_desc.block_type.nbytes)
             _tma_load(q_desc, [q_row, q_col], q_ready, q_smem)
@@ -342,7 +370,7 @@ if gluon is not None:
                      QRB, QRH, QCH, KRB, KRH, KCH, O, L, stride_ob, stride_oh, stride_on,
                      QK_SCALE: gl.constexpr, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
-                     STAGES: gl.constexpr, num_warps: gl.constexpr):
+                     STAGES: gl.constexpr, SNAKE: gl.constexpr, num_warps: gl.constexpr):
         q_ready, q_empty, k_ready, v_ready, kv_empty = bars
         dtype: gl.constexpr = q_desc.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -353,9 +381,11 @@ if gluon is not None:
         zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
         c = 0
         tc = 0
-        for t in range(gl.program_id(0), total, gl.num_programs(0)):
+        for i_t in range(gl.program_id(0), total, gl.num_programs(0)):
+            t = _persistent_tile(i_t, total, IS_CAUSAL and SNAKE)
             bh, qt, q_row, q_col, k_row, k_col, n_tiles = _tile_coords(
-                t, N, H, GROUP, n_qt, QRB, QRH, QCH, KRB, KRH, KCH, BLOCK_M, BLOCK_N, IS_CAUSAL)
+                t, N, H, GROUP, n_qt, QRB, QRH, QCH, KRB, KRH, KCH, BLOCK_M, BLOCK_N, IS_CAUSAL,
+                IS_CAUSAL and SNAKE, total)
             mbarrier.wait(q_ready, tc & 1)
             slot = c % STAGES
             mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
@@ -396,7 +426,7 @@ if gluon is not None:
     def _fwd_ws_kernel(q_desc, k_desc, v_desc, O, L, N, H, total, stride_ob, stride_oh, stride_on,
                        QRB, QRH, QCH, KRB, KRH, KCH, QK_SCALE: gl.constexpr, GROUP: gl.constexpr,
                        IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                       D: gl.constexpr, STAGES: gl.constexpr,
+                       D: gl.constexpr, STAGES: gl.constexpr, SNAKE: gl.constexpr,
                        num_warps: gl.constexpr):
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], q_desc.layout)
@@ -420,9 +450,9 @@ if gluon is not None:
         gl.warp_specialize([
             (_ws_consumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, N, H, total, n_qt,
                             QRB, QRH, QCH, KRB, KRH, KCH, O, L, stride_ob, stride_oh, stride_on,
-                            QK_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, num_warps)),
+                            QK_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, SNAKE, num_warps)),
             (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, N, H, total, n_qt,
-                            QRB, QRH, QCH, KRB, KRH, KCH, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES)),
+                            QRB, QRH, QCH, KRB, KRH, KCH, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, SNAKE)),
         ], [1], [24])
 
 
@@ -435,14 +465,17 @@ if gluon is not None:
     @gluon.jit
     def _pp_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, N, H, total, n_qt,
                      QRB, QRH, QCH, KRB, KRH, KCH, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                     SNAKE: gl.constexpr):
         q_ready, q_empty, k_ready, v_ready, kv_empty, turn0, turn1 = bars
         HALF: gl.constexpr = BLOCK_M // 2
         c = 0
         tc = 0
-        for t in range(gl.program_id(0), total, gl.num_programs(0)):
+        for i_t in range(gl.program_id(0), total, gl.num_programs(0)):
+            t = _persistent_tile(i_t, total, IS_CAUSAL and SNAKE)
             bh, qt, q_row, q_col, k_row, k_col, n_tiles = _tile_coords(
-                t, N, H, GROUP, n_qt, QRB, QRH, QCH, KRB, KRH, KCH, BLOCK_M, BLOCK_N, IS_CAUSAL)
+                t, N, H, GROUP, n_qt, QRB, QRH, QCH, KRB, KRH, KCH, BLOCK_M, BLOCK_N, IS_CAUSAL,
+                IS_CAUSAL and SNAKE, total)
             mbarrier.wait(q_empty, (tc & 1) ^ 1)
             mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
             _tma_load(q_desc, [q_row, q_col], q_ready, q_smem.index(0))
@@ -481,7 +514,7 @@ if gluon is not None:
                      QRB, QRH, QCH, KRB, KRH, KCH, O, L, stride_ob, stride_oh, stride_on,
                      QK_SCALE: gl.constexpr, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
-                     STAGES: gl.constexpr, WG: gl.constexpr):
+                     STAGES: gl.constexpr, SNAKE: gl.constexpr, WG: gl.constexpr):
         q_ready, q_empty, k_ready, v_ready, kv_empty, turn0, turn1 = bars
         HALF: gl.constexpr = BLOCK_M // 2
         dtype: gl.constexpr = q_desc.dtype
@@ -495,9 +528,11 @@ if gluon is not None:
         c = 0
         tc = 0
         r = 0  # turns taken at the tensor cores
-        for t in range(gl.program_id(0), total, gl.num_programs(0)):
+        for i_t in range(gl.program_id(0), total, gl.num_programs(0)):
+            t = _persistent_tile(i_t, total, IS_CAUSAL and SNAKE)
             bh, qt, q_row, q_col, k_row, k_col, n_tiles = _tile_coords(
-                t, N, H, GROUP, n_qt, QRB, QRH, QCH, KRB, KRH, KCH, BLOCK_M, BLOCK_N, IS_CAUSAL)
+                t, N, H, GROUP, n_qt, QRB, QRH, QCH, KRB, KRH, KCH, BLOCK_M, BLOCK_N, IS_CAUSAL,
+                IS_CAUSAL and SNAKE, total)
             row0 = qt * BLOCK_M + WG * HALF
             mbarrier.wait(q_ready, tc & 1)
             slot = c % STAGES
@@ -548,7 +583,7 @@ if gluon is not None:
     def _fwd_pp_kernel(q_desc, k_desc, v_desc, O, L, N, H, total, stride_ob, stride_oh, stride_on,
                        QRB, QRH, QCH, KRB, KRH, KCH, QK_SCALE: gl.constexpr, GROUP: gl.constexpr,
                        IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                       D: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                       D: gl.constexpr, STAGES: gl.constexpr, SNAKE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                        num_warps: gl.constexpr):
         gl.static_assert(num_warps == 4, "one consumer warpgroup in the default partition")
         HALF: gl.constexpr = BLOCK_M // 2
@@ -576,12 +611,12 @@ if gluon is not None:
         gl.warp_specialize([
             (_pp_consumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, N, H, total, n_qt,
                             QRB, QRH, QCH, KRB, KRH, KCH, O, L, stride_ob, stride_oh, stride_on,
-                            QK_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 0)),
+                            QK_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, SNAKE, 0)),
             (_pp_consumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, N, H, total, n_qt,
                             QRB, QRH, QCH, KRB, KRH, KCH, O, L, stride_ob, stride_oh, stride_on,
-                            QK_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1)),
+                            QK_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, SNAKE, 1)),
             (_pp_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, N, H, total, n_qt,
-                            QRB, QRH, QCH, KRB, KRH, KCH, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES)),
+                            QRB, QRH, QCH, KRB, KRH, KCH, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, SNAKE)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -630,6 +665,7 @@ def launch_forward(q, k, v, out, lse, is_causal: bool, variant: str = "ws", cfg:
     v_desc, _ = _desc(v4, bn)
     group = nh // k4.shape[1]
     n_qt = (n + bm - 1) // bm
+    snake = (d == 64) if SNAKE_CAUSAL is None else bool(SNAKE_CAUSAL)
     common = dict(QK_SCALE=LOG2E / math.sqrt(d), GROUP=group, IS_CAUSAL=bool(is_causal), BLOCK_M=bm,
                   BLOCK_N=bn, D=d, STAGES=stages, num_warps=warps)
     if variant == "plain":
@@ -642,12 +678,13 @@ def launch_forward(q, k, v, out, lse, is_causal: bool, variant: str = "ws", cfg:
         total = n_qt * nb * nh
         grid = (min(total, _sm_count(q.device)),)
         return _fwd_pp_kernel[grid](q_desc, k_desc, v_desc, o4, lse, n, nh, total, o4.stride(0), o4.stride(1),
-                                    o4.stride(2), qrb, qrh, qch, krb, krh, kch, CONSUMER_REGS=PP_REGS, **common)
+                                    o4.stride(2), qrb, qrh, qch, krb, krh, kch, SNAKE=snake,
+                                    CONSUMER_REGS=PP_REGS, **common)
     elif variant == "ws":
         total = n_qt * nb * nh
         grid = (min(total, _sm_count(q.device)),)
         return _fwd_ws_kernel[grid](q_desc, k_desc, v_desc, o4, lse, n, nh, total, o4.stride(0), o4.stride(1),
-                             o4.stride(2), qrb, qrh, qch, krb, krh, kch, **common)
+                                    o4.stride(2), qrb, qrh, qch, krb, krh, kch, SNAKE=snake, **common)
     else:
         raise ValueError(f"unknown Gluon variant {variant!r}: 'pp', 'ws' or 'plain'")
 
@@ -670,7 +707,7 @@ def forward(q, k, v, is_causal: bool = False, variant: str | None = None, cfg: t
     return out.view(q.shape), lse.view(q.shape[:-1])
 
 
-DEFAULT_VARIANT = "ws"  # the variant `forward` runs unless asked: see CONFIGS' note
+DEFAULT_VARIANT = "pp"  # the variant `forward` (and the dispatch) runs unless asked: the fastest measured
 
 
 # ---------------------------------------------------------------------------------------------
@@ -681,23 +718,37 @@ BACKENDS = ("auto", "gluon", "triton")
 
 
 def prefers_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> bool:
-    """Where "auto" picks the Gluon forward: the shapes at which it was measured faster than the
-    tile-language kernel on the H100 (tuning/flash_attention/NOTES.md, steps 37-). None so far:
-    the tile-language kernel stays the default everywhere."""
-    return False
+    """Where "auto" picks the Gluon forward (its ping-pong variant): the shapes at which it was
+    measured faster than the tile-language kernel on the H100 (tuning/flash_attention/NOTES.md,
+    steps 37-40): head dim 128 from 2,048 rows non-causal, and causal from 2,048 to 4,096 rows
+    (grouped-query or not); head dim 64 causal from 16,384 rows. Elsewhere (shorter sequences,
+    causal head dim 128 at 8,192, every shape not measured) the tile-language kernel stays."""
+    if q.dim() < 2:
+        return False
+    n, d = q.shape[-2], q.shape[-1]
+    if d == 128:
+        return n >= 2048 and (not is_causal or n <= 4096)
+    return d == 64 and is_causal and n >= 16384
 
 
 def use_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-              backend: str | None = None) -> bool:
+              backend: str | None = None, validate=None) -> bool:
     """True where the Gluon forward runs this call: `backend` (else $LMPERF_FA_BACKEND, else
     "auto") is "gluon" (forced: a clear ValueError where it cannot run the call), "triton" (never),
-    or "auto" (where it covers the call and was measured faster: `prefers_gluon`)."""
+    or "auto" (where it covers the call and was measured faster: `prefers_gluon`). `validate`
+    (the contract's checks) runs first wherever the answer depends on the inputs."""
     backend = backend or os.environ.get(BACKEND_ENV) or "auto"
     if backend == "triton":
         return False
     if backend == "auto":
-        return prefers_gluon(q, k, v, is_causal) and unsupported(q, k, v, is_causal) is None
+        if not prefers_gluon(q, k, v, is_causal):
+            return False
+        if validate is not None:
+            validate()
+        return unsupported(q, k, v, is_causal) is None
     if backend == "gluon":
+        if validate is not None:
+            validate()
         if (why := unsupported(q, k, v, is_causal)) is not None:
             raise ValueError(f"{BACKEND_ENV}=gluon asks for the Gluon FlashAttention forward, which cannot run "
                              f"this call: {why}. Unset it (or set it to 'auto' or 'triton') for the "
