@@ -38,10 +38,10 @@ SHAPES = {
 }
 # (variant, (BLOCK_M, BLOCK_N, num_warps, STAGES)) candidates by (D, causal); causal tiles square
 CANDIDATES = {  # "pp_snake"/"pp_nosnake": pp with the causal schedule forced (else by head dim)
-    (128, False): [("ws", (128, 128, 8, 2)), ("pp", (128, 128, 4, 2))],
-    (128, True): [("pp", (128, 128, 4, 2)), ("pp_snake", (128, 128, 4, 2))],
+    (128, False): [("pp", (128, 128, 4, 3)), ("pp", (128, 128, 4, 2))],
+    (128, True): [("pp", (128, 128, 4, 3)), ("pp_snake", (128, 128, 4, 3)), ("pp", (128, 128, 4, 2))],
     (64, False): [("plain", (128, 128, 8, 3)), ("pp", (128, 128, 4, 2))],
-    (64, True): [("pp", (128, 128, 4, 3)), ("pp_nosnake", (128, 128, 4, 3)), ("pp", (128, 128, 4, 2))],
+    (64, True): [("pp", (128, 128, 4, 3)), ("pp_nosnake", (128, 128, 4, 3))],
 }
 
 
@@ -54,7 +54,7 @@ def make(b, h, hk, n, d, dtype, layout, seed):
     return one(h), one(hk), one(hk)
 
 
-def check(variants, log) -> list[dict]:
+def check(variants, log, override=None) -> list[dict]:
     from lmperf.kernels import flash_attention_gluon as fg
     from lmperf.kernels.attention_contract import reference, tolerance
     rows = []
@@ -74,7 +74,7 @@ def check(variants, log) -> list[dict]:
             why = fg.unsupported(q, k, v, causal)
             if why:
                 raise RuntimeError(f"refused: {why}")
-            cfg = fg.config(d, causal, variant)
+            cfg = override.get(d, fg.config(d, causal, variant)) if override else fg.config(d, causal, variant)
             q4 = q
             out = q.new_empty_strided((b, h, n, d), (n * h * d, d, h * d, 1)).fill_(float("nan"))
             lse = torch.full((b * h, n), float("nan"), device="cuda")
@@ -140,31 +140,38 @@ def compile_check(log) -> list[dict]:
     return rows
 
 
+def _knobs(fg, label: str) -> None:
+    """A variant label's suffix sets the module's knobs: _snake/_nosnake the causal schedule,
+    _regs240 the second consumer warpgroup's registers; none: the defaults."""
+    suffix = label.split("_")[-1]
+    fg.SNAKE_CAUSAL = {"snake": True, "nosnake": False}.get(suffix)
+    fg.PP_REGS = 240 if suffix == "regs240" else 232
+
+
 def flops(b, h, n, d, causal):
     f = 4.0 * b * h * n * n * d
     return f / 2 if causal else f
 
 
-def bench(names, variants, log, out_csv=None) -> list[dict]:
+def bench(names, variants, log, out_csv=None, passes=1) -> list[dict]:
     import torch.nn.functional as F
     import triton.testing
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from lmperf.kernels import flash_attention_gluon as fg
     from lmperf.kernels import flash_attention_triton as ft
     rows = []
-    for name in names:
+    for pass_, name in [(p, nm) for p in range(passes) for nm in names]:
         b, h, hk, n, d, causal = SHAPES[name]
         q, k, v = make(b, h, hk, n, d, BF16, "bhnd", seed=7)
         fl = flops(b, h, n, d, causal)
         impls = [("triton_tile", "rule", lambda: ft._forward(q, k, v, causal, ft._plain))]
         def gl_fn(vv, cc):
-            snake = {"snake": True, "nosnake": False}.get(vv.split("_")[-1])
             def fn():
-                fg.SNAKE_CAUSAL = snake
+                _knobs(fg, vv)
                 try:
                     return fg.forward(q, k, v, causal, vv.split("_")[0], cc)
                 finally:
-                    fg.SNAKE_CAUSAL = None
+                    _knobs(fg, "")
             return fn
         for variant, cfg in CANDIDATES[(d, causal)]:
             if variant.split("_")[0] in variants:
@@ -184,7 +191,7 @@ def bench(names, variants, log, out_csv=None) -> list[dict]:
         impls.append(("sdpa_cudnn_again", "", impls[-2][2]))
         ref = None
         for label, cfg, fn in impls:
-            row = dict(shape=name, b=b, h=h, hk=hk, n=n, d=d, causal=causal, impl=label, cfg=str(cfg))
+            row = dict(shape=name, b=b, h=h, hk=hk, n=n, d=d, causal=causal, impl=label, cfg=str(cfg), pass_=pass_)
             try:
                 o = fn()
                 o = o[0] if isinstance(o, tuple) else o
@@ -196,9 +203,9 @@ def bench(names, variants, log, out_csv=None) -> list[dict]:
                 row.update(ms_p20=q20, ms_median=q50, ms_p80=q80, tflops=fl / (q50 * 1e-3) / 1e12,
                            max_diff_vs_tile=diff, error="")
                 if label.startswith("gluon"):  # this config's compiled kernel
-                    fg.SNAKE_CAUSAL = {"snake": True, "nosnake": False}.get(label.split("_")[-1])
+                    _knobs(fg, label)
                     kk = fg.launch_forward(q, k, v, outb, lseb, causal, label.split("_")[1], cfg)
-                    fg.SNAKE_CAUSAL = None
+                    _knobs(fg, "")
                     row["regs_spills"] = f"{getattr(kk, 'n_regs', '?')}/{getattr(kk, 'n_spills', '?')}"
             except Exception as exc:  # noqa: BLE001
                 row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -232,6 +239,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-check", action="store_true", help="compiled against eager, then exit")
     ap.add_argument("--only", default=",".join(SHAPES))
     ap.add_argument("--variants", default="plain,ws,pp")
+    ap.add_argument("--check-cfg", default="", help="D:BM,BN,warps,stages;... checked instead of the table's")
+    ap.add_argument("--passes", type=int, default=1, help="times through the shapes (one process)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     import triton
@@ -243,7 +252,11 @@ def main(argv=None) -> int:
             return 0
         if not args.skip_check:
             t0 = time.time()
-            rows = check(variants, log)
+            override = {}
+            for item in filter(None, args.check_cfg.split(";")):
+                dd, cc = item.split(":")
+                override[int(dd)] = tuple(int(x) for x in cc.split(","))
+            rows = check(variants, log, override)
             write(args.out / "gluon_check.csv", rows)
             bad = [r for r in rows if not r["passed"]]
             print(f"check: {len(rows) - len(bad)}/{len(rows)} passed in {time.time() - t0:.0f} s", flush=True)
@@ -251,12 +264,12 @@ def main(argv=None) -> int:
                 vr = [r for r in rows if r["variant"] == variant]
                 print(f"  {variant}: {sum(r['passed'] for r in vr)}/{len(vr)} passed", flush=True)
         if not args.skip_bench:
-            rows = bench(args.only.split(","), variants, log, args.out / "gluon_bench.csv")
+            rows = bench(args.only.split(","), variants, log, args.out / "gluon_bench.csv", args.passes)
             write(args.out / "gluon_bench.csv", rows)
             print("\nshape       impl              cfg                  ms      TFLOP/s")
             for r in rows:
                 if not r.get("error"):
-                    print(f"{r['shape']:11s} {r['impl']:17s} {r['cfg']:20s} {r['ms_median']:.3f} {r['tflops']:7.0f}")
+                    print(f"{r['pass_']} {r['shape']:11s} {r['impl']:17s} {r['cfg']:20s} {r['ms_median']:.3f} {r['tflops']:7.0f}")
     return 0
 
 

@@ -145,8 +145,8 @@ PP_REGS = 232  # registers per thread of the second consumer warpgroup (the prod
 CONFIGS = {
     ("pp", 64, False): (128, 128, 4, 3),
     ("pp", 64, True): (128, 128, 4, 3),  # 3 stages: 432 TFLOP/s against 2 stages' 416 (headline)
-    ("pp", 128, False): (128, 128, 4, 2),
-    ("pp", 128, True): (128, 128, 4, 2),
+    ("pp", 128, False): (128, 128, 4, 3),  # 3 stages (224 KB of shared memory): 598-628 TFLOP/s against
+    ("pp", 128, True): (128, 128, 4, 3),   # 2 stages' 532-576 at 4 x 16 x 8,192 non-causal
     ("plain", 64, False): (128, 128, 8, 3),
     ("plain", 64, True): (128, 128, 8, 3),
     ("plain", 128, False): (128, 128, 8, 2),
@@ -721,14 +721,15 @@ def prefers_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
     """Where "auto" picks the Gluon forward (its ping-pong variant): the shapes at which it was
     measured faster than the tile-language kernel on the H100 (tuning/flash_attention/NOTES.md,
     steps 37-40): head dim 128 from 2,048 rows non-causal, and causal from 2,048 to 4,096 rows
-    (grouped-query or not); head dim 64 causal from 16,384 rows. Elsewhere (shorter sequences,
+    (grouped-query or not); head dim 64 causal from 16,384 rows in at most 16 sequences (the
+    headline; with 256 sequences its causal schedule loses). Elsewhere (shorter sequences,
     causal head dim 128 at 8,192, every shape not measured) the tile-language kernel stays."""
     if q.dim() < 2:
         return False
     n, d = q.shape[-2], q.shape[-1]
     if d == 128:
         return n >= 2048 and (not is_causal or n <= 4096)
-    return d == 64 and is_causal and n >= 16384
+    return d == 64 and is_causal and n >= 16384 and math.prod(q.shape[:-2]) <= 16
 
 
 def use_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
