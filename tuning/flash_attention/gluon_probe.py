@@ -66,6 +66,8 @@ def check(variants, log, override=None) -> list[dict]:
                     cases += [(variant, d, causal, n, BF16, "bhnd", 2, 3, 3),
                               (variant, d, causal, n, BF16, "bnhd", 2, 4, 2),
                               (variant, d, causal, n, FP16, "bhnd", 1, 4, 1)]
+                    if causal and n in (17, 1000):  # more than one group of 16 sequences
+                        cases.append((variant, d, causal, n, BF16, "bhnd", 5, 8, 4))
     for i, (variant, d, causal, n, dtype, layout, b, h, hk) in enumerate(cases):
         row = dict(variant=variant, d=d, causal=causal, n=n, dtype=str(dtype).replace("torch.", ""),
                    layout=layout, b=b, h=h, hk=hk)

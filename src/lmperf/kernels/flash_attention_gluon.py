@@ -182,15 +182,18 @@ if gluon is not None:
     @gluon.jit
     def _tile_coords(t, N, H, GROUP: gl.constexpr, n_qt, QRB, QRH, QCH, KRB, KRH, KCH,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                     HEADS_FASTEST: gl.constexpr = False, total=0):
+                     HEADS_FASTEST: gl.constexpr = False, total=0, HEAD_GROUP: gl.constexpr = 16):
         """Tile t -> (bh, qt, the query tile's TMA row and column, the K/V sequence's first TMA
         row and column, the number of key tiles). Tile-fastest within a sequence (its K/V stay
-        in L2), or with HEADS_FASTEST the same query tile of every sequence in turn; causal
-        tiles longest first."""
-        if HEADS_FASTEST:
+        in L2), or with HEADS_FASTEST the same query tile of each of HEAD_GROUP sequences in
+        turn, group after group; causal tiles longest first."""
+        if HEADS_FASTEST:  # in groups of HEAD_GROUP sequences, so that few sequences' K/V are in flight
             n_bh = total // n_qt
-            bh = t % n_bh
-            qt = t // n_bh
+            g = t // (HEAD_GROUP * n_qt)
+            r = t - g * (HEAD_GROUP * n_qt)
+            in_group = gl.minimum(n_bh - g * HEAD_GROUP, HEAD_GROUP)
+            bh = g * HEAD_GROUP + r % in_group
+            qt = r // in_group
         else:
             bh = t // n_qt
             qt = t % n_qt
@@ -720,15 +723,15 @@ BACKENDS = ("auto", "gluon", "triton")
 def prefers_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> bool:
     """Where "auto" picks the Gluon forward (its ping-pong variant): the shapes at which it was
     measured faster than the tile-language kernel on the H100 (tuning/flash_attention/NOTES.md,
-    steps 37-40): head dim 128 from 2,048 rows non-causal, and causal from 2,048 to 4,096 rows
-    (grouped-query or not); head dim 64 causal from 16,384 rows in at most 16 sequences (the
-    headline; with 256 sequences its causal schedule loses). Elsewhere (shorter sequences,
-    causal head dim 128 at 8,192, every shape not measured) the tile-language kernel stays."""
+    steps 37-41): head dim 128 from 2,048 rows, causal or not, grouped-query or not; head dim 64
+    causal from 16,384 rows in at most 16 sequences (the headline; with 256 sequences its causal
+    schedule loses). Elsewhere (shorter sequences, head dim 64 otherwise, every shape not
+    measured) the tile-language kernel stays."""
     if q.dim() < 2:
         return False
     n, d = q.shape[-2], q.shape[-1]
     if d == 128:
-        return n >= 2048 and (not is_causal or n <= 4096)
+        return n >= 2048
     return d == 64 and is_causal and n >= 16384 and math.prod(q.shape[:-2]) <= 16
 
 
