@@ -39,6 +39,23 @@ def test_the_tile_kernel_is_the_default(monkeypatch):
     assert fg.use_gluon(q, k, v, True) is False  # CPU tensors: never
 
 
+@pytest.mark.parametrize("shape, causal, expected", [
+    ((4, 16, 8192, 128), False, True),  # the throughput shape
+    ((4, 16, 8192, 128), True, True),
+    ((4, 32, 2048, 128), True, True),   # the model group's grouped-query shapes (q heads)
+    ((4, 16, 1024, 128), True, False),  # shorter: not measured faster
+    ((4, 16, 2000, 128), False, False),  # ragged: a tile would run past the sequence's end
+    ((1, 16, 16384, 64), True, True),   # the headline
+    ((16, 16, 16384, 64), True, False),  # 256 sequences: slower than the tile kernel
+    ((4, 16, 8192, 64), False, False),
+    ((1, 2, 4096, 80), True, False),
+])
+def test_where_auto_prefers_gluon(shape, causal, expected):
+    """The rule is the measured table (tuning/flash_attention/NOTES.md, steps 37-41)."""
+    q = torch.empty(shape, device="meta")
+    assert fg.prefers_gluon(q, q, q, causal) is expected
+
+
 def test_forcing_the_tile_kernel(monkeypatch):
     monkeypatch.setattr(fg, "prefers_gluon", lambda *a: True)
     q, k, v = qkv((1, 2, 64, 64), device=DEVICE)

@@ -39,7 +39,7 @@ SHAPES = {
 # (variant, (BLOCK_M, BLOCK_N, num_warps, STAGES)) candidates by (D, causal); causal tiles square
 CANDIDATES = {  # "pp_snake"/"pp_nosnake": pp with the causal schedule forced (else by head dim)
     (128, False): [("pp", (128, 128, 4, 3)), ("pp", (128, 128, 4, 2))],
-    (128, True): [("pp", (128, 128, 4, 3)), ("pp_snake", (128, 128, 4, 3)), ("pp", (128, 128, 4, 2))],
+    (128, True): [("pp", (128, 128, 4, 3)), ("pp_snake", (128, 128, 4, 3))],
     (64, False): [("plain", (128, 128, 8, 3)), ("pp", (128, 128, 4, 2))],
     (64, True): [("pp", (128, 128, 4, 3)), ("pp_nosnake", (128, 128, 4, 3))],
 }

@@ -10,16 +10,27 @@ attention), q/k/v read in place where each head is a dense run of rows (B, H, N,
 or the (B, N, H, D) memory of a transposed projection); `unsupported(...)` says why anything
 else is refused, and the dispatch in flash_attention_triton then keeps the tile-language kernel.
 
-Two kernels, one algorithm:
-- `_fwd_kernel`: one program per (query tile, sequence), all warps computing. K/V tiles stream
+Three kernels, one algorithm:
+- `_fwd_kernel` ("plain"): one program per (query tile, sequence), all warps computing. K/V tiles stream
   through a ring of STAGES shared-memory buffers loaded by TMA; QK^T and PV are asynchronous
   wgmma. The schedule is FlashAttention-3's intra-warpgroup overlap: QK^T of tile j is issued
   before PV of tile j-1, and the softmax of tile j runs while PV of tile j-1 is in the tensor
   cores.
-- `_fwd_ws_kernel`: persistent and warp-specialised: a one-warp producer partition issues the
-  TMA loads of Q and the K/V ring (empty/ready mbarrier pairs), the default partition's
-  warpgroups compute with the same overlap; programs walk tiles tile-fastest within a head (the
-  head's K/V stay in L2), causal tiles longest first.
+- `_fwd_ws_kernel` ("ws"): persistent and warp-specialised: a one-warp producer partition issues
+  the TMA loads of Q and the K/V ring (empty/ready mbarrier pairs), the default partition's
+  warpgroups compute with the same overlap.
+- `_fwd_pp_kernel` ("pp", the one the dispatch runs): ws with FlashAttention-3's ping-pong: two
+  consumer warpgroups, each 64 rows of a 128-row query tile, take turns at the tensor cores
+  (a pair of mbarriers), so one's softmax runs while the other's QK^T and PV are computed.
+Persistent programs walk tiles tile-fastest within a head (the head's K/V stay in L2); causal
+tiles longest first, at head dim 64 heads fastest within groups of 16 sequences with every odd
+round reversed (a snake: each program's sum of tile lengths about equal).
+
+The dispatch (`use_gluon`, called by flash_attention_triton.FlashAttention2Triton): the
+environment variable LMPERF_FA_BACKEND=gluon forces this forward (a ValueError saying why where
+it cannot run the call), =triton the tile-language one; unset or "auto", this one runs only
+where it was measured faster on the H100 (`prefers_gluon`). Under torch.compile it is the opaque
+op `lmperf::flash_attention_forward_gluon`, so compiled and eager calls run the same kernel.
 
 Key tiles are visited last to first, so the only tile that needs a mask (the causal diagonal, or
 the ragged end of a non-causal sequence) is the first one; every later tile runs unmasked.
@@ -27,8 +38,10 @@ Causal tiles are square (BLOCK_M == BLOCK_N), so the diagonal is one tile.
 
 TMA reads of the tiles that run past a sequence's end read the next sequence's rows (or zeros
 past the tensor): those query rows are never stored, those keys are masked to -inf, and those
-values are weighted by exactly 0; so q, k and v must hold finite numbers (inf or NaN in one
-sequence could reach a neighbour's output as 0 * inf).
+values are weighted by exactly 0; so with a ragged N (not a multiple of 128) q, k and v must
+hold finite numbers (inf or NaN in one sequence could reach a neighbour's output as 0 * inf).
+"auto" picks this forward only where N is a multiple of 128, where no tile runs past a
+sequence's end.
 """
 from __future__ import annotations
 
@@ -140,6 +153,8 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bo
 # H100, the tile-fastest order at D = 128, where it was); True/False forces one (the probe).
 # Snake: heads fastest, longest tiles first, every odd round reversed; else tile-fastest.
 SNAKE_CAUSAL = None
+SNAKE_BY_HEAD_DIM = {64: True, 128: False}  # measured: notes steps 39 and 41
+DEFAULT_VARIANT = "pp"  # the variant `forward` (and the dispatch) runs unless asked: the fastest measured
 PP_REGS = 232  # registers per thread of the second consumer warpgroup (the producer warp gets 24)
 
 CONFIGS = {
@@ -668,7 +683,7 @@ def launch_forward(q, k, v, out, lse, is_causal: bool, variant: str = "ws", cfg:
     v_desc, _ = _desc(v4, bn)
     group = nh // k4.shape[1]
     n_qt = (n + bm - 1) // bm
-    snake = (d == 64) if SNAKE_CAUSAL is None else bool(SNAKE_CAUSAL)
+    snake = SNAKE_BY_HEAD_DIM[d] if SNAKE_CAUSAL is None else bool(SNAKE_CAUSAL)
     common = dict(QK_SCALE=LOG2E / math.sqrt(d), GROUP=group, IS_CAUSAL=bool(is_causal), BLOCK_M=bm,
                   BLOCK_N=bn, D=d, STAGES=stages, num_warps=warps)
     if variant == "plain":
@@ -710,8 +725,6 @@ def forward(q, k, v, is_causal: bool = False, variant: str | None = None, cfg: t
     return out.view(q.shape), lse.view(q.shape[:-1])
 
 
-DEFAULT_VARIANT = "pp"  # the variant `forward` (and the dispatch) runs unless asked: the fastest measured
-
 
 # ---------------------------------------------------------------------------------------------
 # Dispatch: which forward FlashAttention2Triton runs
@@ -725,9 +738,10 @@ def prefers_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
     measured faster than the tile-language kernel on the H100 (tuning/flash_attention/NOTES.md,
     steps 37-41): head dim 128 from 2,048 rows, causal or not, grouped-query or not; head dim 64
     causal from 16,384 rows in at most 16 sequences (the headline; with 256 sequences its causal
-    schedule loses). Elsewhere (shorter sequences, head dim 64 otherwise, every shape not
-    measured) the tile-language kernel stays."""
-    if q.dim() < 2:
+    schedule loses). N a multiple of 128 (no tile past a sequence's end: see the module's note).
+    Elsewhere (shorter or ragged sequences, head dim 64 otherwise, every shape not measured) the
+    tile-language kernel stays."""
+    if q.dim() < 2 or q.shape[-2] % 128:
         return False
     n, d = q.shape[-2], q.shape[-1]
     if d == 128:
