@@ -105,10 +105,10 @@ def test_which_layouts_are_read_in_place():
     as they are; anything else (a stride along D, a head that is not a dense run of rows) is
     refused, and the tile kernel runs it."""
     x = torch.empty(2, 3, 5, 64)
-    assert fg._rows(x) == (64, 15, 5, 0)
-    assert fg._rows(torch.empty(2, 5, 3, 64).transpose(1, 2)) == (192, 5, 0, 64)
-    assert fg._rows(torch.empty(2, 3, 5, 128)[..., ::2]) is None
-    assert fg._rows(torch.empty(2, 3, 8, 64)[:, :, :5]) is None  # rows of a head not contiguous with the next
+    assert fg.head_rows(x) == (64, 15, 5, 0)
+    assert fg.head_rows(torch.empty(2, 5, 3, 64).transpose(1, 2)) == (192, 5, 0, 64)
+    assert fg.head_rows(torch.empty(2, 3, 5, 128)[..., ::2]) is None
+    assert fg.head_rows(torch.empty(2, 3, 8, 64)[:, :, :5]) is None  # rows of a head not contiguous with the next
 
 
 def test_the_gluon_op_has_the_tile_kernels_output_layout():
@@ -117,9 +117,8 @@ def test_the_gluon_op_has_the_tile_kernels_output_layout():
     with FakeTensorMode():
         q, k, v = (torch.empty(2, 3, 40, 64, dtype=torch.bfloat16) for _ in range(3))
         out, lse = torch.ops.lmperf.flash_attention_forward_gluon(q, k, v, True)
-        ref_out, ref_lse = ft._forward_fake(q, k, v, True)
-    assert out.shape == q.shape and out.stride() == ref_out.stride()
-    assert lse.shape == ref_lse.shape and lse.dtype == torch.float32
+    assert out.shape == q.shape and out.stride() == (40 * 3 * 64, 64, 3 * 64, 1)
+    assert lse.shape == (2, 3, 40) and lse.dtype == torch.float32
 
 
 # ---------------------------------------------------------------------------------------------

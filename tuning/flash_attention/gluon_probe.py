@@ -166,7 +166,7 @@ def bench(names, variants, log, out_csv=None, passes=1) -> list[dict]:
         b, h, hk, n, d, causal = SHAPES[name]
         q, k, v = make(b, h, hk, n, d, BF16, "bhnd", seed=7)
         fl = flops(b, h, n, d, causal)
-        impls = [("triton_tile", "rule", lambda: ft._forward(q, k, v, causal, ft._plain))]
+        impls = [("triton_tile", "rule", lambda: ft.forward_with_lse(q, k, v, causal))]  # the tile kernel's op
         def gl_fn(vv, cc):
             def fn():
                 _knobs(fg, vv)

@@ -9,6 +9,9 @@ compute capability 9.x, bf16 or fp16, head dims 64 and 128, k/v heads dividing q
 attention), q/k/v read in place where each head is a dense run of rows (B, H, N, D) contiguous,
 or the (B, N, H, D) memory of a transposed projection); `unsupported(...)` says why anything
 else is refused, and the dispatch in flash_attention_triton then keeps the tile-language kernel.
+One file (about 800 lines) on purpose: the three kernels share their pieces (tile order, softmax
+steps, epilogue), a config is only valid for the kernel beside it, and the dispatch rule is the
+measurement of these kernels.
 
 Three kernels, one algorithm:
 - `_fwd_kernel` ("plain"): one program per (query tile, sequence), all warps computing. K/V tiles stream
@@ -99,7 +102,7 @@ def _heads(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(shape)
 
 
-def _rows(t: torch.Tensor):
+def head_rows(t: torch.Tensor):
     """(row_stride, per-batch row offset, per-head row offset, per-head column offset) of a 2-D
     view [rows, row_stride] of a (B, H, N, D) tensor in which each head's N rows are a dense
     run of rows, or None. Two layouts qualify: (B, H, N, D) contiguous (row = (b*H + h)*N + n,
@@ -135,7 +138,7 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bo
             or q4.shape[1] % k4.shape[1] != 0:
         return "q, k, v shapes do not match the contract"
     for name, t in (("q", q4), ("k", k4), ("v", v4)):
-        if _rows(t) is None:
+        if head_rows(t) is None:
             return (f"{name} is neither (B, H, N, D) contiguous nor a (B, H, N, D) view of (B, N, H, D) "
                     f"memory (strides {tuple(t.stride())})")
         if not torch.compiler.is_compiling() and t.data_ptr() % 16:  # (a trace's tensors have no data)
@@ -643,10 +646,10 @@ if gluon is not None:
 
 
 def _desc(t4: torch.Tensor, block_rows: int):
-    """A 2-D TMA descriptor over t4's rows (see _rows) and the (row-per-batch, row-per-head,
+    """A 2-D TMA descriptor over t4's rows (see head_rows) and the (row-per-batch, row-per-head,
     column-per-head) offsets of its heads."""
     b, h, n, d = t4.shape
-    stride, rb, rh, ch = _rows(t4)
+    stride, rb, rh, ch = head_rows(t4)
     rows = (b - 1) * rb + (h - 1) * rh + n
     cols = (h - 1) * ch + d
     gdt = gl.bfloat16 if t4.dtype == torch.bfloat16 else gl.float16
