@@ -76,10 +76,9 @@ def test_the_report_and_readme_take_peers_and_labels_from_the_registry(registry)
     assert flash_attention.peers() == registry.names("attention", role="peer") + \
         registry.names("attention", role="contender")
     assert flash_attention.OURS == registry.names("attention", role="ours")
-    fa = pd.DataFrame({"provider": ["triton", "sdpa_flash", "flex"]})
-    assert readme.fa_providers(fa) == {"ours": registry.get("triton").label,
-                                       "sdpa_flash": registry.labels("attention")["sdpa_flash"],
-                                       "flex": registry.labels("attention")["flex"]}
+    assert readme.FA_OURS in registry.names("attention", role="ours")
+    assert readme.FA_PEERS and readme.FA_PEERS == {p: registry.labels("attention")[p] for p in readme.FA_PEERS}
+    assert set(readme.FA_PEERS) <= set(registry.names("attention", role="peer"))
 
 
 def test_an_unknown_provider_stops_planning_naming_it_and_the_known_ones():

@@ -232,7 +232,7 @@ def main(argv=None) -> int:
         result = compare(a, b, args.threshold, args.host_bound_pct)
     except ValueError as e:
         p.error(str(e))
-    page = render(result, args.a, args.b, a, b)
+    page = render(result, args.a, args.b, a, b, figure=args.out.with_suffix(".png") if args.out else None)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(page)

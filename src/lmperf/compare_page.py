@@ -56,6 +56,68 @@ def farthest_first(rows: pd.DataFrame) -> pd.DataFrame:
             .sort_values(["_d", *key], ascending=[False] + [True] * len(key), kind="stable"))
 
 
+# The headline numbers a comparison opens with (its chart): (label, section, study, case_id
+# regular expression, metric), each read from one row both runs hold. A host-bound row is left
+# out of the chart and named under it.
+HEADLINE = [
+    ("FlashAttention-2 fwd+bwd, leaderboard shape", "flash_attention", "bench", r"headline-triton_compiled-.*", "fwd_bwd_ms"),
+    ("cuDNN (SDPA) fwd+bwd, leaderboard shape", "flash_attention", "bench", r"headline-sdpa_cudnn-.*", "fwd_bwd_ms"),
+    ("FlashAttention-2 forward, throughput shape", "flash_attention", "bench", r"throughput-triton-bf16-full-.*", "forward_ms"),
+    ("ladder: fp32 eager step (rung 1)", "ladder", "ladder", r".*-rung01-.*", "step_ms"),
+    ("ladder: best bf16 rung (context 2,048)", "ladder", "ladder", r".*-rung15-.*", "step_ms"),
+    ("ladder: FP8 rung", "ladder", "ladder", r".*-ours_float8_delayed", "step_ms"),
+    ("ladder: context 4,096 with checkpointing", "ladder", "ladder", r".*-checkpoint", "step_ms"),
+    ("e2e: 2.7B fp32 eager training step", "e2e", "variants", r"2\.7B-ctx256-fp32-eager-train-.*", "step_ms"),
+    ("LRPE-cosine: device-to-device copy", "lrpe", "bench", r".*", "copy_gbs"),
+]
+# Rows of a first step, of the profiler's kernels and of checks are no steady-state timing: the
+# "largest differences" are read among the others.
+NOT_STEADY = {"sections": ("profile", "convergence"), "studies": ("check", "warmup"), "metrics": ("first_step_ms",)}
+
+
+def steady(rows: pd.DataFrame) -> pd.DataFrame:
+    """The timing rows of steady-state measurements (`NOT_STEADY` left out), not host-bound."""
+    keep = (rows["kind"].isin(["time", "rate"]) & ~rows["host_bound"]
+            & ~rows["section"].isin(NOT_STEADY["sections"]) & ~rows["study"].isin(NOT_STEADY["studies"])
+            & ~rows["metric"].isin(NOT_STEADY["metrics"]))
+    return rows[keep]
+
+
+def headline(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per `HEADLINE` entry both runs hold: its label, B's time over A's, host-bound or not."""
+    out = []
+    for name, section, study, case, metric in HEADLINE:
+        hit = rows[(rows["section"] == section) & (rows["study"] == study) & (rows["metric"] == metric)
+                   & rows["case_id"].str.fullmatch(case) & rows["ratio"].notna()]
+        if len(hit):
+            r = hit.sort_values("case_id").iloc[0]
+            out.append({"headline": name, "row": f"{section}/{study}/{r['case_id']} {metric}",
+                        "B time / A time": float(time_ratio(hit.loc[[r.name]]).iloc[0]),
+                        "verdict": r["verdict"], "host_bound": bool(r["host_bound"])})
+    return pd.DataFrame(out)
+
+
+def chart(table: pd.DataFrame, path, name_a: str, name_b: str) -> bool:
+    """The headline ratios (not host-bound) as horizontal bars, B's time over A's; False where none."""
+    shown = table[~table["host_bound"]] if len(table) else table
+    if not len(shown):
+        return False
+    from lmperf.report.plot import plt, save
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(shown) + 1.2))
+    y = range(len(shown))[::-1]
+    ratios = shown["B time / A time"].tolist()
+    ax.barh(list(y), ratios, color=["C2" if r < 1 else "C3" for r in ratios])
+    ax.set_yticks(list(y), shown["headline"].tolist(), fontsize="small")
+    ax.axvline(1, color="k", lw=0.8)
+    for yi, r in zip(y, ratios):
+        ax.annotate(f"{r:.2f}", (r, yi), textcoords="offset points", xytext=(4, -3), fontsize="x-small")
+    ax.set_xlabel("B's time / A's (below 1: B is faster)")
+    ax.set_title(f"Headline numbers: B = {name_b} against A = {name_a}", fontsize="small")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save(fig, path)
+    return True
+
+
 def largest(rows: pd.DataFrame, n: int = LARGEST) -> str:
     """The n rows whose time ratio is farthest from 1, as prose."""
     top = farthest_first(rows).head(n)
@@ -102,11 +164,12 @@ def agreement(result: dict) -> str:
                  f"than {result['host_bound_pct']:g}% of the call in either run, so the time follows "
                  f"the host's speed): {h_same} agree, B is slower in {h_slower} and faster in "
                  f"{h_faster}; they are marked and never fail the check.")
+    timing = steady(timing)  # the largest differences: steady-state rows only
     differ = timing[timing["verdict"] != stats.SAME]
     if len(differ):
-        return f"{text} The largest differences: {largest(differ)}."
+        return f"{text} The largest differences among steady-state rows: {largest(differ)}."
     if len(timing):
-        return f"{text} No row differs beyond the noise; the largest ratios: {largest(timing)}."
+        return f"{text} No steady-state row differs beyond the noise; the largest ratios: {largest(timing)}."
     return text
 
 
@@ -202,16 +265,31 @@ def one_run_only(result: dict) -> list[str]:
     return out
 
 
-def render(result: dict, name_a: str, name_b: str, a: pd.DataFrame, b: pd.DataFrame) -> str:
-    """The page: summary, rows that disagree, cases not ok, rows in one run only, every row
-    (one folded table a section)."""
+def render(result: dict, name_a: str, name_b: str, a: pd.DataFrame, b: pd.DataFrame,
+           figure=None) -> str:
+    """The page: its summary and headline numbers (with their chart, written to `figure` where
+    given: a PNG beside the page), then, folded, the rows that disagree, the cases not ok, the
+    rows in one run only and every row (one folded table a section)."""
+    from pathlib import Path
     rows = result["rows"]
     kind_of = "hardware comparison" if result["hardware"] else "regression check"
-    out = [f"# `{name_b}` against `{name_a}` ({kind_of})", "",
-           *summary(result, name_a, name_b, a, b), "", METHOD, ""]
+    top = headline(rows)
+    out = [f"# `{name_b}` against `{name_a}` ({kind_of})", "", *summary(result, name_a, name_b, a, b), ""]
+    if len(top):
+        drawn = figure is not None and chart(top, Path(figure), name_a, name_b)
+        if drawn:
+            out += [f"![Headline numbers: B's time over A's]({Path(figure).name})", ""]
+        bound = top[top["host_bound"]]
+        shown = top[~top["host_bound"]]
+        out += ["Headline numbers, B's time over A's (below 1 B is faster): " + "; ".join(
+            f"{r['headline']} {r['B time / A time']:.3f}" for _, r in shown.iterrows()) + "."]
+        if len(bound):
+            out += [f"Host-bound in a run ({HOST_BOUND}), left out: " + "; ".join(bound["headline"]) + "."]
+        out += [""]
+    out += folded("How B/A and its verdict are computed", METHOD)
     disagree = rows[rows["verdict"].isin([stats.FASTER, stats.SLOWER, DIFFERS])]
     disagree = farthest_first(disagree)
-    out += ["## Rows that disagree", "", markdown(view(disagree)), ""]
+    out += ["## Rows that disagree", "", *folded(f"{len(disagree)} rows, farthest from 1 first", markdown(view(disagree)))]
     not_ok = result["not_ok"].copy()
     for c in ("message_a", "message_b"):
         not_ok[c] = not_ok[c].map(lambda m: "" if pd.isna(m) else str(m)[:120])

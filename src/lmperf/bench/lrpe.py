@@ -9,7 +9,11 @@ its compiling cases in N worker processes, then times every case in its own (ben
 
 A bench case's call-time rows (ms, GB/s, share of copy bandwidth, per direction) carry
 `gpu_idle_pct`, the share of the median call the GPU sat idle (bench/timing.py's gpu_idle): high
-where do_bench times the host. The kernel-time rows leave the host out and have none.
+where do_bench times the host. Two GPU times leave the host out and have none: the kernel-time
+rows (`*_kernel_ms`: the profiler's record of the call's GPU work, cold L2) and the CUDA-graph rows
+(`*_gpu_ms`: the forward, and the forward with its backward, replayed as CUDA graphs,
+bench/timing.py's do_bench_cudagraph_quantiles; the backward their difference), so that a small case's time per call, mostly the host's, never
+stands alone as the kernel's speed.
 """
 from __future__ import annotations
 
@@ -294,6 +298,7 @@ def measure_bench(case: dict) -> list[dict]:
         rows += [dict(one_value(f"{direction}_kernel_ms", "ms", ms), kernel_calls=calls),
                  one_value(f"{direction}_kernel_gbs", "GB/s", gbs(ms)),
                  one_value(f"{direction}_kernel_copy_fraction", "fraction", gbs(ms) / copy)]
+    rows += graph_rows(fn, x, theta, grad, rep_ms, gbs, copy)
     rows.append(quantile_row("copy_gbs", "GB/s", *copy_bandwidth_quantiles(*copy_windows)))
     rows.append(one_value("x_elements", "count", x.numel()))
     config = ""
@@ -303,6 +308,38 @@ def measure_bench(case: dict) -> list[dict]:
         config = f"BLOCK_N={cfg['BLOCK_N']} warps={cfg['num_warps']} programs_per_sm={lrpe.PROGRAMS_PER_SM} min_batch={lrpe.MIN_BATCH_PER_PROGRAM}"
     for row in rows:
         row["config"] = config
+    return rows
+
+
+def graph_rows(fn, x, theta, grad, rep_ms: int, gbs, copy: float) -> list[dict]:
+    """The forward, and the forward with its backward, replayed as CUDA graphs
+    (`forward_gpu_ms`, `fwd_bwd_gpu_ms`, with their 20% / 80% quantiles), and the backward as
+    their difference (`backward_gpu_ms`, the median only: quantiles do not subtract), with their
+    shares of the copy bandwidth: the GPU's time of a call with no host in it. The backward is
+    captured with its forward, as autograd runs it on the stream its forward ran on. A capture
+    that fails is a row of its own (status and message); the other rows stand."""
+    import torch
+
+    def fwd_bwd():
+        torch.autograd.grad(fn(x, theta), x, grad)
+    rows, ms = [], {}
+    for name, call in (("forward", lambda: fn(x, theta)), ("fwd_bwd", fwd_bwd)):
+        try:
+            ms[name], q20, q80 = timing.do_bench_cudagraph_quantiles(call, rep_ms=rep_ms)
+        except Exception as exc:  # noqa: BLE001  (the other timings stand without it)
+            status, message = common.classify_failure(exc)
+            rows.append({**common.failure_row(status, ("CUDA graph: " + message)[:300]),
+                         "metric": f"{name}_gpu_ms", "unit": "ms"})
+            continue
+        rows.append(quantile_row(f"{name}_gpu_ms", "ms", q20, ms[name], q80))
+        if name == "forward":
+            rows.append(quantile_row("forward_gpu_copy_fraction", "fraction", gbs(q80) / copy,
+                                     gbs(ms[name]) / copy, gbs(q20) / copy))
+    if len(ms) == 2:
+        backward = ms["fwd_bwd"] - ms["forward"]
+        rows += [{**one_value("backward_gpu_ms", "ms", backward), "q20": math.nan, "q80": math.nan,
+                  "message": "backward = (forward+backward) - forward, both CUDA graphs"},
+                 one_value("backward_gpu_copy_fraction", "fraction", gbs(backward) / copy)]
     return rows
 
 

@@ -1012,6 +1012,19 @@ def forward_with_lse(q, k, v, is_causal: bool = False):
         return flash_attention_forward(q, k, v, is_causal)
 
 
+def _gluon_forward(q, k, v, is_causal: bool, check: bool = False) -> bool:
+    """Whether the forward runs the Gluon kernel (flash_attention_gluon, Hopper) instead of the
+    tile-language one: LMPERF_FA_BACKEND=gluon forces it (an error where it cannot run), =triton
+    never, unset or auto where its rule picks it. The backward is the tile-language one either
+    way (the two forwards write the same O and L layouts)."""
+    from lmperf.kernels import flash_attention_gluon
+
+    def validate():
+        check_qkv(q, k, v)
+        check_causal(is_causal)
+    return flash_attention_gluon.use_gluon(q, k, v, is_causal, validate=validate if check else None)
+
+
 class FlashAttention2Triton(torch.autograd.Function):
     """apply(q, k, v, is_causal=False) -> softmax(q k^T / sqrt(D)) v for (..., N, D) inputs.
     k and v may have fewer heads (dim -3) than q, dividing them: grouped-query attention, query
@@ -1027,8 +1040,14 @@ class FlashAttention2Triton(torch.autograd.Function):
         if torch.compiler.is_compiling():  # the op: the compiler sees (and launches) the kernels
             check_qkv(q, k, v)
             check_causal(is_causal)
-            _check_device(q)
-            out, lse = flash_attention_forward(q, k, v, is_causal)
+            if _gluon_forward(q, k, v, is_causal):  # an opaque op: the same kernel as eager mode
+                out, lse = torch.ops.lmperf.flash_attention_forward_gluon(q, k, v, is_causal)
+            else:
+                _check_device(q)
+                out, lse = flash_attention_forward(q, k, v, is_causal)
+        elif _gluon_forward(q, k, v, is_causal, check=True):
+            from lmperf.kernels import flash_attention_gluon
+            out, lse = flash_attention_gluon.forward(q, k, v, is_causal)
         else:  # eager: the same kernels without the op's dispatch (tens of us a call); checks q, k, v
             out, lse = _forward(q, k, v, is_causal, _plain)
         ctx.save_for_backward(q, k, v, out, lse)

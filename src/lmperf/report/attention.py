@@ -1,12 +1,14 @@
-"""Attention in PyTorch: forward and backward time, the memory held for backward against the
-prediction from the saved tensors, the first OOM, and the figure against sequence length."""
+"""Attention in PyTorch: forward and backward time (medians), the memory held for backward against
+the prediction from the saved tensors, the first OOM, torch.compile against eager across sequence
+lengths (host-bound calls marked and left out of the ratios), and the figure against sequence
+length."""
 from __future__ import annotations
 
 import math
 
 import pandas as pd
 
-from lmperf.report.format import cell, unavailable
+from lmperf.report.format import HOST_BOUND, cell, fmt, idle_text, ratio_range, unavailable
 from lmperf.report.plot import plt, save
 
 
@@ -15,14 +17,22 @@ def view(inputs) -> dict:
     if df.empty:
         return unavailable("no results (rule attention has not run)")
     rows = []
+    center = "median" if "median" in df and df["median"].notna().any() else "mean"
+    threshold = inputs.bars.get("host_bound_idle_pct", math.inf)
     for _, g in df.groupby("case_id", sort=False):
         first = g.iloc[0]
         rows.append({"impl": first["impl"], "d": int(first["head_dim"]), "N": int(first["seq_len"]),
-                     "forward ms": cell(g, "forward_ms", spread=True),
-                     "backward ms": cell(g, "backward_ms", spread=True),
+                     "forward ms": cell(g, "forward_ms", spread=True, column=center),
+                     "backward ms": cell(g, "backward_ms", spread=True, column=center),
                      "held before backward (MiB)": cell(g, "allocated_before_backward_mib"),
-                     "predicted (MiB)": cell(g, "predicted_saved_mib")})
-    view = {"available": True, "table": pd.DataFrame(rows),
+                     "predicted (MiB)": cell(g, "predicted_saved_mib"),
+                     "forward GPU idle %": idle_text(gpu_idle(g, "forward_ms"), threshold),
+                     "backward GPU idle %": idle_text(gpu_idle(g, "backward_ms"), threshold)})
+    table = pd.DataFrame(rows)
+    view = {"available": True, "table": table, "center": center, "threshold": threshold,
+            "table_hb": int(table[["forward GPU idle %", "backward GPU idle %"]].map(
+                lambda v: isinstance(v, str) and v.endswith(HOST_BOUND)).any(axis=1).sum()),
+            "dtypes": sorted(set(df["dtype"].dropna())) if "dtype" in df else ["fp32"],
             "batch": int(df["batch"].iloc[0]), "iters": int(df["iters"].iloc[0])}
     if "window_s" in df and df["window_s"].notna().any():  # rows of a windowed run
         view["min_iters"], view["window_s"] = int(df["min_iters"].iloc[0]), float(df["window_s"].iloc[0])
@@ -37,7 +47,47 @@ def view(inputs) -> dict:
         n0, n1 = per_n.index[-2], per_n.index[-1]
         view["growth"] = {"n0": int(n0), "n1": int(n1),
                           "exponent": math.log(per_n[n1] / per_n[n0]) / math.log(n1 / n0)}
+    view["compiled"] = compiled_vs_eager(df, center, threshold)
     return view
+
+
+def gpu_idle(g: pd.DataFrame, metric: str) -> float | None:
+    row = g[g["metric"] == metric]
+    if row.empty or "gpu_idle_pct" not in row or pd.isna(row["gpu_idle_pct"].iloc[0]):
+        return None
+    return float(row["gpu_idle_pct"].iloc[0])
+
+
+def compiled_vs_eager(df: pd.DataFrame, center: str, threshold: float) -> dict:
+    """torch.compile against eager, per (d, N) and direction: eager median / compiled median,
+    shown where neither call is host-bound (else the mark); {"table", "host_bound": rows with a
+    mark, per direction {n, min, max, mean} over the ratios taken and the N they cover}."""
+    ok = df[(df["status"] == "ok") & df["metric"].isin(["forward_ms", "backward_ms"])]
+    if not {"eager", "compiled"} <= set(ok["impl"]):
+        return {}
+    idle = pd.to_numeric(ok["gpu_idle_pct"], errors="coerce") if "gpu_idle_pct" in ok else pd.Series(math.nan, index=ok.index)
+    ok = ok.assign(bound=idle > threshold)
+    rows, taken = [], {"forward": [], "backward": []}
+    for (d, n), g in ok.groupby(["head_dim", "seq_len"], sort=True):
+        row = {"d": int(d), "N": int(n)}
+        for direction in ("forward", "backward"):
+            m = g[g["metric"] == f"{direction}_ms"].set_index("impl")
+            if not {"eager", "compiled"} <= set(m.index):
+                continue
+            ratio = float(m.loc["eager", center] / m.loc["compiled", center])
+            bound = bool(m.loc[["eager", "compiled"], "bound"].any())
+            row[f"{direction}: eager / compiled"] = f"{fmt(ratio)} {HOST_BOUND}" if bound else ratio
+            row[f"_{direction}"] = math.nan if bound else ratio
+            if not bound:
+                taken[direction].append((int(n), ratio))
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    marks = [c for c in table if c.endswith("eager / compiled")]
+    out = {"table": table, "host_bound": int(table[marks].map(lambda v: isinstance(v, str)).any(axis=1).sum())}
+    for direction, pairs in taken.items():
+        out[direction] = {**ratio_range(pd.Series([r for _, r in pairs], dtype=float)),
+                          "n_from": min((n for n, _ in pairs), default=None)}
+    return out
 
 
 def figures(inputs, paths: dict) -> dict[str, str]:
@@ -46,6 +96,7 @@ def figures(inputs, paths: dict) -> dict[str, str]:
     path = paths["attention"]
     df = inputs.rows("attention")
     ok = df[df["status"] == "ok"] if not df.empty else df
+    center = "median" if "median" in ok and ok["median"].notna().any() else "mean"
     panels = [("forward_ms", "forward (ms)"), ("backward_ms", "backward (ms)"),
               ("allocated_before_backward_mib", "held before backward (MiB)")]
     panels = [p for p in panels if not ok.empty and (ok["metric"] == p[0]).any()]
@@ -55,7 +106,7 @@ def figures(inputs, paths: dict) -> dict[str, str]:
     for ax, (metric, label) in zip(axes.flat, panels):
         for (impl, d), g in ok[ok["metric"] == metric].groupby(["impl", "head_dim"]):
             g = g.sort_values("seq_len")
-            ax.plot(g["seq_len"], g["mean"], "-" if impl == "eager" else "--", marker="o",
+            ax.plot(g["seq_len"], g[center], "-" if impl == "eager" else "--", marker="o",
                     label=f"{impl} d={int(d)}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

@@ -11,7 +11,7 @@ import pandas as pd
 
 from lmperf import hardware, stats
 from lmperf.report import energy
-from lmperf.report.format import cell, host_bound, host_bound_legend, idle_text, ratio_range, unavailable
+from lmperf.report.format import HOST_BOUND, cell, host_bound, host_bound_legend, idle_text, ratio_range, unavailable
 from lmperf.report.plot import plt, save
 
 CASE_KEYS = ["size", "context", "dtype", "compile", "mode", "warmup"]
@@ -99,6 +99,19 @@ def wide(df: pd.DataFrame, metrics: dict[str, str], threshold: float = math.inf)
     return pd.DataFrame(out)
 
 
+def marked(cells: pd.Series) -> pd.Series:
+    """Per cell of a table's "GPU idle %" column: whether it carries the host-bound mark."""
+    return cells.map(lambda v: isinstance(v, str) and v.endswith(HOST_BOUND))
+
+
+def table_legend(table: pd.DataFrame, legend: dict) -> dict:
+    """The host-bound legend under one table (templates/host_bound.md.j2): the section's
+    threshold and whether idle time was measured at all, with `n` the rows of *this* table that
+    carry the mark."""
+    n = int(marked(table["GPU idle %"]).sum()) if table is not None and "GPU idle %" in table else 0
+    return {**legend, "n": n}
+
+
 def metric_frame(df: pd.DataFrame, metric: str) -> pd.Series:
     """Medians of one metric of the ok cases that are not host-bound (`claimable`), indexed by
     the case keys: what the section's ratios are taken from."""
@@ -178,7 +191,20 @@ def view(inputs) -> dict:
     view.update(variants(df[df["study"] == "variants"], view["mfu_columns"], threshold))
     view.update(warmup(study_rows(df, "warmup"), threshold))
     view.update(context(study_rows(df, "context"), view["mfu_columns"], threshold))
+    # one legend per table: its count is the rows of that table marked host-bound
+    view["legends"] = {name: table_legend(view[name], view["host_bound"])
+                       for name in ("variants_train", "variants_forward", "warmup", "context") if name in view}
+    view["warmup_sizes"] = warmup_sizes(df)
     return view
+
+
+def warmup_sizes(df: pd.DataFrame) -> dict:
+    """Which model sizes the warm-up study ran (with no warm-up step and with one), and which of
+    the sizes the variants study ran it left out: {"measured": [...], "missing": [...]}."""
+    warm = df[df["study"] == "warmup"]
+    measured = [s for s in size_order(df) if s in set(warm["size"])]
+    every = [s for s in size_order(df) if s in set(df[df["study"] == "variants"]["size"])]
+    return {"measured": measured, "missing": [s for s in every if s not in measured]}
 
 
 def model_table(df: pd.DataFrame, models: dict) -> pd.DataFrame:
@@ -319,13 +345,37 @@ def context(df: pd.DataFrame, mfu: dict[str, str], threshold: float = math.inf) 
                                 energy.JOULES: "J/token", "peak_allocated_mib": "peak MiB"}, threshold)
            .drop(columns=["compile", "mode", "warmup"]),
            "context_power": energy.power_note(df, case_label(["size", "dtype", "context"]))}
-    per = metric_frame(df, "step_ms").reset_index().pivot_table(index=["size", "dtype"],
-                                                                columns="context", values="median")
     lo, hi = int(df["context"].min()), int(df["context"].max())  # the study's range, whatever ran
-    growth = per[hi] / per[lo] if {lo, hi} <= set(per.columns) else pd.Series(dtype=float)
-    out["context_growth"] = {"short": lo, "long": hi, "factor": hi // lo, **ratio_range(growth)}
+    out["context_growth"] = context_growth(df, lo, hi)
     out["context_oom"] = df.drop_duplicates("case_id").query("status == 'oom'")[["size", "context", "dtype"]]
     return out
+
+
+def context_growth(df: pd.DataFrame, lo: int, hi: int) -> dict:
+    """The step time at context `hi` over that at `lo`, per (size, dtype), from the medians:
+    {short, long, factor, n/min/max/mean over the pairs with neither step host-bound,
+    "pairs": those pairs' names and ratios, "host_bound": the pairs with a host-bound step (a
+    ratio of the host's speed, not taken), "failed": the pairs whose step did not run at one end,
+    with its status}."""
+    # a case's step row where it ran; its first row (its status) where it did not
+    cases = pd.concat([df[df["metric"] == "step_ms"], df[df["status"] != "ok"]]).drop_duplicates("case_id")
+    out = {"short": lo, "long": hi, "factor": hi // lo, "pairs": [], "host_bound": [], "failed": []}
+    ratios = []
+    for (size, dtype), g in cases.groupby(["size", "dtype"], sort=False):
+        ends = {c: g[g["context"] == c] for c in (lo, hi)}
+        name = f"{size}, {dtype}"
+        if any(e.empty for e in ends.values()):
+            continue
+        bad = [(c, e["status"].iloc[0]) for c, e in ends.items() if e["status"].iloc[0] != "ok"]
+        if bad:
+            out["failed"] += [{"pair": name, "size": size, "dtype": dtype, "context": int(c), "status": st} for c, st in bad]
+        elif not all(e["claimable"].iloc[0] if "claimable" in e else True for e in ends.values()):
+            out["host_bound"].append(name)
+        else:
+            r = float(ends[hi]["median"].iloc[0] / ends[lo]["median"].iloc[0])
+            ratios.append(r)
+            out["pairs"].append({"pair": name, "ratio": r})
+    return {**out, **ratio_range(pd.Series(ratios, dtype=float))}
 
 
 def figures(inputs, paths: dict) -> dict[str, str]:

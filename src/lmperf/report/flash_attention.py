@@ -72,7 +72,7 @@ def bars(configs: list[dict], grid: pd.DataFrame, model: pd.DataFrame, limits: d
             out.append(bar(f"headline forward+backward <= {limit:g} ms", x, f"{fmt(x)} ms", x <= limit))
             if ("sdpa_cudnn", "fwd_bwd") in r:
                 x, limit = r[("sdpa_cudnn", "fwd_bwd")], limits["headline_vs_sdpa_cudnn"]
-                out.append(ratio_bar(("sdpa_cudnn", "fwd_bwd"), "stretch: headline forward+backward <= cuDNN time",
+                out.append(ratio_bar(("sdpa_cudnn", "fwd_bwd"), "further: headline forward+backward <= cuDNN time",
                                      x, f"{fmt(x)}x", x <= limit))
         if c["group"] == "throughput" and ("sdpa_flash", "forward") in r:
             direction, label = (("forward", "forward (non-causal)") if c["causal"] == "non-causal"
@@ -82,12 +82,12 @@ def bars(configs: list[dict], grid: pd.DataFrame, model: pd.DataFrame, limits: d
                                  x, f"{fmt(x)}x", x >= limit))
             if ("sdpa_cudnn", direction) in r:
                 x, limit = 1 / r[("sdpa_cudnn", direction)], limits["throughput_vs_sdpa_cudnn"]
-                out.append(ratio_bar(("sdpa_cudnn", direction), f"stretch: throughput {label} >= cuDNN TFLOP/s",
+                out.append(ratio_bar(("sdpa_cudnn", direction), f"further: throughput {label} >= cuDNN TFLOP/s",
                                      x, f"{fmt(x)}x", x >= limit))
     if not model.empty:
         gpu = model.attrs.get("metric") == "fwd_bwd_gpu_ms"
         how = "GPU time (CUDA graph)" if gpu else "time"
-        for peer, label in (("sdpa_flash", ""), ("sdpa_cudnn", "stretch: ")):
+        for peer, label in (("sdpa_flash", ""), ("sdpa_cudnn", "further: ")):
             if peer == "sdpa_cudnn" and same_kernel(model, "sdpa_flash", "sdpa_cudnn"):
                 out.append(bar(f"{label}model group: forward+backward {how} no slower than {peer} at every shape",
                                float("nan"), "not measured: " + SAME_KERNEL, False))
@@ -160,7 +160,9 @@ def view(inputs) -> dict:
                                            .set_index("provider")[CENTER].items()}})
     grid = bench[bench["group"] == "grid"]
     model = model_table(bench[bench["group"] == "model"])
-    model_host = model_table(bench[bench["group"] == "model"], "fwd_bwd_ms")
+    threshold = inputs.bars.get("host_bound_idle_pct", math.inf)
+    model_host = marked(model_table(bench[bench["group"] == "model"], "fwd_bwd_ms"), bench[bench["group"] == "model"],
+                        "fwd_bwd_ms", threshold)
     model_backward = model_table(bench[bench["group"] == "model"], "backward_gpu_ms")
     timed = bench[bench["group"].isin([c["group"] for c in configs]) & bench["metric"].str.endswith("_ms")]
     view = {"available": True, "configs": configs,
@@ -171,11 +173,38 @@ def view(inputs) -> dict:
     view["ratios"] = ratio_table(configs, view["host_bound"]["mark"])
     view["losses"] = loss_table(configs, model, model_backward)
     if not grid.empty:
-        view["grid"] = grid_tables(grid)
+        view["grid"] = grid_tables(grid, threshold)
+        view["grid_speedups"] = grid_speedups(grid)
+        view["grid_head_dims"] = sorted(int(d) for d in grid["head_dim"].unique())
         view["grid_slower"] = {m: grid_slower(grid, m) for m in ("fwd_bwd_gpu_ms", "fwd_bwd_ms")}
         left_out = grid[grid["status"].isin(["skipped", "unsupported"])].drop_duplicates(["provider", "message"])
         view["grid_left_out"] = [f"{r.provider} ({r.status}): {r.message}" for r in left_out.itertuples()]
     return view
+
+
+def marked(table: pd.DataFrame, rows: pd.DataFrame, metric: str, threshold: float) -> pd.DataFrame:
+    """`table` (a `model_table` by do_bench's `metric`) with each host-bound time, and each ratio
+    with a host-bound side, marked: a host-bound wall time is the host's, not the kernel's."""
+    if table.empty or not math.isfinite(threshold):
+        return table
+    fb = rows[(rows["metric"] == metric) & (rows["status"] == "ok")]
+    fb = fb.assign(model=fb["model"].fillna("").astype(str).replace("", "(no model)") if "model" in fb else "(no model)")
+    bound = fb[host_bound(fb, threshold)]
+    keys = set(zip(bound["model"], bound["batch"].astype(int), bound["heads"].astype(int),
+                   bound["head_dim"].astype(int), bound["seq_len"].astype(int), bound["provider"]))
+    out = table.astype(object)
+    names = {"ours (triton)": "triton"}
+    for i, r in table.iterrows():
+        key = (r["model"], int(r["batch"]), int(r["heads"]), int(r["D"]), int(r["N"]))
+        for column in table.columns:
+            provider = names.get(column, column)
+            if (*key, provider) in keys:
+                out.at[i, column] = f"{fmt(r[column])} {HOST_BOUND}"
+            if str(column).startswith("ours / ") and ({(*key, "triton"), (*key, column[len("ours / "):])} & keys) \
+                    and pd.notna(r[column]):
+                out.at[i, column] = f"{fmt(r[column])} {HOST_BOUND}"
+    out.attrs.update(table.attrs)
+    return out
 
 
 def model_table(model: pd.DataFrame, metric: str | None = None) -> pd.DataFrame:
@@ -266,14 +295,46 @@ def gqa_table(gqa: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def grid_tables(grid: pd.DataFrame) -> list[dict]:
-    """Per dtype and head dim: forward+backward ms, one row per sequence length, one column per provider."""
+# The grid's reference for speed-ups: PyTorch attention under torch.compile, the one peer whose
+# grid rows have GPU time beside ours (the others are timed by do_bench alone).
+GRID_REFERENCE = "plain_compiled"
+PASSES = {"forward": "forward_gpu_ms", "backward": "backward_gpu_ms", "forward+backward": "fwd_bwd_gpu_ms"}
+
+
+def grid_speedups(grid: pd.DataFrame) -> list[dict]:
+    """Per dtype: one row per head dim and sequence length, forward, backward and
+    forward+backward, ours and torch.compile'd PyTorch attention by GPU time (CUDA graph), and the
+    speed-up (its time / ours); the head dims the grid has, for the template to name those it lacks."""
+    ok = grid[(grid["status"] == "ok") & grid["metric"].isin(PASSES.values())] if not grid.empty else grid
+    if ok.empty:
+        return []
+    wide = ok.pivot_table(index=["dtype", "head_dim", "seq_len"], columns=["metric", "provider"], values=CENTER)
+    out = []
+    for dtype, g in wide.groupby(level="dtype", sort=False):
+        rows = []
+        for (_, d, n), r in g.iterrows():
+            row = {"D": int(d), "N": int(n)}
+            for label, metric in PASSES.items():
+                ours, ref = r.get((metric, "triton")), r.get((metric, GRID_REFERENCE))
+                row[f"{label}: ours ms"], row[f"{label}: compiled ms"] = ours, ref
+                row[f"{label}: speed-up"] = ref / ours if pd.notna(ours) and pd.notna(ref) else None
+            rows.append(row)
+        out.append({"dtype": dtype, "table": pd.DataFrame(rows)})
+    return out
+
+
+def grid_tables(grid: pd.DataFrame, threshold: float = math.inf) -> list[dict]:
+    """Per dtype and head dim: forward+backward ms, one row per sequence length, one column per
+    provider (do_bench, a host-bound time marked), and the GPU time beside it where measured."""
     out = []
     for (dtype, d), g in grid.groupby(["dtype", "head_dim"], sort=False):
         cells = {}
         gpu = {}
         for (n, provider), c in g.groupby(["seq_len", "provider"], sort=False):
-            cells.setdefault(n, {"N": int(n)})[provider] = cell(c, "fwd_bwd_ms", spread=True, column=CENTER)
+            value = cell(c, "fwd_bwd_ms", spread=True, column=CENTER)
+            if host_bound(c[c["metric"] == "fwd_bwd_ms"], threshold).any():
+                value = f"{value} {HOST_BOUND}"
+            cells.setdefault(n, {"N": int(n)})[provider] = value
             if (c["metric"] == "fwd_bwd_gpu_ms").any():
                 gpu.setdefault(n, {})[f"{provider}, GPU"] = cell(c, "fwd_bwd_gpu_ms", spread=True, column=CENTER)
         for n, extra in gpu.items():
@@ -283,25 +344,28 @@ def grid_tables(grid: pd.DataFrame) -> list[dict]:
 
 
 def figures(inputs, paths: dict) -> dict[str, str]:
-    """The grid's forward+backward TFLOP/s against sequence length, one panel per dtype and head
-    dim that has rows, by the timing the grid's tables and bar use: GPU time (CUDA graph) for the
-    providers that have it (solid), do_bench (host included) for the others (dashed); {name: why}
-    of a figure not drawn."""
-    path = paths["fa_tflops"]
+    """The grid's forward+backward TFLOP/s against sequence length by GPU time (CUDA graph) alone,
+    for the providers whose rows have it (ours and torch.compile'd PyTorch attention), one panel
+    per dtype and head dim; and ours over each peer's time across shapes, GPU time on both sides
+    (`ratio_figure`). {name: why} of a figure not drawn."""
     bench = inputs.rows("flash_attention", "bench")
-    grid = bench[(bench["group"] == "grid") & (bench["status"] == "ok")
-                 & bench["metric"].isin(["fwd_bwd_gpu_tflops", "fwd_bwd_tflops"])] if not bench.empty else bench
+    if not bench.empty and CENTER not in bench:  # rows with a mean only (one sample: the same number)
+        bench = bench.assign(**{CENTER: bench["mean"]})
+    return {**tflops_figure(bench, paths["fa_tflops"]), **ratio_figure(bench, paths["fa_ratio"])}
+
+
+def tflops_figure(bench: pd.DataFrame, path) -> dict[str, str]:
+    grid = bench[(bench["group"] == "grid") & (bench["status"] == "ok")] if not bench.empty else bench
     if grid.empty:
         return {"fa_tflops": "no case of the FlashAttention-2 grid ran ok here"}
-    if CENTER not in grid:  # rows with a mean only (one sample: the same number)
-        grid = grid.assign(**{CENTER: grid["mean"]})
-    # per provider, the GPU time where the run measured it, else do_bench's
-    gpu = set(grid.loc[grid["metric"] == "fwd_bwd_gpu_tflops", "provider"])
-    grid = grid[(grid["metric"] == "fwd_bwd_gpu_tflops") | ~grid["provider"].isin(gpu)]
+    # one timing method on every line: GPU time (CUDA graph) where the grid has it, else do_bench's
+    how = "GPU time (CUDA graph)" if (grid["metric"] == "fwd_bwd_gpu_tflops").any() else "do_bench (host included)"
+    grid = grid[grid["metric"] == ("fwd_bwd_gpu_tflops" if how.startswith("GPU") else "fwd_bwd_tflops")]
+    if grid.empty:
+        return {"fa_tflops": "no case of the FlashAttention-2 grid ran ok here"}
     dtypes, dims = sorted(grid["dtype"].unique()), sorted(grid["head_dim"].unique())
     fig, axes = plt.subplots(len(dtypes), len(dims), figsize=(4.2 * len(dims), 3.4 * len(dtypes)),
                              squeeze=False)
-    # One colour per provider in every panel (fp32 panels lack the SDPA backends).
     colours = {p: f"C{i}" for i, p in enumerate(sorted(grid["provider"].unique()))}
     for (i, dtype), (j, d) in itertools.product(enumerate(dtypes), enumerate(dims)):
         ax, g = axes[i, j], grid[(grid["dtype"] == dtype) & (grid["head_dim"] == d)]
@@ -310,17 +374,54 @@ def figures(inputs, paths: dict) -> dict[str, str]:
             continue
         for provider, p in g.groupby("provider"):
             p = p.sort_values("seq_len")
-            on_gpu = provider in gpu
-            ax.plot(p["seq_len"], p[CENTER], "-" if on_gpu else "--", marker="o", ms=3 if on_gpu else 2,
-                    lw=2.5 if provider == "triton" else 1, color=colours[provider],
-                    label=f"{provider} ({'GPU time' if on_gpu else 'do_bench'})")
+            ax.plot(p["seq_len"], p[CENTER], "-", marker="o", ms=3, lw=2.5 if provider == "triton" else 1,
+                    color=colours[provider], label=provider)
         ax.set_xscale("log", base=2)
         ax.set_title(f"{dtype}, D={int(d)}")
         ax.legend(fontsize="x-small")
         ax.set_xlabel("sequence length")
         ax.set_ylabel("TFLOP/s (fwd+bwd)")
         ax.grid(True, alpha=0.3)
-    fig.suptitle("FlashAttention-2 grid, forward+backward: " + ("solid GPU time (CUDA graph), dashed " if gpu else "")
-                 + "do_bench (host included)", fontsize="medium")
+    fig.suptitle(f"FlashAttention-2 grid, forward+backward, {how} on every line", fontsize="medium")
+    save(fig, path)
+    return {}
+
+
+def ratio_figure(bench: pd.DataFrame, path) -> dict[str, str]:
+    """Ours / peer time across shapes, GPU time (CUDA graph) on both sides: the grid against
+    torch.compile'd attention (forward+backward, per dtype and head dim, against N), and the model
+    group against SDPA's backends (a backend whose times are another's, `same_kernel`, left out)."""
+    if bench.empty:
+        return {"fa_ratio": "no case of the FlashAttention-2 benchmark ran here"}
+    grid = bench[(bench["group"] == "grid") & (bench["status"] == "ok") & (bench["metric"] == "fwd_bwd_gpu_ms")]
+    model = model_table(bench[bench["group"] == "model"], "fwd_bwd_gpu_ms") if not bench.empty else pd.DataFrame()
+    wide = grid.pivot_table(index=["dtype", "head_dim", "seq_len"], columns="provider", values=CENTER) \
+        if not grid.empty else pd.DataFrame()
+    has_grid = {"triton", GRID_REFERENCE} <= set(wide.columns)
+    peers = [p for p in ("sdpa_flash", "sdpa_cudnn") if f"ours / {p}" in model
+             and not (p == "sdpa_cudnn" and same_kernel(model, "sdpa_flash", "sdpa_cudnn"))]
+    if not has_grid and not peers:
+        return {"fa_ratio": "no shape has GPU time (CUDA graph) for ours and a peer here"}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), squeeze=False)
+    left, right = axes[0]
+    if has_grid:
+        for (dtype, d), g in (wide["triton"] / wide[GRID_REFERENCE]).dropna().groupby(level=["dtype", "head_dim"]):
+            left.plot(g.index.get_level_values("seq_len"), g.values, marker="o", ms=3, label=f"{dtype}, D={int(d)}")
+        left.set_xscale("log", base=2)
+        left.set_xlabel("sequence length (batch 1, causal)")
+        left.legend(fontsize="x-small")
+    left.axhline(1, color="k", lw=0.8)
+    left.set_ylabel("ours / peer time (below 1: ours faster)")
+    left.set_title("grid: ours / torch.compile'd attention, forward+backward")
+    left.grid(True, alpha=0.3)
+    for k, peer in enumerate(peers):
+        labels = [f"{r['model']} N={r['N']} D={r['D']}" for r in model.to_dict("records")]
+        right.plot(range(len(labels)), model[f"ours / {peer}"], "o" if k == 0 else "s", label=peer)
+        right.set_xticks(range(len(labels)), labels, rotation=40, ha="right", fontsize="x-small")
+    right.axhline(1, color="k", lw=0.8)
+    right.set_title("model sizes' attention (bf16, causal): ours / SDPA, fwd+bwd", fontsize="medium")
+    right.legend(fontsize="x-small")
+    right.grid(True, alpha=0.3)
+    fig.suptitle("FlashAttention-2: our time over each peer's, GPU time (CUDA graph) on both sides", fontsize="medium")
     save(fig, path)
     return {}

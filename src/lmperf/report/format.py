@@ -125,7 +125,33 @@ def table(df: pd.DataFrame | None) -> str:
         return "(no rows)"
     text = df.loc[:, [c for c in df.columns if not str(c).startswith("_")]].map(show)
     text = text.loc[:, [c for c in text.columns if (text[c] != "").any()]]
-    return text.to_markdown(index=False, disable_numparse=True)
+    return text.rename(columns=HEADERS).to_markdown(index=False, disable_numparse=True)
+
+
+# Column names a view keeps for code and tests, and the heading a reader sees.
+HEADERS = {"bar": "target"}
+
+
+def marked_rows(markdown: str) -> int:
+    """How many rows of a markdown table carry the host-bound mark."""
+    return sum(HOST_BOUND in line for line in markdown.splitlines()[2:])
+
+
+class Tables:
+    """The `table` filter of one render, which remembers how many rows of the table it wrote
+    last carry the host-bound mark: the legend under a table (templates/host_bound.md.j2) counts
+    that table's own rows, whatever the section's other tables hold."""
+
+    def __init__(self):
+        self.last_marked = 0
+
+    def table(self, df: pd.DataFrame | None) -> str:
+        text = table(df)
+        self.last_marked = marked_rows(text) if df is not None and len(df) else 0
+        return text
+
+    def marked(self) -> int:
+        return self.last_marked
 
 
 def ratio_range(ratios: pd.Series) -> dict:
@@ -138,6 +164,7 @@ def ratio_range(ratios: pd.Series) -> dict:
 
 
 def bar(text: str, value: float, measured: str, met: bool) -> dict:
-    """One line of a section's bars: what is asked, the measured value (kept as a number for
-    tests, `_value`), how the report states it, and whether it holds."""
+    """One line of a section's targets (config/config.yaml's `report`): what is asked, the
+    measured value (kept as a number for tests, `_value`), how the report states it, and whether
+    it holds. Its `bar` column is headed "target" in the report (`HEADERS`)."""
     return {"bar": text, "measured": measured, "met": bool(met), "_value": float(value)}

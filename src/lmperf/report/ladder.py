@@ -12,7 +12,7 @@ import pandas as pd
 from lmperf.report import energy
 from lmperf.report.e2e import (BF16_MFU, SPREAD_METRICS, failures, mfu_columns, peaks, size_order, with_bf16_mfu,
                                 with_quantiles)
-from lmperf.report.format import bar, cell, fmt, host_bound_legend, idle_text, ratio_range, unavailable
+from lmperf.report.format import HOST_BOUND, bar, cell, fmt, host_bound_legend, idle_text, ratio_range, unavailable
 from lmperf.report import ladder_fp8
 from lmperf.report.plot import plt, save
 
@@ -160,6 +160,10 @@ def ladder(df: pd.DataFrame, limits: dict, threshold: float = math.inf) -> dict:
                       "step_ms": _value(g, case_id, "step_ms"), "tokens_per_s": tokens,
                       "vs_assignment": tokens / _value(g, assignment.iloc[0], "tokens_per_s")
                       if len(assignment) else math.nan,
+                      "assignment": {"rung": int(g[g["case_id"] == assignment.iloc[0]]["rung"].iloc[0]),
+                                     "context": int(g[g["case_id"] == assignment.iloc[0]]["context"].iloc[0]),
+                                     "tokens_per_s": _value(g, assignment.iloc[0], "tokens_per_s")}
+                      if len(assignment) else None,
                       "assignment_busy_pct": _busy(table, size, "compiled"),
                       "host_bound": [f"{which} {fmt(idle)}% GPU idle" for which, idle in
                                      (("best rung", _idle(g, case_id)),
@@ -198,7 +202,53 @@ def ladder(df: pd.DataFrame, limits: dict, threshold: float = math.inf) -> dict:
     recipes = out["fp8"]["recipe"].drop_duplicates().tolist() if len(out["fp8"]) else []
     out["fp8_how"] = "; ".join(ladder_fp8.how(r) for r in recipes) or "float8 training"
     out["bars"] = ladder_fp8.with_bar(bars(best, out["floors"], limits), out["fp8"], limits)
+    out["peers"] = peers(df, out["fp8"], threshold)
     return out
+
+
+# What keeps a peer rung from being the same setting as the rung it stands beside, by its name
+# (bench/ladder.py's peer rungs); the FP8 ones are told by their context against the FP8 rung's.
+PEER_CAVEATS = {"liger": "its norms run outside the compiled graph (Dynamo traces them wrongly), while the "
+                         "rung beside it compiles ours: not the same setting, so not drawn as a like-for-like peer"}
+
+
+PEER_FIGURE_NOTES = {"liger": "norms outside the compiled graph"}
+
+
+def peers(df: pd.DataFrame, fp8: pd.DataFrame, threshold: float) -> pd.DataFrame:
+    """One row per peer rung (another library's kernels on the settings of the last rung of our
+    stack before it): its tokens/s over that rung's (same job), its GPU idle %, and why it is not
+    the same setting where it is not (`PEER_CAVEATS`; a float8 peer at another context than our
+    FP8 rung's; a host-bound side)."""
+    ok = df[(df["status"] == "ok") & (df["name"] != "floors")]
+    rows = []
+    for size, g in ok.groupby("size", sort=False):
+        cases = g.drop_duplicates("case_id").sort_values("rung")
+        own = cases[~is_peer(cases) & ~ladder_fp8.is_fp8(cases)]
+        ours_fp8 = fp8[fp8["size"] == size] if len(fp8) else fp8
+        for _, c in cases[is_peer(cases)].iterrows():
+            before = own[own["rung"] < c["rung"]]
+            if before.empty:
+                continue
+            b = before.iloc[-1]
+            idle, idle_b = _idle(g, c["case_id"]), _idle(g, b["case_id"])
+            caveats = [PEER_CAVEATS[c["name"]]] if c["name"] in PEER_CAVEATS else []
+            if str(c.get("float8", "none")) not in ("none", "nan") and len(ours_fp8):
+                context = int(ours_fp8["context"].iloc[0])
+                if int(c["context"]) != context:
+                    caveats.append(f"context {int(c['context']):,}, not our FP8 rung's {context:,}: "
+                                   "not a peer of our FP8 rung")
+            bound = [f"{which} {fmt(x)}% GPU idle" for which, x in (("this rung", idle), ("the rung beside it", idle_b))
+                     if x > threshold]
+            if bound:
+                caveats.append(f"host-bound {HOST_BOUND} ({', '.join(bound)}): the ratio is the host's")
+            ratio = _value(g, c["case_id"], "tokens_per_s") / _value(g, b["case_id"], "tokens_per_s")
+            rows.append({"size": size, "rung": int(c["rung"]), "peer": c["name"], "context": int(c["context"]),
+                         "beside our rung": f"{int(b['rung'])} ({b['name']})",
+                         "tokens/s / that rung's": f"{fmt(ratio)} {HOST_BOUND}" if bound else ratio,
+                         "GPU idle %": idle_text(idle, threshold),
+                         "same setting?": "no: " + "; ".join(caveats) if caveats else "yes"})
+    return pd.DataFrame(rows)
 
 
 def best_table(best: dict) -> pd.DataFrame:
@@ -228,7 +278,7 @@ def bars(best: dict, floors: pd.DataFrame, limits: dict) -> pd.DataFrame:
     if math.isfinite(b["mfu"]):
         for text, limit in ((f"{size}: best rung >= {fmt(limits['best_mfu_pct'])}% MFU (bf16 peak) with "
                              f"{limits['best_attention']} attention", limits["best_mfu_pct"]),
-                            (f"stretch: >= {fmt(limits['best_mfu_pct_stretch'])}% MFU", limits["best_mfu_pct_stretch"])):
+                            (f"further: >= {fmt(limits['best_mfu_pct_stretch'])}% MFU", limits["best_mfu_pct_stretch"])):
             rows.append(bar(text, b["mfu"], f"{fmt(b['mfu'])}% (rung {b['rung']}, {b['attention']})",
                             b["mfu"] >= limit and b["attention"] == limits["best_attention"]))
     x, busy = b["vs_assignment"], b.get("assignment_busy_pct", math.nan)
@@ -247,27 +297,85 @@ def bars(best: dict, floors: pd.DataFrame, limits: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+PHASES = {"forward_ms": "forward", "backward_ms": "backward", "optimizer_ms": "optimizer"}
+
+
 def figures(inputs, paths: dict) -> dict[str, str]:
-    """MFU against the bf16 peak (when the device has one: the tables' first MFU column) and
-    tokens/s per rung, one line per model size; a tick for each rung that ran (the floors, device
-    rates measured in the same job, are no rung); {name: why} of a figure not drawn."""
+    """Per model size: the time a token of each rung, stacked forward / backward / optimizer bars
+    for our stack's rungs (a step's phases over the tokens it processes: rungs of other contexts
+    and batches compare), each peer (another library's kernels) a marker of its own at its rung,
+    no line between rungs; below, MFU against the bf16 peak of the bf16 rungs, and the FP8 rung's
+    against the fp8 peak on an axis of its own. {name: why} of a figure not drawn."""
     df, path = with_bf16_mfu(with_quantiles(inputs.rows("ladder"))), paths["ladder"]
     ok = df[(df["status"] == "ok") & (df["name"] != "floors")] if not df.empty else df
-    if ok.empty or not (ok["metric"] == "tokens_per_s").any():
+    if ok.empty or not (ok["metric"] == "step_ms").any():
         return {"ladder": "no rung of the ladder ran ok here"}
-    metrics = [m for m in (BF16_MFU, "tokens_per_s") if (ok["metric"] == m).any()]
-    labels = {BF16_MFU: "MFU (% of bf16 peak)", "tokens_per_s": "tokens/s"}
-    fig, axes = plt.subplots(len(metrics), 1, figsize=(9, 3.2 * len(metrics)), sharex=True, squeeze=False)
-    plotted = ok[ok["metric"].isin(metrics)]
-    names = plotted.drop_duplicates("rung").sort_values("rung").set_index("rung")["name"]
-    for ax, metric in zip(axes[:, 0], metrics):
-        for size in size_order(ok):
-            g = ok[(ok["size"] == size) & (ok["metric"] == metric)].sort_values("rung")
-            ax.plot(g["rung"].astype(int), g["median"], marker="o", label=size)
-        ax.set_ylabel(labels[metric])
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-    axes[-1, 0].set_xticks(list(names.index.astype(int)), list(names), rotation=30, ha="right")
-    axes[0, 0].set_title("The ladder: one change a rung (the rung before plus its change)")
+    sizes = size_order(ok)
+    fig, axes = plt.subplots(2, len(sizes), figsize=(max(9, 7 * len(sizes)), 7.5), squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 2]})
+    for j, size in enumerate(sizes):
+        g = ok[ok["size"] == size]
+        cases = g.drop_duplicates("case_id").sort_values("rung")
+        x = range(len(cases))
+        top, bottom = axes[0, j], axes[1, j]
+        base = [0.0] * len(cases)
+        for metric, label in PHASES.items():
+            heights = []
+            for (_, c), b in zip(cases.iterrows(), base):
+                tokens = _tokens(g, c["case_id"])
+                own = not (is_peer(cases.loc[[c.name]]).iloc[0])
+                heights.append(1e3 * _value(g, c["case_id"], metric) / tokens if own and tokens else 0.0)
+            top.bar(x, heights, bottom=base, label=label, width=0.7)
+            base = [b + h for b, h in zip(base, heights)]
+        for k, (_, c) in enumerate(cases.iterrows()):
+            tokens = _tokens(g, c["case_id"])
+            if is_peer(cases.loc[[c.name]]).iloc[0] and tokens:
+                y = 1e3 * _value(g, c["case_id"], "step_ms") / tokens
+                top.plot([k], [y], "kD", ms=7, label="peer (another library's kernels): step" if "peer" not in
+                         " ".join(top.get_legend_handles_labels()[1]) else None)
+                # not the setting of the rung beside it: said on the marker (the peers' table says why)
+                note = PEER_FIGURE_NOTES.get(c["name"]) or (f"context {int(c['context']):,}" if str(
+                    c.get("float8", "none")) not in ("none", "nan") else "")
+                if _idle(g, c["case_id"]) > inputs.bars.get("host_bound_idle_pct", math.inf):
+                    note = f"{HOST_BOUND} {note}".strip()
+                if note:
+                    top.annotate(note, (k, y), textcoords="offset points", xytext=(0, 8), ha="center",
+                                 rotation=90, fontsize="x-small", va="bottom")
+        threshold = inputs.bars.get("host_bound_idle_pct", math.inf)
+        for k, (_, c) in enumerate(cases.iterrows()):  # a host-bound rung's time is the host's
+            if _idle(g, c["case_id"]) > threshold and not is_peer(cases.loc[[c.name]]).iloc[0]:
+                tokens = _tokens(g, c["case_id"])
+                top.annotate(HOST_BOUND, (k, 1e3 * _value(g, c["case_id"], "step_ms") / tokens),
+                             textcoords="offset points", xytext=(0, 6), ha="center", fontsize="large")
+        top.set_ylabel("µs a token (step time / tokens)")
+        top.set_title(f"{size}: time a token per rung, forward / backward / optimizer ({HOST_BOUND}: host-bound)")
+        top.legend(fontsize="small")
+        top.grid(True, axis="y", alpha=0.3)
+        bf16 = [(k, _value(g, c["case_id"], BF16_MFU)) for k, (_, c) in enumerate(cases.iterrows())
+                if not is_peer(cases.loc[[c.name]]).iloc[0] and not ladder_fp8.is_fp8(cases.loc[[c.name]]).iloc[0]]
+        bottom.plot([k for k, _ in bf16], [v for _, v in bf16], "o", color="C0", label="bf16 rungs: % of bf16 peak")
+        bottom.set_ylabel("MFU, % of bf16 peak")
+        fp8 = [(k, c) for k, (_, c) in enumerate(cases.iterrows()) if ladder_fp8.is_fp8(cases.loc[[c.name]]).iloc[0]]
+        peak = ladder_fp8.fp8_peak(g["gpu"].iloc[0]) if "gpu" in g else None
+        if fp8 and peak:
+            right = bottom.twinx()
+            right.plot([k for k, _ in fp8], [100 * _value(g, c["case_id"], "tflops") / peak for _, c in fp8],
+                       "s", color="C3", label="FP8 rung: % of fp8 peak (right axis)")
+            right.set_ylabel("FP8 rung: % of fp8 peak", color="C3")
+            right.set_ylim(0, 100)
+            right.legend(loc="center right", fontsize="small")
+        bottom.set_ylim(bottom=0)
+        bottom.legend(loc="lower right", fontsize="small")
+        bottom.grid(True, axis="y", alpha=0.3)
+        for ax in (top, bottom):
+            ax.set_xticks(list(x), [c["name"] for _, c in cases.iterrows()],
+                          rotation=40, ha="right", fontsize="small")
     save(fig, path)
     return {}
+
+
+def _tokens(g: pd.DataFrame, case_id: str) -> int:
+    """Tokens a step of a rung: sequences (micro-batches x their size) x context."""
+    case = g[g["case_id"] == case_id]
+    batch_size, micro_batches = timed_batch(case)
+    return batch_size * micro_batches * int(case["context"].iloc[0])

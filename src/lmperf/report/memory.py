@@ -1,5 +1,6 @@
 """Memory of one step: peaks per case, the residual stream against the snapshot, links to each
-case's snapshot HTML (the memory rule's `html` output), largest allocations, the timelines figure."""
+case's snapshot HTML (the memory rule's `html` output), largest allocations, the timelines figure,
+and why a bf16 forward pass peaks above an fp32 one (`bf16_forward`)."""
 from __future__ import annotations
 
 import os
@@ -37,6 +38,8 @@ def view(inputs) -> dict:
     e2e = inputs.frames.get("e2e", pd.DataFrame())
     counted = e2e[(e2e["metric"] == "parameters") & (e2e["size"] == first["size"])]["median"] if not e2e.empty else []
     return {"available": True, "table": pd.DataFrame(rows), "largest": largest,
+            "bf16_forward": bf16_forward(ok, e2e, inputs.models, first["size"]),
+            "modes": list(dict.fromkeys(df["mode"])),
             # the parameters' state only where the peaks count it (a GPU's; a CPU's see the step's allocations)
             "peaks": peaks(ok, float(counted.iloc[0]) if len(counted) and (df["gpu"] != "none").any() else None),
             "size": first["size"], "batch": int(first["batch_size"]),
@@ -44,6 +47,41 @@ def view(inputs) -> dict:
             "n_oom": int((cases["status"] == "oom").sum()),
             "largest_peak": (peak.loc[peak["mean"].idxmax(), ["mode", "dtype", "context", "mean"]].to_dict()
                              if len(peak) else None)}
+
+
+def bf16_forward(ok: pd.DataFrame, e2e: pd.DataFrame, models: dict, size: str) -> dict:
+    """A forward pass's peak under bf16 autocast against fp32's, per context: {"table": context,
+    both peaks and their difference (MiB), "extra": {n, min, max, mean} of the differences,
+    "weights_mib": the matrix weights in bf16 (every parameter but the token embedding, 2 B each:
+    the copies autocast casts once and keeps in its cast cache for the rest of the pass), and the
+    largest allocation of each dtype's forward with what made it and, for bf16, the size of one
+    d_model x d_ff weight in bf16}; {} where either dtype's forward is missing."""
+    peak = ok[(ok["metric"] == "peak_allocated_mib") & (ok["mode"] == "forward")]
+    p = peak.pivot_table(index="context", columns="dtype", values="mean")
+    if not {"fp32", "bf16"} <= set(p.columns):
+        return {}
+    table = pd.DataFrame({"context": p.index.astype(int), "fp32 peak (MiB)": p["fp32"].values,
+                          "bf16 peak (MiB)": p["bf16"].values, "bf16 - fp32 (MiB)": (p["bf16"] - p["fp32"]).values})
+    out = {"table": table, "extra": ratio_range(table["bf16 - fp32 (MiB)"])}
+    # at the shortest context, where the activations weigh least against the weights
+    alloc = ok[(ok["metric"] == "allocation_mib") & (ok["mode"] == "forward")]
+    alloc = alloc[alloc["context"] == alloc["context"].min()] if len(alloc) else alloc
+    out["largest_context"] = int(alloc["context"].min()) if len(alloc) else None
+    for dtype in ("fp32", "bf16"):
+        a = alloc[alloc["dtype"] == dtype]
+        if len(a):
+            top = a.loc[a["mean"].idxmax()]
+            out[f"largest_{dtype}"] = {"mib": float(top["mean"]), "made_by": str(top["made_by"]).split(" from ")[0]}
+    if size in models and not e2e.empty:
+        from lmperf.report.e2e import model_table, with_quantiles
+        m = model_table(with_quantiles(e2e), models)
+        row = m[m["model"] == size] if not m.empty else m
+        if len(row) and pd.notna(row["vocabulary"].iloc[0]):
+            d, f = models[size]["d_model"], models[size]["d_ff"]
+            vocab = float(row["vocabulary"].iloc[0])
+            out["weights_mib"] = (int(row["_parameters"].iloc[0]) - vocab * d) * 2 / 2**20
+            out["mlp_weight_mib"] = d * f * 2 / 2**20
+    return out
 
 
 def peaks(ok: pd.DataFrame, parameters: float | None) -> dict:

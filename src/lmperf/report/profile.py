@@ -1,10 +1,14 @@
 """Kernel-level profile: per case, each phase's share of matmul / softmax / other, its top
-kernels, and attention's parts against their FLOPs."""
+kernels, attention's parts against their FLOPs (softmax against the two matmuls around it), and
+the profiler's kernel time of each phase against the Python timer's time of the same phase in the
+end-to-end rows (the same case: size, context, dtype, eager training step)."""
 from __future__ import annotations
+
+import math
 
 import pandas as pd
 
-from lmperf.report.format import ratio_range, unavailable
+from lmperf.report.format import HOST_BOUND, idle_text, ratio_range, unavailable
 
 PHASES = ("forward", "backward", "optimizer")
 # PyTorch's copy kernels (at::native's direct_copy_kernel_cuda, bfloat16_copy_kernel_cuda, ...):
@@ -51,9 +55,83 @@ def view(inputs, top: int = 10) -> dict:
     ok = df[df["status"] == "ok"]
     cases = [case_view(g, top) for _, g in ok.groupby("case_id", sort=False)]
     failed = df.drop_duplicates("case_id")
+    softmax = softmax_table(cases)
+    timer = timer_table(ok, inputs.frames.get("e2e", pd.DataFrame()), inputs.bars.get("host_bound_idle_pct", math.inf))
     return {"available": True, "cases": cases, "takeaway": takeaway(cases), "steps": int(df["profiled_steps"].iloc[0]),
+            "softmax": softmax, "softmax_answer": softmax_answer(softmax), "timer": timer,
+            # the legend under the timer table: its rows whose end-to-end step is host-bound
+            "timer_hb": {"measured": True, "mark": HOST_BOUND, "threshold": inputs.bars.get("host_bound_idle_pct", math.inf),
+                         "n": int(timer["_host_bound"].sum()) if not timer.empty else 0},
+            "timer_answer": {**(ratio_range(timer["_share"]) if not timer.empty else {"n": 0}),
+                             "not_bound": ratio_range(timer.loc[~timer["_host_bound"], "_share"]) if not timer.empty
+                             else {"n": 0}},
             "on_gpu": bool((df["gpu"] != "none").any()),
             "failures": failed[failed["status"] != "ok"][["case_id", "status", "message"]]}
+
+
+def softmax_table(cases: list[dict]) -> pd.DataFrame:
+    """Per profiled case: attention's softmax against its two matmuls (scores Q K^T, values P V),
+    kernel time a step (us) and FLOPs: softmax's time over the slower matmul's, and the matmuls'
+    FLOPs over softmax's. `_ratio`, `_flops` are kept for the answer and tests."""
+    rows = []
+    for c in cases:
+        a = c["attention"].set_index("part") if not c["attention"].empty else None
+        parts = {k: f"attention.{k}" for k in ("scores", "softmax", "values")}
+        if a is None or not all(p in a.index for p in parts.values()):
+            continue
+        us = {k: float(a.loc[p, "us / step"]) for k, p in parts.items()}
+        gflop = {k: float(a.loc[p, "GFLOP"]) for k, p in parts.items()}
+        ratio = us["softmax"] / max(us["scores"], us["values"])
+        flops = min(gflop["scores"], gflop["values"]) / gflop["softmax"] if gflop["softmax"] else math.nan
+        rows.append({"case": c["name"], "scores us": us["scores"], "softmax us": us["softmax"],
+                     "values us": us["values"], "softmax / slower matmul (time)": ratio,
+                     "matmul / softmax (FLOPs)": flops, "_ratio": ratio, "_flops": flops})
+    return pd.DataFrame(rows)
+
+
+def softmax_answer(table: pd.DataFrame) -> dict:
+    """In how many cases softmax takes longer than either matmul, over how many, with the time
+    and FLOP ratios of those cases ({n, min, max, mean} each)."""
+    if table.empty:
+        return {"n": 0, "of": 0}
+    more = table[table["_ratio"] > 1]
+    return {"n": len(more), "of": len(table), "cases": list(more["case"]), "time": ratio_range(more["_ratio"]),
+            "flops": ratio_range(more["_flops"])}
+
+
+E2E_PHASES = {"forward": "forward_ms", "backward": "backward_ms", "optimizer": "optimizer_ms"}
+
+
+def timer_table(ok: pd.DataFrame, e2e: pd.DataFrame, threshold: float) -> pd.DataFrame:
+    """Per profiled case and phase: the profiler's kernel time (ms a step, summed over the
+    phase's kernels) against the Python timer's median of the same phase in the end-to-end rows
+    (the same size, context and dtype; eager training step), their ratio, and the end-to-end
+    step's GPU idle % (marked host-bound above `threshold`). Empty without end-to-end rows."""
+    if e2e.empty or "metric" not in e2e:
+        return pd.DataFrame()
+    e2e = e2e[(e2e["status"] == "ok") & (e2e["mode"] == "train") & (e2e["compile"].astype(str).str.lower() == "false")]
+    if "warmup" in e2e:  # the settled steps: the most warm-up steps the case ran with
+        e2e = e2e[e2e["warmup"] == e2e.groupby(["size", "context", "dtype"])["warmup"].transform("max")]
+    rows = []
+    kernels = ok[ok["metric"] == "kernel_us_per_step"]
+    for (size, context, dtype), g in kernels.groupby(["size", "context", "dtype"], sort=False):
+        wall = e2e[(e2e["size"] == size) & (e2e["context"] == context) & (e2e["dtype"] == dtype)]
+        if wall.empty:
+            continue
+        step = wall[wall["metric"] == "step_ms"]
+        idle = float(step["gpu_idle_pct"].iloc[0]) if "gpu_idle_pct" in step and len(step) and pd.notna(step["gpu_idle_pct"].iloc[0]) else None
+        for phase, metric in E2E_PHASES.items():
+            timer = wall[wall["metric"] == metric]
+            kernel_ms = g[g["phase"] == phase]["mean"].sum() / 1e3
+            if timer.empty or not kernel_ms:
+                continue
+            center = timer["median"] if "median" in timer and timer["median"].notna().any() else timer["mean"]
+            t = float(center.iloc[0])
+            rows.append({"case": f"{size}, context {int(context)}, {dtype}", "phase": phase,
+                         "kernel ms (profiler)": kernel_ms, "timer ms (Python, median)": t,
+                         "kernel / timer": kernel_ms / t, "step GPU idle %": idle_text(idle, threshold),
+                         "_share": kernel_ms / t, "_host_bound": idle is not None and idle > threshold})
+    return pd.DataFrame(rows)
 
 
 def takeaway(cases: list[dict]) -> dict[str, dict]:

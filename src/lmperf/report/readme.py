@@ -2,180 +2,284 @@
 
     python -m lmperf.report.readme --results results/h100-80gb-hbm3 --readme README.md
 
-The block is never edited by hand; tests/test_report.py checks it matches a fresh render.
+The block is one table: each row one of our kernels (or our training stack) against the best
+peer measured in the same setting (the same shape, precision and context, timed the same way),
+one number a cell and the ratio beside it. The block is never edited by hand;
+tests/test_report.py checks it is a fresh render and recomputes every number it prints.
 """
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import jinja2
 import pandas as pd
 
-from lmperf.report.e2e import BF16_MFU, peaks, precision, size_order, with_bf16_mfu
-from lmperf.report.ladder import ladder as ladder_view
-from lmperf.report.env import measured_seconds
 from lmperf import providers
 from lmperf.report import freshness
-from lmperf.report.flash_attention import OURS
-from lmperf.report.format import HOST_BOUND, fmt, host_bound, host_bound_legend, table
+from lmperf.report.e2e import BF16_MFU, peaks, size_order, with_bf16_mfu
+from lmperf.report.format import HOST_BOUND, fmt, host_bound, table
 from lmperf.report.render import CONFIG, bars_from_config, load_section
 
 BEGIN = "<!-- results:begin (rendered by python -m lmperf.report.readme; do not edit) -->"
 END = "<!-- results:end -->"
 
-
-def headline(e2e: pd.DataFrame, ladder: pd.DataFrame, threshold: float) -> tuple[str, dict | None]:
-    """Per model size: the training step (median) in each variant at the variants study's context,
-    and the best rung of the ladder where there is one; (the table, one best rung for the prose or
-    None). A host-bound time (GPU idle above `threshold` %) is marked, and a ratio from a host-bound
-    rung says so."""
-    v = e2e[(e2e["study"] == "variants") & (e2e["mode"] == "train") & (e2e["status"] == "ok")]
-    v = with_bf16_mfu(v)
-    v = v.assign(variant=v["dtype"] + " " + v["compile"].astype(str).str.lower()
-                 .map({"true": "compiled", "false": "eager"}))
-    step = v[v["metric"] == "step_ms"].pivot_table(index="size", columns="variant", values="median")
-    tflops = v[v["metric"] == "tflops"].pivot_table(index="size", columns="variant", values="median")
-    mfu = v[v["metric"] == BF16_MFU].pivot_table(index="size", columns="variant", values="median")
-    own = v[(v["metric"] == "mfu_pct") & (precision(v) != "bf16")]
-    own = own.assign(peak=precision(own)).pivot_table(index="size", columns=["variant", "peak"], values="median")
-    order = [s for s in size_order(e2e) if s in step.index]
-    best = ladder_view(ladder, {}, threshold).get("best", {})
-    bound = v[(v["metric"] == "step_ms") & host_bound(v, threshold)]
-    bound = set(zip(bound["size"], bound["variant"]))
-    rows = []
-    for size in order:
-        row = {"model": size}
-        for variant in ("fp32 eager", "fp32 compiled", "bf16 eager", "bf16 compiled"):
-            if variant in step.columns:
-                cell = f"{fmt(step.loc[size, variant])} ms" + (f" {HOST_BOUND}" if (size, variant) in bound else "")
-                if variant in mfu.columns:
-                    rate = f"{fmt(tflops.loc[size, variant])} TFLOP/s, " if variant in tflops.columns else ""
-                    others = "".join(f"; {fmt(own.loc[size, (variant, p)])}% of {p} peak"
-                                     for p in own.columns.get_level_values("peak").unique() if (variant, p) in own.columns)
-                    cell += f" ({rate}{fmt(mfu.loc[size, variant])}% MFU{others})"
-                row[variant] = cell
-        if best:
-            b = best.get(size)
-            row["best rung of the ladder"] = "" if b is None else (
-                f"{fmt(b['step_ms'])} ms ({fmt(b['tflops'])} TFLOP/s, {fmt(b['mfu'])}% MFU; "
-                f"{str(b['micro_batches']) + ' micro-batches of ' if b['micro_batches'] > 1 else ''}"
-                f"{b['batch_size']} x {b['context']:,}, "
-                f"{b['backend'] or b['attention']}, AdamW {b['optimizer']}; {fmt(b['vs_assignment'])}x "
-                f"the bf16 compiled tokens/s{'; host-bound (' + ', '.join(b['host_bound']) + '): not a claim' if b['host_bound'] else ''})")
-        rows.append(row)
-    return table(pd.DataFrame(rows)), next(iter(best.values()), None)
+# The peers of each kernel as the table names them. torch.compile of PyTorch's attention is left
+# out of the FlashAttention-2 peers: on a static non-causal graph Inductor replaces it by SDPA
+# (the block's note says so with its numbers), so it is not an implementation of its own.
+FA_COMPILED_PLAIN = "plain_compiled"
+# ours as the peers run (no harness of its own), and the peers with their labels: the registry's
+# (lmperf.providers), but for torch.compile'd PyTorch attention and our own tiled PyTorch twin
+FA_OURS = next(p.name for p in providers.providers("attention", "ours") if p.harness is None)
+FA_PEERS = {p.name: p.label for p in providers.providers("attention", "peer")
+            if p.name != FA_COMPILED_PLAIN and not p.label.startswith("ours")}
+LRPE_OURS = "triton"
+LRPE_PEERS = {"torch_compile": "torch.compile", "torch": "PyTorch"}
+# The ladder's peer rungs (bench/ladder.py's PEERS: their change starts with "peer")
+LADDER_PEERS = {"liger": "Liger-Kernel", "float8_tensorwise": "torchao float8, tensorwise",
+                "float8_rowwise": "torchao float8, rowwise"}
 
 
-def fa_providers(fa: pd.DataFrame) -> dict[str, str]:
-    """The README's FlashAttention-2 columns: ours, and each other provider with rows in `fa`, by
-    their labels (lmperf.providers)."""
-    others = {p.name: p.label for p in providers.providers("attention") if p.role != "ours"}
-    return {"ours": providers.get(OURS[-1]).label,
-            **{p: label for p, label in others.items() if (fa["provider"] == p).any()}}
+def _ok(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+    return df[(df["metric"] == metric) & (df["status"] == "ok")]
 
 
-LRPE_PROVIDERS = {"triton": "ours (Triton)", "triton_cache": "ours, angle cache",
-                  "torch_compile": "torch.compile", "torch": "PyTorch"}
+def _row(what: str, unit: str, timing: str, ours: float, ours_hb: bool, peer: str | None,
+         peer_value: float | None, peer_hb: bool, higher_is_better: bool, no_peer: str = "none measured") -> dict:
+    """One line of the table as numbers: ours, the best peer, and ours / peer as a speed-up
+    (peer time / our time, or our rate / peer rate: above 1 where ours is faster)."""
+    ratio = None
+    if peer_value is not None and math.isfinite(peer_value) and peer_value > 0 and ours > 0:
+        ratio = ours / peer_value if higher_is_better else peer_value / ours
+    return {"what": what, "unit": unit, "timing": timing, "ours": ours, "ours_host_bound": ours_hb,
+            "peer": peer or no_peer, "peer_value": peer_value, "peer_host_bound": peer_hb, "speedup": ratio}
 
 
-def _median(df: pd.DataFrame, metric: str) -> float | None:
-    """A kernel bench's value: do_bench's median (its rows may have no mean)."""
-    m = df[(df["metric"] == metric) & (df["status"] == "ok")]["median"]
-    return float(m.iloc[0]) if len(m) else None
+def _best(values: dict[str, tuple[float, bool]], higher_is_better: bool) -> tuple[str | None, float | None, bool]:
+    """The best of {name: (value, host-bound)}: (name, value, host-bound), or Nones."""
+    values = {k: v for k, v in values.items() if v[0] is not None and math.isfinite(v[0])}
+    if not values:
+        return None, None, False
+    name = (max if higher_is_better else min)(values, key=lambda k: values[k][0])
+    return name, *values[name]
 
 
-def _mark(df: pd.DataFrame, metric: str, threshold: float) -> str:
-    """The host-bound mark (with its space) if the metric's row is host-bound, else ""."""
-    r = df[(df["metric"] == metric) & (df["status"] == "ok")]
-    return f" {HOST_BOUND}" if host_bound(r, threshold).any() else ""
+def _value(rows: pd.DataFrame, metric: str, threshold: float) -> tuple[float | None, bool]:
+    """(median, host-bound) of the one ok row of `metric` in `rows`, or (None, False)."""
+    r = _ok(rows, metric)
+    if r.empty:
+        return None, False
+    return float(r["median"].iloc[0]), bool(host_bound(r.iloc[[0]], threshold).iloc[0])
 
 
-def kernels(fa: pd.DataFrame, lrpe: pd.DataFrame, threshold: float) -> str:
-    """Our two kernels against their peers, one row per headline configuration, read from the
-    FlashAttention-2 headline/throughput jobs and the LRPE 1-D bench at its largest size."""
-    rows = []
-
-    def fa_row(what: str, sel, metric: str):
-        # ours as the report's bars read it: under the leaderboard's harness where the group has it
-        ours = next((p for p in OURS if (sel["provider"] == p).any()), OURS[-1])
-        if ours == "triton_compiled":
-            what += " (ours under the leaderboard's harness, torch.compile)"
-        row = {"kernel, configuration": what}
-        for p, label in fa_providers(fa[fa["group"].isin(["headline", "throughput"])]).items():
-            p = ours if p == "ours" else p
-            v = _median(sel[sel["provider"] == p], metric)
-            row[label] = "" if v is None else fmt(v) + _mark(sel[sel["provider"] == p], metric, threshold)
-        rows.append(row)
-    if not fa.empty:
-        head = fa[fa["group"] == "headline"]
-        thr = fa[(fa["group"] == "throughput") & (fa["causal"].astype(str).str.lower() == "false")]
-        if not head.empty:
-            fa_row("FlashAttention-2 fwd+bwd ms, 16 heads x 16,384 x 64, causal, bf16", head, "fwd_bwd_ms")
-        if not thr.empty:
-            fa_row("FlashAttention-2 forward TFLOP/s, 4 x 16 heads x 8,192 x 128, bf16", thr, "forward_tflops")
-    out = table(pd.DataFrame(rows)) if rows else ""
-    ok = lrpe[(lrpe["status"] == "ok") & (lrpe["dims"] == 1) & (lrpe["l"] == 0)] if not lrpe.empty else lrpe
-    if not ok.empty:
-        side = ok["side"].max()
-        big = ok[ok["side"] == side]
-        # the timing the section's bars use: kernel time (host left out) where the run measured it
-        timing, how = ("_kernel", "kernel ms") if (big["metric"] == "forward_kernel_ms").any() else ("", "ms per call")
-        lrows = []
-        for direction in ("forward", "backward"):
-            row = {f"LRPE-cosine 1-D, {int(side):,} tokens, bf16": f"{direction} {how} (share of copy bandwidth)"}
-            for p, label in LRPE_PROVIDERS.items():
-                g = big[big["provider"] == p]
-                ms, frac = _median(g, f"{direction}{timing}_ms"), _median(g, f"{direction}{timing}_copy_fraction")
-                row[label] = "" if ms is None else (f"{fmt(ms)} ({fmt(100 * frac)}%)"
-                                                    + _mark(g, f"{direction}{timing}_ms", threshold))
-            lrows.append(row)
-        out += "\n\n" + table(pd.DataFrame(lrows))
+def flash_attention_rows(fa: pd.DataFrame, threshold: float) -> list[dict]:
+    """The FlashAttention-2 headline (forward+backward time, causal) and throughput (forward
+    TFLOP/s, non-causal) configurations: ours under the harness the peers ran under."""
+    out = []
+    if fa.empty:
+        return out
+    groups = (("headline", True, "fwd_bwd_ms", "forward+backward", "ms", False),
+              ("throughput", False, "forward_tflops", "forward", "TFLOP/s", True))
+    for group, causal, metric, what, unit, higher in groups:
+        sel = fa[(fa["group"] == group) & (fa["causal"].astype(str).str.lower() == str(causal).lower())]
+        harness = sel[sel["provider"].isin(list(FA_PEERS))]["harness"].dropna().unique() if "harness" in sel else []
+        if len(harness) == 1:
+            sel = sel[sel["harness"] == harness[0]]
+        ours, ours_hb = _value(sel[sel["provider"] == FA_OURS], metric, threshold)
+        if ours is None:
+            continue
+        first = _ok(sel[sel["provider"] == FA_OURS], metric).iloc[0]
+        peer, peer_value, peer_hb = _best({label: _value(sel[sel["provider"] == p], metric, threshold)
+                                           for p, label in FA_PEERS.items()}, higher)
+        timing = "GPU time" if str(first.get("gpu_time")).lower() == "true" else "do_bench (host included)"
+        shape = (f"{int(first['batch'])} x {int(first['heads'])} heads x {int(first['seq_len']):,} x "
+                 f"{int(first['head_dim'])}, {'causal' if causal else 'non-causal'}, {first['dtype']}")
+        out.append(_row(f"FlashAttention-2 {what}, {shape}", unit, timing, ours, ours_hb, peer, peer_value,
+                        peer_hb, higher))
     return out
 
 
-def steps_text(rows: pd.DataFrame) -> str:
-    """How many timed steps the rows' medians are over, e.g. "10" or "5-20"."""
-    n = rows[(rows["metric"] == "step_ms") & (rows["status"] == "ok")]["n"].dropna().astype(int)
-    return "?" if n.empty else f"{n.min()}" if n.min() == n.max() else f"{n.min()}-{n.max()}"
+def compiled_plain_note(fa: pd.DataFrame) -> dict | None:
+    """torch.compile of PyTorch's attention beside SDPA-cuDNN at the throughput configuration
+    (forward TFLOP/s), the numbers behind leaving it out of the peers; None without its rows."""
+    sel = fa[(fa["group"] == "throughput") & (fa["causal"].astype(str).str.lower() == "false")] if not fa.empty else fa
+    if sel.empty:
+        return None
+    compiled, _ = _value(sel[sel["provider"] == FA_COMPILED_PLAIN], "forward_tflops", math.inf)
+    cudnn, _ = _value(sel[sel["provider"] == "sdpa_cudnn"], "forward_tflops", math.inf)
+    return None if compiled is None or cudnn is None else {"compiled": compiled, "cudnn": cudnn}
+
+
+def lrpe_rows(lrpe: pd.DataFrame, threshold: float) -> list[dict]:
+    """The LRPE-cosine 1-D bench at its largest size, forward and backward, on the kernel
+    (profiler) time where the run measured it."""
+    ok = lrpe[(lrpe["status"] == "ok") & (lrpe["dims"] == 1) & (lrpe["l"] == 0)] if not lrpe.empty else lrpe
+    if ok.empty:
+        return []
+    big = ok[ok["side"] == ok["side"].max()]
+    kernel = (big["metric"] == "forward_kernel_ms").any()
+    suffix, timing = ("_kernel_ms", "kernel time (profiler)") if kernel else ("_ms", "do_bench (host included)")
+    first = big.iloc[0]
+    shape = (f"{int(first['batch'])} x {int(first['heads'])} heads x {int(first['tokens']):,} tokens x "
+             f"{int(first['d'])}, {first['dtype']}")
+    out = []
+    for direction in ("forward", "backward"):
+        metric = direction + suffix
+        ours, ours_hb = _value(big[big["provider"] == LRPE_OURS], metric, threshold)
+        if ours is None:
+            continue
+        peer, peer_value, peer_hb = _best({label: _value(big[big["provider"] == p], metric, threshold)
+                                           for p, label in LRPE_PEERS.items()}, False)
+        out.append(_row(f"LRPE-cosine 1-D {direction}, {shape}", "ms", timing, ours, ours_hb, peer,
+                        peer_value, peer_hb, False))
+    return out
+
+
+def rung_kind(rungs: pd.DataFrame) -> pd.Series:
+    """Per ladder row: "peer" (another library's kernels or recipe, bench/ladder.py's PEERS),
+    "pytorch" (none of our kernels: PyTorch's own settings) or "ours" (at least one of ours)."""
+    none = lambda col: rungs[col].fillna("none").astype(str).eq("none") if col in rungs else True
+    peer = rungs["change"].astype(str).str.startswith("peer")
+    pytorch = ~peer & (rungs["attention"] != "flash-triton") & (rungs["optimizer"] != "master") \
+        & none("fused") & none("float8")
+    return pd.Series("ours", index=rungs.index).mask(pytorch, "pytorch").mask(peer, "peer")
+
+
+def rung_label(r: pd.Series) -> str:
+    """A peer rung as the table names it: the library, or PyTorch's settings."""
+    if str(r["change"]).startswith("peer"):
+        return f"{LADDER_PEERS.get(r['name'], r['name'])} (rung {int(r['rung'])})"
+    parts = [p for p, on in (("torch.compile", str(r["compile"]).lower() == "true"),
+                             ("fused AdamW", r["optimizer"] == "fused"), ("SDPA", r["attention"] == "sdpa")) if on]
+    return f"PyTorch: {', '.join(parts) or 'eager'} (rung {int(r['rung'])})"
+
+
+def training_rows(ladder: pd.DataFrame, threshold: float) -> tuple[list[dict], list[dict]]:
+    """The ladder's largest model: at the assignment's context and at the context of the best
+    bf16 rung of ours, our fastest rung (tokens/s) against the fastest peer rung of the same
+    context and precision; then our FP8 rung against the FP8 peers of its context. A context
+    change is never a row's speed-up: both sides of a row share it. (rows, our rung of each)."""
+    if ladder.empty:
+        return [], []
+    size = size_order(ladder)[-1]  # the largest model the ladder ran
+    g = ladder[(ladder["size"] == size) & (ladder["name"] != "floors")]
+    tok = _ok(g, "tokens_per_s")
+    tok = tok.assign(kind=rung_kind(tok), fp8=tok["float8"].fillna("none").astype(str).ne("none")
+                     if "float8" in tok else False)
+    tok = tok[tok["dtype"] == "bf16"]
+    if tok.empty:
+        return [], []
+    ours = tok[(tok["kind"] == "ours") & ~tok["fp8"]]
+    contexts = [int(c) for c in tok[tok["name"] == "compiled"]["context"].iloc[:1]]  # the assignment's
+    if len(ours):
+        contexts.append(int(ours.loc[ours["median"].idxmax(), "context"]))  # our best bf16 rung's
+    plan = [(c, False) for c in dict.fromkeys(contexts)]
+    fp8_ours = tok[(tok["kind"] == "ours") & tok["fp8"]]
+    if len(fp8_ours):
+        plan.append((int(fp8_ours.loc[fp8_ours["median"].idxmax(), "context"]), True))
+    rows, chosen = [], []
+    for context, fp8 in plan:
+        same = tok[(tok["context"] == context) & (tok["fp8"] == fp8)]
+        mine, peers = same[same["kind"] == "ours"], same[same["kind"] != "ours"]
+        if mine.empty:
+            continue
+        best = mine.loc[mine["median"].idxmax()]
+        hb = lambda r: bool(host_bound(r.to_frame().T, threshold).iloc[0])
+        peer = peers.loc[peers["median"].idxmax()] if len(peers) else None
+        precision = f"FP8 (ours: {best['float8']} scaling)" if fp8 else "bf16"
+        rows.append(_row(f"{size} training step, {precision}, batch {int(best['batch_size'])} x context "
+                         f"{context:,}", "tokens/s", "median step", float(best["median"]), hb(best),
+                         None if peer is None else rung_label(peer),
+                         None if peer is None else float(peer["median"]), False if peer is None else hb(peer), True,
+                         no_peer=f"none at context {context:,}"))
+        chosen.append({"context": context, "fp8": fp8, "rung": int(best["rung"]), "name": best["name"],
+                       "case_id": best["case_id"]})
+    return rows, chosen
+
+
+def against_assignment(ladder: pd.DataFrame, chosen: list[dict], threshold: float) -> dict | None:
+    """Our best bf16 rung at the assignment's context against the assignment's setting (bf16,
+    torch.compile: the ladder's rung "compiled") of the same job: the speed-up of tokens/s, and
+    whether either side is host-bound; None without that rung."""
+    tok = _ok(ladder, "tokens_per_s")
+    ours = next((c for c in chosen if not c["fp8"]), None)  # the first: at the assignment's context
+    if ours is None:
+        return None
+    mine = tok[tok["case_id"] == ours["case_id"]].iloc[0]
+    base = tok[(tok["name"] == "compiled") & (tok["size"] == mine["size"]) & (tok["context"] == ours["context"])]
+    if base.empty:
+        return None
+    base = base.iloc[0]
+    bound = bool(host_bound(pd.DataFrame([mine, base]), threshold).any())
+    return {"rung": int(base["rung"]), "context": int(base["context"]), "ours_rung": ours["rung"],
+            "speedup": float(mine["median"]) / float(base["median"]), "host_bound": bound}
+
+
+def table_text(rows: list[dict]) -> str:
+    """The rows as the README's markdown table: one number a cell, host-bound ones marked."""
+    mark = lambda hb: f" {HOST_BOUND}" if hb else ""
+    shown = [{"configuration": r["what"],
+              "unit": r["unit"], "timed by": r["timing"],
+              "ours": fmt(r["ours"]) + mark(r["ours_host_bound"]),
+              "best peer": r["peer"],
+              "peer": "" if r["peer_value"] is None else fmt(r["peer_value"]) + mark(r["peer_host_bound"]),
+              "ours vs peer": "" if r["speedup"] is None else
+              f"{fmt(r['speedup'])}x" + mark(r["ours_host_bound"] or r["peer_host_bound"])}
+             for r in rows]
+    return table(pd.DataFrame(shown))
+
+
+def best_mfu(ladder: pd.DataFrame, chosen: list[dict]) -> dict | None:
+    """MFU (against the bf16 peak) and TFLOP/s of our best bf16 rung (the table's last bf16
+    row), for the line under the table."""
+    bf16 = [c for c in chosen if not c["fp8"]]
+    if not bf16:
+        return None
+    case_id = bf16[-1]["case_id"]
+    rows = with_bf16_mfu(ladder[(ladder["case_id"] == case_id) & (ladder["status"] == "ok")])
+    value = lambda m: float(rows[rows["metric"] == m]["median"].iloc[0]) if (rows["metric"] == m).any() else None
+    mfu, tflops = value(BF16_MFU), value("tflops")
+    return None if mfu is None else {"mfu": mfu, "tflops": tflops, **bf16[-1]}
 
 
 # The block's line on rows measured at code that has changed since (report/freshness.py), and the
 # names it gives their sections
 OLDER = "**Measured at older code:**"
-OLDER_NAMES = {"e2e": "end-to-end", "ladder": "ladder (the last column)", "flash_attention": "FlashAttention-2",
-               "lrpe": "LRPE"}
+OLDER_NAMES = {"ladder": "training", "flash_attention": "FlashAttention-2", "lrpe": "LRPE"}
 
 
-def render_block(results: Path, templates: Path, config: Path = CONFIG) -> str:
-    e2e = load_section(results, "e2e")
+def view(results: Path, config: Path = CONFIG) -> dict:
+    """Everything the block shows, as numbers (the tests recompute them from the CSVs)."""
+    threshold = bars_from_config(config)["host_bound_idle_pct"]
     ladder = load_section(results, "ladder")
     env = load_section(results, "env")
-    facts = dict(zip(env["key"], env["value"].astype(str))) if not env.empty else {}
     fa = load_section(results, "flash_attention")
     fa = fa[fa["study"] == "bench"] if not fa.empty else fa
     lrpe = load_section(results, "lrpe")
     lrpe = lrpe[lrpe["study"] == "bench"] if not lrpe.empty else lrpe
-    seconds = measured_seconds({"e2e": e2e, "ladder": ladder})
-    threshold = bars_from_config(config)["host_bound_idle_pct"]
-    table_text, best = headline(e2e, ladder, threshold)
-    mfu = pd.concat([e2e, ladder], ignore_index=True)  # the ladder's TF32 rung has a peak of its own
-    variants = e2e[(e2e["study"] == "variants") & (e2e["mode"] == "train")]
-    context = {"hw": results.name, "facts": facts, "headline": table_text, "ladder": best,
-               "steps": steps_text(variants), "warmup": "/".join(map(str, sorted(set(variants["warmup"].astype(int))))),
-               "ladder_steps": steps_text(ladder) if not ladder.empty else "",
-               "kernels": kernels(fa, lrpe, threshold),
-               "context": int(e2e[e2e["study"] == "variants"]["context"].iloc[0]),
-               "batch_size": int(e2e["batch_size"].iloc[0]),
-               "minutes": fmt(sum(seconds.values()) / 60),
-               "peaks": peaks(mfu[(mfu["metric"] == "mfu_pct") & (mfu["status"] == "ok")])}
-    code = freshness.view({"e2e": e2e, "ladder": ladder, "flash_attention": fa, "lrpe": lrpe})
-    context["older"] = [OLDER_NAMES[s] for s in code["changed"]]
-    marked = (table_text + context["kernels"]).count(HOST_BOUND)
-    context["host_bound"] = {**host_bound_legend(e2e, threshold), "n": marked}
+    train, chosen = training_rows(ladder, threshold)
+    rows = flash_attention_rows(fa, threshold) + lrpe_rows(lrpe, threshold) + train
+    mfu = ladder[(ladder["metric"] == "mfu_pct") & (ladder["status"] == "ok")] if not ladder.empty else ladder
+    return {"hw": results.name, "threshold": threshold, "rows": rows, "chosen": chosen,
+            "facts": dict(zip(env["key"], env["value"].astype(str))) if not env.empty else {},
+            "best": best_mfu(ladder, chosen) if not ladder.empty else None,
+            "assignment": against_assignment(ladder, chosen, threshold) if not ladder.empty else None,
+            "peaks": peaks(mfu) if not mfu.empty else {},
+            "compiled_plain": compiled_plain_note(fa),
+            "host_bound": sum(r["ours_host_bound"] + r["peer_host_bound"] for r in rows),
+            "frames": {"ladder": ladder, "flash_attention": fa, "lrpe": lrpe}}
+
+
+def render_block(results: Path, templates: Path, config: Path = CONFIG) -> str:
+    v = view(results, config)
+    code = freshness.view(v.pop("frames"))
+    context = {**v, "table": table_text(v["rows"]) if v["rows"] else "",
+               "older": [OLDER_NAMES[s] for s in code["changed"]], "older_line": OLDER, "mark": HOST_BOUND}
     env_j2 = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), trim_blocks=True,
                                 lstrip_blocks=True, undefined=jinja2.StrictUndefined)
-    return env_j2.get_template("readme_results.md.j2").render(**context, older_line=OLDER).strip()
+    env_j2.filters["fmt"] = fmt
+    return env_j2.get_template("readme_results.md.j2").render(**context).strip()
 
 
 def replace_block(text: str, block: str) -> str:

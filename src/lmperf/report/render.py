@@ -112,7 +112,9 @@ def environment(templates: Path) -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), trim_blocks=True,
                              lstrip_blocks=True, undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True)
-    env.filters.update(table=fmt.table, fmt=fmt.fmt, anchor=fmt.anchor)
+    tables = fmt.Tables()  # the legend of the host-bound mark counts the rows of the table above it
+    env.filters.update(table=tables.table, fmt=fmt.fmt, anchor=fmt.anchor)
+    env.globals.update(marked_rows=tables.marked)
     return env
 
 
@@ -168,6 +170,7 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
                    "figures": {name: os.path.relpath(figure_paths(figures_dir)[name], out.parent) for name in staged},
                    "no_figure": not_drawn,
                    "missing": sorted({m for files in absent.values() for m in files}),
+                   "host_bound_pct": bars.get("host_bound_idle_pct", float("inf")), "host_bound_mark": fmt.HOST_BOUND,
                    "partial": absent, "expected": len(promised),
                    "references": published.by_section(references or [], results.name),
                    "rendered_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -36,7 +36,7 @@ SECTIONS = [
     Section("memory", {"memory": "memory_timelines.png"}),
     Section("precision"),
     Section("attention", {"attention": "attention_vs_seq_len.png"}),
-    Section("flash_attention", {"fa_tflops": "fa_tflops_vs_seq_len.png"}),
+    Section("flash_attention", {"fa_tflops": "fa_tflops_vs_seq_len.png", "fa_ratio": "fa_ours_over_peer.png"}),
     Section("lrpe", {"lrpe_bandwidth": "lrpe_bandwidth.png"}),
     Section("distributed", {"dist_busbw": "distributed_busbw_vs_size.png",
                             "dist_step_vs_gpus": "distributed_step_vs_gpus.png"}),

@@ -58,7 +58,9 @@ def flash_attention(v: dict, refs: dict) -> dict:
         return unavailable("no headline configuration in the benchmark's rows")
     r = c["ratios"]
     record = next(iter(quoted(refs, "cs336_leaderboard_record")), None)
+    peer_ms = lambda peer: r[("ms", "fwd_bwd")] / r[(peer, "fwd_bwd")] if (peer, "fwd_bwd") in r else None
     return {"available": True, "shape": c["name"].split(": ", 1)[1], "ms": r[("ms", "fwd_bwd")],
+            "flash_ms": peer_ms("sdpa_flash"), "cudnn_ms": peer_ms("sdpa_cudnn"),
             "leaderboard_harness": providers.get(c["ours"]).harness == "leaderboard",
             "vs_flash": r.get(("sdpa_flash", "fwd_bwd")), "vs_cudnn": r.get(("sdpa_cudnn", "fwd_bwd")),
             "host_bound": bool({("sdpa_flash", "fwd_bwd"), ("sdpa_cudnn", "fwd_bwd")} & c["host_bound"]),
@@ -76,10 +78,14 @@ def throughput(v: dict, refs: dict) -> dict:
         return unavailable("no non-causal throughput configuration in the benchmark's rows")
     r = c["ratios"]
     multiple = lambda peer: 1 / r[(peer, "forward")] if (peer, "forward") in r else None
-    return {"available": True, "shape": c["name"].split(": ", 1)[1], "tflops": c["forward_tflops"][c["ours"]],
+    tflops = c["forward_tflops"]
+    published = quoted(refs, "fa3_paper_h100_forward_d128_8k_fa3", "fa3_paper_h100_forward_d128_8k_cudnn")
+    return {"available": True, "shape": c["name"].split(": ", 1)[1], "tflops": tflops[c["ours"]],
             "vs_flash": multiple("sdpa_flash"), "vs_cudnn": multiple("sdpa_cudnn"),
+            "flash_tflops": tflops.get("sdpa_flash"), "cudnn_tflops": tflops.get("sdpa_cudnn"),
+            "vs_published": [{**p, "ratio": tflops[c["ours"]] / p["value"]} for p in published],
             "host_bound": bool({("sdpa_flash", "forward"), ("sdpa_cudnn", "forward")} & c["host_bound"]),
-            "published": quoted(refs, "fa3_paper_h100_forward_d128_8k_fa3", "fa3_paper_h100_forward_d128_8k_cudnn")}
+            "published": published}
 
 
 def training(v: dict, refs: dict, convergence: dict | None = None) -> dict:
@@ -97,8 +103,11 @@ def training(v: dict, refs: dict, convergence: dict | None = None) -> dict:
     fp8 = fp8[(fp8["size"] == size) & (fp8["status"] == "ok")] if fp8 is not None and len(fp8) else []
     fp8 = None if not len(fp8) else {
         "recipe": fp8["recipe"].iloc[0], "how": ladder_fp8.how(fp8["recipe"].iloc[0]), "rung": int(fp8["rung"].iloc[0]),
-        "vs_best": float(fp8["tokens/s / best bf16 rung's"].iloc[0]),
-        "convergence": ({"verdict": convergence["verdict"], "steps": int(convergence["table"]["steps"].max())}
+        "vs_best": float(fp8["tokens/s / best bf16 rung's"].iloc[0]), "tokens_per_s": float(fp8["tokens/s"].iloc[0]),
+        "context": int(fp8["context"].iloc[0]),
+        "convergence": ({"verdict": convergence["verdict"], "steps": int(convergence["table"]["steps"].max()),
+                         "result": {True: "within tolerance", False: "beyond tolerance"}.get(convergence.get("passed"),
+                                                                                             "not judged")}
                         if convergence and convergence.get("available") else None)}
     return {"available": True, "size": size, **best[size], "fp8": fp8,
             "others": [{"size": s, "mfu": b["mfu"]} for s, b in best.items() if s != size],
@@ -149,7 +158,9 @@ def memory(v: dict) -> dict:
     p = v["peaks"]
     if "train" not in p or not p["train"]["n"]:
         return unavailable("no training step in the memory section's rows")
-    return {"available": True, "size": v["size"], **p}
+    state = p.get("model_state_mib")
+    return {"available": True, "size": v["size"], **p,
+            "vs_state": p["train"]["max"] / state if state else None}  # the largest peak over the model's state
 
 
 def profile(v: dict) -> dict:

@@ -1,0 +1,279 @@
+"""The Gluon FlashAttention forward (src/lmperf/kernels/flash_attention_gluon.py) on a Hopper GPU:
+check against float64, then time it beside the tile-language kernel, SDPA-cuDNN and SDPA-flash
+in the same process.
+
+    python tuning/flash_attention/gluon_probe.py --out DIR [--skip-check] [--skip-bench]
+        [--only thr_full,headline] [--variants plain,ws]
+
+Writes DIR/gluon_check.csv (one row per case: O's and L's max abs error against float64, plain
+PyTorch's error in the same dtype, the contract's tolerance, passed; NaN-poisoned outputs, so an
+unwritten element fails), DIR/gluon_bench.csv (one row per shape x implementation x config:
+median and 20/80% quantiles of triton.testing.do_bench, TFLOP/s of the median; failures are
+rows) and prints a short table last.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+BF16, FP16 = torch.bfloat16, torch.float16
+# name: (batch, q heads, kv heads, N, D, causal)
+SHAPES = {
+    "thr_full": (4, 16, 16, 8192, 128, False),
+    "thr_causal": (4, 16, 16, 8192, 128, True),
+    "headline": (1, 16, 16, 16384, 64, True),
+    "lb_b16": (16, 16, 16, 16384, 64, True),
+    "gqa_4096": (4, 32, 8, 4096, 128, True),
+    "gqa_2048": (4, 32, 8, 2048, 128, True),
+    "d64_full": (4, 16, 16, 8192, 64, False),
+    "d128_full_2048": (4, 16, 16, 2048, 128, False),
+    "gqa_d64_1024": (8, 16, 4, 1024, 64, True),
+}
+# (variant, (BLOCK_M, BLOCK_N, num_warps, STAGES)) candidates by (D, causal); causal tiles square
+CANDIDATES = {  # "pp_snake"/"pp_nosnake": pp with the causal schedule forced (else by head dim)
+    (128, False): [("pp", (128, 128, 4, 3)), ("pp", (128, 128, 4, 2))],
+    (128, True): [("pp", (128, 128, 4, 3)), ("pp_snake", (128, 128, 4, 3))],
+    (64, False): [("plain", (128, 128, 8, 3)), ("pp", (128, 128, 4, 2))],
+    (64, True): [("pp", (128, 128, 4, 3)), ("pp_nosnake", (128, 128, 4, 3))],
+}
+
+
+def make(b, h, hk, n, d, dtype, layout, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    def one(heads):
+        if layout == "bnhd":  # a (B, H, N, D) view of (B, N, H, D) memory, as a model's projection
+            return torch.randn(b, n, heads, d, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
+        return torch.randn(b, heads, n, d, device="cuda", dtype=dtype, generator=g)
+    return one(h), one(hk), one(hk)
+
+
+def check(variants, log, override=None) -> list[dict]:
+    from lmperf.kernels import flash_attention_gluon as fg
+    from lmperf.kernels.attention_contract import reference, tolerance
+    rows = []
+    cases = []
+    for variant in variants:
+        for d in (64, 128):
+            for causal in (False, True):
+                for n in (1, 17, 128, 1000, 4099):
+                    cases += [(variant, d, causal, n, BF16, "bhnd", 2, 3, 3),
+                              (variant, d, causal, n, BF16, "bnhd", 2, 4, 2),
+                              (variant, d, causal, n, FP16, "bhnd", 1, 4, 1)]
+                    if causal and n in (17, 1000):  # more than one group of 16 sequences
+                        cases.append((variant, d, causal, n, BF16, "bhnd", 5, 8, 4))
+    for i, (variant, d, causal, n, dtype, layout, b, h, hk) in enumerate(cases):
+        row = dict(variant=variant, d=d, causal=causal, n=n, dtype=str(dtype).replace("torch.", ""),
+                   layout=layout, b=b, h=h, hk=hk)
+        try:
+            q, k, v = make(b, h, hk, n, d, dtype, layout, seed=1000 + i)
+            why = fg.unsupported(q, k, v, causal)
+            if why:
+                raise RuntimeError(f"refused: {why}")
+            cfg = override.get(d, fg.config(d, causal, variant)) if override else fg.config(d, causal, variant)
+            q4 = q
+            out = q.new_empty_strided((b, h, n, d), (n * h * d, d, h * d, 1)).fill_(float("nan"))
+            lse = torch.full((b * h, n), float("nan"), device="cuda")
+            fg.launch_forward(q, k, v, out, lse, causal, variant, cfg)
+            out2 = torch.full_like(out, float("nan"))
+            lse2 = torch.full_like(lse, float("nan"))
+            fg.launch_forward(q, k, v, out2, lse2, causal, variant, cfg)
+            torch.cuda.synchronize()
+            ref_o, ref_l = reference(q4, k, v, causal)
+            t_o, t_l = reference(q4, k, v, causal, dtype=dtype)
+            err = lambda x, r: float((x.double() - r.double()).abs().max()) if torch.isfinite(x).all() else float("inf")
+            o_err, o_terr = err(out, ref_o), err(t_o, ref_o)
+            l_err, l_terr = err(lse.view(b, h, n), ref_l), err(t_l, ref_l)
+            o_tol, l_tol = tolerance(o_terr, dtype), tolerance(l_terr, dtype)
+            same = bool(torch.equal(out, out2) and torch.equal(lse, lse2))
+            row.update(cfg=str(cfg), o_err=o_err, o_tol=o_tol, l_err=l_err, l_tol=l_tol, deterministic=same,
+                       passed=bool(o_err <= o_tol and l_err <= l_tol and same), error="")
+        except Exception as exc:  # noqa: BLE001 - a failure is a row
+            row.update(passed=False, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+            log.write(traceback.format_exc() + "\n")
+        rows.append(row)
+        if not row["passed"]:
+            print("CHECK FAIL", row, flush=True)
+    return rows
+
+
+def compile_check(log) -> list[dict]:
+    """torch.compile (fullgraph, Inductor) around FlashAttention2Triton.apply against eager mode,
+    for each forced backend and two ways of making the gradient: the max abs difference of the
+    output and of each gradient (0 = the same bits)."""
+    import os
+    import torch._dynamo
+    from lmperf.kernels import flash_attention_triton as ft
+    rows = []
+    for backend in ("triton", "gluon"):
+        for loss in ("sum", "float_sum"):
+            for causal in (False, True):
+                os.environ["LMPERF_FA_BACKEND"] = backend
+                torch._dynamo.reset()
+                row = dict(backend=backend, loss=loss, causal=causal)
+                try:
+                    apply = ft.FlashAttention2Triton.apply
+                    compiled = torch.compile(apply, fullgraph=True)
+                    g = torch.Generator(device="cuda").manual_seed(3)
+                    q = torch.randn(2, 4, 700, 64, device="cuda", dtype=BF16, generator=g)
+                    k, v = (torch.randn(2, 2, 700, 64, device="cuda", dtype=BF16, generator=g) for _ in range(2))
+                    res = []
+                    for fn in (compiled, apply):
+                        xs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+                        out = fn(*xs, causal)
+                        (out.float().sum() if loss == "float_sum" else out.sum()).backward()
+                        res.append([out] + [t.grad for t in xs])
+                    for name, a, b in zip(("out", "dq", "dk", "dv"), *res):
+                        row[name] = float((a.float() - b.float()).abs().max())
+                    row["error"] = ""
+                except Exception as exc:  # noqa: BLE001
+                    row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                    log.write(traceback.format_exc() + "\n")
+                finally:
+                    os.environ.pop("LMPERF_FA_BACKEND", None)
+                print("compile vs eager", row, flush=True)
+                rows.append(row)
+    return rows
+
+
+def _knobs(fg, label: str) -> None:
+    """A variant label's suffix sets the module's knobs: _snake/_nosnake the causal schedule,
+    _regs240 the second consumer warpgroup's registers; none: the defaults."""
+    suffix = label.split("_")[-1]
+    fg.SNAKE_CAUSAL = {"snake": True, "nosnake": False}.get(suffix)
+    fg.PP_REGS = 240 if suffix == "regs240" else 232
+
+
+def flops(b, h, n, d, causal):
+    f = 4.0 * b * h * n * n * d
+    return f / 2 if causal else f
+
+
+def bench(names, variants, log, out_csv=None, passes=1) -> list[dict]:
+    import torch.nn.functional as F
+    import triton.testing
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from lmperf.kernels import flash_attention_gluon as fg
+    from lmperf.kernels import flash_attention_triton as ft
+    rows = []
+    for pass_, name in [(p, nm) for p in range(passes) for nm in names]:
+        b, h, hk, n, d, causal = SHAPES[name]
+        q, k, v = make(b, h, hk, n, d, BF16, "bhnd", seed=7)
+        fl = flops(b, h, n, d, causal)
+        impls = [("triton_tile", "rule", lambda: ft.forward_with_lse(q, k, v, causal))]  # the tile kernel's op
+        def gl_fn(vv, cc):
+            def fn():
+                _knobs(fg, vv)
+                try:
+                    return fg.forward(q, k, v, causal, vv.split("_")[0], cc)
+                finally:
+                    _knobs(fg, "")
+            return fn
+        for variant, cfg in CANDIDATES[(d, causal)]:
+            if variant.split("_")[0] in variants:
+                impls.append((f"gluon_{variant}", cfg, gl_fn(variant, cfg)))
+        def auto():  # the dispatch as users call it (no grad): Gluon where its rule picks it
+            with torch.no_grad():
+                return ft.FlashAttention2Triton.apply(q, k, v, causal)
+        impls.append(("dispatch_auto", f"gluon={fg.use_gluon(q, k, v, causal, 'auto')}", auto))
+        outb = q.new_empty(q.shape)
+        lseb = torch.empty((b * h, n), dtype=torch.float32, device="cuda")
+        gqa = h != hk
+        for label, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+            def fn(backend=backend):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+            impls.append((label, "", fn))
+        impls.append(("sdpa_cudnn_again", "", impls[-2][2]))
+        ref = None
+        for label, cfg, fn in impls:
+            row = dict(shape=name, b=b, h=h, hk=hk, n=n, d=d, causal=causal, impl=label, cfg=str(cfg), pass_=pass_)
+            try:
+                o = fn()
+                o = o[0] if isinstance(o, tuple) else o
+                torch.cuda.synchronize()
+                if ref is None:
+                    ref = o.float()
+                diff = float((o.float() - ref).abs().max())
+                q20, q50, q80 = triton.testing.do_bench(fn, warmup=25, rep=200, quantiles=[0.2, 0.5, 0.8])
+                row.update(ms_p20=q20, ms_median=q50, ms_p80=q80, tflops=fl / (q50 * 1e-3) / 1e12,
+                           max_diff_vs_tile=diff, error="")
+                if label.startswith("gluon"):  # this config's compiled kernel
+                    _knobs(fg, label)
+                    kk = fg.launch_forward(q, k, v, outb, lseb, causal, label.split("_")[1], cfg)
+                    _knobs(fg, "")
+                    row["regs_spills"] = f"{getattr(kk, 'n_regs', '?')}/{getattr(kk, 'n_spills', '?')}"
+            except Exception as exc:  # noqa: BLE001
+                row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}")
+                log.write(traceback.format_exc() + "\n")
+            rows.append(row)
+            print(f"{name:11s} {label:17s} {str(cfg):20s} "
+                  + (f"{row['ms_median']:.3f} ms {row['tflops']:.0f} TFLOP/s diff {row['max_diff_vs_tile']:.2e}"
+                     if not row["error"] else row["error"][:200]), flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+        if out_csv is not None:  # as it goes: a later hang keeps what was measured
+            write(out_csv, rows)
+    return rows
+
+
+def write(path: Path, rows: list[dict]) -> None:
+    keys = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--skip-bench", action="store_true")
+    ap.add_argument("--compile-check", action="store_true", help="compiled against eager, then exit")
+    ap.add_argument("--only", default=",".join(SHAPES))
+    ap.add_argument("--variants", default="plain,ws,pp")
+    ap.add_argument("--check-cfg", default="", help="D:BM,BN,warps,stages;... checked instead of the table's")
+    ap.add_argument("--passes", type=int, default=1, help="times through the shapes (one process)")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    import triton
+    print(f"torch {torch.__version__} triton {triton.__version__} {torch.cuda.get_device_name()}", flush=True)
+    variants = args.variants.split(",")
+    with (args.out / "gluon_probe_traces.txt").open("w") as log:
+        if args.compile_check:
+            write(args.out / "gluon_compile_check.csv", compile_check(log))
+            return 0
+        if not args.skip_check:
+            t0 = time.time()
+            override = {}
+            for item in filter(None, args.check_cfg.split(";")):
+                dd, cc = item.split(":")
+                override[int(dd)] = tuple(int(x) for x in cc.split(","))
+            rows = check(variants, log, override)
+            write(args.out / "gluon_check.csv", rows)
+            bad = [r for r in rows if not r["passed"]]
+            print(f"check: {len(rows) - len(bad)}/{len(rows)} passed in {time.time() - t0:.0f} s", flush=True)
+            for variant in variants:
+                vr = [r for r in rows if r["variant"] == variant]
+                print(f"  {variant}: {sum(r['passed'] for r in vr)}/{len(vr)} passed", flush=True)
+        if not args.skip_bench:
+            rows = bench(args.only.split(","), variants, log, args.out / "gluon_bench.csv", args.passes)
+            write(args.out / "gluon_bench.csv", rows)
+            print("\nshape       impl              cfg                  ms      TFLOP/s")
+            for r in rows:
+                if not r.get("error"):
+                    print(f"{r['pass_']} {r['shape']:11s} {r['impl']:17s} {r['cfg']:20s} {r['ms_median']:.3f} {r['tflops']:7.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
