@@ -121,16 +121,79 @@ def timings(fa: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def wrong(rows: pd.DataFrame) -> dict[str, str]:
+    """{what a section's rows call it: why it is wrong} for every contender implementation that
+    failed a check: its attention provider, its ladder rung (`contender_<provider>`) and its
+    distributed variant (`<name>-<contract>`)."""
+    out = {}
+    table = checks(rows)
+    for r in (table.itertuples() if not table.empty else ()):
+        if r.result == "WRONG":
+            out[r.provider] = out[f"contender_{r.provider}"] = f"wrong: failed its check ({r.why})"
+    dist = distributed(rows)
+    for r in (dist.itertuples() if not dist.empty else ()):
+        if r.result == "WRONG" or r.result in ("wrong", "failed", "crashed", "timeout"):
+            out[f"{r.contender}-{r.contract}"] = f"wrong: failed its check against one process ({r.result})"
+    return out
+
+
+# where each section's rows name the implementation a row times
+NAMED_BY = {"flash_attention": "provider", "attention": "impl", "ladder": "name", "distributed": "variant"}
+
+
+def wrong_everywhere(frames: dict) -> dict:
+    """The sections' rows with every row of a contender that failed a check turned into a `wrong`
+    row (no time, the reason as its message): a wrong implementation is never shown as fast."""
+    bad = wrong(frames.get("contenders", pd.DataFrame()))
+    if not bad:
+        return frames
+    out = dict(frames)
+    for section, column in NAMED_BY.items():
+        df = frames.get(section)
+        if df is None or df.empty or column not in df:
+            continue
+        hit = df[column].isin(list(bad))
+        if hit.any():
+            df = df.copy()
+            df.loc[hit, "message"] = df.loc[hit, column].map(bad)
+            df.loc[hit, "status"] = "wrong"
+            for col in ("median", "mean", "q20", "q80", "min", "max"):
+                if col in df:
+                    df.loc[hit, col] = float("nan")
+            out[section] = df
+    return out
+
+
 def view(inputs) -> dict:
     rows = inputs.frames.get("contenders", pd.DataFrame())
     table = checks(rows)
     fa = inputs.frames.get("flash_attention", pd.DataFrame())
     times = timings(fa, table)
-    return {"available": not table.empty or not rows.empty, "table": table.drop(
+    return {"available": not table.empty or not rows.empty, "summary": summary_rows(table, times),
+            "table": table.drop(
                 columns=[c for c in table.columns if c.startswith("_")]) if not table.empty else table,
             "distributed": distributed(rows), "timings": times,
             "names": sorted(table["contender"].unique()) if not table.empty else [],
             "n_wrong": int((table["result"] == "WRONG").sum()) if not table.empty else 0}
+
+
+def summary_rows(table: pd.DataFrame, times: pd.DataFrame) -> list[dict]:
+    """One row per contender implementation for the report's summary: correct / compiles /
+    deterministic, and its time on the headline shape with its ratio to ours and to the best peer
+    (none where it was not timed, "wrong" where it failed a check)."""
+    out = []
+    for r in (table.itertuples() if not table.empty else ()):
+        if r.result == "not implemented":
+            continue
+        timed = times[(times["contender"] == r.provider)] if not times.empty else times
+        head = timed[timed["group"] == "headline"] if not timed.empty else timed
+        t = (head if not head.empty else timed).iloc[0].to_dict() if not timed.empty else {}
+        out.append({"provider": r.provider, "result": r.result, "compiles": r.compiles,
+                    "deterministic": r.deterministic, "fresh": r.fresh,
+                    "where": f"{t['group']}: {t['shape']}, {t['dtype']}" if t else "",
+                    "ms": t.get("ms"), "vs_ours": t.get("vs ours"), "vs_peer": t.get("vs best peer"),
+                    "timing": t.get("timing", "")})
+    return out
 
 
 def pages(view: dict, out_dir: Path, template) -> list[Path]:

@@ -29,7 +29,7 @@ import pandas as pd
 from lmperf import planning, workflow as wf
 from lmperf.report import format as fmt
 from lmperf.report import references as published
-from lmperf.report import summary, validate
+from lmperf.report import contenders, summary, validate
 from lmperf.report.correctness import KERNEL_SECTIONS
 from lmperf.report.sections import SECTIONS, Inputs, Section, figure_paths, frame_names, result_dirs
 
@@ -158,6 +158,7 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
             problems.update(e.problems)
     if problems:
         raise validate.DamagedResults(problems)
+    frames = contenders.wrong_everywhere(frames)  # a contender that failed a check is timed nowhere
     inputs = Inputs(results=results, frames=frames, bars=bars, out_dir=out.parent, scale=scale, models=models or {})
     absent = missing(results, promised)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -186,6 +187,9 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
         for name in not_drawn:
             figure_paths(figures_dir)[name].unlink(missing_ok=True)
         shutil.move(Path(tmp) / out.name, out)
+    if section_views.get("contenders", {}).get("names"):  # each contender's page, beside the report
+        contenders.pages(section_views["contenders"], out.parent / "contenders",
+                         environment(templates).get_template("contender_page.md.j2"))
     return text
 
 

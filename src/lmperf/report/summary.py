@@ -40,6 +40,7 @@ def view(views: dict, references: list[dict], hw: str) -> dict:
             "memory": memory(get("memory")),
             "profile": profile(get("profile")),
             "correctness": correctness(get("correctness")),
+            "contenders": (views.get("contenders") or {}).get("summary", []),
             "reproducibility": reproducibility(get("repeats"))}
 
 
