@@ -24,12 +24,8 @@ CONFIG = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 def registry(monkeypatch):
     """The registry as it was, back after the test (a test that loads a module adds to it)."""
     monkeypatch.delenv(providers.ENV, raising=False)
-    saved = dict(providers._REGISTRY), dict(providers._LOADED)
-    yield providers
-    providers._REGISTRY.clear()
-    providers._REGISTRY.update(saved[0])
-    providers._LOADED.clear()
-    providers._LOADED.update(saved[1])
+    with providers.kept():
+        yield providers
 
 
 def provider_lists(tree: ast.AST, names: set[str]) -> list[tuple[int, list[str]]]:

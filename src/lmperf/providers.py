@@ -178,6 +178,21 @@ def sources(contract: str | None = None) -> list[str]:
 # Loading the modules a config names
 
 
+@contextlib.contextmanager
+def kept():
+    """The registry and the loaded modules as they are now, back on the way out: for a caller
+    that registers or loads providers for a while (a test)."""
+    registry, loaded = dict(_REGISTRY), dict(_LOADED)
+    try:
+        yield
+    finally:
+        _REGISTRY.clear()
+        _REGISTRY.update(registry)
+        _LOADED.clear()
+        _LOADED.update(loaded)
+
+
+
 def modules_of(config: dict) -> list[str]:
     """The config's `provider_modules`: a list, or one name (`--config provider_modules=x.py`)."""
     mods = config.get("provider_modules") or []

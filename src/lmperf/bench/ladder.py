@@ -160,9 +160,8 @@ def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
 
 
 def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dict]:
-    """The cases of one job, by the signature every benchmark module shares (lmperf.workflow
-    lists them at planning; `arg`: the model size). The rungs' ids are the same with and without
-    CUDA."""
+    """The cases of one job, by the signature every benchmark module shares (`arg`: the model
+    size); the rungs' ids are the same with and without CUDA."""
     return cases(spec, arg, cuda=False)
 
 
