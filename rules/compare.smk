@@ -11,7 +11,8 @@ rule compare:
         b=lambda w: importlib.import_module("lmperf.compare").result_csvs(f"results/{w.b}"),
         code=wf.code_inputs("lmperf.compare"),
     output:
-        "report/compare/{a}_vs_{b}.md",
+        page="report/compare/{a}_vs_{b}.md",
+        chart="report/compare/{a}_vs_{b}.png",  # the headline ratios' chart the page opens with
     log:
         "logs/compare/{a}_vs_{b}.log",
     params:
@@ -25,5 +26,5 @@ rule compare:
         "../envs/lmperf.yaml"
     shell:
         # --exit-zero: the page is the product; its summary says whether the check passed
-        ("python -m lmperf.compare {params.a} {params.b} --out {output} --exit-zero "
+        ("python -m lmperf.compare {params.a} {params.b} --out {output.page} --exit-zero "
          "--host-bound-pct {params.host_bound_pct} > {log} 2>&1")

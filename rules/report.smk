@@ -24,6 +24,7 @@ rule report:
         rerun=sorted(str(p) for p in Path(f"{RESULTS}-rerun").rglob("*.csv") if ".journal" not in p.parts),
         compare=wf.code_inputs("lmperf.compare"),
         references="config/references.yaml",
+        published=sorted(str(p) for p in Path("config/published").glob("*.csv")),
         references_schema="config/references.schema.yaml",
     output:
         # update(): Snakemake neither deletes them before the job nor keeps a failed render's;
@@ -61,6 +62,7 @@ rule hw_report:
         code=sorted(str(p) for p in Path("src/lmperf/report").glob("*.py")),
         providers=["src/lmperf/providers.py", *wf.provider_inputs(config)],
         references="config/references.yaml",
+        published=sorted(str(p) for p in Path("config/published").glob("*.csv")),
     output:
         report=update("report/{hw}/report.md"),
         figures=update(directory("report/{hw}/figures")),

@@ -140,7 +140,7 @@ def test_a_render_by_hand_lists_the_missing_files_and_marks_partial_sections(res
     partial = {name for name, body in sections.items() if body.lstrip().startswith("**Partial:**")}
     assert partial == {"End-to-end Transformer timings", "Correctness", "Multi-dimensional LRPE-cosine (Triton)"}
     assert "`results/h100-80gb-hbm3/e2e/warmup/small.csv`, a result file this section reads, is missing:\n" \
-           "its counts, ranges, figures and bars cover only the rows that exist" in sections["End-to-end Transformer timings"]
+           "its counts, ranges, figures and targets cover only the rows that exist" in sections["End-to-end Transformer timings"]
 
 
 def test_a_complete_render_says_every_promised_file_is_there(rendered):
