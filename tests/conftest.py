@@ -31,6 +31,42 @@ def _ignore(folder: str, names: list[str]) -> set[str]:
     return top | set(ANYWHERE_IGNORE(folder, names))
 
 
+def git_head(root: Path, *args: str) -> str:
+    """`git <args>` in `root`, which must be a git checkout of its own; outside one (a tarball,
+    a copy without .git, git missing or refusing the folder) the calling test is skipped, saying
+    why, never passed on the working tree's files."""
+    why = None
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True)
+        if top.returncode != 0:
+            why = top.stderr.strip() or "git rev-parse failed"
+        elif Path(top.stdout.strip()).resolve() != root.resolve():
+            why = f"its git checkout is {top.stdout.strip()}, a folder above it"
+    except FileNotFoundError:
+        why = "git is not installed"
+    if why:
+        pytest.skip(f"reads the committed files from git (`make report` rewrites report/report.md and "
+                    f"report/figures/ for this machine), and {root} is not a git checkout: {why}")
+    proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.fail(f"git {' '.join(args)} in {root}: {proc.stderr.strip()}", pytrace=False)
+    return proc.stdout
+
+
+def committed(path: str, root: Path = REPO) -> str:
+    """The text of `path` (from the repository root) as committed at HEAD, whatever the working
+    tree holds: `make report` rewrites report/report.md and its figures for the machine it runs
+    on, and the tests of the committed report must pass after it as before."""
+    if not git_head(root, "ls-tree", "--name-only", "HEAD", "--", path).strip():
+        pytest.fail(f"{path} is not committed at HEAD", pytrace=False)
+    return git_head(root, "show", f"HEAD:{path}")
+
+
+def committed_files(folder: str, root: Path = REPO) -> list[str]:
+    """The paths (from the repository root) of the files committed at HEAD under `folder`."""
+    return git_head(root, "ls-tree", "-r", "--name-only", "HEAD", "--", folder).splitlines()
+
+
 # The tests run the workflow at smoke scale whatever the machine (a GPU would otherwise pick full).
 SMOKE = ("--config", "scale=smoke")
 

@@ -1,0 +1,117 @@
+"""The suite itself: the tests of the committed report read it from git, so `make report` (which
+rewrites report/report.md and report/figures/ for this machine) and `make test` pass in either
+order; and the Makefile's two targets run every test between them."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, committed, committed_files
+from lmperf.report import render
+
+# The tests that check the committed report (marked `committed`); each must be among them.
+COMMITTED_TESTS = {"tests/test_report.py::test_every_summary_answer_quotes_the_numbers_of_its_csvs[committed]",
+                   "tests/test_report.py::test_the_committed_reports_have_no_raw_html_glitches",
+                   "tests/test_report_figures.py::test_no_placeholder_image_is_committed"}
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=lmperf", "-c", "user.email=lmperf@localhost", *args], cwd=repo,
+                          capture_output=True, text=True, check=True).stdout
+
+
+def checkout(dest: Path) -> Path:
+    """A git checkout of the working tree as it would be committed (what git tracks or would
+    add; results and reports included), with one commit: a fresh clone's state."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
+                           capture_output=True, text=True)
+    if files.returncode != 0:
+        pytest.skip(f"copies the repository's files as git lists them, and {REPO} is not a git checkout: "
+                    f"{files.stderr.strip()}")
+    for name in filter(None, files.stdout.split("\0")):
+        if (REPO / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, dest / name)
+    git(dest, "init", "-q")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-q", "-m", "committed")
+    return dest
+
+
+def rendered_here(repo: Path, results: Path) -> None:
+    """What `make report` leaves on this machine: report/report.md and report/figures/ rewritten
+    from `results` at smoke scale (figures of sections without rows removed)."""
+    bars = render.bars_from_config(repo / "config" / "config.yaml")
+    render.render(results, repo / "templates", repo / "report" / "report.md", repo / "report" / "figures",
+                  "smoke", bars)
+
+
+def pytest_in(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", "-rA",
+                           *args], cwd=repo, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(repo / "src")})
+
+
+def outcomes(proc: subprocess.CompletedProcess) -> dict[str, set[str]]:
+    """{PASSED/SKIPPED/FAILED/ERROR: test ids} from pytest's -rA summary."""
+    out = {}
+    for kind, test in re.findall(r"^(PASSED|FAILED|ERROR|SKIPPED) (?:\[\d+\] )?(\S+)", proc.stdout, re.M):
+        out.setdefault(kind, set()).add(test.rstrip(":"))
+    return out
+
+
+def test_committed_reads_head_whatever_the_working_tree_holds(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "report").mkdir(parents=True)
+    (repo / "report" / "report.md").write_text("committed\n")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "report")
+    (repo / "report" / "report.md").write_text("rendered on this machine\n")
+    (repo / "report" / "new.md").write_text("never committed\n")
+    assert committed("report/report.md", repo) == "committed\n"
+    assert committed_files("report", repo) == ["report/report.md"]
+    with pytest.raises(pytest.fail.Exception, match="report/new.md is not committed at HEAD"):
+        committed("report/new.md", repo)
+
+
+def test_outside_a_git_checkout_a_committed_test_is_skipped_saying_why(tmp_path):
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "report.md").write_text("a copy's report\n")
+    with pytest.raises(pytest.skip.Exception, match=r"reads the committed files from git .* is not a git checkout"):
+        committed("report/report.md", tmp_path)
+
+
+@pytest.mark.committed
+def test_the_committed_report_is_the_one_at_head():
+    assert "report/report.md" in committed_files("report")
+    assert committed("report/report.md").startswith("# ")
+
+
+def test_the_committed_report_tests_pass_after_a_report_run_and_skip_without_git(tmp_path):
+    """In a checkout whose report/report.md and figures were rewritten as `make report` does on
+    a machine with no results (every answer "not measured here", every figure gone), the tests
+    marked `committed` still pass: they read HEAD. Without .git they are skipped, saying why."""
+    repo = checkout(tmp_path / "lmperf")
+    empty = tmp_path / "results" / "cpu"
+    empty.mkdir(parents=True)
+    rendered_here(repo, empty)
+    status = git(repo, "status", "--porcelain", "report")
+    assert " M report/report.md" in status and " D report/figures/" in status, status
+    assert "4.81 ms" not in (repo / "report" / "report.md").read_text()   # the committed numbers are gone
+
+    ran = pytest_in(repo, "-m", "committed", "tests")
+    assert ran.returncode == 0, ran.stdout[-4000:] + ran.stderr[-2000:]
+    got = outcomes(ran)
+    assert COMMITTED_TESTS <= got.get("PASSED", set()), got
+    assert set(got) == {"PASSED"}, got
+
+    shutil.rmtree(repo / ".git")
+    ran = pytest_in(repo, "-m", "committed", *sorted({t.split("::")[0] for t in COMMITTED_TESTS}))
+    assert ran.returncode == 0, ran.stdout[-4000:] + ran.stderr[-2000:]
+    got = outcomes(ran)
+    assert set(got) == {"SKIPPED"} and "is not a git checkout" in ran.stdout, ran.stdout[-3000:]
