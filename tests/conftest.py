@@ -137,6 +137,26 @@ def _ours(fixturedef, root: Path) -> bool:
     return where.is_relative_to(root) and not any(where.is_relative_to(p) for p in {sys.prefix, sys.base_prefix})
 
 
+# The kernel grids whose cases take seconds each (torch.compile, opcheck, the split kernel's long
+# sequences): `make test` runs the cases named here, one of each code path; the others are marked
+# slow and run in `make test-slow` (tests/test_suite.py checks that each name is a collected case).
+FAST_CASES = {
+    "tests/test_flash_attention.py::test_compiled_fullgraph_matches_eager": {"rule-causal-torch.float16",
+                                                                           "split2-full-torch.float32"},
+    "tests/test_flash_attention.py::test_ops_pass_torch_library_opcheck": {"3d", "5d"},
+    "tests/test_flash_attention.py::test_the_models_layout_is_read_and_written_in_place": {"1"},
+    "tests/test_flash_attention.py::test_split_matches_float64": {"fp16-1-2-full", "fp32-33-2-causal",
+                                                                 "fp16-70-4-full", "bf16-130-2-causal"},
+    "tests/test_fused.py::test_patched_model_computes_the_models_function": {"0-compiled", "2-eager"},
+}
+
+
+def grid_case(item) -> tuple[str, str] | None:
+    """(test function's id from the suite's root, case id) of a parametrized test, else None."""
+    callspec = getattr(item, "callspec", None)
+    return (item.nodeid.split("[")[0], callspec.id) if callspec else None
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`), the tests that share a
@@ -146,6 +166,9 @@ def pytest_collection_modifyitems(config, items):
     the rest, instead of starting it last."""
     session = set()
     for item in items:
+        case = grid_case(item)
+        if case and case[0] in FAST_CASES and case[1] not in FAST_CASES[case[0]]:
+            item.add_marker(pytest.mark.slow)
         defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
         shared = sorted(name for name, chain in defs.items()
                         if chain and chain[-1].scope in ("module", "session") and _ours(chain[-1], config.rootpath))

@@ -3,6 +3,7 @@ rewrites report/report.md and report/figures/ for this machine) and `make test` 
 order; and the Makefile's two targets run every test between them."""
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -115,3 +116,45 @@ def test_the_committed_report_tests_pass_after_a_report_run_and_skip_without_git
     assert ran.returncode == 0, ran.stdout[-4000:] + ran.stderr[-2000:]
     got = outcomes(ran)
     assert set(got) == {"SKIPPED"} and "is not a git checkout" in ran.stdout, ran.stdout[-3000:]
+
+
+def make_passes(*targets: str) -> list[list[str]]:
+    """The pytest arguments (after `python -m pytest`) of each pass the Makefile's targets run
+    under the pinned environment, as `make -n` prints them."""
+    proc = subprocess.run(["make", "-n", "--no-print-directory", *targets, f"VENV={Path(sys.prefix)}", "PYTEST_WORKERS=0",
+                           "PYTEST_ARGS="], cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.fail(f"make -n {' '.join(targets)}: {proc.stderr.strip()}")
+    passes = []
+    for line in proc.stdout.splitlines():
+        words = shlex.split(line.split(";")[0])
+        if words[:3] == ["python", "-m", "pytest"]:
+            passes.append(words[3:])
+    return passes
+
+
+def collected(*args: str) -> tuple[set[str], int]:
+    """(ids of the tests selected, number collected) of `pytest --collect-only` with `args`."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode in (0, 5), proc.stdout[-3000:] + proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    m = re.match(r"(\d+)/(\d+) tests collected", last) or re.match(r"((\d+)) tests? collected", last)
+    assert m, last
+    ids = {line for line in proc.stdout.splitlines() if "::" in line}
+    assert len(ids) == int(m[1]), last
+    return ids, int(m[2])
+
+
+def test_make_test_and_make_test_slow_run_every_test_between_them():
+    """`make test` and `make test-slow` each run one pass of the suite in the pinned environment
+    (then test-slow the kernel tests under the newest Triton): what the one leaves out, the other
+    runs; and each kernel grid's cases named for make test (conftest.FAST_CASES) are among its."""
+    from conftest import FAST_CASES
+    fast, slow = make_passes("test"), make_passes("test-slow")
+    assert len(fast) == len(slow) == 1, (fast, slow)
+    (in_fast, total), (in_slow, total_slow) = collected(*fast[0]), collected(*slow[0])
+    assert total == total_slow and len(in_fast | in_slow) == total and in_slow and not in_fast & in_slow, \
+        (len(in_fast), len(in_slow), total)
+    kept = {f"{test}[{case}]" for test, cases in FAST_CASES.items() for case in cases}
+    assert kept <= in_fast, f"conftest.FAST_CASES names cases make test does not collect: {sorted(kept - in_fast)}"
