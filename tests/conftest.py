@@ -113,7 +113,8 @@ atexit.register(_record)
 
 @pytest.fixture(scope="session")
 def built_repo(tmp_path_factory) -> Path:
-    """A copy of the repository in which the default CPU workflow has run to report/report.md,
+    """A copy of the repository in which the default CPU workflow has run to report/report.md
+    (once a session, shared: the tests that use it are marked slow, `make test-slow`),
     each benchmark process's imports and caches recorded in <repo>/.records/. Its .cache/ (the
     jobs' compile caches) is this checkout's, so that compiled code is reused from run to run."""
     repo = copy_repo(tmp_path_factory.mktemp("built") / "lmperf")
@@ -148,6 +149,9 @@ FAST_CASES = {
     "tests/test_flash_attention.py::test_split_matches_float64": {"fp16-1-2-full", "fp32-33-2-causal",
                                                                  "fp16-70-4-full", "bf16-130-2-causal"},
     "tests/test_fused.py::test_patched_model_computes_the_models_function": {"0-compiled", "2-eager"},
+    "tests/test_flash_attention_gqa.py::test_compiled_grouped_query_attention_matches_eager_and_float64": {"causal"},
+    "tests/test_flash_attention_gqa.py::test_grouped_query_backward_paths_match_float64": {
+        "fp32-1-two_kernels", "fp16-1-fused", "fp16-4-two_kernels", "bf16-4-fused"},
 }
 
 
@@ -168,6 +172,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         case = grid_case(item)
         if case and case[0] in FAST_CASES and case[1] not in FAST_CASES[case[0]]:
+            item.add_marker(pytest.mark.slow)
+        if "built_repo" in getattr(item, "fixturenames", ()):  # the smoke run: minutes of CPU before its first test
             item.add_marker(pytest.mark.slow)
         defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
         shared = sorted(name for name, chain in defs.items()

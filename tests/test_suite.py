@@ -26,20 +26,19 @@ def git(repo: Path, *args: str) -> str:
 
 
 def checkout(dest: Path) -> Path:
-    """A git checkout of the working tree as it would be committed (what git tracks or would
-    add; results and reports included), with one commit: a fresh clone's state."""
+    """A clone of this checkout (its history, HEAD's report/ and results/ as committed) whose
+    other files are the working tree's, committed on top: a fresh clone of the code under test."""
     files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
                            capture_output=True, text=True)
     if files.returncode != 0:
-        pytest.skip(f"copies the repository's files as git lists them, and {REPO} is not a git checkout: "
-                    f"{files.stderr.strip()}")
+        pytest.skip(f"clones the repository, and {REPO} is not a git checkout: {files.stderr.strip()}")
+    git(REPO, "clone", "-q", str(REPO), str(dest))
     for name in filter(None, files.stdout.split("\0")):
-        if (REPO / name).is_file():
+        if (REPO / name).is_file() and not name.startswith(("report/", "results/")):
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, dest / name)
-    git(dest, "init", "-q")
     git(dest, "add", "-A")
-    git(dest, "commit", "-q", "-m", "committed")
+    git(dest, "commit", "-q", "--allow-empty", "-m", "the working tree")
     return dest
 
 
@@ -118,6 +117,28 @@ def test_the_committed_report_tests_pass_after_a_report_run_and_skip_without_git
     assert set(got) == {"SKIPPED"} and "is not a git checkout" in ran.stdout, ran.stdout[-3000:]
 
 
+# The test files that read the checkout's report/ or results/ folders (what `make report` writes).
+READ_THE_REPORT_FOLDER = ["tests/test_report.py", "tests/test_report_figures.py", "tests/test_hw_reports.py",
+                          "tests/test_planning.py", "tests/test_compare.py", "tests/test_validate.py", "tests/test_suite.py"]
+
+
+@pytest.mark.slow
+def test_after_a_real_report_run_the_tests_of_the_report_folder_pass(built_repo, tmp_path):
+    """`make report`, then `make test`'s tests of what it rewrote: in a checkout holding what the
+    smoke run (built_repo: make report's command on a machine without a GPU) left in report/ and
+    results/cpu/, the files that read those folders pass, the committed report's tests included."""
+    repo = checkout(tmp_path / "lmperf")
+    shutil.rmtree(repo / "report" / "figures")
+    shutil.copytree(built_repo / "report" / "figures", repo / "report" / "figures")
+    shutil.copy2(built_repo / "report" / "report.md", repo / "report" / "report.md")
+    shutil.copytree(built_repo / "results" / "cpu", repo / "results" / "cpu")
+    assert " M report/report.md" in git(repo, "status", "--porcelain", "report")
+    ran = pytest_in(repo, "-m", "not slow", *READ_THE_REPORT_FOLDER)
+    assert ran.returncode == 0, ran.stdout[-6000:] + ran.stderr[-2000:]
+    got = outcomes(ran)
+    assert COMMITTED_TESTS <= got.get("PASSED", set()) and not got.keys() & {"FAILED", "ERROR"}, got.keys()
+
+
 def make_passes(*targets: str) -> list[list[str]]:
     """The pytest arguments (after `python -m pytest`) of each pass the Makefile's targets run
     under the pinned environment, as `make -n` prints them."""
@@ -146,6 +167,7 @@ def collected(*args: str) -> tuple[set[str], int]:
     return ids, int(m[2])
 
 
+@pytest.mark.slow  # two collections of the whole suite
 def test_make_test_and_make_test_slow_run_every_test_between_them():
     """`make test` and `make test-slow` each run one pass of the suite in the pinned environment
     (then test-slow the kernel tests under the newest Triton): what the one leaves out, the other
