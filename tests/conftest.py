@@ -31,6 +31,42 @@ def _ignore(folder: str, names: list[str]) -> set[str]:
     return top | set(ANYWHERE_IGNORE(folder, names))
 
 
+def git_head(root: Path, *args: str) -> str:
+    """`git <args>` in `root`, which must be a git checkout of its own; outside one (a tarball,
+    a copy without .git, git missing or refusing the folder) the calling test is skipped, saying
+    why, never passed on the working tree's files."""
+    why = None
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True)
+        if top.returncode != 0:
+            why = top.stderr.strip() or "git rev-parse failed"
+        elif Path(top.stdout.strip()).resolve() != root.resolve():
+            why = f"its git checkout is {top.stdout.strip()}, a folder above it"
+    except FileNotFoundError:
+        why = "git is not installed"
+    if why:
+        pytest.skip(f"reads the committed files from git (`make report` rewrites report/report.md and "
+                    f"report/figures/ for this machine), and {root} is not a git checkout: {why}")
+    proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.fail(f"git {' '.join(args)} in {root}: {proc.stderr.strip()}", pytrace=False)
+    return proc.stdout
+
+
+def committed(path: str, root: Path = REPO) -> str:
+    """The text of `path` (from the repository root) as committed at HEAD, whatever the working
+    tree holds: `make report` rewrites report/report.md and its figures for the machine it runs
+    on, and the tests of the committed report must pass after it as before."""
+    if not git_head(root, "ls-tree", "--name-only", "HEAD", "--", path).strip():
+        pytest.fail(f"{path} is not committed at HEAD", pytrace=False)
+    return git_head(root, "show", f"HEAD:{path}")
+
+
+def committed_files(folder: str, root: Path = REPO) -> list[str]:
+    """The paths (from the repository root) of the files committed at HEAD under `folder`."""
+    return git_head(root, "ls-tree", "-r", "--name-only", "HEAD", "--", folder).splitlines()
+
+
 # The tests run the workflow at smoke scale whatever the machine (a GPU would otherwise pick full).
 SMOKE = ("--config", "scale=smoke")
 
@@ -77,7 +113,8 @@ atexit.register(_record)
 
 @pytest.fixture(scope="session")
 def built_repo(tmp_path_factory) -> Path:
-    """A copy of the repository in which the default CPU workflow has run to report/report.md,
+    """A copy of the repository in which the default CPU workflow has run to report/report.md
+    (once a session, shared: the tests that use it are marked slow, `make test-slow`),
     each benchmark process's imports and caches recorded in <repo>/.records/. Its .cache/ (the
     jobs' compile caches) is this checkout's, so that compiled code is reused from run to run."""
     repo = copy_repo(tmp_path_factory.mktemp("built") / "lmperf")
@@ -101,6 +138,29 @@ def _ours(fixturedef, root: Path) -> bool:
     return where.is_relative_to(root) and not any(where.is_relative_to(p) for p in {sys.prefix, sys.base_prefix})
 
 
+# The kernel grids whose cases take seconds each (torch.compile, opcheck, the split kernel's long
+# sequences): `make test` runs the cases named here, one of each code path; the others are marked
+# slow and run in `make test-slow` (tests/test_suite.py checks that each name is a collected case).
+FAST_CASES = {
+    "tests/test_flash_attention.py::test_compiled_fullgraph_matches_eager": {"rule-causal-torch.float16",
+                                                                           "split2-full-torch.float32"},
+    "tests/test_flash_attention.py::test_ops_pass_torch_library_opcheck": {"3d", "5d"},
+    "tests/test_flash_attention.py::test_the_models_layout_is_read_and_written_in_place": {"1"},
+    "tests/test_flash_attention.py::test_split_matches_float64": {"fp16-1-2-full", "fp32-33-2-causal",
+                                                                 "fp16-70-4-full", "bf16-130-2-causal"},
+    "tests/test_fused.py::test_patched_model_computes_the_models_function": {"0-compiled", "2-eager"},
+    "tests/test_flash_attention_gqa.py::test_compiled_grouped_query_attention_matches_eager_and_float64": {"causal"},
+    "tests/test_flash_attention_gqa.py::test_grouped_query_backward_paths_match_float64": {
+        "fp32-1-two_kernels", "fp16-1-fused", "fp16-4-two_kernels", "bf16-4-fused"},
+}
+
+
+def grid_case(item) -> tuple[str, str] | None:
+    """(test function's id from the suite's root, case id) of a parametrized test, else None."""
+    callspec = getattr(item, "callspec", None)
+    return (item.nodeid.split("[")[0], callspec.id) if callspec else None
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`), the tests that share a
@@ -110,6 +170,11 @@ def pytest_collection_modifyitems(config, items):
     the rest, instead of starting it last."""
     session = set()
     for item in items:
+        case = grid_case(item)
+        if case and case[0] in FAST_CASES and case[1] not in FAST_CASES[case[0]]:
+            item.add_marker(pytest.mark.slow)
+        if "built_repo" in getattr(item, "fixturenames", ()):  # the smoke run: minutes of CPU before its first test
+            item.add_marker(pytest.mark.slow)
         defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
         shared = sorted(name for name, chain in defs.items()
                         if chain and chain[-1].scope in ("module", "session") and _ours(chain[-1], config.rootpath))

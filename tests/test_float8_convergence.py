@@ -102,6 +102,7 @@ def test_the_stream_is_learnable_and_the_same_for_the_runs_of_one_data_seed():
     assert bf16["stream_entropy"] < math.log(convergence.VOCAB) / 4  # far below uniform tokens' loss
 
 
+@pytest.mark.slow  # the smoke run (built_repo) runs the convergence job too
 def test_the_convergence_job_writes_bf16_losses_and_a_skipped_fp8_row_on_a_cpu(tmp_path):
     """The job in a fresh process, as the rule runs it, at the smoke spec cut to 4 steps."""
     spec = {**json.loads(wf.convergence_spec(CONFIG, "smoke")), "steps": 4}

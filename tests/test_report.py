@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from conftest import committed, committed_files
 from lmperf.report import e2e, flash_attention, render
 from lmperf.report.format import Spread, fmt, table
 from lmperf.report.sections import SECTIONS, Inputs
@@ -550,11 +551,12 @@ def test_the_report_names_every_section_measured_at_older_code(committed_render)
     assert flagged == ("flash_attention" in code["changed"])
 
 
-@pytest.mark.parametrize("text", ["fresh", "committed"])
-def test_every_summary_answer_quotes_the_numbers_of_its_csvs(committed_render, text):
+@pytest.mark.parametrize("text", ["fresh", pytest.param("committed", marks=pytest.mark.committed)])
+def test_every_summary_answer_quotes_the_numbers_of_its_csvs(request, text):
     """Each row's numbers, computed in this test from the CSVs alone, are in the row: in a fresh
-    render of the committed results and in the committed report/report.md."""
-    rendered = committed_render if text == "fresh" else (REPO / "report" / "report.md").read_text()
+    render of the committed results and in the committed report/report.md (read from git: `make
+    report` rewrites the working tree's for this machine)."""
+    rendered = request.getfixturevalue("committed_render") if text == "fresh" else committed("report/report.md")
     rows = summary_rows(rendered)
     for question, numbers in expected_summary().items():
         row = " | ".join(rows[question])
@@ -596,11 +598,20 @@ def test_no_raw_html_glitches(committed_render, tmp_path):
     empty.mkdir(parents=True)
     for name, text in {"committed results": committed_render, "fixture": run(FIXTURE, tmp_path),
                        "no results": run(empty, tmp_path, "smoke"),
-                       "report/report.md": (REPO / "report" / "report.md").read_text(),
                        "README.md": (REPO / "README.md").read_text()}.items():
         assert not html_glitches(text), (name, html_glitches(text)[:5])
     assert html_glitches("<details><summary>x</summary>\ntext\n\n</details>\n") and \
         html_glitches("<details><summary>x</summary>\n\ntext\n</details>\n")
+
+
+@pytest.mark.committed
+def test_the_committed_reports_have_no_raw_html_glitches():
+    """Every committed report (report/report.md, another GPU's, the multi-GPU run's), read from
+    git: `make report` rewrites the working tree's report/report.md for this machine."""
+    pages = [f for f in committed_files("report") if f.endswith(("/report.md", "/distributed.md"))]
+    assert "report/report.md" in pages
+    for page in pages:
+        assert not html_glitches(committed(page)), (page, html_glitches(committed(page))[:5])
 
 
 def test_every_mfu_is_against_the_bf16_peak_with_other_peaks_beside_it(committed_render):

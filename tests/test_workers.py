@@ -187,6 +187,7 @@ assert "compile caches warm in" in log.read_text()
 """
 
 
+@pytest.mark.slow  # compiles in a worker, then loads in a second process (half a minute of CPU)
 def test_the_warm_up_leaves_graphs_that_the_jobs_own_process_loads(tmp_path):
     """Compiled in a worker, loaded from the cache by the job's own process: Inductor's graph
     cache hits, and the compile takes less time than a cold one."""

@@ -1,5 +1,6 @@
 """The Snakemake workflow end to end: config validation, the DAG, a real CPU run, and which
-jobs an edit makes stale."""
+jobs an edit makes stale. The tests marked slow (`make test-slow`) run jobs again in a copy of
+the built repository or run the GPU scripts; the rest read the one smoke run (built_repo) or plan."""
 import json
 import os
 import re
@@ -15,9 +16,6 @@ import yaml
 
 from conftest import REPO, SMOKE, copy_repo, snakemake, workflow_env
 from lmperf.bench import failures
-
-pytestmark = pytest.mark.slow
-
 
 def planned(repo: Path, *args: str, env: dict | None = None) -> dict[str, int]:
     """{rule: job count} that a dry run of report/report.md would execute."""
@@ -41,6 +39,19 @@ def fresh_copy(tmp_path) -> Path:
     return copy_repo(tmp_path / "lmperf")
 
 
+@pytest.fixture(scope="module")
+def fresh_plan(tmp_path_factory) -> dict[str, int]:
+    """{rule: job count} of a fresh copy's dry run of the report: planned once, read by every test
+    that compares an edit's plan with the whole DAG."""
+    return planned(copy_repo(tmp_path_factory.mktemp("fresh") / "lmperf"))
+
+
+@pytest.fixture(scope="module")
+def fresh_dry_run(tmp_path_factory) -> str:
+    """A fresh copy's dry run of the report with its shell commands (-p), run once."""
+    return dry_run_commands(copy_repo(tmp_path_factory.mktemp("fresh") / "lmperf"))
+
+
 @pytest.fixture
 def built_copy(built_repo, tmp_path) -> Path:
     """A private copy of the built repository (mtimes and Snakemake metadata kept)."""
@@ -55,8 +66,8 @@ def edit(path: Path, text: str) -> None:
     os.utime(path, (future, future))
 
 
-def test_dry_run_plans_the_whole_dag(fresh_copy):
-    jobs = planned(fresh_copy)
+def test_dry_run_plans_the_whole_dag(fresh_plan):
+    jobs = fresh_plan
     assert jobs["report"] == 1 and jobs["env"] == 1
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     studies = config["e2e"]["smoke"]["studies"]
@@ -136,6 +147,7 @@ def test_cpu_run_produces_the_report(built_repo):
     assert csvs and not list((built_repo / "results").rglob(".journal"))
 
 
+@pytest.mark.slow
 def test_second_run_has_nothing_to_do_within_5_seconds(built_copy):
     """A rerun does nothing, and quickly: the faster of two no-op runs (the first after a fresh
     copy also compiles the copy's bytecode; on a busy 2-core CI machine it took 5.0 s once,
@@ -155,7 +167,8 @@ def test_editing_a_template_reruns_only_the_report(built_copy):
 
 
 @pytest.mark.parametrize("module", ["model.py", "kernels/flash_attention_triton.py"])
-def test_editing_the_model_or_its_attention_kernel_reruns_their_rules_and_the_report_only(built_copy, module):
+def test_editing_the_model_or_its_attention_kernel_reruns_their_rules_and_the_report_only(built_copy, fresh_plan,
+                                                                                         module):
     """The rules whose benchmark can import the model (which runs our FlashAttention kernel for
     attention: flash-triton): every end-to-end job, the attention, profile and memory benchmarks,
     both FlashAttention rules (PyTorch attention is the model's), the distributed jobs and the
@@ -163,8 +176,7 @@ def test_editing_the_model_or_its_attention_kernel_reruns_their_rules_and_the_re
     float8 training's layers, among them the model's SwiGLU), the FP8 rung's convergence job (it trains the model on the ladder's settings), and the repeats
     of their jobs (smoke: a FlashAttention headline case, a ladder rung, DDP)."""
     edit(built_copy / "src" / "lmperf" / module, "\n# edited\n")
-    jobs = planned(built_copy)
-    fresh = planned(copy_repo(built_copy.parent / "fresh"))
+    jobs, fresh = planned(built_copy), fresh_plan
     assert jobs == {"e2e_study": fresh["e2e_study"], "ladder_size": fresh["ladder_size"], "convergence_run": 1,
                     "attention": 1,
                     "profile": 1, "memory": 1, "flash_attention_check": 1, "adamw_master_check": 1, "fused_check": 1,
@@ -173,31 +185,31 @@ def test_editing_the_model_or_its_attention_kernel_reruns_their_rules_and_the_re
                     "distributed_repeat": fresh["distributed_repeat"], "report": 1}
 
 
-def test_editing_the_training_step_reruns_every_rule_that_trains_and_the_report(built_copy):
+def test_editing_the_training_step_reruns_every_rule_that_trains_and_the_report(built_copy, fresh_plan):
     """lmperf.train is the one training step: the end-to-end, ladder, convergence, profile, memory
     and data-parallel jobs run it, and so do the master-weight AdamW's and the fused kernels' checks
     (they train the LM through it), and the repeats of the ladder's and DDP's jobs (smoke: two
     processes each); the other kernels' and attention's benchmarks do not."""
     edit(built_copy / "src" / "lmperf" / "train.py", "\n# edited\n")
-    fresh = planned(copy_repo(built_copy.parent / "fresh"))
+    fresh = fresh_plan
     assert planned(built_copy) == {"e2e_study": fresh["e2e_study"], "ladder_size": fresh["ladder_size"],
                                    "convergence_run": 1, "profile": 1, "memory": 1, "distributed_study": fresh["distributed_study"],
                                    "adamw_master_check": 1, "fused_check": 1, "repeat": 2,
                                    "distributed_repeat": fresh["distributed_repeat"], "report": 1}
 
 
-def test_editing_the_ladder_reruns_only_its_jobs_and_the_report(built_copy):
+def test_editing_the_ladder_reruns_only_its_jobs_and_the_report(built_copy, fresh_plan):
     """Its jobs: the ladder's, and the convergence job, which trains the ladder's FP8 rung."""
     edit(built_copy / "src" / "lmperf" / "bench" / "ladder.py", "\n# edited\n")
-    fresh = planned(copy_repo(built_copy.parent / "fresh"))
+    fresh = fresh_plan
     # and the repeats of its rung (smoke: two processes)
     assert planned(built_copy) == {"ladder_size": fresh["ladder_size"], "convergence_run": 1, "repeat": 2,
                                    "report": 1}
 
 
-def test_editing_the_lrpe_kernel_reruns_only_its_rules_and_the_report(built_copy):
+def test_editing_the_lrpe_kernel_reruns_only_its_rules_and_the_report(built_copy, fresh_plan):
     edit(built_copy / "src" / "lmperf" / "kernels" / "lrpe.py", "\n# edited\n")
-    fresh = planned(copy_repo(built_copy.parent / "fresh"))
+    fresh = fresh_plan
     assert planned(built_copy) == {"lrpe_check": 1, "lrpe_bench": fresh["lrpe_bench"], "report": 1}
 
 
@@ -217,12 +229,17 @@ def test_an_edit_to_a_lazily_imported_module_schedules_its_jobs(built_copy, modu
     assert f"output: {output}\n" in dry.stdout + dry.stderr
 
 
-def benchmark_jobs(repo: Path) -> list[tuple[str, str, set[str]]]:
-    """(rule, module its command runs, its inputs) of every job a dry run of the report plans
-    whose shell command runs `python -m lmperf.<...>`."""
+def dry_run_commands(repo: Path) -> str:
+    """The output of a dry run of the report with its shell commands (-p)."""
     dry = snakemake(repo, "report/report.md", "-n", "-p", *SMOKE)
+    return dry.stdout + dry.stderr
+
+
+def benchmark_jobs(dry: str) -> list[tuple[str, str, set[str]]]:
+    """(rule, module its command runs, its inputs) of every job of a dry run (dry_run_commands)
+    whose shell command runs `python -m lmperf.<...>`."""
     jobs = []
-    for block in (dry.stdout + dry.stderr).split("\nrule ")[1:]:
+    for block in dry.split("\nrule ")[1:]:
         rule = block.split(":")[0]
         module = re.search(r"^Shell command:.* -m (lmperf\.[\w.]+)", block, re.M)
         inputs = re.search(r"^    input: (.*)$", block, re.M)
@@ -241,8 +258,11 @@ def imported_at_top(repo: Path, module: str) -> set[str]:
     return {str(Path(f).relative_to(repo)) for f in json.loads(proc.stdout)}
 
 
-def test_every_benchmark_job_has_the_modules_its_command_imports_as_inputs(fresh_copy):
-    jobs = benchmark_jobs(fresh_copy)
+@pytest.mark.slow
+def test_every_benchmark_job_has_the_modules_its_command_imports_as_inputs(fresh_copy, fresh_dry_run):
+    """(make test's test_every_module_a_benchmark_imported_while_running_is_among_its_inputs
+    checks the same of every module a smoke job had imported when it exited.)"""
+    jobs = benchmark_jobs(fresh_dry_run)
     rules = {rule for rule, _, _ in jobs}
     assert rules == {"env", "e2e_study", "ladder_size", "convergence_run", "adamw_master_check", "flash_attention_check", "flash_attention_bench", "lrpe_check",
                      "adamw_master_check", "fused_check", "float8_delayed_check",
@@ -280,18 +300,17 @@ def test_the_result_file_layout_has_one_source():
         assert params == ["study", "spec", "arg"], name
 
 
-def shell_commands(repo: Path) -> dict[str, str]:
-    """{output: shell command} of every job a dry run of the report plans."""
-    dry = snakemake(repo, "report/report.md", "-n", "-p", *SMOKE)
-    blocks = (dry.stdout + dry.stderr).split("\nrule ")[1:]
+def shell_commands(dry: str) -> dict[str, str]:
+    """{output: shell command} of every job of a dry run (dry_run_commands)."""
+    blocks = dry.split("\nrule ")[1:]
     return {re.search(r"^    output: (\S+)", b, re.M)[1]: re.search(r"^Shell command: (.*)$", b, re.M)[1]
             for b in blocks if "Shell command:" in b}
 
 
-def test_a_repeat_is_its_jobs_command_with_its_cases_into_its_own_file(fresh_copy):
+def test_a_repeat_is_its_jobs_command_with_its_cases_into_its_own_file(fresh_dry_run):
     """Each smoke repeat runs the command of the job it repeats (the same module, spec and
     library checks), only with --cases and its own output and log."""
-    commands = shell_commands(fresh_copy)
+    commands = shell_commands(fresh_dry_run)
     repeats = {out: cmd for out, cmd in commands.items() if "/repeats/" in out}
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["repeats"]["smoke"]
     assert len(repeats) == config["processes"] * len(config["jobs"])
@@ -305,11 +324,11 @@ def test_a_repeat_is_its_jobs_command_with_its_cases_into_its_own_file(fresh_cop
         assert strip(without_cases) == strip(main)
 
 
-def test_every_module_a_benchmark_imported_while_running_is_among_its_inputs(built_repo, tmp_path):
+def test_every_module_a_benchmark_imported_while_running_is_among_its_inputs(built_repo, fresh_dry_run):
     """The lazy imports too: built_repo's run recorded the lmperf modules each benchmark process
     had imported when it exited (conftest.BENCH_RECORDER)."""
     inputs = {}
-    for _, module, files in benchmark_jobs(copy_repo(tmp_path / "fresh")):
+    for _, module, files in benchmark_jobs(fresh_dry_run):
         inputs.setdefault(module, set()).update(files)
     records = [json.loads(p.read_text()) for p in (built_repo / ".records").glob("*.json")]
     ran = {r["module"] for r in records}
@@ -336,6 +355,7 @@ def test_benchmarks_compile_into_the_results_folders_cache(built_repo):
     assert ignored.returncode == 0, ".cache/ is not ignored by git"
 
 
+@pytest.mark.slow
 def test_an_error_fails_its_job_and_a_rerun_measures_only_it(fresh_copy):
     """An error row (injected) fails the job after its CSV is written: Snakemake reports it and
     deletes the CSV, the journal keeps the other cases, and the rerun measures only the failed
@@ -375,14 +395,15 @@ def script(repo: Path, name: str, *args: str, timeout: int = 600, env: dict | No
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_refresh_demo_lists_only_the_lrpe_jobs_and_the_report(built_copy):
+@pytest.mark.slow
+def test_refresh_demo_lists_only_the_lrpe_jobs_and_the_report(built_copy, fresh_plan):
     kernel = built_copy / "src" / "lmperf" / "kernels" / "lrpe.py"
     before = kernel.read_bytes()
     proc = script(built_copy, "refresh_demo.sh", *SMOKE)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     first, after = proc.stdout.split("== after")
     assert "(nothing to be done)" in first
-    fresh = planned(copy_repo(built_copy.parent / "fresh"))
+    fresh = fresh_plan
     assert job_counts(after) == {"lrpe_check": 1, "lrpe_bench": fresh["lrpe_bench"], "report": 1}
     assert kernel.read_bytes() == before, "the demo must put the kernel back"
 
@@ -413,6 +434,7 @@ def stop_while_running(repo: Path, target: str) -> None:
     (repo / target).write_bytes(written)
 
 
+@pytest.mark.slow
 def test_a_job_stopped_after_writing_is_named_and_gpu_run_redoes_it(built_copy):
     target = f"results/{results_hw(built_copy)}/flash_attention/check.csv"
     stop_while_running(built_copy, target)
@@ -426,6 +448,7 @@ def test_a_job_stopped_after_writing_is_named_and_gpu_run_redoes_it(built_copy):
     assert script(built_copy, "refresh_demo.sh", *SMOKE).returncode == 0
 
 
+@pytest.mark.slow
 def test_gpu_run_goes_on_past_a_failed_job(fresh_copy):
     """A job that fails (a case ended in an error) does not stop gpu_run.sh's other jobs: the
     budget of a GPU session was planned for all of them. The failing job is scheduled first."""
@@ -472,6 +495,7 @@ def most_at_once(log: Path) -> int:
     return peak
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile, expected", [([], 1), (["--workflow-profile", "none"], None)])
 def test_cores_8_runs_one_gpu_job_at_a_time(fresh_copy, tmp_path, profile, expected):
     """Every GPU rule asks for gpu=1 and profiles/default caps gpu at 1: with --cores 8 the jobs

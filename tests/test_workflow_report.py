@@ -6,11 +6,7 @@ import json
 import re
 from pathlib import Path
 
-import pytest
-
 from conftest import SMOKE, snakemake
-
-pytestmark = pytest.mark.slow
 
 
 def embedded(html: str) -> dict:

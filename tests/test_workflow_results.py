@@ -11,8 +11,6 @@ from conftest import SMOKE, snakemake
 from lmperf import workflow as wf
 from lmperf.report import render
 
-pytestmark = pytest.mark.slow
-
 TARGET = "results/cpu/e2e/warmup/tiny.csv"  # a smoke job of a few seconds
 
 
@@ -73,6 +71,7 @@ def test_a_damaged_result_is_named_at_planning_and_its_job_planned(built_copy, d
     assert jobs == {"e2e_study": 1, "report": 1}
 
 
+@pytest.mark.slow
 def test_a_damaged_result_is_measured_again_and_the_report_rendered(built_copy):
     """The issue's case: a CSV truncated mid-row used to rerun only the report, which then
     summarised what was left (exit 0)."""
@@ -85,6 +84,7 @@ def test_a_damaged_result_is_measured_again_and_the_report_rendered(built_copy):
     assert planned(built_copy)[0] == {}
 
 
+@pytest.mark.slow
 def test_a_failed_render_leaves_the_report_and_every_figure(built_copy):
     """Snakemake deletes a job's outputs before it runs and after it fails; the report's are
     flagged update(), so a render that fails (here on a stray garbage CSV in a section's folder,
