@@ -294,12 +294,20 @@ def check_output(out, q, what: str = "output") -> None:
 
 
 def guarded(fn: Callable) -> Callable:
-    """fn(q, k, v, is_causal) whose every output is checked (`check_output`): for timing a
-    contender, whose first call is checked before any time is taken."""
+    """fn(q, k, v, is_causal) whose outputs are checked: the first call's wholly
+    (`check_output`: shape, dtype, device, NaN or inf), every later call's shape, dtype and device
+    (metadata: no device work, no synchronisation, so a timed call costs what the contender's
+    own does). The bench checks the outputs of timed calls again afterwards (`stale_output`)."""
+    checked = []
+
     @functools.wraps(fn)
     def call(q, k, v, is_causal):
         out = fn(q, k, v, is_causal)
-        check_output(out, q)
+        if not checked:
+            check_output(out, q)
+            checked.append(True)
+        elif not (getattr(out, "shape", None) == q.shape and out.dtype == q.dtype and out.device == q.device):
+            check_output(out, q)  # raises Wrong, naming what differs
         return out
     return call
 
