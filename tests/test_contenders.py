@@ -21,14 +21,16 @@ def registries():
 
     from lmperf import model, providers
     env = os.environ.pop(contenders.ENV, None)
-    saved = dict(providers._REGISTRY), dict(providers._LOADED), dict(model.ATTENTION)
-    yield
-    for live, old in zip((providers._REGISTRY, providers._LOADED, model.ATTENTION), saved):
-        live.clear()
-        live.update(old)
+    attention = dict(model.ATTENTION)
+    with providers.kept():
+        yield
+    model.ATTENTION.clear()
+    model.ATTENTION.update(attention)
     os.environ.pop(contenders.ENV, None)
     if env is not None:
         os.environ[contenders.ENV] = env
+
+
 DATA = REPO / "tests" / "data" / "contenders"
 EXAMPLES = REPO / "examples" / "contenders"
 

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Callable
 
 from lmperf.bench.failures import NotRun
+from lmperf.bench.honest import Wrong, check_output, guarded, stale_output  # noqa: F401 (contenders.Wrong, ...)
 
 # The adapter functions of each contract, as CS336 assignment 2 names them (tests/adapters.py).
 CONTRACTS: dict[str, tuple[str, ...]] = {
@@ -73,12 +74,6 @@ class Failed(NotRun):
     """The contender's code raised: a `failed` row with the whole cause. A result about the
     contender, not a failure of the job."""
     status = "failed"
-
-
-class Wrong(NotRun):
-    """The contender's output breaks the contract (shape, dtype, device, NaN, a stale result):
-    a `wrong` row. A result about the contender, not a failure of the job."""
-    status = "wrong"
 
 
 @dataclass(frozen=True)
@@ -275,65 +270,6 @@ def attention_fn(contender: Contender, kind: str) -> Callable:
     return fn
 
 
-def check_output(out, q, what: str = "output") -> None:
-    """Raise Wrong unless `out` is a tensor like `q` (shape, dtype, device) with no NaN or inf."""
-    import torch
-    if not isinstance(out, torch.Tensor):
-        raise Wrong(f"{what} is a {type(out).__name__}, not a tensor")
-    problems = []
-    if tuple(out.shape) != tuple(q.shape):
-        problems.append(f"shape {tuple(out.shape)} (expected {tuple(q.shape)})")
-    if out.dtype != q.dtype:
-        problems.append(f"dtype {out.dtype} (expected {q.dtype})")
-    if out.device != q.device:
-        problems.append(f"device {out.device} (expected {q.device})")
-    if problems:
-        raise Wrong(f"{what} has " + ", ".join(problems))
-    if not bool(torch.isfinite(out).all()):
-        raise Wrong(f"{what} holds NaN or inf")
-
-
-def guarded(fn: Callable) -> Callable:
-    """fn(q, k, v, is_causal) whose outputs are checked: the first call's wholly
-    (`check_output`: shape, dtype, device, NaN or inf), every later call's shape, dtype and device
-    (metadata: no device work, no synchronisation, so a timed call costs what the contender's
-    own does). The bench checks the outputs of timed calls again afterwards (`stale_output`)."""
-    checked = []
-
-    @functools.wraps(fn)
-    def call(q, k, v, is_causal):
-        out = fn(q, k, v, is_causal)
-        if not checked:
-            check_output(out, q)
-            checked.append(True)
-        elif not (getattr(out, "shape", None) == q.shape and out.dtype == q.dtype and out.device == q.device):
-            check_output(out, q)  # raises Wrong, naming what differs
-        return out
-    return call
-
-
-def stale_output(fn: Callable, q, k, v, is_causal: bool) -> str | None:
-    """Why `fn`'s result is stale, or None. After `fn` has been called on q, k, v (as a timing
-    loop calls it), their contents are changed in place (the same storage) and `fn` called again;
-    its output must equal (to rounding) its output on a fresh copy of the new contents (new
-    storage). An implementation that returns a result cached for the same storage is caught here;
-    one that is merely wrong is not (the float64 check says so)."""
-    import torch
-    with torch.no_grad():
-        for t in (q, k, v):
-            t.copy_(torch.randn_like(t))
-        same_storage = fn(q, k, v, is_causal)
-        fresh = fn(q.clone(), k.clone(), v.clone(), is_causal)
-        err = float((same_storage.double() - fresh.double()).abs().max())
-        scale = max(1.0, float(fresh.double().abs().max()))
-        tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}.get(q.dtype, 1e-2) * scale
-    if not err <= tol:
-        return (f"stale result: after the inputs' contents changed in place, the output differs by {err:.3g} "
-                f"from the output on a fresh copy of the same contents (tolerance {tol:.3g}): a result "
-                f"cached for the same storage")
-    return None
-
-
 # ---------------------------------------------------------------------------------------------
 # The workflow's jobs (rules/contenders.smk)
 
@@ -394,7 +330,7 @@ def register(value) -> list[str]:
         for kind in ATTENTION:
             provider = f"{name}_{kind}"
             names.append(provider)
-            existing = providers._REGISTRY.get(provider)
+            existing = providers.find(provider)
             if existing is not None:  # registered already (by this process, or the name is taken)
                 if existing.role != "contender" or existing.source != source_file:
                     raise ContenderError(f"contender {name!r}: provider name {provider!r} is taken by "
@@ -408,6 +344,7 @@ def register(value) -> list[str]:
             if provider not in model.ATTENTION:
                 model.register_attention(provider, fn)
     os.environ[ENV] = json.dumps(items)
+    providers.load([__name__])  # a process this one starts imports this module: it registers them (below)
     return names
 
 
@@ -429,7 +366,7 @@ def register_from_environment() -> None:
     raw = os.environ.get(ENV)
     if raw:
         from lmperf import providers
-        if not all(n in providers._REGISTRY for n in provider_names(json.loads(raw))):
+        if not all(providers.find(n) for n in provider_names(json.loads(raw))):
             register(json.loads(raw))
 
 
@@ -442,3 +379,8 @@ def distributed_variants(value) -> dict[str, tuple]:
     `skipped` rows saying so)."""
     return {f"{name}-{contract}": (name, source, contract)
             for name, source in normalise(value).items() for contract in DISTRIBUTED}
+
+
+# A process started by a job that registered contenders (a worker, a torchrun rank, an isolated
+# case) registers them when it imports this module: lmperf.providers loads it by name (ENV).
+register_from_environment()

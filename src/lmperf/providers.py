@@ -124,8 +124,6 @@ def share() -> None:
 def _from_environment() -> None:
     if os.environ.get(ENV):
         load(json.loads(os.environ[ENV]))
-    from lmperf import contenders  # a user's contenders, registered by the job that started this process
-    contenders.register_from_environment()
 
 
 def register(p: Provider) -> Provider:
@@ -136,6 +134,11 @@ def register(p: Provider) -> Provider:
                                                                     if old.source or p.source else ""))
     _REGISTRY[p.name] = p
     return p
+
+
+def find(name: str) -> Provider | None:
+    """The provider of that name, or None (no lookup in the environment: for registering)."""
+    return _REGISTRY.get(name)
 
 
 def get(name: str) -> Provider:
@@ -200,11 +203,9 @@ def modules_of(config: dict) -> list[str]:
 
 
 def load_config(config: dict) -> None:
-    """Load the modules the config's `provider_modules` names (`load`), and register the user's
-    contenders it names (lmperf.contenders)."""
+    """Load the modules the config's `provider_modules` names (`load`). (A user's contenders,
+    config `contenders`, are registered by lmperf.contenders.register.)"""
     load(modules_of(config))
-    from lmperf import contenders
-    contenders.register(config.get("contenders"))
 
 
 def load(modules: Iterable[str]) -> None:

@@ -5,13 +5,11 @@ to the best peer), and each contender's page (`pages`: everything about it, repo
 Reads results/<hw>/contenders/ (bench/contenders.py: the float64 check and the properties; the
 distributed adapters against one process) and the FlashAttention section's rows of contender
 providers (the timings). A contender that failed any check is "wrong" in every timing cell: its
-time is never shown as a speed-up.
-
-    python -m lmperf.report.contenders --results results/cpu --out-dir report/contenders
+time is never shown as a speed-up. The pages are written by the renderer (lmperf.report.render)
+beside the report.
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pandas as pd
@@ -211,22 +209,3 @@ def pages(view: dict, out_dir: Path, template) -> list[Path]:
         path.write_text(page)
         written.append(path)
     return written
-
-
-def main(argv=None):
-    from lmperf.report import render
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--results", type=Path, required=True)
-    p.add_argument("--templates", type=Path, default=Path("templates"))
-    p.add_argument("--out-dir", type=Path, default=Path("report/contenders"))
-    args = p.parse_args(argv)
-    frames = {s: render.load_section(args.results, s) for s in ("contenders", "flash_attention")}
-    from lmperf.report.sections import Inputs
-    inputs = Inputs(results=args.results, frames=frames, bars={}, out_dir=args.out_dir)
-    env = render.environment(args.templates)
-    for path in pages(view(inputs), args.out_dir, env.get_template("contender_page.md.j2")):
-        print(path)
-
-
-if __name__ == "__main__":
-    main()

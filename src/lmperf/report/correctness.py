@@ -33,7 +33,7 @@ def view(inputs) -> dict:
             skipped.append({"kernel": f"{section} / {impl}", "dtype": dtype, "status": status,
                             "cases": g["case_id"].nunique(), "why": message})
     table = pd.DataFrame(lines)
-    return {"available": bool(lines or skipped), "table": table,
+    return {"available": bool(lines or skipped), "table": table, "contenders": contender_checks(inputs),
             "skipped": pd.DataFrame(skipped), "failures": failures,
             "all_pass": bool(lines) and not failures,
             # what the report's summary quotes
@@ -42,3 +42,20 @@ def view(inputs) -> dict:
             "n_kernels": table["kernel"].str.split(" / ").str[0].nunique() if lines else 0,
             "worst_ratio": float(table["worst error / tolerance"].max()) if lines else None,
             "n_skipped": int(sum(s["cases"] for s in skipped))}
+
+
+def contender_checks(inputs) -> pd.DataFrame:
+    """A user's contenders' float64 checks (results/<hw>/contenders/, lmperf.contenders), one line
+    per implementation and dtype: theirs, kept apart from our kernels' counts."""
+    rows = inputs.frames.get("contenders", pd.DataFrame())
+    if rows.empty or "check" not in rows:
+        return pd.DataFrame()
+    values = rows[(rows["study"] == "attention") & (rows["check"] == "values") & (rows["status"] == "ok")]
+    lines = []
+    for (provider, dtype), g in values.groupby(["provider", "dtype"], sort=False):
+        ratio = (g["median"] / g["tolerance"]).where(g["median"] != 0, 0.0)
+        passed = g["passed"].astype(str).str.lower() == "true"
+        lines.append({"contender": provider, "dtype": dtype, "cases": g["case_id"].nunique(),
+                      "checks passed": f"{int(passed.sum())}/{len(g)}", "worst error / tolerance": ratio.max(),
+                      "result": "pass" if passed.all() else "FAIL"})
+    return pd.DataFrame(lines)

@@ -12,6 +12,7 @@ import pandas as pd
 from lmperf import hardware, stats
 from lmperf.report import energy
 from lmperf.report.format import HOST_BOUND, cell, host_bound, host_bound_legend, idle_text, ratio_range, unavailable
+from lmperf.report.context_growth import context_growth
 from lmperf.report.plot import plt, save
 
 CASE_KEYS = ["size", "context", "dtype", "compile", "mode", "warmup"]
@@ -349,33 +350,6 @@ def context(df: pd.DataFrame, mfu: dict[str, str], threshold: float = math.inf) 
     out["context_growth"] = context_growth(df, lo, hi)
     out["context_oom"] = df.drop_duplicates("case_id").query("status == 'oom'")[["size", "context", "dtype"]]
     return out
-
-
-def context_growth(df: pd.DataFrame, lo: int, hi: int) -> dict:
-    """The step time at context `hi` over that at `lo`, per (size, dtype), from the medians:
-    {short, long, factor, n/min/max/mean over the pairs with neither step host-bound,
-    "pairs": those pairs' names and ratios, "host_bound": the pairs with a host-bound step (a
-    ratio of the host's speed, not taken), "failed": the pairs whose step did not run at one end,
-    with its status}."""
-    # a case's step row where it ran; its first row (its status) where it did not
-    cases = pd.concat([df[df["metric"] == "step_ms"], df[df["status"] != "ok"]]).drop_duplicates("case_id")
-    out = {"short": lo, "long": hi, "factor": hi // lo, "pairs": [], "host_bound": [], "failed": []}
-    ratios = []
-    for (size, dtype), g in cases.groupby(["size", "dtype"], sort=False):
-        ends = {c: g[g["context"] == c] for c in (lo, hi)}
-        name = f"{size}, {dtype}"
-        if any(e.empty for e in ends.values()):
-            continue
-        bad = [(c, e["status"].iloc[0]) for c, e in ends.items() if e["status"].iloc[0] != "ok"]
-        if bad:
-            out["failed"] += [{"pair": name, "size": size, "dtype": dtype, "context": int(c), "status": st} for c, st in bad]
-        elif not all(e["claimable"].iloc[0] if "claimable" in e else True for e in ends.values()):
-            out["host_bound"].append(name)
-        else:
-            r = float(ends[hi]["median"].iloc[0] / ends[lo]["median"].iloc[0])
-            ratios.append(r)
-            out["pairs"].append({"pair": name, "ratio": r})
-    return {**out, **ratio_range(pd.Series(ratios, dtype=float))}
 
 
 def figures(inputs, paths: dict) -> dict[str, str]:

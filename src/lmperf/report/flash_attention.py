@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-import itertools
 import math
 
 from lmperf import providers
 from lmperf.report.format import HOST_BOUND, bar, cell, fmt, host_bound, host_bound_legend, unavailable
-from lmperf.report.plot import plt, save
+from lmperf.report.flash_attention_figures import ratio_figure, same_kernel, tflops_figure
 
 def peers() -> list[str]:
     """The providers ours is compared with, in the registry's order (lmperf.providers): the peers,
@@ -109,16 +108,6 @@ def bars(configs: list[dict], grid: pd.DataFrame, model: pd.DataFrame, limits: d
 SAME_KERNEL = ("sdpa_cudnn's times equal sdpa_flash's at every shape: under torch.compile, Inductor's graph "
                "cache does not key on the SDPA backend (pytorch/pytorch#185449), so one ran the graph compiled "
                "for the other (most likely sdpa_cudnn ran sdpa_flash's: they run in that order)")
-
-
-def same_kernel(model: pd.DataFrame, a: str, b: str, tolerance: float = 0.02) -> bool:
-    """Whether providers a and b took the same time (within `tolerance`, about twice the
-    run-to-run spread of one kernel's GPU time) at every shape of the model group: two backends
-    of one op do not, at ten shapes, so one of them did not run."""
-    if not {a, b} <= set(model.columns):
-        return False
-    both = model[[a, b]].dropna()
-    return len(both) > 1 and bool(((both[a] - both[b]).abs() <= tolerance * both[a]).all())
 
 
 def grid_slower(grid: pd.DataFrame, metric: str) -> tuple[int, int]:
@@ -351,77 +340,5 @@ def figures(inputs, paths: dict) -> dict[str, str]:
     bench = inputs.rows("flash_attention", "bench")
     if not bench.empty and CENTER not in bench:  # rows with a mean only (one sample: the same number)
         bench = bench.assign(**{CENTER: bench["mean"]})
-    return {**tflops_figure(bench, paths["fa_tflops"]), **ratio_figure(bench, paths["fa_ratio"])}
-
-
-def tflops_figure(bench: pd.DataFrame, path) -> dict[str, str]:
-    grid = bench[(bench["group"] == "grid") & (bench["status"] == "ok")] if not bench.empty else bench
-    if grid.empty:
-        return {"fa_tflops": "no case of the FlashAttention-2 grid ran ok here"}
-    # one timing method on every line: GPU time (CUDA graph) where the grid has it, else do_bench's
-    how = "GPU time (CUDA graph)" if (grid["metric"] == "fwd_bwd_gpu_tflops").any() else "do_bench (host included)"
-    grid = grid[grid["metric"] == ("fwd_bwd_gpu_tflops" if how.startswith("GPU") else "fwd_bwd_tflops")]
-    if grid.empty:
-        return {"fa_tflops": "no case of the FlashAttention-2 grid ran ok here"}
-    dtypes, dims = sorted(grid["dtype"].unique()), sorted(grid["head_dim"].unique())
-    fig, axes = plt.subplots(len(dtypes), len(dims), figsize=(4.2 * len(dims), 3.4 * len(dtypes)),
-                             squeeze=False)
-    colours = {p: f"C{i}" for i, p in enumerate(sorted(grid["provider"].unique()))}
-    for (i, dtype), (j, d) in itertools.product(enumerate(dtypes), enumerate(dims)):
-        ax, g = axes[i, j], grid[(grid["dtype"] == dtype) & (grid["head_dim"] == d)]
-        if g.empty:  # no panel for a dtype and head dim without rows
-            ax.remove()
-            continue
-        for provider, p in g.groupby("provider"):
-            p = p.sort_values("seq_len")
-            ax.plot(p["seq_len"], p[CENTER], "-", marker="o", ms=3, lw=2.5 if provider == "triton" else 1,
-                    color=colours[provider], label=provider)
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"{dtype}, D={int(d)}")
-        ax.legend(fontsize="x-small")
-        ax.set_xlabel("sequence length")
-        ax.set_ylabel("TFLOP/s (fwd+bwd)")
-        ax.grid(True, alpha=0.3)
-    fig.suptitle(f"FlashAttention-2 grid, forward+backward, {how} on every line", fontsize="medium")
-    save(fig, path)
-    return {}
-
-
-def ratio_figure(bench: pd.DataFrame, path) -> dict[str, str]:
-    """Ours / peer time across shapes, GPU time (CUDA graph) on both sides: the grid against
-    torch.compile'd attention (forward+backward, per dtype and head dim, against N), and the model
-    group against SDPA's backends (a backend whose times are another's, `same_kernel`, left out)."""
-    if bench.empty:
-        return {"fa_ratio": "no case of the FlashAttention-2 benchmark ran here"}
-    grid = bench[(bench["group"] == "grid") & (bench["status"] == "ok") & (bench["metric"] == "fwd_bwd_gpu_ms")]
     model = model_table(bench[bench["group"] == "model"], "fwd_bwd_gpu_ms") if not bench.empty else pd.DataFrame()
-    wide = grid.pivot_table(index=["dtype", "head_dim", "seq_len"], columns="provider", values=CENTER) \
-        if not grid.empty else pd.DataFrame()
-    has_grid = {"triton", GRID_REFERENCE} <= set(wide.columns)
-    peers = [p for p in ("sdpa_flash", "sdpa_cudnn") if f"ours / {p}" in model
-             and not (p == "sdpa_cudnn" and same_kernel(model, "sdpa_flash", "sdpa_cudnn"))]
-    if not has_grid and not peers:
-        return {"fa_ratio": "no shape has GPU time (CUDA graph) for ours and a peer here"}
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), squeeze=False)
-    left, right = axes[0]
-    if has_grid:
-        for (dtype, d), g in (wide["triton"] / wide[GRID_REFERENCE]).dropna().groupby(level=["dtype", "head_dim"]):
-            left.plot(g.index.get_level_values("seq_len"), g.values, marker="o", ms=3, label=f"{dtype}, D={int(d)}")
-        left.set_xscale("log", base=2)
-        left.set_xlabel("sequence length (batch 1, causal)")
-        left.legend(fontsize="x-small")
-    left.axhline(1, color="k", lw=0.8)
-    left.set_ylabel("ours / peer time (below 1: ours faster)")
-    left.set_title("grid: ours / torch.compile'd attention, forward+backward")
-    left.grid(True, alpha=0.3)
-    for k, peer in enumerate(peers):
-        labels = [f"{r['model']} N={r['N']} D={r['D']}" for r in model.to_dict("records")]
-        right.plot(range(len(labels)), model[f"ours / {peer}"], "o" if k == 0 else "s", label=peer)
-        right.set_xticks(range(len(labels)), labels, rotation=40, ha="right", fontsize="x-small")
-    right.axhline(1, color="k", lw=0.8)
-    right.set_title("model sizes' attention (bf16, causal): ours / SDPA, fwd+bwd", fontsize="medium")
-    right.legend(fontsize="x-small")
-    right.grid(True, alpha=0.3)
-    fig.suptitle("FlashAttention-2: our time over each peer's, GPU time (CUDA graph) on both sides", fontsize="medium")
-    save(fig, path)
-    return {}
+    return {**tflops_figure(bench, paths["fa_tflops"]), **ratio_figure(bench, model, GRID_REFERENCE, paths["fa_ratio"])}

@@ -1,0 +1,74 @@
+"""Honest timing of someone else's code: its outputs checked against the contract (shape, dtype,
+device, no NaN) without costing a timed call anything, and its timed outputs checked afterwards
+for a result cached for the same input storage (lmperf.contenders; bench/flash_attention.py)."""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+from lmperf.bench.failures import NotRun
+
+
+class Wrong(NotRun):
+    """An output that breaks the contract (shape, dtype, device, NaN, a stale result): a `wrong`
+    row. A result about the code under test, not a failure of the job."""
+    status = "wrong"
+
+
+def check_output(out, q, what: str = "output") -> None:
+    """Raise Wrong unless `out` is a tensor like `q` (shape, dtype, device) with no NaN or inf."""
+    import torch
+    if not isinstance(out, torch.Tensor):
+        raise Wrong(f"{what} is a {type(out).__name__}, not a tensor")
+    problems = []
+    if tuple(out.shape) != tuple(q.shape):
+        problems.append(f"shape {tuple(out.shape)} (expected {tuple(q.shape)})")
+    if out.dtype != q.dtype:
+        problems.append(f"dtype {out.dtype} (expected {q.dtype})")
+    if out.device != q.device:
+        problems.append(f"device {out.device} (expected {q.device})")
+    if problems:
+        raise Wrong(f"{what} has " + ", ".join(problems))
+    if not bool(torch.isfinite(out).all()):
+        raise Wrong(f"{what} holds NaN or inf")
+
+
+def guarded(fn: Callable) -> Callable:
+    """fn(q, k, v, is_causal) whose outputs are checked: the first call's wholly
+    (`check_output`: shape, dtype, device, NaN or inf), every later call's shape, dtype and device
+    (metadata: no device work, no synchronisation, so a timed call costs what the contender's
+    own does). The bench checks the outputs of timed calls again afterwards (`stale_output`)."""
+    checked = []
+
+    @functools.wraps(fn)
+    def call(q, k, v, is_causal):
+        out = fn(q, k, v, is_causal)
+        if not checked:
+            check_output(out, q)
+            checked.append(True)
+        elif not (getattr(out, "shape", None) == q.shape and out.dtype == q.dtype and out.device == q.device):
+            check_output(out, q)  # raises Wrong, naming what differs
+        return out
+    return call
+
+
+def stale_output(fn: Callable, q, k, v, is_causal: bool) -> str | None:
+    """Why `fn`'s result is stale, or None. After `fn` has been called on q, k, v (as a timing
+    loop calls it), their contents are changed in place (the same storage) and `fn` called again;
+    its output must equal (to rounding) its output on a fresh copy of the new contents (new
+    storage). An implementation that returns a result cached for the same storage is caught here;
+    one that is merely wrong is not (the float64 check says so)."""
+    import torch
+    with torch.no_grad():
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t))
+        same_storage = fn(q, k, v, is_causal)
+        fresh = fn(q.clone(), k.clone(), v.clone(), is_causal)
+        err = float((same_storage.double() - fresh.double()).abs().max())
+        scale = max(1.0, float(fresh.double().abs().max()))
+        tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}.get(q.dtype, 1e-2) * scale
+    if not err <= tol:
+        return (f"stale result: after the inputs' contents changed in place, the output differs by {err:.3g} "
+                f"from the output on a fresh copy of the same contents (tolerance {tol:.3g}): a result "
+                f"cached for the same storage")
+    return None
