@@ -11,8 +11,9 @@ rule compare:
         b=lambda w: importlib.import_module("lmperf.compare").result_csvs(f"results/{w.b}"),
         code=wf.code_inputs("lmperf.compare"),
     output:
+        # (the headline ratios' chart, report/compare/{a}_vs_{b}.png, is written beside it where
+        # the two runs share headline rows)
         page="report/compare/{a}_vs_{b}.md",
-        chart="report/compare/{a}_vs_{b}.png",  # the headline ratios' chart the page opens with
     log:
         "logs/compare/{a}_vs_{b}.log",
     params:

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from lmperf import contenders
+from lmperf.bench import honest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -94,10 +95,10 @@ def test_the_lmperf_kernels_example_is_our_kernel_over_the_assignments_contract(
 def test_an_output_of_the_wrong_shape_dtype_or_with_nan_is_wrong():
     import torch
     q = torch.randn(2, 5, 8)
-    contenders.check_output(q.clone(), q)
+    honest.check_output(q.clone(), q)
     for bad, words in ((q[:, :4], "shape"), (q.double(), "dtype"), (q * float("nan"), "NaN"), ((q,), "tuple")):
-        with pytest.raises(contenders.Wrong, match=words):
-            contenders.check_output(bad, q)
+        with pytest.raises(honest.Wrong, match=words):
+            honest.check_output(bad, q)
 
 
 def _bench(study: str, spec: dict, out: Path) -> pd.DataFrame:

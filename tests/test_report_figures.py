@@ -19,7 +19,10 @@ BARS = render.bars_from_config(REPO / "config" / "config.yaml")
 def drawn(monkeypatch, module, section: str, results: Path = H100, frame=None) -> list:
     """The matplotlib figures `module.figures` draws from `results` (or `frame`), kept instead of saved."""
     figs = []
-    monkeypatch.setattr(module, "save", lambda fig, path: figs.append(fig))
+    # the FlashAttention-2 section draws in a module of its own
+    from lmperf.report import flash_attention, flash_attention_figures
+    where = flash_attention_figures if module is flash_attention else module
+    monkeypatch.setattr(where, "save", lambda fig, path: figs.append(fig))
     frame = render.load_section(results, section) if frame is None else frame
     inputs = Inputs(results=results, frames={section: frame}, bars=BARS, out_dir=results)
     assert module.figures(inputs, figure_paths(results)) == {}
@@ -32,7 +35,9 @@ def lines(ax) -> dict:
 
 
 def test_flash_attention_figure_plots_gpu_time_where_measured_and_no_empty_panel(monkeypatch):
-    (fig,) = drawn(monkeypatch, flash_attention, "flash_attention")
+    """Where the grid has GPU time, every line is GPU time (one timing method on the figure), one
+    panel a dtype and head dim with rows; the ratio figure is drawn beside it."""
+    fig, ratio = drawn(monkeypatch, flash_attention, "flash_attention")
     grid = render.load_section(H100, "flash_attention").query("group == 'grid' and status == 'ok'")
     panels = grid[grid["metric"] == "fwd_bwd_tflops"].groupby(["dtype", "head_dim"]).ngroups
     assert len(fig.axes) == panels  # one a dtype and head dim with rows, none left empty
@@ -40,18 +45,24 @@ def test_flash_attention_figure_plots_gpu_time_where_measured_and_no_empty_panel
     got = lines(ax)
     gpu = grid[(grid["dtype"] == "bf16") & (grid["head_dim"] == 64) & (grid["provider"] == "triton")
                & (grid["metric"] == "fwd_bwd_gpu_tflops")].sort_values("seq_len")
-    assert got["triton (GPU time)"] == (list(gpu["seq_len"]), list(gpu["median"]))
-    assert "sdpa_cudnn (do_bench)" in got and "triton (do_bench)" not in got
-    assert "GPU time" in fig._suptitle.get_text() and "do_bench" in fig._suptitle.get_text()
+    assert got["triton"] == (list(gpu["seq_len"]), list(gpu["median"]))
+    assert set(got) == {"triton", "plain_compiled"}  # the providers with GPU time, nothing by do_bench
+    assert "GPU time (CUDA graph) on every line" in fig._suptitle.get_text()
+    assert "GPU time (CUDA graph) on both sides" in ratio._suptitle.get_text()
 
 
 def test_a_dtype_and_head_dim_without_rows_has_no_panel_and_do_bench_alone_says_so(monkeypatch):
     df = render.load_section(H100, "flash_attention")
     df = df[~((df["dtype"] == "fp32") & (df["head_dim"] == 128)) & ~df["metric"].astype(str).str.contains("gpu")]
-    (fig,) = drawn(monkeypatch, flash_attention, "flash_attention", frame=df)
+    figs = []
+    from lmperf.report import flash_attention_figures
+    monkeypatch.setattr(flash_attention_figures, "save", lambda fig, path: figs.append(fig))
+    inputs = Inputs(results=H100, frames={"flash_attention": df}, bars=BARS, out_dir=H100)
+    assert flash_attention.figures(inputs, figure_paths(H100)) == {
+        "fa_ratio": "no shape has GPU time (CUDA graph) for ours and a peer here"}
+    (fig,) = figs
     assert len(fig.axes) == 5 and "fp32, D=128" not in {ax.get_title() for ax in fig.axes}
-    assert all(label.endswith("(do_bench)") for ax in fig.axes for label in lines(ax))
-    assert fig._suptitle.get_text() == "FlashAttention-2 grid, forward+backward: do_bench (host included)"
+    assert fig._suptitle.get_text() == "FlashAttention-2 grid, forward+backward, do_bench (host included) on every line"
 
 
 def test_lrpe_figure_uses_the_kernel_time_its_bars_use(monkeypatch):

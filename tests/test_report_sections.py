@@ -28,7 +28,7 @@ HEADINGS = {"env": "## Environment", "e2e": "## End-to-end Transformer timings",
             "lrpe": "## Multi-dimensional LRPE-cosine", "repeats": "## Across processes"}
 TEMPLATES = ["e2e", "precision", "memory", "profile", "attention", "lrpe", "power", "convergence", "env", "repeats"]
 PROCESS_TALK = re.compile(r"\blease\b|\bsession\b|NOTES|was cut|stretch|\bbars?\b|to-do", re.IGNORECASE)
-LEGEND = re.compile(r"‡ host-bound \((\d+) (?:rows? )?here")
+LEGEND = re.compile(r"‡ host-bound \((\d+) (?:rows? )?(?:here|in the table above)")
 
 pytestmark = pytest.mark.skipif(not H100.is_dir(), reason="no committed H100 results")
 

@@ -9,16 +9,8 @@ A contender is a Python module with any of the Stanford CS336 assignment-2 adapt
         + fsdp_gather_full_params(model)                                       contract "fsdp"
     get_sharded_optimizer(params, optimizer_cls, **kwargs)                     contract "sharded_optimizer"
 
-It is named on the command line or in a config file:
-
-    snakemake --cores 1 report/report.md --config contenders=examples/contenders/plain_pytorch.py
-    # or, several at once, in a --configfile:
-    contenders:
-      mine: path/to/adapters.py               # a file
-      theirs: their_pkg.adapters              # an importable module
-      split:                                  # adapter functions from several places
-        get_flashattention_autograd_function_triton: their_pkg.fa:get_triton_class
-
+It is named on the command line (`--config contenders=path/to/adapters.py`) or, several at once,
+as a mapping in a config file (docs/contenders.md).
 A contender's name is the mapping's key, or the file's stem for a bare path. What it does not
 define, or defines as `raise NotImplementedError`, is "not implemented": the studies of that
 contract are `skipped` rows saying so. A module that does not import stops planning with an error
@@ -43,7 +35,7 @@ from pathlib import Path
 from typing import Callable
 
 from lmperf.bench.failures import NotRun
-from lmperf.bench.honest import Wrong, check_output, guarded, stale_output  # noqa: F401 (contenders.Wrong, ...)
+from lmperf.bench.honest import Wrong, guarded
 
 # The adapter functions of each contract, as CS336 assignment 2 names them (tests/adapters.py).
 CONTRACTS: dict[str, tuple[str, ...]] = {
@@ -358,6 +350,23 @@ def _build(fn: Callable, kind: str) -> Callable:
         checked = guarded(fn)
         return (lambda q, k, v: checked(q, k, v, causal)), contextlib.nullcontext
     return build
+
+
+def register_or_exit(value) -> list[str]:
+    """`register`, for a benchmark's main: a contender that does not import ends the process with
+    its error (its file named)."""
+    try:
+        return register(value)
+    except ContenderError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+def ladder_rungs(value) -> list[tuple[str, str, dict, bool]]:
+    """The ladder's rungs of a user's attention in place of ours (bench/ladder.py), one a
+    provider, on the last carried rung's settings and not carried up: (name, change, the case
+    keys it sets, whether it needs CUDA)."""
+    return [(f"contender_{p}", f"contender (on the last carried rung's settings; not carried up): {p}'s "
+             f"attention in place of ours", {"attention": p}, p.endswith("_triton")) for p in provider_names(value)]
 
 
 def register_from_environment() -> None:

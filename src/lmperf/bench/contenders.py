@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 
 from lmperf import contenders as contenders_mod
-from lmperf.bench import common, failures, isolation, jobs
+from lmperf.bench import common, failures, honest, isolation, jobs
 
 PROPERTIES = ("gqa", "compiles", "deterministic", "fresh")
 DISTRIBUTED = ("ddp", "fsdp", "sharded_optimizer")
@@ -118,7 +118,7 @@ def _measure_attention(case: dict) -> list[dict]:
 
     def forward(q, k, v, is_causal):
         out = fn(q, k, v, is_causal)
-        contenders_mod.check_output(out, q)
+        honest.check_output(out, q)
         return out
     rows = []
     for r in compare(forward, q, k, v, case["causal"]):
@@ -146,7 +146,7 @@ def _property(case: dict, fn, q, k, v) -> list[dict]:
         except Exception as exc:  # a contender without grouped-query attention: not wrong, unsupported
             raise common.Unsupported(f"does not take fewer K/V heads than Q heads: "
                                      f"{type(exc).__name__}: {str(exc)[:200]}") from None
-        contenders_mod.check_output(out, q)
+        honest.check_output(out, q)
         ref, _ = reference(q, k, v, causal, dtype=torch.float64)
         torch_out, _ = reference(q, k, v, causal, dtype=q.dtype)
         from lmperf.kernels.attention_contract import tolerance
@@ -163,7 +163,7 @@ def _property(case: dict, fn, q, k, v) -> list[dict]:
         except Exception as exc:
             return [_property_row("compiles", False, f"torch.compile(fullgraph=True): {type(exc).__name__}: "
                                                      f"{str(exc).splitlines()[0][:300] if str(exc) else ''}")]
-        contenders_mod.check_output(compiled, q, "compiled output")
+        honest.check_output(compiled, q, "compiled output")
         same = torch.equal(compiled, eager)
         err = float((compiled.double() - eager.double()).abs().max())
         return [_property_row("compiles", True, "compiled equals eager bitwise" if same else
@@ -174,7 +174,7 @@ def _property(case: dict, fn, q, k, v) -> list[dict]:
         def run():
             leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
             out = fn(*leaves, causal)
-            contenders_mod.check_output(out, q)
+            honest.check_output(out, q)
             out.backward(grad_out)
             return [out.detach()] + [t.grad for t in leaves]
         first = run()
@@ -184,8 +184,8 @@ def _property(case: dict, fn, q, k, v) -> list[dict]:
     if prop == "fresh":
         with torch.no_grad():
             for _ in range(3):  # called as a timing loop calls it: the same tensors every time
-                contenders_mod.check_output(fn(q, k, v, causal), q)
-        why = contenders_mod.stale_output(fn, q, k, v, causal)
+                honest.check_output(fn(q, k, v, causal), q)
+        why = honest.stale_output(fn, q, k, v, causal)
         if why:
             raise contenders_mod.Wrong(why)
         return [_property_row("fresh", True, "the output follows the inputs' contents in the same storage")]

@@ -17,7 +17,7 @@ import itertools
 import random
 
 from lmperf import contenders, providers
-from lmperf.bench import common, isolation, jobs, timing
+from lmperf.bench import common, honest, isolation, jobs, timing
 
 # ---------------------------------------------------------------------------------------------
 # check
@@ -297,7 +297,7 @@ def measure_bench(case: dict) -> list[dict]:
     rows += gpu_rows
     if providers.get(case["provider"]).role == "contender":  # timed outputs checked afterwards
         with context():
-            why = contenders.stale_output(lambda q, k, v, causal: fn(q, k, v), q.detach(), k.detach(), v.detach(),
+            why = honest.stale_output(lambda q, k, v, causal: fn(q, k, v), q.detach(), k.detach(), v.detach(),
                                           case["causal"])
         if why:  # a result cached for the same storage is no time: a `wrong` row instead
             raise contenders.Wrong(why)

@@ -44,7 +44,6 @@ for a step near the device's memory).
 """
 from __future__ import annotations
 
-import functools
 import re
 
 from lmperf import contenders, train
@@ -110,11 +109,8 @@ def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
     steps += [("liger", LIGER, {"fused": "liger"}, True)] if "liger" in listed else []
     steps += [(f"float8_{r}", f"{PEER}torchao float8 training, {r} scaling: every nn.Linear but the LM head "
                f"multiplies in fp8", {"float8": r}, True) for r in FLOAT8_RECIPES if r in spec.get("float8", [])]
-    # a user's attention (the spec's contenders: lmperf.contenders) in place of ours, on the same
-    # settings: beside our flash_triton rung and the SDPA rung
-    rivals = {f"contender_{p}": p for p in contenders.provider_names(spec.get("contenders"))}
-    steps += [(name, f"contender (on the last carried rung's settings; not carried up): {p}'s attention in "
-               f"place of ours", {"attention": p}, p.endswith("_triton")) for name, p in rivals.items()]
+    rivals = contenders.ladder_rungs(spec.get("contenders"))  # a user's attention in place of ours
+    steps += rivals
     accumulate = spec.get("accumulate")
 
     sizes = []  # the micro-batch sizes the accumulating rungs choose from, largest first
@@ -152,7 +148,8 @@ def cases(spec: dict, size: str, cuda: bool) -> list[dict]:
         elif case["micro_batches"] > 1 and sizes:  # accumulating (the rung and the longer contexts after it)
             case["micro_batch_candidates"] = ",".join(map(str, sizes))
         out.append(case)
-        if (cuda or not needs_cuda) and name not in PEERS and name not in rivals and "float8" not in sets:
+        if (cuda or not needs_cuda) and name not in PEERS and name not in {r[0] for r in rivals} \
+                and "float8" not in sets:
             settings.update(sets)
     for case in out:
         case["case_id"] = f"{size}-rung{case['rung']:02d}-{case['name']}"
@@ -169,24 +166,8 @@ def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dic
 # Measurements
 
 
-@functools.cache
-def device_rates(gemm_size: int, copy_mib: int) -> dict:
-    """The rates the floors are against, measured once a process with do_bench: a device-to-
-    device copy (bytes read + written per second) and an n x n x n bf16 matmul (FLOP/s)."""
-    import torch
-
-    src = torch.empty(copy_mib * 2**20, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    copy_ms = timing.do_bench_quantiles(lambda: dst.copy_(src), warmup_ms=25, rep_ms=100)
-    a, b = (torch.randn(gemm_size, gemm_size, dtype=torch.bfloat16, device="cuda") for _ in range(2))
-    gemm_ms = timing.do_bench_quantiles(lambda: a @ b, warmup_ms=25, rep_ms=100)
-    return {"copy_ms": copy_ms, "gemm_ms": gemm_ms,
-            "copy_bytes_per_s": 2 * src.numel() / (copy_ms[0] / 1e3),
-            "matmul_flops_per_s": 2 * gemm_size**3 / (gemm_ms[0] / 1e3)}
-
-
 def floors_rows(spec: dict) -> list[dict]:
-    rates = device_rates(spec["floors"]["gemm_size"], spec["floors"]["copy_mib"])
+    rates = timing.device_rates(spec["floors"]["gemm_size"], spec["floors"]["copy_mib"])
     return [common.summarize_quantiles("copy_ms", "ms", *rates["copy_ms"]),
             common.summarize("copy_gb_per_s", "GB/s", [rates["copy_bytes_per_s"] / 1e9]),
             common.summarize_quantiles("bf16_matmul_ms", "ms", *rates["gemm_ms"]),
@@ -199,7 +180,7 @@ def phase_floors(cfg, case: dict, spec: dict) -> list[dict]:
     matmul rate (recomputation by checkpointing not included: it is not the model's work)."""
     from lmperf.flops import flops_per_token
 
-    rates = device_rates(spec["floors"]["gemm_size"], spec["floors"]["copy_mib"])
+    rates = timing.device_rates(spec["floors"]["gemm_size"], spec["floors"]["copy_mib"])
     tokens = case["batch_size"] * case["context"] * case.get("micro_batches", 1)
     forward = flops_per_token(cfg, case["context"], "forward") * tokens
     floor = lambda work, rate: [1e3 * work / rate]
@@ -398,10 +379,7 @@ def main(argv=None):
     args = common.bench_args(__doc__, argv, size=True, options=jobs.options)
     import torch
 
-    try:
-        contenders.register(args.spec.get("contenders"))  # the model can use them; workers inherit them
-    except contenders.ContenderError as exc:
-        raise SystemExit(f"error: {exc}") from None
+    contenders.register_or_exit(args.spec.get("contenders"))  # the model can use them; workers inherit them
     dims, rungs = args.spec["models"][args.size], cases(args.spec, args.size, cuda=torch.cuda.is_available())
     jobs.run(section="ladder", study="ladder", cases=rungs, measure=lambda case: measure(case, dims, args.spec),
              args=args, fingerprint={"spec": args.spec, "size": args.size}, warm=warm, compiles=compiles)

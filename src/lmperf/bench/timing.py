@@ -19,6 +19,7 @@ for a small memory-bound kernel that do_bench times with a cold L2 the share is 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from typing import Callable, Iterable
@@ -116,3 +117,19 @@ def gpu_idle(fn: Callable, wall_ms: float, calls: int = IDLE_CALLS) -> tuple[flo
         return idle_pct(busy_ms(prof.events(), calls), wall_ms), ""
     except Exception as exc:  # noqa: BLE001  (the timings stand without it)
         return math.nan, f"GPU idle share not measured: {type(exc).__name__}: {exc}"[:200]
+
+
+@functools.cache
+def device_rates(gemm_size: int, copy_mib: int) -> dict:
+    """The rates the floors are against, measured once a process with do_bench: a device-to-
+    device copy (bytes read + written per second) and an n x n x n bf16 matmul (FLOP/s)."""
+    import torch
+
+    src = torch.empty(copy_mib * 2**20, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy_ms = do_bench_quantiles(lambda: dst.copy_(src), warmup_ms=25, rep_ms=100)
+    a, b = (torch.randn(gemm_size, gemm_size, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    gemm_ms = do_bench_quantiles(lambda: a @ b, warmup_ms=25, rep_ms=100)
+    return {"copy_ms": copy_ms, "gemm_ms": gemm_ms,
+            "copy_bytes_per_s": 2 * src.numel() / (copy_ms[0] / 1e3),
+            "matmul_flops_per_s": 2 * gemm_size**3 / (gemm_ms[0] / 1e3)}
