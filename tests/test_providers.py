@@ -73,8 +73,9 @@ def test_the_report_and_readme_take_peers_and_labels_from_the_registry(registry)
         registry.names("attention", role="contender")
     assert flash_attention.OURS == registry.names("attention", role="ours")
     assert readme.FA_OURS in registry.names("attention", role="ours")
-    assert readme.FA_PEERS and readme.FA_PEERS == {p: registry.labels("attention")[p] for p in readme.FA_PEERS}
-    assert set(readme.FA_PEERS) <= set(registry.names("attention", role="peer"))
+    peers = readme.fa_peers()
+    assert peers and peers == {p: registry.labels("attention")[p] for p in peers}
+    assert set(peers) <= set(registry.names("attention", role="peer"))
 
 
 def test_an_unknown_provider_stops_planning_naming_it_and_the_known_ones():
@@ -203,7 +204,8 @@ def test_a_provider_in_a_module_of_its_own_reaches_the_csvs_and_the_report(regis
     text = render.render(results, REPO / "templates", tmp_path / "r.md", tmp_path / "fig", "smoke", bars, promised)
     section = text.split("## FlashAttention-2")[1].split("\n## ")[0]
     assert "| mine_tiled " in section and "ours / mine_tiled" in section
-    assert "Mine, tiled" in readme.kernels(pd.read_csv(bench.path), pd.DataFrame(), 10.0)
+    rows = readme.flash_attention_rows(gpu_like(pd.read_csv(bench.path)).assign(harness="eager"), 10.0)
+    assert rows and readme.fa_peers().get("mine_tiled") == "Mine, tiled"  # a peer the README's table weighs
 
 
 def test_the_workflow_plans_a_provider_module_as_an_input_of_the_jobs_that_run_it(tmp_path):

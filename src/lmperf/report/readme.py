@@ -32,7 +32,10 @@ FA_COMPILED_PLAIN = "plain_compiled"
 # ours as the peers run (no harness of its own), and the peers with their labels: the registry's
 # (lmperf.providers), but for torch.compile'd PyTorch attention and our own tiled PyTorch twin
 FA_OURS = next(p.name for p in providers.providers("attention", "ours") if p.harness is None)
-FA_PEERS = {p.name: p.label for p in providers.providers("attention", "peer")
+def fa_peers() -> dict[str, str]:
+    """{name: label} of the peers the README's FlashAttention-2 rows weigh (asked at each render:
+    a provider module may add one)."""
+    return {p.name: p.label for p in providers.providers("attention", "peer")
             if p.name != FA_COMPILED_PLAIN and not p.label.startswith("ours")}
 LRPE_OURS = "triton"
 LRPE_PEERS = {"torch_compile": "torch.compile", "torch": "PyTorch"}
@@ -83,7 +86,7 @@ def flash_attention_rows(fa: pd.DataFrame, threshold: float) -> list[dict]:
               ("throughput", False, "forward_tflops", "forward", "TFLOP/s", True))
     for group, causal, metric, what, unit, higher in groups:
         sel = fa[(fa["group"] == group) & (fa["causal"].astype(str).str.lower() == str(causal).lower())]
-        harness = sel[sel["provider"].isin(list(FA_PEERS))]["harness"].dropna().unique() if "harness" in sel else []
+        harness = sel[sel["provider"].isin(list(fa_peers()))]["harness"].dropna().unique() if "harness" in sel else []
         if len(harness) == 1:
             sel = sel[sel["harness"] == harness[0]]
         ours, ours_hb = _value(sel[sel["provider"] == FA_OURS], metric, threshold)
@@ -91,7 +94,7 @@ def flash_attention_rows(fa: pd.DataFrame, threshold: float) -> list[dict]:
             continue
         first = _ok(sel[sel["provider"] == FA_OURS], metric).iloc[0]
         peer, peer_value, peer_hb = _best({label: _value(sel[sel["provider"] == p], metric, threshold)
-                                           for p, label in FA_PEERS.items()}, higher)
+                                           for p, label in fa_peers().items()}, higher)
         timing = "GPU time" if str(first.get("gpu_time")).lower() == "true" else "do_bench (host included)"
         shape = (f"{int(first['batch'])} x {int(first['heads'])} heads x {int(first['seq_len']):,} x "
                  f"{int(first['head_dim'])}, {'causal' if causal else 'non-causal'}, {first['dtype']}")
@@ -108,7 +111,8 @@ def compiled_plain_note(fa: pd.DataFrame) -> dict | None:
         return None
     compiled, _ = _value(sel[sel["provider"] == FA_COMPILED_PLAIN], "forward_tflops", math.inf)
     cudnn, _ = _value(sel[sel["provider"] == "sdpa_cudnn"], "forward_tflops", math.inf)
-    return None if compiled is None or cudnn is None else {"compiled": compiled, "cudnn": cudnn}
+    return None if compiled is None or cudnn is None else {"compiled": compiled, "cudnn": cudnn,
+                                                           "cudnn_label": fa_peers().get("sdpa_cudnn", "sdpa_cudnn")}
 
 
 def lrpe_rows(lrpe: pd.DataFrame, threshold: float) -> list[dict]:
