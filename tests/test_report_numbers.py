@@ -5,7 +5,8 @@ rendered from (rewritten into today's columns by a one-off script, `git show
 7f12d6c:scripts/migrate_results.py`). The committed results have since been re-measured, so
 the check renders today's templates over that frozen copy. Its end-to-end section was captured
 again when the tables changed from mean ± std to median [20%, 80%] (the numbers a rerun
-reproduces), over the same frozen CSVs."""
+reproduces), over the same frozen CSVs; its attention and mixed-precision sections likewise when
+their tables changed from means to medians."""
 import json
 from pathlib import Path
 
