@@ -23,7 +23,6 @@ with NaN, is a `wrong` row naming what was wrong, never a time.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib
 import importlib.util
@@ -291,16 +290,16 @@ def provider_names(value) -> list[str]:
     return [f"{name}_{kind}" for name in normalise(value) for kind in ATTENTION]
 
 
-def _lazy_attention(name: str, source, kind: str) -> Callable:
-    """fn(q, k, v, is_causal) of a contender's attention, loaded at its first call (a model built
-    in a process that never calls it never imports the contender)."""
-    @functools.cache
-    def resolve():
-        return attention_fn(load(name, source), kind)
-
-    def fn(q, k, v, is_causal):
-        return resolve()(q, k, v, is_causal)
-    return fn
+def _attention_or_reason(contender: Contender, kind: str) -> Callable:
+    """fn(q, k, v, is_causal) of a contender's attention, resolved now (so that a compiled model
+    traces the contender's own code, nothing of lmperf's loading); for an adapter that is missing
+    or not a class, a function that raises why when called (a `skipped` or `wrong` row)."""
+    try:
+        return attention_fn(contender, kind)
+    except NotRun as exc:
+        def unavailable(q, k, v, is_causal, exc=exc):
+            raise type(exc)(str(exc))
+        return unavailable
 
 
 def register(value) -> list[str]:
@@ -328,7 +327,7 @@ def register(value) -> list[str]:
                     raise ContenderError(f"contender {name!r}: provider name {provider!r} is taken by "
                                          f"{existing.source or 'lmperf'}; choose another contender name")
                 continue
-            fn = _lazy_attention(name, source, kind)
+            fn = _attention_or_reason(contender, kind)
             providers.register(providers.Provider(
                 provider, f"{name} ({kind}, contender)", "contender", "attention", _build(fn, kind),
                 needs=("cuda_for_bf16",) if kind == "triton" else (),
