@@ -102,7 +102,9 @@ def timings(fa: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
             metric = next((m for m in TIMINGS if _time(g, provider, m) is not None and _time(g, OURS, m) is not None),
                           None)
             line = {"contender": provider, "group": shape.get("group"),
-                    "shape": f"b{shape.get('batch')} h{shape.get('heads')} n{shape.get('seq_len')} d{shape.get('head_dim')}",
+                    "shape": " ".join(f"{k}{int(shape[c])}" for k, c in (("b", "batch"), ("h", "heads"),
+                                                                             ("n", "seq_len"), ("d", "head_dim"))
+                                      if c in shape),
                     "causal": shape.get("causal"), "dtype": shape.get("dtype")}
             if result[provider] == "WRONG":
                 line.update({"ms": "wrong", "vs ours": "wrong", "vs best peer": "wrong", "timing": ""})

@@ -358,7 +358,7 @@ def figures(inputs, paths: dict) -> dict[str, str]:
             if variant == "ddp":  # the best bucket size at each GPU count
                 v = v.loc[v.groupby("processes")["tokens_per_s"].idxmax()]
             v = pd.concat([one, v]).sort_values("processes")
-            ax.plot(v["processes"], v["step_ms"], marker="o", label=f"{size}, {VARIANT_NAMES[variant]}"
+            ax.plot(v["processes"], v["step_ms"], marker="o", label=f"{size}, {VARIANT_NAMES.get(variant, variant)}"
                     + (" (best bucket)" if variant == "ddp" else ""))
         if not one.empty:
             ax.axhline(one["step_ms"].iloc[0], linestyle=":", color="gray")
