@@ -237,7 +237,9 @@ def result_files(config: dict, results: str, scale: str, distributed: list[str])
     results/cpu), with their jobs' specs: the rules' jobs (rules/*.smk take their outputs'
     patterns from `LAYOUT`, their specs and the files of each section from here); by hand, the
     renderer derives the files a run promises from it."""
+    from lmperf import contenders
     providers.load_config(config)  # the providers the config adds: the report's columns read them too
+    contenders.register(config.get("contenders"))  # and a user's contenders
     models, e2e, fa = config["models"], config["e2e"][scale], config["flash_attention"][scale]
     lrpe, dist = config["lrpe"][scale], config["distributed"][scale]
     files = [_file(results, "env", "env", "env")]
@@ -271,7 +273,6 @@ def result_files(config: dict, results: str, scale: str, distributed: list[str])
         files += [_file(folder, "distributed_study", "distributed", study, distributed_spec(config, dist, study), str(n),
                         {"study": study, "procs": n})
                   for study in DISTRIBUTED_STUDIES for n in dist[study]["procs"]]
-    from lmperf import contenders
     if contenders.normalise(config.get("contenders")):  # a user's contenders: their checks
         files += [_file(results, "contenders_study", "contenders", study, contenders.study_spec(config, scale, study),
                         wildcards={"study": study}) for study in contenders.STUDIES]
