@@ -307,12 +307,12 @@ def register(value) -> list[str]:
     "contender") and as attention choices of the model (lmperf.model.ATTENTION), and pass them to
     the processes this one starts (ENV). Returns the provider names. ContenderError for a module
     that does not import."""
+    items = normalise(value)
+    if not items:  # nothing imported: planning without contenders never loads torch here
+        return []
     import json
 
     from lmperf import model, providers
-    items = normalise(value)
-    if not items:
-        return []
     loaded = {name: load(name, source) for name, source in items.items()}  # errors name the file, here
     names = []
     for name, source in items.items():
