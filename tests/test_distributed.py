@@ -286,7 +286,7 @@ def test_report_view_reads_the_bars_off_the_rows(tmp_path):
     from lmperf.report import distributed as R
 
     inputs = _inputs(gpu_frame(), tmp_path)
-    assert set(inputs.bars["distributed"]) == {"busbw_fraction_of_link", "ddp_speedup_2gpu",
+    assert set(inputs.bars["distributed"]) == {"busbw_fraction_of_link", "ddp_speedup",
                                                "exposed_comm_fraction", "fsdp2_memory_vs_ddp"}
     view = R.view(inputs)
     got = view["bars"].set_index("bar")
@@ -299,7 +299,8 @@ def test_report_view_reads_the_bars_off_the_rows(tmp_path):
     assert exposed["_value"] == pytest.approx(5 / 105)
     memory = got.filter(like="FSDP2", axis=0).iloc[0]
     assert memory["_value"] == pytest.approx(0.5)
-    assert got["met"].tolist() == [True] * 4
+    assert got["met"].tolist() == [True] * 4 + ["not measured"]  # no machine of 4 GPUs here
+    assert got.index[-1] == "xl: DDP (best) on 4 GPUs >= 3.6x one GPU's tokens/s"
     assert view["link_peak"]["gbps"] == 478.0 and view["folders"] == ["h200-x2"]
     ar = view["allreduce"].set_index("size (MB)")
     assert ar.loc[1000, "busbw (GB/s)"] == 380.0 and ar.loc[1, "time (ms, median)"] == pytest.approx(1 / 40)
@@ -322,7 +323,7 @@ def test_memory_context_gives_its_own_fsdp2_bar_beside_the_scaling_contexts(tmp_
     view = R.view(_inputs(gpu_frame(memory_context=True), tmp_path))
     memory = view["bars"][view["bars"]["bar"].str.contains("FSDP2")]
     # tokens a GPU: its sequences a step x the context (the fixture's 4 a GPU)
-    assert list(memory["bar"].str.extract(r"2 GPUs, (.*) tokens a GPU")[0]) == ["4 x 1,024 = 4,096", "4 x 256 = 1,024"]
+    assert list(memory["bar"].str.extract(r"2 GPUs \(h200-x2\), (.*) tokens a GPU")[0]) == ["4 x 1,024 = 4,096", "4 x 256 = 1,024"]
     assert list(memory["_value"]) == [pytest.approx(0.5), pytest.approx(0.8)] and list(memory["met"]) == [True, False]
     (xl,) = view["sizes"]
     assert (xl["tokens"], xl["memory_tokens"]) == ("4 x 1,024 = 4,096", "4 x 256 = 1,024")
@@ -459,3 +460,37 @@ def test_master_weight_adamw_runs_on_one_process_only():
     linear = sum(w.numel() for w in optimizer.weights)
     others = sum(p.numel() for p in model.parameters()) - linear
     assert sum(t.numel() * t.element_size() for t in state) >= linear * (4 + 4 + 2) + others * 8
+
+
+def test_each_gpu_count_is_read_from_its_own_machine_against_that_machines_one_gpu_job(tmp_path):
+    """With results/<gpu>-x2 and -x4 both read (each with its own one-GPU job): 2 GPUs from the
+    2-GPU machine, 4 from the 4-GPU one, each speedup against the one-GPU step of its machine;
+    DDP's bf16 buckets compete for "best"; FSDP2's bar at 4 GPUs takes that count's thresholds."""
+    from lmperf.report import distributed as R
+    from lmperf.report import summary
+
+    def machine(hw, runs):
+        out = []
+        for v, n, b, step, peak in runs:
+            out += _rows("ddp", {"case_id": f"xl-{v}-b{b}-n{n}", "hw": hw, "size": "xl", "variant": v,
+                                 "bucket_cap_mb": b, "world_size": n, "global_batch": 4 * n, "context": 1024,
+                                 "purpose": "scaling"},
+                         {"step_ms": step, "tokens_per_s": 4 * n * 1024 / step * 1e3, "exposed_comm_ms": 1.0,
+                          "comm_ms": 20.0, "peak_allocated_mib": peak, "param_mib": 1.0, "grad_mib": 1.0,
+                          "optimizer_state_mib": 1.0, "activations_mib": peak - 3})
+        return out
+
+    rows = machine("h100-x2", [("single", 1, None, 100.0, 50.0), ("ddp", 2, 25, 106.0, 60.0)])
+    rows += machine("h100-x4", [("single", 1, None, 110.0, 50.0), ("ddp", 2, 25, 120.0, 60.0),
+                                ("ddp", 4, 25, 125.0, 60.0), ("ddp_bf16", 4, 25, 115.0, 60.0),
+                                ("fsdp2", 4, None, 140.0, 24.0)])
+    view = R.view(_inputs(pd.DataFrame(rows), tmp_path))
+    got = view["bars"].set_index("bar")["_value"]
+    assert got["xl, DDP, 25 MB buckets (best) on 2 GPUs (h100-x2): tokens/s >= 1.85x one GPU's"] == pytest.approx(2 * 100 / 106)
+    assert got["xl, DDP, bf16 buckets of 25 MB (best) on 4 GPUs (h100-x4): tokens/s >= 3.6x one GPU's"] == pytest.approx(4 * 110 / 115)
+    assert got["xl: FSDP2 peak memory per rank <= 0.45x DDP's (4 GPUs (h100-x4), 4 x 1,024 = 4,096 tokens a GPU)"] == pytest.approx(0.4)
+    assert [(a["gpus"], a["machine"]) for a in view["answers"]] == [(2, "h100-x2"), (4, "h100-x4")]
+    assert "machine" in view["sizes"][0]["steps"]  # rows of two machines: each says which
+    s = summary.scaling(view)
+    assert [(c["gpus"], c["machine"], c["speedup"]["min"]) for c in s["counts"]] == [
+        (2, "h100-x2", pytest.approx(2 * 100 / 106)), (4, "h100-x4", pytest.approx(4 * 110 / 115))]

@@ -25,8 +25,9 @@ from lmperf.report.plot import plt, save
 PHASES = ["forward_ms", "backward_ms", "allreduce_ms", "optimizer_ms"]
 MEMORY = ["param_mib", "grad_mib", "optimizer_state_mib", "activations_mib", "peak_allocated_mib"]
 VARIANT_NAMES = {"single": "one GPU", "per_param": "all-reduce per parameter",
-                 "flat": "one flattened all-reduce", "ddp": "DDP", "fsdp2": "FSDP2",
-                 "zero": "DDP + ZeroRedundancyOptimizer"}
+                 "flat": "one flattened all-reduce", "ddp": "DDP", "ddp_bf16": "DDP, bf16 buckets",
+                 "fsdp2": "FSDP2", "zero": "DDP + ZeroRedundancyOptimizer"}
+BUCKETED = ("ddp", "ddp_bf16")  # DDP at each bucket size: its best is "DDP (best)"
 NO_RESULTS = "no multi-GPU results of this machine yet (tools/distributed_gpu.sh on a machine with 2+ GPUs)"
 NOT_MEASURED = "not measured"
 
@@ -35,22 +36,31 @@ NOT_MEASURED = "not measured"
 # Reading the rows
 
 
-def ok_metric(df: pd.DataFrame, study: str, metric: str, stat: str = "mean") -> pd.Series:
-    """{case_id: value} of one metric of one study's ok rows."""
+KEY = ["hw", "case_id"]  # a case of one machine's folder: h200-x2's and h200-x4's n2 jobs are two cases
+
+
+def ok_metric(df: pd.DataFrame, study: str, metric: str, stat: str = "median") -> pd.Series:
+    """{(hw, case_id): value} of one metric of one study's ok rows."""
     rows = df[(df["study"] == study) & (df["metric"] == metric) & (df["status"] == "ok")]
-    return rows.set_index("case_id")[stat]
+    return rows.drop_duplicates(KEY).set_index(KEY)[stat] if stat in rows else pd.Series(dtype=float)
 
 
 def variant_label(variant: str, bucket) -> str:
     name = VARIANT_NAMES.get(variant, variant)
-    if variant == "ddp":
-        return f"{name}, {float(bucket):g} MB buckets"
+    if variant in BUCKETED:
+        return f"{name}, {float(bucket):g} MB buckets" if variant == "ddp" else f"{name} of {float(bucket):g} MB"
     return name
 
 
 def cases(df: pd.DataFrame, study: str) -> pd.DataFrame:
-    """One row per case of a study: its columns, status and message."""
-    return df[df["study"] == study].drop_duplicates("case_id").set_index("case_id")
+    """One row per case of a study and machine folder: its columns, status and message."""
+    return df[df["study"] == study].drop_duplicates(KEY).set_index(KEY)
+
+
+def gpu_count(folder: str) -> int | None:
+    """The GPUs of the machine a multi-GPU folder comes from: 'h100-80gb-hbm3-x4' -> 4."""
+    m = re.fullmatch(r".+-x(\d+)", str(folder))
+    return int(m[1]) if m else None
 
 
 def link_peaks(df: pd.DataFrame) -> list[dict]:
@@ -65,17 +75,20 @@ def link_peaks(df: pd.DataFrame) -> list[dict]:
 def allreduce_frame(df: pd.DataFrame) -> pd.DataFrame:
     c = cases(df, "allreduce")
     c = c[c["kind"] == "allreduce"]
-    out = pd.DataFrame({"backend": c["backend"], "processes": c["world_size"].astype(int),
+    out = pd.DataFrame({"machine": c.index.get_level_values("hw"), "backend": c["backend"],
+                        "processes": c["world_size"].astype(int),
                         "size_mb": c["size_mb"], "status": c["status"], "message": c["message"]})
     for metric in ("time_ms", "algbw_gbps", "busbw_gbps"):
         out[metric] = ok_metric(df, "allreduce", metric, "median")
-    return out.sort_values(["backend", "processes", "size_mb"]).reset_index(drop=True)
+    return out.sort_values(["backend", "processes", "size_mb", "machine"]).reset_index(drop=True)
 
 
 def ddp_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per training case: what ran and its means (memory: the largest rank)."""
+    """One row per training case and machine folder: what ran, the medians of its timed steps
+    with their 20%-80% quantiles (memory: the largest rank)."""
     c = cases(df, "ddp")
-    out = pd.DataFrame({"size": c["size"], "variant": c["variant"], "bucket_cap_mb": c["bucket_cap_mb"],
+    out = pd.DataFrame({"machine": c.index.get_level_values("hw"), "size": c["size"], "variant": c["variant"],
+                        "bucket_cap_mb": c["bucket_cap_mb"],
                         "processes": c["world_size"].astype(int), "global_batch": c["global_batch"],
                         # the memory context's cases ("memory"), beside the scaling grid ("scaling")
                         "context": c["context"] if "context" in c else math.nan,
@@ -83,25 +96,41 @@ def ddp_frame(df: pd.DataFrame) -> pd.DataFrame:
                         "status": c["status"], "message": c["message"]})
     for metric in PHASES + ["step_ms", "tokens_per_s", "comm_ms", "exposed_comm_ms"]:
         out[metric] = ok_metric(df, "ddp", metric)
-    out["step_std_ms"] = ok_metric(df, "ddp", "step_ms", "std")
+    for stat in ("q20", "q80"):
+        out[f"step_{stat}_ms"] = ok_metric(df, "ddp", "step_ms", stat)
     for metric in MEMORY:
         out[metric] = ok_metric(df, "ddp", metric, "max")
     out["exposed_comm_share"] = out["exposed_comm_ms"] / out["step_ms"]
-    # Scaling efficiency: tokens/s against the one-process job of the same size times the
-    # process count (same per-GPU batch, so ideal scaling keeps the step time).
-    single = out[out["variant"] == "single"].set_index(["size", "purpose"])["tokens_per_s"]
-    out["speedup"] = out["tokens_per_s"] / pd.Series(list(zip(out["size"], out["purpose"])), index=out.index).map(single)
+    # Scaling efficiency: tokens/s against the one-process job of the same size on the same
+    # machine times the process count (same per-GPU batch, so ideal scaling keeps the step time).
+    single = out[out["variant"] == "single"].set_index(["machine", "size", "purpose"])["tokens_per_s"]
+    keys = pd.Series(list(zip(out["machine"], out["size"], out["purpose"])), index=out.index)
+    out["speedup"] = out["tokens_per_s"] / keys.map(single)
     out["scaling_efficiency"] = out["speedup"] / out["processes"]
     out["sequences_per_gpu"] = out["global_batch"] / out["processes"]  # a step's, micro-batches included
     out["label"] = [variant_label(v, b) for v, b in zip(out["variant"], out["bucket_cap_mb"])]
     return out.reset_index(drop=True)
 
 
-def best_ddp(ddp: pd.DataFrame, size: str, procs: int) -> pd.Series | None:
-    """The DDP bucket size with the most tokens/s for this model size and process count."""
-    g = ddp[(ddp["size"] == size) & (ddp["processes"] == procs) & (ddp["variant"] == "ddp")
-            & (ddp["purpose"] == "scaling") & ddp["tokens_per_s"].notna()]
+def best_ddp(ddp: pd.DataFrame, size: str, procs: int, machine: str) -> pd.Series | None:
+    """The DDP variant and bucket size (fp32 or bf16 buckets) with the most tokens/s for this
+    model size and process count on this machine."""
+    g = ddp[(ddp["size"] == size) & (ddp["processes"] == procs) & ddp["variant"].isin(BUCKETED)
+            & (ddp["machine"] == machine) & (ddp["purpose"] == "scaling") & ddp["tokens_per_s"].notna()]
     return None if g.empty else g.loc[g["tokens_per_s"].idxmax()]
+
+
+def gpu_counts(ddp: pd.DataFrame) -> list[tuple[int, str]]:
+    """(GPU count, machine folder) of every count of 2 or more with a training step: a count's
+    own machine (h200-x2 for 2 GPUs) where there is one, else the largest machine that ran it."""
+    if ddp.empty:
+        return []
+    ran = ddp[(ddp["processes"] >= 2) & ddp["tokens_per_s"].notna()]
+    out = []
+    for procs, g in ran.groupby("processes"):
+        machines = sorted(g["machine"].unique(), key=lambda m: (gpu_count(m) != procs, -(gpu_count(m) or 0)))
+        out.append((int(procs), machines[0]))
+    return out
 
 
 def frames(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -167,7 +196,9 @@ def view(inputs) -> dict:
     out["link_peak"] = next((p for p in peaks if p["source"] == "driver"), peaks[0] if peaks else None)
     out["allreduce_all"] = ar
     out["ddp_all"] = ddp
-    out["allreduce"] = (ar[ar["status"] == "ok"].drop(columns=["status", "message"]).rename(columns={
+    ar_ok = ar[ar["status"] == "ok"] if not ar.empty else ar
+    out["allreduce"] = (ar_ok.drop(columns=["status", "message"] + ([] if ar_ok["machine"].nunique() > 1 else ["machine"]))
+                        .rename(columns={
         "size_mb": "size (MB)", "time_ms": "time (ms, median)", "algbw_gbps": "algbw (GB/s)",
         "busbw_gbps": "busbw (GB/s)"}) if not ar.empty else pd.DataFrame())
     out["bars"] = pd.DataFrame(allreduce_bars(ar, out["link_peak"], limits) + ddp_bars(ddp, limits))
@@ -191,11 +222,16 @@ def tokens_per_gpu(case: pd.Series | None) -> str | None:
     return f"{sequences} x {context:,} = {sequences * context:,}"
 
 
+def machine_column(g: pd.DataFrame) -> dict:
+    """The machine folder of each row, where the rows come from more than one."""
+    return {"machine": g["machine"]} if g["machine"].nunique() > 1 else {}
+
+
 def ddp_table(g: pd.DataFrame) -> pd.DataFrame:
     g = g[g["status"] == "ok"]
     return pd.DataFrame({
-        "variant": g["label"], "GPUs": g["processes"], "global batch": g["global_batch"],
-        "step (ms)": [Spread(m, s) for m, s in zip(g["step_ms"], g["step_std_ms"])],
+        **machine_column(g), "variant": g["label"], "GPUs": g["processes"], "global batch": g["global_batch"],
+        "step (ms)": [Spread(m, q20=lo, q80=hi) for m, lo, hi in zip(g["step_ms"], g["step_q20_ms"], g["step_q80_ms"])],
         **{p.removesuffix("_ms"): g[p] for p in PHASES},
         "tokens/s": g["tokens_per_s"], "scaling efficiency": g["scaling_efficiency"],
         "comm (ms)": g["comm_ms"], "exposed comm (ms)": g["exposed_comm_ms"],
@@ -204,7 +240,7 @@ def ddp_table(g: pd.DataFrame) -> pd.DataFrame:
 
 def memory_table(g: pd.DataFrame) -> pd.DataFrame:
     g = g[g["status"] == "ok"]
-    return pd.DataFrame({"variant": g["label"], "GPUs": g["processes"],
+    return pd.DataFrame({**machine_column(g), "variant": g["label"], "GPUs": g["processes"],
                          "parameters": g["param_mib"], "gradients": g["grad_mib"],
                          "optimizer state": g["optimizer_state_mib"],
                          "activations and buffers": g["activations_mib"],
@@ -240,41 +276,55 @@ def allreduce_bars(ar: pd.DataFrame, peak: dict | None, limits: dict) -> list[di
     return rows
 
 
+def threshold(entries: list[dict], procs: int) -> dict | None:
+    """The entry of a per-GPU-count bar (`report.distributed`'s lists) for this count, if any."""
+    return next((e for e in entries if e["gpus"] == procs), None)
+
+
 def ddp_bars(ddp: pd.DataFrame, limits: dict) -> list[dict]:
-    """Per model size, on 2 GPUs: the best DDP bucket's speedup and exposed communication, and
-    FSDP2's peak memory against DDP's (`fsdp_pairs`)."""
-    speedup, exposed, memory = (limits["ddp_speedup_2gpu"], limits["exposed_comm_fraction"],
-                                limits["fsdp2_memory_vs_ddp"])
+    """Per model size and GPU count with a target: the best DDP variant's speedup and exposed
+    communication, and FSDP2's peak memory against DDP's (`fsdp_pairs`)."""
+    exposed = limits["exposed_comm_fraction"]
     sizes = list(ddp["size"].unique()) if not ddp.empty else []
-    if not sizes:
-        return [_not_measured(f"DDP on 2 GPUs >= {speedup}x one GPU", "no training step measured")]
+    counts = gpu_counts(ddp)
+    if not sizes or not counts:
+        return [_not_measured(f"DDP on {e['gpus']} GPUs >= {e['at_least']}x one GPU's tokens/s",
+                              "no training step on 2 or more GPUs measured") for e in limits["ddp_speedup"]]
     rows = []
     for size in sizes:
-        best = best_ddp(ddp, size, 2)
-        if best is None:
-            rows.append(_not_measured(f"{size}: best DDP bucket on 2 GPUs >= {speedup}x one GPU's tokens/s",
-                                      "no DDP step on 2 GPUs"))
-            continue
-        name = f"{size}, DDP {float(best['bucket_cap_mb']):g} MB buckets"
-        text, s = f"{name} (best) on 2 GPUs: tokens/s >= {speedup}x one GPU's", best["speedup"]
-        rows.append(bar(text, s, f"{fmt(s)}x", s >= speedup) if pd.notna(s) else
-                    _not_measured(text, "no one-GPU job"))
-        text, share = f"{name}: exposed communication <= {exposed:.0%} of the step", best["exposed_comm_share"]
-        rows.append(bar(text, share, f"{share:.1%} ({fmt(best['exposed_comm_ms'])} of {fmt(best['step_ms'])} ms)",
-                        share <= exposed) if pd.notna(share) else
-                    _not_measured(text, "not profiled here (a GPU's profile is needed)"))
-        for case, fsdp, against in fsdp_pairs(ddp, size, best):
-            rows.append(memory_bar(f"{size}: FSDP2 peak memory per rank <= {memory}x DDP's (2 GPUs"
-                                   f"{_at(case)})", fsdp, against, memory))
+        for procs, machine in counts:
+            best = best_ddp(ddp, size, procs, machine)
+            if best is None:
+                continue
+            name = f"{size}, {best['label']}"
+            where = f"{procs} GPUs ({machine})"
+            if (entry := threshold(limits["ddp_speedup"], procs)) is not None:
+                speedup, s = entry["at_least"], best["speedup"]
+                text = f"{name} (best) on {where}: tokens/s >= {speedup}x one GPU's"
+                rows.append(bar(text, s, f"{fmt(s)}x", s >= speedup) if pd.notna(s) else
+                            _not_measured(text, "no one-GPU job"))
+            text, share = f"{name} on {where}: exposed communication <= {exposed:.0%} of the step", best["exposed_comm_share"]
+            rows.append(bar(text, share, f"{share:.1%} ({fmt(best['exposed_comm_ms'])} of {fmt(best['step_ms'])} ms)",
+                            share <= exposed) if pd.notna(share) else
+                        _not_measured(text, "not profiled here (a GPU's profile is needed)"))
+            if (entry := threshold(limits["fsdp2_memory_vs_ddp"], procs)) is not None:
+                for case, fsdp, against in fsdp_pairs(ddp, size, best):
+                    memory = entry[case["purpose"]]
+                    rows.append(memory_bar(f"{size}: FSDP2 peak memory per rank <= {memory}x DDP's ({where}"
+                                           f"{_at(case)})", fsdp, against, memory))
+        for entry in limits["ddp_speedup"]:
+            if entry["gpus"] not in dict(counts):
+                rows.append(_not_measured(f"{size}: DDP (best) on {entry['gpus']} GPUs >= {entry['at_least']}x "
+                                          "one GPU's tokens/s", f"no machine with {entry['gpus']} GPUs ran it"))
     return rows
 
 
 def fsdp_pairs(ddp: pd.DataFrame, size: str, best: pd.Series) -> list[tuple]:
-    """FSDP2 against DDP on 2 GPUs, as (the case whose tokens a GPU name the pair, FSDP2's rows,
-    DDP's row or None): at the scaling context against the best DDP bucket `best`, and at the
-    memory context, where the model's state (which sharding divides) fills more of the memory,
-    against the DDP case there."""
-    here = ddp[(ddp["size"] == size) & (ddp["processes"] == 2)]
+    """FSDP2 against DDP at the GPU count and machine of `best`, as (the case whose tokens a GPU
+    and purpose name the pair, FSDP2's rows, DDP's row or None): at the scaling context against
+    the best DDP variant `best`, and at the memory context, where the model's state (which
+    sharding divides) fills more of the memory, against the DDP case there."""
+    here = ddp[(ddp["size"] == size) & (ddp["processes"] == best["processes"]) & (ddp["machine"] == best["machine"])]
     pairs = [(best, here[(here["variant"] == "fsdp2") & (here["purpose"] == "scaling")], best)]
     short = here[here["purpose"] == "memory"]
     ddp_short, fsdp_short = short[short["variant"] == "ddp"], short[short["variant"] == "fsdp2"]
@@ -290,17 +340,19 @@ def fsdp_ratio(fsdp: pd.DataFrame, ddp: pd.Series | None) -> float:
 
 
 def answers(ddp: pd.DataFrame) -> list[dict]:
-    """What the report's summary quotes, per model size on 2 GPUs: the best DDP bucket's
-    tokens/s over one GPU's, and FSDP2's peak memory per rank over DDP's at each context (with
-    its tokens a GPU)."""
+    """What the report's summary quotes, per model size and GPU count (`gpu_counts`): the best
+    DDP variant's tokens/s over one GPU's on that machine, and FSDP2's peak memory per rank over
+    DDP's at each context (with its tokens a GPU)."""
     out = []
     for size in (ddp["size"].unique() if not ddp.empty else []):
-        best = best_ddp(ddp, size, 2)
-        if best is None:
-            continue
-        out.append({"size": size, "speedup": float(best["speedup"]), "bucket_mb": float(best["bucket_cap_mb"]),
-                    "fsdp": [{"tokens": tokens_per_gpu(case), "ratio": fsdp_ratio(fsdp, against)}
-                             for case, fsdp, against in fsdp_pairs(ddp, size, best) if tokens_per_gpu(case)]})
+        for procs, machine in gpu_counts(ddp):
+            best = best_ddp(ddp, size, procs, machine)
+            if best is None:
+                continue
+            out.append({"size": size, "gpus": procs, "machine": machine, "label": best["label"],
+                        "speedup": float(best["speedup"]), "bucket_mb": float(best["bucket_cap_mb"]),
+                        "fsdp": [{"tokens": tokens_per_gpu(case), "ratio": fsdp_ratio(fsdp, against)}
+                                 for case, fsdp, against in fsdp_pairs(ddp, size, best) if tokens_per_gpu(case)]})
     return out
 
 
@@ -352,19 +404,23 @@ def figures(inputs, paths: dict) -> dict[str, str]:
     if ddp.empty:
         return {**not_drawn, "dist_step_vs_gpus": "no training step of the scaling cases ran here"}
     fig, ax = plt.subplots(figsize=(7, 4))
+    # each GPU count from its own machine where there is one (gpu_counts), one GPU from the largest
+    machines = dict(gpu_counts(ddp))
+    largest = max(ddp["machine"].unique(), key=lambda m: gpu_count(m) or 0)
+    ddp = ddp[[m == machines.get(p, largest) for p, m in zip(ddp["processes"], ddp["machine"])]]
     for size, g in ddp.groupby("size", sort=False):
         one = g[g["variant"] == "single"]
         for variant, v in g[g["variant"] != "single"].groupby("variant", sort=False):
-            if variant == "ddp":  # the best bucket size at each GPU count
+            if variant in BUCKETED:  # the best bucket size at each GPU count
                 v = v.loc[v.groupby("processes")["tokens_per_s"].idxmax()]
             v = pd.concat([one, v]).sort_values("processes")
             ax.plot(v["processes"], v["step_ms"], marker="o", label=f"{size}, {VARIANT_NAMES.get(variant, variant)}"
-                    + (" (best bucket)" if variant == "ddp" else ""))
+                    + (" (best bucket)" if variant in BUCKETED else ""))
         if not one.empty:
             ax.axhline(one["step_ms"].iloc[0], linestyle=":", color="gray")
     ax.set_xticks(sorted(ddp["processes"].unique()))
     ax.set_xlabel("GPUs (same batch per GPU; dotted: one GPU's step, the ideal)")
-    ax.set_ylabel("training step (ms, mean)")
+    ax.set_ylabel("training step (ms, median)")
     ax.set_title("Data-parallel training step vs GPU count")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)

@@ -127,9 +127,10 @@ def lrpe(v: dict) -> dict:
 
 
 def scaling(v: dict) -> dict:
-    """DDP's tokens/s on 2 GPUs over one GPU's (the best bucket, range over the model sizes) and
-    FSDP2's peak memory per rank over DDP's (range over the sizes, per tokens a GPU): this
-    machine's multi-GPU run, else another machine's, named, with the link to its section."""
+    """Per GPU count: DDP's tokens/s over one GPU's (the best variant, range over the model
+    sizes, and the machine folder it comes from); FSDP2's peak memory per rank over DDP's at the
+    largest count (range over the sizes, per tokens a GPU): this machine's multi-GPU runs, else
+    another machine's, named, with the link to its section."""
     machine, link = "", None
     answers, code = v.get("answers", []), v.get("code")
     if not v["available"]:
@@ -138,11 +139,19 @@ def scaling(v: dict) -> dict:
             return unavailable(v["why"])
         machine, link, answers, code = other["machine"], other["link"], other["answers"], other.get("code")
     if not answers:
-        return unavailable("no data-parallel training step on 2 GPUs in the section's rows")
-    tokens = list(dict.fromkeys(f["tokens"] for a in answers for f in a["fsdp"]))
-    fsdp = [{"tokens": t, **ratio_range_of([f["ratio"] for a in answers for f in a["fsdp"] if f["tokens"] == t])}
+        return unavailable("no data-parallel training step on 2 or more GPUs in the section's rows")
+    gpus = sorted({a.get("gpus", 2) for a in answers})
+    counts = [{"gpus": n, "sizes": list(dict.fromkeys(a["size"] for a in at)),
+               "labels": list(dict.fromkeys(a.get("label", "DDP") for a in at)),
+               "machine": ", ".join(dict.fromkeys(a["machine"] for a in at if a.get("machine"))),
+               "speedup": ratio_range_of([a["speedup"] for a in at])}
+              for n in gpus if (at := [a for a in answers if a.get("gpus", 2) == n])]
+    widest = [a for a in answers if a.get("gpus", 2) == gpus[-1]]
+    tokens = list(dict.fromkeys(f["tokens"] for a in widest for f in a["fsdp"]))
+    fsdp = [{"tokens": t, **ratio_range_of([f["ratio"] for a in widest for f in a["fsdp"] if f["tokens"] == t])}
             for t in tokens]
     return {"available": True, "machine": machine, "link": link, "sizes": [a["size"] for a in answers],
+            "gpus": gpus, "counts": counts, "fsdp_gpus": gpus[-1],
             "speedup": ratio_range_of([a["speedup"] for a in answers]),
             "fsdp": [f for f in fsdp if f["n"]],  # none where peak memory is not measured (a CPU)
             "older": bool(code) and code["state"] == "changed"}  # its rows' code has changed since (freshness)

@@ -1,8 +1,8 @@
 """The data-parallel study of the distributed section: the training step (lmperf.train.step, the
 one every study runs) on every rank, each on its slice of the global batch, in one variant a
 case: one process ("single", the baseline), an all-reduce per parameter or of all gradients
-flattened into one buffer after backward (by hand: train.step's `reduce`), DDP, FSDP2, or DDP
-with ZeroRedundancyOptimizer. Per rank: the phase times, the memory of parameters, gradients,
+flattened into one buffer after backward (by hand: train.step's `reduce`), DDP, DDP whose buckets
+travel in bf16 (its bf16_compress_hook), FSDP2, or DDP with ZeroRedundancyOptimizer. Per rank: the phase times, the memory of parameters, gradients,
 optimizer state and activations, and (on a GPU, profiled) the communication no compute kernel
 hides."""
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Callable
 from lmperf.bench import common
 from lmperf.bench.distributed.ranks import Ranks
 
-VARIANTS = ("single", "per_param", "flat", "ddp", "fsdp2", "zero")
+VARIANTS = ("single", "per_param", "flat", "ddp", "ddp_bf16", "fsdp2", "zero")
+BUCKETED = ("ddp", "ddp_bf16")  # the variants timed at every bucket size of the spec
 ZERO_BUCKET_MB = 25  # ZeroRedundancyOptimizer runs under DDP with its default bucket size
 
 MEMORY_BUCKET_MB = 25  # DDP's default bucket: the DDP case of the memory context
@@ -33,7 +34,7 @@ def cases(spec: dict, world: int) -> list[dict]:
     from lmperf import contenders
     rivals = contenders.distributed_variants(spec.get("contenders"))  # a user's DDP, FSDP, sharded optimizer
     variants = [("single", None)] if world == 1 else [
-        (v, b) for v in spec["variants"] for b in (spec["bucket_caps_mb"] if v == "ddp" else [None])] + [
+        (v, b) for v in spec["variants"] for b in (spec["bucket_caps_mb"] if v in BUCKETED else [None])] + [
         (v, None) for v in rivals]
     memory = [("single", None)] if world == 1 else [
         (v, MEMORY_BUCKET_MB if v == "ddp" else None) for v in ("ddp", "fsdp2") if v in spec["variants"]] + [
@@ -42,6 +43,7 @@ def cases(spec: dict, world: int) -> list[dict]:
     if spec.get("memory_context"):
         contexts.append(("memory", spec["memory_context"], memory))
     micro_batches, optimizer = spec.get("micro_batches", 1), spec.get("optimizer", "foreach")
+    attention = spec.get("attention", "plain")
     how = (f"-x{micro_batches}" if micro_batches > 1 else "") + (f"-{optimizer}" if optimizer != "foreach" else "")
     for size in spec["sizes"]:
         for purpose, context, runs in contexts:
@@ -52,7 +54,8 @@ def cases(spec: dict, world: int) -> list[dict]:
                             "world_size": world, "batch_per_gpu": spec["batch_per_gpu"],
                             "micro_batches": micro_batches, "optimizer": optimizer,
                             "global_batch": spec["batch_per_gpu"] * micro_batches * world, "context": context,
-                            "purpose": purpose, "dtype": spec["dtype"], "warmup": spec["warmup"],
+                            "purpose": purpose, "dtype": spec["dtype"], "attention": attention,
+                            "warmup": spec["warmup"],
                             "timed_steps": spec["timed_steps"], "profiled_steps": spec["profiled_steps"],
                             **({"contender": rivals[variant][0], "contender_source": json.dumps(rivals[variant][1])}
                                if variant in rivals else {})})
@@ -98,11 +101,18 @@ def build(variant: str, cfg, device, world: int, bucket_cap_mb: float | None, op
         reduce = lambda: allreduce_per_parameter(list(model.parameters()), world)
     elif variant == "flat":
         reduce = lambda: allreduce_flat(list(model.parameters()), world)
-    elif variant in ("ddp", "zero"):
+    elif variant in ("ddp", "ddp_bf16", "zero"):
         # buffers (RoPE tables) are the same on every rank: no broadcast each forward; gradients
         # live in DDP's buckets (no copy into them after backward)
         model = DDP(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb, broadcast_buffers=False,
                     gradient_as_bucket_view=True)
+        if variant == "ddp_bf16":
+            if torch.device(device).type != "cuda":
+                raise common.Unsupported("bf16 all-reduce needs NCCL on GPUs (Gloo has none)")
+            # each bucket is cast to bf16, all-reduced (half the bytes of fp32) and cast back:
+            # the gradients' average carries bf16's rounding (8 bits of mantissa)
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+            model.register_comm_hook(None, bf16_compress_hook)
     elif variant == "fsdp2":
         from torch.distributed.fsdp import fully_shard
         for block in model.blocks:  # one all-gather / reduce-scatter unit per block, then the rest
@@ -283,7 +293,8 @@ def measure_local(case: dict, ranks: Ranks, spec: dict) -> dict:
     device = train_device(ranks)
     cuda = device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    cfg = ModelConfig(**spec["models"][case["size"]], context_length=case["context"])
+    cfg = ModelConfig(**spec["models"][case["size"]], context_length=case["context"],
+                      attention=case.get("attention", "plain"))
     train.check_optimizer(case["optimizer"], case["dtype"])
     rival = ((case["contender"], json.loads(case["contender_source"]), case["variant"].rsplit("-", 1)[-1])
              if case.get("contender") else None)
