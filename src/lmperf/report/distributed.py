@@ -25,9 +25,8 @@ from lmperf.report.plot import plt, save
 PHASES = ["forward_ms", "backward_ms", "allreduce_ms", "optimizer_ms"]
 MEMORY = ["param_mib", "grad_mib", "optimizer_state_mib", "activations_mib", "peak_allocated_mib"]
 VARIANT_NAMES = {"single": "one GPU", "per_param": "all-reduce per parameter",
-                 "flat": "one flattened all-reduce", "ddp": "DDP", "ddp_bf16": "DDP, bf16 buckets",
-                 "fsdp2": "FSDP2", "zero": "DDP + ZeroRedundancyOptimizer"}
-BUCKETED = ("ddp", "ddp_bf16")  # DDP at each bucket size: its best is "DDP (best)"
+                 "flat": "one flattened all-reduce", "ddp": "DDP", "fsdp2": "FSDP2",
+                 "zero": "DDP + ZeroRedundancyOptimizer"}
 NO_RESULTS = "no multi-GPU results of this machine yet (tools/distributed_gpu.sh on a machine with 2+ GPUs)"
 NOT_MEASURED = "not measured"
 
@@ -47,8 +46,8 @@ def ok_metric(df: pd.DataFrame, study: str, metric: str, stat: str = "median") -
 
 def variant_label(variant: str, bucket) -> str:
     name = VARIANT_NAMES.get(variant, variant)
-    if variant in BUCKETED:
-        return f"{name}, {float(bucket):g} MB buckets" if variant == "ddp" else f"{name} of {float(bucket):g} MB"
+    if variant == "ddp":
+        return f"{name}, {float(bucket):g} MB buckets"
     return name
 
 
@@ -113,9 +112,9 @@ def ddp_frame(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def best_ddp(ddp: pd.DataFrame, size: str, procs: int, machine: str) -> pd.Series | None:
-    """The DDP variant and bucket size (fp32 or bf16 buckets) with the most tokens/s for this
-    model size and process count on this machine."""
-    g = ddp[(ddp["size"] == size) & (ddp["processes"] == procs) & ddp["variant"].isin(BUCKETED)
+    """The DDP bucket size with the most tokens/s for this model size and process count on
+    this machine."""
+    g = ddp[(ddp["size"] == size) & (ddp["processes"] == procs) & (ddp["variant"] == "ddp")
             & (ddp["machine"] == machine) & (ddp["purpose"] == "scaling") & ddp["tokens_per_s"].notna()]
     return None if g.empty else g.loc[g["tokens_per_s"].idxmax()]
 
@@ -282,7 +281,7 @@ def threshold(entries: list[dict], procs: int) -> dict | None:
 
 
 def ddp_bars(ddp: pd.DataFrame, limits: dict) -> list[dict]:
-    """Per model size and GPU count with a target: the best DDP variant's speedup and exposed
+    """Per model size and GPU count with a target: the best DDP bucket's speedup and exposed
     communication, and FSDP2's peak memory against DDP's (`fsdp_pairs`)."""
     exposed = limits["exposed_comm_fraction"]
     sizes = list(ddp["size"].unique()) if not ddp.empty else []
@@ -411,11 +410,11 @@ def figures(inputs, paths: dict) -> dict[str, str]:
     for size, g in ddp.groupby("size", sort=False):
         one = g[g["variant"] == "single"]
         for variant, v in g[g["variant"] != "single"].groupby("variant", sort=False):
-            if variant in BUCKETED:  # the best bucket size at each GPU count
+            if variant == "ddp":  # the best bucket size at each GPU count
                 v = v.loc[v.groupby("processes")["tokens_per_s"].idxmax()]
             v = pd.concat([one, v]).sort_values("processes")
             ax.plot(v["processes"], v["step_ms"], marker="o", label=f"{size}, {VARIANT_NAMES.get(variant, variant)}"
-                    + (" (best bucket)" if variant in BUCKETED else ""))
+                    + (" (best bucket)" if variant == "ddp" else ""))
         if not one.empty:
             ax.axhline(one["step_ms"].iloc[0], linestyle=":", color="gray")
     ax.set_xticks(sorted(ddp["processes"].unique()))

@@ -1,8 +1,8 @@
 """The data-parallel study of the distributed section: the training step (lmperf.train.step, the
 one every study runs) on every rank, each on its slice of the global batch, in one variant a
 case: one process ("single", the baseline), an all-reduce per parameter or of all gradients
-flattened into one buffer after backward (by hand: train.step's `reduce`), DDP, DDP whose buckets
-travel in bf16 (its bf16_compress_hook), FSDP2, or DDP with ZeroRedundancyOptimizer. Per rank: the phase times, the memory of parameters, gradients,
+flattened into one buffer after backward (by hand: train.step's `reduce`), DDP, FSDP2, or DDP
+with ZeroRedundancyOptimizer. Per rank: the phase times, the memory of parameters, gradients,
 optimizer state and activations, and (on a GPU, profiled) the communication no compute kernel
 hides."""
 from __future__ import annotations
@@ -15,8 +15,7 @@ from typing import Callable
 from lmperf.bench import common
 from lmperf.bench.distributed.ranks import Ranks
 
-VARIANTS = ("single", "per_param", "flat", "ddp", "ddp_bf16", "fsdp2", "zero")
-BUCKETED = ("ddp", "ddp_bf16")  # the variants timed at every bucket size of the spec
+VARIANTS = ("single", "per_param", "flat", "ddp", "fsdp2", "zero")
 ZERO_BUCKET_MB = 25  # ZeroRedundancyOptimizer runs under DDP with its default bucket size
 
 MEMORY_BUCKET_MB = 25  # DDP's default bucket: the DDP case of the memory context
@@ -34,7 +33,7 @@ def cases(spec: dict, world: int) -> list[dict]:
     from lmperf import contenders
     rivals = contenders.distributed_variants(spec.get("contenders"))  # a user's DDP, FSDP, sharded optimizer
     variants = [("single", None)] if world == 1 else [
-        (v, b) for v in spec["variants"] for b in (spec["bucket_caps_mb"] if v in BUCKETED else [None])] + [
+        (v, b) for v in spec["variants"] for b in (spec["bucket_caps_mb"] if v == "ddp" else [None])] + [
         (v, None) for v in rivals]
     memory = [("single", None)] if world == 1 else [
         (v, MEMORY_BUCKET_MB if v == "ddp" else None) for v in ("ddp", "fsdp2") if v in spec["variants"]] + [
@@ -69,7 +68,7 @@ def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dic
 
 
 def build(variant: str, cfg, device, world: int, bucket_cap_mb: float | None, optimizer="foreach",
-          contender: tuple | None = None):
+          contender: tuple | None = None, dtype: str = "fp32"):
     """(model, optimizer, reduce_gradients) of one variant. The weights are the same on every
     rank (lmperf.train.build_model); reduce_gradients is the explicit all-reduce after backward,
     None where the engine communicates inside backward (DDP, FSDP2) or not at all (single).
@@ -101,23 +100,21 @@ def build(variant: str, cfg, device, world: int, bucket_cap_mb: float | None, op
         reduce = lambda: allreduce_per_parameter(list(model.parameters()), world)
     elif variant == "flat":
         reduce = lambda: allreduce_flat(list(model.parameters()), world)
-    elif variant in ("ddp", "ddp_bf16", "zero"):
+    elif variant in ("ddp", "zero"):
         # buffers (RoPE tables) are the same on every rank: no broadcast each forward; gradients
         # live in DDP's buckets (no copy into them after backward)
         model = DDP(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb, broadcast_buffers=False,
                     gradient_as_bucket_view=True)
-        if variant == "ddp_bf16":
-            if torch.device(device).type != "cuda":
-                raise common.Unsupported("bf16 all-reduce needs NCCL on GPUs (Gloo has none)")
-            # each bucket is cast to bf16, all-reduced (half the bytes of fp32) and cast back:
-            # the gradients' average carries bf16's rounding (8 bits of mantissa)
-            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
-            model.register_comm_hook(None, bf16_compress_hook)
     elif variant == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        # bf16: FSDP2's own mixed precision, as its users train: each block's weights gathered and
+        # used in bf16 (half the all-gather's bytes, and no fp32 copy of an unsharded weight, or
+        # autocast's bf16 copy of one, kept for backward), gradients reduced in fp32
+        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                  if dtype == "bf16" else MixedPrecisionPolicy())
         for block in model.blocks:  # one all-gather / reduce-scatter unit per block, then the rest
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
     if variant == "zero":
         from torch.distributed.optim import ZeroRedundancyOptimizer
         optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optimizer_class,
@@ -299,7 +296,7 @@ def measure_local(case: dict, ranks: Ranks, spec: dict) -> dict:
     rival = ((case["contender"], json.loads(case["contender_source"]), case["variant"].rsplit("-", 1)[-1])
              if case.get("contender") else None)
     model, optimizer, reduce = build(case["variant"], cfg, device, ranks.world, case["bucket_cap_mb"],
-                                     case["optimizer"], rival)
+                                     case["optimizer"], rival, case["dtype"])
     autocast = train.autocast(case["dtype"], torch.device(device).type)
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(cfg.vocab_size, (case["global_batch"], case["context"] + 1), generator=gen)

@@ -56,6 +56,9 @@ def init_ranks(timeout_s: float) -> Ranks:
         return Ranks(nccl=gpus >= 1, gpus=gpus)
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     nccl = gpus >= world
+    # NCCL's kernels on high-priority streams: DDP's and FSDP2's collectives are scheduled ahead of
+    # the backward's compute kernels as SMs free up (a 4-GPU DDP step 3% faster, tuning/distributed)
+    os.environ.setdefault("TORCH_NCCL_HIGH_PRIORITY", "1")
     if nccl:
         torch.cuda.set_device(local)
     dist.init_process_group(backend="cpu:gloo,cuda:nccl" if nccl else "gloo",
