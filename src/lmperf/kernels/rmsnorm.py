@@ -36,6 +36,10 @@ MAX_D = 65536  # one row is one tile
 # 2.7B model's 2,560 -> 4,096). Backward programs per SM: each walks rows one tile at a time.
 TILE_ELEMENTS = 1024 if INTERPRET else 4096
 BACKWARD_PROGRAMS_PER_SM = 2
+# The backward's row loop software-pipelined this deep: the next tiles' loads in flight while one
+# is reduced (H100, the 2.7B model's 8,192 x 2,560: 78.6-78.9 us against 98.0 unpipelined, dx the
+# same bits; tuning/ladder/NOTES.md, section 6)
+BACKWARD_STAGES = 3
 
 
 def launch_config(d: int) -> dict:
@@ -70,14 +74,15 @@ def _rmsnorm_forward_kernel(X, DELTA, W, H, Y, RSTD, n_rows, D, stride_x, stride
 @triton.jit
 def _rmsnorm_backward_kernel(DY, DH, H, W, RSTD, DX, DDELTA, DW_PARTS, n_rows, D, rows_per_program,
                      stride_dy, stride_dh, stride_h, stride_dx, stride_ddelta,
-                     HAS_DH: tl.constexpr, TWO_OUTPUTS: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+                     HAS_DH: tl.constexpr, TWO_OUTPUTS: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+                     STAGES: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     w = tl.load(W + cols, mask=cols < D, other=0.0).to(tl.float32)
     dw = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)  # this program's rows' dy * n, column by column
     first = pid.to(tl.int64) * rows_per_program
     last = tl.minimum(first + rows_per_program, n_rows)
-    for start in range(first, last, ROWS):
+    for start in tl.range(first, last, ROWS, num_stages=STAGES):
         rows = start + tl.arange(0, ROWS)
         mask = (rows[:, None] < last) & (cols[None, :] < D)
         rstd = tl.load(RSTD + rows, mask=rows < last, other=0.0)
@@ -183,7 +188,7 @@ def rmsnorm_backward(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor,
         dy2, dh2 if dh2 is not None else dy2, h2, weight.contiguous(), rstd, dx2, ddelta2, parts, n_rows, d,
         rows_per_program,
         dy2.stride(0), dh2.stride(0) if dh2 is not None else 0, h2.stride(0), dx2.stride(0), ddelta2.stride(0),
-        HAS_DH=dh is not None, TWO_OUTPUTS=two_outputs, **cfg)
+        HAS_DH=dh is not None, TWO_OUTPUTS=two_outputs, STAGES=BACKWARD_STAGES, **cfg)
     return dx, ddelta, parts.sum(0).to(weight.dtype)
 
 
