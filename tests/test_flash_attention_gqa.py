@@ -94,6 +94,33 @@ def test_compiled_grouped_query_attention_matches_eager_and_float64(causal):
         assert all(r["passed"] for r in rows), rows
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs CUDA: bf16 tl.dot is wrong in Triton's CPU interpreter, and "
+                    "on the CPU torch.compile sees the op as opaque (Inductor never traces into it)")
+def test_compiled_split_grouped_query_backward_is_eager_bit_for_bit():
+    """bf16 grouped-query attention at a shape whose dK/dV kernel splits its loop (fp32 partial
+    sums): compiled (Inductor traces into the op) and eager give the same bits for O, dQ, dK and
+    dV, so the sum of the partials cannot be left to a torch reduction that Inductor reorders."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    nb, nh, nkv, n, d = 2, 4, 2, 700, 64
+    cfg = flash_attention_triton.bwd_config(n, d, torch.bfloat16, True, nb * nh, nh // nkv)
+    assert cfg["dkdv"]["SPLIT"] > 1, cfg  # the shape the test is for
+    apply = flash_attention_triton.FlashAttention2Triton.apply
+    compiled = torch.compile(apply, backend=COMPILE_BACKEND, fullgraph=True)
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(nb, nh, n, d, generator=gen).to(DEVICE, torch.bfloat16)
+    k, v = (torch.randn(nb, nkv, n, d, generator=gen).to(DEVICE, torch.bfloat16) for _ in range(2))
+    grad = torch.randn(nb, nh, n, d, generator=gen).to(DEVICE, torch.bfloat16)
+    runs = []
+    for fn in (compiled, apply):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = fn(*leaves, True)
+        out.backward(grad)
+        runs.append([out.detach(), *(t.grad for t in leaves)])
+    for name, a, b in zip(("O", "dQ", "dK", "dV"), *runs):
+        assert torch.equal(a, b), f"{name}: compiled differs from eager by {(a.float() - b.float()).abs().max()}"
+
+
 # The benchmark's grouped-query rows and the report's view of them
 
 

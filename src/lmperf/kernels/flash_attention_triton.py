@@ -792,13 +792,35 @@ def _partials(out: torch.Tensor, split: int) -> torch.Tensor:
     return out if split == 1 else torch.empty((split, *out.shape), dtype=torch.float32, device=out.device)
 
 
-def _sum_parts(parts: torch.Tensor, out: torch.Tensor) -> None:
-    """out = the sum of a split's fp32 partial results over their first dim, in a fixed order
-    (one kernel when out is fp32, and a cast after it in 16 bits)."""
-    if out.dtype == parts.dtype:
-        torch.sum(parts, 0, out=out)
-    else:
-        out.copy_(parts.sum(0))
+@triton.jit
+def _sum_parts_kernel(P, OUT, numel, NH, N, D, stride_ob, stride_oh, stride_on, stride_od,
+                      SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """OUT (B, H, N, D, any strides) = P[0] + P[1] + ... + P[SPLIT-1], added left to right in
+    fp32, then cast: P is (SPLIT, B, H, N, D) contiguous."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < numel
+    acc = tl.load(P + i, mask=mask, other=0.0)
+    for part in tl.static_range(1, SPLIT):
+        acc += tl.load(P + part * numel + i, mask=mask, other=0.0)
+    d = i % D
+    row = i // D
+    n = row % N
+    bh = row // N
+    offs = (bh // NH) * stride_ob + (bh % NH) * stride_oh + n * stride_on + d * stride_od
+    tl.store(OUT + offs, acc.to(OUT.dtype.element_ty), mask=mask)
+
+
+def _sum_parts(parts: torch.Tensor, out: torch.Tensor, launch=lambda k: k) -> None:
+    """out = the sum of a split's fp32 partial results over their first dim, added in a fixed
+    order by a kernel of ours: the same bits in eager mode and under torch.compile (the op is a
+    triton_op, so Inductor would compile a torch reduction such as parts.sum(0) its own way, and
+    a grouped-query dK came out different in its last bits; tuning/flash_attention/NOTES.md
+    step 40)."""
+    nb, nh, n, d = out.shape
+    numel = out.numel()
+    block = 1024
+    launch(_sum_parts_kernel)[(cdiv(numel, block),)](
+        parts, out, numel, nh, n, d, *out.stride(), SPLIT=parts.shape[0], BLOCK=block, num_warps=4)
 
 
 def launch_forward(q3, k3, v3, out, lse, is_causal: bool, cfg: dict, launch=lambda k: k) -> None:
@@ -841,7 +863,7 @@ def launch_backward_dq(q3, k3, v3, o3, do3, lse, delta, dq, is_causal: bool, cfg
         *_strides(dq_p), n, **_scales(d), SM_SCALE=1.0 / math.sqrt(d), IS_CAUSAL=is_causal,
         DOT_PRECISION=_dot_precision(q3.dtype), **c)
     if split > 1:
-        _sum_parts(dq_p, dq)
+        _sum_parts(dq_p, dq, launch)
 
 
 def launch_backward_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal: bool, cfg: dict,
@@ -863,8 +885,8 @@ def launch_backward_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal: bool, c
         **_scales(d), SM_SCALE=1.0 / math.sqrt(d), IS_CAUSAL=is_causal,
         DOT_PRECISION=_dot_precision(q3.dtype), **c)
     if split > 1:
-        _sum_parts(dk_p, dk)
-        _sum_parts(dv_p, dv)
+        _sum_parts(dk_p, dk, launch)
+        _sum_parts(dv_p, dv, launch)
 
 
 def launch_backward_fused(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool, cfg: dict,
@@ -886,7 +908,7 @@ def launch_backward_fused(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool,
         SPLIT=ckv["SPLIT"], GROUP=group, num_warps=cq["num_warps"], num_stages=cq["num_stages"])
     for parts, out in ((dq_p, dq), (dk_p, dk), (dv_p, dv)):
         if parts is not out:
-            _sum_parts(parts, out)
+            _sum_parts(parts, out, launch)
 
 
 def launch_backward(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool, cfg: dict,
