@@ -3,6 +3,7 @@ intervals in a profile, the idle share is measured against the wall time the cas
 every way it can fail is a reason beside an empty value, never a failed case. CUDA is faked
 (profiler events of known intervals); on a CPU the value is empty."""
 import math
+import statistics
 from types import SimpleNamespace
 
 import pandas as pd
@@ -98,3 +99,71 @@ def test_every_row_of_an_e2e_case_carries_the_idle_share_of_its_median_step(monk
     step = rows.set_index("metric").loc["step_ms"]
     assert seen["wall_ms"] == pytest.approx(step["median"], rel=1e-9)
     assert set(seen["phases"]) == {"forward", "backward", "optimizer"} and step["message"] == "a note"
+
+
+# The stop rule (timing.sample_until): synthetic samples of known spread
+
+
+def median_ci_by_enumeration(n: int, confidence: float) -> int:
+    """The largest k whose order-statistic interval (x_(k), x_(n+1-k)) covers the median with
+    probability >= confidence, by summing binomial terms in floats (numpy-free reference)."""
+    best = 0
+    for k in range(1, n // 2 + 1):
+        below = sum(math.comb(n, i) for i in range(k)) / 2**n
+        if 1 - 2 * below >= confidence:
+            best = k
+    return best
+
+
+@pytest.mark.parametrize("n", range(1, 41))
+def test_the_median_interval_is_the_binomial_order_statistics(n):
+    k = median_ci_by_enumeration(n, 0.99)
+    assert timing.median_interval_ranks(n, 0.99) == ((k, n + 1 - k) if k else None)
+    assert (timing.median_interval_ranks(n, 0.99) is None) == (n < 8)  # 8 samples before a 99% interval
+
+
+def lognormal_steps(sigma: float, seed: int = 0):
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    return lambda: float(0.1 * rng.lognormal(0.0, sigma))
+
+
+def test_tight_samples_stop_at_the_floor_of_the_interval():
+    rule = timing.StopRule(ceiling=20, floor=5, relative=0.01)
+    samples, stop = timing.sample_until(lognormal_steps(0.001), rule)
+    assert len(samples) == 8 and stop == "median ±1% at 99%"
+    xs = sorted(samples)  # the 99% interval of 8 samples: their extremes, within 1% of the median
+    assert xs[-1] / statistics.median(xs) - 1 <= 0.01 and 1 - xs[0] / statistics.median(xs) <= 0.01
+
+
+def test_noisy_samples_run_to_the_ceiling():
+    rule = timing.StopRule(ceiling=30, floor=8, relative=0.01)
+    samples, stop = timing.sample_until(lognormal_steps(0.2), rule)
+    assert len(samples) == 30 and stop == "ceiling"
+
+
+def test_never_before_the_floor_and_the_window_ends_slow_cases():
+    steady = lambda: 1.0
+    assert timing.sample_until(steady, timing.StopRule(ceiling=20, floor=12))[1] == "median ±1% at 99%"
+    assert len(timing.sample_until(steady, timing.StopRule(ceiling=20, floor=12))[0]) == 12
+    samples, stop = timing.sample_until(lognormal_steps(0.2), timing.StopRule(ceiling=20, floor=5, window=0.6))
+    assert stop == "window" and 5 <= len(samples) < 20 and sum(samples[:-1]) < 0.6 <= sum(samples)
+    assert len(timing.sample_until(lambda: 10.0, timing.StopRule(ceiling=20, floor=5, window=1.0,
+                                                                relative=0.0))[0]) == 5
+    assert timing.sample_until(steady, timing.StopRule(ceiling=3, floor=3))[1] == "ceiling"  # no 99% interval at 3
+
+
+def test_without_median_within_a_case_takes_every_sample():
+    rule = timing.StopRule.from_case({"timed_steps": 20})
+    assert timing.sample_until(lambda: 1.0, rule) == ([1.0] * 20, "ceiling")
+    rule = timing.StopRule.from_case({"timed_steps": 20, "min_timed_steps": 5, "median_within": 0.02})
+    assert rule == timing.StopRule(ceiling=20, floor=5, relative=0.02) and rule.reason() == "median ±2% at 99%"
+
+
+def test_every_row_of_an_e2e_case_says_why_its_timing_stopped():
+    spec = {"batch_size": 2, "timed_steps": 3, "grid": {"contexts": [8], "dtypes": ["fp32"], "compile": [False],
+                                                        "modes": ["train"], "warmup": [0]}}
+    case = e2e.study_cases(spec, "tiny")[0]
+    rows = pd.DataFrame(e2e.measure(case, {"d_model": 32, "d_ff": 64, "n_layers": 1, "n_heads": 2}))
+    assert (rows["stop"] == "ceiling").all() and (rows["stop_after"] == 3).all()
+    assert rows.set_index("metric").loc["step_ms", "n"] == 3
