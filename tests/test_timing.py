@@ -4,6 +4,7 @@ every way it can fail is a reason beside an empty value, never a failed case. CU
 (profiler events of known intervals); on a CPU the value is empty."""
 import math
 import statistics
+from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
@@ -167,3 +168,38 @@ def test_every_row_of_an_e2e_case_says_why_its_timing_stopped():
     rows = pd.DataFrame(e2e.measure(case, {"d_model": 32, "d_ff": 64, "n_layers": 1, "n_heads": 2}))
     assert (rows["stop"] == "ceiling").all() and (rows["stop_after"] == 3).all()
     assert rows.set_index("metric").loc["step_ms", "n"] == 3
+
+
+H100 = Path(__file__).resolve().parents[1] / "results" / "h100-80gb-hbm3"
+
+
+def committed_step_samples():
+    """(case id, per-step ms in the order taken, the row) of every step-timed case the committed
+    H100 results keep: the end-to-end studies and the ladder (step_ms), PyTorch attention (each way)."""
+    for path in sorted([*H100.glob("e2e/*/*.csv"), *H100.glob("ladder/*.csv"), *H100.glob("attention/*.csv")]):
+        df = pd.read_csv(path, low_memory=False)
+        rows = df[(df["status"] == "ok") & df["metric"].isin(["step_ms", "forward_ms", "backward_ms"])]
+        for _, row in rows.drop_duplicates(["case_id", "metric"]).iterrows():
+            yield row["case_id"], [float(x) for x in row["samples"].split(";")], row
+
+
+@pytest.mark.skipif(not H100.is_dir(), reason="no committed H100 results")
+def test_the_stop_rule_on_the_committed_h100_steps_moves_no_median_beyond_its_spread():
+    """Replayed on the steps the committed rows kept, in their order: where the rule stops a case
+    early, its median moves from the median of all the case's steps by less than their 20%-80%
+    spread (the ladder's SDPA rung: its first 8 steps within 1%, later ones up to 175 ms of 95)."""
+    early = 0
+    for case_id, ms, row in committed_step_samples():
+        step = "timed_steps" if "timed_steps" in row else "iters"
+        floor = "min_timed_steps" if step == "timed_steps" else "min_iters"
+        window = row.get("timed_window_s", row.get("window_s"))
+        rule = timing.StopRule(ceiling=int(row[step]), floor=int(row[floor]),
+                               window=float(window) if pd.notna(window) else None, relative=0.01)
+        n = next((i for i in range(1, len(ms) + 1) if timing.stop_reason([x / 1e3 for x in ms[:i]], rule)), len(ms))
+        assert n >= min(len(ms), 5)
+        if n < len(ms):
+            early += 1
+            q20, _, _, q80 = statistics.quantiles(ms, n=5, method="inclusive")
+            now, then = statistics.median(ms[:n]), statistics.median(ms)
+            assert abs(now - then) <= q80 - q20, (case_id, n, len(ms), now, then)
+    assert early > 0
