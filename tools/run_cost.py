@@ -126,7 +126,7 @@ def _case(job: str, case_id: str, what: str, ms: list[float], n: int, saved_s: f
     m0, m1 = statistics.median(ms), statistics.median(ms[:n])
     q = statistics.quantiles(ms, n=5, method="inclusive") if len(ms) > 1 else [m0] * 4
     return {"job": job.removesuffix(".csv"), "case_id": case_id, "what": what, "steps_then": len(ms),
-            "steps_now": n, "saved_s": saved_s, "median_move_pct": 100 * (m1 / m0 - 1),
+            "steps_now": n, "steps_s": sum(ms) / 1e3, "saved_s": saved_s, "median_move_pct": 100 * (m1 / m0 - 1),
             "spread_pct": 100 * (q[3] - q[0]) / m0}
 
 
@@ -230,6 +230,10 @@ def main(argv=None) -> None:
     print(f"stop rule (median ±{100 * args.median_within:g}% at 99%), simulated on the kept samples:")
     print(by_stop.round(2).to_markdown(), end="\n")
     early = stop[stop["steps_now"] < stop["steps_then"]]
+    timed_jobs = run[run["job"].isin(stop["job"])]
+    print(f"their timed samples: {stop['steps_s'].sum():.0f} s of those jobs' {timed_jobs['cases_s'].sum():.0f} s of cases "
+          f"(e2e and ladder: {stop[~stop['job'].str.startswith('attention')]['steps_s'].sum():.0f} s of "
+          f"{timed_jobs[timed_jobs['section'] != 'attention']['cases_s'].sum():.0f} s)")
     print(f"{len(early)} of {len(stop)} stop early; {len(moved)} medians move by more than their 20%-80% spread; "
           f"the largest move {stop['median_move_pct'].abs().max():.2f}% "
           f"({early.loc[early['median_move_pct'].abs().idxmax(), 'case_id'] if len(early) else '-'})\n")
