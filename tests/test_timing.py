@@ -203,3 +203,21 @@ def test_the_stop_rule_on_the_committed_h100_steps_moves_no_median_beyond_its_sp
             now, then = statistics.median(ms[:n]), statistics.median(ms)
             assert abs(now - then) <= q80 - q20, (case_id, n, len(ms), now, then)
     assert early > 0
+
+
+def test_the_full_grids_step_timed_cases_carry_the_configs_stop_rule():
+    """config median_within reaches every step-timed case of the full grids through its job's spec."""
+    import json
+    from lmperf import specs
+    from lmperf.bench import attention, ladder
+    from lmperf.report.render import load_config
+    config = load_config()
+    e2e_full, ladder_full = config["e2e"]["full"], config["ladder"]["full"]
+    study, size = specs.e2e_jobs(e2e_full)[0]
+    cases = e2e.study_cases(json.loads(specs.e2e_spec(config, e2e_full, study, size)), size)
+    size = ladder_full["sizes"][0]
+    cases += ladder.cases(json.loads(specs.ladder_spec(config, ladder_full, size)), size, cuda=False)[:1]
+    rules = [timing.StopRule.from_case(c) for c in cases]
+    rules += [attention.stop_rule(c) for c in attention.cases(json.loads(specs.attention_spec(config, config["attention"]["full"])))]
+    assert {r.relative for r in rules} == {e2e_full["median_within"]} == {0.01}
+    assert all(max(r.floor, 8) < r.ceiling for r in rules)  # room for the rule between floor and ceiling
