@@ -41,7 +41,7 @@ class Costs:
     freeze_model_s: float = 0.35  # ... of which the full collection, which frozen imports leave out
     warm_s: float = 20.0         # a FlashAttention bench job's compile warm-up in its workers
     warm_model_s: float = 40.0   # ... the model group's (FlexAttention and ours, 40 shapes)
-    render_s: float = 60.0       # the report rule: a process start and the renderer
+    render_s: float = 60.0       # the report rule: an allowance, not measured
 
 
 def jobs(results: Path) -> pd.DataFrame:
