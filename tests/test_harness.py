@@ -122,10 +122,22 @@ def test_timed_steps_fill_the_window_and_no_fewer_than_the_fewest(step_s, steps)
     under min_timed_steps; without a window, every timed step."""
     spec = {"timed_steps": 20, "min_timed_steps": 5, "timed_window_s": 20}
     case = e2e.timing_keys(spec)
-    assert len(e2e.run_timed(lambda: {"forward": step_s / 2, "backward": step_s / 2}, case)) == steps
+    timed, stop = e2e.run_timed(lambda: {"forward": step_s / 2, "backward": step_s / 2}, case)
+    assert len(timed) == steps and stop == ("ceiling" if steps == 20 else "window")
     case = e2e.timing_keys({"timed_steps": 20})
-    assert case == {"timed_steps": 20, "min_timed_steps": 20, "timed_window_s": None}
-    assert len(e2e.run_timed(lambda: {"forward": step_s}, case)) == 20
+    assert case == {"timed_steps": 20, "min_timed_steps": 20, "timed_window_s": None, "median_within": None}
+    assert e2e.run_timed(lambda: {"forward": step_s}, case)[1] == "ceiling"
+    assert len(e2e.run_timed(lambda: {"forward": step_s}, case)[0]) == 20
+
+
+def test_steady_steps_stop_once_the_median_is_known():
+    """With median_within, steady steps stop at the 8 a 99% interval of the median needs, even
+    short ones that the window would let run to the ceiling; the row says why."""
+    case = e2e.timing_keys({"timed_steps": 20, "min_timed_steps": 5, "timed_window_s": 20,
+                            "median_within": 0.01})
+    steps = iter([0.100, 0.1008, 0.0992, 0.100, 0.1005, 0.0995, 0.100, 0.100, 0.5, 0.5])
+    timed, stop = e2e.run_timed(lambda: {"forward": next(steps)}, case)
+    assert len(timed) == 8 and stop == "median ±1% at 99%"
 
 
 def test_oom_and_exception_become_rows_and_an_error_fails_the_job(tmp_path, monkeypatch):

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 import torch
 
-from lmperf.bench import attention, precision
+from lmperf.bench import attention, precision, timing
 from lmperf.model import plain_attention
 from lmperf.report import attention as attention_report
 from lmperf.report.sections import Inputs
@@ -67,7 +67,7 @@ def test_attention_view_names_the_first_oom_and_the_growth():
 def test_attention_times_all_passes_unless_they_fill_the_window():
     case = attention.cases({"impls": ["eager"], "batch": 1, "head_dims": [8], "seq_lens": [16], "iters": 100,
                             "min_iters": 20, "window_s": 2.0})[0]
-    n = lambda step_s: next(i for i in range(1000) if not attention.more(case, [step_s] * i))
+    n = lambda step_s: len(timing.sample_until(lambda: step_s, attention.stop_rule(case))[0])
     assert n(0.001) == 100  # short passes: all of them
     assert n(0.05) == 40    # the window fills at 40 passes of 50 ms
     assert n(1.0) == 20     # never under min_iters

@@ -3,6 +3,8 @@ intervals in a profile, the idle share is measured against the wall time the cas
 every way it can fail is a reason beside an empty value, never a failed case. CUDA is faked
 (profiler events of known intervals); on a CPU the value is empty."""
 import math
+import statistics
+from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
@@ -98,3 +100,124 @@ def test_every_row_of_an_e2e_case_carries_the_idle_share_of_its_median_step(monk
     step = rows.set_index("metric").loc["step_ms"]
     assert seen["wall_ms"] == pytest.approx(step["median"], rel=1e-9)
     assert set(seen["phases"]) == {"forward", "backward", "optimizer"} and step["message"] == "a note"
+
+
+# The stop rule (timing.sample_until): synthetic samples of known spread
+
+
+def median_ci_by_enumeration(n: int, confidence: float) -> int:
+    """The largest k whose order-statistic interval (x_(k), x_(n+1-k)) covers the median with
+    probability >= confidence, by summing binomial terms in floats (numpy-free reference)."""
+    best = 0
+    for k in range(1, n // 2 + 1):
+        below = sum(math.comb(n, i) for i in range(k)) / 2**n
+        if 1 - 2 * below >= confidence:
+            best = k
+    return best
+
+
+@pytest.mark.parametrize("n", range(1, 41))
+def test_the_median_interval_is_the_binomial_order_statistics(n):
+    k = median_ci_by_enumeration(n, 0.99)
+    assert timing.median_interval_ranks(n, 0.99) == ((k, n + 1 - k) if k else None)
+    assert (timing.median_interval_ranks(n, 0.99) is None) == (n < 8)  # 8 samples before a 99% interval
+
+
+def lognormal_steps(sigma: float, seed: int = 0):
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    return lambda: float(0.1 * rng.lognormal(0.0, sigma))
+
+
+def test_tight_samples_stop_at_the_floor_of_the_interval():
+    rule = timing.StopRule(ceiling=20, floor=5, relative=0.01)
+    samples, stop = timing.sample_until(lognormal_steps(0.001), rule)
+    assert len(samples) == 8 and stop == "median ±1% at 99%"
+    xs = sorted(samples)  # the 99% interval of 8 samples: their extremes, within 1% of the median
+    assert xs[-1] / statistics.median(xs) - 1 <= 0.01 and 1 - xs[0] / statistics.median(xs) <= 0.01
+
+
+def test_noisy_samples_run_to_the_ceiling():
+    rule = timing.StopRule(ceiling=30, floor=8, relative=0.01)
+    samples, stop = timing.sample_until(lognormal_steps(0.2), rule)
+    assert len(samples) == 30 and stop == "ceiling"
+
+
+def test_never_before_the_floor_and_the_window_ends_slow_cases():
+    steady = lambda: 1.0
+    assert timing.sample_until(steady, timing.StopRule(ceiling=20, floor=12))[1] == "median ±1% at 99%"
+    assert len(timing.sample_until(steady, timing.StopRule(ceiling=20, floor=12))[0]) == 12
+    samples, stop = timing.sample_until(lognormal_steps(0.2), timing.StopRule(ceiling=20, floor=5, window=0.6))
+    assert stop == "window" and 5 <= len(samples) < 20 and sum(samples[:-1]) < 0.6 <= sum(samples)
+    assert len(timing.sample_until(lambda: 10.0, timing.StopRule(ceiling=20, floor=5, window=1.0,
+                                                                relative=0.0))[0]) == 5
+    assert timing.sample_until(steady, timing.StopRule(ceiling=3, floor=3))[1] == "ceiling"  # no 99% interval at 3
+
+
+def test_without_median_within_a_case_takes_every_sample():
+    rule = timing.StopRule.from_case({"timed_steps": 20})
+    assert timing.sample_until(lambda: 1.0, rule) == ([1.0] * 20, "ceiling")
+    rule = timing.StopRule.from_case({"timed_steps": 20, "min_timed_steps": 5, "median_within": 0.02})
+    assert rule == timing.StopRule(ceiling=20, floor=5, relative=0.02) and rule.reason() == "median ±2% at 99%"
+
+
+def test_every_row_of_an_e2e_case_says_why_its_timing_stopped():
+    spec = {"batch_size": 2, "timed_steps": 3, "grid": {"contexts": [8], "dtypes": ["fp32"], "compile": [False],
+                                                        "modes": ["train"], "warmup": [0]}}
+    case = e2e.study_cases(spec, "tiny")[0]
+    rows = pd.DataFrame(e2e.measure(case, {"d_model": 32, "d_ff": 64, "n_layers": 1, "n_heads": 2}))
+    assert (rows["stop"] == "ceiling").all() and (rows["stop_after"] == 3).all()
+    assert rows.set_index("metric").loc["step_ms", "n"] == 3
+
+
+H100 = Path(__file__).resolve().parents[1] / "results" / "h100-80gb-hbm3"
+
+
+def committed_step_samples():
+    """(case id, per-step ms in the order taken, the row) of every step-timed case the committed
+    H100 results keep: the end-to-end studies and the ladder (step_ms), PyTorch attention (each way)."""
+    for path in sorted([*H100.glob("e2e/*/*.csv"), *H100.glob("ladder/*.csv"), *H100.glob("attention/*.csv")]):
+        df = pd.read_csv(path, low_memory=False)
+        rows = df[(df["status"] == "ok") & df["metric"].isin(["step_ms", "forward_ms", "backward_ms"])]
+        for _, row in rows.drop_duplicates(["case_id", "metric"]).iterrows():
+            yield row["case_id"], [float(x) for x in row["samples"].split(";")], row
+
+
+@pytest.mark.skipif(not H100.is_dir(), reason="no committed H100 results")
+def test_the_stop_rule_on_the_committed_h100_steps_moves_no_median_beyond_its_spread():
+    """Replayed on the steps the committed rows kept, in their order: where the rule stops a case
+    early, its median moves from the median of all the case's steps by less than their 20%-80%
+    spread (the ladder's SDPA rung: its first 8 steps within 1%, later ones up to 175 ms of 95)."""
+    early = 0
+    for case_id, ms, row in committed_step_samples():
+        step = "timed_steps" if "timed_steps" in row else "iters"
+        floor = "min_timed_steps" if step == "timed_steps" else "min_iters"
+        window = row.get("timed_window_s", row.get("window_s"))
+        rule = timing.StopRule(ceiling=int(row[step]), floor=int(row[floor]),
+                               window=float(window) if pd.notna(window) else None, relative=0.01)
+        n = next((i for i in range(1, len(ms) + 1) if timing.stop_reason([x / 1e3 for x in ms[:i]], rule)), len(ms))
+        assert n >= min(len(ms), 5)
+        if n < len(ms):
+            early += 1
+            q20, _, _, q80 = statistics.quantiles(ms, n=5, method="inclusive")
+            now, then = statistics.median(ms[:n]), statistics.median(ms)
+            assert abs(now - then) <= q80 - q20, (case_id, n, len(ms), now, then)
+    assert early > 0
+
+
+def test_the_full_grids_step_timed_cases_carry_the_configs_stop_rule():
+    """config median_within reaches every step-timed case of the full grids through its job's spec."""
+    import json
+    from lmperf import specs
+    from lmperf.bench import attention, ladder
+    from lmperf.report.render import load_config
+    config = load_config()
+    e2e_full, ladder_full = config["e2e"]["full"], config["ladder"]["full"]
+    study, size = specs.e2e_jobs(e2e_full)[0]
+    cases = e2e.study_cases(json.loads(specs.e2e_spec(config, e2e_full, study, size)), size)
+    size = ladder_full["sizes"][0]
+    cases += ladder.cases(json.loads(specs.ladder_spec(config, ladder_full, size)), size, cuda=False)[:1]
+    rules = [timing.StopRule.from_case(c) for c in cases]
+    rules += [attention.stop_rule(c) for c in attention.cases(json.loads(specs.attention_spec(config, config["attention"]["full"])))]
+    assert {r.relative for r in rules} == {e2e_full["median_within"]} == {0.01}
+    assert all(max(r.floor, 8) < r.ceiling for r in rules)  # room for the rule between floor and ceiling

@@ -17,7 +17,7 @@ def e2e_jobs(e2e: dict) -> list[tuple[str, str]]:
 def e2e_spec(config: dict, e2e: dict, study: str, size: str) -> str:
     """The JSON spec of one e2e job: a rerun trigger for exactly what that job measures."""
     spec = e2e["studies"][study]
-    steps = {k: e2e[k] for k in ("timed_steps", "min_timed_steps", "timed_window_s") if k in e2e}
+    steps = {k: e2e[k] for k in ("timed_steps", "min_timed_steps", "timed_window_s", "median_within") if k in e2e}
     return json.dumps({"batch_size": e2e["batch_size"], **steps, "attention": spec["attention"],
                        "grid": spec["grid"], "models": {size: config["models"][size]}}, sort_keys=True)
 

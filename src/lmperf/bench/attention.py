@@ -1,6 +1,9 @@
-"""PyTorch attention, eager and compiled: time of `iters` (100) forward and backward passes, or
-fewer (not under `min_iters`) once a direction's passes add up to `window_s` seconds, and the
-memory held for backward against what the saved tensors predict.
+"""PyTorch attention, eager and compiled: time of forward and backward passes, each direction
+timed until the stop rule (bench/timing.py's sample_until) stops it: once the 99% interval of its
+median lies within `median_within` of it (after at least 8 passes), at `iters` (100) at most, or,
+not under `min_iters`, once its passes add up to `window_s` seconds; and the memory held for
+backward against what the saved tensors predict. Each row says why its direction stopped (`stop`)
+and after how many passes (`stop_after`).
 
     python -m lmperf.bench.attention --spec '{...}' --out results/cpu/attention/attention.csv --hw cpu
 
@@ -31,7 +34,8 @@ def cases(spec: dict) -> list[dict]:
     for impl, d, n in itertools.product(impls, spec["head_dims"], spec["seq_lens"]):
         out.append({"impl": impl, "head_dim": d, "seq_len": n, "batch": spec["batch"],
                     "iters": spec["iters"], "min_iters": min(spec["iters"], spec.get("min_iters", spec["iters"])),
-                    "window_s": spec.get("window_s"), "case_id": f"{impl}-d{d}-n{n}"})
+                    "window_s": spec.get("window_s"), "median_within": spec.get("median_within"),
+                    "case_id": f"{impl}-d{d}-n{n}"})
     return out
 
 def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dict]:
@@ -46,13 +50,10 @@ def _compiled():
     from lmperf.model import plain_attention
     return torch.compile(plain_attention)
 
-def more(case: dict, seconds: list[float]) -> bool:
-    """Whether to time another pass after `seconds`: until `iters`, or once there are `min_iters`
-    adding up to `window_s` (a case without a window times all `iters`)."""
-    if len(seconds) >= case["iters"]:
-        return False
-    window = case.get("window_s")
-    return window is None or len(seconds) < case.get("min_iters", case["iters"]) or sum(seconds) < window
+def stop_rule(case: dict) -> timing.StopRule:
+    """How many passes a direction times (module docstring; a case without a window or
+    `median_within` times all `iters`)."""
+    return timing.StopRule.from_case(case, ceiling="iters", floor="min_iters", window="window_s")
 
 
 def measure(case: dict) -> list[dict]:
@@ -76,29 +77,35 @@ def measure(case: dict) -> list[dict]:
             fn(q, k, v, False)
         fn(q, k, v, False).backward(grad)
     sync()
-    forward_s = []
-    while more(case, forward_s):
+    def timed_forward() -> float:
         with timing.timed(sync) as t, torch.no_grad():
             fn(q, k, v, False)
-        forward_s.append(t.seconds)
-    forward = common.summarize("forward_ms", "ms", [t * 1e3 for t in forward_s])
+        return t.seconds
+
+    forward_s, stop = timing.sample_until(timed_forward, stop_rule(case))
+    forward = {**common.summarize("forward_ms", "ms", [t * 1e3 for t in forward_s]),
+               "stop": stop, "stop_after": len(forward_s)}
 
     def no_grad_forward():
         with torch.no_grad():
             fn(q, k, v, False)
     idle, why_not = timing.gpu_idle(no_grad_forward, wall_ms=forward["median"])
     rows = [{**forward, "gpu_idle_pct": idle, "message": why_not}]
-    backward_s, before_backward = [], []
-    while more(case, backward_s):
+    before_backward = []
+
+    def timed_backward() -> float:
         out = fn(q, k, v, False)
         sync()
         if cuda:
             before_backward.append(torch.cuda.memory_allocated())
         with timing.timed(sync) as t:
             out.backward(grad)
-        backward_s.append(t.seconds)
-        q.grad = k.grad = v.grad = out = None
-    backward = common.summarize("backward_ms", "ms", [t * 1e3 for t in backward_s])
+        q.grad = k.grad = v.grad = None
+        return t.seconds
+
+    backward_s, stop = timing.sample_until(timed_backward, stop_rule(case))
+    backward = {**common.summarize("backward_ms", "ms", [t * 1e3 for t in backward_s]),
+                "stop": stop, "stop_after": len(backward_s)}
 
     def forward_backward():
         fn(q, k, v, False).backward(grad)

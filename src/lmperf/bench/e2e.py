@@ -2,9 +2,12 @@
 timed per phase (forward, backward, optimizer). One study and one model size per call; the
 ladder (bench/ladder.py) times its rungs with the same `time_steps`.
 
-A case runs its warm-up steps, then `timed_steps` timed steps, or fewer (never under
-`min_timed_steps`) once the timed steps add up to `timed_window_s` seconds: all of them where a
-step is short, a time window for slow ones (config/config.yaml says which). Rows keep every
+A case runs its warm-up steps, then timed steps until the stop rule (bench/timing.py's
+sample_until) stops it: once the 99% interval of the median step lies within `median_within`
+(±1%) of it, after at least 8 steps; at `timed_steps` at most; or, after at least
+`min_timed_steps`, once the timed steps add up to `timed_window_s` seconds (config/config.yaml).
+Every row of a case says why it stopped (`stop`) and after how many timed steps (`stop_after`).
+Rows keep every
 step's value and give its median and 20% / 80% quantiles; tokens/s, TFLOP/s and MFU are the
 step's work over the median step time (common.summarize_rate); MFU against the peak of the
 case's dtype (`mfu_pct`) and against the bf16 tensor-core peak (`mfu_bf16_pct`). On a GPU the
@@ -52,26 +55,20 @@ def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dic
 
 
 def timing_keys(spec: dict) -> dict:
-    """How many steps a case times, from its spec: `timed_steps` at most, and with a
-    `timed_window_s` (seconds) as few as `min_timed_steps` once the steps fill the window. A spec
-    without them (one written by hand) times all `timed_steps`."""
+    """How many steps a case times, from its spec (bench/timing.py's StopRule): `timed_steps` at
+    most; fewer once the median is known to `median_within`, or, not under `min_timed_steps`,
+    once the steps fill `timed_window_s` seconds. A spec without them (one written by hand)
+    times all `timed_steps`."""
     most = spec["timed_steps"]
     return {"timed_steps": most, "min_timed_steps": min(most, spec.get("min_timed_steps", most)),
-            "timed_window_s": spec.get("timed_window_s")}
+            "timed_window_s": spec.get("timed_window_s"), "median_within": spec.get("median_within")}
 
 
-def run_timed(timed_step, case: dict) -> list[dict]:
-    """The timed steps of a case ({phase: seconds} each): `timed_steps` of them, or fewer, not
-    under `min_timed_steps`, once they add up to `timed_window_s` seconds."""
-    most, window = case["timed_steps"], case.get("timed_window_s")
-    fewest = case.get("min_timed_steps", most)
-    timed, seconds = [], 0.0
-    while len(timed) < most:
-        timed.append(timed_step())
-        seconds += sum(timed[-1].values())
-        if window is not None and len(timed) >= fewest and seconds >= window:
-            break
-    return timed
+def run_timed(timed_step, case: dict) -> tuple[list[dict], str]:
+    """The timed steps of a case ({phase: seconds} each) and why they stopped: the stop rule of
+    its keys (timing_keys) on the steps' total seconds."""
+    return timing.sample_until(timed_step, timing.StopRule.from_case(case),
+                               seconds=lambda t: sum(t.values()))
 
 
 def measure(case: dict, model_dims: dict) -> list[dict]:
@@ -114,7 +111,7 @@ def time_steps(case: dict, cfg, model, optimizer, inputs, targets, autocast) -> 
         t = timed_step()
         first_step_s = first_step_s or sum(t.values())
     with energy.meter() as meter:
-        timed = run_timed(timed_step, case)
+        timed, stop = run_timed(timed_step, case)
     first_step_s = first_step_s or sum(timed[0].values())
 
     phases = {p: [t[p] * 1e3 for t in timed] for p in timed[0]}
@@ -144,7 +141,7 @@ def time_steps(case: dict, cfg, model, optimizer, inputs, targets, autocast) -> 
     rows.append(common.summarize("parameters", "count", [count_parameters(cfg)]))
     if device == "cuda":
         rows.append(common.summarize("peak_allocated_mib", "MiB", [torch.cuda.max_memory_allocated() / 2**20]))
-    return [{**r, "gpu_idle_pct": idle} for r in rows]
+    return [{**r, "gpu_idle_pct": idle, "stop": stop, "stop_after": len(timed)} for r in rows]
 
 
 def main(argv=None):

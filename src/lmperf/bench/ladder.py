@@ -15,7 +15,8 @@ bench/float8.py). A peer (PEERS: another library's kernels in place of ours, tor
 training) is measured on the last carried rung's settings and carried nowhere; nor is float8.
 A rung that needs CUDA becomes a `skipped` row where there is none, and
 its change is not carried to the rungs after it. Every rung is timed like the end-to-end studies
-(bench/e2e.py's time_steps: warm-up, then timed steps of lmperf.train.step per phase), and adds:
+(bench/e2e.py's time_steps: warm-up, then timed steps of lmperf.train.step per phase until the
+stop rule stops them; every row of a rung says why, `stop`, and after how many, `stop_after`), and adds:
 
 - the FLOPs of one step counted by `torch.utils.flop_counter.FlopCounterMode` (the same step on
   fake tensors of the rung's device: no memory, no time), beside the closed form MFU uses
@@ -335,8 +336,10 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
     rows += flop_rows(cfg, case, dims, device)
     if cuda:
         rows += phase_floors(cfg, case, spec)
+    # every row of the rung says how its timed steps stopped (bench/timing.py's sample_until)
+    stop = next(({"stop": r["stop"], "stop_after": r["stop_after"]} for r in rows if r.get("stop")), {})
     return [{"checkpoint_every": case["checkpoint_every"], "batch_size": case["batch_size"],
-             "micro_batches": case["micro_batches"], **r, "attention_backend": backend} for r in rows]
+             "micro_batches": case["micro_batches"], **stop, **r, "attention_backend": backend} for r in rows]
 
 
 # The blocks of the model `warm` compiles: the first (with our fused RMSNorm it takes no residual

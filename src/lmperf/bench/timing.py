@@ -7,6 +7,15 @@ for kernels.
     median, q20, q80 = timing.do_bench_quantiles(fn, warmup_ms=25, rep_ms=100)
     median, q20, q80 = timing.do_bench_cudagraph_quantiles(fn, rep_ms=100)  # GPU time, no host
     idle_pct, why_not = timing.gpu_idle(fn, wall_ms=median)  # how long the GPU waited on the host
+    samples, stop = timing.sample_until(take, rule)   # take() until the median is known (below)
+
+`sample_until` is the stop rule of every step-timed case (whole-model steps, eager attention): it
+takes samples until the distribution-free 99% confidence interval of their median (two order
+statistics, from the binomial distribution of how many samples fall below the true median) lies
+within ±1% of the sample median, and never fewer than `floor` samples (such an interval needs
+8 samples at 99%), never more than `ceiling`; a `window` of seconds (the sum of the samples) ends
+the sampling of a slow case once it has `floor` samples. Each row says why its case stopped:
+"median ±1% at 99%", "ceiling" or "window". A case whose samples are noisy takes `ceiling`.
 
 `gpu_idle` is the host-bound test of every GPU timing case: the share of a call's wall time (as
 the case timed it, without the profiler) in which the GPU ran nothing, from `IDLE_CALLS` more
@@ -19,13 +28,99 @@ for a small memory-bound kernel that do_bench times with a cold L2 the share is 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
+import statistics
 import time
 from typing import Callable, Iterable
 
 QUANTILES = (0.5, 0.2, 0.8)  # do_bench's median and the spread the rows record
 IDLE_CALLS = 2  # extra calls of a case profiled for its GPU idle share: a few, to keep GPU time small
+
+
+@dataclasses.dataclass(frozen=True)
+class StopRule:
+    """When a case stops taking samples (module docstring): at `ceiling` samples; never before
+    `floor`; then once the median's interval at `confidence` lies within `relative` of the median
+    (relative 0: never; at 99% not before 8 samples), or once the samples add up to `window`
+    seconds (None: no window)."""
+    ceiling: int
+    floor: int = 8
+    window: float | None = None
+    relative: float = 0.01
+    confidence: float = 0.99
+
+    @classmethod
+    def from_case(cls, case: dict, ceiling: str = "timed_steps", floor: str = "min_timed_steps",
+                  window: str = "timed_window_s") -> "StopRule":
+        """The rule of a case's keys: `ceiling` samples at most; with `median_within` (a share of
+        the median) the precision stop; with `window` (seconds) the window, after `floor`
+        samples. A case without them takes all `ceiling` samples."""
+        most, within = case[ceiling], case.get("median_within")
+        return cls(ceiling=most, floor=min(most, case.get(floor, most)), window=case.get(window),
+                   relative=within or 0.0)
+
+    def reason(self) -> str:
+        """The row's words for a stop by precision, e.g. 'median ±1% at 99%'."""
+        return f"median ±{100 * self.relative:g}% at {100 * self.confidence:g}%"
+
+
+CEILING, WINDOW = "ceiling", "window"
+
+
+@functools.cache
+def median_interval_ranks(n: int, confidence: float) -> tuple[int, int] | None:
+    """The 1-based ranks (k, n + 1 - k) of the order statistics that bound a distribution-free
+    `confidence` interval of the median of n samples: the largest k with P(B < k) <= (1 -
+    confidence) / 2, B ~ Binomial(n, 1/2), so the interval covers the median with probability
+    1 - 2 P(B < k) >= confidence. None when n samples are too few (n < 8 at 99%)."""
+    tail, below, k = (1 - confidence) / 2, 0.0, 0
+    while k < n // 2:
+        below += math.comb(n, k) / 2**n  # P(B <= k)
+        if below > tail:
+            break
+        k += 1
+    return (k, n + 1 - k) if k >= 1 else None
+
+
+def median_within(samples: list[float], relative: float, confidence: float) -> bool:
+    """Whether the distribution-free `confidence` interval of the median of `samples` lies within
+    +-`relative` of their median (False while they are too few for such an interval)."""
+    ranks = median_interval_ranks(len(samples), confidence)
+    if ranks is None or relative <= 0:
+        return False
+    xs = sorted(samples)
+    median = statistics.median(xs)
+    lo, hi = xs[ranks[0] - 1], xs[ranks[1] - 1]
+    return median - lo <= relative * abs(median) and hi - median <= relative * abs(median)
+
+
+def stop_reason(values: list[float], rule: StopRule) -> str | None:
+    """Why sampling stops after `values` (samples in seconds), or None to take another."""
+    n = len(values)
+    if n >= rule.ceiling:
+        return CEILING
+    if n < rule.floor:
+        return None
+    if median_within(values, rule.relative, rule.confidence):
+        return rule.reason()
+    if rule.window is not None and sum(values) >= rule.window:
+        return WINDOW
+    return None
+
+
+def sample_until(take: Callable[[], object], rule: StopRule,
+                 seconds: Callable[[object], float] = float) -> tuple[list, str]:
+    """(the samples `take()` returned, why it stopped): samples until `rule` stops them
+    (module docstring); `seconds(sample)` is a sample's value in seconds (a sum of phases)."""
+    samples, values = [], []
+    while True:
+        samples.append(take())
+        values.append(seconds(samples[-1]))
+        why = stop_reason(values, rule)
+        if why is not None:
+            return samples, why
 
 
 def synchronizer() -> Callable[[], None]:

@@ -1,0 +1,276 @@
+"""What a full run costs, predicted from a results folder's CSVs: each job's cases (the rows'
+`wall_s`, once a case) plus its overhead (a process start, the collection after every case, the
+compile warm-up of its workers), and what each lever would take off, before it is measured.
+
+    python tools/run_cost.py                                   # results/h100-80gb-hbm3, the levers
+    python tools/run_cost.py results/h200 --jobs               # and every job's line
+
+The stop rule (bench/timing.py's sample_until, config `median_within`) is simulated on the
+per-step samples the step-timed rows keep (e2e, the ladder, PyTorch attention): the steps each
+case would have taken, the seconds of the steps it would not, and how far its median moves.
+Rows timed by do_bench keep no samples: for them only the time inside do_bench's windows is
+known (an upper bound of what shorter windows save); their medians cannot be checked here.
+The overhead constants are the measured ones of tools/README.md ("What a full run costs"); pass
+others to see what they change. Repeats and the FP8 rung's convergence are listed apart: they
+are not part of the default run.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+from lmperf.bench import timing  # noqa: E402
+
+APART = ("repeats/", "convergence/")   # not in the default full run
+STEP_TIMED = {"e2e": "step_ms", "ladder": "step_ms"}   # section -> the metric whose samples are the steps
+MODEL_SECTIONS = ("e2e", "ladder", "attention", "precision", "profile", "memory")
+
+
+@dataclass
+class Costs:
+    start_s: float = 12.0        # Snakemake, a new process importing torch, CUDA's start
+    collect_s: float = 0.25      # common.clean_device after a kernel case (its full collection)
+    model_collect_s: float = 0.9  # ... after a whole-model case (e2e: 7.2 s over 8 cases)
+    freeze_model_s: float = 0.35  # ... of which the full collection, which frozen imports leave out
+    warm_s: float = 20.0         # a FlashAttention bench job's compile warm-up in its workers
+    warm_model_s: float = 40.0   # ... the model group's (FlexAttention and ours, 40 shapes)
+    render_s: float = 60.0       # the report rule: an allowance, not measured
+
+
+def jobs(results: Path) -> pd.DataFrame:
+    """One line a CSV: its section, cases, the sum of their wall_s."""
+    out = []
+    for path in sorted(results.rglob("*.csv")):
+        rel = path.relative_to(results).as_posix()
+        df = pd.read_csv(path, low_memory=False)
+        if "wall_s" in df:
+            cases = df.drop_duplicates(["study", "case_id"])
+            n, wall = len(cases), float(cases["wall_s"].fillna(0).sum())
+        else:  # env: one row, no cases
+            n, wall = 0, 0.0
+        out.append({"job": rel.removesuffix(".csv"), "section": rel.split("/")[0], "cases": n, "cases_s": wall,
+                    "apart": rel.startswith(APART)})
+    return pd.DataFrame(out)
+
+
+def overhead(job: pd.Series, costs: Costs) -> float:
+    """A job's seconds outside its cases (Costs' comments)."""
+    per_case = costs.model_collect_s if job["section"] in MODEL_SECTIONS else costs.collect_s
+    if job["job"] == "flash_attention/check" or job["job"].endswith("/check"):
+        per_case = 0.0  # the parent of a check in workers has frozen its imports: milliseconds
+    warm = 0.0
+    if job["job"].startswith("flash_attention/bench/grid"):
+        warm = costs.warm_s
+    elif job["job"] == "flash_attention/bench/model":
+        warm = costs.warm_model_s
+    return costs.start_s + per_case * job["cases"] + warm
+
+
+def samples(row: pd.Series) -> list[float]:
+    return [float(x) for x in str(row["samples"]).split(";")] if isinstance(row["samples"], str) else []
+
+
+def stopped_at(values: list[float], rule: timing.StopRule) -> int:
+    """How many of `values` (seconds, in the order taken) the rule would have taken."""
+    for n in range(1, len(values) + 1):
+        if timing.stop_reason(values[:n], rule) is not None:
+            return n
+    return len(values)
+
+
+def stop_rule_cases(results: Path, median_within: float) -> pd.DataFrame:
+    """Every step-timed case under the stop rule: steps taken then and now, seconds saved, the
+    median's move (%) and the case's 20%-80% spread (% of the median)."""
+    out = []
+    for path in sorted(results.rglob("*.csv")):
+        rel = path.relative_to(results).as_posix()
+        section = rel.split("/")[0]
+        if rel.startswith(APART) or section not in (*STEP_TIMED, "attention"):
+            continue
+        df = pd.read_csv(path, low_memory=False)
+        ok = df[df["status"] == "ok"]
+        if section in STEP_TIMED:
+            steps = ok[ok["metric"] == STEP_TIMED[section]].drop_duplicates(["study", "case_id"])
+            for _, row in steps.iterrows():
+                ms = samples(row)
+                rule = timing.StopRule.from_case({**row.to_dict(), "median_within": median_within})
+                rule = timing.StopRule(rule.ceiling, int(row["min_timed_steps"]) if pd.notna(row.get("min_timed_steps"))
+                                       else rule.floor, rule.window if pd.notna(rule.window) else None, median_within)
+                n = stopped_at([x / 1e3 for x in ms], rule)
+                out.append(_case(rel, row["case_id"], "step", ms, n, sum(ms[n:]) / 1e3))
+        else:  # PyTorch attention: forward passes, then backward passes (each after an untimed forward)
+            for case_id, rows in ok.groupby("case_id", sort=False):
+                by = rows.set_index("metric")
+                if not {"forward_ms", "backward_ms"} <= set(by.index):
+                    continue
+                fwd_median = float(by.loc["forward_ms", "median"])
+                for metric in ("forward_ms", "backward_ms"):
+                    r = by.loc[metric]
+                    ms = samples(r)
+                    window = r["window_s"] if pd.notna(r.get("window_s")) else None
+                    rule = timing.StopRule(int(r["iters"]), int(r.get("min_iters", r["iters"])), window, median_within)
+                    n = stopped_at([x / 1e3 for x in ms], rule)
+                    extra = fwd_median * (len(ms) - n) if metric == "backward_ms" else 0.0
+                    out.append(_case(rel, case_id, metric, ms, n, (sum(ms[n:]) + extra) / 1e3))
+    return pd.DataFrame(out)
+
+
+def _case(job: str, case_id: str, what: str, ms: list[float], n: int, saved_s: float) -> dict:
+    m0, m1 = statistics.median(ms), statistics.median(ms[:n])
+    q = statistics.quantiles(ms, n=5, method="inclusive") if len(ms) > 1 else [m0] * 4
+    return {"job": job.removesuffix(".csv"), "case_id": case_id, "what": what, "steps_then": len(ms),
+            "steps_now": n, "steps_s": sum(ms) / 1e3, "saved_s": saved_s, "median_move_pct": 100 * (m1 / m0 - 1),
+            "spread_pct": 100 * (q[3] - q[0]) / m0}
+
+
+def do_bench_window_s(results: Path) -> pd.DataFrame:
+    """Per do_bench-timed job: the seconds its cases spend inside do_bench's windows (warm-up +
+    measuring, per timed call): what shorter windows could take off at most."""
+    out = []
+    for path in sorted(results.rglob("*.csv")):
+        rel = path.relative_to(results).as_posix()
+        if rel.startswith(APART) or "timing_ms" not in pd.read_csv(path, nrows=0).columns:
+            continue
+        df = pd.read_csv(path, low_memory=False)
+        cases = df[df["status"] == "ok"].drop_duplicates(["study", "case_id"])
+        seconds = 0.0
+        for _, c in cases.iterrows():
+            warmup, rep = (float(x) for x in str(c["timing_ms"]).split("/"))
+            if rel.startswith("flash_attention"):  # forward, fwd_bwd, backward; and two CUDA-graph replays
+                calls = 3 * (warmup + rep) + (2 * rep if bool(c.get("gpu_time")) else 0)
+            else:  # LRPE: forward and backward
+                calls = 2 * (warmup + rep)
+            seconds += calls / 1e3
+        out.append({"job": rel.removesuffix(".csv"), "cases": len(cases), "window_s": seconds})
+    return pd.DataFrame(out)
+
+
+COMPILED_TWINS = {"plain_compiled": "plain", "torch_compile": "torch", "compiled": "eager"}  # compiled -> eager
+
+
+def compile_share(results: Path) -> pd.DataFrame:
+    """Per job, what its torch.compile'd providers cost beyond their eager twins at the same
+    shapes (PyTorch attention, the FlashAttention grid, LRPE): mostly compiling, each shape anew."""
+    out = []
+    for path in sorted(results.rglob("*.csv")):
+        rel = path.relative_to(results).as_posix()
+        if rel.startswith(APART):
+            continue
+        df = pd.read_csv(path, low_memory=False)
+        key = next((c for c in ("provider", "impl") if c in df), None)
+        if key is None or "wall_s" not in df or "case_id" not in df:
+            continue
+        cases = df.drop_duplicates(["study", "case_id"])
+        for compiled, eager in COMPILED_TWINS.items():
+            c, e = cases[cases[key] == compiled], cases[cases[key] == eager]
+            if len(c) and len(e):
+                out.append({"job": rel.removesuffix(".csv"), "compiled": compiled, "cases": len(c),
+                            "compiled_s": float(c["wall_s"].sum()), "eager_s": float(e["wall_s"].sum()),
+                            "beyond_s": float(c["wall_s"].sum() - e["wall_s"].sum())})
+    return pd.DataFrame(out)
+
+
+def duplicate_cases(results: Path) -> pd.DataFrame:
+    """Cases that measure what another table's case measures: the variants study's eager fp32
+    training step of a size the ladder runs is the ladder's first rung but for its warm-up steps."""
+    out = []
+    for ladder in sorted((results / "ladder").glob("*.csv")):
+        size = ladder.stem
+        variants = results / "e2e" / "variants" / f"{size}.csv"
+        lad, var = pd.read_csv(ladder, low_memory=False), pd.read_csv(variants, low_memory=False) if variants.exists() else None
+        if var is None:
+            continue
+        first = lad.drop_duplicates("case_id").iloc[0]
+        twin = var[(var["dtype"] == "fp32") & (~var["compile"].astype(bool)) & (var["mode"] == "train")
+                   & (var["context"] == first["context"])].drop_duplicates("case_id")
+        for _, t in twin.iterrows():
+            out.append({"job": f"e2e/variants/{size}", "case_id": t["case_id"], "twin": f"ladder/{size} {first['case_id']}",
+                        "saved_s": float(t["wall_s"])})
+    return pd.DataFrame(out)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", nargs="?", type=Path, default=ROOT / "results" / "h100-80gb-hbm3")
+    p.add_argument("--median-within", type=float, default=0.01, help="the stop rule's share (config median_within)")
+    p.add_argument("--jobs", action="store_true", help="also every job's line")
+    p.add_argument("--cases", action="store_true", help="also every step-timed case under the stop rule")
+    for name, value in vars(Costs()).items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=float, default=value, help=f"(default {value})")
+    args = p.parse_args(argv)
+    costs = Costs(**{k: getattr(args, k) for k in vars(Costs())})
+
+    js = jobs(args.results)
+    js["overhead_s"] = js.apply(lambda j: overhead(j, costs), axis=1)
+    js["total_s"] = js["cases_s"] + js["overhead_s"]
+    run = js[~js["apart"]]
+    if args.jobs:
+        print(js.round(1).to_markdown(index=False), end="\n\n")
+    sections = run.groupby("section")[["cases", "cases_s", "overhead_s", "total_s"]].sum()
+    sections.loc["(report)"] = [0, 0.0, costs.render_s, costs.render_s]
+    print(f"{args.results}: {len(run)} jobs of the default full run ({len(js) - len(run)} apart: "
+          f"{js[js['apart']]['total_s'].sum():.0f} s)\n")
+    print(sections.sort_values("total_s", ascending=False).round(0).astype(int).to_markdown(), end="\n\n")
+    base = float(sections["total_s"].sum())
+
+    stop = stop_rule_cases(args.results, args.median_within)
+    if args.cases:
+        print(stop.round(2).to_markdown(index=False), end="\n\n")
+    by_stop = stop.groupby(stop["job"].str.split("/").str[0]).agg(
+        cases=("case_id", "nunique"), saved_s=("saved_s", "sum"), steps_then=("steps_then", "sum"),
+        steps_now=("steps_now", "sum"), worst_move_pct=("median_move_pct", lambda s: s.abs().max()))
+    moved = stop[stop["median_move_pct"].abs() > stop["spread_pct"]]
+    print(f"stop rule (median ±{100 * args.median_within:g}% at 99%), simulated on the kept samples:")
+    print(by_stop.round(2).to_markdown(), end="\n")
+    early = stop[stop["steps_now"] < stop["steps_then"]]
+    timed_jobs = run[run["job"].isin(stop["job"])]
+    print(f"their timed samples: {stop['steps_s'].sum():.0f} s of those jobs' {timed_jobs['cases_s'].sum():.0f} s of cases "
+          f"(e2e and ladder: {stop[~stop['job'].str.startswith('attention')]['steps_s'].sum():.0f} s of "
+          f"{timed_jobs[timed_jobs['section'] != 'attention']['cases_s'].sum():.0f} s)")
+    print(f"{len(early)} of {len(stop)} stop early; {len(moved)} medians move by more than their 20%-80% spread; "
+          f"the largest move {stop['median_move_pct'].abs().max():.2f}% "
+          f"({early.loc[early['median_move_pct'].abs().idxmax(), 'case_id'] if len(early) else '-'})\n")
+
+    bench = do_bench_window_s(args.results)
+    print(f"do_bench's windows: {bench['window_s'].sum():.0f} s of {run[run['job'].isin(bench['job'])]['cases_s'].sum():.0f} s "
+          f"of those jobs' cases ({', '.join(f'{j} {s:.0f}' for j, s in zip(bench['job'], bench['window_s']))})\n")
+
+    comp = compile_share(args.results)
+    print("torch.compile'd providers beyond their eager twins (each shape compiled anew):")
+    print(comp.round(1).to_markdown(index=False), end="\n\n")
+
+    dups = duplicate_cases(args.results)
+    e2e_jobs = run[run["section"] == "e2e"]
+    sizes = e2e_jobs["job"].str.split("/").str[-1].nunique()
+    lrpe_bench = int(run["job"].str.startswith("lrpe/bench").sum())
+    levers = [
+        ("stop rule on step-timed cases (e2e, ladder, attention)", float(by_stop["saved_s"].sum())),
+        ("duplicates: the variants' eager fp32 training step of a ladder size, measured in the ladder",
+         float(dups["saved_s"].sum()) + costs.model_collect_s * len(dups)),
+        (f"fewer processes: e2e one job a size ({len(e2e_jobs)} -> {sizes})",
+         costs.start_s * (len(e2e_jobs) - sizes)),
+        (f"fewer processes: LRPE's benches one job ({lrpe_bench} -> 1)", costs.start_s * max(0, lrpe_bench - 1)),
+        ("do_bench windows halved (FlashAttention, LRPE; medians unchecked: no samples kept)",
+         float(bench["window_s"].sum()) / 2),
+        ("imports frozen in the timing jobs (the collection after a case: milliseconds; changes when the "
+         "collector runs inside timed loops)", float(sum(
+             (costs.freeze_model_s if j["section"] in MODEL_SECTIONS else costs.collect_s) * j["cases"]
+             for _, j in run.iterrows() if not j["job"].endswith("check")))),
+    ]
+    rows, total = [], base
+    rows.append({"lever": "today (cases + overhead)", "saves_s": 0, "run_s": round(total), "run_min": round(total / 60, 1)})
+    for name, saved in levers:
+        total -= saved
+        rows.append({"lever": name, "saves_s": round(saved), "run_s": round(total), "run_min": round(total / 60, 1)})
+    print(pd.DataFrame(rows).to_markdown(index=False))
+
+
+if __name__ == "__main__":
+    main()
