@@ -3,9 +3,10 @@ slurmd from Debian's packages (slurm-wlm, munge, slurmdbd, mariadb-server), each
 foreground by this process and stopped by its process id; every file (configuration, state,
 logs, sockets, the database) lives under one folder. The node has as many CPUs as this machine
 and `gpus` fake GPUs (gres.conf names a file for each: enough for `sbatch --gpus=N` to be
-scheduled and for CUDA_VISIBLE_DEVICES to be set; nothing uses them).
+scheduled; nothing uses them).
 
-    python tests/slurm_cluster.py /tmp/slurm      # bring it up by hand; Ctrl-C stops it
+    python3 tests/slurm_cluster.py install        # apt-get install the packages (.ci/run does)
+    python3 tests/slurm_cluster.py up /tmp/slurm  # bring it up by hand; Ctrl-C stops it
     (in another shell) export SLURM_CONF=/tmp/slurm/etc/slurm.conf; sinfo; sbatch ...
 
 It needs root (the daemons run as root and write their state here) and the packages; `missing()`
@@ -49,16 +50,18 @@ def missing() -> str | None:
 
 
 def install() -> str | None:
-    """Install the packages with apt-get when root and apt-get are there and a program is
-    missing; None when done (or nothing was needed), else why not."""
-    if os.geteuid() != 0 or not shutil.which("apt-get") or not missing():
+    """Install the packages with apt-get where a program is missing (root and apt-get needed);
+    None when they are all there afterwards, else why not."""
+    if not missing():
         return None
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        return f"cannot install {' '.join(PACKAGES)}: apt-get as root is needed ({missing()})"
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for args in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", *PACKAGES]):
         proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
             return f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()[-500:]}"
-    return None
+    return missing()
 
 
 def free_port() -> int:
@@ -235,11 +238,27 @@ class SlurmCluster:
         self.stop()
 
 
-if __name__ == "__main__":
-    cluster = SlurmCluster(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/slurm"))
-    with cluster:
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["install"]:
+        why = install()
+        print(f"slurm_cluster: {why}" if why else f"slurm_cluster: {' '.join(PACKAGES)} installed",
+              file=sys.stderr)
+        return 1 if why else 0
+    if argv[:1] != ["up"] or len(argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    why = missing()
+    if why:
+        print(f"slurm_cluster: {why}", file=sys.stderr)
+        return 1
+    with SlurmCluster(Path(argv[1])) as cluster:
         print(f"export SLURM_CONF={cluster.conf}", flush=True)
         try:
             signal.pause()
         except KeyboardInterrupt:
             pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
