@@ -26,6 +26,8 @@ except contenders_mod.ContenderError as e:
     raise WorkflowError(f"lmperf: {e}") from None
 
 HW, SCALE = wf.machine(config)
+# Each rule that runs a command declares what its job asks of a cluster (CPUs, memory, wall
+# time) as **cluster.job(SCALE): lmperf.cluster and docs/cluster.md say why the rules hold them.
 VERSIONS = hardware.library_versions()
 RESULTS = f"results/{HW}"
 LOGS = f"logs/{HW}"

@@ -7,7 +7,7 @@ scheduled; nothing uses them).
 
     python3 tests/slurm_cluster.py install        # apt-get install the packages (.ci/run does)
     python3 tests/slurm_cluster.py up /tmp/slurm  # bring it up by hand; Ctrl-C stops it
-    (in another shell) export SLURM_CONF=/tmp/slurm/etc/slurm.conf; sinfo; sbatch ...
+    (in another shell; kill -TERM <its pid> stops it) export SLURM_CONF=/tmp/slurm/etc/slurm.conf; sinfo; sbatch ...
 
 It needs root (the daemons run as root and write their state here) and the packages; `missing()`
 says why it cannot start on this machine, and `install()` installs them with apt-get.
@@ -77,8 +77,8 @@ def meminfo_mb() -> int:
 
 
 class SlurmCluster:
-    """One node, one partition (`debug`), accounting in slurmdbd over MariaDB. `env` is what a
-    client (sbatch, sacct, Snakemake's plugin) needs: SLURM_CONF, and USER."""
+    """One node, one partition (`debug`), accounting in slurmdbd over MariaDB. `env` holds what a
+    client (sbatch, sacct, Snakemake's plugin) needs besides the environment: SLURM_CONF, USER."""
 
     def __init__(self, root: Path, gpus: int = 2, cpus: int | None = None, mem_mb: int | None = None):
         self.root = Path(root).resolve()
@@ -88,7 +88,7 @@ class SlurmCluster:
         self.node = socket.gethostname().split(".")[0]
         self.procs: dict[str, subprocess.Popen] = {}
         self.conf = self.root / "etc" / "slurm.conf"
-        self.env = {**os.environ, "SLURM_CONF": str(self.conf), "USER": os.environ.get("USER") or "root"}
+        self.env = {"SLURM_CONF": str(self.conf), "USER": os.environ.get("USER") or "root"}
 
     # -- configuration -------------------------------------------------------------------------
 
@@ -139,7 +139,8 @@ class SlurmCluster:
     def _start(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(self.root / "log" / f"{name}.out", "ab")
         proc = subprocess.Popen([which(args[0]), *args[1:]], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=self.env, start_new_session=True)
+                                stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
+                                start_new_session=True)
         log.close()
         self.procs[name] = proc
         return proc
@@ -156,11 +157,15 @@ class SlurmCluster:
         raise RuntimeError(f"timed out waiting for {what}:\n{self.logs()}")
 
     def _ok(self, *args: str) -> bool:
-        return subprocess.run([which(args[0]), *args[1:]], env=self.env, capture_output=True).returncode == 0
+        try:
+            return subprocess.run([which(args[0]), *args[1:]], env={**os.environ, **self.env},
+                                  capture_output=True, timeout=30).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
 
     def run(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
-        proc = subprocess.run([which(args[0]), *args[1:]], env=self.env, capture_output=True, text=True,
-                              timeout=timeout)
+        proc = subprocess.run([which(args[0]), *args[1:]], env={**os.environ, **self.env}, capture_output=True,
+                              text=True, timeout=timeout)
         if check and proc.returncode != 0:
             raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}): {proc.stdout}{proc.stderr}")
         return proc
@@ -251,6 +256,9 @@ def main(argv: list[str]) -> int:
     if why:
         print(f"slurm_cluster: {why}", file=sys.stderr)
         return 1
+    # Ctrl-C or SIGTERM stops the daemons (a shell's background job ignores SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with SlurmCluster(Path(argv[1])) as cluster:
         print(f"export SLURM_CONF={cluster.conf}", flush=True)
         try:

@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import copy_repo, snakemake
+from conftest import REPO, copy_repo, snakemake
 
 import slurm_cluster
 from lmperf import cluster, hardware
@@ -145,6 +145,7 @@ def test_smoke_workflow_through_slurm_every_job_completed_in_sacct(slurm, built_
     each COMPLETED under its rule; the results hold the cases of a local run's (built_repo) and
     the report has its headings."""
     repo = copy_repo(tmp_path / "lmperf")
+    (repo / ".cache").symlink_to(REPO / ".cache")  # the compile caches built_repo's run filled
     runs = [snakemake(repo, target, *ON_CLUSTER, env=slurm.env, timeout=1800)
             for target in ("distributed", "report/report.md")]
     outs = [run.stdout + run.stderr for run in runs]
