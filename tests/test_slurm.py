@@ -117,11 +117,10 @@ def slurm(tmp_path_factory):
 
 
 def submitted(out: str) -> dict[str, str]:
-    """{Slurm job id: rule} of each job Snakemake's slurm executor reports it submitted."""
-    jobs = {}
-    for m in re.finditer(r"\nrule (\w+):.*?Job \d+ has been submitted with SLURM jobid (\d+)", out, re.S):
-        jobs[m[2]] = m[1]
-    return jobs
+    """{Slurm job id: rule} of each job Snakemake's slurm executor reports it submitted (its
+    Slurm log is .snakemake/slurm_logs/rule_<rule>/...)."""
+    return {m[1]: m[2] for m in re.finditer(
+        r"has been submitted with SLURM jobid (\d+) \(log: \S*/slurm_logs/rule_(\w+)/", out)}
 
 
 def case_rows(results: Path) -> dict[str, list[str]]:
