@@ -5,6 +5,7 @@ the partition and the machine (hw=cpu scale=smoke) aside."""
 import csv
 import os
 import re
+import shlex
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,9 +16,25 @@ import slurm_cluster
 from lmperf import cluster, hardware
 
 PROFILE = ("--profile", "profiles/slurm", "--workflow-profile", "none")
-# docs/cluster.md's command with the test cluster's partition and a CPU node's machine
+# docs/cluster.md's options with the test cluster's partition and a CPU node's machine
 ON_CLUSTER = (*PROFILE, "--default-resources", f"slurm_partition={slurm_cluster.PARTITION}",
               "--config", "hw=cpu", "scale=smoke")
+
+
+def documented_command() -> list[str]:
+    """docs/cluster.md's first command (its arguments after `snakemake`), the test cluster's
+    partition and a CPU node's hw and scale in place of the GPU cluster's."""
+    block = re.search(r"```sh\n(.*?)```", (REPO / "docs" / "cluster.md").read_text(), re.S)[1]
+    command = next(line for line in block.replace("\\\n", " ").splitlines() if line.startswith("snakemake "))
+    ours = {"slurm_partition": slurm_cluster.PARTITION, "hw": "cpu", "scale": "smoke"}
+    return [re.sub(r"^(\w+)=.*", lambda m: f"{m[1]}={ours[m[1]]}" if m[1] in ours else m[0], arg)
+            for arg in shlex.split(command)[1:]]
+
+
+def test_the_documented_command_is_the_one_the_slurm_test_runs():
+    args = documented_command()
+    assert [a for a in args if a not in ON_CLUSTER] == ["report/report.md", "distributed"]
+    assert [a for a in args if a in ON_CLUSTER] == list(ON_CLUSTER)
 
 
 def job_resources(out: str, rule: str) -> dict[str, dict]:
@@ -42,8 +59,7 @@ def test_rules_declare_what_each_job_asks_and_command_line_resources_keep_it(tmp
         pytest.fail("snakemake-executor-plugin-slurm is missing: envs/setup.sh installs it "
                     "(envs/requirements.txt)")
     repo = copy_repo(tmp_path / "lmperf")
-    out = snakemake(repo, "-n", "--forceall", "distributed", "report/report.md", *ON_CLUSTER,
-                    "--set-resources", "report:runtime=5").stdout
+    out = snakemake(repo, "-n", "--forceall", *documented_command(), "--set-resources", "report:runtime=5").stdout
     smoke = cluster.JOBS["benchmark"]["smoke"]
     benchmarks = job_resources(out, "e2e_study") | job_resources(out, "flash_attention_bench")
     assert len(benchmarks) >= 2
@@ -138,15 +154,15 @@ def case_rows(results: Path) -> dict[str, list[str]]:
 
 @pytest.mark.slow
 def test_smoke_workflow_through_slurm_every_job_completed_in_sacct(slurm, built_repo, tmp_path):
-    """docs/cluster.md's commands on the one-node Slurm (SLURM_CONF and USER set, as the docs
-    say): the `distributed` target (multi-GPU jobs: one batch step each), then the whole smoke
-    report. Every job Snakemake ran outside its own process went through sbatch, and sacct lists
+    """docs/cluster.md's command on the one-node Slurm (SLURM_CONF and USER set, as the docs
+    say): first for the `distributed` target alone (multi-GPU jobs: one batch step each), then
+    as written, for the whole smoke report. Every job Snakemake ran outside its own process went through sbatch, and sacct lists
     each COMPLETED under its rule; the results hold the cases of a local run's (built_repo) and
     the report has its headings."""
     repo = copy_repo(tmp_path / "lmperf")
     (repo / ".cache").symlink_to(REPO / ".cache")  # the compile caches built_repo's run filled
-    runs = [snakemake(repo, target, *ON_CLUSTER, env=slurm.env, timeout=1800)
-            for target in ("distributed", "report/report.md")]
+    runs = [snakemake(repo, *args, env=slurm.env, timeout=1800)
+            for args in (["distributed", *ON_CLUSTER], documented_command())]
     outs = [run.stdout + run.stderr for run in runs]
     jobs = {job: rule for out in outs for job, rule in submitted(out).items()}
     # Snakemake lists a job it runs in its own process as `localrule` (the target rules), any other as `rule`
