@@ -18,6 +18,7 @@ rule adamw_master_check:
     threads: wf.workers(ADAMW_MASTER["check"])  # its worker processes' CPU cores
     resources:
         gpu=1,
+        **cluster.job(SCALE),
     conda:
         "../envs/lmperf.yaml"
     shell:

@@ -14,6 +14,7 @@ rule attention:
         spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
     resources:
         gpu=1,
+        **cluster.job(SCALE),
     conda:
         "../envs/lmperf.yaml"
     shell:

@@ -8,7 +8,7 @@ from pathlib import Path
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
-from lmperf import hardware, planning, repeats as repeat_plan, workflow as wf  # noqa: E402
+from lmperf import cluster, hardware, planning, repeats as repeat_plan, workflow as wf  # noqa: E402
 from lmperf.bench.failures import ACCEPT_ERRORS_ENV  # noqa: E402
 
 try:
@@ -26,6 +26,8 @@ except contenders_mod.ContenderError as e:
     raise WorkflowError(f"lmperf: {e}") from None
 
 HW, SCALE = wf.machine(config)
+# Each rule that runs a command declares what its job asks of a cluster (CPUs, memory, wall
+# time) as **cluster.job(SCALE): lmperf.cluster and docs/cluster.md say why the rules hold them.
 VERSIONS = hardware.library_versions()
 RESULTS = f"results/{HW}"
 LOGS = f"logs/{HW}"
@@ -55,3 +57,6 @@ if CANNOT_MEASURE:
 
 onstart:
     wf.refuse_to_measure(CANNOT_MEASURE, workflow.dag.needrun_jobs(), workflow.local_exec)
+    # A cluster run from a host without a GPU names the nodes' hw and scale (lmperf.cluster).
+    if unknown := cluster.unknown_machine(config, hardware.gpu_name(), workflow.local_exec):
+        raise RuntimeError(f"lmperf: not starting: {unknown}. No job was submitted.")

@@ -20,6 +20,8 @@ rule compare:
         a="results/{a}",
         b="results/{b}",
         host_bound_pct=config["report"]["host_bound_idle_pct"],
+    resources:
+        **cluster.job(SCALE, "report"),  # no GPU
     wildcard_constraints:
         a=r"[^/]+",
         b=r"[^/]+",

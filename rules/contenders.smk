@@ -20,6 +20,7 @@ rule contenders_study:
         study=wf.wildcard(RESULT_FILES, "contenders_study", "study"),
     resources:
         gpu=1,
+        **cluster.job(SCALE),
     conda:
         "../envs/lmperf.yaml"
     shell:

@@ -17,6 +17,7 @@ rule convergence_run:
         spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
     resources:
         gpu=1,
+        **cluster.job(SCALE),
     conda:
         "../envs/lmperf.yaml"
     shell:

@@ -18,6 +18,7 @@ rule distributed_study:
         spec=lambda w: wf.distributed_spec(config, DIST, w.study),
     resources:
         gpu=lambda w: int(w.procs),
+        **cluster.per_gpu_job(SCALE),  # on a cluster: CPUs and memory a rank, torchrun run once (lmperf.cluster)
     wildcard_constraints:
         study="|".join(wf.DISTRIBUTED_STUDIES),
         procs=r"\d+",

@@ -17,6 +17,7 @@ rule e2e_study:
         size=wf.wildcard(RESULT_FILES, "e2e_study", "size"),
     resources:
         gpu=1,
+        **cluster.job(SCALE),
     conda:
         "../envs/lmperf.yaml"
     shell:

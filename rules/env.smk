@@ -11,6 +11,7 @@ rule env:
         scale=SCALE,
     resources:
         gpu=1,
+        **cluster.job(SCALE),
     conda:
         "../envs/lmperf.yaml"
     shell:

@@ -17,6 +17,7 @@ rule flash_attention_check:
     threads: wf.workers(FA["check"])  # its worker processes' CPU cores
     resources:
         gpu=1,
+        **cluster.job(SCALE),
     conda:
         "../envs/lmperf.yaml"
     shell:
@@ -40,6 +41,7 @@ rule flash_attention_bench:
     threads: wf.workers(FA["bench"])  # its worker processes' CPU cores
     resources:
         gpu=1,
+        **cluster.job(SCALE),
     conda:
         "../envs/lmperf.yaml"
     shell:

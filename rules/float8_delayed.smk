@@ -19,6 +19,7 @@ rule float8_delayed_check:
     threads: wf.workers(FLOAT8.get("check", {}))  # its worker processes' CPU cores
     resources:
         gpu=1,
+        **cluster.job(SCALE),
     conda:
         "../envs/lmperf.yaml"
     shell:

@@ -19,6 +19,7 @@ rule fused_check:
     threads: wf.workers(FUSED.get("check", {}))  # its worker processes' CPU cores
     resources:
         gpu=1,
+        **cluster.job(SCALE),
     conda:
         "../envs/lmperf.yaml"
     shell:

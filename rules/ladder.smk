@@ -20,6 +20,7 @@ rule ladder_size:
         size=wf.wildcard(RESULT_FILES, "ladder_size", "size"),
     resources:
         gpu=1,
+        **cluster.job(SCALE),
     conda:
         "../envs/lmperf.yaml"
     shell:

@@ -17,6 +17,7 @@ rule lrpe_check:
     threads: wf.workers(LRPE["check"])  # its worker processes' CPU cores
     resources:
         gpu=1,
+        **cluster.job(SCALE),
     conda:
         "../envs/lmperf.yaml"
     shell:
@@ -40,6 +41,7 @@ rule lrpe_bench:
     threads: wf.workers(LRPE["bench"])  # its worker processes' CPU cores
     resources:
         gpu=1,
+        **cluster.job(SCALE),
     conda:
         "../envs/lmperf.yaml"
     shell:

@@ -13,6 +13,7 @@ rule precision:
         **PROVENANCE,
     resources:
         gpu=1,
+        **cluster.job(SCALE),
     conda:
         "../envs/lmperf.yaml"
     shell:

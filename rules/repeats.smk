@@ -26,6 +26,7 @@ rule repeat:
         k=r"\d+",
     resources:
         gpu=1,
+        **cluster.job(SCALE),
     conda:
         "../envs/lmperf.yaml"
     shell:
@@ -47,6 +48,7 @@ rule distributed_repeat:
         cases=lambda w: list(REPEATS[f"distributed/{w.study}_n{w.procs}", w.k].cases),
     resources:
         gpu=lambda w: int(w.procs),
+        **cluster.per_gpu_job(SCALE),  # on a cluster: CPUs and memory a rank, torchrun run once (lmperf.cluster)
     wildcard_constraints:
         study="|".join(wf.DISTRIBUTED_STUDIES),
         procs=r"\d+",

@@ -40,6 +40,8 @@ rule report:
         scale=SCALE,
         dist_hw=DIST_HW,
         config=REPORT_CONFIG,
+    resources:
+        **cluster.job(SCALE, "report"),  # no GPU
     conda:
         "../envs/lmperf.yaml"
     shell:
@@ -71,6 +73,8 @@ rule hw_report:
     params:
         scale=lambda w: wf.measured_scale(f"results/{w.hw}"),
         config=REPORT_CONFIG,
+    resources:
+        **cluster.job(SCALE, "report"),  # no GPU
     wildcard_constraints:
         hw=r"[^/]+",
     conda:

@@ -360,41 +360,6 @@ def test_report_of_a_machine_reads_its_multi_gpu_folders(tmp_path):
     assert set(render.load_section(tmp_path / "cpu", "distributed")["hw"]) == {"cpu"}
 
 
-# ---------------------------------------------------------------------------------------------
-# The SLURM profile
-
-
-def test_slurm_profile_plans_the_workflow_and_maps_gpus_to_sbatch(tmp_path):
-    """A dry run with profiles/slurm (the executor plugin must be installed: the profile names
-    it, and Snakemake refuses an executor it does not know), each distributed job asking for as
-    many GPUs as it starts processes, and the plugin turning that into sbatch's --gpus."""
-    from types import SimpleNamespace
-
-    from conftest import SMOKE, copy_repo, snakemake
-    try:
-        from snakemake_executor_plugin_slurm.utils import set_gres_string
-    except ImportError:
-        pytest.fail("snakemake-executor-plugin-slurm is missing: envs/setup.sh installs it "
-                    "(envs/requirements.txt)")
-    repo = copy_repo(tmp_path / "lmperf")
-    path = os.pathsep.join([str(repo / "src"), os.environ.get("PYTHONPATH", "")])
-    proc = snakemake(repo, "-n", "--profile", "profiles/slurm", "--workflow-profile", "none",
-                     "--forceall", "distributed",
-                     "report/report.md", *SMOKE, env={"PYTHONPATH": path})
-    out = proc.stdout + proc.stderr
-    jobs = {m[1]: m[2] for m in re.finditer(
-        r"rule distributed_study:.*?output: (\S+).*?resources: ([^\n]*)", out, re.S)}
-    assert sorted(Path(o).name for o in jobs) == ["allreduce_n2.csv", "ddp_n1.csv", "ddp_n2.csv"]
-    for output, resources in jobs.items():
-        procs = re.search(r"_n(\d+)\.csv", output)[1]
-        assert f"gpu={procs}" in resources and "slurm_partition=gpu" in resources
-        assert "--gpu-bind=none" in resources
-    report = re.search(r"rule report:.*?resources: ([^\n]*)", out, re.S)[1]
-    assert "gpu=0" in report
-    resources = type("Resources", (dict,), {"__getattr__": dict.get})
-    assert set_gres_string(SimpleNamespace(resources=resources(gpu=2))) == " --gpus=2"
-
-
 @pytest.mark.slow
 def test_gpu_script_runs_every_job_and_renders_the_section_on_a_cpu(tmp_path):
     """tools/distributed_gpu.sh at smoke scale on a CPU: every job of the section's plan, CSVs
