@@ -35,5 +35,5 @@ include: "rules/compare.smk"
 
 rule all:
     input:
-        "report/report.md",
+        REPORT,  # report/report.md (report/quick/report.md at the quick scale)
     default_target: True

@@ -26,6 +26,10 @@ except contenders_mod.ContenderError as e:
     raise WorkflowError(f"lmperf: {e}") from None
 
 HW, SCALE = wf.machine(config)
+# config `depth`: standard, or deep (the report needs the deep target's results too: rules/report.smk)
+DEPTH = config["depth"]
+# report/report.md, or report/quick/report.md at the quick scale (results/<hw>-quick)
+REPORT = wf.report_path(SCALE)
 VERSIONS = hardware.library_versions()
 RESULTS = f"results/{HW}"
 LOGS = f"logs/{HW}"
@@ -45,6 +49,7 @@ os.environ[ACCEPT_ERRORS_ENV] = json.dumps(config["accept_errors"])
 planning.check_distributed_config(config)
 DIST_HW = wf.distributed_hw(config)
 RESULT_FILES = tuple(wf.result_files(config, RESULTS, SCALE, [f"results/{DIST_HW}"]))
+wf.check_cases(RESULT_FILES, SCALE)  # the quick scale's ladder rungs (config ladder.quick.cases)
 
 # A machine without CUDA cannot measure a GPU's folder or the full grids: a dry run plans it
 # with a note, a run stops before its first job (Snakemake would delete the CSVs first).
