@@ -91,7 +91,7 @@ def _named_sizes(config: dict):
     for scale, ladder in config["ladder"].items():
         yield f"ladder.{scale}.sizes", ladder["sizes"]
     for scale, adamw in config["adamw_master"].items():
-        yield f"adamw_master.{scale}.check.sizes", adamw["check"]["sizes"]
+        yield f"adamw_master.{scale}.check.sizes", adamw["check"]["sizes"] if "check" in adamw else []
     for scale, fused in config["fused"].items():
         yield f"fused.{scale}.check.model.sizes", fused["check"]["model"]["sizes"] if "check" in fused else []
     for scale, conv in config.get("convergence", {}).items():

@@ -300,8 +300,9 @@ def result_files(config: dict, results: str, scale: str, distributed: list[str])
     files += [_file(results, "lrpe_bench", "lrpe", "bench", lrpe_bench_spec(lrpe, g["dims"]),
                     wildcards={"dims": g["dims"]})
               for g in lrpe["bench"]["grids"]]
-    files.append(_file(results, "adamw_master_check", "adamw_master", "check",
-                       adamw_master_check_spec(config, config["adamw_master"][scale])))
+    if runs(config, "adamw_master", scale):
+        files.append(_file(results, "adamw_master_check", "adamw_master", "check",
+                           adamw_master_check_spec(config, config["adamw_master"][scale])))
     if "check" in config["fused"][scale]:  # a scale without a fused check has no job
         files.append(_file(results, "fused_check", "fused", "check", fused_check_spec(config, config["fused"][scale])))
     if "check" in config["float8_delayed"][scale]:  # a scale without a float8 check has no job
