@@ -132,3 +132,21 @@ def test_the_quick_report_says_so_and_how_far_it_lies_from_the_full_run(tmp_path
     assert n and n[1] == n[2] and int(n[1]) > 0  # the same rows: every one agrees, 0% apart
     assert "a median 0% and at most 0% from the full run's" in head
     assert "(../compare/h100-80gb-hbm3_vs_h100-80gb-hbm3-quick.md)" in head
+
+
+def test_a_standard_run_after_a_deep_one_keeps_and_shows_the_deep_rows(built_repo, tmp_path):
+    """The smoke run of the tests is deep (conftest.SMOKE); a standard run after it measures
+    nothing, deletes none of the deep target's results, and renders them as measured."""
+    report = (built_repo / "report" / "report.md").read_text()
+    assert "All of them are measured here." in report and "*From the deep target*" in report
+    copy = tmp_path / "built"
+    shutil.copytree(built_repo, copy, symlinks=True)
+    deep_csvs = sorted(p for name in DEEP for p in (copy / "results").rglob(f"{name}/**/*.csv"))
+    assert deep_csvs
+    proc = snakemake(copy, "--cores", "1", "report/report.md", "--config", "scale=smoke")
+    ran = set(re.findall(r"^rule (\w+):", proc.stdout + proc.stderr, re.M))
+    assert ran <= {"report"}, ran  # at most the render (its inputs are fewer than the deep run's)
+    assert all(p.exists() for p in deep_csvs)
+    report = (copy / "report" / "report.md").read_text()
+    assert "All of them are measured here." in report and "Not measured here: this table" not in report
+    assert "## Across processes" in report and "headline numbers were measured in" in report
