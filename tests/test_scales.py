@@ -49,10 +49,10 @@ def test_a_standard_full_run_plans_no_deep_target_job(repo):
 
 
 # The jobs whose rows each summary row reads (lmperf.report.summary, templates/summary.md.j2):
-# the correctness row reads the kernels' checks that the quick scale runs.
+# the correctness row reads the checks the quick scale runs, FlashAttention's and LRPE's.
 SUMMARY_JOBS = {"flash_attention": {"flash_attention_bench"}, "throughput": {"flash_attention_bench"},
                 "training": {"ladder_size"}, "lrpe": {"lrpe_bench"}, "memory": {"memory"}, "profile": {"profile"},
-                "correctness": {"flash_attention_check", "lrpe_check", "fused_check", "float8_delayed_check"}}
+                "correctness": {"flash_attention_check", "lrpe_check"}}
 
 
 def test_the_quick_scale_plans_the_summarys_jobs_and_only_those(repo):
