@@ -24,7 +24,7 @@ rule ladder_size:
     conda:
         "../envs/lmperf.yaml"
     shell:
-        wf.bench("ladder --size {wildcards.size} --spec {params.spec:q} --workers {params.workers}" + wf.cases_option(LADDER))
+        wf.bench(wf.with_cases("ladder --size {wildcards.size} --spec {params.spec:q} --workers {params.workers}", LADDER))
 
 
 rule ladder:

@@ -341,9 +341,9 @@ def cases_params(grid: dict) -> dict:
     return {"cases": list(grid["cases"])} if "cases" in grid else {}
 
 
-def cases_option(grid: dict) -> str:
-    """The `--cases` option of that rule's command, where its grid names cases."""
-    return " --cases {params.cases:q}" if "cases" in grid else ""
+def with_cases(args: str, grid: dict) -> str:
+    """That rule's benchmark arguments, with `--cases` where its grid names cases."""
+    return args + (" --cases {params.cases:q}" if "cases" in grid else "")
 
 
 def paths(files, section: str) -> list[str]:
