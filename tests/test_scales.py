@@ -100,7 +100,7 @@ def test_without_the_deep_results_the_report_says_they_come_from_the_deep_target
     results = tmp_path / "results" / "cpu"
     results.mkdir(parents=True)
     text = render_smoke(results, tmp_path)
-    top = text.split("## Summary", 1)[0]
+    top = text.split("## Contents", 1)[0]
     assert "**The deep target:**" in top and "None of them is measured here." in top
     assert "/repeats/" not in top and "/convergence/" not in top  # not counted missing
     for name in DEEP:
