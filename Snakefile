@@ -2,6 +2,8 @@
 #   snakemake --cores 1 report/report.md                 # the whole report
 #   snakemake --cores 1 e2e                              # one section's results
 #   snakemake --cores 1 report/report.md --config scale=smoke
+#   snakemake --cores 1 report/report.md --config depth=deep    # the deep target's tables too
+#   snakemake --cores 1 report/quick/report.md --config scale=quick   # a GPU: the summary's cases
 #   snakemake --report report/lmperf.html                # after a run: report, figures, CSVs, DAG in one page
 # Each report section has one rule file under rules/; helpers and config checks are in common.smk.
 
@@ -35,5 +37,5 @@ include: "rules/compare.smk"
 
 rule all:
     input:
-        "report/report.md",
+        REPORT,  # report/report.md (report/quick/report.md at the quick scale)
     default_target: True

@@ -14,8 +14,8 @@ rule adamw_master_check:
     params:
         **PROVENANCE,
         spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
-        workers=wf.workers(ADAMW_MASTER["check"]),
-    threads: wf.workers(ADAMW_MASTER["check"])  # its worker processes' CPU cores
+        workers=wf.workers(ADAMW_MASTER.get("check", {})),
+    threads: wf.workers(ADAMW_MASTER.get("check", {}))  # its worker processes' CPU cores
     resources:
         gpu=1,
         **cluster.job(SCALE),

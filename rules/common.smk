@@ -25,9 +25,19 @@ try:
 except contenders_mod.ContenderError as e:
     raise WorkflowError(f"lmperf: {e}") from None
 
+# The Slurm executor plugin reads USER (for your account) and stops with KeyError where it is
+# unset (a container, su, some CI runners): the login name, where the environment has none.
+if not os.environ.get("USER"):
+    import getpass
+    os.environ["USER"] = getpass.getuser()
+
 HW, SCALE = wf.machine(config)
 # Each rule that runs a command declares what its job asks of a cluster (CPUs, memory, wall
 # time) as **cluster.job(SCALE): lmperf.cluster and docs/cluster.md say why the rules hold them.
+# config `depth`: standard, or deep (the report needs the deep target's results too: rules/report.smk)
+DEPTH = config["depth"]
+# report/report.md, or report/quick/report.md at the quick scale (results/<hw>-quick)
+REPORT = wf.report_path(SCALE)
 VERSIONS = hardware.library_versions()
 RESULTS = f"results/{HW}"
 LOGS = f"logs/{HW}"
@@ -47,6 +57,7 @@ os.environ[ACCEPT_ERRORS_ENV] = json.dumps(config["accept_errors"])
 planning.check_distributed_config(config)
 DIST_HW = wf.distributed_hw(config)
 RESULT_FILES = tuple(wf.result_files(config, RESULTS, SCALE, [f"results/{DIST_HW}"]))
+wf.check_cases(RESULT_FILES, SCALE)  # the quick scale's ladder rungs (config ladder.quick.cases)
 
 # A machine without CUDA cannot measure a GPU's folder or the full grids: a dry run plans it
 # with a note, a run stops before its first job (Snakemake would delete the CSVs first).

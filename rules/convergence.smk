@@ -1,7 +1,7 @@
 # The FP8 rung's convergence: the loss of every step on one fixed token stream, bf16 (twice: the
 # second on another draw of the stream, the noise floor) against the ladder's FP8 rung of our stack
 # (ladder.<scale>.float8_ours), same initial weights, same batches. A scale whose config has no
-# convergence size has no job.
+# convergence size has no job. The deep target's, as the repeats (rules/repeats.smk).
 
 
 rule convergence_run:

@@ -15,6 +15,7 @@ rule ladder_size:
         **PROVENANCE,
         spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
         workers=wf.workers(LADDER),
+        **wf.cases_params(LADDER),  # only the rungs the scale's `cases` name (the quick scale's)
     threads: wf.workers(LADDER)  # its worker processes' CPU cores (they compile before the timed loop)
     wildcard_constraints:
         size=wf.wildcard(RESULT_FILES, "ladder_size", "size"),
@@ -24,7 +25,7 @@ rule ladder_size:
     conda:
         "../envs/lmperf.yaml"
     shell:
-        wf.bench("ladder --size {wildcards.size} --spec {params.spec:q} --workers {params.workers}")
+        wf.bench(wf.with_cases("ladder --size {wildcards.size} --spec {params.spec:q} --workers {params.workers}", LADDER))
 
 
 rule ladder:

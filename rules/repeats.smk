@@ -2,7 +2,8 @@
 # jobs (their results files, without .csv) and case patterns; each run is the job's own command
 # and spec with --cases, into <its results folder>/repeats/<job>/run<k>.csv (lmperf.repeats,
 # imported as repeat_plan in common.smk). A distributed job's repeats run under torchrun in its
-# multi-GPU folder (rules/distributed.smk).
+# multi-GPU folder (rules/distributed.smk). The deep target's: the report needs them at config
+# `depth: deep` only (rules/report.smk), so a standard run neither runs nor deletes them.
 REPEATS = repeat_plan.by_run(RESULT_FILES)  # {(job, k): file}
 repeat_plan.check(list(REPEATS.values()), SCALE)
 

@@ -13,9 +13,11 @@ REPORT_CONFIG = json.dumps({k: v for k, v in config.items() if k not in ("hw", "
 
 rule report:
     input:
-        # Every CSV a full run writes at this scale, checked while the DAG is built: a damaged
-        # one is named and its job forced to rerun.
-        results=lambda w: wf.checked_results(RESULT_FILES, workflow.dag),
+        # Every CSV a run writes at this scale and depth, checked while the DAG is built: a
+        # damaged one is named and its job forced to rerun. At depth standard the deep target's
+        # (repeats, convergence) are no inputs: not measured, not deleted; the renderer reads
+        # those there are.
+        results=lambda w: wf.checked_results(tuple(wf.run_files(RESULT_FILES, DEPTH)), workflow.dag),
         templates=sorted(str(p) for p in Path("templates").glob("*.md.j2")),
         code=sorted(str(p) for p in Path("src/lmperf/report").glob("*.py")),
         # the providers' labels and roles (the peer columns), and the files of those the config adds
@@ -30,8 +32,8 @@ rule report:
         # update(): Snakemake neither deletes them before the job nor keeps a failed render's;
         # a failed render leaves the previous report and figures as they were. The figures are
         # a folder: a figure whose section has no rows is not drawn (the report says why).
-        report=update(report("report/report.md", caption="captions/report.rst", category="Report")),
-        figures=update(report(directory("report/figures"), patterns=["{figure}.png"], caption="captions/figures.rst",
+        report=update(report(REPORT, caption="captions/report.rst", category="Report")),
+        figures=update(report(directory(str(Path(REPORT).parent / "figures")), patterns=["{figure}.png"], caption="captions/figures.rst",
                               category="Figures", labels={"figure": "{figure}"})),
     log:
         f"{LOGS}/report.log",
@@ -76,7 +78,7 @@ rule hw_report:
     resources:
         **cluster.job(SCALE, "report"),  # no GPU
     wildcard_constraints:
-        hw=r"[^/]+",
+        hw=r"(?!quick/)[^/]+",  # report/quick/: the quick scale's report (rule report)
     conda:
         "../envs/lmperf.yaml"
     shell:

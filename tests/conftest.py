@@ -68,7 +68,9 @@ def committed_files(folder: str, root: Path = REPO) -> list[str]:
 
 
 # The tests run the workflow at smoke scale whatever the machine (a GPU would otherwise pick full).
-SMOKE = ("--config", "scale=smoke")
+# The deep target too (config `depth`): the tests run every job of the smoke workflow in one go
+# (tests/test_scales.py plans the standard depth).
+SMOKE = ("--config", "scale=smoke", "depth=deep")
 
 
 def copy_repo(dest: Path) -> Path:

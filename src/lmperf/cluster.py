@@ -30,10 +30,16 @@ JOBS = {
 }
 
 
+def _ask(kind: str, scale: str) -> dict:
+    """The kind's resources at `scale`; the quick scale's jobs are the full one's models and
+    shapes, fewer of them, so they ask what a full job asks."""
+    return JOBS[kind]["full" if scale == "quick" else scale]
+
+
 def job(scale: str, kind: str = "benchmark") -> dict:
     """A one-GPU (or no-GPU) job's resources at `scale`: `cpus_per_task` is its threads (its
     compile workers) where they are more than the kind's CPUs. The rule declares `gpu` itself."""
-    ask = JOBS[kind][scale]
+    ask = _ask(kind, scale)
     return {"cpus_per_task": lambda wildcards, threads: max(threads, ask["cpus"]),
             "mem_mb": ask["mem_mb"], "runtime": ask["runtime"]}
 
@@ -45,7 +51,7 @@ def per_gpu_job(scale: str) -> dict:
     run its command in the batch step, which holds every CPU and GPU of the allocation: without
     it the plugin starts the command with `srun -n1`, which under --ntasks-per-gpu=1 starts one
     copy of it a GPU. `nodes=1`: torchrun --standalone starts its ranks on one machine."""
-    ask = JOBS["distributed"][scale]
+    ask = _ask("distributed", scale)
     return {"cpus_per_task": ask["cpus"], "mem_mb": lambda wildcards: ask["mem_mb"] * int(wildcards.procs),
             "runtime": ask["runtime"], "nodes": 1, "mpi": "torchrun"}
 

@@ -63,7 +63,7 @@ def _check_attention_head_dims(config: dict) -> None:
                 raise ValueError(f"config: flash_attention.{scale}.bench group {group['name']!r}: head "
                                  f"dims {bad} are not ones {contract}")
     for scale, e2e in config["e2e"].items():
-        for study, spec in e2e["studies"].items():
+        for study, spec in e2e.get("studies", {}).items():  # none where {run: false}
             if e2e_uses_our_attention(spec):
                 bad = [f"{s} ({head_dim(s)})" for s in spec["sizes"] if head_dim(s) not in dims]
                 if bad:
@@ -86,12 +86,12 @@ def _named_sizes(config: dict):
         for group in fa["bench"]["groups"]:
             yield f"flash_attention.{scale}.bench group {group['name']!r}", group.get("models", [])
     for scale, e2e in config["e2e"].items():
-        for study, spec in e2e["studies"].items():
+        for study, spec in e2e.get("studies", {}).items():  # none where {run: false}
             yield f"e2e.{scale}.studies.{study}.sizes", spec["sizes"]
     for scale, ladder in config["ladder"].items():
         yield f"ladder.{scale}.sizes", ladder["sizes"]
     for scale, adamw in config["adamw_master"].items():
-        yield f"adamw_master.{scale}.check.sizes", adamw["check"]["sizes"]
+        yield f"adamw_master.{scale}.check.sizes", adamw["check"]["sizes"] if "check" in adamw else []
     for scale, fused in config["fused"].items():
         yield f"fused.{scale}.check.model.sizes", fused["check"]["model"]["sizes"] if "check" in fused else []
     for scale, conv in config.get("convergence", {}).items():

@@ -30,7 +30,7 @@ def repeat_files(config: dict, results: str, scale: str, files: list) -> list:
     """The ResultFiles of config `repeats.<scale>`, from the jobs' own among `files` (a
     ValueError names a job that is not one of them, or not a timing job of a REPEATABLE section)."""
     repeats = config.get("repeats", {}).get(scale)
-    if not repeats:
+    if not repeats or repeats.get("run", True) is False:  # none at this scale ({run: false}: quick's)
         return []
     by_job = {f.path[len(folder(f, results)) + 1:-len(".csv")]: f for f in files
               if f.path.startswith(folder(f, results) + "/")}

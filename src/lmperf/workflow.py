@@ -5,6 +5,7 @@ config's cross-field checks are lmperf.planning's. Imports neither torch nor tri
 planning stays fast (the case lists of the ladder and e2e do: they are cached, `listed_case_ids`)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -20,12 +21,45 @@ from lmperf.specs import (  # noqa: F401 (each job's spec: the rules and tests c
     with_contenders)
 
 
+SCALES = ("smoke", "quick", "full")
+# The quick scale's results folder is the machine's with this suffix (results/<hw>-quick), and
+# its report report/quick/report.md: neither overwrites nor mixes with the full run's.
+QUICK_SUFFIX = "-quick"
+DEPTHS = ("standard", "deep")
+
+
 def machine(config: dict) -> tuple[str, str]:
     """(hw, scale): the results folder name and the grid scale, 'auto' resolved."""
     gpu = hardware.gpu_name()
-    hw = hardware.hw_slug(gpu) if config["hw"] == "auto" else config["hw"]
     scale = config["scale"] if config["scale"] != "auto" else ("full" if gpu else "smoke")
+    hw = config["hw"] if config["hw"] != "auto" else hardware.hw_slug(gpu) + (QUICK_SUFFIX if scale == "quick" else "")
     return hw, scale
+
+
+def report_path(scale: str) -> str:
+    """The report the workflow renders at `scale`: the quick scale's has a folder of its own."""
+    return "report/quick/report.md" if scale == "quick" else "report/report.md"
+
+
+def runs(config: dict, section: str, scale: str) -> bool:
+    """Whether `section` has jobs at `scale`: not where its entry is {run: false} (the quick
+    scale's sections that the summary does not read) or missing (a section with nothing to
+    set, `precision`, runs at every scale)."""
+    return config.get(section, {}).get(scale, {}).get("run", True) is not False
+
+
+def deep_files(files) -> list:
+    """The deep target's result files among `files`: those of the sections marked deep in
+    lmperf.report.sections (the repeats, the FP8 rung's convergence)."""
+    from lmperf.report.sections import DEEP
+    return [f for f in files if f.section in DEEP]
+
+
+def run_files(files, depth: str) -> list:
+    """The result files a run at `depth` needs (the report rule's inputs): all of them when
+    deep, else all but the deep target's, which are then neither measured nor deleted."""
+    deep = {f.path for f in deep_files(files)} if depth != "deep" else set()
+    return [f for f in files if f.path not in deep]
 
 
 def measured_scale(results: str) -> str:
@@ -38,8 +72,8 @@ def measured_scale(results: str) -> str:
             scale = {row["key"]: row["value"] for row in csv.DictReader(f)}.get("scale")
     except (OSError, KeyError) as exc:
         raise ValueError(f"{path}: cannot read the scale these results were measured at ({exc})") from None
-    if scale not in ("smoke", "full"):
-        raise ValueError(f"{path}: no scale (smoke or full) in it: {scale!r}")
+    if scale not in SCALES:
+        raise ValueError(f"{path}: no scale ({', '.join(SCALES)}) in it: {scale!r}")
     return scale
 
 
@@ -55,9 +89,9 @@ def cannot_measure(hw: str, scale: str, gpu: str | None) -> str | None:
                 f"its benchmarks would refuse to run, after Snakemake had deleted the CSVs they "
                 f"were to replace. To render those results here: python -m lmperf.report "
                 f"--results results/{hw} --scale {scale}")
-    if scale == "full":
-        return ("config scale=full on a machine without a CUDA GPU: the full grids (models up to "
-                "2.7B parameters, attention over 65,536 tokens) are measured on a GPU; "
+    if scale in ("full", "quick"):
+        return (f"config scale={scale} on a machine without a CUDA GPU: the {scale} grids (models up to "
+                "2.7B parameters, attention over 16,384 tokens and more) are measured on a GPU; "
                 "use scale=smoke (the default without one)")
     return None
 
@@ -173,7 +207,7 @@ class ResultFile:
     spec: str | None = None
     arg: str | None = None
     repeat_of: ResultFile | None = None
-    cases: tuple[str, ...] = ()
+    cases: tuple[str, ...] = ()  # a repeat's, or a job's own --cases: shell-style patterns of its case ids
     rule: str = ""
     wildcards: tuple[tuple[str, str], ...] = ()
 
@@ -185,7 +219,11 @@ class ResultFile:
         if self.repeat_of is not None:  # the job's cases the patterns select (ValueError if one selects none)
             from lmperf.bench.jobs import select
             return [c["case_id"] for c in select([{"case_id": c} for c in self.repeat_of.case_ids()], list(self.cases))]
-        return listed_case_ids(self.section, self.study, self.spec, self.arg)
+        listed = listed_case_ids(self.section, self.study, self.spec, self.arg)
+        if self.cases:  # a job that runs only some of its cases (a grid's `cases`: its --cases)
+            from lmperf.bench.jobs import select
+            return [c["case_id"] for c in select([{"case_id": c} for c in listed], list(self.cases))]
+        return listed
 
 
 # Planning lists the cases of every result file at each Snakemake call (the report rule's check
@@ -243,11 +281,15 @@ def result_files(config: dict, results: str, scale: str, distributed: list[str])
     models, e2e, fa = config["models"], config["e2e"][scale], config["flash_attention"][scale]
     lrpe, dist = config["lrpe"][scale], config["distributed"][scale]
     files = [_file(results, "env", "env", "env")]
-    files += [_file(results, "e2e_study", "e2e", study, e2e_spec(config, e2e, study, size), size,
-                    {"study": study, "size": size})
-              for study, size in e2e_jobs(e2e)]
+    if runs(config, "e2e", scale):
+        files += [_file(results, "e2e_study", "e2e", study, e2e_spec(config, e2e, study, size), size,
+                        {"study": study, "size": size})
+                  for study, size in e2e_jobs(e2e)]
     ladder = config["ladder"][scale]
-    files += [_file(results, "ladder_size", "ladder", "ladder", ladder_spec(config, ladder, size), size, {"size": size})
+    # a scale's `cases` (rung patterns) reach the job as --cases, not in its spec (rules/ladder.smk)
+    ladder_grid = {k: v for k, v in ladder.items() if k != "cases"}
+    files += [dataclasses.replace(_file(results, "ladder_size", "ladder", "ladder", ladder_spec(config, ladder_grid, size),
+                                        size, {"size": size}), cases=tuple(ladder.get("cases", ())))
               for size in ladder["sizes"]]
     if "size" in config.get("convergence", {}).get(scale, {}):  # a scale without a convergence size has no job
         files.append(_file(results, "convergence_run", "convergence", "convergence", convergence_spec(config, scale)))
@@ -258,18 +300,21 @@ def result_files(config: dict, results: str, scale: str, distributed: list[str])
     files += [_file(results, "lrpe_bench", "lrpe", "bench", lrpe_bench_spec(lrpe, g["dims"]),
                     wildcards={"dims": g["dims"]})
               for g in lrpe["bench"]["grids"]]
-    files.append(_file(results, "adamw_master_check", "adamw_master", "check",
-                       adamw_master_check_spec(config, config["adamw_master"][scale])))
+    if runs(config, "adamw_master", scale):
+        files.append(_file(results, "adamw_master_check", "adamw_master", "check",
+                           adamw_master_check_spec(config, config["adamw_master"][scale])))
     if "check" in config["fused"][scale]:  # a scale without a fused check has no job
         files.append(_file(results, "fused_check", "fused", "check", fused_check_spec(config, config["fused"][scale])))
     if "check" in config["float8_delayed"][scale]:  # a scale without a float8 check has no job
         files.append(_file(results, "float8_delayed_check", "float8_delayed", "check",
                            float8_delayed_check_spec(config["float8_delayed"][scale])))
-    files += [_file(results, "attention", "attention", "attention", attention_spec(config, config["attention"][scale])),
-              _file(results, "precision", "precision", "precision"),
-              _file(results, "profile", "profile", "profile", profile_spec(config, config["profile"][scale])),
+    if runs(config, "attention", scale):
+        files.append(_file(results, "attention", "attention", "attention", attention_spec(config, config["attention"][scale])))
+    if runs(config, "precision", scale):
+        files.append(_file(results, "precision", "precision", "precision"))
+    files += [_file(results, "profile", "profile", "profile", profile_spec(config, config["profile"][scale])),
               _file(results, "memory", "memory", "memory", memory_spec(config, config["memory"][scale]))]
-    for folder in distributed:
+    for folder in distributed if runs(config, "distributed", scale) else []:
         files += [_file(folder, "distributed_study", "distributed", study, distributed_spec(config, dist, study), str(n),
                         {"study": study, "procs": n})
                   for study in DISTRIBUTED_STUDIES for n in dist[study]["procs"]]
@@ -277,6 +322,28 @@ def result_files(config: dict, results: str, scale: str, distributed: list[str])
         files += [_file(results, "contenders_study", "contenders", study, contenders.study_spec(config, scale, study),
                         wildcards={"study": study}) for study in contenders.STUDIES]
     return files + repeats.repeat_files(config, results, scale, files)
+
+
+def check_cases(files, scale: str) -> None:
+    """Every `cases` pattern of a job's grid selects one of its cases (ValueError naming it): a
+    typo fails at planning, not after the GPU has started."""
+    for f in files:
+        if f.cases and f.repeat_of is None:
+            try:
+                f.case_ids()
+            except ValueError as e:
+                raise ValueError(f"config: {f.section}.{scale}.cases: job {f.path}: {e}") from None
+
+
+def cases_params(grid: dict) -> dict:
+    """A timing rule's `cases` param where its grid at this scale names some (the quick scale's
+    ladder), else none: the full and smoke jobs' params stay as they were (params rerun a job)."""
+    return {"cases": list(grid["cases"])} if "cases" in grid else {}
+
+
+def with_cases(args: str, grid: dict) -> str:
+    """That rule's benchmark arguments, with `--cases` where its grid names cases."""
+    return args + (" --cases {params.cases:q}" if "cases" in grid else "")
 
 
 def paths(files, section: str) -> list[str]:

@@ -29,9 +29,9 @@ import pandas as pd
 from lmperf import planning, workflow as wf
 from lmperf.report import format as fmt
 from lmperf.report import references as published
-from lmperf.report import contenders, summary, validate
+from lmperf.report import contenders, quick, summary, validate
 from lmperf.report.correctness import KERNEL_SECTIONS
-from lmperf.report.sections import SECTIONS, Inputs, Section, figure_paths, frame_names, result_dirs
+from lmperf.report.sections import DEEP, SECTIONS, Inputs, Section, figure_paths, frame_names, result_dirs
 
 CONFIG = Path("config/config.yaml")
 SCHEMA = Path("config/schema.yaml")
@@ -108,6 +108,17 @@ def missing(results: Path, promised: dict) -> dict[str, list[str]]:
     return out
 
 
+def deep_status(promised: dict, absent: dict[str, list[str]]) -> dict[str, str]:
+    """{deep section: "measured" where some of its result files are here, "not_measured" where a
+    run at this scale writes some but none is here (the deep target has not run: `make
+    report-deep`), "none" where no job at this scale writes any (the quick scale's)}."""
+    status = {}
+    for name in DEEP:
+        files = [f for f in promised.values() if f.section == name]
+        status[name] = "none" if not files else "not_measured" if len(absent[name]) == len(files) else "measured"
+    return status
+
+
 def environment(templates: Path) -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), trim_blocks=True,
                              lstrip_blocks=True, undefined=jinja2.StrictUndefined,
@@ -161,6 +172,12 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
     frames = contenders.wrong_everywhere(frames)  # a contender that failed a check is timed nowhere
     inputs = Inputs(results=results, frames=frames, bars=bars, out_dir=out.parent, scale=scale, models=models or {})
     absent = missing(results, promised)
+    # A deep section none of whose files is here comes from the deep target, which has not run:
+    # it says so under its heading, and its files are not counted missing.
+    deep = deep_status(promised, absent)
+    left_out = {name for name, state in deep.items() if state != "measured"}
+    promised_here = sum(1 for f in promised.values() if f.section not in left_out)
+    absent = {name: ([] if name in left_out else files) for name, files in absent.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     figures_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".render-", dir=out.parent) as tmp:
@@ -168,16 +185,18 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
         section_views = views(inputs, sections)
         context = {**section_views, "sections": [s.name for s in sections],
                    "summary": summary.view(section_views, references or [], results.name),
+                   "deep": deep, "quick": quick.view(results, scale, bars),
                    "figures": {name: os.path.relpath(figure_paths(figures_dir)[name], out.parent) for name in staged},
                    "no_figure": not_drawn,
                    "missing": sorted({m for files in absent.values() for m in files}),
                    "host_bound_pct": bars.get("host_bound_idle_pct", float("inf")), "host_bound_mark": fmt.HOST_BOUND,
-                   "partial": absent, "expected": len(promised),
+                   "partial": absent, "expected": promised_here,
                    "references": published.by_section(references or [], results.name),
                    "rendered_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                    # the Snakemake target that writes it: report/<hw>/report.md for a results
-                   # folder rendered alone (rule hw_report), else the report
-                   "target": f"report/{results.name}/{out.name}" if out.parent.name == results.name else "report/report.md"}
+                   # folder rendered alone (rule hw_report), else the report of its scale
+                   "target": f"report/{results.name}/{out.name}" if out.parent.name == results.name
+                   else wf.report_path(scale)}
         text = environment(templates).get_template(template).render(**context)
         (Path(tmp) / out.name).write_text(text)
         # everything rendered: move it into place (a rename each where on one file system); a
@@ -196,7 +215,7 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, required=True, help="results/<hw> folder")
-    p.add_argument("--scale", required=True, choices=["smoke", "full"])
+    p.add_argument("--scale", required=True, choices=list(wf.SCALES))
     p.add_argument("--templates", type=Path, default=Path("templates"))
     p.add_argument("--out", type=Path, default=Path("report/report.md"))
     p.add_argument("--figures", type=Path, default=Path("report/figures"))

@@ -23,6 +23,9 @@ from pathlib import Path
 class Section:
     name: str
     figures: dict[str, str] = field(default_factory=dict)  # {name in templates: file name}
+    # measured by the deep target only (config `depth: deep`, `make report-deep`): a standard run
+    # neither measures nor needs its results, and the report says where they come from
+    deep: bool = False
 
 
 SECTIONS = [
@@ -31,7 +34,7 @@ SECTIONS = [
     Section("contenders"),
     Section("e2e", {"step_vs_size": "e2e_step_vs_size.png", "step_vs_context": "e2e_step_vs_context.png"}),
     Section("ladder", {"ladder": "e2e_ladder.png"}),
-    Section("convergence", {"convergence": "convergence_loss.png"}),
+    Section("convergence", {"convergence": "convergence_loss.png"}, deep=True),
     Section("profile"),
     Section("memory", {"memory": "memory_timelines.png"}),
     Section("precision"),
@@ -40,8 +43,10 @@ SECTIONS = [
     Section("lrpe", {"lrpe_bandwidth": "lrpe_bandwidth.png"}),
     Section("distributed", {"dist_busbw": "distributed_busbw_vs_size.png",
                             "dist_step_vs_gpus": "distributed_step_vs_gpus.png"}),
-    Section("repeats"),
+    Section("repeats", deep=True),
 ]
+# The sections of the deep target: the headline cases in fresh processes, the FP8 rung's convergence.
+DEEP = tuple(s.name for s in SECTIONS if s.deep)
 # Kernels checked by a rule of their own (results/<hw>/<name>/check.csv) with no section of
 # their own: the correctness section reads their rows.
 CHECKED_ONLY = ("adamw_master", "fused", "float8_delayed")
