@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 
-from lmperf.report.format import HOST_BOUND, cell, fmt, idle_text, ratio_range, unavailable
+from lmperf.report.format import HOST_BOUND, cell, fmt, idle_text, ratio_range, stop_rule, unavailable
 from lmperf.report.plot import plt, save
 
 
@@ -36,6 +36,7 @@ def view(inputs) -> dict:
             "batch": int(df["batch"].iloc[0]), "iters": int(df["iters"].iloc[0])}
     if "window_s" in df and df["window_s"].notna().any():  # rows of a windowed run
         view["min_iters"], view["window_s"] = int(df["min_iters"].iloc[0]), float(df["window_s"].iloc[0])
+    view["stop_rule"] = stop_rule(df[(df["status"] == "ok") & df["metric"].isin(["forward_ms", "backward_ms"])])
     cases = df.drop_duplicates("case_id")
     oom = cases[cases["status"] == "oom"].sort_values(["seq_len", "head_dim"])
     view["first_oom"] = ({"impl": oom.iloc[0]["impl"], "d": int(oom.iloc[0]["head_dim"]),

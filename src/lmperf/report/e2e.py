@@ -11,7 +11,8 @@ import pandas as pd
 
 from lmperf import hardware, stats
 from lmperf.report import energy
-from lmperf.report.format import HOST_BOUND, cell, host_bound, host_bound_legend, idle_text, ratio_range, unavailable
+from lmperf.report.format import (HOST_BOUND, cell, host_bound, host_bound_legend, idle_text, ratio_range, stop_rule,
+                                  unavailable)
 from lmperf.report.context_growth import context_growth
 from lmperf.report.plot import plt, save
 
@@ -181,6 +182,7 @@ def view(inputs) -> dict:
     if "timed_window_s" in cases and cases["timed_window_s"].notna().any():  # rows of a windowed run
         view["min_timed_steps"] = int(cases["min_timed_steps"].iloc[0])
         view["timed_window_s"] = float(cases["timed_window_s"].iloc[0])
+    view["stop_rule"] = stop_rule(cases[cases["status"] == "ok"])
     mfu = df[(df["metric"] == "mfu_pct") & (df["status"] == "ok")]
     view["has_mfu"] = not mfu.empty
     view["peaks"] = peaks(mfu)

@@ -168,3 +168,15 @@ def bar(text: str, value: float, measured: str, met: bool) -> dict:
     measured value (kept as a number for tests, `_value`), how the report states it, and whether
     it holds. Its `bar` column is headed "target" in the report (`HEADERS`)."""
     return {"bar": text, "measured": measured, "met": bool(met), "_value": float(value)}
+
+
+def stop_rule(cases) -> dict | None:
+    """The stop rule of step-timed cases (bench/timing.py's sample_until), from one row per
+    timing: {"within": the median's share, "early": timings it stopped, "timings": timings};
+    None for rows of a run without it."""
+    import pandas as pd
+    if "median_within" not in cases or not cases["median_within"].notna().any():
+        return None
+    stops = cases["stop"].astype(str) if "stop" in cases else pd.Series(dtype=str)
+    return {"within": float(cases["median_within"].dropna().iloc[0]),
+            "early": int(stops.str.startswith("median").sum()), "timings": len(cases)}
