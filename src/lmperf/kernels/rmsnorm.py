@@ -42,6 +42,13 @@ BACKWARD_PROGRAMS_PER_SM = 2
 BACKWARD_STAGES = 3
 
 
+def backward_stages(cfg: dict) -> int:
+    """The backward's pipeline depth: BACKWARD_STAGES for a tile of TILE_ELEMENTS, none for a
+    wider row (one row past 4,096 columns: its stages' buffers of h, dy and dh would not fit in
+    shared memory, e.g. 393 KB for 8,193 fp32 columns on an H100's 227 KB)."""
+    return BACKWARD_STAGES if cfg["BLOCK_D"] * cfg["ROWS"] <= TILE_ELEMENTS else 1
+
+
 def launch_config(d: int) -> dict:
     block_d = next_pow2(d)
     rows = max(1, TILE_ELEMENTS // block_d)
@@ -188,7 +195,7 @@ def rmsnorm_backward(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor,
         dy2, dh2 if dh2 is not None else dy2, h2, weight.contiguous(), rstd, dx2, ddelta2, parts, n_rows, d,
         rows_per_program,
         dy2.stride(0), dh2.stride(0) if dh2 is not None else 0, h2.stride(0), dx2.stride(0), ddelta2.stride(0),
-        HAS_DH=dh is not None, TWO_OUTPUTS=two_outputs, STAGES=BACKWARD_STAGES, **cfg)
+        HAS_DH=dh is not None, TWO_OUTPUTS=two_outputs, STAGES=backward_stages(cfg), **cfg)
     return dx, ddelta, parts.sum(0).to(weight.dtype)
 
 
