@@ -171,7 +171,7 @@ def test_the_committed_h100_report_renders_the_convergence_and_sets_the_fp8_rung
     """The committed H100 results against the full config: the convergence section judges the FP8
     run from its CSV, and the ladder's best rung is a bf16 one with the FP8 rung beside it."""
     committed = REPO / "results" / "h100-80gb-hbm3"
-    promised = render.promised_files(CONFIG, committed, "full", [str(REPO / "results" / "h200-x2")])
+    promised = render.promised_files(CONFIG, committed, "full", [str(REPO / "results" / "h200-x4")])
     text = render.render(committed, REPO / "templates", tmp_path / "r.md", tmp_path / "fig", "full", BARS, promised,
                          models=CONFIG["models"])
     section = text.split("\n## The FP8 rung's convergence", 1)[1].split("\n## ", 1)[0]

@@ -394,7 +394,7 @@ def test_the_model_table_gives_each_size_its_dimensions_and_measured_parameters(
 # The summary the report opens with, checked against the committed CSVs
 
 COMMITTED = REPO / "results" / "h100-80gb-hbm3"
-DISTRIBUTED = REPO / "results" / "h200-x2"  # the committed multi-GPU run the H100 report quotes
+DISTRIBUTED = REPO / "results" / "h200-x4"  # the committed multi-GPU run the H100 report quotes
 
 
 @pytest.fixture(scope="module")

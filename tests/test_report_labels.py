@@ -34,7 +34,7 @@ def report(tmp_path_factory) -> str:
     render.main(["--results", str(H100), "--scale", "full", "--templates", str(REPO / "templates"),
                  "--config", str(REPO / "config" / "config.yaml"), "--out", str(out / "report.md"),
                  "--figures", str(out / "figures"), "--references", str(REPO / "config" / "references.yaml"),
-                 "--distributed", str(REPO / "results" / "h200-x2")])
+                 "--distributed", str(REPO / "results" / "h200-x4")])
     return (out / "report.md").read_text()
 
 

@@ -124,7 +124,7 @@ def test_env_csv_must_hold_the_keys_the_report_reads(results):
 def test_the_committed_results_hold_every_case_the_config_promises():
     """The committed H100 run (and its 2 x H200 distributed run) is what config/config.yaml's
     full scale promises, file by file and case by case."""
-    files = render.promised_files(CONFIG, COMMITTED, "full", [str(REPO / "results" / "h200-x2")])
+    files = render.promised_files(CONFIG, COMMITTED, "full", [str(REPO / "results" / "h200-x4")])
     assert all(Path(p).exists() for p in files)
     assert validate.damaged(files.values()) == {}
 
