@@ -25,11 +25,8 @@ try:
 except contenders_mod.ContenderError as e:
     raise WorkflowError(f"lmperf: {e}") from None
 
-# The Slurm executor plugin reads USER (for your account) and stops with KeyError where it is
-# unset (a container, su, some CI runners): the login name, where the environment has none.
-if not os.environ.get("USER"):
-    import getpass
-    os.environ["USER"] = getpass.getuser()
+# The Slurm executor plugin reads USER (for your account): set where unset (lmperf.cluster)
+cluster.ensure_user()
 
 HW, SCALE = wf.machine(config)
 # Each rule that runs a command declares what its job asks of a cluster (CPUs, memory, wall

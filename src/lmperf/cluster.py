@@ -68,3 +68,12 @@ def unknown_machine(config: dict, gpu: str | None, local: bool) -> str | None:
             f"scale: config {' and '.join(auto)} {'are' if len(auto) > 1 else 'is'} 'auto'. Name them, "
             f"e.g. --config hw=h100-80gb-hbm3 scale=full (hw: the GPU's name as results/ folders "
             f"spell it; scale=smoke with hw=cpu measures tiny models on CPU nodes)")
+
+
+def ensure_user() -> None:
+    """USER as the login name where the environment has none (a container, su, some CI runners):
+    the Slurm executor plugin reads it to find the account, and stops with KeyError without it."""
+    import getpass
+    import os
+    if not os.environ.get("USER"):
+        os.environ["USER"] = getpass.getuser()

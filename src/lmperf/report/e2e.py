@@ -11,8 +11,7 @@ import pandas as pd
 
 from lmperf import hardware, stats
 from lmperf.report import energy
-from lmperf.report.format import (HOST_BOUND, cell, host_bound, host_bound_legend, idle_text, ratio_range, stop_rule,
-                                  unavailable)
+from lmperf.report.format import HOST_BOUND, cell, host_bound, host_bound_legend, idle_text, ratio_range, stop_rule, unavailable
 from lmperf.report.context_growth import context_growth
 from lmperf.report.plot import plt, save
 
