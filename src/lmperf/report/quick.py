@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lmperf import stats
+from lmperf.report import rerun
 from lmperf.workflow import QUICK_SUFFIX
 
 
@@ -31,18 +32,13 @@ def view(results: Path, scale: str, bars: dict) -> dict | None:
     a, b = compare.load(full), compare.load(results)
     if b.empty or a.empty:
         return {**out, "measured": False, "why": f"`{out['quick'] if b.empty else out['full']}/` has no rows yet"}
-    result = compare.compare(a, b, host_bound_pct=bars.get("host_bound_idle_pct", compare.HOST_BOUND_IDLE_PCT))
-    rows = result["rows"]
-    timing = rows[rows["kind"].isin(["time", "rate"])
-                  & rows["verdict"].isin([stats.SAME, stats.FASTER, stats.SLOWER])]
-    gpu = timing[~timing["host_bound"]]
+    result, gpu, host, differ = rerun.judged(a, b, bars)
     if not len(gpu):
         return {**out, "measured": False, "why": "the two runs share no timing row that is not host-bound"}
     apart = 100 * (gpu["ratio"].astype(float) - 1).abs()
-    differ = gpu[gpu["verdict"] != stats.SAME]
     return {**out, "measured": True, "hardware": result["hardware"],
             "threshold": compare_page.pct(result["threshold"]),
             "rows": len(gpu), "agree": int((gpu["verdict"] == stats.SAME).sum()),
-            "host_rows": len(timing) - len(gpu),
+            "host_rows": len(host),
             "median_pct": float(apart.median()), "max_pct": float(apart.max()),
             "largest": compare_page.largest(differ) if len(differ) else ""}

@@ -20,6 +20,18 @@ def values(df, column: str) -> str:
     return ", ".join(sorted(set(df[column].dropna().astype(str)))) if column in df else "n/a"
 
 
+def judged(a, b, bars: dict) -> tuple[dict, object, object, object]:
+    """lmperf.compare of run A against run B: (its result, the timing rows that are not
+    host-bound, those that are, the former whose verdict is not "same")."""
+    from lmperf import compare  # pandas and numpy: only where there is a second run
+    result = compare.compare(a, b, host_bound_pct=bars.get("host_bound_idle_pct", compare.HOST_BOUND_IDLE_PCT))
+    rows = result["rows"]
+    timing = rows[rows["kind"].isin(["time", "rate"])
+                  & rows["verdict"].isin([stats.SAME, stats.FASTER, stats.SLOWER])]
+    gpu, host = timing[~timing["host_bound"]], timing[timing["host_bound"]]
+    return result, gpu, host, gpu[gpu["verdict"] != stats.SAME]
+
+
 def view(results: Path, bars: dict) -> dict | None:
     """The comparison's counts, or None where there is no rerun folder beside `results`."""
     rerun = folder(results)
@@ -27,12 +39,7 @@ def view(results: Path, bars: dict) -> dict | None:
         return None
     from lmperf import compare, compare_page  # pandas and numpy: only where there is a rerun
     a, b = compare.load(results), compare.load(rerun)
-    result = compare.compare(a, b, host_bound_pct=bars.get("host_bound_idle_pct", compare.HOST_BOUND_IDLE_PCT))
-    rows = result["rows"]
-    timing = rows[rows["kind"].isin(["time", "rate"])
-                  & rows["verdict"].isin([stats.SAME, stats.FASTER, stats.SLOWER])]
-    gpu, host = timing[~timing["host_bound"]], timing[timing["host_bound"]]
-    differ = gpu[gpu["verdict"] != stats.SAME]
+    result, gpu, host, differ = judged(a, b, bars)
     jobs = sorted(set(b["section"] + "/" + b["study"]))
     return {"folder": f"results/{rerun.name}", "page": f"compare/{Path(results).name}_vs_{rerun.name}.md",
             "hardware": result["hardware"], "gpu": values(b, "gpu"), "commit": values(b, "commit"),
