@@ -114,6 +114,11 @@ COMPILE_CACHES = ('TORCHINDUCTOR_CACHE_DIR="$PWD/.cache/{params.hw}/inductor" '
                   'TRITON_CACHE_DIR="$PWD/.cache/{params.hw}/triton"')
 
 
+# A command that is not a benchmark module's (torchrun) holds the GPU for its whole run: the
+# wait of lmperf.bench.device, which a benchmark module's job takes after its imports
+HOLD_DEVICE = "python -m lmperf.bench.device --"
+
+
 def bench(args: str) -> str:
     """A benchmark rule's shell command (its CSV output named `csv`):
     `python -m lmperf.bench.<args>` with the results folder's compile caches, then the tail every

@@ -210,7 +210,8 @@ def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dic
 
 
 def main(argv=None):
-    args = common.bench_args(__doc__, argv, studies=STUDIES, options=lambda p: jobs.options(p, workers=False))
+    args = common.bench_args(__doc__, argv, studies=STUDIES, options=lambda p: jobs.options(p, workers=False),
+                             shares_device=True)  # checks, not timings
     measure = STUDIES[args.study][1]
     try:
         cases = job_cases(args.study, args.spec)
