@@ -208,3 +208,24 @@ def test_a_contender_that_does_not_import_stops_planning_naming_its_file(tmp_pat
     assert proc.returncode != 0
     assert "broken_import.py does not import: ModuleNotFoundError" in proc.stdout + proc.stderr
     assert not (repo / "results" / "cpu").exists()
+
+
+def test_a_contender_rung_that_kills_its_process_is_a_row_and_the_ladder_goes_on(tmp_path):
+    """The ladder runs a contender's rung in a process of its own (bench/isolation): a rung that
+    takes its process down (as an illegal memory access takes the CUDA context) is `crashed`, and
+    the rungs after it are measured in the job's process."""
+    from lmperf import workflow as wf
+    from lmperf.report.render import load_config
+    config = load_config()
+    config["contenders"] = {"crash": str(DATA / "crashing.py")}
+    spec = wf.ladder_spec(config, config["ladder"]["smoke"], "tiny")
+    out = tmp_path / "ladder.csv"
+    proc = subprocess.run([sys.executable, "-m", "lmperf.bench.ladder", "--size", "tiny", "--spec", spec,
+                           "--cases", "tiny-rung*-contender_crash_pytorch", "tiny-rung*-ours_float8_delayed",
+                           "--out", str(out), "--hw", "cpu"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = pd.read_csv(out).drop_duplicates("case_id").set_index("case_id")
+    crashed = rows.loc[[c for c in rows.index if c.endswith("contender_crash_pytorch")][0]]
+    assert crashed["status"] == "crashed" and "exited with code 9" in crashed["message"]
+    after = rows.loc[[c for c in rows.index if c.endswith("ours_float8_delayed")][0]]
+    assert after["status"] == "skipped" and "needs CUDA" in after["message"]  # measured after the crash

@@ -48,7 +48,7 @@ from __future__ import annotations
 import re
 
 from lmperf import contenders, train
-from lmperf.bench import common, e2e, float8, flop_count, jobs, memory_fit, profile, timing
+from lmperf.bench import common, e2e, float8, flop_count, isolation, jobs, memory_fit, profile, timing
 
 # The rungs before the longer contexts, in order: (rung, what changes, the case keys it sets,
 # whether it needs CUDA). The base is the assignment's model and optimizer in fp32, eager.
@@ -376,6 +376,15 @@ def warm(case: dict) -> list[dict]:
     return [{**common.failure_row("ok", ""), "metric": "compiled"}]
 
 
+def measure_isolated(case: dict) -> list[dict]:
+    """measure() of a contender's rung in the child process of bench/isolation, so that a rung
+    that kills its process (an illegal memory access takes the CUDA context with it) or hangs is
+    a row and the next rungs run: the case carries the model dims and the spec."""
+    case = dict(case)
+    dims, spec = case.pop("_dims"), case.pop("_spec")
+    return measure(case, dims, spec)
+
+
 def main(argv=None):
     # spec: the ladder's settings and the model dims; --cases: some rungs alone (bench/jobs.py);
     # --workers: compile the rungs in that many worker processes first (`warm`)
@@ -384,8 +393,15 @@ def main(argv=None):
 
     contenders.register_or_exit(args.spec.get("contenders"))  # the model can use them; workers inherit them
     dims, rungs = args.spec["models"][args.size], cases(args.spec, args.size, cuda=torch.cuda.is_available())
-    jobs.run(section="ladder", study="ladder", cases=rungs, measure=lambda case: measure(case, dims, args.spec),
-             args=args, fingerprint={"spec": args.spec, "size": args.size}, warm=warm, compiles=compiles)
+    rivals = set(contenders.provider_names(args.spec.get("contenders")))
+    # a contender's rung in a process of its own, with a time limit: a crash or a hang is its row
+    with isolation.Isolated(measure_isolated, float(args.spec.get("contender_time_limit_s", 600))) as isolated:
+        def run(case: dict) -> list[dict]:
+            if case["attention"] in rivals:
+                return isolated({**case, "_dims": dims, "_spec": args.spec})
+            return measure(case, dims, args.spec)
+        jobs.run(section="ladder", study="ladder", cases=rungs, measure=run,
+                 args=args, fingerprint={"spec": args.spec, "size": args.size}, warm=warm, compiles=compiles)
 
 
 if __name__ == "__main__":
