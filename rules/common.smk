@@ -32,10 +32,7 @@ cluster.ensure_user()
 # A local run's jobs run side by side (snakemake --cores all): each waits for the GPU after its
 # imports, a timing job until it has the GPU to itself, a check beside other checks
 # (lmperf.bench.device: a lock file). A cluster job has its node's GPU to itself: no lock.
-if workflow.local_exec:
-    os.environ[device.ENV] = str(Path(".cache/device.lock").resolve())
-else:
-    os.environ.pop(device.ENV, None)
+device.configure(workflow.local_exec)
 
 HW, SCALE = wf.machine(config)
 # Each rule that runs a command declares what its job asks of a cluster (CPUs, memory, wall

@@ -101,3 +101,12 @@ def test_the_module_without_a_command_says_how_to_use_it():
     proc = subprocess.run([sys.executable, "-m", "lmperf.bench.device"], env={**os.environ, "PYTHONPATH": SRC},
                           capture_output=True, text=True)
     assert proc.returncode != 0 and "usage" in proc.stderr
+
+
+def test_the_lock_file_is_on_the_local_temporary_folder_one_per_working_directory(tmp_path):
+    import tempfile
+
+    from lmperf.bench import device
+    a, b = device.lock_path(tmp_path / "a"), device.lock_path(tmp_path / "b")
+    assert a != b and a == device.lock_path(tmp_path / "a" / ".." / "a")
+    assert os.path.dirname(a) == tempfile.gettempdir()

@@ -112,11 +112,9 @@ def refuse_to_measure(reason: str | None, jobs, local: bool) -> None:
 # that every checkout and user shares (a bad entry there would fail every run on the machine).
 COMPILE_CACHES = ('TORCHINDUCTOR_CACHE_DIR="$PWD/.cache/{params.hw}/inductor" '
                   'TRITON_CACHE_DIR="$PWD/.cache/{params.hw}/triton"')
+# torchrun's jobs: the caches, and the GPU held for the whole run (lmperf.bench.device)
+TORCHRUN = COMPILE_CACHES + " python -m lmperf.bench.device -- python -m torch.distributed.run"
 
-
-# A command that is not a benchmark module's (torchrun) holds the GPU for its whole run: the
-# wait of lmperf.bench.device, which a benchmark module's job takes after its imports
-HOLD_DEVICE = "python -m lmperf.bench.device --"
 
 
 def bench(args: str) -> str:

@@ -381,18 +381,10 @@ def bench_args(doc: str, argv=None, *, studies: Iterable[str] = (), spec: bool =
         top.error(f"--size {args.size!r} is not among the spec's models {sorted(args.spec['models'])}")
     check_environment(args)
     shared = shares_device(args) if callable(shares_device) else shares_device
-    name = Path(sys.argv[0]).stem if getattr(args, "study", None) is None else args.study
-    device.take(shared, say=lambda text: _say(f"{name}", args.log, text))
-    return args
-
-
-def _say(name: str, log: Path | None, text: str) -> None:
-    """One progress line before the job's Progress exists (Progress.say's format)."""
-    if log is not None:
-        log.parent.mkdir(parents=True, exist_ok=True)
-    progress = Progress(name, 0, log)
-    progress.say(text)
+    progress = Progress(getattr(args, "study", None) or Path(sys.argv[0]).stem, 0, args.log)
+    device.take(shared, say=progress.say)
     progress.close()
+    return args
 
 
 def _json(text: str):

@@ -29,7 +29,28 @@ import sys
 import time
 
 ENV = "LMPERF_DEVICE_LOCK"
+POLL_S = 0.1   # how often a waiting job asks again: a hand-over costs at most this
 _held: int | None = None   # the lock's file descriptor, kept open for the life of the process
+
+
+def lock_path(workdir) -> str:
+    """The lock file of a workflow run in `workdir`: in the machine's temporary folder (a local
+    disk: flock on a network filesystem may not work), named after the working directory, so that
+    two runs in one folder share it and runs in other folders (the tests' own) do not."""
+    import hashlib
+    import tempfile
+    digest = hashlib.sha1(str(os.path.abspath(workdir)).encode()).hexdigest()[:12]
+    return os.path.join(tempfile.gettempdir(), f"lmperf-device-{digest}.lock")
+
+
+def configure(local: bool) -> None:
+    """The workflow's side (rules/common.smk), in Snakemake's process, whose environment its
+    local jobs inherit: a local run's lock file (`lock_path` of the working directory); none for
+    a cluster run."""
+    if local:
+        os.environ[ENV] = lock_path(os.getcwd())
+    else:
+        os.environ.pop(ENV, None)
 
 
 def _preload() -> None:
@@ -47,14 +68,19 @@ def _lock(path: str, shared: bool, say) -> float:
     global _held
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
     t0 = time.monotonic()
-    try:
-        fcntl.flock(fd, mode | fcntl.LOCK_NB)
-    except BlockingIOError:
-        say(f"waiting for the device ({'shared with other checks' if shared else 'to itself'}): "
-            f"another job of this run holds it")
-        fcntl.flock(fd, mode)
+    said = False
+    while True:  # polled: some filesystems answer a blocking flock at once with EAGAIN
+        try:
+            fcntl.flock(fd, mode)
+            break
+        except BlockingIOError:
+            if not said:
+                say(f"waiting for the device ({'shared with other checks' if shared else 'to itself'}): "
+                    f"another job of this run holds it")
+                said = True
+            time.sleep(POLL_S)
     _held = fd
     waited = time.monotonic() - t0
     if waited >= 1:
@@ -77,16 +103,21 @@ def take(shared: bool, say=lambda text: print(text, file=sys.stderr, flush=True)
 
 
 def main(argv=None) -> None:
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m lmperf.bench.device", description=__doc__.split("\n\n")[0],
+                                     usage="%(prog)s [-h] -- COMMAND [ARG ...]")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="run with the device held for timing (the lock of LMPERF_DEVICE_LOCK, if set)")
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--"]:
-        argv = argv[1:]
-    if not argv:
-        raise SystemExit("usage: python -m lmperf.bench.device -- COMMAND [ARG ...]")
+    command = parser.parse_args(argv[:1] if argv[:1] in (["-h"], ["--help"]) else []).command or argv
+    command = command[1:] if command[:1] == ["--"] else command
+    if not command:
+        parser.error("no COMMAND to run")
     path = os.environ.pop(ENV, None)
     if path:
         _lock(path, shared=False, say=lambda text: print(f"lmperf.bench.device: {text}", file=sys.stderr, flush=True))
         os.set_inheritable(_held, True)  # held by the command and its children until they exit
-    os.execvp(argv[0], argv)
+    os.execvp(command[0], command)
 
 
 if __name__ == "__main__":
