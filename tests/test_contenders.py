@@ -229,3 +229,16 @@ def test_a_contender_rung_that_kills_its_process_is_a_row_and_the_ladder_goes_on
     assert crashed["status"] == "crashed" and "exited with code 9" in crashed["message"]
     after = rows.loc[[c for c in rows.index if c.endswith("ours_float8_delayed")][0]]
     assert after["status"] == "skipped" and "needs CUDA" in after["message"]  # measured after the crash
+
+
+def test_a_contenders_pytorch_attention_is_skipped_above_the_tiled_limit():
+    """PyTorch attention's grid reaches 16,384 tokens, where a contender's Python tile loop takes
+    minutes a case: above the spec's tiled_max_seq_len it is a `skipped` row saying so."""
+    from lmperf.bench import attention
+    from lmperf.bench.failures import NotRun
+    spec = {"impls": ["eager"], "batch": 2, "head_dims": [16], "seq_lens": [64, 4096], "iters": 5,
+            "contenders": {"plain": str(EXAMPLES / "plain_pytorch.py")}}
+    cases = {c["case_id"]: c for c in attention.cases(spec)}
+    assert cases["plain_pytorch-d16-n64"]["tiled_max_seq_len"] == 1024
+    with pytest.raises(NotRun, match=r"N > 1024 \(tiled_max_seq_len\)"):
+        attention.measure(cases["plain_pytorch-d16-n4096"])
