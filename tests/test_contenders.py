@@ -110,13 +110,14 @@ def _bench(study: str, spec: dict, out: Path) -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def attention_rows(tmp_path_factory):
-    """One check over the example and every misbehaving fixture (each case in a child process)."""
+    """One check over the example and every misbehaving fixture (each case in a child process, two
+    children side by side: a hang or a crash in one leaves the other's cases as they are)."""
     spec = {"contenders": {"plain": str(EXAMPLES / "plain_pytorch.py"), "wrong": str(DATA / "wrong_attention.py"),
                            "caching": str(DATA / "caching_attention.py"), "bad": str(DATA / "misbehaving.py"),
                            "partial": str(DATA / "partial.py")},
             "kinds": ["pytorch", "triton"], "dtypes": ["fp32"], "causal": [True],
             "shapes": [[2, 13, 16], [2, 14, 16], [2, 15, 16], [2, 40, 32]], "gqa_shape": [1, 4, 1, 33, 32],
-            "property_shape": [2, 2, 33, 32], "property_dtype": "fp32", "time_limit_s": 30}
+            "property_shape": [2, 2, 33, 32], "property_dtype": "fp32", "time_limit_s": 30, "workers": 2}
     rows = _bench("attention", spec, tmp_path_factory.mktemp("contenders") / "attention.csv")
     return rows.groupby("case_id", sort=False).agg(
         status=("status", "first"), passed=("passed", lambda s: bool(s.fillna(False).astype(bool).all())),
