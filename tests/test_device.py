@@ -53,7 +53,7 @@ def _times(proc: subprocess.Popen, before: list[str] = ()) -> tuple[float, float
 @pytest.mark.parametrize("second", ["exclusive", "shared"])
 def test_a_timing_job_has_the_device_to_itself(tmp_path, second):
     lock = tmp_path / ".cache" / "device.lock"
-    first = _start(tmp_path, "exclusive", 3.0, lock)
+    first = _start(tmp_path, "exclusive", 10.0, lock)  # longer than the second's imports under load
     before = _holding(first)
     other = _start(tmp_path, second, 0.1, lock)
     held1, released1, _ = _times(first, before)
@@ -86,7 +86,7 @@ def test_a_command_run_through_the_module_holds_the_device_until_it_ends(tmp_pat
     lock = tmp_path / "device.lock"
     env = {**os.environ, "PYTHONPATH": SRC, "LMPERF_DEVICE_LOCK": str(lock)}
     child = ("import os, time; print('inherited', os.environ.get('LMPERF_DEVICE_LOCK'), flush=True); "
-             "print('held', time.monotonic(), flush=True); time.sleep(2); print('released', time.monotonic(), flush=True)")
+             "print('held', time.monotonic(), flush=True); time.sleep(10); print('released', time.monotonic(), flush=True)")
     wrapped = subprocess.Popen([sys.executable, "-m", "lmperf.bench.device", "--", sys.executable, "-c", child],
                                env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     before = _holding(wrapped)
