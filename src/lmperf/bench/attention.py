@@ -67,8 +67,8 @@ def measure(case: dict) -> list[dict]:
         fn = plain_attention if case["impl"] == "eager" else _compiled()
     else:  # a contender's, its every output checked (shape, dtype, device, NaN)
         from lmperf.model import ATTENTION
-        if case["impl"].endswith("_pytorch") and case["seq_len"] > case["tiled_max_seq_len"]:
-            raise common.NotRun(f"N > {case['tiled_max_seq_len']} (tiled_max_seq_len): {contenders.TILED_NOTE}")
+        if case["impl"].endswith("_pytorch"):
+            contenders.refuse_tiled(case)
         contenders.register_from_environment()
         fn = contenders.guarded(ATTENTION[case["impl"]])
     b, n, d = case["batch"], case["seq_len"], case["head_dim"]

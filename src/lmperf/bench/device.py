@@ -97,9 +97,16 @@ def take(shared: bool, say=lambda text: print(text, file=sys.stderr, flush=True)
     _preload()
     path = os.environ.get(ENV)
     waited = _lock(path, shared, say) if path and _held is None else 0.0
+    freeze_imports()
+    return waited
+
+
+def freeze_imports() -> None:
+    """Leave what the process has imported (torch, triton: long-lived, hundreds of thousands of
+    objects) out of the garbage collector's work: every benchmark job (`take`) and every worker
+    process (bench/workers.py) calls it once its imports are done."""
     gc.collect()
     gc.freeze()
-    return waited
 
 
 def main(argv=None) -> None:

@@ -44,18 +44,15 @@ def guarded(fn: Callable) -> Callable:
     def call(q, k, v, is_causal):
         import torch
         out = fn(q, k, v, is_causal)
-        if torch.compiler.is_compiling():
-            # traced (the leaderboard's harness compiles the call, fullgraph): the metadata alone,
-            # which a trace knows; a NaN test would be a data-dependent branch. The values are
-            # checked outside the graph, after the timed calls (`stale_output`)
+        # traced (the leaderboard's harness compiles the call, fullgraph): the metadata alone, which
+        # a trace knows (a NaN test would be a data-dependent branch); the values are checked after
+        # the timed calls (`stale_output`)
+        if checked or torch.compiler.is_compiling():
             if not (getattr(out, "shape", None) == q.shape and out.dtype == q.dtype and out.device == q.device):
-                check_output(out, q)
+                check_output(out, q)  # raises Wrong, naming what differs
             return out
-        if not checked:
-            check_output(out, q)
-            checked.append(True)
-        elif not (getattr(out, "shape", None) == q.shape and out.dtype == q.dtype and out.device == q.device):
-            check_output(out, q)  # raises Wrong, naming what differs
+        check_output(out, q)
+        checked.append(True)
         return out
     return call
 
