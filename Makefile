@@ -4,7 +4,7 @@
 # values to either (a --config in SNAKEMAKE_ARGS would be replaced by theirs).
 # `make test-slow` runs the rest of the suite (CI runs both; docs/testing.md says what each covers).
 VENV ?= .venv
-CORES ?= 1
+CORES ?= all
 SNAKEMAKE_ARGS ?=
 CONFIG ?=
 # The kernel tests run a second time under the newest Triton, in a venv of its own (make test-slow).

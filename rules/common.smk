@@ -9,6 +9,7 @@ from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from lmperf import cluster, hardware, planning, repeats as repeat_plan, workflow as wf  # noqa: E402
+from lmperf.bench import device  # noqa: E402
 from lmperf.bench.failures import ACCEPT_ERRORS_ENV  # noqa: E402
 
 try:
@@ -27,6 +28,11 @@ except contenders_mod.ContenderError as e:
 
 # The Slurm executor plugin reads USER (for your account): set where unset (lmperf.cluster)
 cluster.ensure_user()
+
+# A local run's jobs run side by side (snakemake --cores all): each waits for the GPU after its
+# imports, a timing job until it has the GPU to itself, a check beside other checks
+# (lmperf.bench.device: a lock file). A cluster job has its node's GPU to itself: no lock.
+device.configure(workflow.local_exec)
 
 HW, SCALE = wf.machine(config)
 # Each rule that runs a command declares what its job asks of a cluster (CPUs, memory, wall

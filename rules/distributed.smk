@@ -26,7 +26,7 @@ rule distributed_study:
         "../envs/lmperf.yaml"
     shell:
         # torchrun, run as `python -m torch.distributed.run` so that it is the environment's own
-        wf.COMPILE_CACHES + " python -m torch.distributed.run --standalone --nproc_per_node={wildcards.procs} "
+        wf.TORCHRUN + " --standalone --nproc_per_node={wildcards.procs} "
         "-m lmperf.bench.distributed {wildcards.study} --spec {params.spec:q} --out {output} "
         "--hw {params.hw} --progress-log {log} --expect-torch {params.torch} --expect-triton {params.triton}"
 

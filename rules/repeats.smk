@@ -58,7 +58,7 @@ rule distributed_repeat:
         "../envs/lmperf.yaml"
     shell:
         # the command of rule distributed_study, with --cases
-        wf.COMPILE_CACHES + " python -m torch.distributed.run --standalone --nproc_per_node={wildcards.procs} "
+        wf.TORCHRUN + " --standalone --nproc_per_node={wildcards.procs} "
         "-m lmperf.bench.distributed {wildcards.study} --spec {params.spec:q} --cases {params.cases:q} "
         "--out {output} --hw {params.hw} --progress-log {log} --expect-torch {params.torch} "
         "--expect-triton {params.triton}"

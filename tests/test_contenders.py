@@ -110,13 +110,14 @@ def _bench(study: str, spec: dict, out: Path) -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def attention_rows(tmp_path_factory):
-    """One check over the example and every misbehaving fixture (each case in a child process)."""
+    """One check over the example and every misbehaving fixture (each case in a child process, two
+    children side by side: a hang or a crash in one leaves the other's cases as they are)."""
     spec = {"contenders": {"plain": str(EXAMPLES / "plain_pytorch.py"), "wrong": str(DATA / "wrong_attention.py"),
                            "caching": str(DATA / "caching_attention.py"), "bad": str(DATA / "misbehaving.py"),
                            "partial": str(DATA / "partial.py")},
             "kinds": ["pytorch", "triton"], "dtypes": ["fp32"], "causal": [True],
             "shapes": [[2, 13, 16], [2, 14, 16], [2, 15, 16], [2, 40, 32]], "gqa_shape": [1, 4, 1, 33, 32],
-            "property_shape": [2, 2, 33, 32], "property_dtype": "fp32", "time_limit_s": 30}
+            "property_shape": [2, 2, 33, 32], "property_dtype": "fp32", "time_limit_s": 30, "workers": 2}
     rows = _bench("attention", spec, tmp_path_factory.mktemp("contenders") / "attention.csv")
     return rows.groupby("case_id", sort=False).agg(
         status=("status", "first"), passed=("passed", lambda s: bool(s.fillna(False).astype(bool).all())),
@@ -208,3 +209,37 @@ def test_a_contender_that_does_not_import_stops_planning_naming_its_file(tmp_pat
     assert proc.returncode != 0
     assert "broken_import.py does not import: ModuleNotFoundError" in proc.stdout + proc.stderr
     assert not (repo / "results" / "cpu").exists()
+
+
+def test_a_contender_rung_that_kills_its_process_is_a_row_and_the_ladder_goes_on(tmp_path):
+    """The ladder runs a contender's rung in a process of its own (bench/isolation): a rung that
+    takes its process down (as an illegal memory access takes the CUDA context) is `crashed`, and
+    the rungs after it are measured in the job's process."""
+    from lmperf import workflow as wf
+    from lmperf.report.render import load_config
+    config = load_config()
+    config["contenders"] = {"crash": str(DATA / "crashing.py")}
+    spec = wf.ladder_spec(config, config["ladder"]["smoke"], "tiny")
+    out = tmp_path / "ladder.csv"
+    proc = subprocess.run([sys.executable, "-m", "lmperf.bench.ladder", "--size", "tiny", "--spec", spec,
+                           "--cases", "tiny-rung*-contender_crash_pytorch", "tiny-rung*-ours_float8_delayed",
+                           "--out", str(out), "--hw", "cpu"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = pd.read_csv(out).drop_duplicates("case_id").set_index("case_id")
+    crashed = rows.loc[[c for c in rows.index if c.endswith("contender_crash_pytorch")][0]]
+    assert crashed["status"] == "crashed" and "exited with code 9" in crashed["message"]
+    after = rows.loc[[c for c in rows.index if c.endswith("ours_float8_delayed")][0]]
+    assert after["status"] == "skipped" and "needs CUDA" in after["message"]  # measured after the crash
+
+
+def test_a_contenders_pytorch_attention_is_skipped_above_the_tiled_limit():
+    """PyTorch attention's grid reaches 16,384 tokens, where a contender's Python tile loop takes
+    minutes a case: above the spec's tiled_max_seq_len it is a `skipped` row saying so."""
+    from lmperf.bench import attention
+    from lmperf.bench.failures import NotRun
+    spec = {"impls": ["eager"], "batch": 2, "head_dims": [16], "seq_lens": [64, 4096], "iters": 5,
+            "contenders": {"plain": str(EXAMPLES / "plain_pytorch.py")}}
+    cases = {c["case_id"]: c for c in attention.cases(spec)}
+    assert cases["plain_pytorch-d16-n64"]["tiled_max_seq_len"] == 1024
+    with pytest.raises(NotRun, match=r"N > 1024 \(tiled_max_seq_len\)"):
+        attention.measure(cases["plain_pytorch-d16-n4096"])

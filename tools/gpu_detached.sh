@@ -3,7 +3,7 @@
 # back soon after a call ends, and each call replaces the repository's tracked files): start
 # Snakemake's targets detached from the call, in a copy of the repository outside it, then follow
 # them call after call until they end.
-#   tools/gpu_detached.sh start DIR BUDGET_S PACK TARGET...  copy the repository to DIR with an
+#   tools/gpu_detached.sh start DIR BUDGET_S PACK TARGET... [-- SNAKEMAKE_ARGS]  copy the repository to DIR with an
 #                          empty results/ and logs/, start tools/gpu_targets.sh BUDGET_S there in
 #                          its own session (setsid), then follow it for $FOLLOW_S seconds (480: with
 #                          the copy and the wheel install, a 540 s follow ran past a 600 s call)

@@ -30,7 +30,7 @@ export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 # costs seconds, since its journal holds every finished configuration. --keep-going: a job that
 # fails (a case ended in an error) stops only the jobs that need its output, not the other sizes
 # or sections of the target, which the budget was planned for.
-run=(python3 -m snakemake --cores 1 --rerun-incomplete --keep-going "${targets[@]}" "${extra[@]}")
+run=(python3 -m snakemake --cores "${CORES:-all}" --rerun-incomplete --keep-going "${targets[@]}" "${extra[@]}")
 start=$(date +%s)
 if ((limit > 0)); then
     timeout --signal=INT --kill-after=60 "$limit" "${run[@]}"

@@ -284,6 +284,13 @@ ENV = "LMPERF_CONTENDERS"  # JSON of the normalised config value: what child pro
 TILED_NOTE = "the Python tile loop of a PyTorch implementation takes seconds a case above it"
 
 
+def refuse_tiled(case: dict) -> None:
+    """NotRun for a case of a PyTorch attention (a Python tile loop) above its tiled_max_seq_len."""
+    limit = case.get("tiled_max_seq_len")
+    if limit is not None and case.get("seq_len", 0) > limit:
+        raise NotRun(f"N > {limit} (tiled_max_seq_len): {TILED_NOTE}")
+
+
 def provider_names(value) -> list[str]:
     """The attention providers the contenders become, `<name>_triton` and `<name>_pytorch` for
     each (one that is not implemented gives `skipped` rows saying so)."""
@@ -342,9 +349,8 @@ def register(value) -> list[str]:
 def _build(fn: Callable, kind: str) -> Callable:
     def build(case: dict):
         import contextlib
-        limit = case.get("tiled_max_seq_len")
-        if kind == "pytorch" and limit is not None and case.get("seq_len", 0) > limit:
-            raise NotRun(f"N > {limit} (tiled_max_seq_len): {TILED_NOTE}")
+        if kind == "pytorch":
+            refuse_tiled(case)
         causal = case["causal"]
         checked = guarded(fn)
         return (lambda q, k, v: checked(q, k, v, causal)), contextlib.nullcontext

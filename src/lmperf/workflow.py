@@ -112,6 +112,9 @@ def refuse_to_measure(reason: str | None, jobs, local: bool) -> None:
 # that every checkout and user shares (a bad entry there would fail every run on the machine).
 COMPILE_CACHES = ('TORCHINDUCTOR_CACHE_DIR="$PWD/.cache/{params.hw}/inductor" '
                   'TRITON_CACHE_DIR="$PWD/.cache/{params.hw}/triton"')
+# torchrun's jobs: the caches, and the GPU held for the whole run (lmperf.bench.device)
+TORCHRUN = COMPILE_CACHES + " python -m lmperf.bench.device -- python -m torch.distributed.run"
+
 
 
 def bench(args: str) -> str:

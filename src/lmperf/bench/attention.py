@@ -35,7 +35,7 @@ def cases(spec: dict) -> list[dict]:
         out.append({"impl": impl, "head_dim": d, "seq_len": n, "batch": spec["batch"],
                     "iters": spec["iters"], "min_iters": min(spec["iters"], spec.get("min_iters", spec["iters"])),
                     "window_s": spec.get("window_s"), "median_within": spec.get("median_within"),
-                    "case_id": f"{impl}-d{d}-n{n}"})
+                    "tiled_max_seq_len": spec.get("tiled_max_seq_len", 1024), "case_id": f"{impl}-d{d}-n{n}"})
     return out
 
 def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dict]:
@@ -67,6 +67,8 @@ def measure(case: dict) -> list[dict]:
         fn = plain_attention if case["impl"] == "eager" else _compiled()
     else:  # a contender's, its every output checked (shape, dtype, device, NaN)
         from lmperf.model import ATTENTION
+        if case["impl"].endswith("_pytorch"):
+            contenders.refuse_tiled(case)
         contenders.register_from_environment()
         fn = contenders.guarded(ATTENTION[case["impl"]])
     b, n, d = case["batch"], case["seq_len"], case["head_dim"]

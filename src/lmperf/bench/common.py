@@ -34,7 +34,7 @@ from typing import Callable, Iterable
 import pandas as pd
 
 from lmperf import hardware, sources
-from lmperf.bench import failures
+from lmperf.bench import device, failures
 from lmperf.bench.failures import NotRun, Unsupported, classify_failure  # noqa: F401 (benchmarks use common.*)
 from lmperf.bench.journal import Journal, interrupts_raise, signal_number
 from lmperf.bench.timing import is_device_work  # noqa: F401 (benchmarks use common.*)
@@ -350,12 +350,16 @@ def base_parser(description: str, add_help: bool = True) -> argparse.ArgumentPar
 
 
 def bench_args(doc: str, argv=None, *, studies: Iterable[str] = (), spec: bool = True, size: bool = False,
-               options: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+               options: Callable[[argparse.ArgumentParser], None] | None = None,
+               shares_device: bool | Callable[[argparse.Namespace], bool] = lambda args: getattr(args, "study", None) == "check"
+               ) -> argparse.Namespace:
     """The command line of every bench module, parsed and checked: base_parser's options,
     `--spec` (the grid as JSON, parsed into args.spec; not with spec=False), with size=True
     `--size` (one model size a call: a key of the spec's `models`), and what `options(parser)`
     adds; with `studies`, each is a subcommand (`python -m lmperf.bench.lrpe check ...`, named by
-    args.study). Then check_environment, before anything is measured."""
+    args.study). Then check_environment, before anything is measured, and the wait for the device
+    (bench/device.py): beside other checks where `shares_device` (by default, the study `check`),
+    else alone."""
     def add(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         if spec:
             p.add_argument("--spec", required=True, type=_json, help="the grid as JSON (see config/config.yaml)")
@@ -376,6 +380,10 @@ def bench_args(doc: str, argv=None, *, studies: Iterable[str] = (), spec: bool =
     if size and args.size not in args.spec["models"]:
         top.error(f"--size {args.size!r} is not among the spec's models {sorted(args.spec['models'])}")
     check_environment(args)
+    shared = shares_device(args) if callable(shares_device) else shares_device
+    progress = Progress(getattr(args, "study", None) or Path(sys.argv[0]).stem, 0, args.log)
+    device.take(shared, say=progress.say)
+    progress.close()
     return args
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 
 from lmperf import contenders as contenders_mod
-from lmperf.bench import common, failures, honest, isolation, jobs
+from lmperf.bench import common, failures, honest, isolation, jobs, workers as worker_processes
 
 PROPERTIES = ("gqa", "compiles", "deterministic", "fresh")
 DISTRIBUTED = ("ddp", "fsdp", "sharded_optimizer")
@@ -210,7 +210,8 @@ def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dic
 
 
 def main(argv=None):
-    args = common.bench_args(__doc__, argv, studies=STUDIES, options=lambda p: jobs.options(p, workers=False))
+    args = common.bench_args(__doc__, argv, studies=STUDIES, options=lambda p: jobs.options(p, workers=False),
+                             shares_device=True)  # checks, not timings
     measure = STUDIES[args.study][1]
     try:
         cases = job_cases(args.study, args.spec)
@@ -219,7 +220,14 @@ def main(argv=None):
     limit = float(args.spec.get("time_limit_s", 600))
     # the contenders' files: an edit to one starts its journal over
     digest = contenders_mod.digest(args.spec["contenders"])
-    with isolation.Isolated(measure, limit) as isolated:
+    # each case in a child process (a crash or a hang is its row), `workers` of them side by side
+    try:
+        selected = jobs.select(cases, args.cases)
+    except ValueError:
+        selected = []  # jobs.run says which pattern matched nothing
+    done, _ = worker_processes.journalled(args.out)
+    ahead = [c for c in selected if c["case_id"] not in done]
+    with isolation.Ahead(measure, limit, int(args.spec.get("workers", 1)), ahead) as isolated:
         jobs.run(section="contenders", study=args.study, cases=cases, measure=isolated, args=args,
                  fingerprint={"spec": args.spec, "contender_files": digest})
 

@@ -47,7 +47,7 @@ def facts(hw: str, scale: str) -> dict:
 
 def main(argv=None):
     scale = lambda p: p.add_argument("--scale", required=True, choices=["smoke", "quick", "full"])
-    args = common.bench_args(__doc__, argv, spec=False, options=scale)
+    args = common.bench_args(__doc__, argv, spec=False, options=scale, shares_device=True)
     df = pd.DataFrame([{"key": k, "value": v} for k, v in facts(args.hw, args.scale).items()])
     common.write_csv_atomic(df, args.out)
     common.Progress("env", 1, args.log).say(f"wrote {args.out}")

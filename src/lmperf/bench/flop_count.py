@@ -38,6 +38,9 @@ def _count_flops(dims: tuple, setting: tuple, device: str) -> dict[str, int]:
     return count_flops(dict(zip(FLOP_KEYS, setting)), dict(dims), device)
 
 
+PYTORCH_ATTENTION = ("plain", "sdpa")   # the model's attentions of PyTorch ops alone: they run on fake tensors
+
+
 def count_flops(case: dict, dims: dict, device: str) -> dict[str, int]:
     """{'total', 'attention'} FLOPs of one training step (lmperf.train.step: forward with the
     loss, backward, optimizer) as FlopCounterMode counts them, on fake tensors of `device`: the
@@ -56,7 +59,11 @@ def count_flops(case: dict, dims: dict, device: str) -> dict[str, int]:
     cfg = ModelConfig(**dims, context_length=case["context"], attention=case["attention"])
     with torch.device("meta"):
         model = TransformerLM(cfg)
-    if case["attention"] == "flash-triton":
+    if case["attention"] not in PYTORCH_ATTENTION:
+        # ours, or a user's contender, whose code may launch a Triton kernel directly: on fake
+        # tensors it would read their made-up addresses (an illegal memory access, and the CUDA
+        # context lost). Counted through our op instead, whose fake kernel and FLOP formula are
+        # the contract's: attention of these shapes does these FLOPs whoever computes it
         route_attention_through_op(model)
     train.checkpoint_blocks(model, case.get("checkpoint_every", 0))
     with FakeTensorMode(allow_non_fake_inputs=True):

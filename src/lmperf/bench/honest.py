@@ -42,12 +42,17 @@ def guarded(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def call(q, k, v, is_causal):
+        import torch
         out = fn(q, k, v, is_causal)
-        if not checked:
-            check_output(out, q)
-            checked.append(True)
-        elif not (getattr(out, "shape", None) == q.shape and out.dtype == q.dtype and out.device == q.device):
-            check_output(out, q)  # raises Wrong, naming what differs
+        # traced (the leaderboard's harness compiles the call, fullgraph): the metadata alone, which
+        # a trace knows (a NaN test would be a data-dependent branch); the values are checked after
+        # the timed calls (`stale_output`)
+        if checked or torch.compiler.is_compiling():
+            if not (getattr(out, "shape", None) == q.shape and out.dtype == q.dtype and out.device == q.device):
+                check_output(out, q)  # raises Wrong, naming what differs
+            return out
+        check_output(out, q)
+        checked.append(True)
         return out
     return call
 
@@ -64,6 +69,7 @@ def stale_output(fn: Callable, q, k, v, is_causal: bool) -> str | None:
             t.copy_(torch.randn_like(t))
         same_storage = fn(q, k, v, is_causal)
         fresh = fn(q.clone(), k.clone(), v.clone(), is_causal)
+        check_output(fresh, q)  # NaN or inf: what a compiled call's guard leaves to here
         err = float((same_storage.double() - fresh.double()).abs().max())
         scale = max(1.0, float(fresh.double().abs().max()))
         tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}.get(q.dtype, 1e-2) * scale

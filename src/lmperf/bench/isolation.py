@@ -4,6 +4,9 @@ is a row, and the job goes on with the next case.
     with Isolated(measure, time_limit_s=300) as isolated:
         rows = isolated(case)          # measure(case)'s rows, or one row saying what went wrong
 
+    with Ahead(measure, 300, workers=4, cases=cases) as isolated:   # 4 children, side by side
+        rows = isolated(case)          # the same, measured ahead of the job's loop
+
 One child process (spawned: CUDA does not survive a fork) measures the cases one after another,
 so its imports and compiles are paid once. When a case does not answer within the time limit the
 child is killed and the case is a `timeout` row; when the child dies (a segfault, os._exit, an
@@ -125,3 +128,40 @@ class Isolated:
             except (OSError, BrokenPipeError):
                 pass
         self._kill()
+
+
+class Ahead:
+    """`workers` Isolated children measuring `cases` side by side, ahead of the job's loop (which
+    takes their rows in order, journalling each): calling it with a case returns that case's
+    rows, waiting for them if they are being measured. For checks, whose cases share the device."""
+
+    def __init__(self, measure: Callable[[dict], list[dict]], time_limit_s: float, workers: int,
+                 cases: list[dict]):
+        import concurrent.futures
+        import queue
+        self.children = [Isolated(measure, time_limit_s) for _ in range(max(1, workers))]
+        self.free: queue.Queue = queue.Queue()
+        for child in self.children:
+            self.free.put(child)
+        self.executor = concurrent.futures.ThreadPoolExecutor(len(self.children))
+        self.futures = {c["case_id"]: self.executor.submit(self._measure, c) for c in cases}
+
+    def _measure(self, case: dict) -> list[dict]:
+        child = self.free.get()  # each child measures one case at a time
+        try:
+            return child(case)
+        finally:
+            self.free.put(child)
+
+    def __call__(self, case: dict) -> list[dict]:
+        future = self.futures.pop(case["case_id"], None)
+        return future.result() if future is not None else self._measure(case)
+
+    def __enter__(self) -> "Ahead":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        interrupted = exc[0] is not None
+        self.executor.shutdown(wait=not interrupted, cancel_futures=True)
+        for child in self.children:
+            child._kill() if interrupted else child.close()

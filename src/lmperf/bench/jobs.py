@@ -64,8 +64,6 @@ def run(*, section: str, study: str, cases: list[dict], measure: Callable[[dict]
                                                  fingerprint=fingerprint)
     progress = lambda: common.Progress(f"{section}/{study}", len(cases), args.log)
     if n > 1 and parallel:
-        import triton  # noqa: F401  (imported by run_cases' provenance: frozen with the rest)
-        worker_processes.freeze_imports()
         log = progress()
         try:
             with worker_processes.Pool(measure, n, log.say) as pool:

@@ -5,18 +5,19 @@ one model size measured in the same job.
     python -m lmperf.bench.ladder --size xl --spec '{...}' --cases 'xl-rung12-*' --out .../run1.csv --hw ...
 
 A rung carries every setting of the rungs before it, so it can run alone (`--cases`, bench/jobs.py:
-the repeats in fresh processes); the device rates of its floors are then measured for it.
+the repeats in fresh processes), the device rates of its floors then measured for it.
 
 Each rung is the rung before plus one change (RUNGS, then the fused-kernel rungs the spec's
 `fused` lists and the float8 peers its `float8` lists, then one rung per longer context, gradient
 accumulation after the context `accumulate.context` if configured, then activation
 checkpointing; the FP8 rung of our stack, `float8_ours`, right after the rung at its context:
 bench/float8.py). A peer (PEERS: another library's kernels in place of ours, torchao's float8
-training) is measured on the last carried rung's settings and carried nowhere; nor is float8.
-A rung that needs CUDA becomes a `skipped` row where there is none, and
-its change is not carried to the rungs after it. Every rung is timed like the end-to-end studies
-(bench/e2e.py's time_steps: warm-up, then timed steps of lmperf.train.step per phase until the
-stop rule stops them; every row of a rung says why, `stop`, and after how many, `stop_after`), and adds:
+training) is measured on the last carried rung's settings and carried nowhere; nor is float8, nor
+a contender's attention (lmperf.contenders; measured in a process of its own: a crash is its row).
+A rung that needs CUDA is a `skipped` row where there is none, its change not carried up. Every
+rung is timed like the end-to-end studies (bench/e2e.py's time_steps: warm-up, then timed steps of
+lmperf.train.step per phase until the stop rule stops them; every row of a rung says why, `stop`,
+and after how many, `stop_after`), and adds:
 
 - the FLOPs of one step counted by `torch.utils.flop_counter.FlopCounterMode` (the same step on
   fake tensors of the rung's device: no memory, no time), beside the closed form MFU uses
@@ -27,28 +28,26 @@ stop rule stops them; every row of a rung says why, `stop`, and after how many, 
 - floors: the optimizer phase against params x 28 bytes / the copy bandwidth, the forward and
   backward against the bf16 matmul rate, both rates measured in this job (the `floors` case).
 
-With `--workers N` (the config's `workers`), the rungs whose compiled blocks are known before
-they run are first compiled in N worker processes on the model cut to two blocks (`warm`,
-bench/workers.py): their first steps then load the graphs and kernels from the compile caches.
+With `--workers N` (the config's `workers`), the rungs whose compiled blocks are known before they
+run are first compiled in N worker processes on the model cut to two blocks (`warm`, bench/workers.py):
+their first steps then load the graphs and kernels from the compile caches.
 
 The checkpointing rung chooses how many blocks to checkpoint by measured peak memory
-(bench/memory_fit.py): every k-th
-block for k in the configured order (fewest checkpointed blocks first), one step each, the first
-whose peak fits under `memory_budget` x the device's memory. The same way, the accumulation rung
-and the longer contexts after it (not the checkpointing rung, which keeps the configured
-micro-batch) split their global batch into micro-batches of the largest of
+(bench/memory_fit.py): every k-th block for k in the configured order (fewest checkpointed blocks
+first), one step each, the first whose peak fits under `memory_budget` x the device's memory. The
+same way, the accumulation rung and the longer contexts after it (not the checkpointing rung, which
+keeps the configured micro-batch) split their global batch into micro-batches of the largest of
 `accumulate.micro_batch_sizes` that fits: the gradients, kept across micro-batches, need memory
-that the step without accumulation frees before its next forward. With
-`accumulate.expandable_segments`, a rung before the accumulation rung switches the CUDA caching
-allocator to expandable segments (torch.cuda.memory._set_allocator_settings: less fragmentation
-for a step near the device's memory).
+that the step without accumulation frees before its next forward. With `accumulate.expandable_segments`,
+a rung before the accumulation rung switches the CUDA caching allocator to expandable segments
+(less fragmentation for a step near the device's memory).
 """
 from __future__ import annotations
 
 import re
 
 from lmperf import contenders, train
-from lmperf.bench import common, e2e, float8, flop_count, jobs, memory_fit, profile, timing
+from lmperf.bench import common, e2e, float8, flop_count, isolation, jobs, memory_fit, profile, timing
 
 # The rungs before the longer contexts, in order: (rung, what changes, the case keys it sets,
 # whether it needs CUDA). The base is the assignment's model and optimizer in fp32, eager.
@@ -376,16 +375,25 @@ def warm(case: dict) -> list[dict]:
     return [{**common.failure_row("ok", ""), "metric": "compiled"}]
 
 
+def measure_isolated(case: dict) -> list[dict]:
+    """measure() of a contender's rung in bench/isolation's child (the case carries dims and spec)."""
+    return measure({k: v for k, v in case.items() if k not in ("_dims", "_spec")}, case["_dims"], case["_spec"])
+
+
 def main(argv=None):
-    # spec: the ladder's settings and the model dims; --cases: some rungs alone (bench/jobs.py);
-    # --workers: compile the rungs in that many worker processes first (`warm`)
+    # spec: settings and model dims; --cases: rungs alone (bench/jobs.py); --workers: `warm` first
     args = common.bench_args(__doc__, argv, size=True, options=jobs.options)
     import torch
 
     contenders.register_or_exit(args.spec.get("contenders"))  # the model can use them; workers inherit them
     dims, rungs = args.spec["models"][args.size], cases(args.spec, args.size, cuda=torch.cuda.is_available())
-    jobs.run(section="ladder", study="ladder", cases=rungs, measure=lambda case: measure(case, dims, args.spec),
-             args=args, fingerprint={"spec": args.spec, "size": args.size}, warm=warm, compiles=compiles)
+    rivals = set(contenders.provider_names(args.spec.get("contenders")))
+    with isolation.Isolated(measure_isolated, float(args.spec.get("contender_time_limit_s", 600))) as isolated:
+        def run(case: dict) -> list[dict]:  # a contender's rung in a process of its own
+            return (isolated({**case, "_dims": dims, "_spec": args.spec}) if case["attention"] in rivals
+                    else measure(case, dims, args.spec))
+        jobs.run(section="ladder", study="ladder", cases=rungs, measure=run,
+                 args=args, fingerprint={"spec": args.spec, "size": args.size}, warm=warm, compiles=compiles)
 
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ def measure(case: dict) -> list[dict]:
 
 
 def main(argv=None):
-    args = common.bench_args(__doc__, argv, spec=False)
+    args = common.bench_args(__doc__, argv, spec=False, shares_device=True)  # numerics, not timings
     common.run_cases(section="precision", study="precision", cases=cases(), measure=measure,
                      out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={})
 

@@ -39,10 +39,9 @@ job's death: the case is tried once more in a fresh worker, and a second death i
 row, as a case that killed a serial job twice. Rows finished ahead of the loop and not yet
 journalled are lost with the parent, never half-written.
 
-Neither the workers nor the parent of a check times anything, so each leaves the objects of what
-it imported out of the garbage collector's work (`freeze_imports`): the collection after every
-case would otherwise cost a quarter of a second of the parent's loop. A timing job keeps the
-collector as it was.
+The workers, as every job's own process (bench/device.py's `take`), leave the objects of what
+they imported out of the garbage collector's work (`device.freeze_imports`): the collection after
+every case would otherwise cost a quarter of a second.
 
 A row's `wall_s` is the loop's wait for its case (a case finished ahead waits little), so a
 job's sum of `wall_s` is still its time on the GPU; `worker_wall_s` is the case's own time in
@@ -51,7 +50,6 @@ its worker.
 from __future__ import annotations
 
 import collections
-import gc
 import importlib
 import json
 import multiprocessing
@@ -63,7 +61,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Callable
 
-from lmperf.bench import common
+from lmperf.bench import common, device
 
 DEATHS = 2  # a case whose worker died this many times is an error row, as in a serial job
 
@@ -102,15 +100,6 @@ class _ToParent:
         self.conn.send(("say", text))
 
 
-def freeze_imports() -> None:
-    """Leave what the process has imported (torch, triton: long-lived, hundreds of thousands of
-    objects) out of the garbage collector's work, so that the full collection after every case
-    (common.clean_device) takes milliseconds, not a quarter of a second. Only in processes that
-    time nothing: a worker, and the parent of a check measured in workers."""
-    gc.collect()
-    gc.freeze()
-
-
 def serve(conn, module: str, name: str, workers: int = 1, warming: bool = False) -> None:
     """A worker's loop: receive a case, run it through common.run_case with `module.name` as its
     measure, send its rows back; stop at None or when the parent is gone. Inductor compiles in
@@ -124,7 +113,7 @@ def serve(conn, module: str, name: str, workers: int = 1, warming: bool = False)
     torch._inductor.config.compile_threads = max(1, (os.cpu_count() or 1) // workers)
     if warming:
         torch._inductor.config.autotune_local_cache = False
-    freeze_imports()
+    device.freeze_imports()
     while True:
         try:
             case = conn.recv()

@@ -1,0 +1,112 @@
+"""The device lock (lmperf.bench.device): a timing job has the device to itself, checks share it,
+a command run through the module holds it for its whole run, and without the variable nothing
+waits."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+HOLD = """
+import sys, time
+from lmperf.bench import device
+device.take(shared=sys.argv[1] == "shared", say=lambda text: print(text, flush=True))
+print("held", time.monotonic(), flush=True)
+time.sleep(float(sys.argv[2]))
+print("released", time.monotonic(), flush=True)
+"""
+
+
+def _start(tmp_path: Path, mode: str, hold_s: float, lock: Path | None) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": SRC, "TRITON_INTERPRET": "1"}
+    env.pop("LMPERF_DEVICE_LOCK", None)
+    if lock is not None:
+        env["LMPERF_DEVICE_LOCK"] = str(lock)
+    return subprocess.Popen([sys.executable, "-c", HOLD, mode, str(hold_s)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _holding(proc: subprocess.Popen) -> list[str]:
+    """Wait until `proc` holds the device; the lines it printed until then."""
+    lines = []
+    while not lines or not lines[-1].startswith("held"):
+        line = proc.stdout.readline()
+        assert line, f"exited without holding the device: {proc.stderr.read()}"
+        lines.append(line.strip())
+    return lines
+
+
+def _times(proc: subprocess.Popen, before: list[str] = ()) -> tuple[float, float, str]:
+    out, err = proc.communicate(timeout=120)
+    out = "\n".join([*before, out])
+    assert proc.returncode == 0, err
+    held = next(float(line.split()[1]) for line in out.splitlines() if line.startswith("held"))
+    released = next(float(line.split()[1]) for line in out.splitlines() if line.startswith("released"))
+    return held, released, out
+
+
+
+
+@pytest.mark.parametrize("second", ["exclusive", "shared"])
+def test_a_timing_job_has_the_device_to_itself(tmp_path, second):
+    lock = tmp_path / ".cache" / "device.lock"
+    first = _start(tmp_path, "exclusive", 10.0, lock)  # longer than the second's imports under load
+    before = _holding(first)
+    other = _start(tmp_path, second, 0.1, lock)
+    held1, released1, _ = _times(first, before)
+    held2, _, out2 = _times(other)
+    assert held2 >= released1 - 0.05, (held1, released1, held2)
+    assert "waiting for the device" in out2
+
+
+def test_checks_share_the_device_and_a_timing_job_waits_for_them(tmp_path):
+    lock = tmp_path / "device.lock"
+    a = _start(tmp_path, "shared", 6.0, lock)
+    b = _start(tmp_path, "shared", 6.0, lock)
+    before_a, before_b = _holding(a), _holding(b)  # both at once: b holds it while a does
+    timing = _start(tmp_path, "exclusive", 0.1, lock)
+    (ha, ra, _), (hb, rb, _), (ht, _, _) = _times(a, before_a), _times(b, before_b), _times(timing)
+    assert hb < ra and ha < rb, "two checks held the device at once"
+    assert ht >= max(ra, rb) - 0.05
+
+
+def test_without_the_variable_nothing_waits(tmp_path):
+    first = _start(tmp_path, "exclusive", 8.0, None)
+    before = _holding(first)
+    second = _start(tmp_path, "exclusive", 0.1, None)
+    held1, released1, _ = _times(first, before)
+    held2, _, out2 = _times(second)
+    assert held2 < released1 and "waiting" not in out2
+
+
+def test_a_command_run_through_the_module_holds_the_device_until_it_ends(tmp_path):
+    lock = tmp_path / "device.lock"
+    env = {**os.environ, "PYTHONPATH": SRC, "LMPERF_DEVICE_LOCK": str(lock)}
+    child = ("import os, time; print('inherited', os.environ.get('LMPERF_DEVICE_LOCK'), flush=True); "
+             "print('held', time.monotonic(), flush=True); time.sleep(10); print('released', time.monotonic(), flush=True)")
+    wrapped = subprocess.Popen([sys.executable, "-m", "lmperf.bench.device", "--", sys.executable, "-c", child],
+                               env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    before = _holding(wrapped)
+    timing = _start(tmp_path, "exclusive", 0.1, lock)
+    held1, released1, out1 = _times(wrapped, before)
+    held2, _, _ = _times(timing)
+    assert "inherited None" in out1  # its ranks do not wait for the lock their launcher holds
+    assert held2 >= released1 - 0.05
+
+
+def test_the_module_without_a_command_says_how_to_use_it():
+    proc = subprocess.run([sys.executable, "-m", "lmperf.bench.device"], env={**os.environ, "PYTHONPATH": SRC},
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "usage" in proc.stderr
+
+
+def test_the_lock_file_is_on_the_local_temporary_folder_one_per_working_directory(tmp_path):
+    import tempfile
+
+    from lmperf.bench import device
+    a, b = device.lock_path(tmp_path / "a"), device.lock_path(tmp_path / "b")
+    assert a != b and a == device.lock_path(tmp_path / "a" / ".." / "a")
+    assert os.path.dirname(a) == tempfile.gettempdir()
