@@ -28,9 +28,12 @@ follow() {  # follow DIR SECONDS PACK
         return 3
     fi
     while [[ ! -f $dir/.gpu_detached.rc ]] && ((SECONDS < end)); do sleep 5; done
-    # the memory visualizer's HTML stays behind: it can be larger than a transfer allows
-    tar czf "$pack" -C "$dir" --exclude="*.html" results logs 2>/dev/null
-    grep -h "wrote\|resuming\|starting over\|Error\|error:\|Traceback\|gpu_run\|gpu_targets" "$dir/.gpu_detached.log" \
+    # the memory visualizer's HTML stays behind: it can be larger than a transfer allows; Snakemake's
+    # own log comes along (a job that fails before its first progress line says why only there)
+    tar czf "$pack" -C "$dir" --exclude="*.html" results logs .gpu_detached.log 2>/dev/null
+    # a job's traceback without the library warnings around it (Dynamo's run to thousands of lines)
+    grep -v "^[WI][0-9]\{4\} " "$dir/.gpu_detached.log" \
+        | grep -h "wrote\|resuming\|starting over\|Error\|error:\|Traceback\|gpu_run\|gpu_targets" \
         | cut -c1-220 | tail -40
     if [[ -f $dir/.gpu_detached.rc ]]; then
         echo "gpu_detached: done (rc $(cat "$dir/.gpu_detached.rc")); packed into $pack"
