@@ -459,3 +459,24 @@ def test_each_gpu_count_is_read_from_its_own_machine_against_that_machines_one_g
     s = summary.scaling(view)
     assert [(c["gpus"], c["machine"], c["speedup"]["min"]) for c in s["counts"]] == [
         (2, "h100-x2", pytest.approx(2 * 100 / 106)), (4, "h100-x4", pytest.approx(4 * 110 / 115))]
+
+
+def test_a_speedup_over_a_one_gpu_job_that_ran_slow_is_not_judged(tmp_path):
+    """DDP's forward does not communicate: a one-GPU forward much slower than the ranks' says the
+    baseline ran slow (a noisy machine gave a 2-GPU job 2.31x), and the speedup is not judged."""
+    from lmperf.report import distributed as R
+
+    df = gpu_frame()
+    for case_id, forward in (("xl-single-bNone-c1024-n1", 80.0), ("xl-ddp-b1-c1024-n2", 60.0), ("xl-ddp-b25-c1024-n2", 60.0)):
+        row = df[(df["case_id"] == case_id) & (df["metric"] == "step_ms")].iloc[0].to_dict()
+        df.loc[len(df)] = {**row, "metric": "forward_ms", "mean": forward, "median": forward, "max": forward}
+    view = R.view(_inputs(df, tmp_path))
+    speedup = view["bars"].set_index("bar").filter(like="tokens/s >= 1.85x", axis=0).iloc[0]
+    assert speedup["met"] == "not measured"
+    assert "not judged" in speedup["measured"] and "80.0 ms" in speedup["measured"]
+    (answer,) = R.answers(R.ddp_frame(df))
+    assert "ran slow" in answer["slow_baseline"]
+    # within 5% of the baseline's forward: judged as before
+    df.loc[df["metric"] == "forward_ms", ["mean", "median", "max"]] = 80.0
+    speedup = R.view(_inputs(df, tmp_path))["bars"].set_index("bar").filter(like="tokens/s >= 1.85x", axis=0).iloc[0]
+    assert speedup["met"] == True  # noqa: E712 (a numpy bool)

@@ -211,3 +211,22 @@ def test_a_warming_worker_caches_no_launch_config_choice(warming, cached):
         pool.submit({"case_id": "x"})
         [(_, rows, _)] = pool.collect()
     assert rows[0]["median"] == cached
+
+
+def test_the_flashattention_check_in_two_workers_writes_the_rows_of_one_process(tmp_path):
+    """The check's cases go to the workers as the module's own measure (a closure cannot be sent
+    to a worker: a job that wrapped it failed before its first case)."""
+    spec = {"impls": ["torch_tiled"], "dtypes": ["fp32"], "causal": [False, True],
+            "shapes": [[1, 2, 17, 16], [1, 1, 9, 32]]}
+    env = {k: v for k, v in os.environ.items() if k != failures.ACCEPT_ERRORS_ENV}
+    frames = []
+    for name, extra in (("one", ()), ("two", ("--workers", "2"))):
+        out = tmp_path / f"{name}.csv"
+        cli = [sys.executable, "-m", "lmperf.bench.flash_attention", "check", "--spec", json.dumps(spec),
+               "--out", str(out), "--hw", "cpu", *extra]
+        proc = subprocess.run(cli, env={**env, "PYTHONPATH": str(REPO / "src")}, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        frames.append(pd.read_csv(out))
+    same_rows(*frames)
+    assert frames[1]["worker_wall_s"].notna().all() and (frames[1]["status"] == "ok").all()

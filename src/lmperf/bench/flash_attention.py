@@ -361,6 +361,11 @@ def main(argv=None):
     providers.share()  # and the workers load them too
     # a resume never mixes rows of two versions of a provider module's file
     fingerprint = {"spec": args.spec, **({"provider_sources": providers.digest()} if providers.sources() else {})}
+    if args.study == "check":  # our providers' cases (a contender's: bench/contenders.py), side by side in
+        # the workers, which run a module-level function
+        jobs.run(section="flash_attention", study=args.study, cases=cases, measure=measure, args=args,
+                 fingerprint=fingerprint, parallel=True)
+        return
     # a contender's case in a process of its own, with a time limit: a hang or a crash is a row
     limit = float(args.spec.get("contender_time_limit_s", 600))
     with isolation.Isolated(measure, limit) as isolated:
@@ -368,9 +373,9 @@ def main(argv=None):
             if case.get("provider") and providers.get(case["provider"]).role == "contender":
                 return isolated(case)
             return measure(case)
-        # a check's cases run side by side in the workers; a timing job's compiles are warmed in them
+        # a timing job's compiles are warmed in the workers first
         jobs.run(section="flash_attention", study=args.study, cases=cases, measure=run, args=args,
-                 fingerprint=fingerprint, parallel=args.study == "check", warm=warm_bench, compiles=compiles)
+                 fingerprint=fingerprint, parallel=False, warm=warm_bench, compiles=compiles)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import pandas as pd
 from lmperf.report import freshness
 from lmperf.report.distributed_rows import (  # noqa: F401 (the section's names, read here and by tests)
     KEY, MEMORY, PHASES, VARIANT_NAMES, allreduce_frame, best_ddp, cases, ddp_frame, frames, gpu_count, gpu_counts,
-    link_peaks, ok_metric, variant_label)
+    link_peaks, ok_metric, slow_baseline, variant_label)
 from lmperf.report.format import Spread, bar, fmt, unavailable
 from lmperf.report.plot import plt, save
 
@@ -190,8 +190,12 @@ def ddp_bars(ddp: pd.DataFrame, limits: dict) -> list[dict]:
             if (entry := threshold(limits["ddp_speedup"], procs)) is not None:
                 speedup, s = entry["at_least"], best["speedup"]
                 text = f"{name} (best) on {where}: tokens/s >= {speedup}x one GPU's"
-                rows.append(bar(text, s, f"{fmt(s)}x", s >= speedup) if pd.notna(s) else
-                            _not_measured(text, "no one-GPU job"))
+                if pd.isna(s):
+                    rows.append(_not_measured(text, "no one-GPU job"))
+                elif why := slow_baseline(best):
+                    rows.append(_not_measured(text, f"{fmt(s)}x, not judged: {why}"))
+                else:
+                    rows.append(bar(text, s, f"{fmt(s)}x", s >= speedup))
             text, share = f"{name} on {where}: exposed communication <= {exposed:.0%} of the step", best["exposed_comm_share"]
             rows.append(bar(text, share, f"{share:.1%} ({fmt(best['exposed_comm_ms'])} of {fmt(best['step_ms'])} ms)",
                             share <= exposed) if pd.notna(share) else
@@ -240,6 +244,7 @@ def answers(ddp: pd.DataFrame) -> list[dict]:
                 continue
             out.append({"size": size, "gpus": procs, "machine": machine, "label": best["label"],
                         "speedup": float(best["speedup"]), "bucket_mb": float(best["bucket_cap_mb"]),
+                        "slow_baseline": slow_baseline(best),
                         "fsdp": [{"tokens": tokens_per_gpu(case), "ratio": fsdp_ratio(fsdp, against)}
                                  for case, fsdp, against in fsdp_pairs(ddp, size, best) if tokens_per_gpu(case)]})
     return out

@@ -3,6 +3,7 @@ them): one row per all-reduce case and per training case of each machine folder,
 their quantiles, each GPU count's speedup against its own machine's one-GPU job."""
 from __future__ import annotations
 
+import math
 import re
 
 import pandas as pd
@@ -89,9 +90,26 @@ def ddp_frame(df: pd.DataFrame) -> pd.DataFrame:
     keys = pd.Series(list(zip(out["machine"], out["size"], out["purpose"])), index=out.index)
     out["speedup"] = out["tokens_per_s"] / keys.map(single)
     out["scaling_efficiency"] = out["speedup"] / out["processes"]
+    single_forward = out[out["variant"] == "single"].set_index(["machine", "size", "purpose"])["forward_ms"]
+    out["single_forward_ms"] = keys.map(single_forward)
     out["sequences_per_gpu"] = out["global_batch"] / out["processes"]  # a step's, micro-batches included
     out["label"] = [variant_label(v, b) for v, b in zip(out["variant"], out["bucket_cap_mb"])]
     return out.reset_index(drop=True)
+
+
+# DDP's forward pass does not communicate: on a quiet machine a rank's forward takes what the
+# one-GPU job's takes. A one-GPU forward this much slower than the ranks' says the baseline ran
+# slow (another tenant, a throttled GPU), and every speedup against it reads too high.
+SLOW_BASELINE = 0.05
+
+
+def slow_baseline(row: pd.Series) -> str:
+    """Why a DDP case's speedup cannot be judged against its machine's one-GPU job, or ""."""
+    mine, single = row.get("forward_ms", math.nan), row.get("single_forward_ms", math.nan)
+    if row.get("variant") != "ddp" or pd.isna(mine) or pd.isna(single) or mine >= (1 - SLOW_BASELINE) * single:
+        return ""
+    return (f"the one-GPU job's forward took {single:.1f} ms, each rank's {mine:.1f} ms (DDP's forward does not "
+            f"communicate): the baseline ran slow on a noisy machine; measure both again")
 
 
 def best_ddp(ddp: pd.DataFrame, size: str, procs: int, machine: str) -> pd.Series | None:
