@@ -477,7 +477,7 @@ FAKE_PYTHON = """#!/usr/bin/env bash
 prev=""; out=""
 for a in "$@"; do [ "$prev" = "--out" ] && out="$a"; prev="$a"; done
 echo "start $(date +%s.%N)" >> "$JOBS_LOG"
-sleep 0.4
+sleep 1
 mkdir -p "$(dirname "$out")" && echo "fake" > "$out"
 case "$out" in */memory/memory.csv) mkdir -p "$(dirname "$out")/html";; esac
 echo "end $(date +%s.%N)" >> "$JOBS_LOG"
@@ -496,10 +496,11 @@ def most_at_once(log: Path) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("profile, expected", [([], 1), (["--workflow-profile", "none"], None)])
-def test_cores_8_runs_one_gpu_job_at_a_time(fresh_copy, tmp_path, profile, expected):
-    """Every GPU rule asks for gpu=1 and profiles/default caps gpu at 1: with --cores 8 the jobs
-    run one after another. Without the profile (the control) they overlap."""
+@pytest.mark.parametrize("profile, most", [([], 4), (["--workflow-profile", "none"], 8)])
+def test_cores_8_keeps_at_most_4_gpu_jobs_in_flight(fresh_copy, tmp_path, profile, most):
+    """Every GPU rule asks for gpu=1 and profiles/default lets 4 be in flight: with --cores 8 they
+    run side by side, 4 at most (the device lock, not Snakemake, keeps their timings apart:
+    tests/test_device.py). Without the profile (the control) --cores alone caps them."""
     proc = snakemake(fresh_copy, *GPU_TARGETS, "-n", "--cores", "8", *SMOKE)
     dry = proc.stdout + proc.stderr
     assert "Using workflow specific profile profiles/default" in dry
@@ -512,7 +513,7 @@ def test_cores_8_runs_one_gpu_job_at_a_time(fresh_copy, tmp_path, profile, expec
     env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "JOBS_LOG": str(log)}
     snakemake(fresh_copy, *GPU_TARGETS, "--cores", "8", *profile, *SMOKE, env=env)
     peak = most_at_once(log)
-    assert peak == 1 if expected == 1 else peak > 1, f"{peak} GPU jobs ran at once"
+    assert 1 < peak <= most and (most == 4 or peak > 4), f"{peak} GPU jobs ran at once"
 
 
 def test_editing_one_report_section_reruns_only_the_report(built_copy):
