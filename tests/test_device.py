@@ -13,9 +13,14 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 HOLD = """
 import sys, time
 from lmperf.bench import device
-device.take(shared=sys.argv[1] == "shared", say=lambda text: print(text, flush=True))
+say = lambda text: print(text, flush=True)
+device.take(shared=sys.argv[1] == "shared", say=say, warming=sys.argv[1] == "warming")
 print("held", time.monotonic(), flush=True)
 time.sleep(float(sys.argv[2]))
+if sys.argv[1] == "warming":  # warmed: now the timed cases, the device to itself
+    device.alone(say=say)
+    print("alone", time.monotonic(), flush=True)
+    time.sleep(float(sys.argv[2]))
 print("released", time.monotonic(), flush=True)
 """
 
@@ -71,6 +76,25 @@ def test_checks_share_the_device_and_a_timing_job_waits_for_them(tmp_path):
     (ha, ra, _), (hb, rb, _), (ht, _, _) = _times(a, before_a), _times(b, before_b), _times(timing)
     assert hb < ra and ha < rb, "two checks held the device at once"
     assert ht >= max(ra, rb) - 0.05
+
+
+def test_a_timing_job_warms_beside_the_checks_and_times_alone(tmp_path):
+    """Its warm-up (compiling: nothing timed) holds the device with a check; its timed cases wait
+    until the check is done, and a second warmed job's wait for the device alone does not hold up
+    the first's (each gives up its shared hold while it waits)."""
+    lock = tmp_path / "device.lock"
+    check = _start(tmp_path, "shared", 6.0, lock)
+    before_c = _holding(check)
+    a = _start(tmp_path, "warming", 1.0, lock)
+    b = _start(tmp_path, "warming", 1.0, lock)
+    before_a, before_b = _holding(a), _holding(b)
+    (hc, rc, _), (ha, ra, out_a), (hb, rb, out_b) = _times(check, before_c), _times(a, before_a), _times(b, before_b)
+    assert ha < rc and hb < rc, "a warm-up waited for a check"
+    alone = lambda out: float(next(line.split()[1] for line in out.splitlines() if line.startswith("alone")))
+    aa, ab = alone(out_a), alone(out_b)
+    assert aa >= rc - 0.05 and ab >= rc - 0.05, "timed beside a check"
+    assert ab >= ra - 0.05 or aa >= rb - 0.05, "two timing jobs alone at once"
+    assert "waiting for the device to itself" in out_a + out_b
 
 
 def test_without_the_variable_nothing_waits(tmp_path):

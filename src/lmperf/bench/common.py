@@ -351,15 +351,16 @@ def base_parser(description: str, add_help: bool = True) -> argparse.ArgumentPar
 
 def bench_args(doc: str, argv=None, *, studies: Iterable[str] = (), spec: bool = True, size: bool = False,
                options: Callable[[argparse.ArgumentParser], None] | None = None,
-               shares_device: bool | Callable[[argparse.Namespace], bool] = lambda args: getattr(args, "study", None) == "check"
-               ) -> argparse.Namespace:
+               shares_device: bool | Callable[[argparse.Namespace], bool] = lambda args: getattr(args, "study", None) == "check",
+               warms: bool = False) -> argparse.Namespace:
     """The command line of every bench module, parsed and checked: base_parser's options,
     `--spec` (the grid as JSON, parsed into args.spec; not with spec=False), with size=True
     `--size` (one model size a call: a key of the spec's `models`), and what `options(parser)`
     adds; with `studies`, each is a subcommand (`python -m lmperf.bench.lrpe check ...`, named by
     args.study). Then check_environment, before anything is measured, and the wait for the device
-    (bench/device.py): beside other checks where `shares_device` (by default, the study `check`),
-    else alone."""
+    (bench/device.py): beside other checks where `shares_device` (by default, the study `check`);
+    for a job that `warms` its compiles in workers (`--workers` above 1: bench/jobs.py), beside
+    them until jobs.run has warmed them; else alone."""
     def add(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         if spec:
             p.add_argument("--spec", required=True, type=_json, help="the grid as JSON (see config/config.yaml)")
@@ -382,7 +383,7 @@ def bench_args(doc: str, argv=None, *, studies: Iterable[str] = (), spec: bool =
     check_environment(args)
     shared = shares_device(args) if callable(shares_device) else shares_device
     progress = Progress(getattr(args, "study", None) or Path(sys.argv[0]).stem, 0, args.log)
-    device.take(shared, say=progress.say)
+    device.take(shared, say=progress.say, warming=warms and getattr(args, "workers", 1) > 1)
     progress.close()
     return args
 

@@ -5,7 +5,10 @@ job imports first (torch, triton, Dynamo: several seconds of a process start), t
 for the device before it touches CUDA:
 
 - a timing job (`take(shared=False)`) until no other job holds the device;
-- a correctness check (`take(shared=True)`) until no timing job does: checks run together.
+- a correctness check (`take(shared=True)`) until no timing job does: checks run together;
+- a timing job whose compiles are warmed in worker processes first (`take(shared=False,
+  warming=True)`) beside the checks and other warm-ups, then (`alone`) until it has the device to
+  itself for its timed cases: compiling times nothing, so it need not wait for the device alone.
 
 So the next job's start overlaps the job before it, and nothing runs beside a timing job but
 processes asleep on the lock. The lock is a file, named by LMPERF_DEVICE_LOCK; the workflow
@@ -31,6 +34,7 @@ import time
 ENV = "LMPERF_DEVICE_LOCK"
 POLL_S = 0.1   # how often a waiting job asks again: a hand-over costs at most this
 _held: int | None = None   # the lock's file descriptor, kept open for the life of the process
+_warming = False           # held shared for a timing job's warm-up: `alone` before its timed cases
 
 
 def lock_path(workdir) -> str:
@@ -88,16 +92,58 @@ def _lock(path: str, shared: bool, say) -> float:
     return waited
 
 
-def take(shared: bool, say=lambda text: print(text, file=sys.stderr, flush=True)) -> float:
-    """Wait for the device (module docstring): `shared` for a correctness check, else the device
-    to itself. Then leave what the process imported out of the garbage collector's work, so that
-    the collection after every case (common.clean_device) takes milliseconds, not a quarter of a
-    second (inside a timed loop a collection then has fewer objects to walk, never more). The
-    seconds waited; 0 without LMPERF_DEVICE_LOCK or when this process holds it already."""
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def take(shared: bool, say=_say, warming: bool = False) -> float:
+    """Wait for the device (module docstring): `shared` for a correctness check or, with
+    `warming`, a timing job's warm-up (which then calls `alone`), else the device to itself. Then
+    leave what the process imported out of the garbage collector's work, so that the collection
+    after every case (common.clean_device) takes milliseconds, not a quarter of a second (inside a
+    timed loop a collection then has fewer objects to walk, never more). The seconds waited; 0
+    without LMPERF_DEVICE_LOCK or when this process holds it already."""
+    global _warming
     _preload()
     path = os.environ.get(ENV)
-    waited = _lock(path, shared, say) if path and _held is None else 0.0
+    waited = 0.0
+    if path and _held is None:
+        waited = _lock(path, shared or warming, say)
+        _warming = warming and not shared
     freeze_imports()
+    return waited
+
+
+def warming() -> bool:
+    """Whether this process holds the device shared for a timing job's warm-up (`alone` next)."""
+    return _warming
+
+
+def alone(say=_say) -> float:
+    """After a warm-up taken with `take(shared=False, warming=True)`: wait until this job has the
+    device to itself (the checks and warm-ups beside it done), before anything is timed. The
+    seconds waited; 0 where the process holds it alone already, or holds no lock."""
+    global _warming
+    if not _warming:
+        return 0.0
+    _warming = False
+    t0 = time.monotonic()
+    said = False
+    while True:
+        try:
+            fcntl.flock(_held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            # the shared lock given up while waiting (flock(2) may or may not have dropped it in the
+            # failed conversion): two warmed jobs never wait for each other's shared hold
+            fcntl.flock(_held, fcntl.LOCK_UN)
+            if not said:
+                say("warmed; waiting for the device to itself: another job of this run holds it")
+                said = True
+            time.sleep(POLL_S)
+    waited = time.monotonic() - t0
+    if waited >= 1:
+        say(f"the device is this job's after {waited:.0f} s")
     return waited
 
 

@@ -352,7 +352,7 @@ def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dic
 
 
 def main(argv=None):
-    args = common.bench_args(__doc__, argv, studies=STUDIES, options=jobs.options)
+    args = common.bench_args(__doc__, argv, studies=STUDIES, options=jobs.options, warms=True)
     measure = STUDIES[args.study][1]
     try:
         cases = job_cases(args.study, args.spec)  # loads the spec's provider_modules and contenders first

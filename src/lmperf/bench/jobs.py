@@ -20,7 +20,7 @@ import fnmatch
 from pathlib import Path
 from typing import Callable
 
-from lmperf.bench import common, workers as worker_processes
+from lmperf.bench import common, device, workers as worker_processes
 
 
 def options(parser: argparse.ArgumentParser, workers: bool = True) -> None:
@@ -75,6 +75,12 @@ def run(*, section: str, study: str, cases: list[dict], measure: Callable[[dict]
         log = progress()
         try:
             worker_processes.warm_up(warm, [c for c in cases if c["case_id"] not in done and compiles(c)], n, log)
+        finally:
+            log.close()
+    if device.warming():  # a job that warmed beside others (common.bench_args' `warms`): alone now
+        log = progress()
+        try:
+            device.alone(say=log.say)
         finally:
             log.close()
     return run_cases(measure)

@@ -382,7 +382,7 @@ def measure_isolated(case: dict) -> list[dict]:
 
 def main(argv=None):
     # spec: settings and model dims; --cases: rungs alone (bench/jobs.py); --workers: `warm` first
-    args = common.bench_args(__doc__, argv, size=True, options=jobs.options)
+    args = common.bench_args(__doc__, argv, size=True, options=jobs.options, warms=True)
     import torch
 
     contenders.register_or_exit(args.spec.get("contenders"))  # the model can use them; workers inherit them
