@@ -16,7 +16,11 @@ from lmperf.bench import device
 say = lambda text: print(text, flush=True)
 device.take(shared=sys.argv[1] == "shared", say=say, warming=sys.argv[1] == "warming")
 print("held", time.monotonic(), flush=True)
-time.sleep(float(sys.argv[2]))
+if float(sys.argv[2]) < 0:  # until told (a line on stdin), a minute at most
+    import select
+    select.select([sys.stdin], [], [], 60.0)
+else:
+    time.sleep(float(sys.argv[2]))
 if sys.argv[1] == "warming":  # warmed: now the timed cases, the device to itself
     device.alone(say=say)
     print("alone", time.monotonic(), flush=True)
@@ -31,7 +35,7 @@ def _start(tmp_path: Path, mode: str, hold_s: float, lock: Path | None) -> subpr
     if lock is not None:
         env["LMPERF_DEVICE_LOCK"] = str(lock)
     return subprocess.Popen([sys.executable, "-c", HOLD, mode, str(hold_s)], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def _holding(proc: subprocess.Popen) -> list[str]:
@@ -83,11 +87,13 @@ def test_a_timing_job_warms_beside_the_checks_and_times_alone(tmp_path):
     until the check is done, and a second warmed job's wait for the device alone does not hold up
     the first's (each gives up its shared hold while it waits)."""
     lock = tmp_path / "device.lock"
-    check = _start(tmp_path, "shared", 6.0, lock)
+    check = _start(tmp_path, "shared", -1, lock)  # holds it until both warm-ups do
     before_c = _holding(check)
     a = _start(tmp_path, "warming", 1.0, lock)
     b = _start(tmp_path, "warming", 1.0, lock)
     before_a, before_b = _holding(a), _holding(b)
+    check.stdin.write("done\n")
+    check.stdin.flush()
     (hc, rc, _), (ha, ra, out_a), (hb, rb, out_b) = _times(check, before_c), _times(a, before_a), _times(b, before_b)
     assert ha < rc and hb < rc, "a warm-up waited for a check"
     alone = lambda out: float(next(line.split()[1] for line in out.splitlines() if line.startswith("alone")))
