@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 
 from lmperf import contenders as contenders_mod
-from lmperf.bench import common, failures, honest, isolation, jobs, workers as worker_processes
+from lmperf.bench import common, failures, honest, isolation, jobs
 
 PROPERTIES = ("gqa", "compiles", "deterministic", "fresh")
 DISTRIBUTED = ("ddp", "fsdp", "sharded_optimizer")
@@ -221,15 +221,9 @@ def main(argv=None):
     # the contenders' files: an edit to one starts its journal over
     digest = contenders_mod.digest(args.spec["contenders"])
     # each case in a child process (a crash or a hang is its row), `workers` of them side by side
-    try:
-        selected = jobs.select(cases, args.cases)
-    except ValueError:
-        selected = []  # jobs.run says which pattern matched nothing
-    done, _ = worker_processes.journalled(args.out)
-    ahead = [c for c in selected if c["case_id"] not in done]
-    with isolation.Ahead(measure, limit, int(args.spec.get("workers", 1)), ahead) as isolated:
-        jobs.run(section="contenders", study=args.study, cases=cases, measure=isolated, args=args,
-                 fingerprint={"spec": args.spec, "contender_files": digest})
+    jobs.run(section="contenders", study=args.study, cases=cases, measure=measure, args=args,
+             fingerprint={"spec": args.spec, "contender_files": digest},
+             ahead=lambda todo: isolation.Ahead(measure, limit, int(args.spec.get("workers", 1)), todo))
 
 
 if __name__ == "__main__":

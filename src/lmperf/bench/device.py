@@ -162,8 +162,9 @@ def main(argv=None) -> None:
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="run with the device held for timing (the lock of LMPERF_DEVICE_LOCK, if set)")
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = parser.parse_args(argv[:1] if argv[:1] in (["-h"], ["--help"]) else []).command or argv
-    command = command[1:] if command[:1] == ["--"] else command
+    if argv[:1] in (["-h"], ["--help"]):
+        parser.parse_args(argv[:1])  # prints the help and exits
+    command = argv[1:] if argv[:1] == ["--"] else argv
     if not command:
         parser.error("no COMMAND to run")
     path = os.environ.pop(ENV, None)

@@ -47,11 +47,12 @@ def select(cases: list[dict], patterns: list[str] | None) -> list[dict]:
 
 def run(*, section: str, study: str, cases: list[dict], measure: Callable[[dict], list[dict]], args,
         fingerprint: dict, parallel: bool = False, warm: Callable[[dict], list[dict]] | None = None,
-        compiles: Callable[[dict], bool] | None = None):
+        compiles: Callable[[dict], bool] | None = None, ahead=None):
     """common.run_cases over the cases of `cases` that args.cases selects, with the job's
     workers (args.workers): `parallel`, the cases measured in them (a check); or `warm` run
     first in them on the cases that `compiles` (a timing job), those the journal already holds
-    left out."""
+    left out. `ahead(cases)`: a context manager measuring the selected cases the journal does not
+    hold ahead of the loop (bench/isolation.py's Ahead), the loop's measure in place of `measure`."""
     n = getattr(args, "workers", 1)
     if n < 1:
         raise SystemExit(f"error: --workers {n}: at least 1")
@@ -63,6 +64,10 @@ def run(*, section: str, study: str, cases: list[dict], measure: Callable[[dict]
                                                  out_csv=args.out, hw=args.hw, log_path=args.log,
                                                  fingerprint=fingerprint)
     progress = lambda: common.Progress(f"{section}/{study}", len(cases), args.log)
+    if ahead is not None:
+        done, _ = worker_processes.journalled(args.out)
+        with ahead([c for c in cases if c["case_id"] not in done]) as measure_ahead:
+            return run_cases(measure_ahead)
     if n > 1 and parallel:
         log = progress()
         try:
