@@ -221,3 +221,117 @@ def test_the_full_grids_step_timed_cases_carry_the_configs_stop_rule():
     rules += [attention.stop_rule(c) for c in attention.cases(json.loads(specs.attention_spec(config, config["attention"]["full"])))]
     assert {r.relative for r in rules} == {e2e_full["median_within"]} == {0.01}
     assert all(max(r.floor, 8) < r.ceiling for r in rules)  # room for the rule between floor and ceiling
+
+
+# --- kernels timed call by call (bench_calls) and by CUDA-graph replays (bench_graph) ----------
+
+def test_a_kernel_timing_stops_once_its_median_is_known_and_checks_ever_more_rarely():
+    checks = []
+
+    def tight(k):
+        checks.append(k)
+        return [1.0 + 0.001 * (i % 3) for i in range(k)]
+    q = timing.samples_until(tight, timing.StopRule(ceiling=5000, floor=10, relative=0.01))
+    assert (q.n, q.stop) == (10, "median ±1% at 99%") and checks == [10]
+    assert q.fields() == {"stop": "median ±1% at 99%", "stop_after": 10}
+    checks.clear()
+    rng = __import__("random").Random(0)
+    noisy = lambda k: (checks.append(k), [rng.uniform(1.0, 2.0) for _ in range(k)])[1]
+    q = timing.samples_until(noisy, timing.StopRule(ceiling=5000, floor=10, relative=0.001))
+    assert (q.n, q.stop) == (5000, "ceiling") and sum(checks) == 5000
+    assert len(checks) < 30  # a check sorts every sample: a quarter more each time, not every 10
+    median, q20, q80 = q  # unpacked as do_bench_quantiles' (median, q20, q80)
+    assert q20 <= median <= q80
+
+
+def test_a_timing_never_takes_more_than_its_ceiling_even_below_the_floor():
+    q = timing.samples_until(lambda k: [2.0] * k, timing.StopRule(ceiling=3, floor=3, relative=0.01))
+    assert (q.n, q.stop, q.median) == (3, "ceiling", 2.0)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 10, 101])
+def test_quantiles_interpolate_as_torch_quantile_does(n):
+    xs = [float(x) for x in torch.randn(n)]
+    for p in (0.2, 0.5, 0.8):
+        assert timing.quantile(xs, p) == pytest.approx(float(torch.quantile(torch.tensor(xs, dtype=torch.float64), p)))
+
+
+class FakeClock:
+    """A device whose calls take known times: Event.record reads the clock, fn advances it."""
+
+    def __init__(self):
+        self.now, self.calls, self.flushes, self.syncs = 0.0, 0, 0, 0
+        clock = self
+
+        class Event:
+            def __init__(self, enable_timing=True):
+                self.t = None
+
+            def record(self):
+                self.t = clock.now
+
+            def elapsed_time(self, other):
+                return other.t - self.t
+        self.Event = Event
+
+    def get_device_interface(self):
+        return SimpleNamespace(Event=self.Event, synchronize=self.sync)
+
+    def sync(self):
+        self.syncs += 1
+
+    def get_empty_cache_for_benchmark(self):
+        return "cache"
+
+    def clear_cache(self, cache):
+        self.flushes += 1
+
+
+def test_calls_are_timed_as_do_bench_times_them_until_the_median_is_known(monkeypatch):
+    import triton.runtime
+    clock = FakeClock()
+    monkeypatch.setattr(triton.runtime, "driver", SimpleNamespace(active=clock))
+    x = torch.zeros(1, requires_grad=True)
+
+    def fn():  # 0.5 ms a call
+        assert x.grad is None or clock.calls < 16  # cleared before each timed call (as do_bench: not the warm-up)
+        x.grad = torch.ones(1)
+        clock.calls += 1
+        clock.now += 0.5
+    q = timing.bench_calls(fn, warmup_ms=5, rep_ms=100, median_within=0.01, grad_to_none=[x])
+    assert q.median == pytest.approx(0.5) and (q.n, q.stop) == (10, "median ±1% at 99%")
+    # one first call, 5 for the estimate, 10 filling the warm-up window, 10 timed (not do_bench's 200)
+    assert clock.calls == 1 + 5 + 10 + 10 and clock.flushes == 5 + 10
+
+
+def test_a_noisy_call_stops_at_the_calls_of_do_benchs_window(monkeypatch):
+    import triton.runtime
+    clock = FakeClock()
+    monkeypatch.setattr(triton.runtime, "driver", SimpleNamespace(active=clock))
+
+    def fn():
+        clock.calls += 1
+        clock.now += (1.0, 1.5, 2.0)[clock.calls % 3]
+    q = timing.bench_calls(fn, warmup_ms=1, rep_ms=30, median_within=0.001)
+    assert q.stop == "ceiling" and q.n == 20  # rep / the estimate of 5 calls (1.5 ms): do_bench's count
+
+
+def test_without_median_within_the_timing_is_do_benchs_own(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(timing, "do_bench_quantiles", lambda fn, **kw: seen.setdefault("calls", kw) and (3.0, 2.0, 4.0))
+    monkeypatch.setattr(timing, "do_bench_cudagraph_quantiles", lambda fn, **kw: (1.0, 0.5, 1.5))
+    q = timing.bench_calls(lambda: None, warmup_ms=25, rep_ms=100, median_within=None)
+    assert tuple(q) == (3.0, 2.0, 4.0) and q.fields() == {"stop": "", "stop_after": q.n} and math.isnan(q.n)
+    assert seen["calls"] == {"warmup_ms": 25, "rep_ms": 100, "grad_to_none": None}
+    assert tuple(timing.bench_graph(lambda: None, rep_ms=100, median_within=0)) == (1.0, 0.5, 1.5)
+
+
+def test_flashattention_and_lrpe_cases_carry_the_groups_median_within():
+    from lmperf.bench import flash_attention, lrpe
+    group = {"name": "g", "batch": 1, "heads": 1, "head_dims": [16], "causal": [True], "dtypes": ["fp32"],
+             "seq_lens": [64], "providers": ["triton"], "timing_ms": [5, 20], "tiled_max_seq_len": 64,
+             "median_within": 0.02}
+    assert flash_attention.bench_cases({"groups": [group]})[0]["median_within"] == 0.02
+    spec = {"dims": 1, "d": 16, "sizes": [8], "extra_tokens": [0], "providers": ["triton"], "batch": 1, "heads": 1,
+            "dtype": "fp32", "timing_ms": [5, 20], "copy_timing_ms": [5, 20], "kernel_calls": 2, "median_within": 0.03}
+    assert lrpe.bench_cases(spec)[0]["median_within"] == 0.03

@@ -10,6 +10,10 @@ its compiling cases in N worker processes, then times every case in its own (ben
 The forward and forward+backward rows of a bench case carry `gpu_idle_pct`, the share of the
 call's median time the GPU sat idle (bench/timing.py's gpu_idle): high where do_bench times the
 host. The backward alone, the derived rows and the CUDA-graph rows (no host in them) have none.
+Calls are timed as do_bench times them and CUDA graphs replayed until the median is known (a
+group's `median_within`; bench/timing.py's bench_calls and bench_graph), each row saying why it
+stopped (`stop`) and after how many samples (`stop_after`); the leaderboard's harness times with
+do_bench itself.
 """
 from __future__ import annotations
 
@@ -139,7 +143,7 @@ def bench_cases(spec: dict) -> list[dict]:
             case = {"group": group["name"], "provider": provider, "harness": harness, "dtype": dtype,
                     "causal": causal, "batch": group["batch"], "heads": heads, "kv_heads": kv, "seq_len": n,
                     "head_dim": d, "model": model or "",
-                    "timing_ms": "/".join(map(str, group["timing_ms"])),
+                    "timing_ms": "/".join(map(str, group["timing_ms"])), "median_within": group.get("median_within"),
                     "tiled_max_seq_len": group["tiled_max_seq_len"],
                     "gpu_time": gpu_time is True or provider in (gpu_time or ())}
             skip = [s["reason"] for s in group.get("skip", [])
@@ -244,11 +248,15 @@ def measure_bench(case: dict) -> list[dict]:
     h_kv = case.get("kv_heads", h)
     warmup, rep = (int(x) for x in case["timing_ms"].split("/"))
 
-    def bench(f, idle_of: str = "", grad_to_none=()):  # (median, q20, q80) in ms
+    # the leaderboard's harness times with do_bench itself; the others stop once the median is known
+    within = None if leaderboard else case.get("median_within")
+
+    def bench(f, idle_of: str = "", grad_to_none=()):  # Quantiles: (median, q20, q80) in ms
         def run():
             with context():
                 f()
-        median, q20, q80 = timing.do_bench_quantiles(run, warmup_ms=warmup, rep_ms=rep, grad_to_none=grad_to_none)
+        t = timing.bench_calls(run, warmup_ms=warmup, rep_ms=rep, median_within=within, grad_to_none=grad_to_none)
+        median = t.median
 
         def again():  # gradients cleared before each call, as do_bench does
             for x in grad_to_none:
@@ -256,7 +264,7 @@ def measure_bench(case: dict) -> list[dict]:
             run()
         if idle_of:  # the GPU's idle share of the median call
             idle[idle_of] = timing.gpu_idle(again, wall_ms=median)
-        return median, q20, q80
+        return t
 
     idle = {}  # direction -> (GPU idle %, why it was not measured)
     with torch.no_grad():
@@ -274,14 +282,14 @@ def measure_bench(case: dict) -> list[dict]:
         if "modified by an inplace operation" not in str(exc):
             raise
         # quantiles do not subtract: the median only
-        times["backward"] = (times["fwd_bwd"][0] - times["forward"][0], float("nan"), float("nan"))
+        times["backward"] = timing.Quantiles(times["fwd_bwd"][0] - times["forward"][0], float("nan"), float("nan"))
         note = "backward = (forward+backward) - forward: this graph cannot be replayed with retain_graph"
     # free the retained graph first: it keeps the leaves' AccumulateGrad nodes (and the stream they
     # were made on, the default one) alive, and a backward captured while they live fails
     out = None
     gpu_rows = []
     if case.get("gpu_time"):  # the same calls replayed as CUDA graphs: the GPU's time alone
-        gpu_rows = _gpu_time_rows(case, fn, fwd_bwd, context, q, k, v, rep)
+        gpu_rows = _gpu_time_rows(case, fn, fwd_bwd, context, q, k, v, rep, case.get("median_within"))
     describe = providers.get(case["provider"]).config  # e.g. the rule table's choice, for the notes
     config = describe(case) if describe else ""
     rows = []
@@ -292,8 +300,8 @@ def measure_bench(case: dict) -> list[dict]:
         row["message"] = note if direction == "backward" else why_not
         flops = attention_flops(b, h, n, d, case["causal"], direction)
         tflops = lambda t: flops / (t * 1e-3) / 1e12  # the 20% quantile of TFLOP/s is the 80% of time
-        rows += [{**r, "gpu_idle_pct": gpu_idle_pct} for r in (row, common.summarize_quantiles(
-            f"{direction}_tflops", "TFLOP/s", tflops(ms), tflops(q80), tflops(q20)))]
+        rows += [{**r, "gpu_idle_pct": gpu_idle_pct, **times[direction].fields()} for r in (
+            row, common.summarize_quantiles(f"{direction}_tflops", "TFLOP/s", tflops(ms), tflops(q80), tflops(q20)))]
     rows += gpu_rows
     if providers.get(case["provider"]).role == "contender":  # timed outputs checked afterwards
         with context():
@@ -306,10 +314,11 @@ def measure_bench(case: dict) -> list[dict]:
     return rows
 
 
-def _gpu_time_rows(case: dict, fn, fwd_bwd, context, q, k, v, rep: int) -> list[dict]:
-    """forward and forward+backward replayed as CUDA graphs (`*_gpu_ms`, `*_gpu_tflops`), and
-    backward as their difference (median only: quantiles do not subtract). A capture that fails
-    is a row; the host-timed rows stand."""
+def _gpu_time_rows(case: dict, fn, fwd_bwd, context, q, k, v, rep: int, within: float | None) -> list[dict]:
+    """forward and forward+backward replayed as CUDA graphs (`*_gpu_ms`, `*_gpu_tflops`; replays
+    until the median is known to `within`: timing.bench_graph), and backward as their difference
+    (median only: quantiles do not subtract). A capture that fails is a row; the host-timed rows
+    stand."""
     import torch
     b, h, n, d = case["batch"], case["heads"], case["seq_len"], case["head_dim"]
 
@@ -323,7 +332,8 @@ def _gpu_time_rows(case: dict, fn, fwd_bwd, context, q, k, v, rep: int) -> list[
     rows, ms = [], {}
     for direction, f in (("forward", forward), ("fwd_bwd", graphed)):
         try:
-            t, q20, q80 = timing.do_bench_cudagraph_quantiles(f, rep_ms=rep, grad_to_none=[q, k, v])
+            timed = timing.bench_graph(f, rep_ms=rep, median_within=within, grad_to_none=[q, k, v])
+            t, q20, q80 = timed
         except Exception as exc:
             status, message = common.classify_failure(exc)
             rows.append({**common.failure_row(status, "CUDA graph: " + message), "metric": f"{direction}_gpu_ms",
@@ -331,9 +341,10 @@ def _gpu_time_rows(case: dict, fn, fwd_bwd, context, q, k, v, rep: int) -> list[
             continue
         ms[direction] = t
         flops = attention_flops(b, h, n, d, case["causal"], direction)
-        rows.append(common.summarize_quantiles(f"{direction}_gpu_ms", "ms", t, q20, q80))
-        rows.append(common.summarize_quantiles(f"{direction}_gpu_tflops", "TFLOP/s", flops / (t * 1e-3) / 1e12,
-                                               flops / (q80 * 1e-3) / 1e12, flops / (q20 * 1e-3) / 1e12))
+        rows.append({**common.summarize_quantiles(f"{direction}_gpu_ms", "ms", t, q20, q80), **timed.fields()})
+        rows.append({**common.summarize_quantiles(f"{direction}_gpu_tflops", "TFLOP/s", flops / (t * 1e-3) / 1e12,
+                                                  flops / (q80 * 1e-3) / 1e12, flops / (q20 * 1e-3) / 1e12),
+                     **timed.fields()})
     if len(ms) == 2:
         t = ms["fwd_bwd"] - ms["forward"]
         row = common.summarize_quantiles("backward_gpu_ms", "ms", t, float("nan"), float("nan"))

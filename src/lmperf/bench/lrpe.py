@@ -12,8 +12,10 @@ A bench case's call-time rows (ms, GB/s, share of copy bandwidth, per direction)
 where do_bench times the host. Two GPU times leave the host out and have none: the kernel-time
 rows (`*_kernel_ms`: the profiler's record of the call's GPU work, cold L2) and the CUDA-graph rows
 (`*_gpu_ms`: the forward, and the forward with its backward, replayed as CUDA graphs,
-bench/timing.py's do_bench_cudagraph_quantiles; the backward their difference), so that a small case's time per call, mostly the host's, never
-stands alone as the kernel's speed.
+bench/timing.py's bench_graph; the backward their difference), so that a small case's time per
+call, mostly the host's, never stands alone as the kernel's speed. The call times and the graph
+replays stop once their median is known (spec `median_within`; bench/timing.py's bench_calls and
+bench_graph): each row says why (`stop`) and after how many samples (`stop_after`).
 """
 from __future__ import annotations
 
@@ -70,7 +72,7 @@ def bench_cases(spec: dict) -> list[dict]:
         case = {"dims": m, "side": n, "tokens": l + n**m, "l": l, "provider": provider, "batch": spec["batch"],
                 "heads": spec["heads"], "d": spec["d"], "e": e, "dtype": spec["dtype"],
                 # timing windows and calls (config/schema.yaml's defaults)
-                "timing_ms": "/".join(map(str, spec["timing_ms"])),
+                "timing_ms": "/".join(map(str, spec["timing_ms"])), "median_within": spec.get("median_within"),
                 "copy_timing_ms": "/".join(map(str, spec["copy_timing_ms"])), "kernel_calls": spec["kernel_calls"]}
         case["case_id"] = f"{m}d-n{n}-l{l}-{provider}"
         cases.append(case)
@@ -236,14 +238,19 @@ def warm_bench(case: dict) -> list[dict]:
 
 def measure_bench(case: dict) -> list[dict]:
     import torch
-    import triton.testing
 
     fn, (x, theta, grad) = setup_bench(case)
     d = case["d"]
     provider = case["provider"]
     warmup, rep_ms = windows(case["timing_ms"])
     copy_windows, calls = windows(case["copy_timing_ms"]), case["kernel_calls"]
-    bench = functools.partial(triton.testing.do_bench, warmup=warmup, rep=rep_ms, quantiles=list(QUANTILES))
+    within = case.get("median_within")
+
+    def bench(f, grad_to_none=None):  # [q20, median, q80] in ms and how the timing stopped
+        t = timing.bench_calls(f, warmup_ms=warmup, rep_ms=rep_ms, median_within=within, grad_to_none=grad_to_none)
+        stops[len(stops)] = t.fields()
+        return [t[1], t[0], t[2]]
+    stops = {}  # 0: the forward's, 1: the backward's
     x_bytes = x.numel() * x.element_size()
     floor_bytes = 3 * x_bytes  # read x, write out (2d); backward: read dO (2d), write dx
     copy = copy_bandwidth_gbs(*copy_windows)
@@ -277,7 +284,8 @@ def measure_bench(case: dict) -> list[dict]:
                                                    ("backward", bwd_ms, bwd_peak, bwd_extra)):
         # bandwidths from the same quantiles: the 80% time gives the 20% bandwidth
         gpu_idle_pct, why_not = idle[direction]
-        timed = [{**quantile_row(f"{direction}_ms", "ms", q20, ms, q80), "message": why_not},
+        timed = [{**quantile_row(f"{direction}_ms", "ms", q20, ms, q80), "message": why_not,
+                  **stops[("forward", "backward").index(direction)]},
                  quantile_row(f"{direction}_gbs", "GB/s", gbs(q80), gbs(ms), gbs(q20)),
                  quantile_row(f"{direction}_copy_fraction", "fraction", gbs(q80) / copy, gbs(ms) / copy,
                               gbs(q20) / copy)]
@@ -298,7 +306,7 @@ def measure_bench(case: dict) -> list[dict]:
         rows += [dict(one_value(f"{direction}_kernel_ms", "ms", ms), kernel_calls=calls),
                  one_value(f"{direction}_kernel_gbs", "GB/s", gbs(ms)),
                  one_value(f"{direction}_kernel_copy_fraction", "fraction", gbs(ms) / copy)]
-    rows += graph_rows(fn, x, theta, grad, rep_ms, gbs, copy)
+    rows += graph_rows(fn, x, theta, grad, rep_ms, gbs, copy, within)
     rows.append(quantile_row("copy_gbs", "GB/s", *copy_bandwidth_quantiles(*copy_windows)))
     rows.append(one_value("x_elements", "count", x.numel()))
     config = ""
@@ -311,7 +319,7 @@ def measure_bench(case: dict) -> list[dict]:
     return rows
 
 
-def graph_rows(fn, x, theta, grad, rep_ms: int, gbs, copy: float) -> list[dict]:
+def graph_rows(fn, x, theta, grad, rep_ms: int, gbs, copy: float, within: float | None = None) -> list[dict]:
     """The forward, and the forward with its backward, replayed as CUDA graphs
     (`forward_gpu_ms`, `fwd_bwd_gpu_ms`, with their 20% / 80% quantiles), and the backward as
     their difference (`backward_gpu_ms`, the median only: quantiles do not subtract), with their
@@ -325,13 +333,14 @@ def graph_rows(fn, x, theta, grad, rep_ms: int, gbs, copy: float) -> list[dict]:
     rows, ms = [], {}
     for name, call in (("forward", lambda: fn(x, theta)), ("fwd_bwd", fwd_bwd)):
         try:
-            ms[name], q20, q80 = timing.do_bench_cudagraph_quantiles(call, rep_ms=rep_ms)
+            timed = timing.bench_graph(call, rep_ms=rep_ms, median_within=within)
+            ms[name], q20, q80 = timed
         except Exception as exc:  # noqa: BLE001  (the other timings stand without it)
             status, message = common.classify_failure(exc)
             rows.append({**common.failure_row(status, ("CUDA graph: " + message)[:300]),
                          "metric": f"{name}_gpu_ms", "unit": "ms"})
             continue
-        rows.append(quantile_row(f"{name}_gpu_ms", "ms", q20, ms[name], q80))
+        rows.append({**quantile_row(f"{name}_gpu_ms", "ms", q20, ms[name], q80), **timed.fields()})
         if name == "forward":
             rows.append(quantile_row("forward_gpu_copy_fraction", "fraction", gbs(q80) / copy,
                                      gbs(ms[name]) / copy, gbs(q20) / copy))

@@ -170,6 +170,145 @@ def do_bench_cudagraph_quantiles(fn: Callable, rep_ms: int, **kwargs) -> tuple[f
     return float(median), float(q20), float(q80)
 
 
+# do_bench's way of timing a call, with the stop rule: `bench_calls` and `bench_graph` time calls
+# as triton.testing's do_bench and do_bench_cudagraph do, but stop once the median is known
+# (the 99% interval of the median within ±median_within of it; checked after CALL_STEP samples,
+# then each time a quarter more are taken), and never take more than do_bench would in its window. A row says
+# why its timing stopped (`stop`) and after how many samples (`stop_after`).
+CALL_STEP = 10
+GRAPH_REPLAYS = 10  # do_bench_cudagraph replays 10 graphs of rep_ms; bench_graph graphs of rep_ms / 10
+
+
+class Quantiles(tuple):
+    """(median, q20, q80) in ms, unpacked as do_bench_quantiles' tuple, with `n` (the samples
+    taken: calls, or graph replays) and `stop` (why sampling stopped; "" for do_bench's own)."""
+
+    def __new__(cls, median: float, q20: float, q80: float, n: float = math.nan, stop: str = ""):
+        self = super().__new__(cls, (float(median), float(q20), float(q80)))
+        self.n, self.stop = n, stop
+        return self
+
+    @property
+    def median(self) -> float:
+        return self[0]
+
+    def fields(self) -> dict:
+        """What a row records of how it was timed: `stop`, `stop_after` (empty for do_bench's own)."""
+        return {"stop": self.stop, "stop_after": self.n}
+
+
+def quantile(xs: list[float], q: float) -> float:
+    """The q-quantile of `xs` by linear interpolation between order statistics (torch.quantile's
+    and so do_bench's default)."""
+    xs = sorted(xs)
+    pos = q * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def samples_until(time_samples: Callable[[int], list[float]], rule: StopRule, step: int = CALL_STEP) -> Quantiles:
+    """Quantiles of the samples (ms) `time_samples(k)` returns, k more at a time, until `rule`
+    stops them: checked at `rule.floor`, then every `step` samples or a quarter of those taken,
+    whichever is more (a check sorts them all)."""
+    ms: list[float] = []
+    while True:
+        k = max(min(max(step, len(ms) // 4), rule.ceiling - len(ms)), rule.floor - len(ms), 1)
+        ms += [float(x) for x in time_samples(k)]
+        why = stop_reason([x / 1e3 for x in ms], rule)
+        if why is not None:
+            return Quantiles(quantile(ms, 0.5), quantile(ms, 0.2), quantile(ms, 0.8), len(ms), why)
+
+
+def _clear_grads(grad_to_none) -> None:
+    for x in grad_to_none or ():
+        x.grad = None
+
+
+def bench_calls(fn: Callable, warmup_ms: int, rep_ms: int, median_within: float | None,
+                grad_to_none=None) -> Quantiles:
+    """`fn`'s time a call in ms as triton.testing.do_bench takes it (an estimate from 5 calls, warm-up
+    calls filling `warmup_ms`, then each call timed by CUDA events with the L2 cache flushed before
+    it and `grad_to_none`'s gradients cleared), sampled until the median is known to
+    `median_within` (the block above), at most the calls do_bench makes in `rep_ms`. Without
+    `median_within` (None or 0), do_bench itself."""
+    if not median_within:
+        return Quantiles(*do_bench_quantiles(fn, warmup_ms=warmup_ms, rep_ms=rep_ms, grad_to_none=grad_to_none))
+    from triton import runtime
+    driver = runtime.driver.active
+    di = driver.get_device_interface()
+    fn()
+    di.synchronize()
+    cache = driver.get_empty_cache_for_benchmark()
+    start, end = di.Event(enable_timing=True), di.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        driver.clear_cache(cache)
+        fn()
+    end.record()
+    di.synchronize()
+    estimate_ms = max(start.elapsed_time(end) / 5, 1e-6)
+    for _ in range(max(1, int(warmup_ms / estimate_ms))):
+        fn()
+    most = max(1, int(rep_ms / estimate_ms))
+
+    def time_calls(k: int) -> list[float]:
+        starts = [di.Event(enable_timing=True) for _ in range(k)]
+        ends = [di.Event(enable_timing=True) for _ in range(k)]
+        for s, e in zip(starts, ends):
+            _clear_grads(grad_to_none)
+            driver.clear_cache(cache)
+            s.record()
+            fn()
+            e.record()
+        di.synchronize()
+        return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    return samples_until(time_calls, StopRule(ceiling=most, floor=min(most, CALL_STEP), relative=median_within))
+
+
+def bench_graph(fn: Callable, rep_ms: int, median_within: float | None, grad_to_none=None) -> Quantiles:
+    """`fn`'s time a call in ms replayed as a CUDA graph, as triton.testing.do_bench_cudagraph takes
+    it (no host time, no L2 flush: what `fn` costs the GPU when the host runs ahead of it, as in a
+    training step), but with graphs of rep_ms / GRAPH_REPLAYS of calls, each replay a sample,
+    replayed until the median is known to `median_within` (at least GRAPH_REPLAYS replays, at most
+    the GPU time do_bench_cudagraph spends). Without `median_within`, do_bench_cudagraph itself."""
+    if not median_within:
+        return Quantiles(*do_bench_cudagraph_quantiles(fn, rep_ms=rep_ms, grad_to_none=grad_to_none))
+    import torch
+    with torch.cuda.stream(torch.cuda.Stream()):
+        fn()
+        for x in grad_to_none or ():  # as do_bench_cudagraph: the warm-up call's graph let go
+            x.detach_()
+            x.requires_grad_(True)
+            x.grad = None
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        estimate_ms = max(start.elapsed_time(end) / 5, 1e-6)
+        unrolled = max(1, int(rep_ms / GRAPH_REPLAYS / estimate_ms))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(unrolled):
+                _clear_grads(grad_to_none)
+                fn()
+        torch.cuda.synchronize()
+
+        def time_replays(k: int) -> list[float]:
+            out = []
+            for _ in range(k):
+                start.record()
+                graph.replay()
+                end.record()
+                torch.cuda.synchronize()
+                out.append(start.elapsed_time(end) / unrolled)
+            return out
+        rule = StopRule(ceiling=GRAPH_REPLAYS * GRAPH_REPLAYS, floor=GRAPH_REPLAYS, relative=median_within)
+        return samples_until(time_replays, rule, step=GRAPH_REPLAYS)
+
+
 def busy_ms(events: Iterable, calls: int) -> float:
     """The GPU's busy time (ms) a call in a profile of `calls` calls: the union of the intervals
     of its device work (torch.profiler events on CUDA; device-side copies of named ranges left
