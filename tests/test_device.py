@@ -140,3 +140,22 @@ def test_the_lock_file_is_on_the_local_temporary_folder_one_per_working_director
     a, b = device.lock_path(tmp_path / "a"), device.lock_path(tmp_path / "b")
     assert a != b and a == device.lock_path(tmp_path / "a" / ".." / "a")
     assert os.path.dirname(a) == tempfile.gettempdir()
+
+
+def test_an_interrupt_while_waiting_ends_the_job_with_a_line_not_a_traceback(tmp_path, monkeypatch):
+    import fcntl
+
+    from lmperf.bench import device
+    path = str(tmp_path / "device.lock")
+    holder = os.open(path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # another job holds the device
+    said = []
+
+    def interrupted(seconds):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(device.time, "sleep", interrupted)
+    monkeypatch.setattr(device, "_held", None)
+    with pytest.raises(SystemExit) as stop:
+        device._lock(path, shared=False, say=said.append)
+    assert stop.value.code == 130 and said[-1] == "interrupted while waiting for the device: nothing measured"
+    os.close(holder)

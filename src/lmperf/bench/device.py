@@ -67,6 +67,16 @@ def _preload() -> None:
         pass
 
 
+def _sleep(say) -> None:
+    """One poll's wait; Ctrl-C or Snakemake's SIGINT there ends the job with a line saying so
+    (exit 130), not a traceback: nothing was measured yet."""
+    try:
+        time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        say("interrupted while waiting for the device: nothing measured")
+        raise SystemExit(130) from None
+
+
 def _lock(path: str, shared: bool, say) -> float:
     """Open `path` and flock it (shared or exclusive); the seconds waited."""
     global _held
@@ -84,7 +94,7 @@ def _lock(path: str, shared: bool, say) -> float:
                 say(f"waiting for the device ({'shared with other checks' if shared else 'to itself'}): "
                     f"another job of this run holds it")
                 said = True
-            time.sleep(POLL_S)
+            _sleep(say)
     _held = fd
     waited = time.monotonic() - t0
     if waited >= 1:
@@ -140,7 +150,7 @@ def alone(say=_say) -> float:
             if not said:
                 say("warmed; waiting for the device to itself: another job of this run holds it")
                 said = True
-            time.sleep(POLL_S)
+            _sleep(say)
     waited = time.monotonic() - t0
     if waited >= 1:
         say(f"the device is this job's after {waited:.0f} s")
