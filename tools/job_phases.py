@@ -70,15 +70,20 @@ def main(argv: list[str]) -> None:
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     from lmperf import train
-    from lmperf.bench import common, e2e, energy, memory_fit, profile, timing
+    from lmperf.bench import common, e2e, energy, honest, memory_fit, profile, timing
     job = importlib.import_module(args.module)
     SECONDS["imports"] = time.perf_counter() - t0
     for module, name in ((train, "setup"), (e2e, "time_steps"), (e2e, "run_timed"), (timing, "gpu_idle"),
                          (common, "clean_device"), (gc, "collect"), (profile, "kernel_times"),
-                         (memory_fit, "one_step_peak_mib")):
-        timed(module, name)
+                         (memory_fit, "one_step_peak_mib"), (timing, "do_bench_quantiles"),
+                         (timing, "do_bench_cudagraph_quantiles"), (timing, "bench_calls"), (timing, "bench_graph"),
+                         (honest, "stale_output")):
+        if hasattr(module, name):  # the kernel timers of this version of bench/timing.py
+            timed(module, name)
     timed_context(energy, "meter")
-    for name in ("profile_step", "flop_rows", "phase_floors", "warm"):  # the ladder's, where the job has them
+    # the ladder's, FlashAttention's and LRPE's, where the job has them
+    for name in ("profile_step", "flop_rows", "phase_floors", "warm", "setup_bench", "measure_bench", "warm_bench",
+                 "_gpu_time_rows", "kernel_ms", "graph_rows"):
         if hasattr(job, name):
             timed(job, name)
     atexit.register(report, t0)

@@ -196,17 +196,93 @@ def duplicate_cases(results: Path) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+# --- the run a config plans, projected from measured cases -------------------------------------
+
+MEASURED = (  # where a planned case's wall_s is looked up, first match wins: the newest code first
+    ROOT / "tools/data/side_by_side_h100/cost_map/results/h100-80gb-hbm3",
+    ROOT / "tools/data/side_by_side_h100/run/results/h100-80gb-hbm3",
+    ROOT / "tools/data/side_by_side_h100/cost_probe/results/h100-80gb-hbm3",
+    ROOT / "results/h100-80gb-hbm3",
+)
+
+
+def planned_files(overrides: list[str], scale: str, depth: str):
+    """The result files a Snakemake run with `--config overrides` plans (lmperf.workflow), the
+    config validated (its defaults filled) as rules/common.smk does."""
+    import yaml
+    from snakemake.utils import validate
+    from lmperf import workflow
+    config = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    for item in overrides:
+        key, _, value = item.partition("=")
+        config[key] = yaml.safe_load(value)
+    validate(config, str(ROOT / "config/schema.yaml"))
+    files = workflow.result_files(config, "results/plan", scale, ["results/plan-x2"])
+    return [f for f in workflow.run_files(files, depth) if f.section != "distributed"]
+
+
+def measured_walls(folders) -> dict[str, dict[str, float]]:
+    """job (path under a results folder, no .csv) -> case_id -> wall_s, the first folder's wins."""
+    out: dict[str, dict[str, float]] = {}
+    for folder in folders:
+        for path in sorted(folder.rglob("*.csv")):
+            job = path.relative_to(folder).as_posix().removesuffix(".csv")
+            df = pd.read_csv(path, low_memory=False)
+            if "wall_s" not in df or "case_id" not in df:
+                continue
+            walls = df.drop_duplicates("case_id").set_index("case_id")["wall_s"].fillna(0.0)
+            known = out.setdefault(job, {})
+            for case_id, wall in walls.items():
+                known.setdefault(case_id, float(wall))
+    return out
+
+
+def plan(overrides: list[str], scale: str, depth: str, costs: Costs, folders=MEASURED) -> pd.DataFrame:
+    """One line a planned job: its cases, how many were measured (the rest take the mean of the
+    job's measured ones), their seconds, its overhead (`overhead`) and its total."""
+    walls = measured_walls(folders)
+    out = []
+    for f in planned_files(overrides, scale, depth):
+        job = f.path.removeprefix("results/plan/").removesuffix(".csv")
+        ids = f.case_ids() or []
+        known = walls.get(job, {})
+        found = [known[c] for c in ids if c in known]
+        mean = statistics.mean(found) if found else float("nan")
+        cases_s = sum(found) + mean * (len(ids) - len(found)) if found else (0.0 if not ids else float("nan"))
+        out.append({"job": job, "section": f.section, "cases": len(ids), "measured": len(found),
+                    "cases_s": cases_s, "apart": job.startswith(APART)})
+    js = pd.DataFrame(out)
+    js["overhead_s"] = js.apply(lambda j: overhead(j, costs), axis=1)
+    js["total_s"] = js["cases_s"] + js["overhead_s"]
+    return js
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", nargs="?", type=Path, default=ROOT / "results" / "h100-80gb-hbm3")
     p.add_argument("--median-within", type=float, default=0.01, help="the stop rule's share (config median_within)")
     p.add_argument("--jobs", action="store_true", help="also every job's line")
     p.add_argument("--cases", action="store_true", help="also every step-timed case under the stop rule")
+    p.add_argument("--plan", nargs="*", metavar="KEY=VALUE",
+                   help="project the jobs config/config.yaml plans (with these --config overrides) from the "
+                        "measured cases instead (MEASURED: each case's newest wall_s)")
+    p.add_argument("--scale", default="full", help="with --plan: the scale planned")
+    p.add_argument("--depth", default="standard", help="with --plan: the depth planned")
     for name, value in vars(Costs()).items():
         p.add_argument(f"--{name.replace('_', '-')}", type=float, default=value, help=f"(default {value})")
     args = p.parse_args(argv)
     costs = Costs(**{k: getattr(args, k) for k in vars(Costs())})
 
+    if args.plan is not None:
+        js = plan(args.plan, args.scale, args.depth, costs)
+        print(js.round(1).to_markdown(index=False), end="\n\n")
+        sections = js.groupby("section")[["cases", "measured", "cases_s", "overhead_s", "total_s"]].sum()
+        sections.loc["(report)"] = [0, 0, 0.0, costs.render_s, costs.render_s]
+        print(sections.sort_values("total_s", ascending=False).round(0).astype(int).to_markdown(), end="\n\n")
+        total = float(sections["total_s"].sum())
+        print(f"{len(js)} jobs, {int(js['cases'].sum())} cases ({int(js['measured'].sum())} measured): "
+              f"{total:.0f} s, {total / 60:.1f} min one job after another")
+        return
     js = jobs(args.results)
     js["overhead_s"] = js.apply(lambda j: overhead(j, costs), axis=1)
     js["total_s"] = js["cases_s"] + js["overhead_s"]
