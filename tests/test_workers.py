@@ -230,3 +230,41 @@ def test_the_flashattention_check_in_two_workers_writes_the_rows_of_one_process(
         frames.append(pd.read_csv(out))
     same_rows(*frames)
     assert frames[1]["worker_wall_s"].notna().all() and (frames[1]["status"] == "ok").all()
+
+
+def test_a_warmed_job_prepares_the_cases_it_has_still_to_measure_before_it_has_the_device_alone(tmp_path, monkeypatch):
+    from lmperf.bench import device
+    order = []
+    monkeypatch.setattr(device, "warming", lambda: True)
+    monkeypatch.setattr(device, "alone", lambda say: order.append("alone") or 0.0)
+    monkeypatch.setattr(common, "run_cases", lambda *, cases, measure, **kw: [measure(c) for c in cases])
+    cases = [{"case_id": i} for i in ("a", "b")]
+    args = Namespace(out=tmp_path / "r.csv", hw="cpu", log=tmp_path / "r.log", workers=1, cases=None)
+
+    def measure(case):
+        order.append(case["case_id"])
+        return [common.summarize("value", "count", [1.0])]
+    jobs.run(section="test", study="prepare", cases=cases, measure=measure, args=args, fingerprint={},
+             prepare=lambda todo, say: order.append(("prepare", [c["case_id"] for c in todo])))
+    assert order == [("prepare", ["a", "b"]), "alone", "a", "b"]
+
+
+def test_the_contenders_cases_compile_in_their_own_process_before_the_timed_loop():
+    from lmperf import contenders, providers
+    from lmperf.bench import flash_attention
+    names = contenders.register(str(Path(__file__).parents[1] / "examples/contenders/lmperf_kernels.py"))
+    group = {"name": "g", "batch": 1, "heads": 1, "head_dims": [16], "causal": [True], "dtypes": ["fp32"],
+             "seq_lens": [64, 128], "providers": ["sdpa_flash"], "timing_ms": [5, 20], "tiled_max_seq_len": 64}
+    cases = flash_attention.bench_cases({"groups": [group], "contenders": names and
+                                         {"lmperf_kernels": "examples/contenders/lmperf_kernels.py"}})
+    sent, said = [], []
+
+    def isolated(case):
+        sent.append(case)
+        return [common.failure_row("timeout" if case["seq_len"] == 128 else "ok", "no answer")]
+    flash_attention.warm_contenders(isolated, cases, said.append)
+    rivals = [c for c in cases if providers.get(c["provider"]).role == "contender" and not c.get("skip_reason")]
+    assert rivals and [c["case_id"] for c in sent] == [c["case_id"] for c in rivals]
+    assert all(c["warm_only"] for c in sent)
+    assert "did not compile there" in said[-1] and "n128" in said[-1] and "timeout" in said[-1]
+    assert not any(c.get("warm_only") for c in cases)  # the timed loop's cases are left as they were

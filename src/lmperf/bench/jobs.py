@@ -47,12 +47,16 @@ def select(cases: list[dict], patterns: list[str] | None) -> list[dict]:
 
 def run(*, section: str, study: str, cases: list[dict], measure: Callable[[dict], list[dict]], args,
         fingerprint: dict, parallel: bool = False, warm: Callable[[dict], list[dict]] | None = None,
-        compiles: Callable[[dict], bool] | None = None, ahead=None):
+        compiles: Callable[[dict], bool] | None = None, ahead=None,
+        prepare: Callable[[list[dict], Callable[[str], None]], None] | None = None):
     """common.run_cases over the cases of `cases` that args.cases selects, with the job's
     workers (args.workers): `parallel`, the cases measured in them (a check); or `warm` run
     first in them on the cases that `compiles` (a timing job), those the journal already holds
     left out. `ahead(cases)`: a context manager measuring the selected cases the journal does not
-    hold ahead of the loop (bench/isolation.py's Ahead), the loop's measure in place of `measure`."""
+    hold ahead of the loop (bench/isolation.py's Ahead), the loop's measure in place of `measure`.
+    `prepare(cases, say)`: run on the cases still to measure while a warmed job shares the device,
+    after the workers' warm-up and before it waits for the device to itself (a contender's compiles
+    in its own process: bench/flash_attention.py)."""
     n = getattr(args, "workers", 1)
     if n < 1:
         raise SystemExit(f"error: --workers {n}: at least 1")
@@ -85,6 +89,9 @@ def run(*, section: str, study: str, cases: list[dict], measure: Callable[[dict]
     if device.warming():  # a job that warmed beside others (common.bench_args' `warms`): alone now
         log = progress()
         try:
+            if prepare is not None:
+                done, _ = worker_processes.journalled(args.out)
+                prepare([c for c in cases if c["case_id"] not in done], log.say)
             device.alone(say=log.say)
         finally:
             log.close()
