@@ -127,3 +127,14 @@ def test_triton_lrpe_on_cpu_tensors_without_the_interpreter_says_what_to_set():
     assert proc.returncode != 0
     assert ("RuntimeError: impl='triton' runs Triton kernels, which need CUDA tensors; x is on cpu. "
             "On a CPU, set TRITON_INTERPRET=1") in proc.stderr
+
+
+def test_flashattention_groups_of_one_name_at_one_head_dim_are_one_job():
+    from lmperf import specs
+    grid = {"name": "grid", "dtypes": ["bf16"], "head_dims": [16, 64]}
+    fa = {"bench": {"groups": [grid, {**grid, "dtypes": ["fp32"], "head_dims": [64]},
+                               {"name": "model", "models": ["small"]}]}}
+    jobs = specs.fa_bench_jobs(fa, {"small": {"d_model": 768, "n_heads": 12}})
+    assert [(g["dtypes"], g["head_dims"]) for g in jobs["grid_d64"]["groups"]] == [(["bf16"], [64]), (["fp32"], [64])]
+    assert [(g["dtypes"], g["head_dims"]) for g in jobs["grid_d16"]["groups"]] == [(["bf16"], [16])]
+    assert jobs["model"]["groups"][0]["models"] == {"small": {"d_model": 768, "n_heads": 12}}

@@ -41,14 +41,17 @@ def convergence_spec(config: dict, scale: str) -> str:
 
 def fa_bench_jobs(fa: dict, models: dict) -> dict[str, dict]:
     """{'<group>_d<D>': spec} : one benchmark job per group and head dim; a group of model
-    sizes is one job '<group>', its sizes resolved to their dims."""
-    jobs = {}
+    sizes is one job '<group>', its sizes resolved to their dims. Groups of one name that reach
+    the same head dim are one job (e.g. the grid's bf16 rows at every head dim and its fp32 rows
+    at one: its job at that head dim runs both)."""
+    jobs: dict[str, dict] = {}
     for group in fa["bench"]["groups"]:
         if "models" in group:
-            jobs[group["name"]] = {"groups": [{**group, "models": {m: models[m] for m in group["models"]}}]}
+            jobs.setdefault(group["name"], {"groups": []})["groups"].append(
+                {**group, "models": {m: models[m] for m in group["models"]}})
             continue
         for d in group["head_dims"]:
-            jobs[f"{group['name']}_d{d}"] = {"groups": [{**group, "head_dims": [d]}]}
+            jobs.setdefault(f"{group['name']}_d{d}", {"groups": []})["groups"].append({**group, "head_dims": [d]})
     return jobs
 
 
