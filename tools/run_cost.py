@@ -210,15 +210,12 @@ MEASURED = (  # where a planned case's wall_s is looked up, first match wins: th
 
 def planned_files(overrides: list[str], scale: str, depth: str):
     """The result files a Snakemake run with `--config overrides` plans (lmperf.workflow), the
-    config validated (its defaults filled) as rules/common.smk does."""
+    config loaded as the workflow loads it (lmperf.report.render.load_config)."""
     import yaml
-    from snakemake.utils import validate
     from lmperf import workflow
-    config = yaml.safe_load((ROOT / "config/config.yaml").read_text())
-    for item in overrides:
-        key, _, value = item.partition("=")
-        config[key] = yaml.safe_load(value)
-    validate(config, str(ROOT / "config/schema.yaml"))
+    from lmperf.report import render
+    config = render.load_config(ROOT / "config/config.yaml",
+                                {key: yaml.safe_load(value) for key, _, value in (o.partition("=") for o in overrides)})
     files = workflow.result_files(config, "results/plan", scale, ["results/plan-x2"])
     return [f for f in workflow.run_files(files, depth) if f.section != "distributed"]
 

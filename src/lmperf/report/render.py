@@ -68,12 +68,13 @@ def bars_from_config(path: Path = CONFIG) -> dict:
     return yaml.safe_load(Path(path).read_text())["report"]
 
 
-def load_config(path: Path = CONFIG) -> dict:
-    """A config file as the workflow sees it: validated against config/schema.yaml (which fills
-    the defaults) and cross-checked (`lmperf.planning.check_config`)."""
+def load_config(path: Path = CONFIG, overrides: dict | None = None) -> dict:
+    """A config file as the workflow sees it: with `overrides` (top-level keys, as `--config
+    KEY=VALUE` gives them), validated against config/schema.yaml (which fills the defaults) and
+    cross-checked (`lmperf.planning.check_config`)."""
     import yaml
     from snakemake.utils import validate as validate_schema
-    config = yaml.safe_load(Path(path).read_text())
+    config = {**yaml.safe_load(Path(path).read_text()), **(overrides or {})}
     validate_schema(config, str(Path(path).parent / SCHEMA.name))
     planning.check_config(config)
     return config
