@@ -249,22 +249,16 @@ def test_a_warmed_job_prepares_the_cases_it_has_still_to_measure_before_it_has_t
     assert order == [("prepare", ["a", "b"]), "alone", "a", "b"]
 
 
-def test_the_contenders_cases_compile_in_their_own_process_before_the_timed_loop():
-    from lmperf import contenders, providers
-    from lmperf.bench import flash_attention
-    names = contenders.register(str(Path(__file__).parents[1] / "examples/contenders/lmperf_kernels.py"))
-    group = {"name": "g", "batch": 1, "heads": 1, "head_dims": [16], "causal": [True], "dtypes": ["fp32"],
-             "seq_lens": [64, 128], "providers": ["sdpa_flash"], "timing_ms": [5, 20], "tiled_max_seq_len": 64}
-    cases = flash_attention.bench_cases({"groups": [group], "contenders": names and
-                                         {"lmperf_kernels": "examples/contenders/lmperf_kernels.py"}})
+def test_an_isolated_process_compiles_its_cases_before_the_timed_loop_and_names_those_that_fail():
+    from lmperf.bench import isolation
     sent, said = [], []
 
-    def isolated(case):
-        sent.append(case)
-        return [common.failure_row("timeout" if case["seq_len"] == 128 else "ok", "no answer")]
-    flash_attention.warm_contenders(isolated, cases, said.append)
-    rivals = [c for c in cases if providers.get(c["provider"]).role == "contender" and not c.get("skip_reason")]
-    assert rivals and [c["case_id"] for c in sent] == [c["case_id"] for c in rivals]
-    assert all(c["warm_only"] for c in sent)
-    assert "did not compile there" in said[-1] and "n128" in said[-1] and "timeout" in said[-1]
+    class Child(isolation.Isolated):
+        def __call__(self, case):
+            sent.append(case)
+            return [common.failure_row("timeout" if case["case_id"] == "b" else "ok", "no answer")]
+    cases = [{"case_id": "a"}, {"case_id": "b"}]
+    Child(lambda case: [], 10).warm(cases, said.append)
+    assert [c["case_id"] for c in sent] == ["a", "b"] and all(c["warm_only"] for c in sent)
+    assert "did not compile there" in said[-1] and "b (timeout" in said[-1]
     assert not any(c.get("warm_only") for c in cases)  # the timed loop's cases are left as they were

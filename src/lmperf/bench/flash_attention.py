@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import time
 
 from lmperf import contenders, providers
 from lmperf.bench import common, honest, isolation, jobs, timing
@@ -355,30 +354,9 @@ def _gpu_time_rows(case: dict, fn, fwd_bwd, context, q, k, v, rep: int, within: 
 
 
 def measure_or_warm(case: dict) -> list[dict]:
-    """A contender's process (bench/isolation.py): `warm_bench` for a case marked `warm_only`,
-    else `measure_bench`."""
+    """A contender's process (bench/isolation.py): `warm_bench` for a case marked `warm_only`
+    (Isolated.warm: its compiles before the timed loop), else `measure_bench`."""
     return warm_bench(case) if case.get("warm_only") else measure_bench(case)
-
-
-def warm_contenders(isolated, cases: list[dict], say) -> None:
-    """Compile the contenders' cases in their own process (`isolated`, its time limit per case)
-    before the timed loop, while the job shares the device: Triton compiles a kernel the first time
-    a process calls it (6-13 s a new shape on an H100), and the warm-up workers, without a time
-    limit, do not run someone else's code. A case that fails here is named; the timed loop
-    measures it anyway and its row says what happened."""
-    rivals = [c for c in cases if not c.get("skip_reason")
-              and providers.get(c["provider"]).role == "contender"]
-    if not rivals:
-        return
-    t0 = time.monotonic()
-    say(f"compiling the contenders' {len(rivals)} cases in their own process")
-    failed = []
-    for case in rivals:
-        rows = isolated({**case, "warm_only": True})
-        if rows[0]["status"] not in ("ok", "skipped", "unsupported"):
-            failed.append(f"{case['case_id']} ({rows[0]['status']}: {rows[0]['message'][:120]})")
-    say(f"contenders compiled in {time.monotonic() - t0:.1f} s"
-        + (f"; {len(failed)} cases did not compile there: {', '.join(failed[:5])}" if failed else ""))
 
 
 STUDIES = {"check": (check_cases, measure_check), "bench": (bench_cases, measure_bench)}
@@ -407,15 +385,14 @@ def main(argv=None):
         return
     # a contender's case in a process of its own, with a time limit: a hang or a crash is a row
     limit = float(args.spec.get("contender_time_limit_s", 600))
+    contender = lambda case: not case.get("skip_reason") and providers.get(case["provider"]).role == "contender"
     with isolation.Isolated(measure_or_warm, limit) as isolated:
         def run(case: dict) -> list[dict]:
-            if case.get("provider") and providers.get(case["provider"]).role == "contender":
-                return isolated(case)
-            return measure(case)
+            return isolated(case) if contender(case) else measure(case)
         # a timing job's compiles are warmed in the workers first
         jobs.run(section="flash_attention", study=args.study, cases=cases, measure=run, args=args,
                  fingerprint=fingerprint, parallel=False, warm=warm_bench, compiles=compiles,
-                 prepare=lambda todo, say: warm_contenders(isolated, todo, say))
+                 prepare=lambda todo, say: isolated.warm([c for c in todo if contender(c)], say))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import sys
+import time
 from typing import Callable
 
 from lmperf.bench import common
@@ -119,6 +120,24 @@ class Isolated:
         self._kill()
         return [common.failure_row("timeout", f"no answer within {self.time_limit_s:g} s (the time limit per "
                                               f"case, config contender_time_limit_s); the process was killed")]
+
+    def warm(self, cases: list[dict], say) -> None:
+        """Each case once, marked `warm_only` (the measure compiles and times nothing:
+        bench/flash_attention.py's measure_or_warm), before the timed loop: Triton compiles a
+        kernel the first time a process calls it (6-13 s a new shape on an H100), and the job's
+        warm-up workers, without a time limit, never run someone else's code. The cases that fail
+        here are named; the loop measures them anyway and their rows say what happened."""
+        if not cases:
+            return
+        t0 = time.monotonic()
+        say(f"compiling {len(cases)} cases in their own process")
+        failed = []
+        for case in cases:
+            rows = self({**case, "warm_only": True})
+            if rows[0]["status"] not in ("ok", "skipped", "unsupported"):
+                failed.append(f"{case['case_id']} ({rows[0]['status']}: {rows[0]['message'][:120]})")
+        say(f"compiled in their own process in {time.monotonic() - t0:.1f} s"
+            + (f"; {len(failed)} cases did not compile there: {', '.join(failed[:5])}" if failed else ""))
 
     def close(self) -> None:
         if self.proc is not None and self.proc.is_alive():

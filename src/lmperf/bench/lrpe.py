@@ -246,19 +246,16 @@ def measure_bench(case: dict) -> list[dict]:
     copy_windows, calls = windows(case["copy_timing_ms"]), case["kernel_calls"]
     within = case.get("median_within")
 
-    def bench(f, grad_to_none=None):  # [q20, median, q80] in ms and how the timing stopped
-        t = timing.bench_calls(f, warmup_ms=warmup, rep_ms=rep_ms, median_within=within, grad_to_none=grad_to_none)
-        stops[len(stops)] = t.fields()
-        return [t[1], t[0], t[2]]
-    stops = {}  # 0: the forward's, 1: the backward's
+    bench = lambda f, grad_to_none=None: timing.bench_calls(f, warmup_ms=warmup, rep_ms=rep_ms, median_within=within,
+                                                           grad_to_none=grad_to_none)  # (median, q20, q80) ms
     x_bytes = x.numel() * x.element_size()
     floor_bytes = 3 * x_bytes  # read x, write out (2d); backward: read dO (2d), write dx
     copy = copy_bandwidth_gbs(*copy_windows)
     rows = []
 
     # forward: speed, then peak memory during one call (inputs included), as the seed measures
-    fwd_ms = bench(lambda: fn(x, theta))  # [q20, median, q80]
-    idle = {"forward": timing.gpu_idle(lambda: fn(x, theta), wall_ms=fwd_ms[1])}
+    fwd_ms = bench(lambda: fn(x, theta))
+    idle = {"forward": timing.gpu_idle(lambda: fn(x, theta), wall_ms=fwd_ms.median)}
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
@@ -271,7 +268,7 @@ def measure_bench(case: dict) -> list[dict]:
     def backward():  # the gradient cleared before each call, as do_bench does
         x.grad = None
         out.backward(grad, retain_graph=True)
-    idle["backward"] = timing.gpu_idle(backward, wall_ms=bwd_ms[1])
+    idle["backward"] = timing.gpu_idle(backward, wall_ms=bwd_ms.median)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
@@ -280,12 +277,12 @@ def measure_bench(case: dict) -> list[dict]:
     bwd_peak, bwd_extra = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_allocated() - before
 
     gbs = lambda ms: floor_bytes / (ms * 1e-3) / 1e9
-    for direction, (q20, ms, q80), peak, extra in (("forward", fwd_ms, fwd_peak, fwd_extra),
-                                                   ("backward", bwd_ms, bwd_peak, bwd_extra)):
+    for direction, t, peak, extra in (("forward", fwd_ms, fwd_peak, fwd_extra),
+                                      ("backward", bwd_ms, bwd_peak, bwd_extra)):
         # bandwidths from the same quantiles: the 80% time gives the 20% bandwidth
+        ms, q20, q80 = t
         gpu_idle_pct, why_not = idle[direction]
-        timed = [{**quantile_row(f"{direction}_ms", "ms", q20, ms, q80), "message": why_not,
-                  **stops[("forward", "backward").index(direction)]},
+        timed = [{**quantile_row(f"{direction}_ms", "ms", q20, ms, q80), "message": why_not, **t.fields()},
                  quantile_row(f"{direction}_gbs", "GB/s", gbs(q80), gbs(ms), gbs(q20)),
                  quantile_row(f"{direction}_copy_fraction", "fraction", gbs(q80) / copy, gbs(ms) / copy,
                               gbs(q20) / copy)]

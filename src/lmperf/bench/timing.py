@@ -35,6 +35,8 @@ import statistics
 import time
 from typing import Callable, Iterable
 
+from lmperf import stats
+
 QUANTILES = (0.5, 0.2, 0.8)  # do_bench's median and the spread the rows record
 IDLE_CALLS = 2  # extra calls of a case profiled for its GPU idle share: a few, to keep GPU time small
 
@@ -197,16 +199,6 @@ class Quantiles(tuple):
         return {"stop": self.stop, "stop_after": self.n}
 
 
-def quantile(xs: list[float], q: float) -> float:
-    """The q-quantile of `xs` by linear interpolation between order statistics (torch.quantile's
-    and so do_bench's default)."""
-    xs = sorted(xs)
-    pos = q * (len(xs) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 def samples_until(time_samples: Callable[[int], list[float]], rule: StopRule, step: int = CALL_STEP) -> Quantiles:
     """Quantiles of the samples (ms) `time_samples(k)` returns, k more at a time, until `rule`
     stops them: checked at `rule.floor`, then every `step` samples or a quarter of those taken,
@@ -217,7 +209,7 @@ def samples_until(time_samples: Callable[[int], list[float]], rule: StopRule, st
         ms += [float(x) for x in time_samples(k)]
         why = stop_reason([x / 1e3 for x in ms], rule)
         if why is not None:
-            return Quantiles(quantile(ms, 0.5), quantile(ms, 0.2), quantile(ms, 0.8), len(ms), why)
+            return Quantiles(*stats.quantiles(ms), len(ms), why)
 
 
 def _clear_grads(grad_to_none) -> None:
