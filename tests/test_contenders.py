@@ -172,6 +172,15 @@ def test_a_contenders_ddp_and_sharded_optimizer_train_to_one_process_weights(tmp
     assert "raised NotImplementedError" in rows.loc["partial-sharded_optimizer-gloo", "message"]
 
 
+def test_a_rank_that_leaves_early_is_the_cause_not_the_rank_whose_connection_it_broke():
+    from lmperf.bench import contender_distributed
+    gloo = ("failed", "RuntimeError: Gloo connectFullMesh failed ... remote worker crashing")
+    left = ("skipped", "not implemented: an adapter of sharded_optimizer raised NotImplementedError")
+    assert contender_distributed.first_cause({0: gloo, 1: left}) == (1, left)
+    assert contender_distributed.first_cause({0: gloo, 1: gloo}) == (0, gloo)
+    assert contender_distributed.first_cause({1: left, 0: ("wrong", "x")}) == (0, ("wrong", "x"))
+
+
 def test_contenders_reach_every_benchmark_whose_contract_they_implement():
     """Named once in the config, they are cases of the FlashAttention bench (every group), the
     PyTorch-attention grid and the ladder (a rung each, not carried up), and result files of

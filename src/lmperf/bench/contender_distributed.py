@@ -114,6 +114,14 @@ def _match(reference: dict, got: dict) -> dict:
     return matched
 
 
+def first_cause(bad: dict[int, tuple[str, str]]) -> tuple[int, tuple[str, str]]:
+    """The rank whose (status, message) a case reports of those that did not train: a rank's own
+    answer (`skipped`: an adapter raised NotImplementedError; `wrong`) before a `failed` one, which
+    can be its consequence (a rank that leaves early breaks another's Gloo connection: "remote
+    worker crashing"); the lowest rank among equals."""
+    return min(bad.items(), key=lambda item: (item[1][0] == "failed", item[0]))
+
+
 def measure(case: dict, contender) -> list[dict]:
     import multiprocessing
     import queue as queue_mod
@@ -146,7 +154,7 @@ def measure(case: dict, contender) -> list[dict]:
                     p.kill()
     bad = {r: (s, m) for r, (s, m) in results.items() if s != "ok"}
     if bad:
-        rank, (status, message) = min(bad.items())
+        rank, (status, message) = first_cause(bad)
         raise {"skipped": contenders.NotImplementedByContender, "wrong": contenders.Wrong}.get(
             status, contenders.Failed)(f"rank {rank}: {message}" if status != "skipped" else message)
     reference = _reference(steps, world)
