@@ -198,7 +198,7 @@ def test_checkpointing_rung_times_the_next_candidate_when_its_timed_steps_run_ou
     monkeypatch.setattr(memory_fit, "one_step_peak_mib", lambda *a: 1.0)
     timed_at = []
 
-    def time_steps(c, *a):
+    def time_steps(c, *a, **k):
         timed_at.append(c["checkpoint_every"])
         if c["checkpoint_every"] > limit:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 MiB")
@@ -249,7 +249,7 @@ def test_micro_batch_is_the_largest_that_fits_its_trial_and_its_timed_steps(monk
     monkeypatch.setattr(memory_fit, "one_step_peak_mib", lambda *a: {4: None, 8: 100.0, 16: 50.0}[a[-1]])
     timed_at = []
 
-    def time_steps(c, *a):
+    def time_steps(c, *a, **k):
         timed_at.append(c["batch_size"])
         if c["batch_size"] > 1:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 MiB")
@@ -266,6 +266,49 @@ def test_micro_batch_is_the_largest_that_fits_its_trial_and_its_timed_steps(monk
     with pytest.raises(torch.OutOfMemoryError, match=r"none of \['in micro-batches of 4', 'in micro-batches of 2', "
                                                      r"'in micro-batches of 1'\] fits under 512 MiB"):
         memory_fit.time_micro_batched(case, spec, cfg, model, opt, None, None, None)
+
+
+def test_a_micro_batch_known_not_to_fit_is_not_tried_again_and_the_trial_warms_up(monkeypatch):
+    """accumulate4 at context 32: micro-batches of 4 run out of memory, of 2 fit. The next rung, the
+    same settings at context 64: 4 and 2 (2 x 64 tokens, as many as 4 x 32) are rows saying which
+    rung showed it, without a trial; 1 is tried and timed. A fitting trial's two steps (the
+    optimizer's state, then the peak) are two of the timed steps' three warm-up steps."""
+    cfg = ModelConfig(**DIMS, vocab_size=97, context_length=16)
+    model = TransformerLM(cfg)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    spec = {**SPEC, "accumulate": {"context": 32, "micro_batches": 4, "memory_budget": 0.5}}
+    monkeypatch.setattr(memory_fit, "DID_NOT_FIT", [])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 2**30}))
+    tried, timed = [], []
+    monkeypatch.setattr(memory_fit, "one_step_peak_mib",
+                        lambda *a: (tried.append(16 // a[-1]), None if a[-1] == 4 else 100.0)[1])  # a[-1]: micro-batches
+    monkeypatch.setattr(e2e, "time_steps", lambda c, *a, **k: (timed.append((c["batch_size"], c["warmup"], k)),
+                                                               [common.summarize("step_ms", "ms", [1.0])])[1])
+    base = {"batch_size": 4, "micro_batches": 4, "micro_batch_candidates": "4,2,1", "warmup": 3,
+            "dtype": "bf16", "compile": True}
+    first = {**base, "context": 32, "name": "accumulate4", "rung": 20}
+    chosen, _ = memory_fit.time_micro_batched(first, spec, cfg, model, opt, None, None, None, idle=False)
+    assert chosen["batch_size"] == 2 and tried == [4, 2]
+    assert timed == [(2, 1, {"idle": False})]  # SGD without momentum has no state: 2 trial steps
+    tried.clear()
+    chosen, rows = memory_fit.time_micro_batched({**first, "context": 64, "name": "ctx64", "rung": 21}, spec, cfg,
+                                                 model, opt, None, None, None)
+    assert chosen["batch_size"] == 1 and tried == [1]
+    assert [(r["batch_size"], r["message"][:40]) for r in rows[:2]] == [
+        (4, "not tried: 4 x 64 tokens a micro-batch n"), (2, "not tried: 2 x 64 tokens a micro-batch n")]
+    assert "4 x 32 that did not fit in rung accumulate4" in rows[1]["message"]
+    # other settings, or a shorter context: tried as before
+    assert memory_fit.known_not_to_fit({**first, "context": 64, "dtype": "fp32"}, 2) == ""
+    assert memory_fit.known_not_to_fit({**first, "context": 16}, 4) == ""
+    assert memory_fit.known_not_to_fit({**first, "context": 32}, 4).startswith("not tried")
+
+
+def test_a_rungs_gpu_idle_share_comes_from_its_profiled_step():
+    rows = [common.summarize("step_ms", "ms", [10.0, 10.0, 10.0]), common.summarize("forward_ms", "ms", [4.0])]
+    assert ladder.idle_share(rows, 7.5) == pytest.approx(25.0)
+    assert ladder.idle_share(rows, 10.2) == 0.0   # busy a little over the wall: noise
+    assert math.isnan(ladder.idle_share(rows, math.nan)) and math.isnan(ladder.idle_share(rows[1:], 5.0))
 
 
 def test_ladder_table_shows_the_timed_steps_batch_not_a_trials():
@@ -388,7 +431,7 @@ def test_a_fused_rung_patches_the_model_it_times(monkeypatch):
     monkeypatch.setattr(fused, "apply", lambda model, *a: patched.append(a) or apply(model, *a))
     timed = []
     time_steps = e2e.time_steps
-    monkeypatch.setattr(e2e, "time_steps", lambda c, cfg, model, *a: timed.append(type(model).__name__)
+    monkeypatch.setattr(e2e, "time_steps", lambda c, cfg, model, *a, **k: timed.append(type(model).__name__)
                         or time_steps(c, cfg, model, *a))
     rows = ladder.measure(case, DIMS, SPEC)
     assert patched == [("ours", ["rmsnorm", "rope"])] and timed == ["FusedTransformerLM"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import statistics
 
 from lmperf import hardware, train
@@ -81,8 +82,10 @@ def peak_key(case: dict) -> str:
     return "tf32" if case["dtype"] == "fp32" and case.get("tf32") else case["dtype"]
 
 
-def time_steps(case: dict, cfg, model, optimizer, inputs, targets, autocast) -> list[dict]:
-    """Warm-up steps, then timed steps of a set-up case: the rows of its metrics."""
+def time_steps(case: dict, cfg, model, optimizer, inputs, targets, autocast, idle: bool = True) -> list[dict]:
+    """Warm-up steps, then timed steps of a set-up case: the rows of its metrics. Without `idle`,
+    no GPU idle share (NaN): a caller that profiles a step of its own measures it there (the
+    ladder: bench/ladder.py's profile_step)."""
     import torch
     from lmperf.model import count_parameters
     from lmperf.flops import flops_per_token
@@ -117,7 +120,7 @@ def time_steps(case: dict, cfg, model, optimizer, inputs, targets, autocast) -> 
     phases = {p: [t[p] * 1e3 for t in timed] for p in timed[0]}
     step_ms = [sum(t.values()) * 1e3 for t in timed]
     # host-bound? the GPU's idle share of the median step, from a few more steps profiled
-    idle, why_not = timing.gpu_idle(timed_step, wall_ms=statistics.median(step_ms))
+    idle, why_not = timing.gpu_idle(timed_step, wall_ms=statistics.median(step_ms)) if idle else (math.nan, "")
     tokens_per_step = b * n * case.get("micro_batches", 1)
     flops_per_step = flops_per_token(cfg, n, case["mode"]) * tokens_per_step
     rows = [common.summarize(f"{p}_ms", "ms", xs) for p, xs in phases.items()]

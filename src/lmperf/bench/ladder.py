@@ -24,7 +24,9 @@ and after how many, `stop_after`), and adds:
   (lmperf.flops);
 - which attention kernel ran (from a profiled step's op and kernel names) and, on a GPU, that
   step's kernel time: all kernels, matrix multiplies, attention (against the timed step: how
-  busy the GPU is, and what a rung is bound by);
+  busy the GPU is, and what a rung is bound by), and its GPU idle share, `gpu_idle_pct`, against
+  the median timed step (bench/timing.py's gpu_idle, from this one profiled step rather than
+  two more);
 - floors: the optimizer phase against params x 28 bytes / the copy bandwidth, the forward and
   backward against the bf16 matmul rate, both rates measured in this job (the `floors` case).
 
@@ -44,6 +46,7 @@ a rung before the accumulation rung switches the CUDA caching allocator to expan
 """
 from __future__ import annotations
 
+import math
 import re
 
 from lmperf import contenders, train
@@ -251,28 +254,36 @@ def kernel_rows(kernels: dict[str, tuple[float, int]]) -> list[dict]:
             (("step_kernel_ms", total), ("step_matmul_kernel_ms", matmul), ("step_attention_kernel_ms", attention))]
 
 
-def profile_step(case: dict, model, optimizer, inputs, targets, autocast) -> tuple[str, list[dict]]:
+def profile_step(case: dict, model, optimizer, inputs, targets, autocast) -> tuple[str, list[dict], float]:
     """One profiled training step: which attention kernel it runs (from its op and kernel names;
     'plain matmuls' for the model's own attention) and, on a GPU, its kernels' time
-    (kernel_rows)."""
+    (kernel_rows) and the GPU's busy ms (bench/timing.py's busy_ms; NaN without a GPU)."""
     import torch
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     cuda = torch.cuda.is_available()
     if case["attention"] == "plain" and not cuda:
-        return "plain matmuls", []
+        return "plain matmuls", [], math.nan
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with torch_profile(activities=activities) as prof:
         train.step(model, optimizer, inputs, targets, autocast, train.nothing, case.get("micro_batches", 1))
         timing.synchronizer()()
     rows = kernel_rows(profile.kernel_times(prof, cuda=True)) if cuda else []
+    busy = timing.busy_ms(prof.events(), calls=1) if cuda else math.nan
     if case["attention"] == "plain":
-        return "plain matmuls", rows
+        return "plain matmuls", rows, busy
     names = [e.key for e in prof.key_averages()]
     for pattern, backend in BACKENDS:
         if any(pattern in name for name in names):
-            return backend, rows
-    return "unknown", rows
+            return backend, rows, busy
+    return "unknown", rows, busy
+
+
+def idle_share(rows: list[dict], busy_ms: float) -> float:
+    """The GPU's idle share (%) of the median timed step (the `step_ms` row) in which the profiled
+    step kept it busy `busy_ms` (bench/timing.py's idle_pct); NaN without either."""
+    step = next((r["median"] for r in rows if r.get("metric") == "step_ms"), math.nan)
+    return timing.idle_pct(busy_ms, step) if busy_ms == busy_ms and step == step else math.nan
 
 
 def model_changes(case: dict):
@@ -318,19 +329,22 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
         change(model)
         if case["checkpoint_candidates"]:
             case, checkpointed = memory_fit.time_checkpointed(case, spec, cfg, model, optimizer, inputs, targets,
-                                                              autocast)
+                                                              autocast, idle=False)
             rows += checkpointed
         elif case.get("micro_batch_candidates"):
             case, fitted = memory_fit.time_micro_batched(case, spec, cfg, model, optimizer, inputs, targets,
-                                                         autocast)
+                                                         autocast, idle=False)
             rows += fitted
         else:
-            rows += e2e.time_steps(case, cfg, model, optimizer, inputs, targets, autocast)
+            rows += e2e.time_steps(case, cfg, model, optimizer, inputs, targets, autocast, idle=False)
+        idle = {}
         try:
-            backend, kernel_time = profile_step(case, model, optimizer, inputs, targets, autocast)
+            backend, kernel_time, busy = profile_step(case, model, optimizer, inputs, targets, autocast)
             rows += kernel_time
+            idle = {"gpu_idle_pct": idle_share(rows, busy)}
         except Exception as exc:  # noqa: BLE001  (the timings stand without it)
             backend = "unknown (" + common.classify_failure(exc)[1][:80] + ")"
+        rows = [{**r, **idle} for r in rows]
     del model, optimizer
     rows += flop_rows(cfg, case, dims, device)
     if cuda:
