@@ -199,6 +199,8 @@ def duplicate_cases(results: Path) -> pd.DataFrame:
 # --- the run a config plans, projected from measured cases -------------------------------------
 
 MEASURED = (  # where a planned case's wall_s is looked up, first match wins: the newest code first
+    ROOT / "tools/data/side_by_side_h100/at_28cbca2/hold_b/results/h100-80gb-hbm3",
+    ROOT / "tools/data/side_by_side_h100/at_28cbca2/hold_a/results/h100-80gb-hbm3",
     ROOT / "tools/data/side_by_side_h100/one_commit/second_hold/results/h100-80gb-hbm3",
     ROOT / "tools/data/side_by_side_h100/one_commit/first_hold/results/h100-80gb-hbm3",
     ROOT / "tools/data/side_by_side_h100/cost_map/results/h100-80gb-hbm3",
