@@ -154,8 +154,8 @@ def test_an_interrupt_while_waiting_ends_the_job_with_a_line_not_a_traceback(tmp
     def interrupted(seconds):
         raise KeyboardInterrupt
     monkeypatch.setattr(device.time, "sleep", interrupted)
-    monkeypatch.setattr(device, "_held", None)
+    monkeypatch.setenv(device.ENV, path)
     with pytest.raises(SystemExit) as stop:
-        device._lock(path, shared=False, say=said.append)
+        device.take(shared=False, say=said.append)
     assert stop.value.code == 130 and said[-1] == "interrupted while waiting for the device: nothing measured"
     os.close(holder)
