@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lmperf import train
-from lmperf.bench import common, e2e, flop_count, ladder, memory_fit
+from lmperf.bench import common, e2e, flop_count, ladder, memory_fit, profile
 from lmperf.flops import closed_form_attention, flops_per_token
 from lmperf.model import ModelConfig, TransformerLM
 
@@ -143,7 +143,7 @@ def test_kernel_rows_split_a_profiled_step_into_matmul_and_attention():
                "_bwd_dkdv_kernel": (300.0, 1), "_fwd_kernel": (50.0, 1),
                "cudnn_generated_fort_native_sdpa_sm90_flash_fprop": (20.0, 1),
                "triton_poi_fused_add_mul_0": (30.0, 3)}
-    rows = {r["metric"]: r["mean"] for r in ladder.kernel_rows(kernels)}
+    rows = {r["metric"]: r["mean"] for r in profile.kernel_rows(kernels)}
     assert rows["step_kernel_ms"] == pytest.approx(1.0)
     assert rows["step_matmul_kernel_ms"] == pytest.approx(0.6)
     assert rows["step_attention_kernel_ms"] == pytest.approx(0.37)
@@ -306,9 +306,9 @@ def test_a_micro_batch_known_not_to_fit_is_not_tried_again_and_the_trial_warms_u
 
 def test_a_rungs_gpu_idle_share_comes_from_its_profiled_step():
     rows = [common.summarize("step_ms", "ms", [10.0, 10.0, 10.0]), common.summarize("forward_ms", "ms", [4.0])]
-    assert ladder.idle_share(rows, 7.5) == pytest.approx(25.0)
-    assert ladder.idle_share(rows, 10.2) == 0.0   # busy a little over the wall: noise
-    assert math.isnan(ladder.idle_share(rows, math.nan)) and math.isnan(ladder.idle_share(rows[1:], 5.0))
+    assert profile.idle_share(rows, 7.5) == pytest.approx(25.0)
+    assert profile.idle_share(rows, 10.2) == 0.0   # busy a little over the wall: noise
+    assert math.isnan(profile.idle_share(rows, math.nan)) and math.isnan(profile.idle_share(rows[1:], 5.0))
 
 
 def test_ladder_table_shows_the_timed_steps_batch_not_a_trials():

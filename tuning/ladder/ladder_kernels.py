@@ -46,7 +46,7 @@ def step_kernels(model, optimizer, inputs, targets, autocast, steps: int) -> lis
         torch.cuda.synchronize()
     rows = []
     for name, (us, calls) in profile.kernel_times(prof, cuda=True).items():
-        cat = ("attention" if ladder.ATTENTION_KERNEL.search(name) else profile.category(name))
+        cat = ("attention" if profile.ATTENTION_KERNEL.search(name) else profile.category(name))
         rows.append({"kernel": name[:200], "category": cat, "ms_per_step": us / 1e3 / steps,
                      "calls_per_step": calls / steps})
     return sorted(rows, key=lambda r: -r["ms_per_step"])

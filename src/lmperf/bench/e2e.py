@@ -85,7 +85,7 @@ def peak_key(case: dict) -> str:
 def time_steps(case: dict, cfg, model, optimizer, inputs, targets, autocast, idle: bool = True) -> list[dict]:
     """Warm-up steps, then timed steps of a set-up case: the rows of its metrics. Without `idle`,
     no GPU idle share (NaN): a caller that profiles a step of its own measures it there (the
-    ladder: bench/ladder.py's profile_step)."""
+    ladder: bench/profile.py's profile_step)."""
     import torch
     from lmperf.model import count_parameters
     from lmperf.flops import flops_per_token

@@ -26,7 +26,7 @@ and after how many, `stop_after`), and adds:
   step's kernel time: all kernels, matrix multiplies, attention (against the timed step: how
   busy the GPU is, and what a rung is bound by), and its GPU idle share, `gpu_idle_pct`, against
   the median timed step (bench/timing.py's gpu_idle, from this one profiled step rather than
-  two more);
+  two more); bench/profile.py's profile_step;
 - floors: the optimizer phase against params x 28 bytes / the copy bandwidth, the forward and
   backward against the bf16 matmul rate, both rates measured in this job (the `floors` case).
 
@@ -45,9 +45,6 @@ a rung before the accumulation rung switches the CUDA caching allocator to expan
 (less fragmentation for a step near the device's memory).
 """
 from __future__ import annotations
-
-import math
-import re
 
 from lmperf import contenders, train
 from lmperf.bench import common, e2e, float8, flop_count, isolation, jobs, memory_fit, profile, timing
@@ -227,65 +224,6 @@ def flop_rows(cfg, case: dict, dims: dict, device: str) -> list[dict]:
     return [{**r, "message": note} for r in rows]
 
 
-# Substrings of profiler op and kernel names -> the attention kernel they belong to; first match wins.
-BACKENDS = [("lmperf::flash_attention", "flash-triton (ours)"), ("_fwd_kernel", "flash-triton (ours)"),
-            ("cudnn_attention", "cudnn"), ("flash_attention", "flash"), ("efficient_attention", "efficient"),
-            ("attention_math", "math")]
-
-
-# Kernel names of attention (ours, SDPA's flash and cuDNN backends, FlexAttention's).
-ATTENTION_KERNEL = re.compile(r"_fwd_kernel|_fwd_combine_kernel|_bwd_dq_kernel|_bwd_dkdv_kernel|flash|fmha|"
-                              r"cudnn.*(sdpa|attention|mha)|sdpa|flex_attention", re.I)
-
-
-def kernel_rows(kernels: dict[str, tuple[float, int]]) -> list[dict]:
-    """The GPU's time in one profiled training step, from {kernel: (device us, calls)}: all its
-    kernels, the matrix multiplies and the attention kernels. Against the timed step (which
-    runs unprofiled) the first says how busy the GPU is: a step far longer than its kernels
-    waits on the host."""
-    total = matmul = attention = 0.0
-    for name, (t, _) in kernels.items():  # attention first: cuDNN's attention kernels look like GEMMs (sm90_...)
-        total += t
-        if ATTENTION_KERNEL.search(name):
-            attention += t
-        elif profile.category(name) == "matmul":
-            matmul += t
-    return [common.summarize(metric, "ms", [us / 1e3]) for metric, us in
-            (("step_kernel_ms", total), ("step_matmul_kernel_ms", matmul), ("step_attention_kernel_ms", attention))]
-
-
-def profile_step(case: dict, model, optimizer, inputs, targets, autocast) -> tuple[str, list[dict], float]:
-    """One profiled training step: which attention kernel it runs (from its op and kernel names;
-    'plain matmuls' for the model's own attention) and, on a GPU, its kernels' time
-    (kernel_rows) and the GPU's busy ms (bench/timing.py's busy_ms; NaN without a GPU)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile as torch_profile
-
-    cuda = torch.cuda.is_available()
-    if case["attention"] == "plain" and not cuda:
-        return "plain matmuls", [], math.nan
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with torch_profile(activities=activities) as prof:
-        train.step(model, optimizer, inputs, targets, autocast, train.nothing, case.get("micro_batches", 1))
-        timing.synchronizer()()
-    rows = kernel_rows(profile.kernel_times(prof, cuda=True)) if cuda else []
-    busy = timing.busy_ms(prof.events(), calls=1) if cuda else math.nan
-    if case["attention"] == "plain":
-        return "plain matmuls", rows, busy
-    names = [e.key for e in prof.key_averages()]
-    for pattern, backend in BACKENDS:
-        if any(pattern in name for name in names):
-            return backend, rows, busy
-    return "unknown", rows, busy
-
-
-def idle_share(rows: list[dict], busy_ms: float) -> float:
-    """The GPU's idle share (%) of the median timed step (the `step_ms` row) in which the profiled
-    step kept it busy `busy_ms` (bench/timing.py's idle_pct); NaN without either."""
-    step = next((r["median"] for r in rows if r.get("metric") == "step_ms"), math.nan)
-    return timing.idle_pct(busy_ms, step) if busy_ms == busy_ms and step == step else math.nan
-
-
 def model_changes(case: dict):
     """fn(model): what the case's rung does to the model it builds, in place: our fused kernels or
     Liger's (kernels/fused.apply, before the compiled blocks' first call), then torchao's float8
@@ -339,9 +277,9 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
             rows += e2e.time_steps(case, cfg, model, optimizer, inputs, targets, autocast, idle=False)
         idle = {}
         try:
-            backend, kernel_time, busy = profile_step(case, model, optimizer, inputs, targets, autocast)
+            backend, kernel_time, busy = profile.profile_step(case, model, optimizer, inputs, targets, autocast)
             rows += kernel_time
-            idle = {"gpu_idle_pct": idle_share(rows, busy)}
+            idle = {"gpu_idle_pct": profile.idle_share(rows, busy)}
         except Exception as exc:  # noqa: BLE001  (the timings stand without it)
             backend = "unknown (" + common.classify_failure(exc)[1][:80] + ")"
         rows = [{**r, **idle} for r in rows]
