@@ -16,6 +16,7 @@ rule adamw_master_check:
         spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
         workers=wf.workers(ADAMW_MASTER.get("check", {})),
     threads: wf.workers(ADAMW_MASTER.get("check", {}))  # its worker processes' CPU cores
+    priority: PRIORITY_CHECK
     resources:
         gpu=1,
         **cluster.job(SCALE),

@@ -18,6 +18,7 @@ rule contenders_study:
         spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
     wildcard_constraints:
         study=wf.wildcard(RESULT_FILES, "contenders_study", "study"),
+    priority: PRIORITY_CHECK
     resources:
         gpu=1,
         **cluster.job(SCALE),

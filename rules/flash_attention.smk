@@ -15,6 +15,7 @@ rule flash_attention_check:
         spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
         workers=wf.workers(FA["check"]),
     threads: wf.workers(FA["check"])  # its worker processes' CPU cores
+    priority: PRIORITY_CHECK
     resources:
         gpu=1,
         **cluster.job(SCALE),
@@ -39,6 +40,7 @@ rule flash_attention_bench:
     wildcard_constraints:
         job=wf.wildcard(RESULT_FILES, "flash_attention_bench", "job"),
     threads: wf.workers(FA["bench"])  # its worker processes' CPU cores
+    priority: PRIORITY_WARMS
     resources:
         gpu=1,
         **cluster.job(SCALE),

@@ -17,6 +17,7 @@ rule float8_delayed_check:
         spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
         workers=wf.workers(FLOAT8.get("check", {})),
     threads: wf.workers(FLOAT8.get("check", {}))  # its worker processes' CPU cores
+    priority: PRIORITY_CHECK
     resources:
         gpu=1,
         **cluster.job(SCALE),

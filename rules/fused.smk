@@ -17,6 +17,7 @@ rule fused_check:
         spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
         workers=wf.workers(FUSED.get("check", {})),
     threads: wf.workers(FUSED.get("check", {}))  # its worker processes' CPU cores
+    priority: PRIORITY_CHECK
     resources:
         gpu=1,
         **cluster.job(SCALE),

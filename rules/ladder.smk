@@ -19,6 +19,7 @@ rule ladder_size:
     threads: wf.workers(LADDER)  # its worker processes' CPU cores (they compile before the timed loop)
     wildcard_constraints:
         size=wf.wildcard(RESULT_FILES, "ladder_size", "size"),
+    priority: PRIORITY_WARMS
     resources:
         gpu=1,
         **cluster.job(SCALE),

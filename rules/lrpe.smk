@@ -15,6 +15,7 @@ rule lrpe_check:
         spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
         workers=wf.workers(LRPE["check"]),
     threads: wf.workers(LRPE["check"])  # its worker processes' CPU cores
+    priority: PRIORITY_CHECK
     resources:
         gpu=1,
         **cluster.job(SCALE),

@@ -477,6 +477,7 @@ FAKE_PYTHON = """#!/usr/bin/env bash
 prev=""; out=""
 for a in "$@"; do [ "$prev" = "--out" ] && out="$a"; prev="$a"; done
 echo "start $(date +%s.%N)" >> "$JOBS_LOG"
+[ -n "${ORDER_LOG:-}" ] && echo "$out" >> "$ORDER_LOG"
 sleep 1
 mkdir -p "$(dirname "$out")" && echo "fake" > "$out"
 case "$out" in */memory/memory.csv) mkdir -p "$(dirname "$out")/html";; esac
@@ -514,6 +515,28 @@ def test_cores_8_keeps_at_most_4_gpu_jobs_in_flight(fresh_copy, tmp_path, profil
     snakemake(fresh_copy, *GPU_TARGETS, "--cores", "8", *profile, *SMOKE, env=env)
     peak = most_at_once(log)
     assert 1 < peak <= most and (most == 4 or peak > 4), f"{peak} GPU jobs ran at once"
+
+
+@pytest.mark.slow
+def test_the_checks_start_first_then_the_jobs_that_warm_compiles(fresh_copy, tmp_path):
+    """rules/common.smk's priorities: with one GPU job in flight at a time, every check starts
+    before any timing job, and the ladder and FlashAttention's bench before the other timing
+    jobs (an H100 run whose in-flight slots were all timing jobs asleep on the device lock ran
+    no check for 26 minutes)."""
+    bin_dir, order = tmp_path / "bin", tmp_path / "order.log"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(FAKE_PYTHON)
+    (bin_dir / "python").chmod(0o755)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "JOBS_LOG": str(tmp_path / "jobs.log"),
+           "ORDER_LOG": str(order)}
+    snakemake(fresh_copy, *GPU_TARGETS, "fused", "float8_delayed", "adamw_master", "--cores", "8",
+              "--resources", "gpu=1", *SMOKE, env=env)
+    started = [line.split("/", 2)[2] for line in order.read_text().split()]  # results/<hw>/<file>
+    checks = [i for i, f in enumerate(started) if f.endswith("check.csv")]
+    warms = [i for i, f in enumerate(started) if f.startswith(("ladder/", "flash_attention/bench/"))]
+    rest = [i for i in range(len(started)) if i not in checks + warms]
+    assert len(checks) >= 5 and warms and rest, started
+    assert max(checks) < min(warms) and max(warms) < min(rest), started
 
 
 def test_editing_one_report_section_reruns_only_the_report(built_copy):
