@@ -22,11 +22,11 @@ and after how many, `stop_after`), and adds:
 - the FLOPs of one step counted by `torch.utils.flop_counter.FlopCounterMode` (the same step on
   fake tensors of the rung's device: no memory, no time), beside the closed form MFU uses
   (lmperf.flops);
-- which attention kernel ran (from a profiled step's op and kernel names) and, on a GPU, that
-  step's kernel time: all kernels, matrix multiplies, attention (against the timed step: how
-  busy the GPU is, and what a rung is bound by), and its GPU idle share, `gpu_idle_pct`, against
-  the median timed step (bench/timing.py's gpu_idle, from this one profiled step rather than
-  two more); bench/profile.py's profile_step;
+- from one profiled step (bench/profile.py's profile_step): which attention kernel ran (its op
+  and kernel names) and, on a GPU, its kernel time: all kernels, matrix multiplies, attention
+  (against the timed step: what a rung is bound by), and `gpu_idle_pct`, the share of the
+  median timed step in which the GPU sat idle (as bench/timing.py's gpu_idle, without profiling
+  more steps);
 - floors: the optimizer phase against params x 28 bytes / the copy bandwidth, the forward and
   backward against the bf16 matmul rate, both rates measured in this job (the `floors` case).
 
