@@ -6,7 +6,10 @@
 #   tools/gpu_detached.sh start DIR BUDGET_S PACK TARGET... [-- SNAKEMAKE_ARGS]  copy the repository to DIR with an
 #                          empty results/ and logs/, start tools/gpu_targets.sh BUDGET_S there in
 #                          its own session (setsid), then follow it for $FOLLOW_S seconds (480: with
-#                          the copy and the wheel install, a 540 s follow ran past a 600 s call)
+#                          the copy and the wheel install, a 540 s follow ran past a 600 s call);
+#                          SEED=DIR (a carried folder laid out like results/) starts results/ with
+#                          those files, written now, so Snakemake keeps them: the files an earlier
+#                          machine measured at the same commit
 #   tools/gpu_detached.sh follow DIR SECONDS PACK  wait up to SECONDS for it to end (a call must
 #                          end before its limit), then pack DIR's results/ and logs/ (journals
 #                          included) into PACK
@@ -49,6 +52,11 @@ case $verb in
         tar cf - --exclude=./results --exclude=./logs --exclude=./.snakemake --exclude='./.venv*' \
             --exclude=./.cache . | tar xf - -C "$dir"
         mkdir -p "$dir/results" "$dir/logs" && : > "$dir/.gpu_detached.log"
+        if [[ -n ${SEED:-} ]]; then
+            cp -r "$SEED"/. "$dir/results/" || exit 1
+            find "$dir/results" -type f -exec touch {} +  # newer than every input: kept, not rerun
+            echo "gpu_detached: results/ starts with $(find "$dir/results" -name '*.csv' | wc -l) files of $SEED"
+        fi
         (cd "$dir" && setsid nohup bash -c 'tools/gpu_targets.sh "$@"; echo $? > .gpu_detached.rc' \
             gpu_targets "$budget" "$dir/pack.tgz" "$@" > .gpu_detached.log 2>&1 < /dev/null &)
         echo "gpu_detached: started ${*} in $dir (budget ${budget} s)"

@@ -10,6 +10,8 @@ beside the report.
 """
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 
 import pandas as pd
@@ -185,9 +187,13 @@ def summary_rows(table: pd.DataFrame, times: pd.DataFrame) -> list[dict]:
     for r in (table.itertuples() if not table.empty else ()):
         if r.result == "not implemented":
             continue
-        timed = times[(times["contender"] == r.provider)] if not times.empty else times
-        head = timed[timed["group"] == "headline"] if not timed.empty else timed
-        t = (head if not head.empty else timed).iloc[0].to_dict() if not timed.empty else {}
+        rows = times[(times["contender"] == r.provider)] if not times.empty else times
+        # the headline where it was timed, else the first timed shape, else the headline untimed
+        timed = rows[rows["ms"].notna()] if not rows.empty else rows
+        pool = timed if not timed.empty else rows
+        head = pool[pool["group"] == "headline"] if not pool.empty else pool
+        t = {k: (None if isinstance(v, float) and math.isnan(v) else v)
+             for k, v in (head if not head.empty else pool).iloc[0].to_dict().items()} if not pool.empty else {}
         out.append({"provider": r.provider, "result": r.result, "compiles": r.compiles,
                     "deterministic": r.deterministic, "fresh": r.fresh,
                     "where": f"{t['group']}: {t['shape']}, {t['dtype']}" if t else "",

@@ -90,9 +90,26 @@ def distributed_folders(results: Path) -> list[str]:
     return folders
 
 
+def measured_contenders(config: dict, results: Path) -> dict:
+    """`config` with the contenders `results` was measured with, where it names none: the
+    contenders/ CSVs' (contender, source) pairs, a source relative to the repository the folder
+    sits in (results/<hw>). With a contender, a run's grids hold its cases too (the ladder's
+    rung numbers among them), so the folder's files are checked against those grids."""
+    if config.get("contenders") or not (results / "contenders").is_dir():
+        return config
+    named = {}
+    for path in sorted((results / "contenders").glob("*.csv")):
+        rows = pd.read_csv(path, usecols=lambda c: c in ("contender", "source")).dropna()
+        for name, source in rows.drop_duplicates().itertuples(index=False):
+            repo_path = Path(results).resolve().parent.parent / source
+            named[name] = str(repo_path if repo_path.is_file() else source)
+    return {**config, "contenders": named} if named else config
+
+
 def promised_files(config: dict, results: Path, scale: str, distributed: list[str]) -> dict:
-    """{normalised path: ResultFile} of every CSV a full run at `scale` writes."""
-    files = wf.result_files(config, str(results), scale, distributed)
+    """{normalised path: ResultFile} of every CSV a full run at `scale` writes, with the
+    contenders the folder was measured with (`measured_contenders`)."""
+    files = wf.result_files(measured_contenders(config, Path(results)), str(results), scale, distributed)
     return {os.path.normpath(f.path): f for f in files}
 
 
