@@ -180,7 +180,7 @@ def test_the_committed_h100_report_renders_the_convergence_and_sets_the_fp8_rung
     ladder_section = text.split("\n## The ladder", 1)[1].split("\n## ", 1)[0]
     assert "Our stack in fp8" in ladder_section
     fp8 = ladder_section.split("Our stack in fp8", 1)[1]
-    assert re.search(r"\| 2\.7B +\| 16 +\| delayed +\| 2048 +\| ok", fp8), fp8[:1500]
+    assert re.search(r"\| 2\.7B +\| \d+ +\| delayed +\| 2048 +\| ok", fp8), fp8[:1500]
 
 
 def test_the_ladder_report_keeps_the_best_bf16_rung_and_sets_the_fp8_rung_beside_it():

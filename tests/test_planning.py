@@ -3,6 +3,7 @@ dims our FlashAttention is run at, a machine that cannot measure what the config
 (and then no file is touched); misuse of the API and of `--config` gets a message that says
 what to do."""
 import copy
+import re
 import os
 import shutil
 import subprocess
@@ -77,7 +78,7 @@ def test_a_refused_full_scale_run_on_a_cpu_touches_no_committed_file(tmp_path):
     run = snakemake(repo, "--cores", "1", *override, check=False)
     out = run.stdout + run.stderr
     assert run.returncode != 0 and "lmperf: not starting: config hw=h100-80gb-hbm3" in out
-    assert "Jobs that would measure: " in out and "precision" in out
+    assert re.search(r"Jobs that would measure: \w+", out)
     after = {p: (p.read_bytes(), p.stat().st_mtime_ns) for d in ("results", "report") for p in (repo / d).rglob("*")
              if p.is_file()}
     assert after == before
