@@ -10,8 +10,6 @@ beside the report.
 """
 from __future__ import annotations
 
-import math
-
 from pathlib import Path
 
 import pandas as pd
@@ -192,8 +190,8 @@ def summary_rows(table: pd.DataFrame, times: pd.DataFrame) -> list[dict]:
         timed = rows[rows["ms"].notna()] if not rows.empty else rows
         pool = timed if not timed.empty else rows
         head = pool[pool["group"] == "headline"] if not pool.empty else pool
-        t = {k: (None if isinstance(v, float) and math.isnan(v) else v)
-             for k, v in (head if not head.empty else pool).iloc[0].to_dict().items()} if not pool.empty else {}
+        row = (head if not head.empty else pool).iloc[0] if not pool.empty else None
+        t = row.astype(object).where(row.notna(), None).to_dict() if row is not None else {}  # NaN: none
         out.append({"provider": r.provider, "result": r.result, "compiles": r.compiles,
                     "deterministic": r.deterministic, "fresh": r.fresh,
                     "where": f"{t['group']}: {t['shape']}, {t['dtype']}" if t else "",
