@@ -2,6 +2,7 @@
 intervals in a profile, the idle share is measured against the wall time the case timed, and
 every way it can fail is a reason beside an empty value, never a failed case. CUDA is faked
 (profiler events of known intervals); on a CPU the value is empty."""
+import collections
 import math
 import statistics
 from pathlib import Path
@@ -173,36 +174,64 @@ def test_every_row_of_an_e2e_case_says_why_its_timing_stopped():
 H100 = Path(__file__).resolve().parents[1] / "results" / "h100-80gb-hbm3"
 
 
-def committed_step_samples():
-    """(case id, per-step ms in the order taken, the row) of every step-timed case the committed
-    H100 results keep: the end-to-end studies and the ladder (step_ms), PyTorch attention (each way)."""
-    for path in sorted([*H100.glob("e2e/*/*.csv"), *H100.glob("ladder/*.csv"), *H100.glob("attention/*.csv")]):
+STEPS_BEFORE_THE_RULE = Path(__file__).resolve().parents[1] / "tools" / "data" / "stop_rule" / "h100_steps.csv"
+
+
+def step_samples(paths):
+    """(case id, per-step ms in the order taken, the row) of every step-timed case in the CSVs at
+    `paths`: the end-to-end studies and the ladder (step_ms and its phases), PyTorch attention (each way)."""
+    for path in sorted(paths):
         df = pd.read_csv(path, low_memory=False)
         rows = df[(df["status"] == "ok") & df["metric"].isin(["step_ms", "forward_ms", "backward_ms"])]
         for _, row in rows.drop_duplicates(["case_id", "metric"]).iterrows():
             yield row["case_id"], [float(x) for x in row["samples"].split(";")], row
 
 
-@pytest.mark.skipif(not H100.is_dir(), reason="no committed H100 results")
-def test_the_stop_rule_on_the_committed_h100_steps_moves_no_median_beyond_its_spread():
-    """Replayed on the steps the committed rows kept, in their order: where the rule stops a case
-    early, its median moves from the median of all the case's steps by less than their 20%-80%
-    spread (the ladder's SDPA rung: its first 8 steps within 1%, later ones up to 175 ms of 95)."""
+def rule_of(row) -> timing.StopRule:
+    """The stop rule of a row's keys: the step-timed studies' or PyTorch attention's."""
+    step = "timed_steps" if "timed_steps" in row and pd.notna(row["timed_steps"]) else "iters"
+    floor = "min_timed_steps" if step == "timed_steps" else "min_iters"
+    window = row["timed_window_s"] if step == "timed_steps" else row["window_s"]
+    return timing.StopRule(ceiling=int(row[step]), floor=int(row[floor]),
+                           window=float(window) if pd.notna(window) else None, relative=0.01)
+
+
+def first_stop(ms: list[float], rule: timing.StopRule):
+    """(samples taken, why) where the rule first stops on `ms` replayed in order; None if it never does."""
+    return next(((i, why) for i in range(1, len(ms) + 1) if (why := timing.stop_reason([x / 1e3 for x in ms[:i]], rule))),
+                None)
+
+
+def test_the_stop_rule_on_h100_steps_taken_without_it_moves_no_median_beyond_its_spread():
+    """Replayed on the steps an H100 run kept before the rule (every case its full 20 steps or
+    its window; tools/data/stop_rule), in their order: where the rule stops a case early, its
+    median moves from the median of all the case's steps by less than their 20%-80% spread (the
+    ladder's SDPA rung: its first 8 steps within 1%, later ones up to 175 ms of 95)."""
     early = 0
-    for case_id, ms, row in committed_step_samples():
-        step = "timed_steps" if "timed_steps" in row else "iters"
-        floor = "min_timed_steps" if step == "timed_steps" else "min_iters"
-        window = row.get("timed_window_s", row.get("window_s"))
-        rule = timing.StopRule(ceiling=int(row[step]), floor=int(row[floor]),
-                               window=float(window) if pd.notna(window) else None, relative=0.01)
-        n = next((i for i in range(1, len(ms) + 1) if timing.stop_reason([x / 1e3 for x in ms[:i]], rule)), len(ms))
+    for case_id, ms, row in step_samples([STEPS_BEFORE_THE_RULE]):
+        n, _ = first_stop(ms, rule_of(row)) or (len(ms), None)
         assert n >= min(len(ms), 5)
         if n < len(ms):
             early += 1
             q20, _, _, q80 = statistics.quantiles(ms, n=5, method="inclusive")
             now, then = statistics.median(ms[:n]), statistics.median(ms)
             assert abs(now - then) <= q80 - q20, (case_id, n, len(ms), now, then)
-    assert early > 0
+    assert early > 50
+
+
+@pytest.mark.skipif(not H100.is_dir(), reason="no committed H100 results")
+def test_the_committed_h100_rows_stopped_where_the_rule_stops():
+    """Every committed step-timed row that records its stop replays to it exactly: the rule on its
+    kept steps first stops at the last of them, for the reason the row gives (the e2e studies and
+    the ladder decide on the whole step, so their phases' rows are left out)."""
+    replayed = collections.Counter()
+    for case_id, ms, row in step_samples([*H100.glob("e2e/*/*.csv"), *H100.glob("ladder/*.csv"),
+                                          *H100.glob("attention/*.csv")]):
+        if "stop" not in row or pd.isna(row["stop"]) or (row["metric"] != "step_ms" and "timed_steps" in row):
+            continue
+        assert first_stop(ms, rule_of(row)) == (len(ms), row["stop"]), (case_id, row["metric"])
+        replayed[row["stop"]] += 1
+    assert set(replayed) == {"ceiling", "window", timing.StopRule(ceiling=1).reason()}, replayed
 
 
 def test_the_full_grids_step_timed_cases_carry_the_configs_stop_rule():
