@@ -137,13 +137,13 @@ def test_fp32_against_bf16_shows_medians_and_takes_no_ratio_from_a_host_bound_st
             assert r["speed-up (fp32 / bf16)"] == fmt(ratio)
             taken.append(ratio)
     answer = next(line for line in text.splitlines() if line.startswith("fp32 against bf16 autocast"))
-    assert f"{fmt(min(taken))}–{fmt(max(taken))}x faster" in answer
-
-
-def test_the_medium_model_at_context_256_is_not_shown_as_bf16_slower(report):
-    _, rows = table_after(section(report, "precision"), "fp32 against bf16 autocast, training step")
-    medium = next(r for r in rows if r["model"] == "medium" and r["context"] == "256")
-    assert HOST_BOUND in medium["speed-up (fp32 / bf16)"]
+    if taken:
+        assert f"{fmt(min(taken))}–{fmt(max(taken))}x faster" in answer
+    else:  # every pair with a host-bound step: no ratio, and the answer says so
+        assert "no pair with neither step host-bound" in answer and "no ratio taken" in answer
+    marked = sum(r["speed-up (fp32 / bf16)"] == f"{HOST_BOUND} host-bound" for r in rows)
+    if marked > 1:
+        assert f"{marked} pairs have a host-bound step" in answer
 
 
 # --- the context study ------------------------------------------------------------------------
@@ -166,8 +166,12 @@ def test_context_growth_names_its_pairs_the_host_bound_ones_and_those_out_of_mem
         else:
             pairs.append((f"{size}, {dtype}", float(ends[hi]["median"].iloc[0] / ends[lo]["median"].iloc[0])))
     ratios = [r for _, r in pairs]
-    shown = fmt(ratios[0]) if len(ratios) == 1 else f"{fmt(min(ratios))}–{fmt(max(ratios))}"
-    assert answer.startswith(f"Context {lo:,} -> {hi:,}") and f"takes {shown}x as long" in answer
+    assert answer.startswith(f"Context {lo:,} -> {hi:,}")
+    if ratios:
+        shown = fmt(ratios[0]) if len(ratios) == 1 else f"{fmt(min(ratios))}–{fmt(max(ratios))}"
+        assert f"takes {shown}x as long" in answer
+    else:
+        assert "no pair with neither step host-bound" in answer and "takes" not in answer
     assert all(name in answer for name, _ in pairs)
     assert f"{len(host)} pairs have a host-bound step" in answer or (len(host) == 1 and "1 pair has" in answer)
     assert all(size in answer for size, _ in oom) and ("ran out of memory" in answer) == bool(oom)
@@ -199,7 +203,7 @@ def test_every_host_bound_lrpe_call_is_marked_beside_its_gpu_time(report):
 
 def test_lrpe_rows_without_a_gpu_time_say_the_wall_time_is_the_hosts():
     bench = render.load_section(H100, "lrpe")
-    old = bench[~bench["metric"].str.contains("kernel")]  # rows from before the kernel times
+    old = bench[~bench["metric"].str.contains("kernel|_gpu_ms")]  # rows as before the kernel and CUDA-graph times
     view = lrpe.view(lrpe_inputs(old))
     t = next(t for t in view["tables"] if t["dims"] == 1)["table"]
     small = t[(t["n"] == 256) & (t["l"] == 0) & (t["provider"] == "triton")].iloc[0]
@@ -211,6 +215,7 @@ def test_lrpe_rows_without_a_gpu_time_say_the_wall_time_is_the_hosts():
 
 def test_lrpe_cuda_graph_rows_get_their_column():
     bench = render.load_section(H100, "lrpe")
+    bench = bench[~bench["metric"].str.endswith("_gpu_ms")]  # as measured before the CUDA-graph times
     kernel = bench[bench["metric"] == "forward_kernel_ms"]
     graph = kernel.assign(metric="forward_gpu_ms", q20=kernel["median"] * 0.99, q80=kernel["median"] * 1.01)
     view = lrpe.view(lrpe_inputs(pd.concat([bench, graph], ignore_index=True)))
