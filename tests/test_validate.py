@@ -125,6 +125,28 @@ def test_a_csv_with_cases_its_job_does_not_promise_is_refused(results):
     assert "1 case(s) its job does not promise (small-ctx4096-fp32-eager-train-warmup5)" in problem
 
 
+def test_a_csv_measured_at_older_code_may_hold_a_larger_grid_of_then(results, monkeypatch):
+    """Every promised case and more, in a file whose rows all name a commit whose code for the
+    section has changed since: an earlier configuration's grid, read as measured (the report's
+    line on older code names the section); at this code the same file is refused."""
+    df = pd.read_csv(results / CSV)
+    extra = df[df.case_id == df.case_id[0]].assign(case_id="small-ctx4096-fp32-eager-train-warmup5")
+    pd.concat([df, extra]).to_csv(results / CSV, index=False)
+    files = promised(results)
+    from lmperf.report import freshness
+    monkeypatch.setattr(freshness, "changed_since", lambda commit, files: (["src/lmperf/bench/e2e.py"], ""))
+    assert render.measured_at_older_code(results / CSV, "e2e")
+    assert "small-ctx4096-fp32-eager-train-warmup5" in set(render.load_section(results, "e2e", files)["case_id"])
+    monkeypatch.setattr(freshness, "changed_since", lambda commit, files: ([], ""))
+    with pytest.raises(validate.DamagedResults, match="does not promise"):
+        render.load_section(results, "e2e", files)
+    short = df[df.case_id != df.case_id[0]]  # short of a promised case: damaged at any code
+    short.to_csv(results / CSV, index=False)
+    monkeypatch.setattr(freshness, "changed_since", lambda commit, files: (["src/lmperf/bench/e2e.py"], ""))
+    with pytest.raises(validate.DamagedResults, match="cases its job promises"):
+        render.load_section(results, "e2e", files)
+
+
 def test_env_csv_must_hold_the_keys_the_report_reads(results):
     env = results / "env" / "env.csv"
     assert validate.problem(env, env=True) is None

@@ -52,7 +52,8 @@ def load_section(results: Path, section: str, promised: dict | None = None) -> p
     problems = {}
     for p in paths:
         f = promised.get(os.path.normpath(p))
-        if problem := validate.problem(p, f.case_ids() if f else None, env=section == "env"):
+        if problem := validate.problem(p, f.case_ids() if f else None, env=section == "env",
+                                       earlier_grid=bool(f) and measured_at_older_code(p, section)):
             stray = promised and not f  # in a section's folder, but no job of this config writes it
             problems[str(p)] = problem + ("; no job of this configuration writes it: move it out of "
                                           "the results folder" if stray else "")
@@ -60,6 +61,18 @@ def load_section(results: Path, section: str, promised: dict | None = None) -> p
         raise validate.DamagedResults(problems)
     frames = [pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in paths]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def measured_at_older_code(path: Path, section: str) -> bool:
+    """Whether every row of a results CSV names a commit whose code for `section` has changed
+    since (report/freshness.py): such a file may hold an earlier configuration's grid."""
+    from lmperf.report import freshness
+    try:
+        commits = set(pd.read_csv(path, usecols=["commit"], dtype=str)["commit"].dropna())
+    except (ValueError, pd.errors.ParserError, pd.errors.EmptyDataError):
+        return False
+    files = freshness.code_files(section)
+    return bool(commits and files) and all(freshness.changed_since(c, files)[0] for c in commits)
 
 
 def bars_from_config(path: Path = CONFIG) -> dict:
