@@ -97,6 +97,21 @@ def snakemake(repo: Path, *args: str, env: dict | None = None, check: bool = Tru
     return proc
 
 
+@pytest.fixture(autouse=True)
+def _own_providers_environment():
+    """What registering contenders or provider modules passes to child processes
+    (LMPERF_CONTENDERS, LMPERF_PROVIDER_MODULES) is a test's own: set back after it, so that
+    no later test's job starts with another test's contenders."""
+    names = ("LMPERF_CONTENDERS", "LMPERF_PROVIDER_MODULES")
+    before = {n: os.environ.get(n) for n in names}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 # A sitecustomize that records, as each benchmark process exits, the lmperf modules it imported
 # (lazy ones included) and its compile cache folders into $LMPERF_RECORD/<pid>.json: built_repo's
 # run leaves them in <repo>/.records/ (tests/test_workflow.py checks them against the rules).

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from lmperf import planning, providers, workflow as wf
+from lmperf import contenders, planning, providers, workflow as wf
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
@@ -22,9 +22,11 @@ CONFIG = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 
 @pytest.fixture
 def registry(monkeypatch):
-    """The registry as it was, back after the test (a test that loads a module adds to it)."""
+    """lmperf's own providers alone (a module or contender an earlier test in this process
+    loaded left out), and the registry as it was back after the test."""
     monkeypatch.delenv(providers.ENV, raising=False)
-    with providers.kept():
+    monkeypatch.delenv(contenders.ENV, raising=False)
+    with providers.kept(builtin=True):
         yield providers
 
 
@@ -140,6 +142,7 @@ register(Provider("mine_tiled", "Mine, tiled", "peer", "attention", build))
 def run_job(repo_src: Path, study: str, spec: str, out: Path, cwd: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(repo_src), "TRITON_INTERPRET": "1"}
     env.pop(providers.ENV, None)
+    env.pop(contenders.ENV, None)
     proc = subprocess.run([sys.executable, "-m", "lmperf.bench.flash_attention", study, "--spec", spec,
                            "--out", str(out), "--hw", "cpu"], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=600)
