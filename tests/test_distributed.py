@@ -472,7 +472,7 @@ def test_a_speedup_over_a_one_gpu_job_that_ran_slow_is_not_judged(tmp_path):
         df.loc[len(df)] = {**row, "metric": "forward_ms", "mean": forward, "median": forward, "max": forward}
     view = R.view(_inputs(df, tmp_path))
     speedup = view["bars"].set_index("bar").filter(like="tokens/s >= 1.85x", axis=0).iloc[0]
-    assert speedup["met"] == "not measured"
+    assert speedup["met"] == "not judged"
     assert "not judged" in speedup["measured"] and "80.0 ms" in speedup["measured"]
     (answer,) = R.answers(R.ddp_frame(df))
     assert "ran slow" in answer["slow_baseline"]
@@ -480,3 +480,36 @@ def test_a_speedup_over_a_one_gpu_job_that_ran_slow_is_not_judged(tmp_path):
     df.loc[df["metric"] == "forward_ms", ["mean", "median", "max"]] = 80.0
     speedup = R.view(_inputs(df, tmp_path))["bars"].set_index("bar").filter(like="tokens/s >= 1.85x", axis=0).iloc[0]
     assert speedup["met"] == True  # noqa: E712 (a numpy bool)
+
+
+def test_a_speedup_from_host_bound_steps_is_marked_and_not_judged(tmp_path):
+    """Rank 0's GPU idle share of a step (the step less its profiled kernel time: compute and
+    the communication nothing overlaps): where the one-GPU step or the best DDP step leaves the
+    GPU idle more than the report's threshold, the speedup is the host's: the table marks the
+    steps, the bar and the answer say so and do not judge it; with the GPU busy it is judged."""
+    from lmperf.report import distributed as R, summary
+
+    def with_busy(share: float) -> pd.DataFrame:
+        df = gpu_frame()
+        steps = df[(df["metric"] == "step_ms") & (df["status"] == "ok")]
+        for metric, value in (("compute_ms", steps["median"] * share), ("exposed_comm_ms", steps["median"] * 0)):
+            if metric in set(df["metric"]):
+                df = df[df["metric"] != metric]
+            df = pd.concat([df, steps.assign(metric=metric, mean=value, median=value, max=value)], ignore_index=True)
+        return df
+
+    idle = with_busy(0.5)  # the GPU idle half of every step
+    view = R.view(_inputs(idle, tmp_path))
+    speedup = view["bars"].set_index("bar").filter(like="tokens/s >= 1.85x", axis=0).iloc[0]
+    assert speedup["met"] == "not judged" and "host-bound" in speedup["measured"] and "50" in speedup["measured"]
+    (answer,) = view["answers"]
+    assert "host-bound" in answer["host_bound"] and not answer["slow_baseline"]
+    assert summary.scaling(view)["counts"][0]["host_bound"]
+    steps = view["sizes"][0]["steps"]
+    assert all(str(v).endswith(R.HOST_BOUND) for v in steps["GPU idle %"])
+    assert view["sizes"][0]["host_bound"]["n"] == len(steps)
+
+    busy = R.view(_inputs(with_busy(1.0), tmp_path))
+    speedup = busy["bars"].set_index("bar").filter(like="tokens/s >= 1.85x", axis=0).iloc[0]
+    assert speedup["met"] in (True, False) and not busy["answers"][0]["host_bound"]
+    assert busy["sizes"][0]["host_bound"]["n"] == 0

@@ -26,7 +26,10 @@ def registry(monkeypatch):
     loaded left out), and the registry as it was back after the test."""
     monkeypatch.delenv(providers.ENV, raising=False)
     monkeypatch.delenv(contenders.ENV, raising=False)
-    with providers.kept(builtin=True):
+    with providers.kept():
+        for name in [n for n, p in providers._REGISTRY.items() if p.source]:
+            del providers._REGISTRY[name]
+        providers._LOADED.clear()
         yield providers
 
 

@@ -182,16 +182,10 @@ def sources(contract: str | None = None) -> list[str]:
 
 
 @contextlib.contextmanager
-def kept(builtin: bool = False):
+def kept():
     """The registry and the loaded modules as they are now, back on the way out: for a caller
-    that registers or loads providers for a while (a test). With `builtin`, lmperf's own
-    providers alone inside: those a module or a contender added before are left out until the
-    way out."""
+    that registers or loads providers for a while (a test)."""
     registry, loaded = dict(_REGISTRY), dict(_LOADED)
-    if builtin:
-        for name in [n for n, p in _REGISTRY.items() if p.source]:
-            del _REGISTRY[name]
-        _LOADED.clear()
     try:
         yield
     finally:

@@ -22,7 +22,7 @@ from lmperf.report import freshness
 from lmperf.report.distributed_rows import (  # noqa: F401 (the section's names, read here and by tests)
     KEY, MEMORY, PHASES, VARIANT_NAMES, allreduce_frame, best_ddp, cases, ddp_frame, frames, gpu_count, gpu_counts,
     link_peaks, ok_metric, slow_baseline, variant_label)
-from lmperf.report.format import Spread, bar, fmt, unavailable
+from lmperf.report.format import HOST_BOUND, Spread, bar, fmt, host_bound_legend, idle_text, unavailable
 from lmperf.report.plot import plt, save
 
 NO_RESULTS = "no multi-GPU results of this machine yet (tools/distributed_gpu.sh on a machine with 2+ GPUs)"
@@ -50,7 +50,7 @@ def elsewhere(results: Path) -> str:
         for p in folders)
 
 
-def other_machines(results: Path, out_dir: Path) -> list[dict]:
+def other_machines(results: Path, out_dir: Path, idle: float = math.inf) -> list[dict]:
     """For a report without multi-GPU results of its own: each other machine's run (`other_folders`)
     with its `answers` and the link to its section rendered alone (report/distributed/<name>/,
     tools/distributed_gpu.sh's preview), for the report's summary to quote as that machine's."""
@@ -60,7 +60,7 @@ def other_machines(results: Path, out_dir: Path) -> list[dict]:
     for folder in other_folders(results):
         section = results.parent.parent / "report" / "distributed" / folder.name / "distributed.md"
         rows = load_section(folder, "distributed")
-        out.append({"machine": folder.name, "answers": answers(frames(rows)[1]), "code": freshness.section_state(rows),
+        out.append({"machine": folder.name, "answers": answers(frames(rows)[1], idle), "code": freshness.section_state(rows),
                     "link": os.path.relpath(section, out_dir) if section.exists() else None})
     return out
 
@@ -72,8 +72,10 @@ def view(inputs) -> dict:
     df = inputs.rows("distributed")
     if df.empty:
         return unavailable(NO_RESULTS + elsewhere(Path(inputs.results)),
-                           others=other_machines(Path(inputs.results), Path(inputs.out_dir)))
+                           others=other_machines(Path(inputs.results), Path(inputs.out_dir),
+                                                 inputs.bars.get("host_bound_idle_pct", math.inf)))
     limits = inputs.bars["distributed"]
+    idle = inputs.bars.get("host_bound_idle_pct", math.inf)
     gpus = sorted({g for g in df["gpu"].astype(str) if g != "none"})
     out = {"available": True, "folders": sorted(df["hw"].astype(str).unique()),
            "gpu": ", ".join(gpus) if gpus else "the CPU (Gloo)",
@@ -90,9 +92,10 @@ def view(inputs) -> dict:
                         .rename(columns={
         "size_mb": "size (MB)", "time_ms": "time (ms, median)", "algbw_gbps": "algbw (GB/s)",
         "busbw_gbps": "busbw (GB/s)"}) if not ar.empty else pd.DataFrame())
-    out["bars"] = pd.DataFrame(allreduce_bars(ar, out["link_peak"], limits) + ddp_bars(ddp, limits))
-    out["answers"] = answers(ddp)
-    out["sizes"] = [{"size": size, "steps": ddp_table(g[g["purpose"] == "scaling"]),
+    out["bars"] = pd.DataFrame(allreduce_bars(ar, out["link_peak"], limits) + ddp_bars(ddp, limits, idle))
+    out["answers"] = answers(ddp, idle)
+    out["sizes"] = [{"size": size, "steps": ddp_table(g[g["purpose"] == "scaling"], idle),
+                     "host_bound": host_bound_legend(g[(g["purpose"] == "scaling") & (g["status"] == "ok")], idle),
                      "memory": memory_table(g[g["purpose"] == "scaling"]),
                      "tokens": tokens_per_gpu(_first(g[g["purpose"] == "scaling"])),
                      "memory_tokens": tokens_per_gpu(_first(g[g["purpose"] == "memory"])),
@@ -116,7 +119,8 @@ def machine_column(g: pd.DataFrame) -> dict:
     return {"machine": g["machine"]} if g["machine"].nunique() > 1 else {}
 
 
-def ddp_table(g: pd.DataFrame) -> pd.DataFrame:
+def ddp_table(g: pd.DataFrame, idle: float = math.inf) -> pd.DataFrame:
+    """The training steps that ran, with rank 0's GPU idle share (marked host-bound above `idle` %)."""
     g = g[g["status"] == "ok"]
     return pd.DataFrame({
         **machine_column(g), "variant": g["label"], "GPUs": g["processes"], "global batch": g["global_batch"],
@@ -124,7 +128,8 @@ def ddp_table(g: pd.DataFrame) -> pd.DataFrame:
         **{p.removesuffix("_ms"): g[p] for p in PHASES},
         "tokens/s": g["tokens_per_s"], "scaling efficiency": g["scaling_efficiency"],
         "comm (ms)": g["comm_ms"], "exposed comm (ms)": g["exposed_comm_ms"],
-        "exposed share (%)": 100 * g["exposed_comm_share"]}).reset_index(drop=True)
+        "exposed share (%)": 100 * g["exposed_comm_share"],
+        "GPU idle %": [idle_text(v, idle) for v in g["gpu_idle_pct"]]}).reset_index(drop=True)
 
 
 def memory_table(g: pd.DataFrame) -> pd.DataFrame:
@@ -144,8 +149,8 @@ def not_run(df: pd.DataFrame) -> pd.DataFrame:
                          "message": c["message"]}).reset_index(drop=True)
 
 
-def _not_measured(text: str, why: str) -> dict:
-    return {"bar": text, "measured": why, "met": NOT_MEASURED, "_value": math.nan}
+def _not_measured(text: str, why: str, met: str = NOT_MEASURED) -> dict:
+    return {"bar": text, "measured": why, "met": met, "_value": math.nan}
 
 
 def allreduce_bars(ar: pd.DataFrame, peak: dict | None, limits: dict) -> list[dict]:
@@ -170,9 +175,23 @@ def threshold(entries: list[dict], procs: int) -> dict | None:
     return next((e for e in entries if e["gpus"] == procs), None)
 
 
-def ddp_bars(ddp: pd.DataFrame, limits: dict) -> list[dict]:
-    """Per model size and GPU count with a target: the best DDP bucket's speedup and exposed
-    communication, and FSDP2's peak memory against DDP's (`fsdp_pairs`)."""
+def host_bound_scaling(best: pd.Series, ddp: pd.DataFrame, idle: float) -> str:
+    """Why a DDP case's speedup is the host's, not the GPUs': its step or its machine's one-GPU
+    step left the GPU idle more than `idle` % ("" where neither did, or neither was profiled)."""
+    single = ddp[(ddp["variant"] == "single") & (ddp["size"] == best["size"]) & (ddp["machine"] == best["machine"])
+                 & (ddp["purpose"] == best["purpose"])]
+    one = single["gpu_idle_pct"].iloc[0] if len(single) else math.nan
+    mine = best.get("gpu_idle_pct", math.nan)
+    if not (one > idle or mine > idle):
+        return ""
+    return (f"host-bound {HOST_BOUND}: rank 0's GPU sat idle {fmt(mine)}% of this step and {fmt(one)}% of the "
+            f"one-GPU step, so the ratio follows the host's speed")
+
+
+def ddp_bars(ddp: pd.DataFrame, limits: dict, idle: float = math.inf) -> list[dict]:
+    """Per model size and GPU count with a target: the best DDP bucket's speedup (not judged
+    where a step is host-bound: `host_bound_scaling`) and exposed communication, and FSDP2's
+    peak memory against DDP's (`fsdp_pairs`)."""
     exposed = limits["exposed_comm_fraction"]
     sizes = list(ddp["size"].unique()) if not ddp.empty else []
     counts = gpu_counts(ddp)
@@ -192,8 +211,8 @@ def ddp_bars(ddp: pd.DataFrame, limits: dict) -> list[dict]:
                 text = f"{name} (best) on {where}: tokens/s >= {speedup}x one GPU's"
                 if pd.isna(s):
                     rows.append(_not_measured(text, "no one-GPU job"))
-                elif why := slow_baseline(best):
-                    rows.append(_not_measured(text, f"{fmt(s)}x, not judged: {why}"))
+                elif why := slow_baseline(best) or host_bound_scaling(best, ddp, idle):
+                    rows.append(_not_measured(text, f"{fmt(s)}x, not judged: {why}", met="not judged"))
                 else:
                     rows.append(bar(text, s, f"{fmt(s)}x", s >= speedup))
             text, share = f"{name} on {where}: exposed communication <= {exposed:.0%} of the step", best["exposed_comm_share"]
@@ -232,7 +251,7 @@ def fsdp_ratio(fsdp: pd.DataFrame, ddp: pd.Series | None) -> float:
     return peak / ddp["peak_allocated_mib"] if ddp is not None else math.nan
 
 
-def answers(ddp: pd.DataFrame) -> list[dict]:
+def answers(ddp: pd.DataFrame, idle: float = math.inf) -> list[dict]:
     """What the report's summary quotes, per model size and GPU count (`gpu_counts`): the best
     DDP variant's tokens/s over one GPU's on that machine, and FSDP2's peak memory per rank over
     DDP's at each context (with its tokens a GPU)."""
@@ -244,7 +263,7 @@ def answers(ddp: pd.DataFrame) -> list[dict]:
                 continue
             out.append({"size": size, "gpus": procs, "machine": machine, "label": best["label"],
                         "speedup": float(best["speedup"]), "bucket_mb": float(best["bucket_cap_mb"]),
-                        "slow_baseline": slow_baseline(best),
+                        "slow_baseline": slow_baseline(best), "host_bound": host_bound_scaling(best, ddp, idle),
                         "fsdp": [{"tokens": tokens_per_gpu(case), "ratio": fsdp_ratio(fsdp, against)}
                                  for case, fsdp, against in fsdp_pairs(ddp, size, best) if tokens_per_gpu(case)]})
     return out

@@ -77,13 +77,18 @@ def ddp_frame(df: pd.DataFrame) -> pd.DataFrame:
                         "context": c["context"] if "context" in c else math.nan,
                         "purpose": c["purpose"].fillna("scaling") if "purpose" in c else "scaling",
                         "status": c["status"], "message": c["message"]})
-    for metric in PHASES + ["step_ms", "tokens_per_s", "comm_ms", "exposed_comm_ms"]:
+    for metric in PHASES + ["step_ms", "tokens_per_s", "comm_ms", "exposed_comm_ms", "compute_ms"]:
         out[metric] = ok_metric(df, "ddp", metric)
     for stat in ("q20", "q80"):
         out[f"step_{stat}_ms"] = ok_metric(df, "ddp", "step_ms", stat)
     for metric in MEMORY:
         out[metric] = ok_metric(df, "ddp", metric, "max")
     out["exposed_comm_share"] = out["exposed_comm_ms"] / out["step_ms"]
+    # host-bound? the share of the median step in which rank 0's GPU ran nothing: the step less
+    # its profiled steps' kernel time (compute, and communication nothing overlaps); NaN where
+    # not profiled (a CPU)
+    busy = out["compute_ms"] + out["exposed_comm_ms"]
+    out["gpu_idle_pct"] = (100 * (1 - busy / out["step_ms"])).clip(lower=0)
     # Scaling efficiency: tokens/s against the one-process job of the same size on the same
     # machine times the process count (same per-GPU batch, so ideal scaling keeps the step time).
     single = out[out["variant"] == "single"].set_index(["machine", "size", "purpose"])["tokens_per_s"]
