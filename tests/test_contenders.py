@@ -252,3 +252,23 @@ def test_a_contenders_pytorch_attention_is_skipped_above_the_tiled_limit():
     assert cases["plain_pytorch-d16-n64"]["tiled_max_seq_len"] == 1024
     with pytest.raises(NotRun, match=r"N > 1024 \(tiled_max_seq_len\)"):
         attention.measure(cases["plain_pytorch-d16-n4096"])
+
+
+def test_a_contenders_host_bound_do_bench_time_gives_no_ratio():
+    """The committed H100 grid: where the contender's or our do_bench time left the GPU idle
+    more than the report's threshold (its Python wrapper's host time, not its kernel), the
+    timing table marks it and takes no ratio; a GPU-bound row keeps its ratios."""
+    from lmperf.report import contenders as report, render
+    h100 = REPO / "results" / "h100-80gb-hbm3"
+    fa = render.load_section(h100, "flash_attention")
+    table = report.checks(render.load_section(h100, "contenders"))
+    threshold = render.bars_from_config(REPO / "config" / "config.yaml")["host_bound_idle_pct"]
+    times = report.timings(fa, table, threshold)
+    mine = times[(times["contender"] == "lmperf_kernels_triton") & (times["group"] == "grid")]
+    bound = mine[mine["timing"].str.contains("host-bound")]
+    assert len(bound) and bound["vs ours"].isna().all() and bound["vs best peer"].isna().all()
+    assert bound["ms"].notna().all() and bound["timing"].str.contains(report.HOST_BOUND).all()
+    kept = mine[mine["vs ours"].notna()]  # the shapes whose GPU was busy on both sides
+    assert len(kept) and not kept["timing"].str.contains("host-bound").any()
+    unmarked = report.timings(fa, table)  # no threshold: every do_bench row keeps its ratio
+    assert unmarked[unmarked["contender"] == "lmperf_kernels_triton"]["vs ours"].notna().sum() > kept.shape[0]

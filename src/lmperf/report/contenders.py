@@ -10,9 +10,12 @@ beside the report.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
+
+from lmperf.report.format import HOST_BOUND, fmt
 
 PROPERTIES = ("gqa", "compiles", "deterministic", "fresh")
 # The timing a provider is compared on, in order of preference: GPU time (CUDA graphs) where
@@ -81,14 +84,16 @@ def distributed(rows: pd.DataFrame) -> pd.DataFrame:
                           "why": "" if r.status == "ok" else r.message} for r in d.itertuples()])
 
 
-def _time(g: pd.DataFrame, provider: str, metric: str):
+def _time(g: pd.DataFrame, provider: str, metric: str, column: str = "median"):
     r = g[(g["provider"] == provider) & (g["metric"] == metric) & (g["status"] == "ok")]
-    return float(r["median"].iloc[0]) if len(r) else None
+    return float(r[column].iloc[0]) if len(r) and column in r and pd.notna(r[column].iloc[0]) else None
 
 
-def timings(fa: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+def timings(fa: pd.DataFrame, table: pd.DataFrame, idle: float = math.inf) -> pd.DataFrame:
     """Per FlashAttention bench case and contender provider: its time, ours, the best peer's,
-    the ratios (one timing method a row), or 'wrong' where the contender failed a check."""
+    the ratios (one timing method a row), or 'wrong' where the contender failed a check. A
+    do_bench time whose GPU sat idle more than `idle` % (the contender's or ours) is the host's:
+    marked, and no ratio is taken from it."""
     if fa.empty or table.empty or "provider" not in fa:
         return pd.DataFrame()
     bench = fa[fa["study"] == "bench"]
@@ -117,6 +122,11 @@ def timings(fa: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
                 best = min((t for p in peers if (t := _time(g, p, metric)) is not None), default=None)
                 line.update({"ms": mine, "vs ours": ours / mine, "vs best peer": best / mine if best else None,
                              "timing": "GPU time (CUDA graph)" if metric.endswith("gpu_ms") else "do_bench"})
+                idles = {who: _time(g, p, metric, "gpu_idle_pct") for who, p in (("its", provider), ("ours", OURS))}
+                if not metric.endswith("gpu_ms") and any(v is not None and v > idle for v in idles.values()):
+                    line.update({"vs ours": None, "vs best peer": None,
+                                 "timing": f"do_bench, host-bound {HOST_BOUND}: the GPU idle "
+                                           + ", ".join(f"{fmt(v)}% ({who})" for who, v in idles.items() if v is not None)})
             out.append(line)
     return pd.DataFrame(out)
 
@@ -168,7 +178,7 @@ def view(inputs) -> dict:
     rows = inputs.frames.get("contenders", pd.DataFrame())
     table = checks(rows)
     fa = inputs.frames.get("flash_attention", pd.DataFrame())
-    times = timings(fa, table)
+    times = timings(fa, table, inputs.bars.get("host_bound_idle_pct", math.inf))
     return {"available": not table.empty or not rows.empty, "summary": summary_rows(table, times),
             "table": table.drop(
                 columns=[c for c in table.columns if c.startswith("_")]) if not table.empty else table,
