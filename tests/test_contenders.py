@@ -272,3 +272,29 @@ def test_a_contenders_host_bound_do_bench_time_gives_no_ratio():
     assert len(kept) and not kept["timing"].str.contains("host-bound").any()
     unmarked = report.timings(fa, table)  # no threshold: every do_bench row keeps its ratio
     assert unmarked[unmarked["contender"] == "lmperf_kernels_triton"]["vs ours"].notna().sum() > kept.shape[0]
+
+
+def test_the_example_contender_agrees_with_ours_row_by_row():
+    """The committed H100 rows of the lmperf-kernels example (our Triton kernel through the
+    assignment's adapter) judged against ours by lmperf.compare, as a rerun of ours: almost every
+    timing row that is not host-bound agrees within noise; its PyTorch kind against our tiled
+    PyTorch kernel, whose rows are all host-bound, is judged on none."""
+    from lmperf.report import contenders as report, render
+    h100 = REPO / "results" / "h100-80gb-hbm3"
+    fa = render.load_section(h100, "flash_attention")
+    threshold = render.bars_from_config(REPO / "config" / "config.yaml")["host_bound_idle_pct"]
+    triton = report.agreement(fa, "lmperf_kernels_triton", threshold)
+    assert triton["ours"] == "triton" and triton["rows"] >= 50 and triton["agree"] >= 0.9 * triton["rows"]
+    assert "lmperf_kernels_triton" in triton["largest"]
+    pytorch = report.agreement(fa, "lmperf_kernels_pytorch", threshold)
+    assert pytorch["ours"] == "torch_tiled" and pytorch["host"] > 0
+    # a contender 30% slower on every row is judged slower, not within noise
+    slow = fa.copy()
+    mine = slow["provider"].eq("lmperf_kernels_triton") & slow["metric"].astype(str).str.endswith("_ms")
+    for c in ("median", "q20", "q80"):
+        slow.loc[mine, c] = slow.loc[mine, c] * 1.3
+    slow["samples"] = slow["samples"].astype(object)
+    slow.loc[mine, "samples"] = None  # judged on the quantiles, as do_bench rows are
+    worse = report.agreement(slow, "lmperf_kernels_triton", threshold)
+    assert worse["agree"] < 0.5 * worse["rows"]
+    assert report.agreement(fa, "nobody_triton", threshold) is None

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lmperf import stats
 from lmperf.report.format import HOST_BOUND, fmt
 
 PROPERTIES = ("gqa", "compiles", "deterministic", "fresh")
@@ -22,6 +23,9 @@ PROPERTIES = ("gqa", "compiles", "deterministic", "fresh")
 # the case has it, else do_bench's; one method for a row's ratios (never mixed within a row).
 TIMINGS = ("fwd_bwd_gpu_ms", "fwd_bwd_ms")
 OURS = "triton"
+# Ours of each kind of contender attention (lmperf.contenders.ATTENTION): what its rows are
+# judged against, row by row, by lmperf.compare (`agreement`)
+OURS_OF_KIND = {"triton": "triton", "pytorch": "torch_tiled"}
 
 
 def _truth(s: pd.Series) -> pd.Series:
@@ -174,15 +178,50 @@ def wrong_everywhere(frames: dict) -> dict:
     return out
 
 
+def agreement(fa: pd.DataFrame, provider: str, host_bound_pct: float = math.inf) -> dict | None:
+    """A contender provider's FlashAttention bench rows against ours of its kind (OURS_OF_KIND),
+    case by case and metric by metric, judged by lmperf.compare as a rerun of ours would be:
+    {"ours", "agree": timing rows within noise, "rows": timing rows judged (not host-bound),
+    "host": host-bound rows apart, "largest": the largest difference, "threshold"}; None where
+    the two share no timed case."""
+    from lmperf import compare
+    kind = provider.rsplit("_", 1)[-1]
+    ours = OURS_OF_KIND.get(kind)
+    if ours is None or fa.empty or "provider" not in fa:
+        return None
+    bench = fa[fa["study"] == "bench"]
+    mine = bench[bench["provider"] == provider].copy()
+    theirs = bench[bench["provider"] == ours].copy()
+    if mine.empty or theirs.empty:
+        return None
+    mine["case_id"] = mine["case_id"].str.replace(f"-{provider}-", f"-{ours}-", regex=False)
+    mine = mine[mine["case_id"].isin(set(theirs["case_id"]))]
+    result = compare.compare(theirs.drop(columns=["gpu"], errors="ignore"), mine.drop(columns=["gpu"], errors="ignore"),
+                             host_bound_pct=host_bound_pct)
+    rows = result["rows"]
+    timing = rows[rows["kind"].isin(["time", "rate"]) & rows["verdict"].ne("n/a")]
+    gpu = timing[~timing["host_bound"]]
+    if gpu.empty and timing.empty:
+        return None
+    worst = gpu.assign(off=(gpu["ratio"].astype(float) - 1).abs()).sort_values("off").tail(1)
+    largest = (f"`{worst['case_id'].iloc[0].replace(f'-{ours}-', f'-{provider}-')}` {worst['metric'].iloc[0]} contender/ours "
+               f"{fmt(float(worst['ratio'].iloc[0]))}") if len(worst) else ""
+    return {"ours": ours, "agree": int((gpu["verdict"] == stats.SAME).sum()), "rows": len(gpu),
+            "host": len(timing) - len(gpu), "largest": largest, "threshold": f"{100 * result['threshold']:g}%"}
+
+
 def view(inputs) -> dict:
     rows = inputs.frames.get("contenders", pd.DataFrame())
     table = checks(rows)
     fa = inputs.frames.get("flash_attention", pd.DataFrame())
-    times = timings(fa, table, inputs.bars.get("host_bound_idle_pct", math.inf))
+    idle = inputs.bars.get("host_bound_idle_pct", math.inf)
+    times = timings(fa, table, idle)
+    agree = {p: a for p in (table["provider"] if not table.empty else [])
+             if (a := agreement(fa, p, idle)) is not None}
     return {"available": not table.empty or not rows.empty, "summary": summary_rows(table, times),
             "table": table.drop(
                 columns=[c for c in table.columns if c.startswith("_")]) if not table.empty else table,
-            "distributed": distributed(rows), "timings": times,
+            "distributed": distributed(rows), "timings": times, "agreement": agree,
             "names": sorted(table["contender"].unique()) if not table.empty else [],
             "n_wrong": int((table["result"] == "WRONG").sum()) if not table.empty else 0}
 
@@ -220,7 +259,8 @@ def pages(view: dict, out_dir: Path, template) -> list[Path]:
         timed = view["timings"]
         timed = timed[timed["contender"].str.startswith(f"{name}_")] if not timed.empty else timed
         page = template.render(name=name, table=mine(view["table"]), distributed=mine(view["distributed"]),
-                               timings=timed)
+                               timings=timed, agreement={p: a for p, a in view.get("agreement", {}).items()
+                                                         if p.startswith(f"{name}_")})
         path = out_dir / f"{name}.md"
         path.write_text(page)
         written.append(path)
