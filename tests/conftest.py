@@ -1,3 +1,4 @@
+import contextlib
 import os
 import shutil
 import signal
@@ -97,19 +98,36 @@ def snakemake(repo: Path, *args: str, env: dict | None = None, check: bool = Tru
     return proc
 
 
-@pytest.fixture(autouse=True)
-def _own_providers_environment():
-    """What registering contenders or provider modules passes to child processes
-    (LMPERF_CONTENDERS, LMPERF_PROVIDER_MODULES) is a test's own: set back after it, so that
-    no later test's job starts with another test's contenders."""
-    names = ("LMPERF_CONTENDERS", "LMPERF_PROVIDER_MODULES")
-    before = {n: os.environ.get(n) for n in names}
+PROVIDER_VARIABLES = ("LMPERF_CONTENDERS", "LMPERF_PROVIDER_MODULES")
+
+
+@contextlib.contextmanager
+def _providers_environment_kept():
+    before = {n: os.environ.get(n) for n in PROVIDER_VARIABLES}
     yield
     for name, value in before.items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+@pytest.fixture(autouse=True)
+def _own_providers_environment():
+    """What registering contenders or provider modules passes to child processes
+    (LMPERF_CONTENDERS, LMPERF_PROVIDER_MODULES) is a test's own: set back after it, so that
+    no later test's job starts with another test's contenders."""
+    with _providers_environment_kept():
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_owns_providers_environment():
+    """The same for a module's fixtures: rendering the committed H100 results registers their
+    contender, which a module-scoped fixture does before any test's own fixture starts; the module
+    sets it back when its last test is done (a later module's children never see it)."""
+    with _providers_environment_kept():
+        yield
 
 
 # A sitecustomize that records, as each benchmark process exits, the lmperf modules it imported

@@ -46,3 +46,37 @@ def test_tests_sharing_a_session_fixture_run_on_one_worker(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     workers = {p.read_text() for p in out.glob("*.txt")}
     assert len(list(out.glob("*.txt"))) == 6 and len(workers) == 1, workers
+
+
+SETS = textwrap.dedent("""
+    import os
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def registered():
+        os.environ["LMPERF_CONTENDERS"] = '{"mine": "mine.py"}'  # as rendering a contender's results does
+
+    def test_sets(registered):
+        assert os.environ["LMPERF_CONTENDERS"]
+""")
+LATER = textwrap.dedent("""
+    import os
+
+    def test_later():
+        assert "LMPERF_CONTENDERS" not in os.environ
+""")
+
+
+def test_a_modules_fixture_leaves_no_contenders_to_a_later_module(tmp_path):
+    """A module-scoped fixture that registers contenders (rendering the committed H100 results
+    does) sets LMPERF_CONTENDERS before any test's own fixture starts; a later module on the same
+    worker, whose child processes inherit the environment, starts without it."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_a_sets.py").write_text(SETS)
+    (suite / "test_b_later.py").write_text(LATER)
+    (suite / "conftest.py").write_text((Path(__file__).parent / "conftest.py").read_text())
+    env = {k: v for k, v in os.environ.items() if k not in ("LMPERF_CONTENDERS", "LMPERF_PROVIDER_MODULES")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", str(suite)],
+                          cwd=suite, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
