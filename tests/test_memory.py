@@ -74,3 +74,44 @@ def test_benchmark_rows_on_a_cpu(tmp_path):
     assert max(timeline) == pytest.approx(by.loc["peak_allocated_mib", "mean"])
     assert (rows["metric"] == "allocation_mib").sum() == memory.TOP_ALLOCATIONS
     assert (tmp_path / "html" / f"{case['case_id']}.html").read_text().lstrip().startswith("<")
+
+
+LADDER = Path(__file__).parents[1] / "results" / "h100-80gb-hbm3" / "ladder" / "2.7B.csv"
+
+
+def test_each_contender_rung_stands_beside_ours_on_its_settings():
+    """The memory section's contenders: each contender rung of the committed H100 ladder beside
+    the last rung of ours with the same settings but the attention (rung 10: the fused kernels,
+    master weights, not the peers' float8 or Liger rungs after it), its peak over ours."""
+    from lmperf.report import memory as view
+    ladder = pd.read_csv(LADDER)
+    table = view.contender_rungs(ladder)
+    assert table["contender"].tolist() == ["lmperf_kernels_triton", "lmperf_kernels_pytorch"]
+    assert set(table["ours"]) == {"rung 10 fused_swiglu (flash-triton)"}
+    peak = lambda case: ladder[(ladder["case_id"] == case) & (ladder["metric"] == "peak_allocated_mib")]["median"].item()
+    first = table.iloc[0]
+    assert first["peak allocated (MiB)"] == peak("2.7B-rung14-contender_lmperf_kernels_triton")
+    assert first["ours' peak (MiB)"] == peak("2.7B-rung10-fused_swiglu")
+    assert first["peak, contender / ours"] == pytest.approx(first["peak allocated (MiB)"] / first["ours' peak (MiB)"])
+
+
+def test_a_contender_rung_without_a_peak_says_why():
+    """A contender whose rung did not run `ok` (here: judged wrong) shows its status, not a
+    number; on a CPU, where the ladder records no peak, the line says no peak was recorded."""
+    from lmperf.report import memory as view
+    ladder = pd.read_csv(LADDER)
+    rival = ladder["case_id"] == "2.7B-rung14-contender_lmperf_kernels_triton"
+    ladder.loc[rival, "status"] = "wrong"
+    lines = view.contenders_view(view.contender_rungs(ladder))["contender_lines"]
+    assert lines[0]["peak"] == "wrong" and lines[0]["ratio"] is None
+    cpu = pd.read_csv(LADDER)
+    cpu = cpu[cpu["metric"] != "peak_allocated_mib"]
+    lines = view.contenders_view(view.contender_rungs(cpu))["contender_lines"]
+    assert [line["peak"] for line in lines] == ["no peak recorded"] * 2 and lines[0]["ratio"] is None
+
+
+def test_without_contender_rungs_the_memory_section_has_no_contender_table():
+    from lmperf.report import memory as view
+    ladder = pd.read_csv(LADDER)
+    assert view.contender_rungs(ladder[~ladder["name"].str.startswith("contender_")]).empty
+    assert view.contender_rungs(pd.DataFrame()).empty

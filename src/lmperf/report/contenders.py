@@ -249,9 +249,12 @@ def summary_rows(table: pd.DataFrame, times: pd.DataFrame) -> list[dict]:
     return out
 
 
-def pages(view: dict, out_dir: Path, template) -> list[Path]:
+def pages(view: dict, out_dir: Path, template, training: pd.DataFrame | None = None) -> list[Path]:
     """report/contenders/<name>.md for each contender: its checks, properties, distributed
-    adapters and timings, rendered through `template` (templates/contender_page.md.j2)."""
+    adapters and timings, and, where the ladder ran its rungs, its attention in a training step
+    beside ours (`training`: the memory section's `contender_rungs`), rendered through `template`
+    (templates/contender_page.md.j2)."""
+    training = training if training is not None else pd.DataFrame()
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name in view["names"]:
@@ -259,7 +262,10 @@ def pages(view: dict, out_dir: Path, template) -> list[Path]:
         timed = view["timings"]
         timed = timed[timed["contender"].str.startswith(f"{name}_")] if not timed.empty else timed
         page = template.render(name=name, table=mine(view["table"]), distributed=mine(view["distributed"]),
-                               timings=timed, agreement={p: a for p, a in view.get("agreement", {}).items()
+                               timings=timed,
+                               training=training[training["contender"].str.startswith(f"{name}_")]
+                               if not training.empty else training,
+                               agreement={p: a for p, a in view.get("agreement", {}).items()
                                                          if p.startswith(f"{name}_")})
         path = out_dir / f"{name}.md"
         path.write_text(page)

@@ -1,8 +1,10 @@
 """Memory of one step: peaks per case, the residual stream against the snapshot, links to each
 case's snapshot HTML (the memory rule's `html` output), largest allocations, the timelines figure,
-and why a bf16 forward pass peaks above an fp32 one (`bf16_forward`)."""
+why a bf16 forward pass peaks above an fp32 one (`bf16_forward`), and each contender's attention in a
+training step beside ours (`contender_rungs`, from the ladder's rows: no second measurement)."""
 from __future__ import annotations
 
+import math
 import os
 
 import pandas as pd
@@ -43,10 +45,64 @@ def view(inputs) -> dict:
             # the parameters' state only where the peaks count it (a GPU's; a CPU's see the step's allocations)
             "peaks": peaks(ok, float(counted.iloc[0]) if len(counted) and (df["gpu"] != "none").any() else None),
             "size": first["size"], "batch": int(first["batch_size"]),
+            **contenders_view(contender_rungs(inputs.frames.get("ladder", pd.DataFrame()))),
             "on_gpu": bool((df["gpu"] != "none").any()), "n_cases": len(cases),
             "n_oom": int((cases["status"] == "oom").sum()),
             "largest_peak": (peak.loc[peak["mean"].idxmax(), ["mode", "dtype", "context", "mean"]].to_dict()
                              if len(peak) else None)}
+
+
+# What a ladder rung is run on besides its attention: a contender's rung is the last carried rung's
+# settings with the contender's attention (bench/ladder.py, lmperf.contenders.ladder_rungs).
+RUNG_SETTINGS = ("size", "dtype", "tf32", "compile", "optimizer", "fused", "float8", "context", "batch_size",
+                 "micro_batches", "checkpoint_every", "expandable_segments")
+
+
+def contender_rungs(ladder: pd.DataFrame) -> pd.DataFrame:
+    """Each contender's attention in a training step of the ladder's model (its rung,
+    `contender_<provider>`) beside ours on the same settings: the last rung of ours before it
+    whose settings but the attention are the contender rung's. Peak allocated memory (MiB; a GPU's:
+    the ladder records none without CUDA) and the contender's over ours; an empty frame without
+    contender rungs. (Their step times are the ladder section's, with its host-bound marks.)"""
+    if ladder.empty or "name" not in ladder:
+        return pd.DataFrame()
+    rungs = ladder.drop_duplicates("case_id")
+    rivals = rungs[rungs["name"].astype(str).str.startswith("contender_")]
+    if rivals.empty:
+        return pd.DataFrame()
+    keys = [k for k in RUNG_SETTINGS if k in rungs]
+    setting = lambda df: df[keys].astype(str).agg("|".join, axis=1)
+    ours = rungs[~rungs["name"].astype(str).str.startswith("contender_") & ~rungs["change"].astype(str).str.startswith("peer")]
+    ours_setting = setting(ours)
+    out = []
+    for (_, r), key in zip(rivals.iterrows(), setting(rivals)):
+        same = ours[(ours_setting == key) & (ours["rung"] < r["rung"])]
+        mine = ladder[ladder["case_id"] == r["case_id"]]
+        theirs = ladder[ladder["case_id"] == same["case_id"].iloc[-1]] if len(same) else ladder.iloc[:0]
+        line = {"contender": str(r["attention"]), "rung": int(r["rung"]), "context": int(r["context"]),
+                "dtype": r["dtype"], "peak allocated (MiB)": cell(mine, "peak_allocated_mib", column="median"),
+                "ours": f"rung {int(same['rung'].iloc[-1])} {same['name'].iloc[-1]} ({same['attention'].iloc[-1]})"
+                        if len(same) else "no rung of ours on these settings",
+                "ours' peak (MiB)": cell(theirs, "peak_allocated_mib", column="median")}
+        both = [line["peak allocated (MiB)"], line["ours' peak (MiB)"]]
+        line["peak, contender / ours"] = (both[0] / both[1] if all(isinstance(v, float) and v > 0 for v in both)
+                                          else None)
+        out.append(line)
+    return pd.DataFrame(out)
+
+
+def contenders_view(table: pd.DataFrame) -> dict:
+    """The template's keys of `contender_rungs`' table: the table and a line per contender for
+    the prose (peak: MiB, or the rung's status where it did not run `ok`; ours and the ratio:
+    None where there is none)."""
+    number = lambda v: float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+    lines = []
+    for _, r in table.iterrows():
+        peak = r["peak allocated (MiB)"]
+        lines.append({"contender": r["contender"], "peak": number(peak) if number(peak) is not None else
+                      (peak if isinstance(peak, str) else "no peak recorded"),
+                      "ours": number(r["ours' peak (MiB)"]), "ratio": number(r["peak, contender / ours"])})
+    return {"contenders": table, "contender_lines": lines}
 
 
 def bf16_forward(ok: pd.DataFrame, e2e: pd.DataFrame, models: dict, size: str) -> dict:

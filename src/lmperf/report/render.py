@@ -239,7 +239,8 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
         shutil.move(Path(tmp) / out.name, out)
     if section_views.get("contenders", {}).get("names"):  # each contender's page, beside the report
         contenders.pages(section_views["contenders"], out.parent / "contenders",
-                         environment(templates).get_template("contender_page.md.j2"))
+                         environment(templates).get_template("contender_page.md.j2"),
+                         training=section_views.get("memory", {}).get("contenders"))
     return text
 
 
