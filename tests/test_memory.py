@@ -87,12 +87,27 @@ def test_each_contender_rung_stands_beside_ours_on_its_settings():
     ladder = pd.read_csv(LADDER)
     table = view.contender_rungs(ladder)
     assert table["contender"].tolist() == ["lmperf_kernels_triton", "lmperf_kernels_pytorch"]
-    assert set(table["ours"]) == {"rung 10 fused_swiglu (flash-triton)"}
+    assert set(table["on the settings of"]) == {"rung 10 fused_swiglu (attention flash-triton)"}
     peak = lambda case: ladder[(ladder["case_id"] == case) & (ladder["metric"] == "peak_allocated_mib")]["median"].item()
     first = table.iloc[0]
     assert first["peak allocated (MiB)"] == peak("2.7B-rung14-contender_lmperf_kernels_triton")
-    assert first["ours' peak (MiB)"] == peak("2.7B-rung10-fused_swiglu")
-    assert first["peak, contender / ours"] == pytest.approx(first["peak allocated (MiB)"] / first["ours' peak (MiB)"])
+    assert first["its peak (MiB)"] == peak("2.7B-rung10-fused_swiglu")
+    assert first["peak, contender / that rung"] == pytest.approx(first["peak allocated (MiB)"] / first["its peak (MiB)"])
+
+
+def test_a_rung_that_did_not_run_is_not_the_one_a_contender_runs_beside():
+    """Without CUDA the rungs that need it are skipped and change nothing after them: a contender
+    rung is set beside the last rung that ran with its settings (but the attention), and beside
+    none where none ran with them."""
+    from lmperf.report import memory as view
+    ladder = pd.read_csv(LADDER)
+    ladder.loc[ladder["case_id"] == "2.7B-rung10-fused_swiglu", "status"] = "skipped"
+    assert view.contender_rungs(ladder)["on the settings of"].tolist() == ["no rung ran on them"] * 2
+    ladder = pd.read_csv(LADDER)
+    rival = ladder["case_id"] == "2.7B-rung14-contender_lmperf_kernels_triton"
+    ladder.loc[rival, "fused"] = "none"  # as if rung 9 and 10 (the fused kernels) needed CUDA and were skipped
+    ladder.loc[ladder["case_id"].isin(["2.7B-rung09-fused_rmsnorm", "2.7B-rung10-fused_swiglu"]), "status"] = "skipped"
+    assert view.contender_rungs(ladder)["on the settings of"].iloc[0] == "rung 8 bf16_weights (attention flash-triton)"
 
 
 def test_a_contender_rung_without_a_peak_says_why():
@@ -108,6 +123,7 @@ def test_a_contender_rung_without_a_peak_says_why():
     cpu = cpu[cpu["metric"] != "peak_allocated_mib"]
     lines = view.contenders_view(view.contender_rungs(cpu))["contender_lines"]
     assert [line["peak"] for line in lines] == ["no peak recorded"] * 2 and lines[0]["ratio"] is None
+    assert view.contender_rungs(cpu)["its peak (MiB)"].tolist() == ["no peak recorded"] * 2
 
 
 def test_without_contender_rungs_the_memory_section_has_no_contender_table():

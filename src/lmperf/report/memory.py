@@ -60,10 +60,12 @@ RUNG_SETTINGS = ("size", "dtype", "tf32", "compile", "optimizer", "fused", "floa
 
 def contender_rungs(ladder: pd.DataFrame) -> pd.DataFrame:
     """Each contender's attention in a training step of the ladder's model (its rung,
-    `contender_<provider>`) beside ours on the same settings: the last rung of ours before it
-    whose settings but the attention are the contender rung's. Peak allocated memory (MiB; a GPU's:
-    the ladder records none without CUDA) and the contender's over ours; an empty frame without
-    contender rungs. (Their step times are the ladder section's, with its host-bound marks.)"""
+    `contender_<provider>`) beside the rung whose settings it runs on: the last rung of ours before
+    it that ran (a rung skipped for want of CUDA changes nothing after it) with the contender
+    rung's settings but the attention (ours, flash-triton, on a GPU). Peak allocated memory (MiB;
+    a GPU's: the ladder records none without CUDA, "no peak recorded") and the contender's over
+    that rung's; an empty frame without contender rungs. (Their step times are the ladder
+    section's, with its host-bound marks.)"""
     if ladder.empty or "name" not in ladder:
         return pd.DataFrame()
     rungs = ladder.drop_duplicates("case_id")
@@ -72,21 +74,23 @@ def contender_rungs(ladder: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     keys = [k for k in RUNG_SETTINGS if k in rungs]
     setting = lambda df: df[keys].astype(str).agg("|".join, axis=1)
-    ours = rungs[~rungs["name"].astype(str).str.startswith("contender_") & ~rungs["change"].astype(str).str.startswith("peer")]
+    ours = rungs[~rungs["name"].astype(str).str.startswith("contender_")
+                 & ~rungs["change"].astype(str).str.startswith("peer") & rungs["status"].ne("skipped")]
     ours_setting = setting(ours)
+    peak = lambda case: (lambda v: "no peak recorded" if v is None else v)(cell(case, "peak_allocated_mib", column="median"))
     out = []
     for (_, r), key in zip(rivals.iterrows(), setting(rivals)):
         same = ours[(ours_setting == key) & (ours["rung"] < r["rung"])]
         mine = ladder[ladder["case_id"] == r["case_id"]]
-        theirs = ladder[ladder["case_id"] == same["case_id"].iloc[-1]] if len(same) else ladder.iloc[:0]
+        theirs = ladder[ladder["case_id"] == same["case_id"].iloc[-1]] if len(same) else None
         line = {"contender": str(r["attention"]), "rung": int(r["rung"]), "context": int(r["context"]),
-                "dtype": r["dtype"], "peak allocated (MiB)": cell(mine, "peak_allocated_mib", column="median"),
-                "ours": f"rung {int(same['rung'].iloc[-1])} {same['name'].iloc[-1]} ({same['attention'].iloc[-1]})"
-                        if len(same) else "no rung of ours on these settings",
-                "ours' peak (MiB)": cell(theirs, "peak_allocated_mib", column="median")}
-        both = [line["peak allocated (MiB)"], line["ours' peak (MiB)"]]
-        line["peak, contender / ours"] = (both[0] / both[1] if all(isinstance(v, float) and v > 0 for v in both)
-                                          else None)
+                "dtype": r["dtype"], "peak allocated (MiB)": peak(mine),
+                "on the settings of": f"rung {int(same['rung'].iloc[-1])} {same['name'].iloc[-1]} "
+                                      f"(attention {same['attention'].iloc[-1]})" if len(same) else "no rung ran on them",
+                "its peak (MiB)": peak(theirs) if theirs is not None else None}
+        both = [line["peak allocated (MiB)"], line["its peak (MiB)"]]
+        line["peak, contender / that rung"] = (both[0] / both[1] if all(isinstance(v, float) and v > 0 for v in both)
+                                               else None)
         out.append(line)
     return pd.DataFrame(out)
 
@@ -101,7 +105,8 @@ def contenders_view(table: pd.DataFrame) -> dict:
         peak = r["peak allocated (MiB)"]
         lines.append({"contender": r["contender"], "peak": number(peak) if number(peak) is not None else
                       (peak if isinstance(peak, str) else "no peak recorded"),
-                      "ours": number(r["ours' peak (MiB)"]), "ratio": number(r["peak, contender / ours"])})
+                      "ours": number(r["its peak (MiB)"]), "ratio": number(r["peak, contender / that rung"]),
+                      "beside": r["on the settings of"]})
     return {"contenders": table, "contender_lines": lines}
 
 
