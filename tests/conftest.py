@@ -196,6 +196,11 @@ def grid_case(item) -> tuple[str, str] | None:
     return (item.nodeid.split("[")[0], callspec.id) if callspec else None
 
 
+# Module fixtures that cost nothing to set up again on every worker: no reason to keep a module's
+# tests on one (every module has the autouse one).
+UNGROUPED = {"_module_owns_providers_environment"}
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`), the tests that share a
@@ -211,8 +216,8 @@ def pytest_collection_modifyitems(config, items):
         if "built_repo" in getattr(item, "fixturenames", ()):  # the smoke run: minutes of CPU before its first test
             item.add_marker(pytest.mark.slow)
         defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
-        shared = sorted(name for name, chain in defs.items()
-                        if chain and chain[-1].scope in ("module", "session") and _ours(chain[-1], config.rootpath))
+        shared = sorted(name for name, chain in defs.items() if name not in UNGROUPED
+                        and chain and chain[-1].scope in ("module", "session") and _ours(chain[-1], config.rootpath))
         if shared:
             name = shared[0]
             if defs[name][-1].scope == "session":
