@@ -604,18 +604,19 @@ def expected_readme_rows() -> tuple[dict[str, dict], dict]:
     ladder = csv_rows("h100-80gb-hbm3", "ladder", "2.7B.csv")
     tok = ladder[(ladder["metric"] == "tokens_per_s") & (ladder["status"] == "ok") & (ladder["dtype"] == "bf16")]
     peer_rung = tok["change"].str.startswith("peer")
-    pytorch = ~peer_rung & (tok["attention"] != "flash-triton") & (tok["optimizer"] != "master") \
+    contender = tok["name"].str.startswith("contender_")  # a user's attention: neither ours nor a peer
+    pytorch = ~peer_rung & ~contender & (tok["attention"] != "flash-triton") & (tok["optimizer"] != "master") \
         & (tok["fused"] == "none") & (tok["float8"] == "none")
     fp8 = tok["float8"] != "none"
-    ours_bf16 = tok[~peer_rung & ~pytorch & ~fp8]
-    ours_fp8 = tok[~peer_rung & fp8]
+    ours_bf16 = tok[~peer_rung & ~contender & ~pytorch & ~fp8]
+    ours_fp8 = tok[~peer_rung & ~contender & fp8]
     plan = [(int(tok[tok["name"] == "compiled"]["context"].iloc[0]), False),
             (int(ours_bf16.loc[ours_bf16["median"].idxmax(), "context"]), False),
             (int(ours_fp8.loc[ours_fp8["median"].idxmax(), "context"]), True)]
     rungs = []
     for context, is_fp8 in plan:
         same = tok[(tok["context"] == context) & (fp8 == is_fp8)]
-        mine = same[~peer_rung & ~pytorch]
+        mine = same[~peer_rung & ~contender & ~pytorch]
         ours = mine.loc[mine["median"].idxmax()]
         rungs.append((context, is_fp8, ours))
         precision = f"FP8 (ours: {ours['float8']} scaling)" if is_fp8 else "bf16"
@@ -695,6 +696,23 @@ def test_readme_training_rows_compare_rungs_of_one_context_and_precision():
     assert not rows[0]["peer"].endswith(f"(rung {sdpa})") and rows[1]["peer"].endswith(f"(rung {sdpa})")
     tokens = lambda rung: median(moved, rung=rung, metric="tokens_per_s")
     assert rows[1]["speedup"] == pytest.approx(tokens(chosen[1]["rung"]) / tokens(sdpa))
+
+
+def test_a_contenders_rung_is_neither_ours_nor_a_peer():
+    """A contender's ladder rung (a user's attention in place of ours; the example wraps our own
+    kernels) is never the README's "ours", its peer, or the ladder's best rung, however fast."""
+    from lmperf.report import ladder as ladder_view, readme
+    ladder = csv_rows("h100-80gb-hbm3", "ladder", "2.7B.csv")
+    rival = ladder["name"].str.startswith("contender_")
+    assert rival.any() and (readme.rung_kind(ladder)[rival] == "contender").all()
+    fast = ladder.copy()
+    fast.loc[rival & (fast["metric"] == "tokens_per_s"), "median"] = 1e9
+    rows, chosen = readme.training_rows(fast, BARS["host_bound_idle_pct"])
+    rungs = set(fast[rival]["rung"])
+    assert not {c["rung"] for c in chosen} & rungs
+    assert not any(str(r["peer"]).endswith(f"(rung {n})") for r in rows for n in rungs)
+    best = ladder_view.ladder(fast, {}, BARS["host_bound_idle_pct"])["best"]
+    assert best and all(b["rung"] not in rungs for b in best.values())
 
 
 def test_readme_number_pattern_skips_names_and_versions():

@@ -116,6 +116,11 @@ def is_peer(df: pd.DataFrame) -> pd.Series:
     return df["change"].astype(str).str.startswith("peer")
 
 
+def is_contender(df: pd.DataFrame) -> pd.Series:
+    """Rows of a contender's rung (a user's attention in place of ours, lmperf.contenders.ladder_rungs)."""
+    return df["name"].astype(str).str.startswith("contender_")
+
+
 def ladder(df: pd.DataFrame, limits: dict, threshold: float = math.inf) -> dict:
     """The ladder per size: its rungs, the device rates, the best rung with its phase floors,
     FlopCounterMode's count beside the closed form, and the section's bars. A best rung or
@@ -137,11 +142,12 @@ def ladder(df: pd.DataFrame, limits: dict, threshold: float = math.inf) -> dict:
                                   if m in ("copy_gb_per_s", "bf16_matmul_tflops")}
                            for size, g in rates.groupby("size")}
     # The best rung is the fastest (tokens/s) of our stack's rungs (a peer, another library's
-    # kernels or training recipe measured beside them, is shown, not chosen); its MFU is against
+    # kernels or training recipe measured beside them, and a contender's rung, a user's attention,
+    # are shown, not chosen); its MFU is against
     # the bf16 peak, as every rung's.
     key = "tokens_per_s"
     best, floors, flops = {}, [], []
-    own = ok[(ok["name"] != "floors") & ~is_peer(ok) & ~ladder_fp8.is_fp8(ok)]  # the best bf16 rung
+    own = ok[(ok["name"] != "floors") & ~is_peer(ok) & ~is_contender(ok) & ~ladder_fp8.is_fp8(ok)]  # the best bf16 rung
     for size, g in own.groupby("size", sort=False):
         score = g[g["metric"] == key].set_index("case_id")["median"]
         if score.empty:

@@ -142,12 +142,16 @@ def lrpe_rows(lrpe: pd.DataFrame, threshold: float) -> list[dict]:
 
 def rung_kind(rungs: pd.DataFrame) -> pd.Series:
     """Per ladder row: "peer" (another library's kernels or recipe, bench/ladder.py's PEERS),
-    "pytorch" (none of our kernels: PyTorch's own settings) or "ours" (at least one of ours)."""
+    "contender" (a user's attention in place of ours, lmperf.contenders.ladder_rungs: neither
+    ours nor a peer, even where it wraps our kernels), "pytorch" (none of our kernels: PyTorch's
+    own settings) or "ours" (at least one of ours)."""
     none = lambda col: rungs[col].fillna("none").astype(str).eq("none") if col in rungs else True
     peer = rungs["change"].astype(str).str.startswith("peer")
+    contender = rungs["name"].astype(str).str.startswith("contender_")
     pytorch = ~peer & (rungs["attention"] != "flash-triton") & (rungs["optimizer"] != "master") \
         & none("fused") & none("float8")
-    return pd.Series("ours", index=rungs.index).mask(pytorch, "pytorch").mask(peer, "peer")
+    return (pd.Series("ours", index=rungs.index).mask(pytorch, "pytorch").mask(peer, "peer")
+            .mask(contender, "contender"))
 
 
 def rung_label(r: pd.Series) -> str:
@@ -185,7 +189,7 @@ def training_rows(ladder: pd.DataFrame, threshold: float) -> tuple[list[dict], l
     rows, chosen = [], []
     for context, fp8 in plan:
         same = tok[(tok["context"] == context) & (tok["fp8"] == fp8)]
-        mine, peers = same[same["kind"] == "ours"], same[same["kind"] != "ours"]
+        mine, peers = same[same["kind"] == "ours"], same[same["kind"].isin(["peer", "pytorch"])]
         if mine.empty:
             continue
         best = mine.loc[mine["median"].idxmax()]
