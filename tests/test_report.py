@@ -615,13 +615,13 @@ def expected_readme_rows() -> tuple[dict[str, dict], dict]:
             (int(ours_fp8.loc[ours_fp8["median"].idxmax(), "context"]), True)]
     rungs = []
     for context, is_fp8 in plan:
-        same = tok[(tok["context"] == context) & (fp8 == is_fp8)]
-        mine = same[~peer_rung & ~contender & ~pytorch]
+        at = (tok["context"] == context) & (fp8 == is_fp8)
+        mine = tok[at & ~peer_rung & ~contender & ~pytorch]
         ours = mine.loc[mine["median"].idxmax()]
         rungs.append((context, is_fp8, ours))
         precision = f"FP8 (ours: {ours['float8']} scaling)" if is_fp8 else "bf16"
         label = f"2.7B training step, {precision}, batch {ours['batch_size']} x context {context:,}"
-        others = same[peer_rung | pytorch]
+        others = tok[at & (peer_rung | pytorch)]
         if others.empty:
             rows[label] = {"unit": "tokens/s", "timed by": "median step", "ours": fmt(ours["median"]) + mark(ours),
                            "best peer": f"none at context {context:,}", "peer": "", "ours vs peer": ""}
