@@ -127,7 +127,8 @@ def view(inputs) -> dict:
     if bench.empty:
         return unavailable("no benchmark results (rule flash_attention_bench has not run)")
     if (bench["status"] != "ok").all():
-        return unavailable("the benchmark did not run here: " + "; ".join(sorted(set(bench["message"].dropna()))))
+        return unavailable("the benchmark did not run here: " + "; ".join(sorted(set(bench["message"].dropna()))),
+                           providers=provider_rows(bench))
     if CENTER not in bench:  # rows with a mean only (one sample: the same number)
         bench = bench.assign(**{CENTER: bench["mean"]})
     # K/V heads (grouped-query attention); rows from before GQA have as many as query heads
@@ -169,6 +170,18 @@ def view(inputs) -> dict:
         left_out = grid[grid["status"].isin(["skipped", "unsupported"])].drop_duplicates(["provider", "message"])
         view["grid_left_out"] = [f"{r.provider} ({r.status}): {r.message}" for r in left_out.itertuples()]
     return view
+
+
+def provider_rows(bench: pd.DataFrame) -> list[dict]:
+    """Every provider of the benchmark's rows, in their order, with its role (ours, peer,
+    contender: lmperf.providers), its number of cases and their statuses: what a run that timed
+    nothing (no GPU) still shows, so that a contender or a new peer is seen to reach the job."""
+    out = []
+    for name, g in bench.drop_duplicates("case_id").groupby("provider", sort=False):
+        known = providers.find(name)
+        out.append({"provider": name, "role": known.role if known else "unregistered", "cases": len(g),
+                    "statuses": ", ".join(f"{n} {status}" for status, n in g["status"].value_counts().items())})
+    return out
 
 
 def marked(table: pd.DataFrame, rows: pd.DataFrame, metric: str, threshold: float) -> pd.DataFrame:
