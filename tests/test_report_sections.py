@@ -335,7 +335,7 @@ def test_dtype_speed_leaves_out_host_bound_and_failed_pairs():
     assert t["_ratio"].iloc[1] == 2.5 and math.isnan(t["_ratio"].iloc[0]) and math.isnan(t["_ratio"].iloc[2])
 
 
-def test_a_flashattention_job_that_timed_nothing_lists_its_providers(monkeypatch):
+def test_a_flashattention_job_that_timed_nothing_lists_its_providers():
     """Without a GPU every timing row is `skipped`: the section says why and lists each
     provider the job ran with its role, so a contender (or a new peer) is seen to reach it."""
     from lmperf import providers
@@ -344,10 +344,11 @@ def test_a_flashattention_job_that_timed_nothing_lists_its_providers(monkeypatch
              "metric": "fwd_bwd_ms", "status": "skipped", "message": "needs CUDA"}
             for p in ("triton", "sdpa_flash", "mine_triton", "mine_triton")]
     rows[-1] = {**rows[-1], "case_id": "model-mine_triton-bf16"}
-    monkeypatch.setitem(providers._REGISTRY, "mine_triton", providers.Provider(  # this test's alone
-        "mine_triton", "mine (triton, contender)", "contender", "attention", lambda case: None))
-    v = flash_attention.view(Inputs(results=Path("."), frames={"flash_attention": pd.DataFrame(rows)},
-                                    bars=BARS, out_dir=Path(".")))
+    with providers.kept():  # the registry as it was after the test
+        providers.register(providers.Provider("mine_triton", "mine (triton, contender)", "contender", "attention",
+                                              lambda case: None))
+        v = flash_attention.view(Inputs(results=Path("."), frames={"flash_attention": pd.DataFrame(rows)},
+                                        bars=BARS, out_dir=Path(".")))
     assert not v["available"] and v["why"] == "the benchmark did not run here: needs CUDA"
     assert v["providers"] == [{"provider": "triton", "role": "ours", "cases": 1, "statuses": "1 skipped"},
                               {"provider": "sdpa_flash", "role": "peer", "cases": 1, "statuses": "1 skipped"},
