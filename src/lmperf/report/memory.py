@@ -10,6 +10,7 @@ import os
 import pandas as pd
 
 from lmperf.report.format import cell, ratio_range, unavailable
+from lmperf.report.ladder import is_contender, is_peer
 from lmperf.report.plot import plt, save
 
 
@@ -69,13 +70,12 @@ def contender_rungs(ladder: pd.DataFrame) -> pd.DataFrame:
     if ladder.empty or "name" not in ladder:
         return pd.DataFrame()
     rungs = ladder.drop_duplicates("case_id")
-    rivals = rungs[rungs["name"].astype(str).str.startswith("contender_")]
+    rivals = rungs[is_contender(rungs)]
     if rivals.empty:
         return pd.DataFrame()
     keys = [k for k in RUNG_SETTINGS if k in rungs]
     setting = lambda df: df[keys].astype(str).agg("|".join, axis=1)
-    ours = rungs[~rungs["name"].astype(str).str.startswith("contender_")
-                 & ~rungs["change"].astype(str).str.startswith("peer") & rungs["status"].ne("skipped")]
+    ours = rungs[~is_contender(rungs) & ~is_peer(rungs) & rungs["status"].ne("skipped")]
     ours_setting = setting(ours)
     peak = lambda case: (lambda v: "no peak recorded" if v is None else v)(cell(case, "peak_allocated_mib", column="median"))
     out = []
@@ -97,16 +97,12 @@ def contender_rungs(ladder: pd.DataFrame) -> pd.DataFrame:
 
 def contenders_view(table: pd.DataFrame) -> dict:
     """The template's keys of `contender_rungs`' table: the table and a line per contender for
-    the prose (peak: MiB, or the rung's status where it did not run `ok`; ours and the ratio:
-    None where there is none)."""
+    the prose (peak: MiB, or why there is none; that rung's peak and the ratio: None where there
+    is none)."""
     number = lambda v: float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
-    lines = []
-    for _, r in table.iterrows():
-        peak = r["peak allocated (MiB)"]
-        lines.append({"contender": r["contender"], "peak": number(peak) if number(peak) is not None else
-                      (peak if isinstance(peak, str) else "no peak recorded"),
-                      "ours": number(r["its peak (MiB)"]), "ratio": number(r["peak, contender / that rung"]),
-                      "beside": r["on the settings of"]})
+    lines = [{"contender": r["contender"], "peak": r["peak allocated (MiB)"], "ours": number(r["its peak (MiB)"]),
+              "ratio": number(r["peak, contender / that rung"]), "beside": r["on the settings of"]}
+             for _, r in table.iterrows()]
     return {"contenders": table, "contender_lines": lines}
 
 

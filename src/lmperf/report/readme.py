@@ -20,6 +20,7 @@ from lmperf import providers
 from lmperf.report import freshness
 from lmperf.report.e2e import BF16_MFU, peaks, size_order, with_bf16_mfu
 from lmperf.report.format import HOST_BOUND, fmt, host_bound, table
+from lmperf.report.ladder import is_contender, is_peer
 from lmperf.report.render import CONFIG, bars_from_config, load_section
 
 BEGIN = "<!-- results:begin (rendered by python -m lmperf.report.readme; do not edit) -->"
@@ -146,8 +147,7 @@ def rung_kind(rungs: pd.DataFrame) -> pd.Series:
     ours nor a peer, even where it wraps our kernels), "pytorch" (none of our kernels: PyTorch's
     own settings) or "ours" (at least one of ours)."""
     none = lambda col: rungs[col].fillna("none").astype(str).eq("none") if col in rungs else True
-    peer = rungs["change"].astype(str).str.startswith("peer")
-    contender = rungs["name"].astype(str).str.startswith("contender_")
+    peer, contender = is_peer(rungs), is_contender(rungs)
     pytorch = ~peer & (rungs["attention"] != "flash-triton") & (rungs["optimizer"] != "master") \
         & none("fused") & none("float8")
     return (pd.Series("ours", index=rungs.index).mask(pytorch, "pytorch").mask(peer, "peer")
