@@ -26,9 +26,12 @@ WORLD, STEPS, GLOBAL_BATCH = 2, 3, 4
 # (variant, bucket_cap_mb, micro-batches a step): DDP with one bucket and with many (the tiny
 # model's gradients are about 0.1 MB, so 0.01 MB buckets split them into several all-reduces that
 # overlap backward); with 2 micro-batches each engine must reduce the sum once, after the last.
-CASES = [("per_param", None, 1), ("flat", None, 1), ("ddp", 25, 1), ("ddp", 0.01, 1), ("fsdp2", None, 1),
-         ("zero", 25, 1), ("per_param", None, 2), ("ddp", 0.01, 2), ("fsdp2", None, 2), ("zero", 25, 2)]
-CASE_IDS = [f"{v}-{b}-x{k}" for v, b, k in CASES]
+# Compiled: each block compiled before the engine wraps or shards it (as the full grid trains),
+# DDP's with buckets below its first bucket's 1 MB, on which Dynamo's DDPOptimizer would fail.
+CASES = [("per_param", None, 1, False), ("flat", None, 1, False), ("ddp", 25, 1, False), ("ddp", 0.01, 1, False),
+         ("fsdp2", None, 1, False), ("zero", 25, 1, False), ("per_param", None, 2, False), ("ddp", 0.01, 2, False),
+         ("fsdp2", None, 2, False), ("zero", 25, 2, False), ("ddp", 0.01, 1, True), ("fsdp2", None, 1, True)]
+CASE_IDS = [f"{v}-{b}-x{k}" + ("-compiled" if c else "") for v, b, k, c in CASES]
 # SGD with momentum, not AdamW: Adam divides by sqrt(v), so a weight whose gradient is pure
 # rounding noise (about 1e-9) would move by up to lr in either direction and no tolerance could
 # tell a wrong reduction from reordered sums. SGD passes a gradient error through linearly.
@@ -53,9 +56,9 @@ def _train_every_variant(rank: int, world: int, port: int, out: str) -> None:
     store = dist.TCPStore("127.0.0.1", port, is_master=False)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     try:
-        for (variant, bucket, k), case_id in zip(CASES, CASE_IDS):
+        for (variant, bucket, k, compiled), case_id in zip(CASES, CASE_IDS):
             state = ddp.train_steps(variant, CFG, rank, world, batches(), OPTIMIZER, bucket_cap_mb=bucket,
-                                    micro_batches=k)
+                                    micro_batches=k, compiled=compiled)
             if rank == 0:
                 torch.save(state, Path(out) / f"{case_id}.pt")
     finally:
@@ -176,6 +179,9 @@ def test_grids_are_data():
         ("single", 16, "scaling"), ("single", 8, "memory")]
     accumulated = ddp.cases({**spec, "micro_batches": 3, "optimizer": "fused"}, 2)
     assert accumulated[0]["case_id"] == "tiny-per_param-x3-fused-n2" and accumulated[0]["global_batch"] == 12
+    compiled = ddp.cases({**spec, "optimizer": "fused", "compile": True}, 1)
+    assert compiled[0]["case_id"] == "tiny-single-fused-compiled-n1" and compiled[0]["compile"] is True
+    assert all(c["compile"] is False for c in ddp.cases(spec, 2))
     ar = allreduce.cases({"backends": {"nccl": [1], "gloo": [1, 10]}, "warmup": 1, "iters": 2}, 2)
     assert [c["case_id"] for c in ar] == ["link-n2", "nccl-1MB-n2", "gloo-1MB-n2", "gloo-10MB-n2"]
 

@@ -87,6 +87,8 @@ def view(inputs) -> dict:
     out["link_peak"] = next((p for p in peaks if p["source"] == "driver"), peaks[0] if peaks else None)
     out["allreduce_all"] = ar
     out["ddp_all"] = ddp
+    # the training step's blocks compiled (the grid's `compile`), as every case of the folder ran
+    out["compiled"] = bool("compile" in df and df.loc[df["study"] == "ddp", "compile"].fillna(False).astype(bool).any())
     ar_ok = ar[ar["status"] == "ok"] if not ar.empty else ar
     out["allreduce"] = (ar_ok.drop(columns=["status", "message"] + ([] if ar_ok["machine"].nunique() > 1 else ["machine"]))
                         .rename(columns={

@@ -42,8 +42,9 @@ def cases(spec: dict, world: int) -> list[dict]:
     if spec.get("memory_context"):
         contexts.append(("memory", spec["memory_context"], memory))
     micro_batches, optimizer = spec.get("micro_batches", 1), spec.get("optimizer", "foreach")
-    attention = spec.get("attention", "plain")
-    how = (f"-x{micro_batches}" if micro_batches > 1 else "") + (f"-{optimizer}" if optimizer != "foreach" else "")
+    attention, compiled = spec.get("attention", "plain"), bool(spec.get("compile", False))
+    how = ((f"-x{micro_batches}" if micro_batches > 1 else "") + (f"-{optimizer}" if optimizer != "foreach" else "")
+           + ("-compiled" if compiled else ""))
     for size in spec["sizes"]:
         for purpose, context, runs in contexts:
             for variant, bucket in runs:
@@ -53,7 +54,7 @@ def cases(spec: dict, world: int) -> list[dict]:
                             "world_size": world, "batch_per_gpu": spec["batch_per_gpu"],
                             "micro_batches": micro_batches, "optimizer": optimizer,
                             "global_batch": spec["batch_per_gpu"] * micro_batches * world, "context": context,
-                            "purpose": purpose, "dtype": spec["dtype"], "attention": attention,
+                            "purpose": purpose, "dtype": spec["dtype"], "attention": attention, "compile": compiled,
                             "warmup": spec["warmup"],
                             "timed_steps": spec["timed_steps"], "profiled_steps": spec["profiled_steps"],
                             **({"contender": rivals[variant][0], "contender_source": json.dumps(rivals[variant][1])}
@@ -68,9 +69,12 @@ def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dic
 
 
 def build(variant: str, cfg, device, world: int, bucket_cap_mb: float | None, optimizer="foreach",
-          contender: tuple | None = None, dtype: str = "fp32"):
+          contender: tuple | None = None, dtype: str = "fp32", compiled: bool = False):
     """(model, optimizer, reduce_gradients) of one variant. The weights are the same on every
-    rank (lmperf.train.build_model); reduce_gradients is the explicit all-reduce after backward,
+    rank (lmperf.train.build_model); with `compiled`, each Transformer block is compiled
+    (`_compile_blocks`) before any engine wraps or shards it: the engines' hooks stay outside the
+    compiled blocks, so DDP's buckets all-reduce as the backward reaches them and FSDP2 gathers
+    block by block. reduce_gradients is the explicit all-reduce after backward,
     None where the engine communicates inside backward (DDP, FSDP2) or not at all (single).
     `optimizer` is an implementation of lmperf.train.OPTIMIZERS or a torch optimizer as
     (class, kwargs); MasterWeightAdamW ('master') only for one process: its hooks move each
@@ -85,6 +89,8 @@ def build(variant: str, cfg, device, world: int, bucket_cap_mb: float | None, op
     if variant not in VARIANTS and contender is None:
         raise ValueError(f"variant {variant!r}; choose one of {VARIANTS}")
     model = train.build_model(cfg, device)
+    if compiled:
+        _compile_blocks(model, cfg.context_length)
     if contender is not None:
         return _contender_build(contender, model, world, optimizer)
     if optimizer == "master":
@@ -122,6 +128,26 @@ def build(variant: str, cfg, device, world: int, bucket_cap_mb: float | None, op
     else:
         optimizer = optimizer_class(model.parameters(), **optimizer_kwargs)
     return model, optimizer, reduce
+
+
+_compiled_context: list[int] = []  # the context the blocks' compiled code of this process is for
+
+
+def _compile_blocks(model, context: int) -> None:
+    """Compile each block (lmperf.train.compile_blocks) for this case, the same way whatever ran
+    before it in the process: one graph a block, never split at DDP's buckets (Dynamo's
+    DDPOptimizer would split it only when the first compile happens under DDP, so a job's case
+    order would decide), and static shapes (a new context starts Dynamo afresh rather than
+    recompiling the blocks for any length). The blocks of every case of one context share the
+    code compiled for the first (a new model of the same shapes is no new graph)."""
+    import torch
+
+    from lmperf import train
+    torch._dynamo.config.optimize_ddp = False
+    if _compiled_context and _compiled_context[-1] != context:
+        torch._dynamo.reset()
+    _compiled_context[:] = [context]
+    train.compile_blocks(model)
 
 
 def _contender_build(contender: tuple, model, world: int, optimizer):
@@ -179,13 +205,14 @@ def rank_batch(global_tokens, rank: int, world: int):
 
 
 def train_steps(variant: str, cfg, rank: int, world: int, batches, optimizer,
-                bucket_cap_mb: float = ZERO_BUCKET_MB, device: str = "cpu", micro_batches: int = 1) -> dict:
+                bucket_cap_mb: float = ZERO_BUCKET_MB, device: str = "cpu", micro_batches: int = 1,
+                compiled: bool = False) -> dict:
     """Train `variant` with lmperf.train.step on this rank's slice of each global batch (fp32,
-    no autocast; `micro_batches` a step) and return the full weights: the correctness check
-    against single-process training on the same batches."""
+    no autocast; `micro_batches` a step; `compiled`: the blocks compiled) and return the full
+    weights: the correctness check against single-process training on the same batches."""
     from lmperf import train
 
-    model, optimizer, reduce = build(variant, cfg, device, world, bucket_cap_mb, optimizer)
+    model, optimizer, reduce = build(variant, cfg, device, world, bucket_cap_mb, optimizer, compiled=compiled)
     for tokens in batches:
         inputs, targets = rank_batch(tokens.to(device), rank, world)
         train.step(model, optimizer, inputs, targets, contextlib.nullcontext(), train.nothing,
@@ -296,7 +323,7 @@ def measure_local(case: dict, ranks: Ranks, spec: dict) -> dict:
     rival = ((case["contender"], json.loads(case["contender_source"]), case["variant"].rsplit("-", 1)[-1])
              if case.get("contender") else None)
     model, optimizer, reduce = build(case["variant"], cfg, device, ranks.world, case["bucket_cap_mb"],
-                                     case["optimizer"], rival, case["dtype"])
+                                     case["optimizer"], rival, case["dtype"], case.get("compile", False))
     autocast = train.autocast(case["dtype"], torch.device(device).type)
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(cfg.vocab_size, (case["global_batch"], case["context"] + 1), generator=gen)
