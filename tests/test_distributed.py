@@ -120,6 +120,14 @@ def test_two_processes_match_one_process_on_the_same_global_batch(trained, case_
     assert moved > 1e-2, "the reference did not train: the comparison would prove nothing"
 
 
+def test_ddp_with_bf16_buckets_is_unsupported_on_a_cpu():
+    """PyTorch's bf16_compress_hook needs NCCL: over Gloo the case is an `unsupported` row saying
+    so, not an error from inside DDP's first backward."""
+    from lmperf.bench import common
+    with pytest.raises(common.Unsupported, match="needs NCCL on GPUs"):
+        ddp.build("ddp_bf16", CFG, "cpu", 2, 25, OPTIMIZER)
+
+
 def test_a_wrong_reduction_is_caught_by_the_same_tolerance():
     """Summing instead of averaging (world 2 -> gradients doubled) must fail the comparison."""
     reference = ddp.train_steps("single", CFG, 0, 1, batches(), OPTIMIZER)
@@ -182,6 +190,8 @@ def test_grids_are_data():
     compiled = ddp.cases({**spec, "optimizer": "fused", "compile": True}, 1)
     assert compiled[0]["case_id"] == "tiny-single-fused-compiled-n1" and compiled[0]["compile"] is True
     assert all(c["compile"] is False for c in ddp.cases(spec, 2))
+    bf16 = [c["case_id"] for c in ddp.cases({**spec, "variants": ["ddp", "ddp_bf16"]}, 2)]
+    assert bf16 == ["tiny-ddp-b1-n2", "tiny-ddp-b25-n2", "tiny-ddp_bf16-b1-n2", "tiny-ddp_bf16-b25-n2"]
     ar = allreduce.cases({"backends": {"nccl": [1], "gloo": [1, 10]}, "warmup": 1, "iters": 2}, 2)
     assert [c["case_id"] for c in ar] == ["link-n2", "nccl-1MB-n2", "gloo-1MB-n2", "gloo-10MB-n2"]
 

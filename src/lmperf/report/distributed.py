@@ -20,7 +20,7 @@ import pandas as pd
 
 from lmperf.report import freshness
 from lmperf.report.distributed_rows import (  # noqa: F401 (the section's names, read here and by tests)
-    KEY, MEMORY, PHASES, VARIANT_NAMES, allreduce_frame, best_ddp, cases, ddp_frame, frames, gpu_count, gpu_counts,
+    BUCKETED, KEY, MEMORY, PHASES, VARIANT_NAMES, allreduce_frame, best_ddp, cases, ddp_frame, frames, gpu_count, gpu_counts,
     link_peaks, ok_metric, slow_baseline, variant_label)
 from lmperf.report.format import HOST_BOUND, Spread, bar, fmt, host_bound_legend, idle_text, unavailable
 from lmperf.report.plot import plt, save
@@ -326,11 +326,11 @@ def figures(inputs, paths: dict) -> dict[str, str]:
     for size, g in ddp.groupby("size", sort=False):
         one = g[g["variant"] == "single"]
         for variant, v in g[g["variant"] != "single"].groupby("variant", sort=False):
-            if variant == "ddp":  # the best bucket size at each GPU count
+            if variant in BUCKETED:  # the best bucket size at each GPU count
                 v = v.loc[v.groupby("processes")["tokens_per_s"].idxmax()]
             v = pd.concat([one, v]).sort_values("processes")
             ax.plot(v["processes"], v["step_ms"], marker="o", label=f"{size}, {VARIANT_NAMES.get(variant, variant)}"
-                    + (" (best bucket)" if variant == "ddp" else ""))
+                    + (" (best bucket)" if variant in BUCKETED else ""))
         if not one.empty:
             ax.axhline(one["step_ms"].iloc[0], linestyle=":", color="gray")
     ax.set_xticks(sorted(ddp["processes"].unique()))

@@ -11,7 +11,8 @@ import pandas as pd
 PHASES = ["forward_ms", "backward_ms", "allreduce_ms", "optimizer_ms"]
 MEMORY = ["param_mib", "grad_mib", "optimizer_state_mib", "activations_mib", "peak_allocated_mib"]
 VARIANT_NAMES = {"single": "one GPU", "per_param": "all-reduce per parameter",
-                 "flat": "one flattened all-reduce", "ddp": "DDP", "fsdp2": "FSDP2",
+                 "flat": "one flattened all-reduce", "ddp": "DDP", "ddp_bf16": "DDP, bf16 all-reduce",
+                 "fsdp2": "FSDP2",
                  "zero": "DDP + ZeroRedundancyOptimizer"}
 
 
@@ -19,6 +20,7 @@ VARIANT_NAMES = {"single": "one GPU", "per_param": "all-reduce per parameter",
 # Reading the rows
 
 
+BUCKETED = ("ddp", "ddp_bf16")  # DDP at each bucket size of the grid (fp32 and bf16 all-reduce)
 KEY = ["hw", "case_id"]  # a case of one machine's folder: h200-x2's and h200-x4's n2 jobs are two cases
 
 
@@ -30,7 +32,7 @@ def ok_metric(df: pd.DataFrame, study: str, metric: str, stat: str = "median") -
 
 def variant_label(variant: str, bucket) -> str:
     name = VARIANT_NAMES.get(variant, variant)
-    if variant == "ddp":
+    if variant in BUCKETED:
         return f"{name}, {float(bucket):g} MB buckets"
     return name
 
@@ -111,16 +113,16 @@ SLOW_BASELINE = 0.05
 def slow_baseline(row: pd.Series) -> str:
     """Why a DDP case's speedup cannot be judged against its machine's one-GPU job, or ""."""
     mine, single = row.get("forward_ms", math.nan), row.get("single_forward_ms", math.nan)
-    if row.get("variant") != "ddp" or pd.isna(mine) or pd.isna(single) or mine >= (1 - SLOW_BASELINE) * single:
+    if row.get("variant") not in BUCKETED or pd.isna(mine) or pd.isna(single) or mine >= (1 - SLOW_BASELINE) * single:
         return ""
     return (f"the one-GPU job's forward took {single:.1f} ms, each rank's {mine:.1f} ms (DDP's forward does not "
             f"communicate): the baseline ran slow on a noisy machine; measure both again")
 
 
 def best_ddp(ddp: pd.DataFrame, size: str, procs: int, machine: str) -> pd.Series | None:
-    """The DDP bucket size with the most tokens/s for this model size and process count on
-    this machine."""
-    g = ddp[(ddp["size"] == size) & (ddp["processes"] == procs) & (ddp["variant"] == "ddp")
+    """The DDP bucket size and bucket type (fp32, or bf16: BUCKETED) with the most tokens/s for
+    this model size and process count on this machine."""
+    g = ddp[(ddp["size"] == size) & (ddp["processes"] == procs) & ddp["variant"].isin(BUCKETED)
             & (ddp["machine"] == machine) & (ddp["purpose"] == "scaling") & ddp["tokens_per_s"].notna()]
     return None if g.empty else g.loc[g["tokens_per_s"].idxmax()]
 

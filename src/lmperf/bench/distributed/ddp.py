@@ -1,8 +1,9 @@
 """The data-parallel study of the distributed section: the training step (lmperf.train.step, the
 one every study runs) on every rank, each on its slice of the global batch, in one variant a
 case: one process ("single", the baseline), an all-reduce per parameter or of all gradients
-flattened into one buffer after backward (by hand: train.step's `reduce`), DDP, FSDP2, or DDP
-with ZeroRedundancyOptimizer. Per rank: the phase times, the memory of parameters, gradients,
+flattened into one buffer after backward (by hand: train.step's `reduce`), DDP (its buckets
+all-reduced in fp32, or in bf16 through its bf16_compress_hook: "ddp_bf16"), FSDP2, or DDP with
+ZeroRedundancyOptimizer. Per rank: the phase times, the memory of parameters, gradients,
 optimizer state and activations, and (on a GPU, profiled) the communication no compute kernel
 hides."""
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Callable
 from lmperf.bench import common
 from lmperf.bench.distributed.ranks import Ranks
 
-VARIANTS = ("single", "per_param", "flat", "ddp", "fsdp2", "zero")
+VARIANTS = ("single", "per_param", "flat", "ddp", "ddp_bf16", "fsdp2", "zero")
+BUCKETED = ("ddp", "ddp_bf16")  # the variants timed at every bucket size of the spec
 ZERO_BUCKET_MB = 25  # ZeroRedundancyOptimizer runs under DDP with its default bucket size
 
 MEMORY_BUCKET_MB = 25  # DDP's default bucket: the DDP case of the memory context
@@ -33,7 +35,7 @@ def cases(spec: dict, world: int) -> list[dict]:
     from lmperf import contenders
     rivals = contenders.distributed_variants(spec.get("contenders"))  # a user's DDP, FSDP, sharded optimizer
     variants = [("single", None)] if world == 1 else [
-        (v, b) for v in spec["variants"] for b in (spec["bucket_caps_mb"] if v == "ddp" else [None])] + [
+        (v, b) for v in spec["variants"] for b in (spec["bucket_caps_mb"] if v in BUCKETED else [None])] + [
         (v, None) for v in rivals]
     memory = [("single", None)] if world == 1 else [
         (v, MEMORY_BUCKET_MB if v == "ddp" else None) for v in ("ddp", "fsdp2") if v in spec["variants"]] + [
@@ -88,6 +90,9 @@ def build(variant: str, cfg, device, world: int, bucket_cap_mb: float | None, op
 
     if variant not in VARIANTS and contender is None:
         raise ValueError(f"variant {variant!r}; choose one of {VARIANTS}")
+    if variant == "ddp_bf16" and torch.device(device).type != "cuda":
+        raise common.Unsupported("DDP's bf16 all-reduce (bf16_compress_hook) needs NCCL on GPUs: Gloo has no bf16 "
+                                 "all-reduce")
     model = train.build_model(cfg, device)
     if compiled:
         _compile_blocks(model, cfg.context_length)
@@ -106,11 +111,17 @@ def build(variant: str, cfg, device, world: int, bucket_cap_mb: float | None, op
         reduce = lambda: allreduce_per_parameter(list(model.parameters()), world)
     elif variant == "flat":
         reduce = lambda: allreduce_flat(list(model.parameters()), world)
-    elif variant in ("ddp", "zero"):
+    elif variant in ("ddp", "ddp_bf16", "zero"):
         # buffers (RoPE tables) are the same on every rank: no broadcast each forward; gradients
         # live in DDP's buckets (no copy into them after backward)
         model = DDP(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb, broadcast_buffers=False,
                     gradient_as_bucket_view=True)
+        if variant == "ddp_bf16":
+            # PyTorch's bf16_compress_hook: each bucket cast to bf16, all-reduced (half the bytes of
+            # fp32, so half of NCCL's time on the SMs the backward also needs) and cast back; the
+            # gradients' average carries bf16's rounding (8 bits of mantissa)
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+            model.register_comm_hook(None, bf16_compress_hook)
     elif variant == "fsdp2":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         # bf16: FSDP2's own mixed precision, as its users train: each block's weights gathered and
