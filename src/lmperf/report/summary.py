@@ -130,11 +130,13 @@ def scaling(v: dict) -> dict:
     """Per GPU count: DDP's tokens/s over one GPU's (the best variant, range over the model
     sizes, and the machine folder it comes from); FSDP2's peak memory per rank over DDP's at the
     largest count (range over the sizes, per tokens a GPU): this machine's multi-GPU runs, else
-    another machine's, named, with the link to its section."""
+    another machine's (the one with the most GPUs), named, with the link to its section."""
     machine, link = "", None
     answers, code = v.get("answers", []), v.get("code")
     if not v["available"]:
-        other = next((o for o in v.get("others", []) if o["answers"]), None)
+        # the other machine with the most GPUs (its section has every count up to them)
+        other = max((o for o in v.get("others", []) if o["answers"]), default=None,
+                    key=lambda o: max(a.get("gpus", 2) for a in o["answers"]))
         if other is None:
             return unavailable(v["why"])
         machine, link, answers, code = other["machine"], other["link"], other["answers"], other.get("code")
