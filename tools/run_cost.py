@@ -198,7 +198,8 @@ def duplicate_cases(results: Path) -> pd.DataFrame:
 
 # --- the run a config plans, projected from measured cases -------------------------------------
 
-MEASURED = (  # where a planned case's wall_s is looked up, first match wins: the newest code first
+MEASURED = (  # where a planned case's wall_s is looked up: the newest measurement of it wins
+    ROOT / "results/h100-80gb-hbm3",
     ROOT / "tools/data/side_by_side_h100/at_28cbca2/hold_b/results/h100-80gb-hbm3",
     ROOT / "tools/data/side_by_side_h100/at_28cbca2/hold_a/results/h100-80gb-hbm3",
     ROOT / "tools/data/side_by_side_h100/one_commit/second_hold/results/h100-80gb-hbm3",
@@ -206,7 +207,6 @@ MEASURED = (  # where a planned case's wall_s is looked up, first match wins: th
     ROOT / "tools/data/side_by_side_h100/cost_map/results/h100-80gb-hbm3",
     ROOT / "tools/data/side_by_side_h100/run/results/h100-80gb-hbm3",
     ROOT / "tools/data/side_by_side_h100/cost_probe/results/h100-80gb-hbm3",
-    ROOT / "results/h100-80gb-hbm3",
 )
 
 
@@ -223,19 +223,21 @@ def planned_files(overrides: list[str], scale: str, depth: str):
 
 
 def measured_walls(folders) -> dict[str, dict[str, float]]:
-    """job (path under a results folder, no .csv) -> case_id -> wall_s, the first folder's wins."""
-    out: dict[str, dict[str, float]] = {}
+    """job (path under a results folder, no .csv) -> case_id -> wall_s of the case's newest row
+    (its `measured_at`) in any of the folders; without `measured_at`, the first folder's wins."""
+    out: dict[str, dict[str, tuple[str, float]]] = {}
     for folder in folders:
         for path in sorted(folder.rglob("*.csv")):
             job = path.relative_to(folder).as_posix().removesuffix(".csv")
             df = pd.read_csv(path, low_memory=False)
             if "wall_s" not in df or "case_id" not in df:
                 continue
-            walls = df.drop_duplicates("case_id").set_index("case_id")["wall_s"].fillna(0.0)
+            when = df["measured_at"].astype(str) if "measured_at" in df else pd.Series("", index=df.index)
             known = out.setdefault(job, {})
-            for case_id, wall in walls.items():
-                known.setdefault(case_id, float(wall))
-    return out
+            for case_id, at, wall in zip(df["case_id"], when, df["wall_s"].fillna(0.0)):
+                if case_id not in known or at > known[case_id][0]:
+                    known[case_id] = (at, float(wall))
+    return {job: {c: wall for c, (_, wall) in cases.items()} for job, cases in out.items()}
 
 
 def plan(overrides: list[str], scale: str, depth: str, costs: Costs, folders=MEASURED) -> pd.DataFrame:
