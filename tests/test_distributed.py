@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from lmperf import hardware
-from lmperf.bench.distributed import allreduce, ddp
+from lmperf.bench.distributed import allreduce, comm, ddp
 from lmperf.model import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -146,11 +146,11 @@ def test_bus_bandwidth_follows_nccl_tests():
 def test_exposed_communication_is_what_no_compute_kernel_overlaps():
     kernels = [("gemm", 0, 10), ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 5, 15),
                ("elementwise", 12, 13), ("ncclKernel_AllReduce", 20, 22), ("gemm", 21, 30)]
-    got = ddp.comm_exposure(kernels)
+    got = comm.comm_exposure(kernels)
     assert got["comm_us"] == 12  # [5, 15) and [20, 22)
     assert got["compute_us"] == 10 + 1 + 9
     assert got["exposed_comm_us"] == 12 - 5 - 1 - 1  # hidden by [5,10), [12,13) and [21,22)
-    assert ddp.union([(3, 4), (0, 2), (1, 3)]) == [(0, 4)]
+    assert comm.union([(3, 4), (0, 2), (1, 3)]) == [(0, 4)]
 
 
 TOPO = """\x1b[4mGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m
