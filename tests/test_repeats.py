@@ -44,11 +44,11 @@ def test_a_repeat_runs_the_selected_cases_of_its_job_in_each_of_its_processes():
 
 
 def test_a_distributed_jobs_repeats_go_to_its_multi_gpu_folder():
-    config = config_with({"job": "distributed/ddp_n2", "cases": ["*-ddp-b25-fused-n2"]})
+    config = config_with({"job": "distributed/ddp_n2", "cases": ["*-ddp-b25-fused-compiled-n2"]})
     files = [f for f in wf.result_files(config, RESULTS, "full", ["results/x-x2"]) if f.section == "repeats"]
     assert [f.path for f in files] == [f"results/x-x2/repeats/distributed/ddp_n2/run{k}.csv" for k in (1, 2)]
     assert files[0].repeat_of.path == "results/x-x2/distributed/ddp_n2.csv"
-    assert files[0].case_ids() == ["xl-ddp-b25-fused-n2"]
+    assert files[0].case_ids() == ["xl-ddp-b25-fused-compiled-n2"]
     assert set(repeat_plan.by_run(files)) == {("distributed/ddp_n2", "1"), ("distributed/ddp_n2", "2")}
 
 

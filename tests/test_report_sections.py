@@ -28,7 +28,7 @@ HEADINGS = {"env": "## Environment", "e2e": "## End-to-end Transformer timings",
             "lrpe": "## Multi-dimensional LRPE-cosine", "repeats": "## Across processes"}
 TEMPLATES = ["e2e", "precision", "memory", "profile", "attention", "lrpe", "power", "convergence", "env", "repeats"]
 PROCESS_TALK = re.compile(r"\blease\b|\bsession\b|NOTES|was cut|stretch|\bbars?\b|to-do", re.IGNORECASE)
-LEGEND = re.compile(r"‡ host-bound \((\d+) (?:rows? )?(?:here|in the table above)")
+LEGEND = re.compile(r"‡ host-bound \((\d+|none) (?:rows? )?(?:here|in the table above)")
 
 pytestmark = pytest.mark.skipif(not H100.is_dir(), reason="no committed H100 results")
 
@@ -83,7 +83,7 @@ def legend_counts(text: str) -> list[tuple[int, int]]:
             above = [t for t in found if t[0] < i]
             assert above, f"a host-bound legend with no table above it: {line[:80]}"
             _, _, rows = above[-1]
-            out.append((int(m[1]), sum(any(HOST_BOUND in c for c in r) for r in rows)))
+            out.append((0 if m[1] == "none" else int(m[1]), sum(any(HOST_BOUND in c for c in r) for r in rows)))
     return out
 
 

@@ -46,20 +46,29 @@ def section_csvs(results: Path, section: str) -> list[Path]:
 def load_section(results: Path, section: str, promised: dict | None = None) -> pd.DataFrame:
     """All CSVs of a section, each checked first (`validate.problem`; against the cases its job
     promised where `promised`, {path: ResultFile}, names it), concatenated. Raises
-    validate.DamagedResults naming every damaged file."""
+    validate.DamagedResults naming every damaged file.
+
+    A promised file holding every case its job promises and more is a larger grid of the same
+    job: measured at older code, it is shown as it was (under the report's line on older code);
+    at the section's code now, the grid has shrunk since (the configuration measures less) and
+    only the cases the job promises are shown, each as that run measured it. (Snakemake still
+    reruns such a job: the workflow's own check, `validate.damaged`, refuses any other grid.)"""
     paths = section_csvs(results, section)
     promised = promised or {}
-    problems = {}
+    problems, keep = {}, {}
     for p in paths:
         f = promised.get(os.path.normpath(p))
-        if problem := validate.problem(p, f.case_ids() if f else None, env=section == "env",
-                                       earlier_grid=bool(f) and measured_at_older_code(p, section)):
+        ids = f.case_ids() if f else None
+        if problem := validate.problem(p, ids, env=section == "env", earlier_grid=bool(f)):
             stray = promised and not f  # in a section's folder, but no job of this config writes it
             problems[str(p)] = problem + ("; no job of this configuration writes it: move it out of "
                                           "the results folder" if stray else "")
+        elif ids is not None and not measured_at_older_code(p, section):
+            keep[p] = set(ids)
     if problems:
         raise validate.DamagedResults(problems)
     frames = [pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in paths]
+    frames = [df[df["case_id"].isin(keep[p])] if p in keep else df for p, df in zip(paths, frames)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
