@@ -12,10 +12,13 @@ rule attention:
     params:
         **PROVENANCE,
         spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
+        workers=wf.workers(config["attention"][SCALE]),
+    threads: wf.workers(config["attention"][SCALE])  # its worker processes' CPU cores (they compile first)
+    priority: PRIORITY_WARMS
     resources:
         gpu=1,
         **cluster.job(SCALE),
     conda:
         "../envs/lmperf.yaml"
     shell:
-        wf.bench("attention --spec {params.spec:q}")
+        wf.bench("attention --spec {params.spec:q} --workers {params.workers}")

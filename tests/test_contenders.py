@@ -1,6 +1,7 @@
 """Contenders (lmperf.contenders, lmperf.bench.contenders): a user's adapter module loaded, checked
 and kept honest; someone else's misbehaving code is a row, and the job goes on."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -298,3 +299,28 @@ def test_the_example_contender_agrees_with_ours_row_by_row():
     worse = report.agreement(slow, "lmperf_kernels_triton", threshold)
     assert worse["agree"] < 0.5 * worse["rows"]
     assert report.agreement(fa, "nobody_triton", threshold) is None
+
+
+@pytest.mark.slow  # compiles plain attention in a worker and in the job (a minute of CPU)
+def test_pytorch_attention_compiles_and_warms_a_contender_before_its_timed_loop(tmp_path):
+    """With workers, the PyTorch-attention job compiles its compiled cases in a worker and a
+    contender's cases in the contender's own process while it shares the device, then times
+    them alone: the same cases and statuses as a job that compiles each in its timed run."""
+    spec = json.dumps({"impls": ["eager", "compiled"], "batch": 2, "head_dims": [16], "seq_lens": [16, 32],
+                       "iters": 3, "contenders": {"plain": str(EXAMPLES / "plain_pytorch.py")}})
+    frames, logs = [], []
+    for name, extra, env in (("alone", [], {}), ("warmed", ["--workers", "2"],
+                                                 {"LMPERF_DEVICE_LOCK": str(tmp_path / "device.lock")})):
+        out = tmp_path / f"{name}.csv"
+        proc = subprocess.run([sys.executable, "-m", "lmperf.bench.attention", "--spec", spec, "--out", str(out),
+                               "--hw", "cpu", *extra], cwd=REPO, capture_output=True, text=True, timeout=900,
+                              env={**os.environ, "PYTHONPATH": str(REPO / "src"), **env,
+                                   "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / name / "inductor")})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        frames.append(pd.read_csv(out).drop_duplicates("case_id").set_index("case_id")["status"])
+        logs.append(proc.stderr)
+    assert frames[0].to_dict() == frames[1].to_dict()
+    assert {s for c, s in frames[0].items() if "triton" not in c} == {"ok"}  # its Triton one needs CUDA
+    assert "warming the compile caches: 2 cases in 1 worker processes" in logs[1]
+    assert "compiling 4 cases in their own process" in logs[1]
+    assert "warming" not in logs[0] and "their own process" not in logs[0]

@@ -558,3 +558,33 @@ def test_warm_runs_a_rung_on_its_model_cut_to_two_blocks(monkeypatch):
     monkeypatch.setattr(ladder.train, "setup", lambda case, dims: built.append(dims) or setup(case, dims))
     rows = ladder.warm(case)
     assert rows[0]["status"] == "ok" and built == [{**DIMS, "n_layers": ladder.WARM_LAYERS}]
+
+
+def test_a_ladder_counts_its_flops_and_warms_a_contenders_rungs_before_its_timed_loop(monkeypatch):
+    """Beside the workers' warm-up: the FLOP counts of our rungs known before they run (not the
+    floors, nor the rungs whose micro-batch or checkpointing measured memory chooses), and the
+    contender's rungs sent to its own process with the model's dims and the spec."""
+    counted, sent, said = [], [], []
+    monkeypatch.setattr(flop_count, "count_step", lambda case, dims, device: counted.append(case["name"]))
+
+    class Child:
+        def warm(self, cases, say):
+            sent.extend(cases)
+    rungs = [{"name": "floors", "attention": "plain", "checkpoint_candidates": ""},
+             {"name": "bf16", "attention": "plain", "checkpoint_candidates": ""},
+             {"name": "contender_x_triton", "attention": "x_triton", "checkpoint_candidates": ""},
+             {"name": "accumulate4", "attention": "sdpa", "checkpoint_candidates": "", "micro_batch_candidates": "4,2"},
+             {"name": "checkpoint", "attention": "sdpa", "checkpoint_candidates": "8,4"}]
+    ladder.prepare(rungs, said.append, Child(), DIMS, SPEC, {"x_triton"})
+    assert counted == ["bf16"] and len(said) == 1 and said[0].startswith("counted the FLOPs of 1 rungs in")
+    assert [(c["name"], c["_dims"], c["_spec"]) for c in sent] == [("contender_x_triton", DIMS, SPEC)]
+
+
+def test_a_contenders_rung_warmed_in_its_process_compiles_and_counts_and_times_nothing(monkeypatch):
+    calls = []
+    monkeypatch.setattr(ladder, "warm", lambda case: calls.append(("warm", case["name"])) or [{"status": "ok"}])
+    monkeypatch.setattr(ladder, "count_ahead", lambda cases, dims: calls.append(("count", cases[0]["name"])))
+    monkeypatch.setattr(ladder, "measure", lambda *a: calls.append("measure"))
+    rung = {"name": "contender_x", "compile": True, "checkpoint_candidates": "", "_dims": DIMS, "_spec": SPEC}
+    assert ladder.measure_isolated({**rung, "warm_only": True}) == [{"status": "ok"}]
+    assert calls == [("warm", "contender_x"), ("count", "contender_x")]

@@ -174,9 +174,10 @@ compiled_attention({"seq_len": 16})  # this process's first compile (imports, In
 cold = compiled_attention({"seq_len": 24})[0]["median"]  # a length the warm-up does not see
 cases = [{"case_id": f"n{n}", "seq_len": n} for n in (32, 48)]
 progress = common.Progress("test/warm", len(cases), log)
-workers.warm_up(compiled_attention, cases, 2, progress)  # too few: not warmed
-assert "not warming the compile caches: 2 compiling cases" in log.read_text()
-workers.warm_up(compiled_attention, cases, 1, progress)
+workers.warm_up(compiled_attention, cases[:1], 2, progress)  # one case: not warmed
+assert "not warming the compile caches: 1 compiling case" in log.read_text()
+workers.warm_up(compiled_attention, cases, 2, progress)  # two: one worker, not two
+assert "warming the compile caches: 2 cases in 1 worker processes" in log.read_text()
 progress.close()
 counters = torch._dynamo.utils.counters
 hits = counters["inductor"]["fxgraph_cache_hit"]
@@ -247,6 +248,33 @@ def test_a_warmed_job_prepares_the_cases_it_has_still_to_measure_before_it_has_t
     jobs.run(section="test", study="prepare", cases=cases, measure=measure, args=args, fingerprint={},
              prepare=lambda todo, say: order.append(("prepare", [c["case_id"] for c in todo])))
     assert order == [("prepare", ["a", "b"]), "alone", "a", "b"]
+
+
+def test_a_warmed_job_prepares_beside_the_workers_warm_up_and_raises_what_preparing_raised(tmp_path, monkeypatch):
+    """The preparation (a contender's compiles in its process, the ladder's FLOP counts) runs
+    while the workers warm up, not after them: the warm-up here returns only once it has begun."""
+    import threading
+
+    from lmperf.bench import device
+    monkeypatch.setattr(device, "warming", lambda: True)
+    monkeypatch.setattr(device, "alone", lambda say: 0.0)
+    monkeypatch.setattr(common, "run_cases", lambda *, cases, measure, **kw: [measure(c) for c in cases])
+    began = threading.Event()
+
+    def warm_up(warm, cases, n, progress):
+        assert began.wait(60), "the preparation did not start beside the warm-up"
+    monkeypatch.setattr(workers, "warm_up", warm_up)
+    args = Namespace(out=tmp_path / "r.csv", hw="cpu", log=tmp_path / "r.log", workers=2, cases=None)
+    run = lambda prepare: jobs.run(section="test", study="beside", cases=[{"case_id": "a"}],
+                                   measure=lambda case: [], args=args, fingerprint={}, warm=lambda case: [],
+                                   compiles=lambda case: True, prepare=prepare)
+    assert run(lambda todo, say: began.set()) == [[]]
+
+    def broken(todo, say):
+        began.set()
+        raise RuntimeError("the contender's process could not start")
+    with pytest.raises(RuntimeError, match="could not start"):
+        run(broken)
 
 
 def test_an_isolated_process_compiles_its_cases_before_the_timed_loop_and_names_those_that_fail():

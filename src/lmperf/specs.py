@@ -83,7 +83,7 @@ def fa_bench_spec(fa: dict, models: dict, job: str, config: dict | None = None) 
 
 def attention_spec(config: dict, attention: dict) -> str:
     """The JSON spec of the PyTorch-attention job: its grid, with the config's contenders."""
-    return json.dumps(with_contenders(attention, config), sort_keys=True)
+    return json.dumps(with_contenders(_measured(attention), config), sort_keys=True)
 
 
 def with_contenders(spec: dict, config: dict | None) -> dict:

@@ -10,6 +10,10 @@ and after how many passes (`stop_after`).
 The forward rows carry `gpu_idle_pct`, the share of the median forward pass the GPU sat idle
 (bench/timing.py's gpu_idle; empty without CUDA), and the backward rows that of a forward and
 backward against the two medians' sum (a backward needs a fresh graph each call).
+
+With `--workers N` (the config's `workers`), the compiled cases are first compiled in N worker
+processes and a contender's cases in its own process (bench/jobs.py), beside the other jobs'
+checks and warm-ups: the timed loop then loads their graphs and kernels, and times.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import functools
 import itertools
 
 from lmperf import contenders
-from lmperf.bench import common, isolation, timing
+from lmperf.bench import common, isolation, jobs, timing
 
 def predicted_saved_bytes(batch: int, seq_len: int, d: int, element_bytes: int = 4) -> int:
     """What eager attention holds between forward and backward, beyond nothing: q, k, v and the
@@ -79,6 +83,8 @@ def measure(case: dict) -> list[dict]:
             fn(q, k, v, False)
         fn(q, k, v, False).backward(grad)
     sync()
+    if case.get("warm_only"):  # `warm`: compiled, nothing timed
+        return [{**common.failure_row("ok", ""), "metric": "compiled"}]
     def timed_forward() -> float:
         with timing.timed(sync) as t, torch.no_grad():
             fn(q, k, v, False)
@@ -121,17 +127,24 @@ def measure(case: dict) -> list[dict]:
                                      [x / 2**20 for x in before_backward]))
     return rows
 
+def warm(case: dict) -> list[dict]:
+    """measure() up to its timed passes: the compiles a case's timed loop then loads."""
+    return measure({**case, "warm_only": True})
+
+
 def main(argv=None):
-    args = common.bench_args(__doc__, argv)
+    args = common.bench_args(__doc__, argv, options=jobs.options, warms=True)
     try:
         rivals = set(contenders.register(args.spec.get("contenders")))
     except contenders.ContenderError as exc:
         raise SystemExit(f"error: {exc}") from None
     # a contender's case in a process of its own, with a time limit: a hang or a crash is a row
     with isolation.Isolated(measure, float(args.spec.get("contender_time_limit_s", 600))) as isolated:
-        common.run_cases(section="attention", study="attention", cases=cases(args.spec),
-                         measure=lambda case: isolated(case) if case["impl"] in rivals else measure(case),
-                         out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={"spec": args.spec})
+        jobs.run(section="attention", study="attention", cases=cases(args.spec),
+                 measure=lambda case: isolated(case) if case["impl"] in rivals else measure(case),
+                 args=args, fingerprint={"spec": args.spec}, warm=warm,
+                 compiles=lambda case: case["impl"] == "compiled",
+                 prepare=lambda todo, say: isolated.warm([c for c in todo if c["impl"] in rivals], say))
 
 if __name__ == "__main__":
     main()

@@ -16,7 +16,9 @@ workflow's repeats, rules/repeats.smk). A pattern that matches no case is an err
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -55,8 +57,9 @@ def run(*, section: str, study: str, cases: list[dict], measure: Callable[[dict]
     left out. `ahead(cases)`: a context manager measuring the selected cases the journal does not
     hold ahead of the loop (bench/isolation.py's Ahead), the loop's measure in place of `measure`.
     `prepare(cases, say)`: run on the cases still to measure while a warmed job shares the device,
-    after the workers' warm-up and before it waits for the device to itself (a contender's compiles
-    in its own process: bench/flash_attention.py)."""
+    beside the workers' warm-up (in a thread: both compile or count, neither times anything),
+    and finished before the job waits for the device to itself (a contender's compiles in its own
+    process: bench/flash_attention.py; the ladder's FLOP counts: bench/ladder.py)."""
     n = getattr(args, "workers", 1)
     if n < 1:
         raise SystemExit(f"error: --workers {n}: at least 1")
@@ -79,20 +82,40 @@ def run(*, section: str, study: str, cases: list[dict], measure: Callable[[dict]
                 return run_cases(worker_processes.Ahead(pool, cases, Path(args.out)))
         finally:
             log.close()
-    if n > 1 and warm is not None:
+    warming = device.warming()  # a job that warms beside others (common.bench_args' `warms`): alone next
+    if warming or (n > 1 and warm is not None):
         done, _ = worker_processes.journalled(args.out)
+        todo = [c for c in cases if c["case_id"] not in done]
         log = progress()
         try:
-            worker_processes.warm_up(warm, [c for c in cases if c["case_id"] not in done and compiles(c)], n, log)
-        finally:
-            log.close()
-    if device.warming():  # a job that warmed beside others (common.bench_args' `warms`): alone now
-        log = progress()
-        try:
-            if prepare is not None:
-                done, _ = worker_processes.journalled(args.out)
-                prepare([c for c in cases if c["case_id"] not in done], log.say)
-            device.alone(say=log.say)
+            with beside(prepare if warming else None, todo, log.say):
+                if n > 1 and warm is not None:
+                    worker_processes.warm_up(warm, [c for c in todo if compiles(c)], n, log)
+            if warming:
+                device.alone(say=log.say)
         finally:
             log.close()
     return run_cases(measure)
+
+
+@contextlib.contextmanager
+def beside(prepare, cases: list[dict], say):
+    """Run `prepare(cases, say)` in a thread while the body runs (None: nothing); wait for it
+    after the body and raise what it raised. Not waited for when the body raises (an interrupt
+    ends the job: the thread is a daemon)."""
+    if prepare is None:
+        yield
+        return
+    raised: list[BaseException] = []
+
+    def target():
+        try:
+            prepare(cases, say)
+        except BaseException as exc:  # noqa: BLE001  (raised in the job's thread below)
+            raised.append(exc)
+    thread = threading.Thread(target=target, name="prepare", daemon=True)
+    thread.start()
+    yield
+    thread.join()
+    if raised:
+        raise raised[0]

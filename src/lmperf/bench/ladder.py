@@ -46,6 +46,9 @@ a rung before the accumulation rung switches the CUDA caching allocator to expan
 """
 from __future__ import annotations
 
+import threading
+import time
+
 from lmperf import contenders, train
 from lmperf.bench import common, e2e, float8, flop_count, isolation, jobs, memory_fit, profile, timing
 
@@ -327,9 +330,50 @@ def warm(case: dict) -> list[dict]:
     return [{**common.failure_row("ok", ""), "metric": "compiled"}]
 
 
+def counts(case: dict) -> bool:
+    """Whether a rung's FLOP count is known before it runs: not the floors, nor the rungs whose
+    micro-batch or checkpointed blocks measured memory chooses."""
+    return case["name"] != "floors" and not case["checkpoint_candidates"] and not case.get("micro_batch_candidates")
+
+
+def count_ahead(cases: list[dict], dims: dict) -> None:
+    """The FLOP counts of `cases` (flop_count.count_step caches them in this process, about 5 s a
+    setting at 2.7B): a count that fails is counted, and its failure written, in its rung."""
+    import torch
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for case in filter(counts, cases):
+        try:
+            flop_count.count_step(case, dims, device)
+        except Exception:  # noqa: BLE001  (the rung counts again and says why it failed)
+            pass
+
+
 def measure_isolated(case: dict) -> list[dict]:
-    """measure() of a contender's rung in bench/isolation's child (the case carries dims and spec)."""
-    return measure({k: v for k, v in case.items() if k not in ("_dims", "_spec")}, case["_dims"], case["_spec"])
+    """measure() of a contender's rung in bench/isolation's child (the case carries dims and spec);
+    a case marked `warm_only` (Isolated.warm, before the timed loop): `warm` and the rung's FLOP
+    count, timing nothing."""
+    dims, spec, warm_only = case["_dims"], case["_spec"], case.get("warm_only", False)
+    case = {k: v for k, v in case.items() if k not in ("_dims", "_spec", "warm_only")}
+    if not warm_only:
+        return measure(case, dims, spec)
+    rows = warm(case) if compiles(case) else [{**common.failure_row("ok", ""), "metric": "compiled"}]
+    count_ahead([case], dims)
+    return rows
+
+
+def prepare(todo: list[dict], say, isolated, dims: dict, spec: dict, rivals: set) -> None:
+    """Beside the workers' warm-up (bench/jobs.py): a contender's rungs warmed in their own
+    process, which then measures them (its start, its compiles and its FLOP counts paid before
+    the timed loop), and the FLOP counts of ours here."""
+    theirs = [{**c, "_dims": dims, "_spec": spec} for c in todo if c["attention"] in rivals]
+    child = threading.Thread(target=isolated.warm, args=(theirs, say), daemon=True)
+    child.start()
+    t0 = time.monotonic()
+    ours = [c for c in todo if c["attention"] not in rivals and counts(c)]
+    count_ahead(ours, dims)
+    if ours:
+        say(f"counted the FLOPs of {len(ours)} rungs in {time.monotonic() - t0:.1f} s")
+    child.join()
 
 
 def main(argv=None):
@@ -345,7 +389,8 @@ def main(argv=None):
             return (isolated({**case, "_dims": dims, "_spec": args.spec}) if case["attention"] in rivals
                     else measure(case, dims, args.spec))
         jobs.run(section="ladder", study="ladder", cases=rungs, measure=run,
-                 args=args, fingerprint={"spec": args.spec, "size": args.size}, warm=warm, compiles=compiles)
+                 args=args, fingerprint={"spec": args.spec, "size": args.size}, warm=warm, compiles=compiles,
+                 prepare=lambda todo, say: prepare(todo, say, isolated, dims, args.spec, rivals))
 
 
 if __name__ == "__main__":

@@ -298,14 +298,14 @@ def warm_up(warm: Callable[[dict], list[dict]], cases: list[dict], workers: int,
     docstring). A case that fails or kills its worker is named in the log and costs the timed
     loop only its compile. Fewer than two cases a worker and the warm-up would cost more than it
     saves (each worker starts torch and CUDA, about ten seconds, and a cached compile still
-    traces: a third of a cold one): then nothing is warmed."""
-    if len(cases) < 2 * workers:
+    traces: a third of a cold one): so at most one worker for every two cases, and with fewer
+    than two cases nothing is warmed."""
+    size = min(workers, len(cases) // 2)
+    if size < 1:
         if cases:
-            progress.say(f"not warming the compile caches: {len(cases)} compiling cases, fewer than two "
-                         f"for each of {workers} workers")
+            progress.say(f"not warming the compile caches: {len(cases)} compiling case, fewer than two")
         return
     t0 = time.monotonic()
-    size = min(workers, len(cases))
     progress.say(f"warming the compile caches: {len(cases)} cases in {size} worker processes")
     queue, failed = collections.deque(cases), []
     with Pool(warm, size, progress.say, warming=True) as pool:
