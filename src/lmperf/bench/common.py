@@ -27,7 +27,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterable
@@ -194,22 +193,18 @@ def write_csv_atomic(df: pd.DataFrame, path: Path) -> None:
 
 
 class Progress:
-    """Progress lines to stderr and to the job's log file, whole lines from any thread (a job's
-    preparation says what it does beside the workers' warm-up: bench/jobs.py)."""
+    """Progress lines to stderr and to the job's log file."""
 
     def __init__(self, name: str, total: int, log_path: Path | None):
         self.name, self.total, self.t0 = name, total, time.monotonic()
         self.log = open(log_path, "a") if log_path else None
-        self._lock = threading.Lock()
 
     def say(self, text: str) -> None:
-        line = f"[{self.name} {dt.datetime.now():%H:%M:%S}] {text}\n"
-        with self._lock:
-            sys.stderr.write(line)
-            sys.stderr.flush()
-            if self.log:
-                self.log.write(line)
-                self.log.flush()
+        line = f"[{self.name} {dt.datetime.now():%H:%M:%S}] {text}"
+        print(line, file=sys.stderr, flush=True)
+        if self.log:
+            self.log.write(line + "\n")
+            self.log.flush()
 
     def case(self, i: int, case_id: str, done_before: int) -> None:
         elapsed = time.monotonic() - self.t0

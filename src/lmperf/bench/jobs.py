@@ -87,15 +87,27 @@ def run(*, section: str, study: str, cases: list[dict], measure: Callable[[dict]
         done, _ = worker_processes.journalled(args.out)
         todo = [c for c in cases if c["case_id"] not in done]
         log = progress()
+        lock = threading.Lock()
+
+        def say(text: str) -> None:  # whole lines from the job's thread and the preparation's
+            with lock:
+                log.say(text)
         try:
-            with beside(prepare if warming else None, todo, log.say):
+            with beside(prepare if warming else None, todo, say):
                 if n > 1 and warm is not None:
-                    worker_processes.warm_up(warm, [c for c in todo if compiles(c)], n, log)
+                    worker_processes.warm_up(warm, [c for c in todo if compiles(c)], n, Said(say))
             if warming:
-                device.alone(say=log.say)
+                device.alone(say=say)
         finally:
             log.close()
     return run_cases(measure)
+
+
+class Said:
+    """A progress log's `say` alone (workers.warm_up's `progress`): a locked one, shared by threads."""
+
+    def __init__(self, say: Callable[[str], None]):
+        self.say = say
 
 
 @contextlib.contextmanager
