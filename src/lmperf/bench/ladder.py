@@ -389,7 +389,9 @@ def main(argv=None):
             return (isolated({**case, "_dims": dims, "_spec": args.spec}) if case["attention"] in rivals
                     else measure(case, dims, args.spec))
         jobs.run(section="ladder", study="ladder", cases=rungs, measure=run,
-                 args=args, fingerprint={"spec": args.spec, "size": args.size}, warm=warm, compiles=compiles,
+                 args=args, fingerprint={"spec": args.spec, "size": args.size}, warm=warm,
+                 # a contender's rungs are warmed in its own process, with its time limit (prepare)
+                 compiles=lambda case: compiles(case) and case["attention"] not in rivals,
                  prepare=lambda todo, say: prepare(todo, say, isolated, dims, args.spec, rivals))
 
 
