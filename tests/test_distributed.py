@@ -190,6 +190,12 @@ def test_grids_are_data():
     compiled = ddp.cases({**spec, "optimizer": "fused", "compile": True}, 1)
     assert compiled[0]["case_id"] == "tiny-single-fused-compiled-n1" and compiled[0]["compile"] is True
     assert all(c["compile"] is False for c in ddp.cases(spec, 2))
+    acc = {**spec, "accumulate": {"micro_batches": 4, "bucket_caps_mb": [25]}}
+    assert [(c["case_id"], c["micro_batches"], c["global_batch"], c["purpose"]) for c in ddp.cases(acc, 2)][5:] == [
+        ("tiny-ddp-b25-x4-n2", 4, 16, "accumulate")]
+    assert [c["case_id"] for c in ddp.cases(acc, 1)] == ["tiny-single-n1", "tiny-single-x4-n1"]
+    with pytest.raises(ValueError, match="the grid's own"):
+        ddp.cases({**acc, "micro_batches": 4}, 2)
     bf16 = [c["case_id"] for c in ddp.cases({**spec, "variants": ["ddp", "ddp_bf16"]}, 2)]
     assert bf16 == ["tiny-ddp-b1-n2", "tiny-ddp-b25-n2", "tiny-ddp_bf16-b1-n2", "tiny-ddp_bf16-b25-n2"]
     ar = allreduce.cases({"backends": {"nccl": [1], "gloo": [1, 10]}, "warmup": 1, "iters": 2}, 2)
@@ -275,8 +281,15 @@ def gpu_rows() -> list[dict]:
     return rows
 
 
-def gpu_frame(memory_context: bool = False) -> pd.DataFrame:
+def gpu_frame(memory_context: bool = False, accumulate: bool = False) -> pd.DataFrame:
     rows = gpu_rows()
+    if accumulate:  # 8 micro-batches a step: one GPU 800 ms, DDP on 2 GPUs 820 ms (1.95x)
+        for v, n, b, step in (("single", 1, None, 800.0), ("ddp", 2, 100, 820.0)):
+            rows += _rows("ddp", {"case_id": f"xl-{v}-x8-n{n}", "size": "xl", "variant": v, "bucket_cap_mb": b,
+                                  "world_size": n, "global_batch": 32 * n, "micro_batches": 8, "context": 1024,
+                                  "purpose": "accumulate"},
+                          {"step_ms": step, "tokens_per_s": 32 * n * 1024 / step * 1e3, "exposed_comm_ms": 4.0,
+                           "comm_ms": 20.0, "peak_allocated_mib": 60_000.0})
     if memory_context:  # at 256 tokens a GPU: FSDP2 0.8x DDP's peak (over the bar of 0.6x)
         rows += _rows("ddp", {"case_id": "xl-ddp-b25-ctx256-n2", "size": "xl", "variant": "ddp", "bucket_cap_mb": 25,
                               "world_size": 2, "global_batch": 8, "context": 256, "purpose": "memory"},
@@ -348,6 +361,37 @@ def test_memory_context_gives_its_own_fsdp2_bar_beside_the_scaling_contexts(tmp_
                                                                            "FSDP2": 16_000.0}
     speedup = view["bars"][view["bars"]["bar"].str.contains("tokens/s")]["_value"].iloc[0]
     assert speedup == pytest.approx(2 * 100 / 105)  # against the one-GPU job of the scaling context
+
+
+def test_ddp_with_more_micro_batches_a_step_gets_its_own_bar_against_one_gpu_at_the_same_step(tmp_path):
+    """DDP with 8 micro-batches a step (one all-reduce) against the one-GPU job of the same step,
+    beside the scaling grid's bar; its table and the summary's row say the recipe."""
+    from lmperf.report import distributed as R
+    from lmperf.report import summary
+
+    view = R.view(_inputs(gpu_frame(accumulate=True), tmp_path))
+    speedups = view["bars"][view["bars"]["bar"].str.contains("tokens/s >=")].set_index("bar")
+    acc = speedups.filter(like="8 micro-batches", axis=0)
+    assert list(acc.index) == ["xl, DDP, 100 MB buckets, 8 micro-batches a step (32 x 1,024 = 32,768 tokens a GPU, "
+                               "one all-reduce) on 2 GPUs (h200-x2): tokens/s >= 1.85x one GPU's at the same step"]
+    assert acc["_value"].iloc[0] == pytest.approx(2 * 800 / 820) and acc["met"].iloc[0] is True
+    grid = speedups.filter(like="(best) on 2 GPUs", axis=0)["_value"].iloc[0]
+    assert grid == pytest.approx(2 * 100 / 105)  # the scaling grid's, against its own one-GPU job
+    (xl,) = view["sizes"]
+    assert xl["micro_batches"] == 8 and xl["accumulate_tokens"] == "32 x 1,024 = 32,768"
+    assert list(xl["accumulated"]["variant"]) == ["one GPU", "DDP, 100 MB buckets"]
+    assert len(xl["steps"]) == 4  # the scaling grid's table without them
+    (two,) = summary.scaling({**view, "available": True})["counts"]
+    assert two["accumulated"]["micro_batches"] == 8 and two["accumulated"]["speedup"]["min"] == pytest.approx(1600 / 820)
+
+
+def test_a_file_of_older_code_without_the_cases_its_job_has_promised_since_is_shown_as_measured(tmp_path):
+    from lmperf.report import validate
+    csv = tmp_path / "ddp_n2.csv"
+    pd.DataFrame(_rows("ddp", {"case_id": "xl-ddp-b25-n2"}, {"step_ms": 1.0})).to_csv(csv, index=False)
+    promised = ["xl-ddp-b25-n2", "xl-ddp-b100-x8-n2"]
+    assert "holds 1 of the 2 cases its job promises" in validate.problem(csv, promised, earlier_grid=True)
+    assert validate.problem(csv, promised, earlier_grid=True, older_code=True) is None
 
 
 def test_report_view_without_results_says_so(tmp_path):

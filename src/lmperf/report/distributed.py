@@ -101,10 +101,21 @@ def view(inputs) -> dict:
                      "memory": memory_table(g[g["purpose"] == "scaling"]),
                      "tokens": tokens_per_gpu(_first(g[g["purpose"] == "scaling"])),
                      "memory_tokens": tokens_per_gpu(_first(g[g["purpose"] == "memory"])),
-                     "short": memory_table(g[g["purpose"] == "memory"])}
+                     "short": memory_table(g[g["purpose"] == "memory"]),
+                     **accumulated(g[g["purpose"] == "accumulate"], idle)}
                     for size, g in ddp.groupby("size", sort=False)] if not ddp.empty else []
     out["not_run"] = not_run(df)
     return out
+
+
+def accumulated(g: pd.DataFrame, idle: float) -> dict:
+    """The steps of DDP and the one-GPU job with more micro-batches a step, where they ran: their
+    micro-batches, tokens a GPU a step, and table."""
+    first = _first(g)
+    if first is None:
+        return {}
+    return {"micro_batches": int(first["micro_batches"]), "accumulate_tokens": tokens_per_gpu(first),
+            "accumulated": ddp_table(g, idle)}
 
 
 def tokens_per_gpu(case: pd.Series | None) -> str | None:
@@ -209,14 +220,13 @@ def ddp_bars(ddp: pd.DataFrame, limits: dict, idle: float = math.inf) -> list[di
             name = f"{size}, {best['label']}"
             where = f"{procs} GPUs ({machine})"
             if (entry := threshold(limits["ddp_speedup"], procs)) is not None:
-                speedup, s = entry["at_least"], best["speedup"]
-                text = f"{name} (best) on {where}: tokens/s >= {speedup}x one GPU's"
-                if pd.isna(s):
-                    rows.append(_not_measured(text, "no one-GPU job"))
-                elif why := slow_baseline(best) or host_bound_scaling(best, ddp, idle):
-                    rows.append(_not_measured(text, f"{fmt(s)}x, not judged: {why}", met="not judged"))
-                else:
-                    rows.append(bar(text, s, f"{fmt(s)}x", s >= speedup))
+                rows.append(speedup_bar(f"{name} (best) on {where}: tokens/s >= {entry['at_least']}x one GPU's",
+                                        best, entry, ddp, idle))
+            if (entry := threshold(limits["ddp_speedup"], procs)) is not None and (
+                    acc := best_ddp(ddp, size, procs, machine, "accumulate")) is not None:
+                rows.append(speedup_bar(f"{size}, {acc['label']}, {int(acc['micro_batches'])} micro-batches a step "
+                                        f"({tokens_per_gpu(acc)} tokens a GPU, one all-reduce) on {where}: tokens/s >= "
+                                        f"{entry['at_least']}x one GPU's at the same step", acc, entry, ddp, idle))
             text, share = f"{name} on {where}: exposed communication <= {exposed:.0%} of the step", best["exposed_comm_share"]
             rows.append(bar(text, share, f"{share:.1%} ({fmt(best['exposed_comm_ms'])} of {fmt(best['step_ms'])} ms)",
                             share <= exposed) if pd.notna(share) else
@@ -231,6 +241,17 @@ def ddp_bars(ddp: pd.DataFrame, limits: dict, idle: float = math.inf) -> list[di
                 rows.append(_not_measured(f"{size}: DDP (best) on {entry['gpus']} GPUs >= {entry['at_least']}x "
                                           "one GPU's tokens/s", f"no machine with {entry['gpus']} GPUs ran it"))
     return rows
+
+
+def speedup_bar(text: str, best: pd.Series, entry: dict, ddp: pd.DataFrame, idle: float) -> dict:
+    """A DDP case's tokens/s over its machine's one-GPU job's against the threshold `entry`, or
+    why it is not judged."""
+    s = best["speedup"]
+    if pd.isna(s):
+        return _not_measured(text, "no one-GPU job")
+    if why := slow_baseline(best) or host_bound_scaling(best, ddp, idle):
+        return _not_measured(text, f"{fmt(s)}x, not judged: {why}", met="not judged")
+    return bar(text, s, f"{fmt(s)}x", s >= entry["at_least"])
 
 
 def fsdp_pairs(ddp: pd.DataFrame, size: str, best: pd.Series) -> list[tuple]:
@@ -268,6 +289,10 @@ def answers(ddp: pd.DataFrame, idle: float = math.inf) -> list[dict]:
                         "slow_baseline": slow_baseline(best), "host_bound": host_bound_scaling(best, ddp, idle),
                         "fsdp": [{"tokens": tokens_per_gpu(case), "ratio": fsdp_ratio(fsdp, against)}
                                  for case, fsdp, against in fsdp_pairs(ddp, size, best) if tokens_per_gpu(case)]})
+            if (acc := best_ddp(ddp, size, procs, machine, "accumulate")) is not None:
+                out[-1]["accumulated"] = {"micro_batches": int(acc["micro_batches"]), "tokens": tokens_per_gpu(acc),
+                                          "speedup": float(acc["speedup"]), "slow_baseline": slow_baseline(acc),
+                                          "host_bound": host_bound_scaling(acc, ddp, idle)}
     return out
 
 

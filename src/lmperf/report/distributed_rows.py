@@ -75,6 +75,7 @@ def ddp_frame(df: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({"machine": c.index.get_level_values("hw"), "size": c["size"], "variant": c["variant"],
                         "bucket_cap_mb": c["bucket_cap_mb"],
                         "processes": c["world_size"].astype(int), "global_batch": c["global_batch"],
+                        "micro_batches": c["micro_batches"] if "micro_batches" in c else 1,
                         # the memory context's cases ("memory"), beside the scaling grid ("scaling")
                         "context": c["context"] if "context" in c else math.nan,
                         "purpose": c["purpose"].fillna("scaling") if "purpose" in c else "scaling",
@@ -119,11 +120,12 @@ def slow_baseline(row: pd.Series) -> str:
             f"communicate): the baseline ran slow on a noisy machine; measure both again")
 
 
-def best_ddp(ddp: pd.DataFrame, size: str, procs: int, machine: str) -> pd.Series | None:
+def best_ddp(ddp: pd.DataFrame, size: str, procs: int, machine: str, purpose: str = "scaling") -> pd.Series | None:
     """The DDP bucket size and bucket type (fp32, or bf16: BUCKETED) with the most tokens/s for
-    this model size and process count on this machine."""
+    this model size and process count on this machine, among the cases of `purpose` (the
+    scaling grid's, or those with more micro-batches a step: "accumulate")."""
     g = ddp[(ddp["size"] == size) & (ddp["processes"] == procs) & ddp["variant"].isin(BUCKETED)
-            & (ddp["machine"] == machine) & (ddp["purpose"] == "scaling") & ddp["tokens_per_s"].notna()]
+            & (ddp["machine"] == machine) & (ddp["purpose"] == purpose) & ddp["tokens_per_s"].notna()]
     return None if g.empty else g.loc[g["tokens_per_s"].idxmax()]
 
 

@@ -49,7 +49,8 @@ def load_section(results: Path, section: str, promised: dict | None = None) -> p
     validate.DamagedResults naming every damaged file.
 
     A promised file holding every case its job promises and more is a larger grid of the same
-    job: measured at older code, it is shown as it was (under the report's line on older code);
+    job: measured at older code, it is shown as it was (under the report's line on older code,
+    as is one of older code that lacks cases its job has promised since);
     at the section's code now, the grid has shrunk since (the configuration measures less) and
     only the cases the job promises are shown, each as that run measured it. (Snakemake still
     reruns such a job: the workflow's own check, `validate.damaged`, refuses any other grid.)"""
@@ -59,11 +60,12 @@ def load_section(results: Path, section: str, promised: dict | None = None) -> p
     for p in paths:
         f = promised.get(os.path.normpath(p))
         ids = f.case_ids() if f else None
-        if problem := validate.problem(p, ids, env=section == "env", earlier_grid=bool(f)):
+        older = ids is not None and measured_at_older_code(p, section)
+        if problem := validate.problem(p, ids, env=section == "env", earlier_grid=bool(f), older_code=older):
             stray = promised and not f  # in a section's folder, but no job of this config writes it
             problems[str(p)] = problem + ("; no job of this configuration writes it: move it out of "
                                           "the results folder" if stray else "")
-        elif ids is not None and not measured_at_older_code(p, section):
+        elif ids is not None and not older:
             keep[p] = set(ids)
     if problems:
         raise validate.DamagedResults(problems)

@@ -148,7 +148,7 @@ def scaling(v: dict) -> dict:
                "machine": ", ".join(dict.fromkeys(a["machine"] for a in at if a.get("machine"))),
                "speedup": ratio_range_of([a["speedup"] for a in at]),
                "slow_baseline": any(a.get("slow_baseline") for a in at),
-               "host_bound": any(a.get("host_bound") for a in at)}
+               "host_bound": any(a.get("host_bound") for a in at), "accumulated": accumulated(at)}
               for n in gpus if (at := [a for a in answers if a.get("gpus", 2) == n])]
     widest = [a for a in answers if a.get("gpus", 2) == gpus[-1]]
     tokens = list(dict.fromkeys(f["tokens"] for a in widest for f in a["fsdp"]))
@@ -159,6 +159,16 @@ def scaling(v: dict) -> dict:
             "speedup": ratio_range_of([a["speedup"] for a in answers]),
             "fsdp": [f for f in fsdp if f["n"]],  # none where peak memory is not measured (a CPU)
             "older": bool(code) and code["state"] == "changed"}  # its rows' code has changed since (freshness)
+
+
+def accumulated(at: list[dict]) -> dict | None:
+    """DDP with more micro-batches a step at one GPU count (range over the model sizes), or None."""
+    acc = [a["accumulated"] for a in at if a.get("accumulated")]
+    if not acc:
+        return None
+    return {"micro_batches": acc[0]["micro_batches"], "tokens": acc[0]["tokens"],
+            "speedup": ratio_range_of([a["speedup"] for a in acc]),
+            "slow_baseline": any(a["slow_baseline"] for a in acc), "host_bound": any(a["host_bound"] for a in acc)}
 
 
 def ratio_range_of(values: list[float]) -> dict:

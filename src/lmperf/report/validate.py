@@ -45,12 +45,13 @@ def _few(items, k: int = 3) -> str:
 
 
 def problem(path: str | Path, case_ids: list[str] | None = None, env: bool = False,
-            earlier_grid: bool = False) -> str | None:
+            earlier_grid: bool = False, older_code: bool = False) -> str | None:
     """What is wrong with one results CSV, or None if nothing is. `case_ids`: the cases its job
     promised (None: not known, not checked); `env`: the file is env.csv (key/value);
-    `earlier_grid`: the file was measured at older code (report/freshness.py), so every promised
-    case and more is a larger grid of then, not damage (its rows are shown as measured, under the
-    report's line on older code)."""
+    `earlier_grid`: every promised case and more is a larger grid, not damage (render.load_section
+    shows the promised ones, or all of them under the report's line on older code);
+    `older_code`: the file was measured at older code (report/freshness.py), whose grid may also
+    have lacked cases its job promises now (it is shown as measured; a job cut short writes no CSV)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -91,7 +92,7 @@ def problem(path: str | Path, case_ids: list[str] | None = None, env: bool = Fal
     if case_ids is None:
         return None
     got, want = {r[col["case_id"]] for r in body}, set(case_ids)
-    if want - got:
+    if want - got and not older_code:
         return (f"holds {len(want & got)} of the {len(want)} cases its job promises (missing: "
                 f"{_few(want - got)})")
     if got - want and not earlier_grid:

@@ -30,7 +30,9 @@ def cases(spec: dict, world: int) -> list[dict]:
     activations fills the memory: DDP (25 MB buckets) and FSDP2 ("memory"; on one process, the
     single-GPU baseline), whose peaks are what sharding changes. Each rank's step is
     `micro_batches` micro-batches of `batch_per_gpu` sequences (default 1) with AdamW in the
-    implementation `optimizer` (lmperf.train.OPTIMIZERS; default foreach)."""
+    implementation `optimizer` (lmperf.train.OPTIMIZERS; default foreach). With `accumulate`
+    ({micro_batches, bucket_caps_mb}), DDP at those buckets and the one-GPU job again with that
+    many micro-batches a step ("accumulate"): one all-reduce behind more compute."""
     out = []
     from lmperf import contenders
     rivals = contenders.distributed_variants(spec.get("contenders"))  # a user's DDP, FSDP, sharded optimizer
@@ -40,22 +42,29 @@ def cases(spec: dict, world: int) -> list[dict]:
     memory = [("single", None)] if world == 1 else [
         (v, MEMORY_BUCKET_MB if v == "ddp" else None) for v in ("ddp", "fsdp2") if v in spec["variants"]] + [
         (v, None) for v, (_, _, contract) in rivals.items() if contract in ("ddp", "fsdp")]
-    contexts = [("scaling", spec["context"], variants)]
-    if spec.get("memory_context"):
-        contexts.append(("memory", spec["memory_context"], memory))
     micro_batches, optimizer = spec.get("micro_batches", 1), spec.get("optimizer", "foreach")
+    contexts = [("scaling", spec["context"], variants, micro_batches)]
+    if spec.get("memory_context"):
+        contexts.append(("memory", spec["memory_context"], memory, micro_batches))
+    if (acc := spec.get("accumulate")) and "ddp" in spec["variants"]:
+        # DDP (and the one-GPU job) again with `micro_batches` micro-batches a step: the gradients
+        # all-reduced once, in the last one's backward (train.gradient_sync), behind more compute
+        if acc["micro_batches"] == micro_batches:
+            raise ValueError(f"ddp accumulate micro_batches {micro_batches}: the grid's own; choose another")
+        runs = [("single", None)] if world == 1 else [("ddp", b) for b in acc["bucket_caps_mb"]]
+        contexts.append(("accumulate", spec["context"], runs, acc["micro_batches"]))
     attention, compiled = spec.get("attention", "plain"), bool(spec.get("compile", False))
-    how = ((f"-x{micro_batches}" if micro_batches > 1 else "") + (f"-{optimizer}" if optimizer != "foreach" else "")
-           + ("-compiled" if compiled else ""))
+    how = lambda k: ((f"-x{k}" if k > 1 else "") + (f"-{optimizer}" if optimizer != "foreach" else "")
+                     + ("-compiled" if compiled else ""))
     for size in spec["sizes"]:
-        for purpose, context, runs in contexts:
+        for purpose, context, runs, k in contexts:
             for variant, bucket in runs:
                 name = (f"{variant}-b{bucket}" if bucket else variant) + (f"-ctx{context}" if purpose == "memory" else "")
-                out.append({"case_id": f"{size}-{name}{how}-n{world}", "size": size, "variant": variant,
+                out.append({"case_id": f"{size}-{name}{how(k)}-n{world}", "size": size, "variant": variant,
                             "bucket_cap_mb": bucket if bucket else (ZERO_BUCKET_MB if variant == "zero" else None),
                             "world_size": world, "batch_per_gpu": spec["batch_per_gpu"],
-                            "micro_batches": micro_batches, "optimizer": optimizer,
-                            "global_batch": spec["batch_per_gpu"] * micro_batches * world, "context": context,
+                            "micro_batches": k, "optimizer": optimizer,
+                            "global_batch": spec["batch_per_gpu"] * k * world, "context": context,
                             "purpose": purpose, "dtype": spec["dtype"], "attention": attention, "compile": compiled,
                             "warmup": spec["warmup"],
                             "timed_steps": spec["timed_steps"], "profiled_steps": spec["profiled_steps"],
