@@ -35,7 +35,7 @@ cluster.ensure_user()
 device.configure(workflow.local_exec)
 # Which ready job Snakemake starts first (`priority:`; profiles/default lets 4 GPU jobs be in
 # flight): the checks, which share the GPU with each other, then the jobs that compile in worker
-# processes before their timed loop (the ladder, FlashAttention's bench), whose warm-ups share
+# processes before their timed loop (the ladder, FlashAttention's bench, PyTorch attention), whose warm-ups share
 # it too, then the rest. Without it the in-flight slots filled with timing jobs asleep on the
 # lock, and the checks waited behind every one of them: an H100 run's first 26 minutes ran no
 # check (tools/data/side_by_side_h100/at_28cbca2). The order changes no measurement: a timing
