@@ -174,9 +174,9 @@ compiled_attention({"seq_len": 16})  # this process's first compile (imports, In
 cold = compiled_attention({"seq_len": 24})[0]["median"]  # a length the warm-up does not see
 cases = [{"case_id": f"n{n}", "seq_len": n} for n in (32, 48)]
 progress = common.Progress("test/warm", len(cases), log)
-workers.warm_up(compiled_attention, cases[:1], 2, progress)  # one case: not warmed
+workers.warm_up(compiled_attention, cases[:1], 2, progress.say)  # one case: not warmed
 assert "not warming the compile caches: 1 compiling case" in log.read_text()
-workers.warm_up(compiled_attention, cases, 2, progress)  # two: one worker, not two
+workers.warm_up(compiled_attention, cases, 2, progress.say)  # two: one worker, not two
 assert "warming the compile caches: 2 cases in 1 worker processes" in log.read_text()
 progress.close()
 counters = torch._dynamo.utils.counters
@@ -261,7 +261,7 @@ def test_a_warmed_job_prepares_beside_the_workers_warm_up_and_raises_what_prepar
     monkeypatch.setattr(common, "run_cases", lambda *, cases, measure, **kw: [measure(c) for c in cases])
     began = threading.Event()
 
-    def warm_up(warm, cases, n, progress):
+    def warm_up(warm, cases, n, say):
         assert began.wait(60), "the preparation did not start beside the warm-up"
     monkeypatch.setattr(workers, "warm_up", warm_up)
     args = Namespace(out=tmp_path / "r.csv", hw="cpu", log=tmp_path / "r.log", workers=2, cases=None)

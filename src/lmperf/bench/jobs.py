@@ -95,19 +95,12 @@ def run(*, section: str, study: str, cases: list[dict], measure: Callable[[dict]
         try:
             with beside(prepare if warming else None, todo, say):
                 if n > 1 and warm is not None:
-                    worker_processes.warm_up(warm, [c for c in todo if compiles(c)], n, Said(say))
+                    worker_processes.warm_up(warm, [c for c in todo if compiles(c)], n, say)
             if warming:
                 device.alone(say=say)
         finally:
             log.close()
     return run_cases(measure)
-
-
-class Said:
-    """A progress log's `say` alone (workers.warm_up's `progress`): a locked one, shared by threads."""
-
-    def __init__(self, say: Callable[[str], None]):
-        self.say = say
 
 
 @contextlib.contextmanager

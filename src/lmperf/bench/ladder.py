@@ -302,12 +302,18 @@ WARM_LAYERS = 2
 DIM_KEYS = ("d_model", "d_ff", "n_layers", "n_heads")
 
 
+def known_ahead(case: dict) -> bool:
+    """Whether what a rung runs (its shapes, so its compiles and FLOP count) is known before it
+    runs: not the floors, nor the rungs whose micro-batch or checkpointed blocks measured memory
+    chooses."""
+    return case["name"] != "floors" and not case["checkpoint_candidates"] and not case.get("micro_batch_candidates")
+
+
 def compiles(case: dict) -> bool:
     """Whether `warm` compiles what a rung's timed steps will: its blocks are compiled and its
     shapes are known before it runs (not the rungs that choose a micro-batch or the blocks to
     checkpoint by measured memory)."""
-    return (case["name"] != "floors" and bool(case["compile"]) and not case["checkpoint_candidates"]
-            and not case.get("micro_batch_candidates"))
+    return bool(case["compile"]) and known_ahead(case)
 
 
 def warm(case: dict) -> list[dict]:
@@ -330,18 +336,12 @@ def warm(case: dict) -> list[dict]:
     return [{**common.failure_row("ok", ""), "metric": "compiled"}]
 
 
-def counts(case: dict) -> bool:
-    """Whether a rung's FLOP count is known before it runs: not the floors, nor the rungs whose
-    micro-batch or checkpointed blocks measured memory chooses."""
-    return case["name"] != "floors" and not case["checkpoint_candidates"] and not case.get("micro_batch_candidates")
-
-
 def count_ahead(cases: list[dict], dims: dict) -> None:
     """The FLOP counts of `cases` (flop_count.count_step caches them in this process, about 5 s a
     setting at 2.7B): a count that fails is counted, and its failure written, in its rung."""
     import torch
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    for case in filter(counts, cases):
+    for case in filter(known_ahead, cases):
         try:
             flop_count.count_step(case, dims, device)
         except Exception:  # noqa: BLE001  (the rung counts again and says why it failed)
@@ -369,7 +369,7 @@ def prepare(todo: list[dict], say, isolated, dims: dict, spec: dict, rivals: set
     child = threading.Thread(target=isolated.warm, args=(theirs, say), daemon=True)
     child.start()
     t0 = time.monotonic()
-    ours = [c for c in todo if c["attention"] not in rivals and counts(c)]
+    ours = [c for c in todo if c["attention"] not in rivals and known_ahead(c)]
     count_ahead(ours, dims)
     if ours:
         say(f"counted the FLOPs of {len(ours)} rungs in {time.monotonic() - t0:.1f} s")

@@ -292,10 +292,10 @@ class Ahead:
 
 
 def warm_up(warm: Callable[[dict], list[dict]], cases: list[dict], workers: int,
-            progress: common.Progress) -> None:
-    """Run `warm(case)` once for every case in up to `workers` worker processes, rows discarded:
-    what compiling leaves in the compile caches is what the timed loop then loads (module
-    docstring). A case that fails or kills its worker is named in the log and costs the timed
+            say: Callable[[str], None]) -> None:
+    """Run `warm(case)` once for every case in up to `workers` worker processes, rows discarded,
+    each step a line to `say`: what compiling leaves in the compile caches is what the timed loop
+    then loads (module docstring). A case that fails or kills its worker is named in the log and costs the timed
     loop only its compile. Fewer than two cases a worker and the warm-up would cost more than it
     saves (each worker starts torch and CUDA, about ten seconds, and a cached compile still
     traces: a third of a cold one): so at most one worker for every two cases, and with fewer
@@ -303,12 +303,12 @@ def warm_up(warm: Callable[[dict], list[dict]], cases: list[dict], workers: int,
     size = min(workers, len(cases) // 2)
     if size < 1:
         if cases:
-            progress.say(f"not warming the compile caches: {len(cases)} compiling case, fewer than two")
+            say(f"not warming the compile caches: {len(cases)} compiling case, fewer than two")
         return
     t0 = time.monotonic()
-    progress.say(f"warming the compile caches: {len(cases)} cases in {size} worker processes")
+    say(f"warming the compile caches: {len(cases)} cases in {size} worker processes")
     queue, failed = collections.deque(cases), []
-    with Pool(warm, size, progress.say, warming=True) as pool:
+    with Pool(warm, size, say, warming=True) as pool:
         while queue or pool.busy:
             while queue and pool.free():
                 pool.submit(queue.popleft())
@@ -317,5 +317,5 @@ def warm_up(warm: Callable[[dict], list[dict]], cases: list[dict], workers: int,
                     failed.append(f"{case['case_id']} (its worker died, exit code {exitcode})")
                 elif rows[0]["status"] not in ("ok", "skipped", "unsupported"):
                     failed.append(f"{case['case_id']} ({rows[0]['status']}: {rows[0]['message'][:120]})")
-    progress.say(f"compile caches warm in {time.monotonic() - t0:.1f} s"
+    say(f"compile caches warm in {time.monotonic() - t0:.1f} s"
                  + (f"; {len(failed)} cases did not compile there: {', '.join(failed[:5])}" if failed else ""))
