@@ -13,8 +13,8 @@ rule attention:
         **PROVENANCE,
         spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
         workers=wf.workers(config["attention"][SCALE]),
-    threads: wf.workers(config["attention"][SCALE])  # its worker processes' CPU cores (they compile first)
-    priority: PRIORITY_WARMS
+    threads: warm_threads(config["attention"][SCALE])  # its worker processes' CPU cores (they compile first)
+    priority: PRIORITY_WARMS + 1  # the longest warm-ups first (rules/common.smk)
     resources:
         gpu=1,
         **cluster.job(SCALE),

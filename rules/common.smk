@@ -33,15 +33,25 @@ cluster.ensure_user()
 # imports, a timing job until it has the GPU to itself, a check beside other checks
 # (lmperf.bench.device: a lock file). A cluster job has its node's GPU to itself: no lock.
 device.configure(workflow.local_exec)
-# Which ready job Snakemake starts first (`priority:`; profiles/default lets 4 GPU jobs be in
+# Which ready job Snakemake starts first (`priority:`; profiles/default lets 6 GPU jobs be in
 # flight): the checks, which share the GPU with each other, then the jobs that compile in worker
 # processes before their timed loop (the ladder, FlashAttention's bench, PyTorch attention), whose warm-ups share
-# it too, then the rest. Without it the in-flight slots filled with timing jobs asleep on the
+# it too (the ladder's and PyTorch attention's, the longest, first), then the rest. Without it the in-flight slots filled with timing jobs asleep on the
 # lock, and the checks waited behind every one of them: an H100 run's first 26 minutes ran no
 # check (tools/data/side_by_side_h100/at_28cbca2). The order changes no measurement: a timing
 # job has the GPU to itself whenever it runs.
 PRIORITY_CHECK = 20
 PRIORITY_WARMS = 10
+
+
+def warm_threads(settings):
+    """The cores a job that warms its compiles in worker processes declares (`threads:`): on a
+    cluster node its workers' (lmperf.cluster asks for them); in a local run one. Its workers run
+    only in its warm-up, about a minute of a job that then waits for the device alone for
+    minutes: holding their cores for the whole job kept the next warming jobs out of the
+    in-flight slots, and timing jobs took them (an H100 run's ladder started 3 minutes after the
+    checks and warmed alone, 86 s: tools/data/side_by_side_h100/at_669075a)."""
+    return wf.workers(settings) if not workflow.local_exec else 1
 
 HW, SCALE = wf.machine(config)
 # Each rule that runs a command declares what its job asks of a cluster (CPUs, memory, wall

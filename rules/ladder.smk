@@ -16,10 +16,10 @@ rule ladder_size:
         spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
         workers=wf.workers(LADDER),
         **wf.cases_params(LADDER),  # only the rungs the scale's `cases` name (the quick scale's)
-    threads: wf.workers(LADDER)  # its worker processes' CPU cores (they compile before the timed loop)
+    threads: warm_threads(LADDER)  # its worker processes' CPU cores (they compile before the timed loop)
     wildcard_constraints:
         size=wf.wildcard(RESULT_FILES, "ladder_size", "size"),
-    priority: PRIORITY_WARMS
+    priority: PRIORITY_WARMS + 1  # the longest warm-ups first (rules/common.smk)
     resources:
         gpu=1,
         **cluster.job(SCALE),

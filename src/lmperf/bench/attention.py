@@ -101,11 +101,17 @@ def measure(case: dict) -> list[dict]:
     rows = [{**forward, "gpu_idle_pct": idle, "message": why_not}]
     before_backward = []
 
+    inputs = sum(t.numel() * t.element_size() for t in (q, k, v))
+
     def timed_backward() -> float:
+        # held for the backward: what the forward adds, plus Q, K and V, which the backward keeps;
+        # not the absolute figure, which counts what ran before in the process (a library's
+        # workspace: cuBLAS keeps 64 MiB on an H100 once any case has multiplied matrices)
+        base = torch.cuda.memory_allocated() if cuda else 0
         out = fn(q, k, v, False)
         sync()
         if cuda:
-            before_backward.append(torch.cuda.memory_allocated())
+            before_backward.append(torch.cuda.memory_allocated() - base + inputs)
         with timing.timed(sync) as t:
             out.backward(grad)
         q.grad = k.grad = v.grad = None
