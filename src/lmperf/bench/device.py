@@ -120,8 +120,25 @@ def take(shared: bool, say=_say, warming: bool = False) -> float:
     if path and _held is None:
         waited = _lock(path, shared or warming, say)
         _warming = warming and not shared
+        if not (shared or warming):
+            in_use(say)
     freeze_imports()
     return waited
+
+
+def in_use(say) -> None:
+    """Say how much of the device's memory is in use as a timing job starts to time: its own
+    CUDA context and what other processes of the run hold while they wait (a warmed job's
+    contender process), which a case near the device's capacity runs beside. Nothing without CUDA."""
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return
+        free, total = torch.cuda.mem_get_info()
+    except Exception:  # noqa: BLE001  (a line in a log; the job goes on)
+        return
+    say(f"device memory in use as this job times: {(total - free) / 2**30:.2f} of {total / 2**30:.1f} GiB "
+        f"(its own CUDA context and other processes' included)")
 
 
 def warming() -> bool:
@@ -154,6 +171,7 @@ def alone(say=_say) -> float:
     waited = time.monotonic() - t0
     if waited >= 1:
         say(f"the device is this job's after {waited:.0f} s")
+    in_use(say)
     return waited
 
 
