@@ -13,7 +13,7 @@ rule attention:
         **PROVENANCE,
         spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
         workers=wf.workers(config["attention"][SCALE]),
-    threads: warm_threads(config["attention"][SCALE])  # its worker processes' CPU cores (they compile first)
+    threads: specs.warm_threads(config["attention"][SCALE], workflow.local_exec)  # its worker processes' CPU cores (they compile first)
     priority: PRIORITY_WARMS + 1  # the longest warm-ups first (rules/common.smk)
     resources:
         gpu=1,

@@ -8,7 +8,7 @@ from pathlib import Path
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
-from lmperf import cluster, hardware, planning, repeats as repeat_plan, workflow as wf  # noqa: E402
+from lmperf import cluster, hardware, planning, repeats as repeat_plan, specs, workflow as wf  # noqa: E402
 from lmperf.bench import device  # noqa: E402
 from lmperf.bench.failures import ACCEPT_ERRORS_ENV  # noqa: E402
 
@@ -35,23 +35,15 @@ cluster.ensure_user()
 device.configure(workflow.local_exec)
 # Which ready job Snakemake starts first (`priority:`; profiles/default lets 6 GPU jobs be in
 # flight): the checks, which share the GPU with each other, then the jobs that compile in worker
-# processes before their timed loop (the ladder, FlashAttention's bench, PyTorch attention), whose warm-ups share
-# it too (the ladder's and PyTorch attention's, the longest, first), then the rest. Without it the in-flight slots filled with timing jobs asleep on the
-# lock, and the checks waited behind every one of them: an H100 run's first 26 minutes ran no
-# check (tools/data/side_by_side_h100/at_28cbca2). The order changes no measurement: a timing
-# job has the GPU to itself whenever it runs.
+# processes before their timed loop (the ladder, FlashAttention's bench, PyTorch attention; the
+# ladder's and PyTorch attention's warm-ups, the longest, first), whose warm-ups share it too,
+# then the rest. Without it the in-flight slots filled with timing jobs asleep on the lock, and
+# the checks waited behind every one of them: an H100 run's first 26 minutes ran no check
+# (tools/data/side_by_side_h100/at_28cbca2). The warming jobs declare one core in a local run
+# (lmperf.specs.warm_threads), so that they enter beside the checks. The order changes no
+# measurement: a timing job has the GPU to itself whenever it runs.
 PRIORITY_CHECK = 20
 PRIORITY_WARMS = 10
-
-
-def warm_threads(settings):
-    """The cores a job that warms its compiles in worker processes declares (`threads:`): on a
-    cluster node its workers' (lmperf.cluster asks for them); in a local run one. Its workers run
-    only in its warm-up, about a minute of a job that then waits for the device alone for
-    minutes: holding their cores for the whole job kept the next warming jobs out of the
-    in-flight slots, and timing jobs took them (an H100 run's ladder started 3 minutes after the
-    checks and warmed alone, 86 s: tools/data/side_by_side_h100/at_669075a)."""
-    return wf.workers(settings) if not workflow.local_exec else 1
 
 HW, SCALE = wf.machine(config)
 # Each rule that runs a command declares what its job asks of a cluster (CPUs, memory, wall

@@ -39,7 +39,7 @@ rule flash_attention_bench:
         workers=wf.workers(FA["bench"]),
     wildcard_constraints:
         job=wf.wildcard(RESULT_FILES, "flash_attention_bench", "job"),
-    threads: warm_threads(FA["bench"])  # its worker processes' CPU cores
+    threads: specs.warm_threads(FA["bench"], workflow.local_exec)  # its worker processes' CPU cores
     priority: PRIORITY_WARMS
     resources:
         gpu=1,

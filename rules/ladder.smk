@@ -16,7 +16,7 @@ rule ladder_size:
         spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
         workers=wf.workers(LADDER),
         **wf.cases_params(LADDER),  # only the rungs the scale's `cases` name (the quick scale's)
-    threads: warm_threads(LADDER)  # its worker processes' CPU cores (they compile before the timed loop)
+    threads: specs.warm_threads(LADDER, workflow.local_exec)  # its worker processes' CPU cores (they compile before the timed loop)
     wildcard_constraints:
         size=wf.wildcard(RESULT_FILES, "ladder_size", "size"),
     priority: PRIORITY_WARMS + 1  # the longest warm-ups first (rules/common.smk)

@@ -61,6 +61,16 @@ def workers(settings: dict) -> int:
     return settings.get("workers", 1)
 
 
+def warm_threads(settings: dict, local: bool) -> int:
+    """The cores a job that warms its compiles in worker processes declares (its rule's
+    `threads:`): on a cluster node its workers' (lmperf.cluster asks for them); in a local run one.
+    Its workers run only in its warm-up, about a minute of a job that then waits for the device
+    alone for minutes: holding their cores for the whole job kept the next warming jobs out of
+    the in-flight slots, and timing jobs took them (an H100 run's ladder started 3 minutes after
+    the checks and warmed alone, 86 s: tools/data/side_by_side_h100/at_669075a)."""
+    return 1 if local else workers(settings)
+
+
 def _measured(settings: dict, *leave_out: str) -> dict:  # what a check's or bench's cases measure
     return {k: v for k, v in settings.items() if k not in ("workers", *leave_out)}
 

@@ -224,7 +224,7 @@ def published(val: pd.DataFrame, path: Path, bound: pd.DataFrame | None = None) 
     for direction, g in table.groupby("direction", sort=False):
         theirs_r, ours_r = g["A800 (published): triton / torch.compile, per call"], g["ours: triton / torch.compile, kernel time"]
         both = g[ours_r.notna()]
-        summary[direction] = {"n": len(both), "theirs_slower": int((both["A800 (published): triton / torch.compile, per call"] >= 1).sum()),
+        summary[direction] = {"n": len(both), "published": len(g), "theirs_slower": int((both["A800 (published): triton / torch.compile, per call"] >= 1).sum()),
                               "ours_slower": int((both["ours: triton / torch.compile, kernel time"] >= 1).sum()),
                               "theirs_max": float(theirs_r.max()), "ours_max": float(ours_r.max())}
     return {"table": table.sort_values(["direction", "dims", "l", "n"], ascending=[False, True, True, True],
