@@ -57,8 +57,11 @@ case $verb in
             find "$dir/results" -type f -exec touch {} +  # newer than every input: kept, not rerun
             echo "gpu_detached: results/ starts with $(find "$dir/results" -name '*.csv' | wc -l) files of $SEED"
         fi
-        (cd "$dir" && setsid nohup bash -c 'tools/gpu_targets.sh "$@"; echo $? > .gpu_detached.rc' \
-            gpu_targets "$budget" "$dir/pack.tgz" "$@" > .gpu_detached.log 2>&1 < /dev/null &)
+        # the braces: `&` detaches the command alone; on `cd && command &` the whole list would
+        # wait in a subshell holding the call's stdout, and a pipe after this script (| tail)
+        # would wait for the run's end (a start call so ran out its limit and printed nothing)
+        (cd "$dir" && { setsid nohup bash -c 'tools/gpu_targets.sh "$@"; echo $? > .gpu_detached.rc' \
+            gpu_targets "$budget" "$dir/pack.tgz" "$@" > .gpu_detached.log 2>&1 < /dev/null & })
         echo "gpu_detached: started ${*} in $dir (budget ${budget} s)"
         follow "$dir" "${FOLLOW_S:-480}" "$pack"
         ;;
