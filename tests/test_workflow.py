@@ -472,6 +472,18 @@ def test_gpu_detached_follow_on_a_machine_without_the_run_says_so_at_once(fresh_
     assert (tmp_path / "run" / ".gpu_detached.log").exists()
 
 
+def test_gpu_detached_start_returns_while_its_run_goes_on(fresh_copy, tmp_path):
+    """`start` hands the run to its own session and returns after its follow, with the call's
+    output (a pipe here, as under `| tail`) closed: a start whose detached list kept that pipe
+    open waited out the whole run and printed nothing."""
+    (fresh_copy / "tools" / "gpu_targets.sh").write_text("sleep 30\n")   # a run that takes 30 s
+    t0 = time.monotonic()
+    started = script(fresh_copy, "gpu_detached.sh", "start", str(tmp_path / "run"), "60", str(tmp_path / "pack.tgz"),
+                     "a-target", env={"FOLLOW_S": "0"})
+    assert started.returncode == 0 and "gpu_detached: running" in started.stdout, started.stdout + started.stderr
+    assert time.monotonic() - t0 < 20
+
+
 FAKE_PYTHON = """#!/usr/bin/env bash
 # Stands in for `python -m lmperf.<...> --out PATH ...`: records when it ran, writes its outputs.
 prev=""; out=""
