@@ -14,7 +14,7 @@ rule attention:
         spec=lambda w, output: wf.spec_of(RESULT_FILES, output.csv),
         workers=wf.workers(config["attention"][SCALE]),
     threads: specs.warm_threads(config["attention"][SCALE], workflow.local_exec)  # its worker processes' CPU cores (they compile first)
-    priority: PRIORITY_WARMS + 1  # the longest warm-ups first (rules/common.smk)
+    priority: PRIORITY_LONG_WARMS
     resources:
         gpu=1,
         **cluster.job(SCALE),

@@ -44,6 +44,7 @@ device.configure(workflow.local_exec)
 # measurement: a timing job has the GPU to itself whenever it runs.
 PRIORITY_CHECK = 20
 PRIORITY_WARMS = 10
+PRIORITY_LONG_WARMS = 11  # the ladder's and PyTorch attention's
 
 HW, SCALE = wf.machine(config)
 # Each rule that runs a command declares what its job asks of a cluster (CPUs, memory, wall

@@ -19,7 +19,7 @@ rule ladder_size:
     threads: specs.warm_threads(LADDER, workflow.local_exec)  # its worker processes' CPU cores (they compile before the timed loop)
     wildcard_constraints:
         size=wf.wildcard(RESULT_FILES, "ladder_size", "size"),
-    priority: PRIORITY_WARMS + 1  # the longest warm-ups first (rules/common.smk)
+    priority: PRIORITY_LONG_WARMS
     resources:
         gpu=1,
         **cluster.job(SCALE),

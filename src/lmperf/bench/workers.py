@@ -295,8 +295,8 @@ def warm_up(warm: Callable[[dict], list[dict]], cases: list[dict], workers: int,
             say: Callable[[str], None]) -> None:
     """Run `warm(case)` once for every case in up to `workers` worker processes, rows discarded,
     each step a line to `say`: what compiling leaves in the compile caches is what the timed loop
-    then loads (module docstring). A case that fails or kills its worker is named in the log and costs the timed
-    loop only its compile. Fewer than two cases a worker and the warm-up would cost more than it
+    then loads (module docstring). A case that fails or kills its worker is named in the log and
+    costs the timed loop only its compile. Fewer than two cases a worker and the warm-up would cost more than it
     saves (each worker starts torch and CUDA, about ten seconds, and a cached compile still
     traces: a third of a cold one): so at most one worker for every two cases, and with fewer
     than two cases nothing is warmed."""
@@ -318,4 +318,4 @@ def warm_up(warm: Callable[[dict], list[dict]], cases: list[dict], workers: int,
                 elif rows[0]["status"] not in ("ok", "skipped", "unsupported"):
                     failed.append(f"{case['case_id']} ({rows[0]['status']}: {rows[0]['message'][:120]})")
     say(f"compile caches warm in {time.monotonic() - t0:.1f} s"
-                 + (f"; {len(failed)} cases did not compile there: {', '.join(failed[:5])}" if failed else ""))
+        + (f"; {len(failed)} cases did not compile there: {', '.join(failed[:5])}" if failed else ""))
