@@ -385,6 +385,22 @@ def test_ddp_with_more_micro_batches_a_step_gets_its_own_bar_against_one_gpu_at_
     assert two["accumulated"]["micro_batches"] == 8 and two["accumulated"]["speedup"]["min"] == pytest.approx(1600 / 820)
 
 
+def test_each_gpu_count_says_older_code_by_its_own_machine_folder(monkeypatch):
+    """A report reading a 2-GPU folder measured at this code beside a 4-GPU folder of older code
+    marks the 4-GPU row alone (freshness of each answer's machine folder)."""
+    from lmperf.report import distributed as R
+    from lmperf.report import freshness, summary
+
+    monkeypatch.setattr(freshness, "section_state",
+                        lambda rows: {"state": "changed" if (rows["commit"] == "old").any() else "same"})
+    rows = pd.DataFrame({"hw": ["h200-x2", "h200-x4"], "commit": ["new", "old"]})
+    found = R.with_code([{"machine": "h200-x2", "gpus": 2, "size": "xl", "speedup": 1.8, "fsdp": []},
+                         {"machine": "h200-x4", "gpus": 4, "size": "xl", "speedup": 3.4, "fsdp": []}], rows)
+    assert [a["older"] for a in found] == [False, True]
+    view = {"available": True, "answers": found, "code": {"state": "changed"}}
+    assert [c["older"] for c in summary.scaling(view)["counts"]] == [False, True]
+
+
 def test_a_file_of_older_code_without_the_cases_its_job_has_promised_since_is_shown_as_measured(tmp_path):
     from lmperf.report import validate
     csv = tmp_path / "ddp_n2.csv"

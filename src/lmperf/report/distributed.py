@@ -60,8 +60,8 @@ def other_machines(results: Path, out_dir: Path, idle: float = math.inf) -> list
     for folder in other_folders(results):
         section = results.parent.parent / "report" / "distributed" / folder.name / "distributed.md"
         rows = load_section(folder, "distributed")
-        out.append({"machine": folder.name, "answers": answers(frames(rows)[1], idle), "code": freshness.section_state(rows),
-                    "link": os.path.relpath(section, out_dir) if section.exists() else None})
+        out.append({"machine": folder.name, "answers": with_code(answers(frames(rows)[1], idle), rows),
+                    "code": freshness.section_state(rows), "link": os.path.relpath(section, out_dir) if section.exists() else None})
     return out
 
 
@@ -95,7 +95,7 @@ def view(inputs) -> dict:
         "size_mb": "size (MB)", "time_ms": "time (ms, median)", "algbw_gbps": "algbw (GB/s)",
         "busbw_gbps": "busbw (GB/s)"}) if not ar.empty else pd.DataFrame())
     out["bars"] = pd.DataFrame(allreduce_bars(ar, out["link_peak"], limits) + ddp_bars(ddp, limits, idle))
-    out["answers"] = answers(ddp, idle)
+    out["answers"] = with_code(answers(ddp, idle), df)
     out["sizes"] = [{"size": size, "steps": ddp_table(g[g["purpose"] == "scaling"], idle),
                      "host_bound": host_bound_legend(g[(g["purpose"] == "scaling") & (g["status"] == "ok")], idle),
                      "memory": memory_table(g[g["purpose"] == "scaling"]),
@@ -293,6 +293,14 @@ def answers(ddp: pd.DataFrame, idle: float = math.inf) -> list[dict]:
                                           "speedup": float(acc["speedup"]), "slow_baseline": slow_baseline(acc),
                                           "host_bound": host_bound_scaling(acc, ddp, idle)}
     return out
+
+
+def with_code(found: list[dict], df: pd.DataFrame) -> list[dict]:
+    """Each answer with `older`: whether its machine folder's rows are of code changed since."""
+    for a in found:
+        rows = df[df["hw"].astype(str) == a["machine"]] if "hw" in df else df
+        a["older"] = freshness.section_state(rows)["state"] == "changed"
+    return found
 
 
 def _at(case: pd.Series) -> str:
