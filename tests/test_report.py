@@ -282,6 +282,24 @@ def test_the_whole_run_wall_time_spans_the_first_jobs_start_to_the_last_jobs_end
     assert env_view.run_span_seconds({"a": one, "b": other}) is None
 
 
+def test_the_standard_run_and_the_deep_target_are_timed_apart(monkeypatch):
+    """The deep target runs after the standard run at the same commit: the environment section
+    (and the README's line) give the standard run's span from its own sections' rows, and the deep
+    target's apart, never one span across both."""
+    from lmperf.report import env as env_view
+    from lmperf.report import readme
+
+    job = lambda start, wall: pd.DataFrame({"measured_at": [start], "study": ["s"], "case_id": ["x"], "wall_s": [wall],
+                                            "commit": ["abc"]})
+    frames = {"ladder": job("2026-11-23T10:00:00+00:00", 60.0), "lrpe": job("2026-11-23T10:25:00+00:00", 60.0),
+              "repeats": job("2026-11-23T11:00:00+00:00", 120.0)}
+    monkeypatch.setattr(readme, "load_section", lambda results, name: frames.get(name, pd.DataFrame()))
+    assert readme.run_minutes(Path("results/x")) == 26.0  # 10:00 to 10:26, not to the repeats' 11:02
+    inputs = type("Inputs", (), {"frames": frames, "results": "results/x", "rows": lambda self, s: pd.DataFrame()})()
+    timing = env_view.view(inputs)["timing"]
+    assert (timing["run_min"], timing["deep_run_min"]) == (26.0, 2.0)
+
+
 def test_references_are_validated_and_shown_only_where_their_gpu_matches(tmp_path):
     """config/references.yaml loads under its schema; a section shows the entries whose `hw`
     matches the results folder (an H100's report, not a CPU's); a bad entry is named."""

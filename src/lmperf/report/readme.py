@@ -269,7 +269,7 @@ def view(results: Path, config: Path = CONFIG) -> dict:
     train, chosen = training_rows(ladder, threshold)
     rows = flash_attention_rows(fa, threshold) + lrpe_rows(lrpe, threshold) + train
     mfu = ladder[(ladder["metric"] == "mfu_pct") & (ladder["status"] == "ok")] if not ladder.empty else ladder
-    return {"hw": results.name, "threshold": threshold, "rows": rows, "chosen": chosen,
+    return {"hw": results.name, "threshold": threshold, "rows": rows, "chosen": chosen, "run_min": run_minutes(results),
             "facts": dict(zip(env["key"], env["value"].astype(str))) if not env.empty else {},
             "best": best_mfu(ladder, chosen) if not ladder.empty else None,
             "assignment": against_assignment(ladder, chosen, threshold) if not ladder.empty else None,
@@ -277,6 +277,15 @@ def view(results: Path, config: Path = CONFIG) -> dict:
             "compiled_plain": compiled_plain_note(fa),
             "host_bound": sum(r["ours_host_bound"] + r["peer_host_bound"] for r in rows),
             "frames": {"ladder": ladder, "flash_attention": fa, "lrpe": lrpe}}
+
+
+def run_minutes(results: Path) -> float | None:
+    """The standard run's wall time (the environment section's: first job's start to last job's
+    end, every section but the deep target's), None where its rows come from several runs."""
+    from lmperf.report.env import minutes, run_span_seconds
+    from lmperf.report.sections import DEEP, SECTIONS
+    names = [s.name for s in SECTIONS if s.name not in DEEP and s.name != "env"]
+    return minutes(run_span_seconds({n: load_section(results, n) for n in names}))
 
 
 def render_block(results: Path, templates: Path, config: Path = CONFIG) -> str:
