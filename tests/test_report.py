@@ -691,8 +691,27 @@ def test_readme_numbers_are_recomputed_from_the_csv_medians():
                 f"{threshold:g}", str(marks), "1"}  # "1": the template's "above 1"
     allowed |= {f"{c:,}" for c, _, _ in facts["rungs"]} | {str(r["rung"]) for _, _, r in facts["rungs"]}
     allowed |= {str(base["rung"]), fmt(speedup)}
+    if (minutes := standard_run_minutes(COMMITTED)) is not None:
+        assert f"measured in one run of {fmt(minutes)} minutes from an empty results folder" in block
+        allowed.add(fmt(minutes))
+    else:
+        assert "measured in one run" not in block
     printed = set(NUMBER.findall(block.replace(block.split("\n", 1)[0], "")))  # the first line: versions, paths
     assert printed <= allowed, sorted(printed - allowed)
+
+
+def standard_run_minutes(results: Path) -> float | None:
+    """The standard run's wall time from the CSVs alone: every file but the deep target's (repeats,
+    convergence) and env's; a job is the rows of one process start (measured_at), ending its
+    cases' wall times later; None where the rows are of several commits."""
+    frames = [pd.read_csv(p) for p in sorted(results.rglob("*.csv"))
+              if p.relative_to(results).parts[0] not in ("repeats", "convergence", "env")]
+    rows = pd.concat([f.drop_duplicates(["measured_at", "case_id"])[["measured_at", "wall_s", "commit"]]
+                      for f in frames if {"measured_at", "wall_s", "commit"} <= set(f)])
+    if rows["commit"].astype(str).nunique() != 1:
+        return None
+    jobs = rows.assign(start=pd.to_datetime(rows["measured_at"], utc=True)).groupby("start")["wall_s"].sum()
+    return ((jobs.index + pd.to_timedelta(jobs.to_numpy(), unit="s")).max() - jobs.index.min()).total_seconds() / 60
 
 
 def test_readme_training_rows_compare_rungs_of_one_context_and_precision():
