@@ -287,14 +287,12 @@ def test_the_standard_run_and_the_deep_target_are_timed_apart(monkeypatch):
     (and the README's line) give the standard run's span from its own sections' rows, and the deep
     target's apart, never one span across both."""
     from lmperf.report import env as env_view
-    from lmperf.report import readme
 
     job = lambda start, wall: pd.DataFrame({"measured_at": [start], "study": ["s"], "case_id": ["x"], "wall_s": [wall],
                                             "commit": ["abc"]})
     frames = {"ladder": job("2026-11-23T10:00:00+00:00", 60.0), "lrpe": job("2026-11-23T10:25:00+00:00", 60.0),
               "repeats": job("2026-11-23T11:00:00+00:00", 120.0)}
-    monkeypatch.setattr(readme, "load_section", lambda results, name: frames.get(name, pd.DataFrame()))
-    assert readme.run_minutes(Path("results/x")) == 26.0  # 10:00 to 10:26, not to the repeats' 11:02
+    assert env_view.run_minutes(frames) == 26.0  # 10:00 to 10:26, not to the repeats' 11:02
     inputs = type("Inputs", (), {"frames": frames, "results": "results/x", "rows": lambda self, s: pd.DataFrame()})()
     timing = env_view.view(inputs)["timing"]
     assert (timing["run_min"], timing["deep_run_min"]) == (26.0, 2.0)

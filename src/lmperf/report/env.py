@@ -42,8 +42,12 @@ def run_span_seconds(frames: dict[str, pd.DataFrame]) -> float | None:
     return float((end - jobs.index.min()).total_seconds())
 
 
-def minutes(seconds: float | None) -> float | None:
-    return None if seconds is None else seconds / 60
+def run_minutes(frames: dict[str, pd.DataFrame], deep: bool = False) -> float | None:
+    """The standard run's wall time in minutes (`run_span_seconds` over every section's rows but
+    the deep target's and env's), or with `deep` the deep target's: the two run apart (`make
+    report`, `make report-deep`), so one span across both would count the time between them."""
+    span = run_span_seconds({s: df for s, df in frames.items() if s != "env" and (s in DEEP) == deep})
+    return None if span is None else span / 60
 
 
 def commits(frames: list[pd.DataFrame]) -> list[str]:
@@ -72,9 +76,7 @@ def view(inputs) -> dict:
     code = freshness.view(frames)
     timing = {"per_section": {k: v / 60 for k, v in seconds.items()},
               "total_min": sum(seconds.values()) / 60,
-              # the standard run and the deep target (`make report-deep`) run apart: one span each
-              "run_min": minutes(run_span_seconds({s: df for s, df in frames.items() if s not in DEEP})),
-              "deep_run_min": minutes(run_span_seconds({s: df for s, df in frames.items() if s in DEEP})),
+              "run_min": run_minutes(frames), "deep_run_min": run_minutes(frames, deep=True),
               "provenance": provenance(frames, seconds, code["sections"])} if seconds else None
     env = inputs.rows("env")
     if env.empty:

@@ -19,9 +19,11 @@ import pandas as pd
 from lmperf import providers
 from lmperf.report import freshness
 from lmperf.report.e2e import BF16_MFU, peaks, size_order, with_bf16_mfu
+from lmperf.report.env import run_minutes
 from lmperf.report.format import HOST_BOUND, fmt, host_bound, table
 from lmperf.report.ladder import is_contender, is_peer
 from lmperf.report.render import CONFIG, bars_from_config, load_section
+from lmperf.report.sections import SECTIONS
 
 BEGIN = "<!-- results:begin (rendered by python -m lmperf.report.readme; do not edit) -->"
 END = "<!-- results:end -->"
@@ -260,16 +262,14 @@ OLDER_NAMES = {"ladder": "training", "flash_attention": "FlashAttention-2", "lrp
 def view(results: Path, config: Path = CONFIG) -> dict:
     """Everything the block shows, as numbers (the tests recompute them from the CSVs)."""
     threshold = bars_from_config(config)["host_bound_idle_pct"]
-    ladder = load_section(results, "ladder")
-    env = load_section(results, "env")
-    fa = load_section(results, "flash_attention")
+    frames = {s.name: load_section(results, s.name) for s in SECTIONS}  # every section: the run's wall time
+    ladder, env, fa, lrpe = frames["ladder"], frames["env"], frames["flash_attention"], frames["lrpe"]
     fa = fa[fa["study"] == "bench"] if not fa.empty else fa
-    lrpe = load_section(results, "lrpe")
     lrpe = lrpe[lrpe["study"] == "bench"] if not lrpe.empty else lrpe
     train, chosen = training_rows(ladder, threshold)
     rows = flash_attention_rows(fa, threshold) + lrpe_rows(lrpe, threshold) + train
     mfu = ladder[(ladder["metric"] == "mfu_pct") & (ladder["status"] == "ok")] if not ladder.empty else ladder
-    return {"hw": results.name, "threshold": threshold, "rows": rows, "chosen": chosen, "run_min": run_minutes(results),
+    return {"hw": results.name, "threshold": threshold, "rows": rows, "chosen": chosen, "run_min": run_minutes(frames),
             "facts": dict(zip(env["key"], env["value"].astype(str))) if not env.empty else {},
             "best": best_mfu(ladder, chosen) if not ladder.empty else None,
             "assignment": against_assignment(ladder, chosen, threshold) if not ladder.empty else None,
@@ -277,15 +277,6 @@ def view(results: Path, config: Path = CONFIG) -> dict:
             "compiled_plain": compiled_plain_note(fa),
             "host_bound": sum(r["ours_host_bound"] + r["peer_host_bound"] for r in rows),
             "frames": {"ladder": ladder, "flash_attention": fa, "lrpe": lrpe}}
-
-
-def run_minutes(results: Path) -> float | None:
-    """The standard run's wall time (the environment section's: first job's start to last job's
-    end, every section but the deep target's), None where its rows come from several runs."""
-    from lmperf.report.env import minutes, run_span_seconds
-    from lmperf.report.sections import DEEP, SECTIONS
-    names = [s.name for s in SECTIONS if s.name not in DEEP and s.name != "env"]
-    return minutes(run_span_seconds({n: load_section(results, n) for n in names}))
 
 
 def render_block(results: Path, templates: Path, config: Path = CONFIG) -> str:

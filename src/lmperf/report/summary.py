@@ -149,8 +149,7 @@ def scaling(v: dict) -> dict:
                "speedup": ratio_range_of([a["speedup"] for a in at]),
                "slow_baseline": any(a.get("slow_baseline") for a in at),
                "host_bound": any(a.get("host_bound") for a in at), "accumulated": accumulated(at),
-               # its rows' code has changed since (freshness, per machine folder; else the section's)
-               "older": any(a.get("older", bool(code) and code["state"] == "changed") for a in at)}
+               "older": any(a.get("older") for a in at)}  # its machine folder's code changed since (freshness)
               for n in gpus if (at := [a for a in answers if a.get("gpus", 2) == n])]
     widest = [a for a in answers if a.get("gpus", 2) == gpus[-1]]
     tokens = list(dict.fromkeys(f["tokens"] for a in widest for f in a["fsdp"]))
