@@ -61,7 +61,7 @@ def other_machines(results: Path, out_dir: Path, idle: float = math.inf) -> list
         section = results.parent.parent / "report" / "distributed" / folder.name / "distributed.md"
         rows = load_section(folder, "distributed")
         out.append({"machine": folder.name, "answers": with_code(answers(frames(rows)[1], idle), rows),
-                    "code": freshness.section_state(rows), "link": os.path.relpath(section, out_dir) if section.exists() else None})
+                    "link": os.path.relpath(section, out_dir) if section.exists() else None})
     return out
 
 

@@ -132,14 +132,14 @@ def scaling(v: dict) -> dict:
     largest count (range over the sizes, per tokens a GPU): this machine's multi-GPU runs, else
     another machine's (the one with the most GPUs), named, with the link to its section."""
     machine, link = "", None
-    answers, code = v.get("answers", []), v.get("code")
+    answers = v.get("answers", [])
     if not v["available"]:
         # the other machine with the most GPUs (its section has every count up to them)
         other = max((o for o in v.get("others", []) if o["answers"]), default=None,
                     key=lambda o: max(a.get("gpus", 2) for a in o["answers"]))
         if other is None:
             return unavailable(v["why"])
-        machine, link, answers, code = other["machine"], other["link"], other["answers"], other.get("code")
+        machine, link, answers = other["machine"], other["link"], other["answers"]
     if not answers:
         return unavailable("no data-parallel training step on 2 or more GPUs in the section's rows")
     gpus = sorted({a.get("gpus", 2) for a in answers})
@@ -159,7 +159,7 @@ def scaling(v: dict) -> dict:
             "gpus": gpus, "counts": counts, "fsdp_gpus": gpus[-1],
             "speedup": ratio_range_of([a["speedup"] for a in answers]),
             "fsdp": [f for f in fsdp if f["n"]],  # none where peak memory is not measured (a CPU)
-            "older": bool(code) and code["state"] == "changed"}  # its rows' code has changed since (freshness)
+            "older": any(c["older"] for c in counts)}
 
 
 def accumulated(at: list[dict]) -> dict | None:
