@@ -1,0 +1,374 @@
+"""FlashAttention backward on Hopper GPUs (H100, H200) in Gluon: the dK/dV kernel (step 1 of
+issue 73; design: tuning/flash_attention/research_gluon_backward.md, section 3).
+
+It computes what flash_attention_triton's `_bwd_dkdv_kernel` computes, from the same inputs: q, k,
+v, dO, L (the forward's fp32 logsumexp in natural log, (B*H, N)) and Delta = rowsum(O * dO)
+((B*H, N) fp32, written by the tile-language dQ kernel, which runs first). dQ stays the tile
+kernel's. Opt-in: LMPERF_FA_BWD_BACKEND=gluon (`use_gluon_dkdv`); the default, "triton", runs
+the tile-language dK/dV kernel and never imports this module's kernels.
+
+One program per (key tile of 128 keys, batch x K/V head), heads fastest, causal key tiles with
+the most query tiles first. Three partitions (`gl.warp_specialize`):
+- two consumer warpgroups, each owning 64 of the tile's keys, holding their dK and dV ([64, D]
+  fp32 each) in registers for the whole program;
+- a one-warp producer that loads by TMA the K and V halves once, then per step (query head h,
+  query tile of 64 rows) the Q and dO tiles and that tile's L and Delta into a ring of STAGES
+  shared-memory slots (ready/empty mbarriers; each slot released by both warpgroups).
+
+Per consumer warpgroup and step (keys j of its half, query rows i of the tile):
+    S^T  = K_half Q^T - sqrt(D) L          (SS wgmma, the accumulator started from -sqrt(D) L)
+    dP^T = V_half dO^T - Delta             (SS wgmma, the accumulator started from -Delta)
+    P^T  = exp2(S^T * log2(e) / sqrt(D))   = exp(q.k / sqrt(D) - L): the softmax, transposed
+    dV  += P^T dO                          (RS wgmma: P^T from registers)
+    dS^T = P^T * dP^T
+    dK  += dS^T Q                          (RS wgmma), and dK *= 1/sqrt(D) once at the end.
+Starting the accumulators from L and Delta (read from the slot's 512 bytes just before each
+product is issued) keeps no L or Delta in registers across the step: holding them (16 rows a
+thread each) is what made head dim 128 spill (tuning/flash_attention/NOTES.md, step 42).
+
+Causal: a key tile [k0, k0 + 128) sees query rows from k0 on; its first two query tiles of 64
+rows cross the diagonal and are masked (where(row >= key, P, 0)) in both warpgroups, every later
+one is unmasked (a separate, mask-free loop). Grouped-query attention: the program walks the
+GROUP query heads of its K/V head in order (a fixed order: the same bits every run), adding into
+the same dK and dV, written once. No atomics.
+
+Covered (`unsupported` says why anything else is refused): a Hopper GPU, bf16 or fp16, head dims
+64 and 128, N a multiple of 128 (no tile runs past a sequence's end), q, k, v in the layouts the
+Gluon forward reads in place (flash_attention_gluon.head_rows); dO of any layout (copied to
+contiguous where TMA cannot read it).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from lmperf.kernels import flash_attention_gluon as fg
+
+LOG2E = 1.4426950408889634
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.float16, torch.bfloat16)
+BLOCK_N = 128  # keys a program: two warpgroups of 64
+BLOCK_M = 64   # query rows a step
+BWD_BACKEND_ENV = "LMPERF_FA_BWD_BACKEND"
+BWD_BACKENDS = ("triton", "gluon")
+
+# (STAGES, consumer registers) by head dim: shared memory 80 KB (D 64) and 160 KB (D 128) at 3 stages
+CONFIGS = {64: (3, 232), 128: (3, 232)}
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except Exception:  # noqa: BLE001 - fg.IMPORT_ERROR says why; `unsupported` refuses every call
+    gluon = None
+
+
+# ---------------------------------------------------------------------------------------------
+# What the kernel covers
+
+
+def shape_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> str | None:
+    """None where the kernel's contract covers these tensors (dtype, head dim, N, layout), on
+    whatever device they are; else why not. `unsupported` adds the machine's checks."""
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"covers bf16 and fp16 inputs of one dtype; got {q.dtype}, {k.dtype}, {v.dtype}"
+    d = q.shape[-1]
+    if d not in HEAD_DIMS or k.shape[-1] != d or v.shape[-1] != d:
+        return f"covers head dims {HEAD_DIMS}; got {d}"
+    if q.dim() < 2 or q.shape[-2] < 1 or q.shape[-2] % BLOCK_N:
+        return f"covers N a multiple of {BLOCK_N}; got N = {q.shape[-2] if q.dim() >= 2 else None}"
+    q4, k4, v4 = fg._heads(q), fg._heads(k), fg._heads(v)
+    if k4.shape != v4.shape or k4.shape[0] != q4.shape[0] or k4.shape[2] != q4.shape[2] \
+            or q4.shape[1] % k4.shape[1] != 0:
+        return "q, k, v shapes do not match the contract"
+    for name, t in (("q", q4), ("k", k4), ("v", v4)):
+        if fg.head_rows(t) is None:
+            return (f"{name} is neither (B, H, N, D) contiguous nor a (B, H, N, D) view of (B, N, H, D) "
+                    f"memory (strides {tuple(t.stride())})")
+    if q4.shape[0] * q4.shape[1] * q4.shape[2] >= 2 ** 31:
+        return "more than 2^31 query rows"
+    if q4.shape[0] * k4.shape[1] > 65535:
+        return "more than 65,535 (batch x K/V heads) sequences"
+    return None
+
+
+def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> str | None:
+    """None where this kernel can run the call on this process's GPU, else the reason."""
+    if (why := fg.available()) is not None:
+        return why
+    if q.device.type != "cuda":
+        return f"needs CUDA tensors; got {q.device.type}"
+    if (why := shape_unsupported(q, k, v, is_causal)) is not None:
+        return why
+    if not torch.compiler.is_compiling():
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if t.data_ptr() % 16:
+                return f"{name}'s data is not 16-byte aligned (TMA)"
+    return None
+
+
+def use_gluon_dkdv(q, k, v, is_causal: bool, backend: str | None = None) -> bool:
+    """Whether the backward's dK/dV runs this kernel: `backend` (else $LMPERF_FA_BWD_BACKEND,
+    else "triton") is "triton" (never: the tile-language kernel, the default) or "gluon" (always;
+    a ValueError saying why where it cannot run the call)."""
+    backend = backend or os.environ.get(BWD_BACKEND_ENV) or "triton"
+    if backend == "triton":
+        return False
+    if backend == "gluon":
+        if (why := unsupported(q, k, v, is_causal)) is not None:
+            raise ValueError(f"{BWD_BACKEND_ENV}=gluon asks for the Gluon FlashAttention dK/dV kernel, which "
+                             f"cannot run this call: {why}. Unset it (or set it to 'triton') for the "
+                             "tile-language backward")
+        return True
+    raise ValueError(f"{BWD_BACKEND_ENV}={backend!r}: expected one of {', '.join(BWD_BACKENDS)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel
+
+
+if gluon is not None:
+
+    _tma_load = getattr(tma, "async_copy_global_to_shared", None) or tma.async_load
+
+    @gluon.jit
+    def _dkdv_producer(q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
+                       l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
+                       GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        kv_ready, q_ready, do_ready, qdo_empty = bars
+        HALF: gl.constexpr = BLOCK_N // 2
+        bkv = gl.program_id(0)
+        kt = gl.program_id(1)
+        b = bkv // H_KV
+        hk = bkv % H_KV
+        k0 = kt * BLOCK_N
+        k_row = b * KRB + hk * KRH + k0
+        k_col = hk * KCH
+        mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
+        _tma_load(k_desc, [k_row, k_col], kv_ready, k_smem.index(0))
+        _tma_load(k_desc, [k_row + HALF, k_col], kv_ready, k_smem.index(1))
+        _tma_load(v_desc, [k_row, k_col], kv_ready, v_smem.index(0))
+        _tma_load(v_desc, [k_row + HALF, k_col], kv_ready, v_smem.index(1))
+        n_qt = N // BLOCK_M
+        first = 0
+        if IS_CAUSAL:
+            first = k0 // BLOCK_M
+        c = 0
+        for g in range(GROUP):
+            h = hk * GROUP + g
+            bh = b * H + h
+            for it in range(first, n_qt):
+                s = c % STAGES
+                mbarrier.wait(qdo_empty.index(s), ((c // STAGES) & 1) ^ 1)
+                q0 = it * BLOCK_M
+                mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + l_desc.block_type.nbytes)
+                _tma_load(q_desc, [b * QRB + h * QRH + q0, h * QCH], q_ready.index(s), q_smem.index(s))
+                _tma_load(l_desc, [bh, q0], q_ready.index(s), l_smem.index(s))
+                mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes + dl_desc.block_type.nbytes)
+                _tma_load(do_desc, [b * DRB + h * DRH + q0, h * DCH], do_ready.index(s), do_smem.index(s))
+                _tma_load(dl_desc, [bh, q0], do_ready.index(s), dl_smem.index(s))
+                c += 1
+
+    @gluon.jit
+    def _row_init(vec_smem, scale: gl.constexpr, HALF: gl.constexpr, BLOCK_M: gl.constexpr,
+                  s_layout: gl.constexpr):
+        """[HALF, BLOCK_M] in s_layout, every row = scale * the slot's BLOCK_M values (one per query
+        row, i.e. per column of the transposed scores)."""
+        flat = vec_smem._reinterpret(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        x = flat.load(gl.SliceLayout(0, s_layout)) * scale
+        return gl.expand_dims(x, 0) + gl.zeros([HALF, BLOCK_M], gl.float32, s_layout)
+
+    @gluon.jit
+    def _dkdv_step(dk, dv, c, q0, key0, k_mine, v_mine, q_smem, do_smem, l_smem, dl_smem, bars,
+                   QK_SCALE: gl.constexpr, MASK: gl.constexpr, BLOCK_M: gl.constexpr, HALF: gl.constexpr,
+                   STAGES: gl.constexpr, s_layout: gl.constexpr, a_layout: gl.constexpr):
+        """One query tile (rows [q0, q0 + BLOCK_M)) into this warpgroup's dK, dV (keys [key0,
+        key0 + HALF)). MASK: the tile crosses the causal diagonal."""
+        kv_ready, q_ready, do_ready, qdo_empty = bars
+        dtype: gl.constexpr = q_smem.dtype
+        s = c % STAGES
+        ph = (c // STAGES) & 1
+        mbarrier.wait(q_ready.index(s), ph)
+        # S^T * QK_SCALE - L log2(e) = (S^T - L sqrt(D)) * QK_SCALE: start S^T from -L sqrt(D)
+        st = _row_init(l_smem.index(s), -1.4426950408889634 / QK_SCALE, HALF, BLOCK_M, s_layout)
+        st = warpgroup_mma(k_mine, q_smem.index(s).permute((1, 0)), st, is_async=True)
+        mbarrier.wait(do_ready.index(s), ph)
+        dpt = _row_init(dl_smem.index(s), -1.0, HALF, BLOCK_M, s_layout)
+        dpt = warpgroup_mma(v_mine, do_smem.index(s).permute((1, 0)), dpt, is_async=True)
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+        pt = gl.exp2(st * QK_SCALE)
+        if MASK:
+            rows = q0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+            keys = key0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
+            pt = gl.where(gl.expand_dims(rows, 0) >= gl.expand_dims(keys, 1), pt, 0.0)
+        dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_smem.index(s), dv, is_async=True)
+        dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))  # S^T, dP^T done; dV may run on
+        dst = pt * dpt  # dS^T = P^T (dP^T - Delta)
+        dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), a_layout), q_smem.index(s), dk, is_async=True)
+        dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
+        mbarrier.arrive(qdo_empty.index(s), count=1)
+        return dk, dv
+
+    @gluon.jit
+    def _dkdv_consumer(q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, bars, DK, DV, N, H_KV,
+                       stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                       QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr, GROUP: gl.constexpr,
+                       IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                       D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr):
+        kv_ready, q_ready, do_ready, qdo_empty = bars
+        HALF: gl.constexpr = BLOCK_N // 2
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_M, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, D, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        bkv = gl.program_id(0)
+        kt = gl.program_id(1)
+        k0 = kt * BLOCK_N
+        key0 = k0 + WG * HALF
+        k_mine = k_smem.index(WG)
+        v_mine = v_smem.index(WG)
+        dk = gl.zeros([HALF, D], gl.float32, o_layout)
+        dv = gl.zeros([HALF, D], gl.float32, o_layout)
+        n_qt = N // BLOCK_M
+        mbarrier.wait(kv_ready, 0)
+        c = 0
+        for g in range(GROUP):
+            first = 0
+            if IS_CAUSAL:  # the query tiles that cross the diagonal, masked; then the rest, unmasked
+                first = k0 // BLOCK_M
+                for j in gl.static_range(BLOCK_N // BLOCK_M):
+                    dk, dv = _dkdv_step(dk, dv, c, k0 + j * BLOCK_M, key0, k_mine, v_mine, q_smem, do_smem,
+                                        l_smem, dl_smem, bars, QK_SCALE, True, BLOCK_M, HALF, STAGES, s_layout,
+                                        a_layout)
+                    c += 1
+                first += BLOCK_N // BLOCK_M
+            for it in range(first, n_qt):
+                dk, dv = _dkdv_step(dk, dv, c, it * BLOCK_M, key0, k_mine, v_mine, q_smem, do_smem, l_smem,
+                                    dl_smem, bars, QK_SCALE, False, BLOCK_M, HALF, STAGES, s_layout, a_layout)
+                c += 1
+        # dK, dV of keys [key0, key0 + HALF): every row < N (N is a multiple of BLOCK_N)
+        b = (bkv // H_KV).to(gl.int64)
+        hk = (bkv % H_KV).to(gl.int64)
+        rows = (key0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, o_layout))).to(gl.int64)
+        cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        dk_out = (dk * SM_SCALE).to(DK.dtype.element_ty)
+        gl.store(DK + b * stride_dkb + hk * stride_dkh + gl.expand_dims(rows * stride_dkn, 1)
+                 + gl.expand_dims(cols, 0), dk_out)
+        dv_out = dv.to(DV.dtype.element_ty)
+        gl.store(DV + b * stride_dvb + hk * stride_dvh + gl.expand_dims(rows * stride_dvn, 1)
+                 + gl.expand_dims(cols, 0), dv_out)
+
+    @gluon.jit
+    def _dkdv_kernel(q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, DK, DV, N, H, H_KV,
+                     QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
+                     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                     QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr, GROUP: gl.constexpr,
+                     IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     D: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                     num_warps: gl.constexpr):
+        gl.static_assert(num_warps == 4, "one consumer warpgroup in the default partition")
+        HALF: gl.constexpr = BLOCK_N // 2
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, D], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, D], do_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [2, HALF, D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [2, HALF, D], v_desc.layout)
+        l_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], l_desc.layout)
+        dl_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], dl_desc.layout)
+        kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_ready, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(do_ready.index(i), count=1)
+            mbarrier.init(qdo_empty.index(i), count=2)  # both consumer warpgroups release a slot
+        bars = (kv_ready, q_ready, do_ready, qdo_empty)
+        # the argument tuples are written out in the call (a tuple assigned to a name first turns
+        # its constexprs into tensors: Triton 3.6)
+        gl.warp_specialize([
+            (_dkdv_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, bars, DK, DV, N, H_KV,
+                              stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                              QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 0)),
+            (_dkdv_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, bars, DK, DV, N, H_KV,
+                              stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                              QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1)),
+            (_dkdv_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
+                              l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
+                              GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher
+
+
+def _row_desc(t2: torch.Tensor):
+    """A TMA descriptor over a (rows, N) fp32 tensor (L or Delta), a block of one row of BLOCK_M."""
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [1, BLOCK_M], layout)
+
+
+def launch_dkdv(q, k, v, do, lse, delta, dk, dv, is_causal: bool, stages: int | None = None,
+                consumer_regs: int | None = None, compile_only: bool = False):
+    """dK, dV into dk, dv ((B, H_kv, N, D) views, any batch/head/row strides, unit stride along
+    D) for q, k, v that `unsupported` accepts; lse and delta (B*H, N) fp32. Returns the compiled
+    kernel (its n_regs, n_spills, asm). compile_only: compile for the active driver's target
+    and launch nothing (the CPU's sm_90 compile check)."""
+    q4, k4, v4, do4, dk4, dv4 = (fg._heads(t) for t in (q, k, v, do, dk, dv))
+    if fg.head_rows(do4) is None or do4.data_ptr() % 16:
+        do4 = do4.contiguous()  # e.g. the expanded ones of out.sum().backward()
+    nb, nh, n, d = q4.shape
+    h_kv = k4.shape[1]
+    st, regs = CONFIGS[d]
+    stages, consumer_regs = stages or st, consumer_regs or regs
+    lse2, delta2 = lse.reshape(nb * nh, n), delta.reshape(nb * nh, n)
+    lse2 = lse2 if lse2.is_contiguous() and lse2.data_ptr() % 16 == 0 else lse2.contiguous()
+    delta2 = delta2 if delta2.is_contiguous() and delta2.data_ptr() % 16 == 0 else delta2.contiguous()
+    q_desc, (qrb, qrh, qch) = fg._desc(q4, BLOCK_M)
+    do_desc, (drb, drh, dch) = fg._desc(do4, BLOCK_M)
+    k_desc, (krb, krh, kch) = fg._desc(k4, BLOCK_N // 2)
+    v_desc, _ = fg._desc(v4, BLOCK_N // 2)
+    grid = (nb * h_kv, n // BLOCK_N)
+    kernel = _dkdv_kernel.warmup if compile_only else _dkdv_kernel[grid]
+    return kernel(
+        q_desc, do_desc, k_desc, v_desc, _row_desc(lse2), _row_desc(delta2), dk4, dv4, n, nh, h_kv,
+        qrb, qrh, qch, drb, drh, dch, krb, krh, kch, dk4.stride(0), dk4.stride(1), dk4.stride(2),
+        dv4.stride(0), dv4.stride(1), dv4.stride(2), QK_SCALE=LOG2E / math.sqrt(d), SM_SCALE=1.0 / math.sqrt(d),
+        GROUP=nh // h_kv, IS_CAUSAL=bool(is_causal), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D=d, STAGES=stages,
+        CONSUMER_REGS=consumer_regs, num_warps=4, **(dict(grid=grid) if compile_only else {}))
+
+
+def dkdv(q, k, v, do, lse, delta, is_causal: bool):
+    """(dK, dV) shaped like k and v (k's memory layout where it has unit stride along D)."""
+    if (why := unsupported(q, k, v, is_causal)) is not None:
+        raise ValueError(f"the Gluon FlashAttention dK/dV kernel cannot run this call: {why}")
+    dk, dv = _like(k), _like(v)
+    launch_dkdv(q, k, v, do, lse, delta, dk, dv, is_causal)
+    return dk.view(k.shape), dv.view(v.shape)
+
+
+def _like(t: torch.Tensor) -> torch.Tensor:
+    g = torch.empty_like(t)
+    return g if g.stride(-1) == 1 else t.new_empty(t.shape)
+
+
+@torch.library.custom_op("lmperf::flash_attention_dkdv_gluon", mutates_args=("dk", "dv"))
+def flash_attention_dkdv_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                               lse: torch.Tensor, delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+                               is_causal: bool) -> None:
+    """dK, dV into dk, dv, as a PyTorch op opaque to torch.compile (a compiled backward launches
+    the same kernel as eager mode: the same bits)."""
+    launch_dkdv(q, k, v, do, lse, delta, dk, dv, is_causal)
+
+
+@flash_attention_dkdv_gluon.register_fake
+def _dkdv_fake(q, k, v, do, lse, delta, dk, dv, is_causal):
+    return None
