@@ -1,0 +1,320 @@
+"""The Gluon dK/dV backward kernel (lmperf.kernels.flash_attention_gluon_bwd) behind
+LMPERF_FA_BWD_BACKEND: on any machine, the switch (default: the tile-language backward, bit for
+bit), its errors, the contract (which calls it takes) and a compile for sm_90 (the H100) whose
+cubin is read for spills; on a Hopper GPU the kernel itself against float64 (head dims 64 and
+128, causal or not, grouped-query, the model's layout), bitwise determinism, and torch.compile
+against eager mode bit for bit."""
+import json
+import os
+import subprocess
+import sys
+import zlib
+
+import pytest
+import torch
+
+from lmperf.kernels import flash_attention_gluon as fg
+from lmperf.kernels import flash_attention_gluon_bwd as gb
+from lmperf.kernels import flash_attention_triton as ft
+from lmperf.kernels.attention_contract import compare
+
+GLUON = fg.available() is None
+NEEDS_HOPPER = pytest.mark.skipif(not GLUON, reason=f"needs a Hopper GPU ({fg.available()})")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ENV = gb.BWD_BACKEND_ENV
+
+
+def qkv(shape, dtype=torch.bfloat16, kv_heads=None, device=DEVICE, seed=0):
+    torch.manual_seed(zlib.crc32(repr((shape, str(dtype), kv_heads, seed)).encode()))
+    kv_shape = (*shape[:-3], kv_heads, *shape[-2:]) if kv_heads else shape
+    return (torch.randn(shape, dtype=dtype, device=device), torch.randn(kv_shape, dtype=dtype, device=device),
+            torch.randn(kv_shape, dtype=dtype, device=device))
+
+
+def grads(q, k, v, causal, grad_out=None):
+    xs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = ft.FlashAttention2Triton.apply(*xs, causal)
+    out.backward(torch.ones_like(out) if grad_out is None else grad_out)
+    return [t.grad for t in xs]
+
+
+# ---------------------------------------------------------------------------------------------
+# The switch (any machine)
+
+
+def test_the_default_is_the_tile_backward_bit_for_bit(monkeypatch):
+    """Unset, or "triton": the tile-language dK/dV kernel runs (never the Gluon op), with the
+    same bits either way."""
+    calls = []
+    monkeypatch.setattr(gb, "flash_attention_dkdv_gluon", lambda *a: calls.append(a))
+    monkeypatch.delenv(ENV, raising=False)
+    dtype = torch.bfloat16 if GLUON else torch.float32
+    q, k, v = qkv((1, 4, 128, 64), dtype, kv_heads=2)
+    assert gb.use_gluon_dkdv(q, k, v, True) is False
+    unset = grads(q, k, v, True)
+    monkeypatch.setenv(ENV, "triton")
+    assert gb.use_gluon_dkdv(q, k, v, True) is False
+    forced_tile = grads(q, k, v, True)
+    assert calls == []
+    for a, b in zip(unset, forced_tile):
+        assert torch.equal(a, b)
+
+
+def test_forcing_gluon_where_it_cannot_run_says_why(monkeypatch):
+    monkeypatch.setenv(ENV, "gluon")
+    q, k, v = qkv((1, 2, 200, 64))  # N not a multiple of 128: outside the contract on any machine
+    with pytest.raises(ValueError, match="LMPERF_FA_BWD_BACKEND=gluon.*cannot run this call.*multiple of 128"):
+        gb.use_gluon_dkdv(q, k, v, False)
+    if not GLUON:  # and on this machine nothing runs it: the reason names the machine, in the backward
+        q, k, v = qkv((1, 2, 128, 64), device="cpu")
+        with pytest.raises(ValueError, match="cannot run this call: .*(Hopper|interpreter|Gluon)"):
+            gb.use_gluon_dkdv(q, k, v, True)
+        with pytest.raises(ValueError, match="LMPERF_FA_BWD_BACKEND=gluon"):
+            grads(q, k, v, True)
+
+
+def test_an_unknown_backend_is_an_error(monkeypatch):
+    monkeypatch.setenv(ENV, "cudnn")
+    q, k, v = qkv((1, 1, 128, 64), device="cpu")
+    with pytest.raises(ValueError, match="expected one of triton, gluon"):
+        gb.use_gluon_dkdv(q, k, v, False)
+
+
+def test_forced_gluon_runs_the_gluon_op_after_the_tile_dq(monkeypatch):
+    """With the switch on (and the kernel able to run, stubbed here off a GPU): the dQ kernel runs
+    first and writes Delta, then the Gluon op fills dK and dV (here with the tile kernel's result,
+    so the gradients must equal the default's bit for bit); the fused one-launch backward is
+    bypassed (it has no separate dK/dV launch)."""
+    dtype = torch.bfloat16 if GLUON else torch.float32
+    q, k, v = qkv((1, 4, 128, 64), dtype, kv_heads=2)
+    cfg = ft.launch_bwd_config(128, 64, dtype, True, 4, 2)
+    assert cfg["fused"]  # so this shape also shows the bypass
+    monkeypatch.delenv(ENV, raising=False)
+    ref = grads(q, k, v, True)
+    calls = []
+
+    def stub(q3, k3, v3, do3, lse, delta, dk, dv, is_causal):
+        calls.append(delta.clone())
+        ft.launch_backward_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal,
+                                {"dkdv": {**cfg["dkdv"], "SPLIT": 1}})
+    monkeypatch.setattr(gb, "flash_attention_dkdv_gluon", stub)
+    monkeypatch.setattr(gb, "unsupported", lambda *a: None)
+    monkeypatch.setenv(ENV, "gluon")
+    got = grads(q, k, v, True)
+    assert len(calls) == 1 and torch.isfinite(calls[0]).all()
+    for a, b in zip(got, ref):  # the fused kernel's gradients against the two-kernel path's
+        torch.testing.assert_close(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# The contract (any machine)
+
+
+@pytest.mark.parametrize("shape, kv_heads, dtype, why", [
+    ((2, 3, 128, 64), None, torch.bfloat16, None),
+    ((1, 8, 1152, 128), 2, torch.float16, None),    # grouped-query, N = 9 x 128
+    ((1, 2, 16384, 64), None, torch.bfloat16, None),
+    ((1, 2, 200, 64), None, torch.bfloat16, "multiple of 128"),
+    ((1, 2, 1, 64), None, torch.bfloat16, "multiple of 128"),
+    ((1, 2, 256, 80), None, torch.bfloat16, "head dims"),
+    ((1, 2, 256, 32), None, torch.bfloat16, "head dims"),
+    ((1, 2, 256, 64), None, torch.float32, "bf16 and fp16"),
+    ((1, 6, 256, 64), 4, torch.bfloat16, "shapes do not match"),
+])
+def test_which_calls_the_kernel_takes(shape, kv_heads, dtype, why):
+    q, k, v = qkv(shape, dtype, kv_heads, device="meta")
+    got = gb.shape_unsupported(q, k, v, True)
+    assert (got is None) if why is None else (why in got), got
+
+
+def test_layouts_it_reads_in_place():
+    """(B, H, N, D) contiguous and (B, H, N, D) views of (B, N, H, D) memory, as the Gluon forward;
+    a stride along D is refused."""
+    x = torch.empty(2, 256, 4, 64, dtype=torch.bfloat16, device="meta").transpose(1, 2)
+    assert gb.shape_unsupported(x, x, x, False) is None
+    y = torch.empty(2, 4, 256, 128, dtype=torch.bfloat16, device="meta")[..., ::2]
+    assert "neither" in gb.shape_unsupported(y, y, y, False)
+
+
+def test_the_op_is_opaque_to_a_trace():
+    """The op's fake (what torch.compile traces): it writes dk and dv in place, returns nothing."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        q, k, v, do = (torch.empty(1, 2, 128, 64, dtype=torch.bfloat16) for _ in range(4))
+        lse, delta = torch.empty(2, 128), torch.empty(2, 128)
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        assert torch.ops.lmperf.flash_attention_dkdv_gluon(q, k, v, do, lse, delta, dk, dv, True) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# A compile for sm_90 on this machine (no GPU needed): frontend, layouts, ptxas, and spills
+
+COMPILE = r'''
+import json, os, re, subprocess, sys, tempfile
+import torch, triton, triton.runtime
+from triton.backends.compiler import GPUTarget
+
+
+class Hopper:  # compile for an H100 (sm_90) whatever this machine has; launch nothing
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+
+triton.runtime.driver.set_active(Hopper())
+from lmperf.kernels import flash_attention_gluon_bwd as gb
+cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+out = {}
+for spec in sys.argv[1:]:
+    d, causal, group, dt = spec.split(",")
+    d, causal, group = int(d), causal == "1", int(group)
+    dtype = getattr(torch, dt)
+    q = torch.empty(1, 2 * group, 256, d, dtype=dtype)
+    k, v = torch.empty(1, 2, 256, d, dtype=dtype), torch.empty(1, 2, 256, d, dtype=dtype)
+    lse = torch.empty(2 * group, 256)
+    kern = gb.launch_dkdv(q, k, v, torch.empty_like(q), lse, lse, torch.empty_like(k), torch.empty_like(v),
+                          causal, compile_only=True)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kern.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout
+        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    res = dict(re.findall(r"\b(REG|STACK|LOCAL|SHARED):(\d+)", usage))
+    res = {k: int(v) for k, v in res.items()}
+    for op in ("STL", "LDL", "HGMMA", "USETMAXREG"):
+        res[op] = len(re.findall(r"\b" + op + r"\b", sass))
+    res["shared_bytes"] = kern.metadata.shared
+    out[spec] = res
+print("RESULT " + json.dumps(out))
+'''
+
+SPECS = ["64,0,1,bfloat16", "64,1,1,bfloat16", "128,0,1,bfloat16", "128,1,1,bfloat16", "128,1,1,float16",
+         "64,1,4,bfloat16", "128,0,2,bfloat16", "128,1,4,bfloat16"]
+
+
+@pytest.fixture(scope="module")
+def sm90():
+    pytest.importorskip("triton.experimental.gluon")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", COMPILE, *SPECS], capture_output=True, text=True, env=env,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_compiles_for_sm90_with_wgmma_and_no_local_memory(sm90, spec):
+    """Every configuration compiles for the H100: its matrix products are wgmma (HGMMA in SASS),
+    the partitions set their register counts (setmaxnreg), no array is put in local memory, and
+    the shared memory fits the 227 KB a block may have."""
+    r = sm90[spec]
+    assert r["HGMMA"] > 0 and r["USETMAXREG"] > 0, r
+    assert r["LOCAL"] == 0, r
+    assert r["shared_bytes"] <= 232448, r
+
+
+@pytest.mark.parametrize("spec", [s for s in SPECS if s.split(",")[2] == "1" or s.split(",")[1] == "0"])
+def test_no_register_spills(sm90, spec):
+    """No spill store or load anywhere in the kernel (one head a program, or grouped-query
+    without the causal prologue): at head dim 128 each consumer thread holds dK and dV, 128 fp32
+    registers, beside S^T and dP^T."""
+    r = sm90[spec]
+    assert r["STL"] == 0 and r["LDL"] == 0 and r["STACK"] == 0, r
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel (Hopper)
+
+
+def gluon_grads(monkeypatch):
+    monkeypatch.setenv(ENV, "gluon")
+    return ft.FlashAttention2Triton.apply
+
+
+@NEEDS_HOPPER
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("n", [128, 384, 1152])
+def test_matches_float64(monkeypatch, d, causal, n):
+    """dQ, dK, dV (and O, L) against float64 within the contract's tolerance (twice plain
+    PyTorch's error in the same dtype), bf16 with one head a K/V head and fp16 with 2."""
+    apply = gluon_grads(monkeypatch)
+    for dtype, shape, kv in ((torch.bfloat16, (2, 3, n, d), None), (torch.float16, (1, 4, n, d), 2)):
+        q, k, v = qkv(shape, dtype, kv, seed=n)
+        rows = compare(apply, q, k, v, causal)
+        assert all(r["passed"] for r in rows), (dtype, rows)
+
+
+@NEEDS_HOPPER
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_models_layout_and_grouped_query(monkeypatch, causal):
+    """(B, H, N, D) views of (B, N, H, D) projections, 8 query heads on 2 K/V heads: right against
+    float64, and the same bits as contiguous inputs."""
+    apply = gluon_grads(monkeypatch)
+    q = torch.randn(2, 512, 8, 128, dtype=torch.bfloat16, device="cuda").transpose(1, 2)
+    k, v = (torch.randn(2, 512, 2, 128, dtype=torch.bfloat16, device="cuda").transpose(1, 2) for _ in range(2))
+    rows = compare(apply, q, k, v, causal)
+    assert all(r["passed"] for r in rows), rows
+    g = torch.randn_like(q)
+    a = grads(q, k, v, causal, g)
+    b = grads(q.contiguous(), k.contiguous(), v.contiguous(), causal, g)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+@NEEDS_HOPPER
+def test_forced_gluon_runs_the_gluon_kernel(monkeypatch):
+    calls = []
+    real = gb.launch_dkdv
+    monkeypatch.setattr(gb, "launch_dkdv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q, k, v = qkv((1, 2, 256, 64))
+    monkeypatch.setenv(ENV, "gluon")
+    grads(q, k, v, True)
+    assert calls == [1]
+    monkeypatch.setenv(ENV, "triton")
+    grads(q, k, v, True)
+    assert calls == [1]
+
+
+@NEEDS_HOPPER
+@pytest.mark.parametrize("d", [64, 128])
+def test_bitwise_deterministic(monkeypatch, d):
+    """The same bits every run: no atomics, the query heads of a group added in a fixed order."""
+    gluon_grads(monkeypatch)
+    q, k, v = qkv((2, 8, 2048, d), kv_heads=2)
+    g = torch.randn_like(q)
+    first = grads(q, k, v, True, g)
+    for _ in range(2):
+        again = grads(q, k, v, True, g)
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
+
+
+@NEEDS_HOPPER
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_compiled_matches_eager_bitwise(monkeypatch, causal):
+    """torch.compile (fullgraph, Inductor) with the Gluon dK/dV forced: no graph break, and the
+    eager output and gradients bit for bit. The shape fills the H100 so that the tile dQ kernel
+    does not split (tuning/flash_attention/NOTES.md step 40)."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    apply = gluon_grads(monkeypatch)
+    compiled = torch.compile(apply, fullgraph=True)
+    xs = [t.requires_grad_() for t in qkv((4, 8, 2048, 64), kv_heads=4)]
+    cfg = ft.bwd_config(2048, 64, torch.bfloat16, causal, 32, 2)
+    assert cfg["dq"]["SPLIT"] == 1
+    out = compiled(*xs, causal)
+    out.sum().backward()
+    ys = [t.detach().clone().requires_grad_() for t in xs]
+    ref = apply(*ys, causal)
+    ref.sum().backward()
+    assert torch.equal(out, ref)
+    for a, b in zip(xs, ys):
+        assert torch.equal(a.grad, b.grad)
