@@ -5,6 +5,16 @@ in the same process.
     python tuning/flash_attention/gluon_probe.py --out DIR [--skip-check] [--skip-bench]
         [--only thr_full,headline] [--variants plain,ws]
 
+    python tuning/flash_attention/gluon_probe.py --out DIR --bwd [--skip-check] [--skip-bench]
+        [--only headline,...] [--tag TAG]
+
+With --bwd, the Gluon dK/dV backward (src/lmperf/kernels/flash_attention_gluon_bwd.py) instead:
+DIR/gluon_bwd_check.csv (dK, dV of the kernel alone against float64, NaN-poisoned, two runs the
+same bits) and DIR/gluon_bwd_bench.csv (the backward, autograd.grad of one forward: ours with the
+Gluon dK/dV after the tile dQ, ours all tile, SDPA-cuDNN, SDPA-flash; the dK/dV kernels alone,
+Gluon and tile; median and 20/80% quantiles of do_bench, and the kernels' GPU time per call from
+the profiler).
+
 Writes DIR/gluon_check.csv (one row per case: O's and L's max abs error against float64, plain
 PyTorch's error in the same dtype, the contract's tolerance, passed; NaN-poisoned outputs, so an
 unwritten element fails), DIR/gluon_bench.csv (one row per shape x implementation x config:
@@ -223,6 +233,170 @@ def bench(names, variants, log, out_csv=None, passes=1) -> list[dict]:
     return rows
 
 
+BWD_SHAPES = {  # name: (batch, q heads, kv heads, N, D, causal)
+    "headline": (1, 16, 16, 16384, 64, True),
+    "thr_full": (4, 16, 16, 8192, 128, False),
+    "thr_causal": (4, 16, 16, 8192, 128, True),
+    "gqa_8192": (2, 32, 8, 8192, 128, True),
+    "gqa_4096": (4, 32, 8, 4096, 128, True),
+    "d128_2048": (8, 16, 16, 2048, 128, True),
+}
+
+
+def _bwd_inputs(q, k, v, causal):
+    """(O, L, dO, Delta) of the tile forward and the tile dQ kernel (which writes Delta)."""
+    from lmperf.kernels import flash_attention_triton as ft
+    nb, nh, n, d = q.shape
+    out, lse = ft.forward_with_lse(q, k, v, causal)
+    do = torch.randn_like(q)
+    lse2 = lse.reshape(nb * nh, n).contiguous()
+    delta = torch.empty_like(lse2)
+    dq = torch.empty_like(q)
+    cfg = ft.launch_bwd_config(n, d, q.dtype, causal, nb * nh, nh // k.shape[1])
+    ft.launch_backward_dq(q, k, v, out, do, lse2, delta, dq, causal, cfg)
+    return out, lse2, do, delta, cfg
+
+
+def bwd_check(log) -> list[dict]:
+    """dK, dV of the Gluon kernel alone against float64 (autograd of the float64 reference), beside
+    plain PyTorch in the same dtype; outputs NaN-poisoned before each run, two runs compared."""
+    from lmperf.kernels import flash_attention_gluon_bwd as gb
+    from lmperf.kernels.attention_contract import reference, tolerance
+    rows = []
+    cases = []
+    for d in (64, 128):
+        for causal in (False, True):
+            for n in (128, 384, 1152, 4096):
+                cases += [(d, causal, n, BF16, "bhnd", 2, 3, 3), (d, causal, n, BF16, "bnhd", 2, 8, 2),
+                          (d, causal, n, FP16, "bhnd", 1, 4, 1)]
+    for i, (d, causal, n, dtype, layout, b, h, hk) in enumerate(cases):
+        row = dict(d=d, causal=causal, n=n, dtype=str(dtype).replace("torch.", ""), layout=layout, b=b, h=h, hk=hk)
+        try:
+            q, k, v = make(b, h, hk, n, d, dtype, layout, seed=2000 + i)
+            if (why := gb.unsupported(q, k, v, causal)) is not None:
+                raise RuntimeError(f"refused: {why}")
+            out, lse, do, delta, _ = _bwd_inputs(q, k, v, causal)
+            res = []
+            for _ in range(2):
+                dk = torch.full_like(k, float("nan"))
+                dv = torch.full_like(v, float("nan"))
+                gb.launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal)
+                res.append((dk, dv))
+            torch.cuda.synchronize()
+            grads = {}
+            for name, dt in (("ref", torch.float64), ("torch", dtype)):
+                xs = [t.detach().to(dt).requires_grad_() for t in (q, k, v)]
+                o, _ = reference(*xs, causal, dtype=dt)
+                o.backward(do.to(dt))
+                grads[name] = (xs[1].grad, xs[2].grad)
+            err = lambda x, r: float((x.double() - r.double()).abs().max()) if torch.isfinite(x).all() else float("inf")
+            ok = True
+            for j, qn in enumerate(("dk", "dv")):
+                e, te = err(res[0][j], grads["ref"][j]), err(grads["torch"][j], grads["ref"][j])
+                tol = tolerance(te, dtype)
+                row.update({f"{qn}_err": e, f"{qn}_torch_err": te, f"{qn}_tol": tol})
+                ok &= e <= tol
+            same = all(torch.equal(a, b2) for a, b2 in zip(res[0], res[1]))
+            row.update(deterministic=same, passed=bool(ok and same), error="")
+        except Exception as exc:  # noqa: BLE001 - a failure is a row
+            row.update(passed=False, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+            log.write(traceback.format_exc() + "\n")
+        rows.append(row)
+        if not row["passed"]:
+            print("BWD CHECK FAIL", row, flush=True)
+    return rows
+
+
+def _gpu_ms(fn, reps=10) -> float:
+    """Kernel time per call (ms): the sum of the GPU kernels' durations under the profiler, / reps."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    total_us = sum(e.self_device_time_total for e in prof.key_averages())  # self: each kernel once
+    return total_us / reps / 1e3
+
+
+def bwd_bench(names, log, out_csv=None, tag="") -> list[dict]:
+    """The backward at each shape: autograd.grad of one forward (ours: Gluon dK/dV after the tile
+    dQ, or all tile; SDPA-cuDNN; SDPA-flash), and the two dK/dV kernels alone."""
+    import os
+    import torch.nn.functional as F
+    import triton.testing
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from lmperf.kernels import flash_attention_gluon_bwd as gb
+    from lmperf.kernels import flash_attention_triton as ft
+    rows = []
+    for name in names:
+        b, h, hk, n, d, causal = BWD_SHAPES[name]
+        fl = 2.5 * flops(b, h, n, d, causal)  # the backward's five matmuls (the forward's two x 2.5)
+        q, k, v = make(b, h, hk, n, d, BF16, "bhnd", seed=11)
+        xs = [t.detach().requires_grad_() for t in (q, k, v)]
+        do = torch.randn_like(q)
+        gqa = h != hk
+
+        def sdpa(backend):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(*xs, is_causal=causal, enable_gqa=gqa)
+
+        def ours():
+            return ft.FlashAttention2Triton.apply(*xs, causal)
+
+        def grad_of(make_out, env=None):
+            if env is not None:
+                os.environ["LMPERF_FA_BWD_BACKEND"] = env
+            out = make_out()
+            return lambda: torch.autograd.grad(out, xs, do, retain_graph=True)
+
+        out_t, lse, do_, delta, cfg = _bwd_inputs(q, k, v, causal)
+        dk_g, dv_g = torch.empty_like(k), torch.empty_like(v)
+        dk_t, dv_t = torch.empty_like(k), torch.empty_like(v)
+        impls = [
+            ("ours_tile", lambda: grad_of(ours, "triton")),
+            ("ours_gluon_dkdv", lambda: grad_of(ours, "gluon")),
+            ("sdpa_cudnn", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
+            ("sdpa_flash", lambda: grad_of(lambda: sdpa(SDPBackend.FLASH_ATTENTION))),
+            ("dkdv_gluon_alone", lambda: (lambda: gb.launch_dkdv(q, k, v, do_, lse, delta, dk_g, dv_g, causal))),
+            ("dkdv_tile_alone", lambda: (lambda: ft.launch_backward_dkdv(q, k, v, do_, lse, delta, dk_t, dv_t,
+                                                                         causal, cfg))),
+            ("ours_gluon_dkdv_again", lambda: grad_of(ours, "gluon")),
+            ("sdpa_cudnn_again", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
+        ]
+        ref = None
+        for label, setup in impls:
+            row = dict(shape=name, b=b, h=h, hk=hk, n=n, d=d, causal=causal, impl=label, tag=tag,
+                       gpu=torch.cuda.get_device_name())
+            try:
+                fn = setup()
+                g = fn()
+                torch.cuda.synchronize()
+                if isinstance(g, tuple):
+                    if label == "ours_tile":
+                        ref = [t.float() for t in g]
+                    row["max_diff_vs_tile"] = "" if ref is None else max(float((a.float() - r).abs().max())
+                                                                       for a, r in zip(g, ref))
+                q20, q50, q80 = triton.testing.do_bench(fn, warmup=25, rep=300, quantiles=[0.2, 0.5, 0.8])
+                row.update(ms_p20=q20, ms_median=q50, ms_p80=q80, gpu_ms=_gpu_ms(fn),
+                           tflops_bwd=(fl if "alone" not in label else 0.8 * fl) / (q50 * 1e-3) / 1e12, error="")
+            except Exception as exc:  # noqa: BLE001
+                row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}")
+                log.write(traceback.format_exc() + "\n")
+            finally:
+                os.environ.pop("LMPERF_FA_BWD_BACKEND", None)
+            rows.append(row)
+            print(f"{name:10s} {label:22s} " + (f"{row['ms_median']:.3f} ms (p20 {row['ms_p20']:.3f} p80 "
+                  f"{row['ms_p80']:.3f}) gpu {row['gpu_ms']:.3f} ms" if not row["error"] else row["error"][:200]),
+                  flush=True)
+        del q, k, v, xs, do
+        torch.cuda.empty_cache()
+        if out_csv is not None:
+            write(out_csv, rows)
+    return rows
+
+
 def write(path: Path, rows: list[dict]) -> None:
     keys = []
     for r in rows:
@@ -239,15 +413,27 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--skip-bench", action="store_true")
     ap.add_argument("--compile-check", action="store_true", help="compiled against eager, then exit")
-    ap.add_argument("--only", default=",".join(SHAPES))
+    ap.add_argument("--only", default=None, help="shapes (default: all of SHAPES, or of BWD_SHAPES with --bwd)")
     ap.add_argument("--variants", default="plain,ws,pp")
     ap.add_argument("--check-cfg", default="", help="D:BM,BN,warps,stages;... checked instead of the table's")
     ap.add_argument("--passes", type=int, default=1, help="times through the shapes (one process)")
+    ap.add_argument("--bwd", action="store_true", help="the Gluon dK/dV backward instead of the forward")
+    ap.add_argument("--tag", default="", help="a label for this process's bench rows (--bwd)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     import triton
     print(f"torch {torch.__version__} triton {triton.__version__} {torch.cuda.get_device_name()}", flush=True)
     variants = args.variants.split(",")
+    if args.bwd:
+        with (args.out / "gluon_bwd_traces.txt").open("a") as log:
+            if not args.skip_check:
+                rows = bwd_check(log)
+                write(args.out / "gluon_bwd_check.csv", rows)
+                print(f"bwd check: {sum(r['passed'] for r in rows)}/{len(rows)} passed", flush=True)
+            if not args.skip_bench:
+                only = args.only.split(",") if args.only else list(BWD_SHAPES)
+                bwd_bench(only, log, args.out / f"gluon_bwd_bench{args.tag}.csv", args.tag)
+        return 0
     with (args.out / "gluon_probe_traces.txt").open("w") as log:
         if args.compile_check:
             write(args.out / "gluon_compile_check.csv", compile_check(log))
@@ -266,7 +452,7 @@ def main(argv=None) -> int:
                 vr = [r for r in rows if r["variant"] == variant]
                 print(f"  {variant}: {sum(r['passed'] for r in vr)}/{len(vr)} passed", flush=True)
         if not args.skip_bench:
-            rows = bench(args.only.split(","), variants, log, args.out / "gluon_bench.csv", args.passes)
+            rows = bench((args.only or ",".join(SHAPES)).split(","), variants, log, args.out / "gluon_bench.csv", args.passes)
             write(args.out / "gluon_bench.csv", rows)
             print("\nshape       impl              cfg                  ms      TFLOP/s")
             for r in rows:
