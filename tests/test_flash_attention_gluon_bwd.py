@@ -224,7 +224,7 @@ def test_compiles_for_sm90_with_wgmma_and_no_local_memory(sm90, spec):
 def test_no_register_spills(sm90, spec):
     """No spill store or load anywhere in the kernel: at head dim 128 each consumer thread holds
     dK and dV, 128 fp32 registers, beside S^T and dP^T. Not yet at head dim 128, causal,
-    grouped-query (128,1,4: 20 spill stores at 2d53c0f, in the masked steps and before the loop
+    grouped-query (128,1,4: 20 spill stores with Triton 3.6, in the masked steps and before the loop
     over heads; tuning/flash_attention/NOTES.md step 42)."""
     r = sm90[spec]
     assert r["STL"] == 0 and r["LDL"] == 0 and r["STACK"] == 0, r
