@@ -397,6 +397,52 @@ def bwd_bench(names, log, out_csv=None, tag="") -> list[dict]:
     return rows
 
 
+BWD_SWEEP = {64: [(3, 232), (2, 232), (4, 232), (5, 232), (3, 240)],  # (STAGES, consumer registers)
+             128: [(3, 232), (2, 232), (4, 232), (3, 240)]}
+
+
+def bwd_sweep(names, log, out_csv=None, tag="") -> list[dict]:
+    """The Gluon dK/dV kernel alone at each (STAGES, registers) of BWD_SWEEP, interleaved twice;
+    each result compared with the table config's (the same bits expected: the order of the sums
+    does not depend on the ring's depth)."""
+    import triton.testing
+    from lmperf.kernels import flash_attention_gluon_bwd as gb
+    rows = []
+    for name in names:
+        b, h, hk, n, d, causal = BWD_SHAPES[name]
+        fl = 2 * flops(b, h, n, d, causal)
+        q, k, v = make(b, h, hk, n, d, BF16, "bhnd", seed=13)
+        out, lse, do, delta, _ = _bwd_inputs(q, k, v, causal)
+        ref = None
+        for round_ in range(2):
+            for stages, regs in BWD_SWEEP[d]:
+                row = dict(shape=name, b=b, h=h, hk=hk, n=n, d=d, causal=causal, stages=stages, regs=regs,
+                           round=round_, tag=tag, gpu=torch.cuda.get_device_name())
+                try:
+                    dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+                    fn = lambda: gb.launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal, stages, regs)  # noqa: E731
+                    kern = fn()
+                    torch.cuda.synchronize()
+                    if ref is None:
+                        ref = (dk.clone(), dv.clone())
+                    same = bool(torch.equal(dk, ref[0]) and torch.equal(dv, ref[1]))
+                    q20, q50, q80 = triton.testing.do_bench(fn, warmup=25, rep=300, quantiles=[0.2, 0.5, 0.8])
+                    row.update(ms_p20=q20, ms_median=q50, ms_p80=q80, tflops=fl / (q50 * 1e-3) / 1e12,
+                               same_bits_as_table=same, regs_spills=f"{kern.n_regs}/{kern.n_spills}", error="")
+                except Exception as exc:  # noqa: BLE001
+                    row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}")
+                    log.write(traceback.format_exc() + "\n")
+                rows.append(row)
+                print(f"{name:10s} stages {stages} regs {regs} " + (
+                    f"{row['ms_median']:.3f} ms {row['tflops']:.0f} TFLOP/s same {row['same_bits_as_table']}"
+                    if not row["error"] else row["error"][:200]), flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+        if out_csv is not None:
+            write(out_csv, rows)
+    return rows
+
+
 def write(path: Path, rows: list[dict]) -> None:
     keys = []
     for r in rows:
@@ -419,6 +465,7 @@ def main(argv=None) -> int:
     ap.add_argument("--passes", type=int, default=1, help="times through the shapes (one process)")
     ap.add_argument("--bwd", action="store_true", help="the Gluon dK/dV backward instead of the forward")
     ap.add_argument("--tag", default="", help="a label for this process's bench rows (--bwd)")
+    ap.add_argument("--sweep", action="store_true", help="--bwd: the dK/dV kernel's stages and registers")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     import triton
@@ -430,6 +477,10 @@ def main(argv=None) -> int:
                 rows = bwd_check(log)
                 write(args.out / "gluon_bwd_check.csv", rows)
                 print(f"bwd check: {sum(r['passed'] for r in rows)}/{len(rows)} passed", flush=True)
+            if args.sweep:
+                only = args.only.split(",") if args.only else ["headline", "thr_full", "thr_causal", "gqa_4096"]
+                bwd_sweep(only, log, args.out / f"gluon_bwd_sweep{args.tag}.csv", args.tag)
+                return 0
             if not args.skip_bench:
                 only = args.only.split(",") if args.only else list(BWD_SHAPES)
                 bwd_bench(only, log, args.out / f"gluon_bwd_bench{args.tag}.csv", args.tag)
