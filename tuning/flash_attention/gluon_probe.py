@@ -240,6 +240,8 @@ BWD_SHAPES = {  # name: (batch, q heads, kv heads, N, D, causal)
     "gqa_8192": (2, 32, 8, 8192, 128, True),
     "gqa_4096": (4, 32, 8, 4096, 128, True),
     "d128_2048": (8, 16, 16, 2048, 128, True),
+    "d64_full": (4, 16, 16, 8192, 64, False),
+    "gqa_d64_1024": (8, 16, 4, 1024, 64, True),
 }
 
 
@@ -397,12 +399,12 @@ def bwd_bench(names, log, out_csv=None, tag="") -> list[dict]:
     return rows
 
 
-BWD_SWEEP = {64: [(3, 232), (2, 232), (4, 232), (5, 232), (3, 240)],  # (STAGES, consumer registers)
-             128: [(3, 232), (2, 232), (4, 232), (3, 240)]}
+BWD_SWEEP = {64: [(3, 232, 64), (3, 240, 128), (3, 232, 128), (2, 240, 128), (4, 240, 128)],
+             128: [(3, 232, 64), (2, 232, 64), (4, 232, 64), (3, 240, 64)]}  # (STAGES, registers, BLOCK_M)
 
 
 def bwd_sweep(names, log, out_csv=None, tag="") -> list[dict]:
-    """The Gluon dK/dV kernel alone at each (STAGES, registers) of BWD_SWEEP, interleaved twice;
+    """The Gluon dK/dV kernel alone at each (STAGES, registers, BLOCK_M) of BWD_SWEEP, interleaved twice;
     each result compared with the table config's (the same bits expected: the order of the sums
     does not depend on the ring's depth)."""
     import triton.testing
@@ -415,12 +417,13 @@ def bwd_sweep(names, log, out_csv=None, tag="") -> list[dict]:
         out, lse, do, delta, _ = _bwd_inputs(q, k, v, causal)
         ref = None
         for round_ in range(2):
-            for stages, regs in BWD_SWEEP[d]:
-                row = dict(shape=name, b=b, h=h, hk=hk, n=n, d=d, causal=causal, stages=stages, regs=regs,
+            for stages, regs, bm in BWD_SWEEP[d]:
+                row = dict(shape=name, b=b, h=h, hk=hk, n=n, d=d, causal=causal, stages=stages, regs=regs, block_m=bm,
                            round=round_, tag=tag, gpu=torch.cuda.get_device_name())
                 try:
                     dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
-                    fn = lambda: gb.launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal, stages, regs)  # noqa: E731
+                    fn = lambda: gb.launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal, stages, regs,  # noqa: E731
+                                                block_m=bm)
                     kern = fn()
                     torch.cuda.synchronize()
                     if ref is None:
@@ -433,7 +436,7 @@ def bwd_sweep(names, log, out_csv=None, tag="") -> list[dict]:
                     row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}")
                     log.write(traceback.format_exc() + "\n")
                 rows.append(row)
-                print(f"{name:10s} stages {stages} regs {regs} " + (
+                print(f"{name:10s} stages {stages} regs {regs} block_m {bm} " + (
                     f"{row['ms_median']:.3f} ms {row['tflops']:.0f} TFLOP/s same {row['same_bits_as_table']}"
                     if not row["error"] else row["error"][:200]), flush=True)
         del q, k, v

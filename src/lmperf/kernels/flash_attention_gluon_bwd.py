@@ -12,7 +12,7 @@ the most query tiles first. Three partitions (`gl.warp_specialize`):
 - two consumer warpgroups, each owning 64 of the tile's keys, holding their dK and dV ([64, D]
   fp32 each) in registers for the whole program;
 - a one-warp producer that loads by TMA the K and V halves once, then per step (query head h,
-  query tile of 64 rows) the Q and dO tiles and that tile's L and Delta into a ring of STAGES
+  query tile of BLOCK_M rows: 128 at head dim 64, 64 at 128) the Q and dO tiles and that tile's L and Delta into a ring of STAGES
   shared-memory slots (ready/empty mbarriers; each slot released by both warpgroups).
 
 Per consumer warpgroup and step (keys j of its half, query rows i of the tile):
@@ -22,12 +22,12 @@ Per consumer warpgroup and step (keys j of its half, query rows i of the tile):
     dV  += P^T dO                          (RS wgmma: P^T from registers)
     dS^T = P^T * dP^T
     dK  += dS^T Q                          (RS wgmma), and dK *= 1/sqrt(D) once at the end.
-Starting the accumulators from L and Delta (read from the slot's 512 bytes just before each
-product is issued) keeps no L or Delta in registers across the step: holding them (16 rows a
-thread each) is what made head dim 128 spill (tuning/flash_attention/NOTES.md, step 42).
+Starting the accumulators from L and Delta (read from the slot, 2 x BLOCK_M x 4 bytes, just
+before each product is issued) keeps no L or Delta in registers across the step: holding them
+(16 rows a thread each) is what made head dim 128 spill (tuning/flash_attention/NOTES.md, step 42).
 
-Causal: a key tile [k0, k0 + 128) sees query rows from k0 on; its first two query tiles of 64
-rows cross the diagonal and are masked (where(row >= key, P, 0)) in both warpgroups, every later
+Causal: a key tile [k0, k0 + 128) sees query rows from k0 on; its query tiles within [k0, k0 + 128)
+(two of 64 rows, or one of 128) cross the diagonal and are masked (where(row >= key, P, 0)) in both warpgroups, every later
 one is unmasked (a separate, mask-free loop). Grouped-query attention: the program walks the
 GROUP query heads of its K/V head in order (a fixed order: the same bits every run), adding into
 the same dK and dV, written once. No atomics.
@@ -50,12 +50,12 @@ LOG2E = 1.4426950408889634
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
 BLOCK_N = 128  # keys a program: two warpgroups of 64
-BLOCK_M = 64   # query rows a step
 BWD_BACKEND_ENV = "LMPERF_FA_BWD_BACKEND"
 BWD_BACKENDS = ("triton", "gluon")
 
-# (STAGES, consumer registers) by head dim: shared memory 80 KB (D 64) and 160 KB (D 128) at 3 stages
-CONFIGS = {64: (3, 232), 128: (3, 232)}
+# (STAGES, consumer registers, BLOCK_M query rows a step) by head dim; shared memory at 3 stages:
+# 134 KB (D 64, BLOCK_M 128; 84 KB at 64), 166 KB (D 128)
+CONFIGS = {64: (3, 240, 128), 128: (3, 232, 64)}
 
 try:
     from triton.experimental import gluon
@@ -337,14 +337,14 @@ def _desc(t4: torch.Tensor, block_rows: int):
                              layout), (rb, rh, ch))
 
 
-def _row_desc(t2: torch.Tensor):
-    """A TMA descriptor over a (rows, N) fp32 tensor (L or Delta), a block of one row of BLOCK_M."""
+def _row_desc(t2: torch.Tensor, block_m: int):
+    """A TMA descriptor over a (rows, N) fp32 tensor (L or Delta), a block of one row of block_m."""
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-    return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [1, BLOCK_M], layout)
+    return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [1, block_m], layout)
 
 
 def launch_dkdv(q, k, v, do, lse, delta, dk, dv, is_causal: bool, stages: int | None = None,
-                consumer_regs: int | None = None, compile_only: bool = False):
+                consumer_regs: int | None = None, compile_only: bool = False, block_m: int | None = None):
     """dK, dV into dk, dv ((B, H_kv, N, D) views, any batch/head/row strides, unit stride along
     D) for q, k, v that `unsupported` accepts; lse and delta (B*H, N) fp32. Returns the compiled
     kernel (its n_regs, n_spills, asm). compile_only: compile for the active driver's target
@@ -354,22 +354,22 @@ def launch_dkdv(q, k, v, do, lse, delta, dk, dv, is_causal: bool, stages: int | 
         do4 = do4.contiguous()  # e.g. the expanded ones of out.sum().backward()
     nb, nh, n, d = q4.shape
     h_kv = k4.shape[1]
-    st, regs = CONFIGS[d]
-    stages, consumer_regs = stages or st, consumer_regs or regs
+    st, regs, bm = CONFIGS[d]
+    stages, consumer_regs, block_m = stages or st, consumer_regs or regs, block_m or bm
     lse2, delta2 = lse.reshape(nb * nh, n), delta.reshape(nb * nh, n)
     lse2 = lse2 if lse2.is_contiguous() and lse2.data_ptr() % 16 == 0 else lse2.contiguous()
     delta2 = delta2 if delta2.is_contiguous() and delta2.data_ptr() % 16 == 0 else delta2.contiguous()
-    q_desc, (qrb, qrh, qch) = _desc(q4, BLOCK_M)
-    do_desc, (drb, drh, dch) = _desc(do4, BLOCK_M)
+    q_desc, (qrb, qrh, qch) = _desc(q4, block_m)
+    do_desc, (drb, drh, dch) = _desc(do4, block_m)
     k_desc, (krb, krh, kch) = _desc(k4, BLOCK_N // 2)
     v_desc, _ = _desc(v4, BLOCK_N // 2)
     grid = (nb * h_kv, n // BLOCK_N)
     kernel = _dkdv_kernel.warmup if compile_only else _dkdv_kernel[grid]
     return kernel(
-        q_desc, do_desc, k_desc, v_desc, _row_desc(lse2), _row_desc(delta2), dk4, dv4, n, nh, h_kv,
+        q_desc, do_desc, k_desc, v_desc, _row_desc(lse2, block_m), _row_desc(delta2, block_m), dk4, dv4, n, nh, h_kv,
         qrb, qrh, qch, drb, drh, dch, krb, krh, kch, dk4.stride(0), dk4.stride(1), dk4.stride(2),
         dv4.stride(0), dv4.stride(1), dv4.stride(2), QK_SCALE=LOG2E / math.sqrt(d), SM_SCALE=1.0 / math.sqrt(d),
-        GROUP=nh // h_kv, IS_CAUSAL=bool(is_causal), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D=d, STAGES=stages,
+        GROUP=nh // h_kv, IS_CAUSAL=bool(is_causal), BLOCK_M=block_m, BLOCK_N=BLOCK_N, D=d, STAGES=stages,
         CONSUMER_REGS=consumer_regs, num_warps=4, **(dict(grid=grid) if compile_only else {}))
 
 
