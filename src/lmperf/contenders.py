@@ -36,11 +36,15 @@ from typing import Callable
 from lmperf.bench.failures import NotRun
 from lmperf.bench.honest import Wrong, guarded
 
-# The adapter functions of each contract, as CS336 assignment 2 names them (tests/adapters.py).
+# The adapter functions of each contract, as CS336 assignment 2 names them (tests/adapters.py):
+# the 2026 handout's `ddp` and `fsdp`, the 2025 handout's `ddp_individual_parameters` and
+# `ddp_bucketed` (get_ddp_bucketed(module, bucket_size_mb), its hook called at each step's start).
 CONTRACTS: dict[str, tuple[str, ...]] = {
     "attention_triton": ("get_flashattention_autograd_function_triton",),
     "attention_pytorch": ("get_flashattention_autograd_function_pytorch",),
     "ddp": ("get_ddp", "ddp_on_after_backward"),
+    "ddp_individual_parameters": ("get_ddp_individual_parameters", "ddp_individual_parameters_on_after_backward"),
+    "ddp_bucketed": ("get_ddp_bucketed", "ddp_bucketed_on_after_backward", "ddp_bucketed_on_train_batch_start"),
     "fsdp": ("get_fsdp", "fsdp_on_after_backward", "fsdp_gather_full_params"),
     "sharded_optimizer": ("get_sharded_optimizer",),
 }
@@ -384,7 +388,7 @@ def register_from_environment() -> None:
             register(json.loads(raw))
 
 
-DISTRIBUTED = ("ddp", "fsdp", "sharded_optimizer")
+DISTRIBUTED = ("ddp", "ddp_individual_parameters", "ddp_bucketed", "fsdp", "sharded_optimizer")
 
 
 def distributed_variants(value) -> dict[str, tuple]:
