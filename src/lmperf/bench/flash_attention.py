@@ -377,7 +377,8 @@ def main(argv=None):
         raise SystemExit(f"error: {exc}") from None
     providers.share()  # and the workers load them too
     # a resume never mixes rows of two versions of a provider module's file
-    fingerprint = {"spec": args.spec, **({"provider_sources": providers.digest()} if providers.sources() else {})}
+    fingerprint = {"spec": args.spec, **({"provider_sources": providers.digest()} if providers.sources() else {}),
+                   **contenders.fingerprint(args.spec.get("contenders"))}
     if args.study == "check":  # our providers' cases (a contender's: bench/contenders.py), side by side in
         # the workers, which run a module-level function
         jobs.run(section="flash_attention", study=args.study, cases=cases, measure=measure, args=args,
@@ -386,12 +387,14 @@ def main(argv=None):
     # a contender's case in a process of its own, with a time limit: a hang or a crash is a row
     limit = float(args.spec.get("contender_time_limit_s", 600))
     contender = lambda case: not case.get("skip_reason") and providers.get(case["provider"]).role == "contender"
-    with isolation.Isolated(measure_or_warm, limit) as isolated:
+    # each contender in processes of its own: our cases never run where a contender's code was imported
+    with isolation.Separate(measure_or_warm, limit, key=lambda case: contenders.owner(case["provider"])) as isolated:
         def run(case: dict) -> list[dict]:
             return isolated(case) if contender(case) else measure(case)
         # a timing job's compiles are warmed in the workers first
         jobs.run(section="flash_attention", study=args.study, cases=cases, measure=run, args=args,
-                 fingerprint=fingerprint, parallel=False, warm=warm_bench, compiles=compiles,
+                 fingerprint=fingerprint, parallel=False, warm=warm_bench,
+                 compiles=lambda case: compiles(case) and not contender(case),
                  prepare=lambda todo, say: isolated.warm([c for c in todo if contender(c)], say))
 
 

@@ -184,3 +184,41 @@ class Ahead:
         self.executor.shutdown(wait=not interrupted, cancel_futures=True)
         for child in self.children:
             child._kill() if interrupted else child.close()
+
+
+class Separate:
+    """An Isolated child per key (a contender's name: lmperf.contenders.owner): two contenders'
+    code never runs in one process, so packages of the same name (every CS336 student's
+    `cs336_systems`) cannot collide, and neither shares a process with ours."""
+
+    def __init__(self, measure: Callable[[dict], list[dict]], time_limit_s: float, key: Callable[[dict], str]):
+        Isolated(measure, time_limit_s)  # the same checks of its arguments, before any case
+        self.measure, self.time_limit_s, self.key = measure, time_limit_s, key
+        self.children: dict[str, Isolated] = {}
+
+    def _child(self, case: dict) -> Isolated:
+        key = self.key(case)
+        if key not in self.children:
+            self.children[key] = Isolated(self.measure, self.time_limit_s)
+        return self.children[key]
+
+    def __call__(self, case: dict) -> list[dict]:
+        return self._child(case)(case)
+
+    def warm(self, cases: list[dict], say) -> None:
+        """Isolated.warm, each key's cases in that key's child."""
+        groups: dict[str, list[dict]] = {}
+        for case in cases:
+            groups.setdefault(self.key(case), []).append(case)
+        for group in groups.values():
+            self._child(group[0]).warm(group, say)
+
+    def __enter__(self) -> "Separate":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for child in self.children.values():
+            child.close()
