@@ -405,6 +405,12 @@ def imported_packages(location: Location) -> set[str]:
     return outside
 
 
+def _path_sources(root: Path) -> dict[str, str]:
+    """{canonical name: path} of the repository's path sources ([tool.uv.sources])."""
+    sources = _pyproject(root).get("tool", {}).get("uv", {}).get("sources", {})
+    return {_canonical(n): s["path"] for n, s in sources.items() if isinstance(s, dict) and "path" in s}
+
+
 def missing_dependencies(location: Location) -> list[str]:
     """The packages the contender's code imports (imported_packages) that neither it nor lmperf's
     environment has, each by the distribution name its pyproject.toml gives where it lists one."""
@@ -431,20 +437,33 @@ def check(value) -> list[Location]:
     without importing any of its code (the workflow calls it while planning): ContenderError
     naming every missing package, or the first source that is not there."""
     locations = _locations(value)
-    missing = {}
+    missing, pip, local = {}, set(), []
     for name, locs in locations.items():
         for loc in locs:
-            if not loc.module:
-                lacks = missing_dependencies(loc)
-                if lacks:
-                    missing[f"{name} ({loc.root or loc.adapters})"] = lacks
+            if loc.module:
+                continue
+            sources = _path_sources(loc.root) if loc.root is not None else {}
+            lacks = []
+            for package in missing_dependencies(loc):
+                path = sources.get(_canonical(package))
+                if path is None:
+                    lacks.append(package)
+                    pip.add(package)
+                    continue
+                lacks.append(f"{package} (its [tool.uv.sources] path {path} holds no package"
+                             + ("; a git submodule not checked out? git submodule update --init"
+                                if (loc.root / ".gitmodules").is_file() else "") + ")")
+                local.append(package)
+            if lacks:
+                missing[f"{name} ({loc.root or loc.adapters})"] = lacks
     if missing:
-        every = sorted({p for lacks in missing.values() for p in lacks}, key=str.lower)
         raise ContenderError(
             "contenders import packages that neither they nor lmperf's environment have: "
             + "; ".join(f"{who}: {', '.join(lacks)}" for who, lacks in missing.items())
-            + f". lmperf installs nothing into its environment for a contender (two contenders' packages "
-              f"would collide); add them yourself, e.g. .venv/bin/python -m pip install {' '.join(every)}")
+            + ". lmperf installs nothing into its environment for a contender (two contenders' packages "
+              "would collide)"
+            + (f"; add them yourself: .venv/bin/python -m pip install {' '.join(sorted(pip, key=str.lower))}"
+               if pip else ""))
     return [loc for locs in locations.values() for loc in locs]
 
 
