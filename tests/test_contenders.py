@@ -328,3 +328,37 @@ def test_pytorch_attention_compiles_and_warms_a_contender_before_its_timed_loop(
     assert "warming the compile caches: 2 cases in 1 worker processes" in logs[1]
     assert "compiling 4 cases in their own process" in logs[1]
     assert "warming" not in logs[0] and "their own process" not in logs[0]
+
+
+def test_a_time_under_the_roofline_floor_is_impossible_not_a_speed_up():
+    """1 x 16 x 16,384 x 64 causal bf16 forward: 5.5e11 FLOP at 989 TFLOP/s take at least 0.556 ms
+    on an H100; 0.001 ms (a launch timed, the work elsewhere) is named impossible, 1.3 ms is not.
+    An unknown GPU has no floor."""
+    from lmperf.bench.flash_attention import attention_flops
+    flops = attention_flops(1, 16, 16384, 64, True, "forward")
+    io = 4 * 16 * 16384 * 64 * 2
+    why = honest.impossible_time(0.001, flops, io, "NVIDIA H100 80GB HBM3")
+    assert why and "roofline floor of 0.5559 ms" in why
+    assert honest.impossible_time(1.3, flops, io, "NVIDIA H100 80GB HBM3") is None
+    assert honest.impossible_time(0.001, flops, io, "Some GPU") is None
+
+
+def test_work_the_callers_stream_never_waits_for_is_caught():
+    """A call that returns at once while its work goes on elsewhere (a thread here, another CUDA
+    stream on a GPU) and that the whole-device synchronisation waits for: the harness's time of
+    the launch alone is named; an honest call's time passes."""
+    import threading
+    import time
+    pending = []
+
+    def side_stream_call():
+        worker = threading.Thread(target=time.sleep, args=(0.004,))
+        worker.start()
+        pending.append(worker)
+
+    def synchronize():
+        while pending:
+            pending.pop().join()
+    why = honest.outside_stream(side_stream_call, 0.001, sync=synchronize, min_ms=40)
+    assert why and "outside the caller's stream" in why
+    assert honest.outside_stream(lambda: time.sleep(0.004), 4.2, sync=synchronize, min_ms=40) is None

@@ -303,7 +303,8 @@ def measure_bench(case: dict) -> list[dict]:
         rows += [{**r, "gpu_idle_pct": gpu_idle_pct, **times[direction].fields()} for r in (
             row, common.summarize_quantiles(f"{direction}_tflops", "TFLOP/s", tflops(ms), tflops(q80), tflops(q20)))]
     rows += gpu_rows
-    if providers.get(case["provider"]).role == "contender":  # timed outputs checked afterwards
+    if providers.get(case["provider"]).role == "contender":  # its times and timed outputs checked afterwards
+        _check_possible(case, times, fn, fwd_bwd, context, q, k, v)
         with context():
             why = honest.stale_output(lambda q, k, v, causal: fn(q, k, v), q.detach(), k.detach(), v.detach(),
                                           case["causal"])
@@ -312,6 +313,30 @@ def measure_bench(case: dict) -> list[dict]:
     for row in rows:
         row["config"] = config
     return rows
+
+
+def _check_possible(case: dict, times: dict, fn, fwd_bwd, context, q, k, v) -> None:
+    """Wrong for a contender's time that cannot be its work's (bench/honest.py): under the roofline
+    floor of its FLOPs and the bytes of Q, K, V and O, or not confirmed by a whole-device
+    synchronisation (work left running on another CUDA stream)."""
+    import torch
+    b, h, n, d = case["batch"], case["heads"], case["seq_len"], case["head_dim"]
+    io_bytes = sum(t.numel() * t.element_size() for t in (q, k, v, q))  # Q, K, V read, O written
+    gpu = torch.cuda.get_device_name()
+
+    def forward():
+        with context(), torch.no_grad():
+            fn(q, k, v)
+
+    def forward_backward():
+        with context():
+            fwd_bwd()
+    for direction, call in (("forward", forward), ("fwd_bwd", forward_backward)):
+        ms = times[direction][0]
+        why = (honest.impossible_time(ms, attention_flops(b, h, n, d, case["causal"], direction), io_bytes, gpu)
+               or honest.outside_stream(call, ms))
+        if why:
+            raise contenders.Wrong(f"{direction}: {why}")
 
 
 def _gpu_time_rows(case: dict, fn, fwd_bwd, context, q, k, v, rep: int, within: float | None) -> list[dict]:
