@@ -76,7 +76,7 @@ def attention_cases(spec: dict) -> list[dict]:
                                           "outside": ",".join(outside), "head_dim": shape[-1],
                                           "seq_len": shape[-2], "tile": COURSE_TILE,
                                           "aligned": shape[-2] % COURSE_TILE == 0})
-            for prop in PROPERTIES:
+            for prop in spec.get("properties", PROPERTIES):
                 shape = spec["gqa_shape"] if prop == "gqa" else spec["property_shape"]
                 shape_id = "x".join(map(str, shape))
                 cases.append({**base, "check": prop, "dtype": spec["property_dtype"], "causal": True,
