@@ -3,20 +3,25 @@
     python -m lmperf.bench.contenders attention --spec '{"contenders": {...}, ...}' --out .../attention.csv --hw cpu
     python -m lmperf.bench.contenders distributed --spec '{"contenders": {...}, ...}' --out .../distributed.csv --hw cpu
 
-`attention`: each attention adapter (`<name>_triton`, `<name>_pytorch`) on our contract's shapes,
-dtypes, causal and non-causal, awkward N and head dims, as CS336 passes them ((batch, N, D)
-inputs): out, L (the one saved fp32 tensor of shape (batch, N)) and dQ, dK, dV against float64,
-with flash-attention's tolerance (at most twice plain PyTorch's error in the same dtype). Then its
-properties, one case each: grouped-query (K and V with fewer heads, (B, H, N, D) inputs),
-compiles (torch.compile fullgraph, the same result as eager), deterministic (forward and backward
-bitwise equal over repeats) and fresh (a result follows its inputs when their contents change in
-the same storage: an implementation that caches is caught).
+`attention`: each attention adapter (`<name>_triton`, `<name>_pytorch`) as CS336 passes it
+((batch, N, D) inputs), first on the course's contract (`course`: the handout's shapes, power-of-two
+head dims of at least 16 and N a multiple of 128, in the timed dtypes; tier "course"), then on
+lmperf's wider one (awkward N, head dims 8 to 256, fp16; tier "wider", each case saying why it lies
+outside the course: `outside`), causal and not: out, L (the one saved tensor of shape (batch, N),
+in any float dtype, as the course's test finds it) and dQ, dK, dV against float64, each row with
+the course test's error (rtol = atol = 1e-2: `course_ratio`, `course_passed`), flash-attention's
+tolerance (at most twice plain PyTorch's error in the same dtype: `passed`) and L's dtype. Then its
+properties, one case each: grouped-query (K and V with fewer heads, (B, H, N, D) inputs), compiles
+(torch.compile fullgraph, the same result as eager), deterministic (forward and backward bitwise
+equal over repeats) and fresh (a result follows its inputs when their contents change in the same
+storage: an implementation that caches is caught). The report judges them (report/contenders.py).
 
 `distributed`: each distributed adapter (DDP, FSDP, sharded optimizer) trains a small model for a
 few steps in 2 processes over Gloo; its weights must equal one process's training on the whole
 batch (the assignment's correctness).
 
-Every case runs in a process of its own with a time limit (bench/isolation.py): a contender that
+Every case runs in a child process of its own contender's, with a time limit (bench/isolation.py;
+two contenders never share an interpreter, so that packages of one name cannot collide): one that
 hangs, kills its process, runs out of memory or returns the wrong shape, dtype, device or NaN is
 a row (`timeout`, `crashed`, `oom`, `wrong`) and the job goes on. An adapter that is missing or
 raises NotImplementedError is a `skipped` row saying "not implemented".
