@@ -197,6 +197,23 @@ def test_a_wrong_contenders_every_failed_check_is_named(frames):
     assert course["cases"] == 2 and course["ratio"] > 100  # both dtypes, far beyond rtol = atol = 1e-2
 
 
+def test_pytorch_attentions_grid_and_the_ladders_rung_are_judged_by_their_shape_class(frames):
+    """PyTorch attention's grid (fp32, not causal) and the ladder's contender rung (the model's head
+    dim, its dtype, causal, N its context): a row at a class that passed keeps its time, one at a
+    class no check ran at is `unchecked`."""
+    attention = pd.DataFrame({"study": "attention", "impl": ["narrow_pytorch", "narrow_pytorch", "no_scale_pytorch"],
+                              "head_dim": [16, 16, 16], "seq_len": [256, 100, 256], "status": "ok",
+                              "median": 1.0, "message": float("nan")})
+    ladder = pd.DataFrame({"study": "ladder", "name": ["contender_narrow_pytorch", "contender_narrow_pytorch", "rung1"],
+                           "d_model": 64, "n_heads": 4, "dtype": "fp32", "context": [256, 32, 32], "status": "ok",
+                           "median": 2.0, "message": float("nan")})
+    marked = report.wrong_everywhere({**frames, "attention": attention, "ladder": ladder})
+    # the fixtures' check ran causal alone: PyTorch attention's grid (not causal) is another class
+    assert marked["attention"]["status"].tolist() == ["unchecked", "unchecked", "wrong"]
+    assert marked["attention"]["median"].isna().all()
+    assert marked["ladder"]["status"].tolist() == ["ok", "wrong", "ok"]  # N = 32: an awkward N, which it fails
+
+
 def test_rows_whose_message_cells_are_all_empty_take_the_reason(frames):
     """pandas reads a message column with no text as float64; marking a row wrong writes text."""
     fa = frames["flash_attention"]
