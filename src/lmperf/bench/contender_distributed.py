@@ -17,7 +17,8 @@ where the contender has one, else lmperf's own, of the same Linear and Embedding
 handout shards) trained as the course's test_fsdp.py does: SGD, compute_dtype None (fp32) and
 float16, the course's tolerance for each (`FSDP_TOLERANCE`, torch.allclose's rule). The reference
 computes in the same compute dtype (the Linear and Embedding weights cast for forward and backward,
-fp32 weights and updates). Then sharding: the bytes each rank holds after a step beyond what it
+fp32 weights and updates); rank 0 computes it once its own training is measured, so that it is
+built from the very classes the ranks imported. Then sharding: the bytes each rank holds after a step beyond what it
 held before the model was built, less the replicated parameters and buffers (RMSNorm's gains,
 RoPE tables), against 1/world of the Linear and Embedding weights; more than SHARD_TOLERANCE
 times that share is a `wrong` row, "keeps full copies" where it is about the whole.
@@ -299,7 +300,8 @@ def _reference_fsdp(build, kinds, compute_dtype: str, steps: int, world: int) ->
 
 
 def _train_fsdp(contender, case: dict, rank: int, world: int) -> dict:
-    """This rank's FSDP training; the full weights it gathers and the bytes it holds after a step."""
+    """This rank's FSDP training: the full weights it gathers, the bytes it holds after its last
+    step, and on rank 0 the one-process reference."""
     import torch
     build, kinds, what = course_model()
     batches = _tokens(case["steps"], world)
@@ -325,8 +327,11 @@ def _train_fsdp(contender, case: dict, rank: int, world: int) -> dict:
     if not isinstance(full, dict):
         from lmperf import contenders
         raise contenders.Wrong(f"fsdp_gather_full_params returned {type(full).__name__}, not a dict")
-    return {"weights": {name: t.detach().float().cpu() for name, t in full.items()}, "held_bytes": held,
-            "whole_bytes": whole, "replicated_bytes": replicated, "model": what, "logits_dtype": logits_dtype}
+    out = {"weights": {name: t.detach().float().cpu() for name, t in full.items()}, "held_bytes": held,
+           "whole_bytes": whole, "replicated_bytes": replicated, "model": what, "logits_dtype": logits_dtype}
+    if rank == 0:  # in a process that imported what the ranks did: the same model kinds, whatever ran before
+        out["reference"] = _reference_fsdp(build, kinds, case["compute_dtype"], case["steps"], world)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,7 +349,9 @@ def _rank(rank: int, world: int, case: dict, init_file: str, queue) -> None:
         train = _train_fsdp if case["contract"] == "fsdp" else _train_ddp
         result = train(contender, case, rank, world)
         # as numpy arrays: torch would send tensors as shared-memory handles that die with this process
-        result["weights"] = {name: t.detach().cpu().numpy().copy() for name, t in result["weights"].items()}
+        for key in ("weights", "reference"):
+            if key in result:
+                result[key] = {name: t.detach().cpu().numpy().copy() for name, t in result[key].items()}
         queue.put((rank, "ok", result))
     except NotImplementedError as exc:
         queue.put((rank, "skipped", f"not implemented: an adapter of {case['contract']} raised "
@@ -478,12 +485,11 @@ def measure(case: dict, contender) -> list[dict]:
         row = common.summarize("weights_max_abs_diff", "abs", [worst])
         row.update(passed=passed, tolerance=TOLERANCE, message=how)
         return [row]
-    build, kinds, what = course_model()
-    lead = results[min(results)]
-    if lead["model"] != what:
-        raise contenders.Failed(f"the ranks trained {lead['model']}, this process builds {what}")
+    import torch
+    lead = results[0]
+    what = lead["model"]
     atol, rtol = FSDP_TOLERANCE[case["compute_dtype"]]
-    reference = _reference_fsdp(build, kinds, case["compute_dtype"], steps, world)
+    reference = {name: torch.from_numpy(a) for name, a in lead.pop("reference").items()}
     worst, tolerance, passed = _compare(reference, results, atol, rtol)
     sharded, held = sharding_verdict(results, world)
     how = (f"{world} processes (Gloo) against one, {steps} SGD steps (lr {FSDP_LR:g}), compute_dtype "

@@ -57,12 +57,13 @@ def attention_cases(spec: dict) -> list[dict]:
 
 def distributed_cases(spec: dict) -> list[dict]:
     """contender x adapter contract (lmperf.contenders.DISTRIBUTED, both handout years), trained
-    on Gloo: the bucketed DDP once per bucket size (`bucket_sizes_mb`), FSDP once per compute
-    dtype (`fsdp_dtypes`; defaults: bench/contender_distributed.py)."""
+    on Gloo, or those of them the spec's `contracts` names: the bucketed DDP once per bucket size
+    (`bucket_sizes_mb`), FSDP once per compute dtype (`fsdp_dtypes`; defaults:
+    bench/contender_distributed.py)."""
     from lmperf.bench import contender_distributed
     cases = []
     for name, source in contenders_mod.normalise(spec["contenders"]).items():
-        for contract in contenders_mod.DISTRIBUTED:
+        for contract in spec.get("contracts", contenders_mod.DISTRIBUTED):
             for extra in contender_distributed.cases(contract, spec):
                 part = extra.pop("id")
                 cases.append({"contender": name, "source": source, "contract": contract, "backend": "gloo",
