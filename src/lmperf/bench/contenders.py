@@ -35,7 +35,6 @@ from lmperf import contenders as contenders_mod
 from lmperf.bench import common, failures, honest, isolation, jobs
 
 PROPERTIES = ("gqa", "compiles", "deterministic", "fresh")
-DISTRIBUTED = ("ddp", "fsdp", "sharded_optimizer")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,13 +91,19 @@ def attention_cases(spec: dict) -> list[dict]:
 
 
 def distributed_cases(spec: dict) -> list[dict]:
-    """contender x adapter contract (ddp, fsdp, sharded_optimizer), trained on Gloo."""
+    """contender x adapter contract (lmperf.contenders.DISTRIBUTED, both handout years), trained
+    on Gloo, or those of them the spec's `contracts` names: the bucketed DDP once per bucket size
+    (`bucket_sizes_mb`), FSDP once per compute dtype (`fsdp_dtypes`; defaults:
+    bench/contender_distributed.py)."""
+    from lmperf.bench import contender_distributed
     cases = []
     for name, source in contenders_mod.normalise(spec["contenders"]).items():
-        for contract in DISTRIBUTED:
-            cases.append({"contender": name, "source": source, "contract": contract, "backend": "gloo",
-                          "procs": spec.get("procs", 2), "steps": spec.get("steps", 3),
-                          "case_id": f"{name}-{contract}-gloo"})
+        for contract in spec.get("contracts", contenders_mod.DISTRIBUTED):
+            for extra in contender_distributed.cases(contract, spec):
+                part = extra.pop("id")
+                cases.append({"contender": name, "source": source, "contract": contract, "backend": "gloo",
+                              "procs": spec.get("procs", 2), "steps": spec.get("steps", 3), **extra,
+                              "case_id": f"{name}-{contract}-{part + '-' if part else ''}gloo"})
     return cases
 
 
