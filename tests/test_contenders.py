@@ -379,3 +379,30 @@ def test_a_contender_on_a_side_stream_is_wrong_not_a_thousandfold_speed_up(harne
     case = next(c for c in flash_attention.bench_cases(spec) if c["provider"] == "side_triton")
     with pytest.raises(contenders.Wrong, match="outside the caller's stream|impossible time"):
         flash_attention.measure_bench(case)
+
+
+def test_a_contender_no_longer_named_is_gone_from_this_machines_report(tmp_path):
+    """Rows an earlier configuration left (a contender's check, its columns in a bench CSV) are
+    not shown once the configuration names it no more, and its page goes with them; our rows and
+    the peers' stay. Another machine's results rendered alone keep every contender's rows."""
+    import shutil
+
+    from lmperf.report import render
+    results = tmp_path / "results" / "cpu"
+    shutil.copytree(REPO / "tests" / "fixtures" / "contenders_contract" / "results" / "cpu", results)
+    frames = {s: render.load_section(results, s) for s in ("contenders", "flash_attention")}
+    kept = render.named_contenders_only(frames, {"narrow"})
+    assert set(kept["contenders"]["contender"]) == {"narrow"}
+    assert set(kept["flash_attention"]["provider"]) == {"triton", "sdpa_flash", "sdpa_cudnn", "narrow_pytorch"}
+    assert set(render.named_contenders_only(frames, set())["flash_attention"]["provider"]) == \
+        {"triton", "sdpa_flash", "sdpa_cudnn"}
+
+    out = tmp_path / "report" / "report.md"
+    stale = out.parent / "contenders" / "someone_from_before.md"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("an earlier run's page\n")
+    bars = render.bars_from_config(REPO / "config" / "config.yaml")
+    render.render(results, REPO / "templates", out, out.parent / "figures", "smoke", bars, contenders_named={"narrow"})
+    assert sorted(p.name for p in (out.parent / "contenders").glob("*.md")) == ["narrow.md"]
+    render.render(results, REPO / "templates", out, out.parent / "figures", "smoke", bars)
+    assert {"narrow.md", "caching.md"} <= {p.name for p in (out.parent / "contenders").glob("*.md")}
