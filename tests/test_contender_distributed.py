@@ -200,6 +200,7 @@ def test_an_fsdp_computing_in_fp16_is_judged_by_the_courses_fp16_tolerance(fsdp_
     fp16, fp32 = fsdp_rows.loc["course-fsdp-fp16-gloo"], fsdp_rows.loc["course-fsdp-gloo"]
     assert _passed(fp16), fp16.to_dict()
     assert "compute_dtype float16 (logits in float16)" in fp16["message"]
+    assert "the course test's model of cs336_basics.model's Embedding, RMSNorm and Linear" in fp16["message"]
     assert "compute_dtype None (logits in float32)" in fp32["message"]
     # fp16 rounding shows (more than fp32's, above the fp32 check's 1e-5 for AdamW), within its own tolerance
     assert fp16["median"] > 10 * fp32["median"] and fp16["tolerance"] >= cd.FSDP_TOLERANCE["fp16"][0]
