@@ -14,14 +14,15 @@ start, before forward, as the course calls it.
 
 FSDP (2026): the course's model kind (`course_model`: the repository's cs336_basics Transformer,
 in fp16 the course test's model of its classes, where the contender has one; else lmperf's own,
-of the same Linear and Embedding kinds the handout shards) trained as the course's test_fsdp.py does: SGD, compute_dtype None (fp32) and
-float16, the course's tolerance for each (`FSDP_TOLERANCE`, torch.allclose's rule). The reference
-computes in the same compute dtype (the Linear and Embedding weights cast for forward and backward,
-fp32 weights and updates); rank 0 computes it once its own training is measured, so that it is
-built from the very classes the ranks imported. Then sharding: the bytes each rank holds after a step beyond what it
-held before the model was built, less the replicated parameters and buffers (RMSNorm's gains,
-RoPE tables), against 1/world of the Linear and Embedding weights; more than SHARD_TOLERANCE
-times that share is a `wrong` row, "keeps full copies" where it is about the whole.
+of the same Linear and Embedding kinds the handout shards) trained as the course's test_fsdp.py
+does: SGD, compute_dtype None (fp32) and float16, the course's tolerance for each
+(`FSDP_TOLERANCE`, torch.allclose's rule). The reference computes in the same compute dtype (the
+Linear and Embedding weights cast for forward and backward, fp32 weights and updates); rank 0
+computes it once its own training is measured, so that it is built from the very classes the
+ranks imported. Then sharding: the bytes each rank holds after its last step beyond what it held
+before the model was built, less the replicated parameters and buffers (RMSNorm's gains, RoPE
+tables), against 1/world of the Linear and Embedding weights; more than SHARD_TOLERANCE times
+that share is a `wrong` row, "keeps full copies" where it is about the whole.
 
 One row a case: `weights_max_abs_diff`, passed or not, the message saying how it was trained.
 """
@@ -125,7 +126,7 @@ def _train_ddp(contender, case: dict, rank: int, world: int) -> dict:
     import torch.distributed as dist
     model = _model()
     start = None
-    if case["contract"] == "sharded_optimizer":  # gradients averaged here, the optimizer's state sharded by the contender
+    if case["contract"] == "sharded_optimizer":  # gradients averaged here, its state sharded by the contender
         wrapped = model
         opt = contender.adapter("get_sharded_optimizer")(model.parameters(), torch.optim.AdamW, lr=1e-2)
 
@@ -168,7 +169,7 @@ def course_model(compute_dtype: str = "fp32"):
         basics = importlib.import_module("cs336_basics.model")
     except ImportError:
         basics = None
-    linear, embedding = (getattr(basics, "Linear", None), getattr(basics, "Embedding", None)) if basics else (None, None)
+    linear, embedding = (getattr(basics, "Linear", None), getattr(basics, "Embedding", None)) if basics else (None,) * 2
     if linear is not None and embedding is not None:
         kinds = (linear, embedding)
         lm = getattr(basics, "BasicsTransformerLM", None)
