@@ -106,6 +106,21 @@ def test_the_timed_step_calls_the_batch_start_hook_once_a_step_before_its_forwar
     assert calls == [("built", 25)] + ["start", "forward", "forward", "after"] * 2
 
 
+def test_weights_are_compared_by_the_courses_rule_and_nan_is_wrong():
+    import numpy as np
+    import torch
+
+    from lmperf import contenders
+    reference = {"w": torch.tensor([1.0, -2.0])}
+    rank = lambda *w: {"weights": {"module.w": np.array(w, dtype=np.float32)}}
+    atol, rtol = cd.FSDP_TOLERANCE["fp32"]
+    worst, tolerance, ok = cd._compare(reference, {0: rank(1.0, -2.0 - 1e-4), 1: rank(1.0, -2.0)}, atol, rtol)
+    assert ok and worst == pytest.approx(1e-4, rel=1e-2) and tolerance == pytest.approx(atol + rtol * 2)
+    assert not cd._compare(reference, {0: rank(1.0, -2.0 - 3e-4)}, atol, rtol)[2]
+    with pytest.raises(contenders.Wrong, match="NaN"):
+        cd._compare(reference, {0: rank(float("nan"), -2.0)}, atol, rtol)
+
+
 # ---------------------------------------------------------------------------------------------
 # Sharding: what a rank holds against its share
 

@@ -429,7 +429,7 @@ def _run_ranks(case: dict) -> dict:
 def _compare(reference: dict, results: dict, atol: float, rtol: float) -> tuple[float, float, bool]:
     """(max |got - reference| over every rank's weights, atol + rtol |reference| where the
     difference is largest against its own tolerance, whether all are within torch.allclose's
-    rule); Wrong for a weight that is missing or of the wrong shape."""
+    rule); Wrong for a weight that is missing, of the wrong shape, or not finite."""
     import torch
 
     from lmperf import contenders
@@ -444,6 +444,8 @@ def _compare(reference: dict, results: dict, atol: float, rtol: float) -> tuple[
         for name, ref in reference.items():
             if tuple(got[name].shape) != tuple(ref.shape):
                 raise contenders.Wrong(f"rank {rank}: {name} has shape {tuple(got[name].shape)}, expected {tuple(ref.shape)}")
+            if not bool(torch.isfinite(got[name]).all()):  # a NaN compares as nothing: strictly wrong
+                raise contenders.Wrong(f"rank {rank}: {name} holds NaN or inf after training")
             diff = (got[name].double() - ref.double()).abs()
             allowed = atol + rtol * ref.double().abs()
             worst = max(worst, float(diff.max()))
