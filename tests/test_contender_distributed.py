@@ -106,6 +106,21 @@ def test_the_timed_step_calls_the_batch_start_hook_once_a_step_before_its_forwar
     assert calls == [("built", 25)] + ["start", "forward", "forward", "after"] * 2
 
 
+def test_weights_are_compared_by_the_courses_rule_and_nan_is_wrong():
+    import numpy as np
+    import torch
+
+    from lmperf import contenders
+    reference = {"w": torch.tensor([1.0, -2.0])}
+    rank = lambda *w: {"weights": {"module.w": np.array(w, dtype=np.float32)}}
+    atol, rtol = cd.FSDP_TOLERANCE["fp32"]
+    worst, tolerance, ok = cd._compare(reference, {0: rank(1.0, -2.0 - 1e-4), 1: rank(1.0, -2.0)}, atol, rtol)
+    assert ok and worst == pytest.approx(1e-4, rel=1e-2) and tolerance == pytest.approx(atol + rtol * 2)
+    assert not cd._compare(reference, {0: rank(1.0, -2.0 - 3e-4)}, atol, rtol)[2]
+    with pytest.raises(contenders.Wrong, match="NaN"):
+        cd._compare(reference, {0: rank(float("nan"), -2.0)}, atol, rtol)
+
+
 # ---------------------------------------------------------------------------------------------
 # Sharding: what a rank holds against its share
 
@@ -200,6 +215,7 @@ def test_an_fsdp_computing_in_fp16_is_judged_by_the_courses_fp16_tolerance(fsdp_
     fp16, fp32 = fsdp_rows.loc["course-fsdp-fp16-gloo"], fsdp_rows.loc["course-fsdp-gloo"]
     assert _passed(fp16), fp16.to_dict()
     assert "compute_dtype float16 (logits in float16)" in fp16["message"]
+    assert "the course test's model of cs336_basics.model's Embedding, RMSNorm and Linear" in fp16["message"]
     assert "compute_dtype None (logits in float32)" in fp32["message"]
     # fp16 rounding shows (more than fp32's, above the fp32 check's 1e-5 for AdamW), within its own tolerance
     assert fp16["median"] > 10 * fp32["median"] and fp16["tolerance"] >= cd.FSDP_TOLERANCE["fp16"][0]

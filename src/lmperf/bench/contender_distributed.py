@@ -12,16 +12,17 @@ model, so that several are filled and the last one is partial (as the course's t
 and one larger than the model; its `ddp_bucketed_on_train_batch_start` is called at each step's
 start, before forward, as the course calls it.
 
-FSDP (2026): the course's model kind (`course_model`: the repository's cs336_basics Transformer
-where the contender has one, else lmperf's own, of the same Linear and Embedding kinds the
-handout shards) trained as the course's test_fsdp.py does: SGD, compute_dtype None (fp32) and
-float16, the course's tolerance for each (`FSDP_TOLERANCE`, torch.allclose's rule). The reference
-computes in the same compute dtype (the Linear and Embedding weights cast for forward and backward,
-fp32 weights and updates); rank 0 computes it once its own training is measured, so that it is
-built from the very classes the ranks imported. Then sharding: the bytes each rank holds after a step beyond what it
-held before the model was built, less the replicated parameters and buffers (RMSNorm's gains,
-RoPE tables), against 1/world of the Linear and Embedding weights; more than SHARD_TOLERANCE
-times that share is a `wrong` row, "keeps full copies" where it is about the whole.
+FSDP (2026): the course's model kind (`course_model`: the repository's cs336_basics Transformer,
+in fp16 the course test's model of its classes, where the contender has one; else lmperf's own,
+of the same Linear and Embedding kinds the handout shards) trained as the course's test_fsdp.py
+does: SGD, compute_dtype None (fp32) and float16, the course's tolerance for each
+(`FSDP_TOLERANCE`, torch.allclose's rule). The reference computes in the same compute dtype (the
+Linear and Embedding weights cast for forward and backward, fp32 weights and updates); rank 0
+computes it once its own training is measured, so that it is built from the very classes the
+ranks imported. Then sharding: the bytes each rank holds after its last step beyond what it held
+before the model was built, less the replicated parameters and buffers (RMSNorm's gains, RoPE
+tables), against 1/world of the Linear and Embedding weights; more than SHARD_TOLERANCE times
+that share is a `wrong` row, "keeps full copies" where it is about the whole.
 
 One row a case: `weights_max_abs_diff`, passed or not, the message saying how it was trained.
 """
@@ -125,7 +126,7 @@ def _train_ddp(contender, case: dict, rank: int, world: int) -> dict:
     import torch.distributed as dist
     model = _model()
     start = None
-    if case["contract"] == "sharded_optimizer":  # gradients averaged here, the optimizer's state sharded by the contender
+    if case["contract"] == "sharded_optimizer":  # gradients averaged here, its state sharded by the contender
         wrapped = model
         opt = contender.adapter("get_sharded_optimizer")(model.parameters(), torch.optim.AdamW, lr=1e-2)
 
@@ -152,12 +153,15 @@ def _train_ddp(contender, case: dict, rank: int, world: int) -> dict:
 # FSDP: the course's model kind, SGD, the course's tolerance per compute dtype, and sharding
 
 
-def course_model():
+def course_model(compute_dtype: str = "fp32"):
     """(build() -> a fresh model with the same weights every call, the module classes the
-    handout shards, what it is): the cs336_basics Transformer (BasicsTransformerLM) of the
-    contender's repository where its process can import one; else a model of the course test's
-    shape from that package's Linear, Embedding and RMSNorm; else lmperf's own Transformer, built
-    from torch's Linear (no bias) and Embedding, the same kinds."""
+    handout shards, what it is), from the cs336_basics.model that the contender's process
+    imports: in fp32 its Transformer (BasicsTransformerLM, at a tiny size), in fp16 (or where the
+    Transformer does not build) the course test's model (test_fsdp.py: embedding, RMSNorm,
+    linear, ReLU, RMSNorm, linear, LM head) from its Embedding, RMSNorm and Linear: the staff
+    Transformer does not run with only those weights in fp16 (its RoPE tables stay fp32), which
+    the course never asks of it. Without cs336_basics: lmperf's own Transformer, built from torch's
+    Linear (no bias) and Embedding, the same kinds."""
     import importlib
 
     import torch
@@ -165,11 +169,11 @@ def course_model():
         basics = importlib.import_module("cs336_basics.model")
     except ImportError:
         basics = None
-    linear, embedding = (getattr(basics, "Linear", None), getattr(basics, "Embedding", None)) if basics else (None, None)
+    linear, embedding = (getattr(basics, "Linear", None), getattr(basics, "Embedding", None)) if basics else (None,) * 2
     if linear is not None and embedding is not None:
         kinds = (linear, embedding)
         lm = getattr(basics, "BasicsTransformerLM", None)
-        if lm is not None:
+        if lm is not None and compute_dtype == "fp32":
             build = _seeded(lambda: lm(vocab_size=VOCAB, context_length=SEQ, d_model=32, num_layers=1, num_heads=2,
                                        d_ff=64, rope_theta=10000.0))
             if _builds(build):
@@ -178,7 +182,8 @@ def course_model():
         if norm is not None:
             build = _seeded(lambda: _course_shaped_class()(linear, embedding, norm))
             if _builds(build):
-                return build, kinds, "cs336_basics.model's Embedding, RMSNorm and Linear (the contender's)"
+                return build, kinds, "the course test's model of cs336_basics.model's Embedding, RMSNorm and Linear " \
+                                     "(the contender's)"
     from lmperf import model as lm_model
     cfg = lm_model.ModelConfig(d_model=32, d_ff=64, n_layers=1, n_heads=2, vocab_size=VOCAB, context_length=SEQ)
     return (_seeded(lambda: lm_model.TransformerLM(cfg)), (torch.nn.Linear, torch.nn.Embedding),
@@ -303,7 +308,7 @@ def _train_fsdp(contender, case: dict, rank: int, world: int) -> dict:
     """This rank's FSDP training: the full weights it gathers, the bytes it holds after its last
     step, and on rank 0 the one-process reference."""
     import torch
-    build, kinds, what = course_model()
+    build, kinds, what = course_model(case["compute_dtype"])
     batches = _tokens(case["steps"], world)
     before = live_storages()  # what this process held before the model: not the contender's
     model = build()
@@ -424,7 +429,7 @@ def _run_ranks(case: dict) -> dict:
 def _compare(reference: dict, results: dict, atol: float, rtol: float) -> tuple[float, float, bool]:
     """(max |got - reference| over every rank's weights, atol + rtol |reference| where the
     difference is largest against its own tolerance, whether all are within torch.allclose's
-    rule); Wrong for a weight that is missing or of the wrong shape."""
+    rule); Wrong for a weight that is missing, of the wrong shape, or not finite."""
     import torch
 
     from lmperf import contenders
@@ -439,6 +444,8 @@ def _compare(reference: dict, results: dict, atol: float, rtol: float) -> tuple[
         for name, ref in reference.items():
             if tuple(got[name].shape) != tuple(ref.shape):
                 raise contenders.Wrong(f"rank {rank}: {name} has shape {tuple(got[name].shape)}, expected {tuple(ref.shape)}")
+            if not bool(torch.isfinite(got[name]).all()):  # a NaN compares as nothing: strictly wrong
+                raise contenders.Wrong(f"rank {rank}: {name} holds NaN or inf after training")
             diff = (got[name].double() - ref.double()).abs()
             allowed = atol + rtol * ref.double().abs()
             worst = max(worst, float(diff.max()))
