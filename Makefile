@@ -1,12 +1,19 @@
 # The two commands of the README: `make report` and `make test`. Both set up .venv first.
 # `make report-deep` also measures the deep target (config `depth`), `make report-quick` the
 # summary's cases alone on a GPU (report/quick/report.md); CONFIG="key=value ..." adds --config
-# values to either (a --config in SNAKEMAKE_ARGS would be replaced by theirs).
+# values to either (a --config in SNAKEMAKE_ARGS would be replaced by theirs), and
+# CONTENDERS=path/to/their-repo (several joined by commas) runs a student's code beside ours
+# (docs/contenders.md).
 # `make test-slow` runs the rest of the suite (CI runs both; docs/testing.md says what each covers).
 VENV ?= .venv
 CORES ?= all
 SNAKEMAKE_ARGS ?=
 CONFIG ?=
+CONTENDERS ?=
+override CONFIG += $(if $(CONTENDERS),contenders=$(CONTENDERS))
+# Snakemake's output less a failed job's command line (its whole spec), each failed job's log
+# tail at the end (src/lmperf/runner.py)
+RUN = python -m lmperf.runner
 # The kernel tests run a second time under the newest Triton, in a venv of its own (make test-slow).
 NEWEST_VENV ?= .venv-triton-newest
 # pytest-xdist: one worker process per core; tests sharing a fixture wider than one test run on
@@ -34,16 +41,16 @@ setup:
 	envs/setup.sh $(VENV)
 
 report: setup
-	snakemake --cores $(CORES) report/report.md $(SNAKEMAKE_ARGS) $(if $(CONFIG),--config $(CONFIG))
+	$(RUN) snakemake --cores $(CORES) report/report.md $(SNAKEMAKE_ARGS) $(if $(CONFIG),--config $(CONFIG))
 
 # The report with the deep target's tables measured too: the headline cases again in fresh
 # processes (config `repeats`) and the FP8 rung's convergence (config `convergence`).
 report-deep: setup
-	snakemake --cores $(CORES) report/report.md $(SNAKEMAKE_ARGS) --config depth=deep $(CONFIG)
+	$(RUN) snakemake --cores $(CORES) report/report.md $(SNAKEMAKE_ARGS) --config depth=deep $(CONFIG)
 
 # On a GPU, every row of the summary in minutes: results/<hw>-quick/ -> report/quick/report.md.
 report-quick: setup
-	snakemake --cores $(CORES) report/quick/report.md $(SNAKEMAKE_ARGS) --config scale=quick $(CONFIG)
+	$(RUN) snakemake --cores $(CORES) report/quick/report.md $(SNAKEMAKE_ARGS) --config scale=quick $(CONFIG)
 
 # Every module's tests with the pinned torch and triton, the smoke workflow run once and shared;
 # the tests marked `slow` are left to test-slow.

@@ -18,11 +18,12 @@ except WorkflowError as e:  # --config key=value parses nested values as strings
     raise WorkflowError(f"{e}\nA nested override (e.g. models.tiny.d_model) takes a YAML file: "
                         "--configfile my.yaml, which Snakemake merges over config/config.yaml") from None
 planning.check_config(config)
-# A user's contenders (config `contenders`) load here: one that does not import stops the run
-# before any job, its file named.
+# A user's contenders (config `contenders`) are found here, never imported (only their own
+# processes import their code): one that is not there, or whose code imports packages this
+# environment lacks, stops the run before any job, naming them.
 from lmperf import contenders as contenders_mod  # noqa: E402
 try:
-    contenders_mod.load_all(config.get("contenders"))
+    contenders_mod.check(config.get("contenders"))
 except contenders_mod.ContenderError as e:
     raise WorkflowError(f"lmperf: {e}") from None
 

@@ -1,6 +1,6 @@
 # Contenders (config `contenders`): a user's adapter module checked against float64 and against one
-# process; its timings run in the benchmarks whose contract it implements. lmperf.contenders loads
-# it while planning (rules/common.smk): a module that does not import stops the run, naming it.
+# process; its timings run in the benchmarks whose contract it implements. lmperf.contenders finds
+# it while planning (rules/common.smk); its code inputs are its repository's Python files.
 CONTENDER_FILES = contenders_mod.code_inputs(config.get("contenders"))
 
 

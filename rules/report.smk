@@ -49,7 +49,7 @@ rule report:
     shell:
         "python -m lmperf.report --results results/{params.hw} --scale {params.scale} "
         "--templates templates --out {output.report} --figures {output.figures} "
-        "--config-json {params.config:q} --distributed results/{params.dist_hw} "
+        "--config-json {params.config:q} --only-configured-contenders --distributed results/{params.dist_hw} "
         "--references {input.references} > {log} 2>&1"
 
 

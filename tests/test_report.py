@@ -156,6 +156,24 @@ def test_readme_results_block_is_a_fresh_render_of_the_committed_results():
         "README's results block is stale: run python -m lmperf.report.readme --results results/" + hw
 
 
+
+def test_the_readmes_figures_are_drawn_from_its_results_where_no_report_run_writes(tmp_path):
+    """The README's figures are a fresh draw of the results its block names, into report/readme/:
+    `make report` rewrites report/report.md and report/figures/ for the machine it runs on, never
+    what the committed README shows."""
+    from lmperf.report import readme
+    text = (REPO / "README.md").read_text()
+    hw = re.search(r"from `results/([a-z0-9._-]+)/`", text.split(readme.BEGIN)[1])[1]
+    images = re.findall(r"!\[[^]]*\]\(([^)]+)\)", text)
+    assert images and all(Path(i).parent == readme.FIGURES_DIR for i in images)
+    assert not readme.draw_figures(REPO / "results" / hw, tmp_path)
+    for image in images:
+        assert (tmp_path / Path(image).name).read_bytes() == (REPO / image).read_bytes(), \
+            f"{image} is stale: run python -m lmperf.report.readme --results results/{hw}"
+    report_outputs = {"report/report.md", "report/figures"}  # what rule report writes
+    assert not any(str(readme.FIGURES_DIR).startswith(o) or o.startswith(str(readme.FIGURES_DIR)) for o in report_outputs)
+
+
 FA_FIXTURE = REPO / "tests" / "fixtures" / "results" / "h200"
 
 

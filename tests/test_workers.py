@@ -290,3 +290,24 @@ def test_an_isolated_process_compiles_its_cases_before_the_timed_loop_and_names_
     assert [c["case_id"] for c in sent] == ["a", "b"] and all(c["warm_only"] for c in sent)
     assert "did not compile there" in said[-1] and "b (timeout" in said[-1]
     assert not any(c.get("warm_only") for c in cases)  # the timed loop's cases are left as they were
+
+
+def _sleep_then_answer(case: dict) -> list[dict]:
+    """A case that takes case["sleep_s"] to answer (run in an isolated child)."""
+    import time
+    time.sleep(case["sleep_s"])
+    return [common.failure_row("ok", "")]
+
+
+def test_a_case_that_has_not_answered_says_so_while_it_waits(capsys, monkeypatch):
+    """Someone else's case that runs long (a hang, until its time limit) prints a line every
+    PROGRESS_S (30 s), never minutes of silence; its answer still comes back."""
+    from lmperf.bench import isolation
+    monkeypatch.setattr(isolation, "PROGRESS_S", 0.5)
+    with isolation.Isolated(_sleep_then_answer, 60) as isolated:
+        isolated({"case_id": "warm", "sleep_s": 0})  # the child's start is not the case's wait
+        capsys.readouterr()
+        rows = isolated({"case_id": "slow-case", "sleep_s": 2.3})
+    assert rows[0]["status"] == "ok"
+    waits = [line for line in capsys.readouterr().err.splitlines() if "slow-case" in line and "still running" in line]
+    assert 3 <= len(waits) <= 5

@@ -36,11 +36,15 @@ from typing import Callable
 from lmperf.bench.failures import NotRun
 from lmperf.bench.honest import Wrong, guarded
 
-# The adapter functions of each contract, as CS336 assignment 2 names them (tests/adapters.py).
+# The adapter functions of each contract, as CS336 assignment 2 names them (tests/adapters.py):
+# the 2026 handout's `ddp` and `fsdp`, the 2025 handout's `ddp_individual_parameters` and
+# `ddp_bucketed` (get_ddp_bucketed(module, bucket_size_mb), its hook called at each step's start).
 CONTRACTS: dict[str, tuple[str, ...]] = {
     "attention_triton": ("get_flashattention_autograd_function_triton",),
     "attention_pytorch": ("get_flashattention_autograd_function_pytorch",),
     "ddp": ("get_ddp", "ddp_on_after_backward"),
+    "ddp_individual_parameters": ("get_ddp_individual_parameters", "ddp_individual_parameters_on_after_backward"),
+    "ddp_bucketed": ("get_ddp_bucketed", "ddp_bucketed_on_after_backward", "ddp_bucketed_on_train_batch_start"),
     "fsdp": ("get_fsdp", "fsdp_on_after_backward", "fsdp_gather_full_params"),
     "sharded_optimizer": ("get_sharded_optimizer",),
 }
@@ -91,19 +95,25 @@ class Contender:
 
 
 # ---------------------------------------------------------------------------------------------
-# The config's `contenders` value -> {name: {adapter: "file-or-module[:attr]"}}
+# The config's `contenders` value -> {name: source}
 
 
 def normalise(value) -> dict[str, dict[str, str] | str]:
-    """The config's `contenders` (a path string, or a mapping name -> path | module | mapping of
-    adapter function -> 'module:attr') as {name: source-or-mapping}; ContenderError naming what
-    is malformed. Empty: {}."""
+    """The config's `contenders` (a path string: a repository, an adapters file or a module, or
+    several joined by commas; or a mapping name -> one of those | mapping of adapter function ->
+    'module:attr') as {name: source-or-mapping}; ContenderError naming what is malformed, or two
+    contenders that would get the same name. Empty: {}."""
     if value in (None, "", {}):
         return {}
     if isinstance(value, str):
-        items = {}
+        items: dict = {}
         for part in filter(None, (p.strip() for p in value.split(","))):
-            items[_name_from_source(part)] = part
+            name = _name_from_source(part)
+            if name in items:
+                raise ContenderError(
+                    f"config contenders: {items[name]} and {part} would both be named {name!r}; name each "
+                    f"in a mapping (contenders: {{mine: {items[name]}, theirs: {part}}} in a --configfile)")
+            items[name] = part
         return items
     if not isinstance(value, dict):
         raise ContenderError(f"config contenders: expected a path or a mapping of name -> source, got "
@@ -123,18 +133,399 @@ def normalise(value) -> dict[str, dict[str, str] | str]:
     return dict(value)
 
 
+def _clean_name(text: str) -> str:
+    return "_".join(filter(None, "".join(c if c in NAME_CHARS else "_" for c in text.lower()).split("_"))) \
+        or "contender"
+
+
 def _name_from_source(source: str) -> str:
-    stem = Path(source.split(":")[0]).stem if source.endswith(".py") or "/" in source else source.split(".")[-1]
-    name = "".join(c if c in NAME_CHARS else "_" for c in stem.lower()) or "contender"
-    return name
+    """A repository's name: its remote's owner and name (every clone of the handout is called
+    `assignment2-systems`), else its folder's; a file's stem; a module's last part."""
+    if not _is_file(source) and not Path(source).is_dir():
+        return _clean_name(source.split(".")[-1])
+    root = repository_root(Path(source))
+    if root is None:
+        return _clean_name(Path(source).stem)
+    remote = _remote(root)
+    return _clean_name(remote.replace("/", "_") if remote else root.resolve().name)
+
+
+def _remote(root: Path) -> str | None:
+    """owner/name of the repository's `origin` remote (or its first), None without one."""
+    import re
+    import subprocess
+    try:
+        urls = subprocess.run(["git", "-C", str(root), "remote", "-v"], capture_output=True, text=True,
+                              timeout=10).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not urls or str(root.resolve()) != _git_toplevel(root):  # a folder inside another repository
+        return None
+    url = urls[urls.index("origin") + 1] if "origin" in urls else urls[1]
+    match = re.search(r"[:/]([^/:]+)/([^/]+?)(?:\.git)?/*$", url)
+    return f"{match.group(1)}/{match.group(2)}" if match else None
+
+
+def _git_toplevel(folder: Path) -> str | None:
+    import subprocess
+    try:
+        proc = subprocess.run(["git", "-C", str(folder), "rev-parse", "--show-toplevel"], capture_output=True,
+                              text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return str(Path(proc.stdout.strip()).resolve()) if proc.returncode == 0 else None
 
 
 # ---------------------------------------------------------------------------------------------
-# Loading
+# Where a contender's code is: found without importing it (the workflow plans with it; only the
+# contender's own processes import it)
+
+ADAPTERS_FILE = Path("tests") / "adapters.py"  # where a CS336 repository keeps its adapters
+SKIPPED_FOLDERS = {".venv", "venv", "__pycache__", "node_modules", "build", "dist", "site-packages"}
+
+
+@dataclass(frozen=True)
+class Location:
+    """A contender's code: `adapters`, its adapters' file (or an importable module's name when
+    `module` is True); `root`, the repository it belongs to (None: a file of its own); `paths`,
+    the folders its process imports from, as the student's own pytest does (the repository's
+    root, its `src/`, its workspace members such as the handout's `cs336-basics/`, the adapters'
+    folder); `files`, the code inputs of every job that runs it."""
+    adapters: str
+    module: bool
+    root: Path | None
+    paths: tuple[str, ...]
+    files: tuple[str, ...]
+
+
+def repository_root(path: Path) -> Path | None:
+    """The repository a source belongs to: a folder given as is, or the root of an adapters file at
+    its handout place (<root>/tests/adapters.py beside <root>/pyproject.toml); None for a file of
+    its own."""
+    if path.is_dir():
+        return path
+    root = path.resolve().parent.parent
+    if path.name == ADAPTERS_FILE.name and path.resolve().parent.name == "tests" and (root / "pyproject.toml").is_file():
+        return root
+    return None
+
+
+def _pyproject(folder: Path) -> dict:
+    file = folder / "pyproject.toml"
+    if not file.is_file():
+        return {}
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: pip's own copy of the same parser
+        from pip._vendor import tomli as tomllib
+    try:
+        return tomllib.loads(file.read_text())
+    except (ValueError, OSError) as exc:
+        raise ContenderError(f"{file} is not valid TOML: {exc}") from None
+
+
+def workspace_members(root: Path) -> list[Path]:
+    """The repository's workspace members: the folders its pyproject.toml names under
+    [tool.uv.workspace] members or as path sources ([tool.uv.sources]: the handout's
+    `cs336-basics = { path = "./cs336-basics" }`), and any folder right below the root with a
+    pyproject.toml of its own."""
+    members = []
+    patterns = _pyproject(root).get("tool", {}).get("uv", {}).get("workspace", {}).get("members", [])
+    for pattern in patterns:
+        members += sorted(p for p in root.glob(pattern) if (p / "pyproject.toml").is_file())
+    sources = _pyproject(root).get("tool", {}).get("uv", {}).get("sources", {})
+    members += [(root / s["path"]) for s in sources.values() if isinstance(s, dict) and "path" in s
+                and (root / s["path"]).is_dir()]
+    members += sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
+                      and p.name not in SKIPPED_FOLDERS and (p / "pyproject.toml").is_file())
+    return list(dict.fromkeys(m.resolve() for m in members if m.resolve() != root.resolve()))
+
+
+def _import_folders(folder: Path) -> list[Path]:
+    """Where a project's packages import from: its `src/` in a src layout, else the folder."""
+    return [folder / "src"] if (folder / "src").is_dir() else [folder]
+
+
+def code_files(root: Path) -> list[str]:
+    """The repository's Python files that decide whether its rows are stale: those git tracks or
+    would track (not ignored), or, outside git, every one; never in hidden folders or
+    virtual environments."""
+    import subprocess
+    try:
+        proc = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard",
+                               "--", "*.py"], capture_output=True, text=True, timeout=60)
+        listed = [root / f for f in proc.stdout.split("\0") if f] if proc.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        listed = None
+    if listed is None:
+        listed = list(root.rglob("*.py"))
+    keep = [p for p in listed if p.is_file() and not any(
+        part.startswith(".") or part in SKIPPED_FOLDERS for part in p.relative_to(root).parts[:-1])]
+    return sorted({os.path.relpath(p) if not Path(os.path.relpath(p)).is_absolute() else str(p) for p in keep})
+
+
+def _find_module(name: str) -> Path | None:
+    """The file of an importable module `name`, found on sys.path without importing anything."""
+    parts = name.split(".")
+    for entry in sys.path:
+        base = Path(entry or ".").joinpath(*parts)
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def _relative(path: Path) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return str(path)
+
+
+def locate(source: str) -> Location:
+    """Where the contender `source` (a repository folder, an adapters file, or a module name) keeps
+    its code; ContenderError if it is not there. Imports nothing."""
+    path = Path(source)
+    if path.is_dir():
+        adapters = path / ADAPTERS_FILE
+        if not adapters.is_file():
+            raise ContenderError(f"contender repository {source} has no {ADAPTERS_FILE} (the handout's adapters); "
+                                 f"name the adapters file itself, or a module")
+    elif _is_file(source):
+        if not path.is_file():
+            raise ContenderError(f"contender file {source} does not exist")
+        adapters = path
+    else:
+        file = _find_module(source)
+        if file is None:
+            raise ContenderError(f"contender module {source} is not found on Python's path")
+        return Location(source, True, None, (), (_relative(file),))
+    root = repository_root(path)
+    folders: list[Path] = []
+    files = [_relative(adapters)]
+    if root is not None:
+        folders += _import_folders(root)
+        for member in workspace_members(root):
+            folders += _import_folders(member)
+        files += code_files(root)
+    folders.append(adapters.resolve().parent)  # its own helpers import as they would beside it
+    paths = tuple(dict.fromkeys(str(f.resolve()) for f in folders))
+    return Location(_relative(adapters), False, root.resolve() if root else None, paths, tuple(sorted(set(files))))
+
+
+def _locations(value) -> dict[str, list[Location]]:
+    """{name: the locations of its sources} for the config's `contenders`."""
+    out = {}
+    for name, source in normalise(value).items():
+        sources = [source] if isinstance(source, str) else \
+            [where.rpartition(":")[0] if ":" in where else where for where in source.values()]
+        out[name] = [locate(s) for s in dict.fromkeys(sources)]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# What a repository needs: the packages its adapters' code imports, present in lmperf's environment
+
+
+def _requirement_names(deps: list[str]) -> dict[str, str]:
+    """{import-like name: distribution name} of pyproject dependency strings (version pins,
+    extras and markers left out)."""
+    import re
+    names = {}
+    for dep in deps:
+        match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", dep)
+        if match:
+            names[_canonical(match.group(1)).replace("-", "_")] = match.group(1)
+    return names
+
+
+def _canonical(name: str) -> str:
+    import re
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _imports_of(file: Path, package: str) -> set[str]:
+    """The absolute dotted names `file` imports anywhere in its code (inside functions too: the
+    2026 adapters import lazily), relative imports resolved against `package`."""
+    import ast
+    try:
+        tree = ast.parse(file.read_text(errors="replace"))
+    except (SyntaxError, ValueError, OSError):
+        return set()
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".") if package else []
+                parts = parts[:len(parts) - node.level + 1] if node.level > 1 else parts
+                base = ".".join(parts + ([node.module] if node.module else []))
+            if base:
+                names.add(base)
+                names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _module_in(paths: tuple[str, ...], name: str) -> Path | None:
+    """The file of module `name` in the contender's own folders, None where it is not theirs."""
+    parts = name.split(".")
+    for folder in paths:
+        base = Path(folder).joinpath(*parts)
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+        if len(parts) == 1 and base.is_dir():  # a namespace package (a folder without __init__.py)
+            return base
+    return None
+
+
+def imported_packages(location: Location) -> set[str]:
+    """The top-level packages that the contender's adapters import, directly or through its own
+    modules (followed in its folders, statically: nothing is imported), that are not its own."""
+    outside, seen = set(), set()
+    todo = [(Path(location.adapters), "")]
+    while todo:
+        file, package = todo.pop()
+        if file in seen or not file.is_file():
+            continue
+        seen.add(file)
+        for name in _imports_of(file, package):
+            top = name.split(".")[0]
+            if _module_in(location.paths, top) is None:
+                outside.add(top)
+                continue
+            parts = name.split(".")
+            for i in range(1, len(parts) + 1):  # the module and every package on the way
+                found = _module_in(location.paths, ".".join(parts[:i]))
+                if found is not None and found.is_file():
+                    pkg = ".".join(parts[:i]) if found.name == "__init__.py" else ".".join(parts[:i - 1])
+                    todo.append((found, pkg))
+    return outside
+
+
+def _path_sources(root: Path) -> dict[str, str]:
+    """{canonical name: path} of the repository's path sources ([tool.uv.sources])."""
+    sources = _pyproject(root).get("tool", {}).get("uv", {}).get("sources", {})
+    return {_canonical(n): s["path"] for n, s in sources.items() if isinstance(s, dict) and "path" in s}
+
+
+def missing_dependencies(location: Location) -> list[str]:
+    """The packages the contender's code imports (imported_packages) that neither it nor lmperf's
+    environment has, each by the distribution name its pyproject.toml gives where it lists one."""
+    import importlib.util
+    listed = {}
+    if location.root is not None:
+        for project in [location.root] + workspace_members(location.root):
+            listed.update(_requirement_names(_pyproject(project).get("project", {}).get("dependencies", [])))
+    missing = set()
+    for top in imported_packages(location):
+        if top in sys.builtin_module_names or top in getattr(sys, "stdlib_module_names", ()):
+            continue
+        try:
+            found = importlib.util.find_spec(top) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.add(listed.get(top, top))
+    return sorted(missing, key=str.lower)
+
+
+def check(value) -> list[Location]:
+    """Every contender the config names, located and its repository's dependencies checked,
+    without importing any of its code (the workflow calls it while planning): ContenderError
+    naming every missing package, or the first source that is not there."""
+    locations = _locations(value)
+    missing, pip, local = {}, set(), []
+    for name, locs in locations.items():
+        for loc in locs:
+            if loc.module:
+                continue
+            sources = _path_sources(loc.root) if loc.root is not None else {}
+            lacks = []
+            for package in missing_dependencies(loc):
+                path = sources.get(_canonical(package))
+                if path is None:
+                    lacks.append(package)
+                    pip.add(package)
+                    continue
+                lacks.append(f"{package} (its [tool.uv.sources] path {path} holds no package"
+                             + ("; a git submodule not checked out? git submodule update --init"
+                                if (loc.root / ".gitmodules").is_file() else "") + ")")
+                local.append(package)
+            if lacks:
+                missing[f"{name} ({loc.root or loc.adapters})"] = lacks
+    if missing:
+        raise ContenderError(
+            "contenders import packages that neither they nor lmperf's environment have: "
+            + "; ".join(f"{who}: {', '.join(lacks)}" for who, lacks in missing.items())
+            + ". lmperf installs nothing into its environment for a contender (two contenders' packages "
+              "would collide)"
+            + (f"; add them yourself: .venv/bin/python -m pip install {' '.join(sorted(pip, key=str.lower))}"
+               if pip else ""))
+    return [loc for locs in locations.values() for loc in locs]
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading, in a contender's own process
 
 
 def _is_file(source: str) -> bool:
     return source.endswith(".py") or os.sep in source
+
+
+_ENTERED: dict[str, frozenset[str]] = {}  # repository root -> its top-level packages, in this process
+
+
+def _top_level_packages(paths: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(p.name for folder in paths for p in Path(folder).iterdir()
+                     if p.is_dir() and (p / "__init__.py").is_file()) if paths else frozenset()
+
+
+def _metadata_stand_ins(root: Path) -> str:
+    """A folder of `<project>.dist-info` records for the repository's own projects (root and
+    workspace members), so that code reading its installed metadata
+    (`importlib.metadata.version("cs336-systems")`, the 2025 template's) finds a version without
+    the project being installed into lmperf's environment."""
+    import tempfile
+    folder = Path(tempfile.mkdtemp(prefix="lmperf-contender-metadata-"))
+    for project in [root] + workspace_members(root):
+        table = _pyproject(project).get("project", {})
+        name = table.get("name")
+        if not name:
+            continue
+        version = table.get("version", "0")
+        info = folder / f"{_canonical(name).replace('-', '_')}-{version}.dist-info"
+        info.mkdir(exist_ok=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return str(folder)
+
+
+def _enter(location: Location) -> None:
+    """Make the contender's code importable in this process, as its own pytest would: its
+    folders first on sys.path (for good: adapters may import lazily, inside their functions), and
+    its projects' metadata. ContenderError where another repository entered this process has a
+    package of the same name (two `cs336_systems`: each contender runs in processes of its own)."""
+    if location.root is None:
+        for folder in location.paths:
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
+        return
+    key = str(location.root)
+    if key in _ENTERED:
+        return
+    packages = _top_level_packages(location.paths)
+    for other, theirs in _ENTERED.items():
+        if packages & theirs:
+            raise ContenderError(f"contender repository {location.root}: this process already imports "
+                                 f"{other}, which has packages of the same names ({', '.join(sorted(packages & theirs))}); "
+                                 f"each contender runs in processes of its own")
+    for folder in reversed(location.paths):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    sys.path.append(_metadata_stand_ins(location.root))
+    _ENTERED[key] = packages
 
 
 def _import_file(path: str):
@@ -143,82 +534,78 @@ def _import_file(path: str):
     if not file.is_file():
         raise ContenderError(f"contender file {path} does not exist")
     digest = hashlib.sha256(file.read_bytes()).hexdigest()[:12]
-    mod_name = f"lmperf_contender_{file.stem}_{digest}"
+    mod_name = f"lmperf_contender_{_clean_name(file.stem)}_{digest}"
     if mod_name in sys.modules:
         return sys.modules[mod_name]
     spec = importlib.util.spec_from_file_location(mod_name, file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
-    folder = str(file.resolve().parent)  # its own helpers import as they would beside it
-    added = folder not in sys.path
-    if added:
-        sys.path.insert(0, folder)
     try:
         spec.loader.exec_module(module)
     except BaseException as exc:
         sys.modules.pop(mod_name, None)
         raise ContenderError(f"contender file {path} does not import: {type(exc).__name__}: {exc}") from exc
-    finally:
-        if added:
-            sys.path.remove(folder)
     return module
 
 
-def _import(source: str):
-    """A module from a file path or an importable name; ContenderError naming it if it fails."""
-    if _is_file(source):
-        return _import_file(source)
+def _import(location: Location):
+    """The adapters' module; ContenderError naming it if it does not import."""
+    _enter(location)
+    if not location.module:
+        return _import_file(location.adapters)
     try:
-        return importlib.import_module(source)
+        return importlib.import_module(location.adapters)
     except BaseException as exc:
-        raise ContenderError(f"contender module {source} does not import: {type(exc).__name__}: {exc}") from exc
-
-
-def _module_file(module) -> str | None:
-    path = getattr(module, "__file__", None)
-    if not path:
-        return None
-    try:
-        return os.path.relpath(path)
-    except ValueError:
-        return path
+        raise ContenderError(f"contender module {location.adapters} does not import: "
+                             f"{type(exc).__name__}: {exc}") from exc
 
 
 def load(name: str, source: str | dict) -> Contender:
-    """One contender from its config entry; ContenderError if a module does not import or an
+    """One contender from its config entry, imported into this process (a contender's own:
+    a check's child, a timed case's, a rank); ContenderError if a module does not import or an
     entry's attribute is missing."""
     if isinstance(source, str):
-        module = _import(source)
+        location = locate(source)
+        module = _import(location)
         adapters = {a: getattr(module, a, None) for a in ADAPTERS}
         adapters = {a: (fn if callable(fn) else None) for a, fn in adapters.items()}
-        files = tuple(filter(None, [_module_file(module)]))
-        return Contender(name, source, files, adapters)
+        return Contender(name, source, location.files, adapters)
     adapters, files = {a: None for a in ADAPTERS}, []
     for adapter, where in source.items():
         mod_source, _, attr = where.rpartition(":") if ":" in where else (where, "", adapter)
-        module = _import(mod_source)
+        location = locate(mod_source)
+        module = _import(location)
         fn = getattr(module, attr or adapter, None)
         if not callable(fn):
             raise ContenderError(f"contender {name}: {mod_source} has no callable {attr or adapter}")
         adapters[adapter] = fn
-        files.append(_module_file(module))
-    return Contender(name, ", ".join(sorted(set(source.values()))), tuple(sorted(set(filter(None, files)))), adapters)
+        files += location.files
+    return Contender(name, ", ".join(sorted(set(source.values()))), tuple(sorted(set(files))), adapters)
 
 
 def load_all(value) -> list[Contender]:
-    """Every contender the config's `contenders` names, loaded (ContenderError on the first that
-    cannot be)."""
+    """Every contender the config's `contenders` names, loaded into this process (ContenderError on
+    the first that cannot be). For one contender, or contenders of different packages: two
+    repositories with packages of one name refuse to share a process."""
     return [load(name, source) for name, source in normalise(value).items()]
 
 
 def code_inputs(value) -> list[str]:
     """The files a job running these contenders depends on (a change reruns it): each contender's
-    source files. Used by the workflow as code inputs; loading errors surface here, at planning."""
-    return sorted({f for c in load_all(value) for f in c.sources})
+    adapters and, for a repository, its Python files (`code_files`). Found without importing
+    anything; a source that is not there is a ContenderError, at planning."""
+    return sorted({f for locs in _locations(value).values() for loc in locs for f in loc.files})
+
+
+def fingerprint(value) -> dict[str, str]:
+    """What a job's journal keys on for the contenders it runs: {"contender_files": digest}, or
+    nothing without contenders (a journal of ours alone stays as it was)."""
+    return {"contender_files": digest(value)} if normalise(value) else {}
 
 
 def digest(value) -> str:
-    """The sha256 of every contender file `value` names (code_inputs), for journals."""
+    """The sha256 of every file code_inputs(value) names, for journals: a resume never mixes rows
+    of two versions of a contender's code."""
     h = hashlib.sha256()
     for path in code_inputs(value):
         h.update(path.encode())
@@ -232,14 +619,18 @@ def digest(value) -> str:
 
 def attention_class(contender: Contender, kind: str):
     """The autograd Function class of `kind` ('triton' | 'pytorch'); NotImplementedByContender
-    when the adapter is missing or raises NotImplementedError."""
+    when the adapter is missing or raises NotImplementedError, Failed when it raises anything
+    else (its cause whole: a result about the contender, never a traceback of lmperf's)."""
+    from lmperf.bench import failures
     getter = contender.adapter(ATTENTION[kind])
     try:
         cls = getter()
     except NotImplementedError as exc:
         raise NotImplementedByContender(f"not implemented: {ATTENTION[kind]} raised NotImplementedError"
                                         + (f" ({exc})" if str(exc) else "")) from None
-    if not (inspect.isclass(cls) and hasattr(cls, "apply")):
+    except Exception as exc:
+        raise Failed(f"{ATTENTION[kind]}() raised {failures.describe(exc)}") from None
+    if not callable(getattr(cls, "apply", None)):  # a class, or an instance of one (its apply is the class's)
         raise Wrong(f"{ATTENTION[kind]} returned {cls!r}, not an autograd.Function class")
     return cls
 
@@ -297,34 +688,62 @@ def provider_names(value) -> list[str]:
     return [f"{name}_{kind}" for name in normalise(value) for kind in ATTENTION]
 
 
-def _attention_or_reason(contender: Contender, kind: str) -> Callable:
-    """fn(q, k, v, is_causal) of a contender's attention, resolved now (so that a compiled model
-    traces the contender's own code, nothing of lmperf's loading); for an adapter that is missing
-    or not a class, a function that raises why when called (a `skipped` or `wrong` row)."""
-    try:
-        return attention_fn(contender, kind)
-    except NotRun as exc:
-        def unavailable(q, k, v, is_causal, exc=exc):
-            raise type(exc)(str(exc))
-        return unavailable
+def owner(provider: str) -> str:
+    """The contender a provider of theirs belongs to (`<name>_triton` -> name): the key of the
+    processes its cases run in (two contenders never share one)."""
+    return provider.rpartition("_")[0] if provider.endswith(tuple(f"_{k}" for k in ATTENTION)) else provider
+
+
+_RESOLVED: dict[tuple[str, str], Callable] = {}  # (name, kind) -> fn, in a contender's own process
+
+
+def resolve(name: str, source, kind: str) -> Callable:
+    """fn(q, k, v, is_causal) of a contender's attention, loaded into this process at its first
+    use (so only the processes that run the contender's cases import its code); an adapter that
+    is missing, does not import or raises gives a function that raises why when called (a
+    `skipped`, `failed` or `wrong` row)."""
+    key = (name, kind)
+    if key not in _RESOLVED:
+        try:
+            fn = attention_fn(load(name, source), kind)
+        except (NotRun, ContenderError) as exc:
+            error = exc if isinstance(exc, NotRun) else Failed(str(exc))
+
+            def fn(q, k, v, is_causal, error=error):
+                raise type(error)(str(error))
+        _RESOLVED[key] = fn
+    return _RESOLVED[key]
+
+
+class Deferred:
+    """A contender's attention as the model's attention choice (lmperf.model.ATTENTION), loaded
+    when a model is built with it (`resolve`): registering it imports nothing, and a compiled model
+    traces the contender's own function, nothing of the loading."""
+
+    def __init__(self, name: str, source, kind: str):
+        self.name, self.source, self.kind = name, source, kind
+
+    def resolve(self) -> Callable:
+        return resolve(self.name, self.source, self.kind)
+
+    def __call__(self, q, k, v, is_causal):
+        return self.resolve()(q, k, v, is_causal)
 
 
 def register(value) -> list[str]:
     """Register every contender of the config's `contenders` as attention providers (role
     "contender") and as attention choices of the model (lmperf.model.ATTENTION), and pass them to
-    the processes this one starts (ENV). Returns the provider names. ContenderError for a module
-    that does not import."""
+    the processes this one starts (ENV). Returns the provider names. Imports none of their code:
+    a provider loads its contender when it builds a case (in the contender's own process)."""
     items = normalise(value)
     if not items:  # nothing imported: planning without contenders never loads torch here
         return []
     import json
 
     from lmperf import model, providers
-    loaded = {name: load(name, source) for name, source in items.items()}  # errors name the file, here
     names = []
     for name, source in items.items():
-        contender = loaded[name]
-        source_file = contender.sources[0] if contender.sources else None
+        source_file = locate(source).adapters if isinstance(source, str) else None
         for kind in ATTENTION:
             provider = f"{name}_{kind}"
             names.append(provider)
@@ -334,25 +753,24 @@ def register(value) -> list[str]:
                     raise ContenderError(f"contender {name!r}: provider name {provider!r} is taken by "
                                          f"{existing.source or 'lmperf'}; choose another contender name")
                 continue
-            fn = _attention_or_reason(contender, kind)
             providers.register(providers.Provider(
-                provider, f"{name} ({kind}, contender)", "contender", "attention", _build(fn, kind),
+                provider, f"{name} ({kind}, contender)", "contender", "attention", _build(name, source, kind),
                 needs=("cuda_for_bf16",) if kind == "triton" else (),
                 source=source_file))
             if provider not in model.ATTENTION:
-                model.register_attention(provider, fn)
+                model.register_attention(provider, Deferred(name, source, kind))
     os.environ[ENV] = json.dumps(items)
     providers.load([__name__])  # a process this one starts imports this module: it registers them (below)
     return names
 
 
-def _build(fn: Callable, kind: str) -> Callable:
+def _build(name: str, source, kind: str) -> Callable:
     def build(case: dict):
         import contextlib
         if kind == "pytorch":
             refuse_tiled(case)
         causal = case["causal"]
-        checked = guarded(fn)
+        checked = guarded(resolve(name, source, kind))
         return (lambda q, k, v: checked(q, k, v, causal)), contextlib.nullcontext
     return build
 
@@ -384,7 +802,7 @@ def register_from_environment() -> None:
             register(json.loads(raw))
 
 
-DISTRIBUTED = ("ddp", "fsdp", "sharded_optimizer")
+DISTRIBUTED = ("ddp", "ddp_individual_parameters", "ddp_bucketed", "fsdp", "sharded_optimizer")
 
 
 def distributed_variants(value) -> dict[str, tuple]:

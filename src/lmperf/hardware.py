@@ -28,6 +28,20 @@ PEAK_TFLOPS = {
 }
 
 
+# Peak memory bandwidth in TB/s by datasheet, keyed as PEAK_TFLOPS: with the dense bf16 peak, the
+# roofline floor under which no time of a kernel's FLOPs and bytes is possible (bench/honest.py).
+PEAK_BANDWIDTH_TBS = {
+    "H100 80GB HBM3": 3.35, "H100 PCIe": 2.0, "H100 NVL": 3.9, "H200": 4.8,
+    "A100-SXM4-80GB": 2.039, "A100-SXM4-40GB": 1.555, "A100-PCIE": 1.555, "A800": 2.039,
+    "L40S": 0.864, "RTX 4090": 1.008,
+}
+
+
+def peak_bandwidth_tbs(gpu_name: str) -> float | None:
+    """Peak memory bandwidth in TB/s of this GPU by datasheet, or None if unknown."""
+    return next((bw for key, bw in PEAK_BANDWIDTH_TBS.items() if key in gpu_name), None)
+
+
 def peak_tflops(gpu_name: str, dtype: str) -> float | None:
     """Peak dense TFLOP/s for `dtype` ('fp32', 'tf32' or 'bf16') on this GPU, or None if unknown."""
     for key, peaks in PEAK_TFLOPS.items():

@@ -134,7 +134,8 @@ class CausalSelfAttention(nn.Module):
         self.k_proj = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.d_head, bias=False)
         self.v_proj = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.d_head, bias=False)
         self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.attend = ATTENTION[cfg.attention]
+        attend = ATTENTION[cfg.attention]  # a user's (lmperf.contenders.Deferred) is loaded now
+        self.attend = attend.resolve() if hasattr(attend, "resolve") else attend
 
     def forward(self, x, cos, sin):
         b, n, d = x.shape

@@ -145,10 +145,13 @@ def main(argv=None):
     except contenders.ContenderError as exc:
         raise SystemExit(f"error: {exc}") from None
     # a contender's case in a process of its own, with a time limit: a hang or a crash is a row
-    with isolation.Isolated(measure, float(args.spec.get("contender_time_limit_s", 600))) as isolated:
+    # each contender in processes of its own: our cases never run where a contender's code was imported
+    with isolation.Separate(measure, float(args.spec.get("contender_time_limit_s", 600)),
+                            key=lambda case: contenders.owner(case["impl"])) as isolated:
         jobs.run(section="attention", study="attention", cases=cases(args.spec),
                  measure=lambda case: isolated(case) if case["impl"] in rivals else measure(case),
-                 args=args, fingerprint={"spec": args.spec}, warm=warm,
+                 args=args, fingerprint={"spec": args.spec, **contenders.fingerprint(args.spec.get("contenders"))},
+                 warm=warm,
                  compiles=lambda case: case["impl"] == "compiled",
                  prepare=lambda todo, say: isolated.warm([c for c in todo if c["impl"] in rivals], say))
 

@@ -3,33 +3,38 @@
     python -m lmperf.bench.contenders attention --spec '{"contenders": {...}, ...}' --out .../attention.csv --hw cpu
     python -m lmperf.bench.contenders distributed --spec '{"contenders": {...}, ...}' --out .../distributed.csv --hw cpu
 
-`attention`: each attention adapter (`<name>_triton`, `<name>_pytorch`) on our contract's shapes,
-dtypes, causal and non-causal, awkward N and head dims, as CS336 passes them ((batch, N, D)
-inputs): out, L (the one saved fp32 tensor of shape (batch, N)) and dQ, dK, dV against float64,
-with flash-attention's tolerance (at most twice plain PyTorch's error in the same dtype). Then its
-properties, one case each: grouped-query (K and V with fewer heads, (B, H, N, D) inputs),
-compiles (torch.compile fullgraph, the same result as eager), deterministic (forward and backward
-bitwise equal over repeats) and fresh (a result follows its inputs when their contents change in
-the same storage: an implementation that caches is caught).
+`attention`: each attention adapter (`<name>_triton`, `<name>_pytorch`) as CS336 passes it
+((batch, N, D) inputs), first on the course's contract (`course`: the handout's shapes, power-of-two
+head dims of at least 16 and N a multiple of 128, in the timed dtypes; tier "course"), then on
+lmperf's wider one (awkward N, head dims 8 to 256, fp16; tier "wider", each case saying why it lies
+outside the course: `outside`), causal and not: out, L (the one saved tensor of shape (batch, N),
+in any float dtype, as the course's test finds it) and dQ, dK, dV against float64, each row with
+the course test's error (rtol = atol = 1e-2: `course_ratio`, `course_passed`), flash-attention's
+tolerance (at most twice plain PyTorch's error in the same dtype: `passed`) and L's dtype. Then its
+properties, one case each: grouped-query (K and V with fewer heads, (B, H, N, D) inputs), compiles
+(torch.compile fullgraph, the same result as eager), deterministic (forward and backward bitwise
+equal over repeats) and fresh (a result follows its inputs when their contents change in the same
+storage: an implementation that caches is caught). The report judges them (report/contenders.py).
 
 `distributed`: each distributed adapter (DDP, FSDP, sharded optimizer) trains a small model for a
 few steps in 2 processes over Gloo; its weights must equal one process's training on the whole
 batch (the assignment's correctness).
 
-Every case runs in a process of its own with a time limit (bench/isolation.py): a contender that
+Every case runs in a child process of its own contender's, with a time limit (bench/isolation.py;
+two contenders never share an interpreter, so that packages of one name cannot collide): one that
 hangs, kills its process, runs out of memory or returns the wrong shape, dtype, device or NaN is
 a row (`timeout`, `crashed`, `oom`, `wrong`) and the job goes on. An adapter that is missing or
 raises NotImplementedError is a `skipped` row saying "not implemented".
 """
 from __future__ import annotations
 
+import os
 import random
 
 from lmperf import contenders as contenders_mod
 from lmperf.bench import common, failures, honest, isolation, jobs
 
 PROPERTIES = ("gqa", "compiles", "deterministic", "fresh")
-DISTRIBUTED = ("ddp", "fsdp", "sharded_optimizer")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -37,33 +42,68 @@ DISTRIBUTED = ("ddp", "fsdp", "sharded_optimizer")
 
 
 def attention_cases(spec: dict) -> list[dict]:
-    """contender x kind x (dtype x causal x shape, then each property)."""
+    """contender x kind x (the course's contract: course.dtypes x causal x course.shapes; then
+    lmperf's wider contract: dtype x causal x shape; then each property). A values case carries
+    its tier ("course" or "wider"), its head dim, N and whether N is a multiple of the course's
+    tile (`aligned`, `tile`), and for a wider case why it lies outside the course (`outside`:
+    awkward_n, head_dim, dtype): the report's shape classes and properties are read from them."""
+    from lmperf.kernels.attention_contract import COURSE_TILE, course_reasons
+
+    course = spec.get("course") or {}
+    course_dtypes = list(course.get("dtypes", spec["dtypes"]))
+    for shape in course.get("shapes", []):
+        if course_reasons(shape[-1], shape[-2]):
+            raise contenders_mod.ContenderError(
+                f"contenders_check course shape {shape}: outside the course's contract "
+                f"({', '.join(course_reasons(shape[-1], shape[-2]))}): power-of-two head dims of at "
+                f"least 16, N a multiple of {COURSE_TILE}")
+    grids = [("course", course_dtypes, course.get("shapes", [])), ("wider", spec["dtypes"], spec["shapes"])]
     cases = []
     for name, source in contenders_mod.normalise(spec["contenders"]).items():
         for kind in spec.get("kinds", list(contenders_mod.ATTENTION)):
             base = {"contender": name, "source": source, "kind": kind, "provider": f"{name}_{kind}"}
-            for dtype in spec["dtypes"]:
-                for causal in spec["causal"]:
-                    for shape in spec["shapes"]:
-                        shape_id = "x".join(map(str, shape))
-                        cases.append({**base, "check": "values", "dtype": dtype, "causal": causal, "shape": shape_id,
-                                      "case_id": f"{name}_{kind}-{dtype}-{'causal' if causal else 'full'}-{shape_id}"})
-            for prop in PROPERTIES:
+            seen = set()
+            for tier, dtypes, shapes in grids:
+                for dtype in dtypes:
+                    for causal in spec["causal"]:
+                        for shape in shapes:
+                            shape_id = "x".join(map(str, shape))
+                            case_id = f"{name}_{kind}-{dtype}-{'causal' if causal else 'full'}-{shape_id}"
+                            if case_id in seen:  # listed in both tiers: the course's
+                                continue
+                            seen.add(case_id)
+                            outside = course_reasons(shape[-1], shape[-2]) + \
+                                (["dtype"] if dtype not in course_dtypes else [])
+                            cases.append({**base, "check": "values", "dtype": dtype, "causal": causal,
+                                          "shape": shape_id, "case_id": case_id,
+                                          "tier": "course" if tier == "course" and not outside else "wider",
+                                          "outside": ",".join(outside), "head_dim": shape[-1],
+                                          "seq_len": shape[-2], "tile": COURSE_TILE,
+                                          "aligned": shape[-2] % COURSE_TILE == 0})
+            for prop in spec.get("properties", PROPERTIES):
                 shape = spec["gqa_shape"] if prop == "gqa" else spec["property_shape"]
                 shape_id = "x".join(map(str, shape))
                 cases.append({**base, "check": prop, "dtype": spec["property_dtype"], "causal": True,
-                              "shape": shape_id, "case_id": f"{name}_{kind}-{prop}-{shape_id}"})
+                              "shape": shape_id, "case_id": f"{name}_{kind}-{prop}-{shape_id}",
+                              "tier": "property", "head_dim": shape[-1], "seq_len": shape[-2],
+                              "tile": COURSE_TILE, "aligned": shape[-2] % COURSE_TILE == 0})
     return cases
 
 
 def distributed_cases(spec: dict) -> list[dict]:
-    """contender x adapter contract (ddp, fsdp, sharded_optimizer), trained on Gloo."""
+    """contender x adapter contract (lmperf.contenders.DISTRIBUTED, both handout years), trained
+    on Gloo, or those of them the spec's `contracts` names: the bucketed DDP once per bucket size
+    (`bucket_sizes_mb`), FSDP once per compute dtype (`fsdp_dtypes`; defaults:
+    bench/contender_distributed.py)."""
+    from lmperf.bench import contender_distributed
     cases = []
     for name, source in contenders_mod.normalise(spec["contenders"]).items():
-        for contract in DISTRIBUTED:
-            cases.append({"contender": name, "source": source, "contract": contract, "backend": "gloo",
-                          "procs": spec.get("procs", 2), "steps": spec.get("steps", 3),
-                          "case_id": f"{name}-{contract}-gloo"})
+        for contract in spec.get("contracts", contenders_mod.DISTRIBUTED):
+            for extra in contender_distributed.cases(contract, spec):
+                part = extra.pop("id")
+                cases.append({"contender": name, "source": source, "contract": contract, "backend": "gloo",
+                              "procs": spec.get("procs", 2), "steps": spec.get("steps", 3), **extra,
+                              "case_id": f"{name}-{contract}-{part + '-' if part else ''}gloo"})
     return cases
 
 
@@ -121,9 +161,13 @@ def _measure_attention(case: dict) -> list[dict]:
         honest.check_output(out, q)
         return out
     rows = []
-    for r in compare(forward, q, k, v, case["causal"]):
+    compared = compare(forward, q, k, v, case["causal"])
+    lse_dtype = next(r["saved_dtype"] for r in compared if r["quantity"] == "lse")
+    for r in compared:
         row = common.summarize(f"{r['quantity']}_max_abs_err", "abs", [r["max_abs_err"]])
-        row.update(torch_err=r["torch_err"], tolerance=r["tolerance"], passed=r["passed"], seed=seed)
+        row.update(torch_err=r["torch_err"], tolerance=r["tolerance"], passed=r["passed"],
+                   course_ratio=r["course_ratio"], course_passed=r["course_passed"], lse_dtype=lse_dtype,
+                   seed=seed)
         rows.append(row)
     return rows
 
@@ -201,6 +245,32 @@ def measure_distributed(case: dict) -> list[dict]:
     return contender_distributed.measure(case, _contender(case))
 
 
+class PerContender:
+    """isolation.Ahead's children, one Ahead per contender: a case runs only in a child of its own
+    contender, so two contenders' packages of one name (every student's `cs336_systems`) never
+    meet in an interpreter. The `workers` children are shared out, at least one a contender."""
+
+    def __init__(self, measure, time_limit_s: float, workers: int, cases: list[dict]):
+        names = list(dict.fromkeys(c["contender"] for c in cases))
+        each = max(1, workers // max(1, len(names)))
+        self.measure, self.time_limit_s, self.each = measure, time_limit_s, each
+        self.ahead = {n: isolation.Ahead(measure, time_limit_s, each, [c for c in cases if c["contender"] == n])
+                      for n in names}
+
+    def __call__(self, case: dict) -> list[dict]:
+        name = case["contender"]
+        if name not in self.ahead:  # a case the journal held (not measured ahead): a child of its own
+            self.ahead[name] = isolation.Ahead(self.measure, self.time_limit_s, self.each, [])
+        return self.ahead[name](case)
+
+    def __enter__(self) -> "PerContender":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for ahead in self.ahead.values():
+            ahead.__exit__(*exc)
+
+
 STUDIES = {"attention": (attention_cases, measure_attention), "distributed": (distributed_cases, measure_distributed)}
 
 
@@ -220,10 +290,13 @@ def main(argv=None):
     limit = float(args.spec.get("time_limit_s", 600))
     # the contenders' files: an edit to one starts its journal over
     digest = contenders_mod.digest(args.spec["contenders"])
-    # each case in a child process (a crash or a hang is its row), `workers` of them side by side
+    # the children load their own contender alone, never every contender the environment names
+    os.environ.pop(contenders_mod.ENV, None)
+    # each case in a child process (a crash or a hang is its row), `workers` of them side by side,
+    # and every child one contender's: two contenders never share an interpreter
     jobs.run(section="contenders", study=args.study, cases=cases, measure=measure, args=args,
              fingerprint={"spec": args.spec, "contender_files": digest},
-             ahead=lambda todo: isolation.Ahead(measure, limit, int(args.spec.get("workers", 1)), todo))
+             ahead=lambda todo: PerContender(measure, limit, int(args.spec.get("workers", 1)), todo))
 
 
 if __name__ == "__main__":

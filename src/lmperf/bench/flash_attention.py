@@ -303,7 +303,8 @@ def measure_bench(case: dict) -> list[dict]:
         rows += [{**r, "gpu_idle_pct": gpu_idle_pct, **times[direction].fields()} for r in (
             row, common.summarize_quantiles(f"{direction}_tflops", "TFLOP/s", tflops(ms), tflops(q80), tflops(q20)))]
     rows += gpu_rows
-    if providers.get(case["provider"]).role == "contender":  # timed outputs checked afterwards
+    if providers.get(case["provider"]).role == "contender":  # its times and timed outputs checked afterwards
+        _check_possible(case, times, fn, fwd_bwd, context, q, k, v)
         with context():
             why = honest.stale_output(lambda q, k, v, causal: fn(q, k, v), q.detach(), k.detach(), v.detach(),
                                           case["causal"])
@@ -312,6 +313,30 @@ def measure_bench(case: dict) -> list[dict]:
     for row in rows:
         row["config"] = config
     return rows
+
+
+def _check_possible(case: dict, times: dict, fn, fwd_bwd, context, q, k, v) -> None:
+    """Wrong for a contender's time that cannot be its work's (bench/honest.py): under the roofline
+    floor of its FLOPs and the bytes of Q, K, V and O, or not confirmed by a whole-device
+    synchronisation (work left running on another CUDA stream)."""
+    import torch
+    b, h, n, d = case["batch"], case["heads"], case["seq_len"], case["head_dim"]
+    io_bytes = sum(t.numel() * t.element_size() for t in (q, k, v, q))  # Q, K, V read, O written
+    gpu = torch.cuda.get_device_name()
+
+    def forward():
+        with context(), torch.no_grad():
+            fn(q, k, v)
+
+    def forward_backward():
+        with context():
+            fwd_bwd()
+    for direction, call in (("forward", forward), ("fwd_bwd", forward_backward)):
+        ms = times[direction][0]
+        why = (honest.impossible_time(ms, attention_flops(b, h, n, d, case["causal"], direction), io_bytes, gpu)
+               or honest.outside_stream(call, ms))
+        if why:
+            raise contenders.Wrong(f"{direction}: {why}")
 
 
 def _gpu_time_rows(case: dict, fn, fwd_bwd, context, q, k, v, rep: int, within: float | None) -> list[dict]:
@@ -377,7 +402,8 @@ def main(argv=None):
         raise SystemExit(f"error: {exc}") from None
     providers.share()  # and the workers load them too
     # a resume never mixes rows of two versions of a provider module's file
-    fingerprint = {"spec": args.spec, **({"provider_sources": providers.digest()} if providers.sources() else {})}
+    fingerprint = {"spec": args.spec, **({"provider_sources": providers.digest()} if providers.sources() else {}),
+                   **contenders.fingerprint(args.spec.get("contenders"))}
     if args.study == "check":  # our providers' cases (a contender's: bench/contenders.py), side by side in
         # the workers, which run a module-level function
         jobs.run(section="flash_attention", study=args.study, cases=cases, measure=measure, args=args,
@@ -386,12 +412,14 @@ def main(argv=None):
     # a contender's case in a process of its own, with a time limit: a hang or a crash is a row
     limit = float(args.spec.get("contender_time_limit_s", 600))
     contender = lambda case: not case.get("skip_reason") and providers.get(case["provider"]).role == "contender"
-    with isolation.Isolated(measure_or_warm, limit) as isolated:
+    # each contender in processes of its own: our cases never run where a contender's code was imported
+    with isolation.Separate(measure_or_warm, limit, key=lambda case: contenders.owner(case["provider"])) as isolated:
         def run(case: dict) -> list[dict]:
             return isolated(case) if contender(case) else measure(case)
         # a timing job's compiles are warmed in the workers first
         jobs.run(section="flash_attention", study=args.study, cases=cases, measure=run, args=args,
-                 fingerprint=fingerprint, parallel=False, warm=warm_bench, compiles=compiles,
+                 fingerprint=fingerprint, parallel=False, warm=warm_bench,
+                 compiles=lambda case: compiles(case) and not contender(case),
                  prepare=lambda todo, say: isolated.warm([c for c in todo if contender(c)], say))
 
 

@@ -1,6 +1,9 @@
 """Honest timing of someone else's code: its outputs checked against the contract (shape, dtype,
-device, no NaN) without costing a timed call anything, and its timed outputs checked afterwards
-for a result cached for the same input storage (lmperf.contenders; bench/flash_attention.py)."""
+device, no NaN) without costing a timed call anything, its timed outputs checked afterwards
+for a result cached for the same input storage, and its times checked against what is possible:
+none under the roofline floor of its FLOPs and bytes, and none that a whole-device
+synchronisation does not confirm (work launched on another CUDA stream, which events on the
+caller's stream never wait for) (lmperf.contenders; bench/flash_attention.py)."""
 from __future__ import annotations
 
 import functools
@@ -77,4 +80,48 @@ def stale_output(fn: Callable, q, k, v, is_causal: bool) -> str | None:
         return (f"stale result: after the inputs' contents changed in place, the output differs by {err:.3g} "
                 f"from the output on a fresh copy of the same contents (tolerance {tol:.3g}): a result "
                 f"cached for the same storage")
+    return None
+
+
+def impossible_time(ms: float, flops: float, bytes_moved: float, gpu_name: str | None) -> str | None:
+    """Why `ms` cannot be the time of `flops` and `bytes_moved` on this GPU, or None: under the
+    roofline floor, the larger of the FLOPs at the dense bf16 peak and the bytes at the peak
+    bandwidth (datasheets: lmperf.hardware). None where the GPU's peaks are unknown."""
+    from lmperf import hardware
+    peak = hardware.peak_tflops(gpu_name or "", "bf16")
+    bandwidth = hardware.peak_bandwidth_tbs(gpu_name or "")
+    if peak is None or bandwidth is None or not ms == ms:
+        return None
+    floor_ms = max(flops / (peak * 1e12), bytes_moved / (bandwidth * 1e12)) * 1e3
+    if ms < floor_ms:
+        return (f"impossible time: {ms:.4g} ms is under the roofline floor of {floor_ms:.4g} ms "
+                f"({flops:.3g} FLOP at {peak:g} TFLOP/s, {bytes_moved:.3g} bytes at {bandwidth:g} TB/s on "
+                f"{gpu_name}): not a speed-up; the timer did not see the work")
+    return None
+
+
+def outside_stream(call: Callable, timed_ms: float, sync: Callable | None = None, min_ms: float = 50.0,
+                   ratio: float = 0.5) -> str | None:
+    """Why `timed_ms` (the harness's time of one `call`, from events on the caller's stream) is not
+    the call's time, or None: `call` repeated for at least `min_ms` between two whole-device
+    synchronisations (`sync`, torch.cuda.synchronize) takes `ratio` or more longer per call than
+    the harness saw. Work launched on another stream and not waited for is what does that: the
+    events record the launch alone."""
+    import time
+    if sync is None:
+        import torch
+        sync = torch.cuda.synchronize
+    sync()
+    calls, t0 = 0, time.perf_counter()
+    while True:
+        call()
+        calls += 1
+        if calls >= 3 and (time.perf_counter() - t0) * 1e3 >= min_ms:
+            break
+    sync()
+    synced_ms = (time.perf_counter() - t0) * 1e3 / calls
+    if timed_ms < ratio * synced_ms:
+        return (f"outside the caller's stream: the harness timed {timed_ms:.4g} ms a call, but {calls} calls "
+                f"between whole-device synchronisations took {synced_ms:.4g} ms each: work the caller's stream "
+                f"never waits for is not counted")
     return None

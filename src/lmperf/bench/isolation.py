@@ -26,6 +26,8 @@ from typing import Callable
 
 from lmperf.bench import common
 
+PROGRESS_S = 30.0  # a case that has not answered says so this often
+
 
 def _serve(module: str, name: str, conn) -> None:
     """The child: measure each case it is sent, send its rows (a failure becomes a row here, as
@@ -104,7 +106,7 @@ class Isolated:
             self._start()
         try:
             self.conn.send(case)
-            if self.conn.poll(self.time_limit_s):
+            if self._wait(case):
                 return self.conn.recv()
         except (EOFError, OSError, BrokenPipeError):  # it died in the case
             self.proc.join(10)
@@ -120,6 +122,23 @@ class Isolated:
         self._kill()
         return [common.failure_row("timeout", f"no answer within {self.time_limit_s:g} s (the time limit per "
                                               f"case, config contender_time_limit_s); the process was killed")]
+
+    def _wait(self, case: dict) -> bool:
+        """Whether the child answered within the time limit; a line on stderr (the job's log)
+        every PROGRESS_S while it has not."""
+        t0 = time.monotonic()
+        while True:
+            left = self.time_limit_s - (time.monotonic() - t0)
+            if left <= 0:
+                return False
+            if self.conn.poll(min(PROGRESS_S, left)):
+                return True
+            if not self.proc.is_alive():
+                return self.conn.poll(0)
+            waited = time.monotonic() - t0
+            if waited < self.time_limit_s:
+                print(f"[{case.get('case_id', 'case')} {time.strftime('%H:%M:%S')}] still running in its own "
+                      f"process after {waited:.0f} s (time limit {self.time_limit_s:g} s)", file=sys.stderr, flush=True)
 
     def warm(self, cases: list[dict], say) -> None:
         """Each case once, marked `warm_only` (the measure compiles and times nothing:
@@ -184,3 +203,41 @@ class Ahead:
         self.executor.shutdown(wait=not interrupted, cancel_futures=True)
         for child in self.children:
             child._kill() if interrupted else child.close()
+
+
+class Separate:
+    """An Isolated child per key (a contender's name: lmperf.contenders.owner): two contenders'
+    code never runs in one process, so packages of the same name (every CS336 student's
+    `cs336_systems`) cannot collide, and neither shares a process with ours."""
+
+    def __init__(self, measure: Callable[[dict], list[dict]], time_limit_s: float, key: Callable[[dict], str]):
+        Isolated(measure, time_limit_s)  # the same checks of its arguments, before any case
+        self.measure, self.time_limit_s, self.key = measure, time_limit_s, key
+        self.children: dict[str, Isolated] = {}
+
+    def _child(self, case: dict) -> Isolated:
+        key = self.key(case)
+        if key not in self.children:
+            self.children[key] = Isolated(self.measure, self.time_limit_s)
+        return self.children[key]
+
+    def __call__(self, case: dict) -> list[dict]:
+        return self._child(case)(case)
+
+    def warm(self, cases: list[dict], say) -> None:
+        """Isolated.warm, each key's cases in that key's child."""
+        groups: dict[str, list[dict]] = {}
+        for case in cases:
+            groups.setdefault(self.key(case), []).append(case)
+        for group in groups.values():
+            self._child(group[0]).warm(group, say)
+
+    def __enter__(self) -> "Separate":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for child in self.children.values():
+            child.close()

@@ -384,12 +384,15 @@ def main(argv=None):
     contenders.register_or_exit(args.spec.get("contenders"))  # the model can use them; workers inherit them
     dims, rungs = args.spec["models"][args.size], cases(args.spec, args.size, cuda=torch.cuda.is_available())
     rivals = set(contenders.provider_names(args.spec.get("contenders")))
-    with isolation.Isolated(measure_isolated, float(args.spec.get("contender_time_limit_s", 600))) as isolated:
+    # each contender in processes of its own: our rungs never run where a contender's code was imported
+    with isolation.Separate(measure_isolated, float(args.spec.get("contender_time_limit_s", 600)),
+                            key=lambda case: contenders.owner(case["attention"])) as isolated:
         def run(case: dict) -> list[dict]:  # a contender's rung in a process of its own
             return (isolated({**case, "_dims": dims, "_spec": args.spec}) if case["attention"] in rivals
                     else measure(case, dims, args.spec))
         jobs.run(section="ladder", study="ladder", cases=rungs, measure=run,
-                 args=args, fingerprint={"spec": args.spec, "size": args.size}, warm=warm,
+                 args=args, fingerprint={"spec": args.spec, "size": args.size,
+                                         **contenders.fingerprint(args.spec.get("contenders"))}, warm=warm,
                  # a contender's rungs are warmed in its own process, with its time limit (prepare)
                  compiles=lambda case: compiles(case) and case["attention"] not in rivals,
                  prepare=lambda todo, say: prepare(todo, say, isolated, dims, args.spec, rivals))

@@ -1,6 +1,11 @@
-"""Render the README's results block (between the markers) from one machine's CSVs:
+"""Render the README's results block (between the markers) and its figures from one machine's
+CSVs:
 
     python -m lmperf.report.readme --results results/h100-80gb-hbm3 --readme README.md
+
+The README's figures are drawn into report/readme/, where no run of `make report` writes (it
+rewrites report/report.md and report/figures/ for the machine it runs on): what the committed
+README shows stays whole on any machine.
 
 The block is one table: each row one of our kernels (or our training stack) against the best
 peer measured in the same setting (the same shape, precision and context, timed the same way),
@@ -25,6 +30,9 @@ from lmperf.report.ladder import is_contender, is_peer
 from lmperf.report.render import CONFIG, bars_from_config, load_section
 from lmperf.report.sections import SECTIONS
 
+# The README's figures (section figures by name), drawn into FIGURES_DIR
+FIGURES = ("lrpe_bandwidth",)
+FIGURES_DIR = Path("report/readme")
 BEGIN = "<!-- results:begin (rendered by python -m lmperf.report.readme; do not edit) -->"
 END = "<!-- results:end -->"
 
@@ -290,6 +298,25 @@ def render_block(results: Path, templates: Path, config: Path = CONFIG) -> str:
     return env_j2.get_template("readme_results.md.j2").render(**context).strip()
 
 
+def draw_figures(results: Path, figures_dir: Path = FIGURES_DIR, config: Path = CONFIG) -> dict[str, str]:
+    """The README's figures drawn from `results` into `figures_dir`: {name: why} of those that
+    could not be (no rows); one not drawn leaves no older image behind."""
+    import dataclasses
+
+    from lmperf.report import contenders
+    from lmperf.report.render import draw
+    from lmperf.report.sections import Inputs, frame_names
+    sections = [dataclasses.replace(s, figures={k: v for k, v in s.figures.items() if k in FIGURES})
+                for s in SECTIONS if set(s.figures) & set(FIGURES)]
+    frames = contenders.wrong_everywhere({name: load_section(results, name) for name in frame_names(sections)})
+    inputs = Inputs(results=results, frames=frames, bars=bars_from_config(config), out_dir=figures_dir.parent,
+                    scale="", models={})
+    drawn, not_drawn = draw(inputs, figures_dir, sections)
+    for name in not_drawn:
+        (figures_dir / dict(f for s in sections for f in s.figures.items())[name]).unlink(missing_ok=True)
+    return not_drawn
+
+
 def replace_block(text: str, block: str) -> str:
     if BEGIN not in text or END not in text:
         raise ValueError(f"README has no results block ({BEGIN!r} ... {END!r})")
@@ -305,7 +332,9 @@ def main(argv=None):
     p.add_argument("--templates", type=Path, default=Path("templates"))
     args = p.parse_args(argv)
     args.readme.write_text(replace_block(args.readme.read_text(), render_block(args.results, args.templates)))
-    print(f"updated the results block of {args.readme}")
+    not_drawn = draw_figures(args.results, args.readme.parent / FIGURES_DIR)
+    print(f"updated the results block of {args.readme} and its figures in {FIGURES_DIR}/"
+          + "".join(f"\n  {name} not drawn: {why}" for name, why in not_drawn.items()))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
-from lmperf import planning, workflow as wf
+from lmperf import contenders as contenders_mod, planning, providers, workflow as wf
 from lmperf.report import format as fmt
 from lmperf.report import references as published
 from lmperf.report import contenders, quick, summary, validate
@@ -193,16 +193,51 @@ def draw(inputs: Inputs, figures_dir: Path, sections: list[Section] = SECTIONS) 
     return drawn, not_drawn
 
 
+def named_contenders_only(frames: dict, named: set[str]) -> dict:
+    """The sections' rows less those of contenders not among `named` (the configuration's): rows
+    an earlier configuration left in CSVs a run did not rewrite, or in a study no job of this
+    configuration writes. A contender's rows live and die with the configuration."""
+    from lmperf.report.contenders import NAMED_BY
+
+    def keep(section: str, name: str) -> bool:
+        if section == "contenders":
+            return name in named
+        if section == "distributed":
+            who, _, contract = name.rpartition("-")
+            return contract not in contenders_mod.DISTRIBUTED or who in named or not who
+        if section == "ladder":
+            return not name.startswith("contender_") or contenders_mod.owner(name.removeprefix("contender_")) in named
+        provider = providers.find(name)
+        if provider is not None and provider.role != "contender":
+            return True  # ours or a peer
+        if section == "attention" and name in ("eager", "compiled"):
+            return True
+        if provider is None and not name.endswith(tuple(f"_{k}" for k in contenders_mod.ATTENTION)):
+            return True  # no contender's (a provider module's, say)
+        return contenders_mod.owner(name) in named
+    out = dict(frames)
+    columns = {**{s: c for s, (c, _) in NAMED_BY.items()}, "contenders": "contender"}
+    for section, column in columns.items():
+        df = frames.get(section)
+        if df is None or df.empty or column not in df:
+            continue
+        kept = df[column].astype(str).map(lambda n, s=section: keep(s, n))
+        out[section] = df[kept]
+    return out
+
+
 def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: str,
            bars: dict, promised: dict | None = None, sections: list[Section] = SECTIONS,
            template: str = "report.md.j2", references: list[dict] | None = None,
-           models: dict | None = None) -> str:
+           models: dict | None = None, contenders_named: set[str] | None = None) -> str:
     """Render `template` (the whole report, or one section's template for a subset of the
     sections) from the CSVs under `results` into `out`, and its figures into `figures_dir`;
     `promised` ({path: ResultFile}, `promised_files`): the files a full run writes, checked and
     listed when missing (None: every CSV is still checked, but nothing is known to be missing);
     `references`: the published numbers (references.load) shown beside ours where they match;
-    `models`: the configuration's model sizes (their dimensions, for the table of models)."""
+    `models`: the configuration's model sizes (their dimensions, for the table of models);
+    `contenders_named`: the contenders this machine's configuration names, whose rows alone are
+    shown (None: every contender's rows, as another machine's results are rendered)."""
     promised, frames, problems = promised or {}, {}, {}
     for name in frame_names(sections):  # every section read before any is refused, so that all damage is named
         try:
@@ -211,6 +246,8 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
             problems.update(e.problems)
     if problems:
         raise validate.DamagedResults(problems)
+    if contenders_named is not None:
+        frames = named_contenders_only(frames, contenders_named)
     frames = contenders.wrong_everywhere(frames)  # a contender that failed a check is timed nowhere
     inputs = Inputs(results=results, frames=frames, bars=bars, out_dir=out.parent, scale=scale, models=models or {})
     absent = missing(results, promised)
@@ -248,10 +285,14 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
         for name in not_drawn:
             figure_paths(figures_dir)[name].unlink(missing_ok=True)
         shutil.move(Path(tmp) / out.name, out)
+    written = []
     if section_views.get("contenders", {}).get("names"):  # each contender's page, beside the report
-        contenders.pages(section_views["contenders"], out.parent / "contenders",
-                         environment(templates).get_template("contender_page.md.j2"),
-                         training=section_views.get("memory", {}).get("contenders"))
+        written = contenders.pages(section_views["contenders"], out.parent / "contenders",
+                                   environment(templates).get_template("contender_page.md.j2"),
+                                   training=section_views.get("memory", {}).get("contenders"))
+    if contenders_named is not None:  # the page of a contender no longer named goes with its rows
+        for page in set((out.parent / "contenders").glob("*.md")) - {Path(p) for p in written}:
+            page.unlink()
     return text
 
 
@@ -267,6 +308,9 @@ def main(argv=None):
                         "and whose `report` has the bars (default: %(default)s)")
     p.add_argument("--config-json", type=json.loads,
                    help="the configuration as JSON, validated (what the report rule passes) instead of --config")
+    p.add_argument("--only-configured-contenders", action="store_true",
+                   help="show the rows of the contenders the configuration names alone (this machine's "
+                        "report: rows an earlier configuration left are not shown)")
     p.add_argument("--references", type=Path, default=published.REFERENCES,
                    help="published numbers to show beside ours (default: %(default)s)")
     p.add_argument("--distributed", action="append",
@@ -279,8 +323,9 @@ def main(argv=None):
     distributed = args.distributed if args.distributed is not None else distributed_folders(args.results)
     promised = promised_files(config, args.results, args.scale, distributed)
     try:
+        named = set(contenders_mod.normalise(config.get("contenders"))) if args.only_configured_contenders else None
         render(args.results, args.templates, args.out, args.figures, args.scale, config["report"], promised,
-               references=published.load(args.references), models=config["models"])
+               references=published.load(args.references), models=config["models"], contenders_named=named)
     except validate.DamagedResults as e:
         raise SystemExit(f"error: {e}\n{args.out} and its figures are left as they were.")
     print(f"wrote {args.out}")

@@ -21,6 +21,10 @@ BUCKETED = ("ddp", "ddp_bf16")  # the variants timed at every bucket size of the
 ZERO_BUCKET_MB = 25  # ZeroRedundancyOptimizer runs under DDP with its default bucket size
 
 MEMORY_BUCKET_MB = 25  # DDP's default bucket: the DDP case of the memory context
+# A contender's bucketed DDP (the 2025 handout's get_ddp_bucketed) is timed at DDP's default bucket
+# (its check, bench/contender_distributed.py, runs it at buckets smaller than a model as well)
+CONTENDER_BUCKET_MB = MEMORY_BUCKET_MB
+DATA_PARALLEL = ("ddp", "ddp_individual_parameters", "ddp_bucketed", "fsdp")  # a contender's, in the memory context
 
 
 def cases(spec: dict, world: int) -> list[dict]:
@@ -38,10 +42,10 @@ def cases(spec: dict, world: int) -> list[dict]:
     rivals = contenders.distributed_variants(spec.get("contenders"))  # a user's DDP, FSDP, sharded optimizer
     variants = [("single", None)] if world == 1 else [
         (v, b) for v in spec["variants"] for b in (spec["bucket_caps_mb"] if v in BUCKETED else [None])] + [
-        (v, None) for v in rivals]
+        (v, _contender_bucket(contract)) for v, (_, _, contract) in rivals.items()]
     memory = [("single", None)] if world == 1 else [
         (v, MEMORY_BUCKET_MB if v == "ddp" else None) for v in ("ddp", "fsdp2") if v in spec["variants"]] + [
-        (v, None) for v, (_, _, contract) in rivals.items() if contract in ("ddp", "fsdp")]
+        (v, _contender_bucket(contract)) for v, (_, _, contract) in rivals.items() if contract in DATA_PARALLEL]
     micro_batches, optimizer = spec.get("micro_batches", 1), spec.get("optimizer", "foreach")
     contexts = [("scaling", spec["context"], variants, micro_batches)]
     if spec.get("memory_context"):
@@ -71,6 +75,10 @@ def cases(spec: dict, world: int) -> list[dict]:
                             **({"contender": rivals[variant][0], "contender_source": json.dumps(rivals[variant][1])}
                                if variant in rivals else {})})
     return out
+
+
+def _contender_bucket(contract: str) -> float | None:
+    return CONTENDER_BUCKET_MB if contract == "ddp_bucketed" else None
 
 
 def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dict]:
@@ -106,7 +114,7 @@ def build(variant: str, cfg, device, world: int, bucket_cap_mb: float | None, op
     if compiled:
         _compile_blocks(model, cfg.context_length)
     if contender is not None:
-        return _contender_build(contender, model, world, optimizer)
+        return _contender_build(contender, model, world, optimizer, bucket_cap_mb)
     if optimizer == "master":
         if variant != "single":
             raise common.Unsupported(f"optimizer 'master' (MasterWeightAdamW) with variant {variant!r}: its "
@@ -170,11 +178,16 @@ def _compile_blocks(model, context: int) -> None:
     train.compile_blocks(model)
 
 
-def _contender_build(contender: tuple, model, world: int, optimizer):
-    """(model, optimizer, reduce) through a contender's adapters (CS336 assignment 2's)."""
+def _contender_build(contender: tuple, model, world: int, optimizer, bucket_cap_mb: float | None = None):
+    """(model, optimizer, reduce) through a contender's adapters (CS336 assignment 2's, either
+    handout year: bench/contender_distributed.wrap). Its `*_on_after_backward` is the reduce; the
+    bucketed DDP gets `bucket_cap_mb`, and its `ddp_bucketed_on_train_batch_start` runs at each
+    step's start, before the first forward (a forward pre-hook: train.step has no step-start phase
+    of its own), inside the timed step."""
     import torch
 
     from lmperf import contenders, train
+    from lmperf.bench import contender_distributed
     name, source, contract = contender
     rival = contenders.load(name, source)
     optimizer_class, optimizer_kwargs = ((torch.optim.AdamW, train.adamw_options(optimizer))
@@ -183,13 +196,25 @@ def _contender_build(contender: tuple, model, world: int, optimizer):
         if contract == "sharded_optimizer":
             sharded = rival.adapter("get_sharded_optimizer")(model.parameters(), optimizer_class, **optimizer_kwargs)
             return model, sharded, lambda: allreduce_flat(list(model.parameters()), world)
-        wrapped = rival.adapter("get_ddp" if contract == "ddp" else "get_fsdp")(model)
-        after = rival.adapter("ddp_on_after_backward" if contract == "ddp" else "fsdp_on_after_backward")
+        wrapped, after, start = contender_distributed.wrap(rival, contract, model, bucket_size_mb=bucket_cap_mb)
         opt = optimizer_class(wrapped.parameters(), **optimizer_kwargs)
-        return wrapped, opt, lambda: after(wrapped, opt)
     except NotImplementedError as exc:
         raise contenders.NotImplementedByContender(f"not implemented: an adapter of {contract} raised "
                                                    f"NotImplementedError" + (f" ({exc})" if str(exc) else "")) from None
+    if start is None:
+        return wrapped, opt, lambda: after(wrapped, opt)
+    step_started = [False]  # the hook once a step, however many micro-batches it has
+
+    def at_step_start(module, args):
+        if not step_started[0]:
+            step_started[0] = True
+            start(wrapped, opt)
+
+    def reduce():  # after the step's last backward: the next forward starts a new step
+        after(wrapped, opt)
+        step_started[0] = False
+    wrapped.register_forward_pre_hook(at_step_start)
+    return wrapped, opt, reduce
 
 
 def allreduce_per_parameter(params, world: int) -> None:
