@@ -365,15 +365,15 @@ def test_work_the_callers_stream_never_waits_for_is_caught():
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA: a second CUDA stream")
-@pytest.mark.parametrize("harness", ["eager", "leaderboard"])
-def test_a_contender_on_a_side_stream_is_wrong_not_a_thousandfold_speed_up(harness):
+def test_a_contender_on_a_side_stream_is_wrong_not_a_thousandfold_speed_up():
     """The cheat of issue reports from other tools that time users' kernels: the contender runs its
     work on a stream of its own; do_bench's events on the caller's stream see only the launch.
-    Timed by the FlashAttention bench at the headline's shape, its case is a `wrong` row naming
-    why, never a time."""
+    Timed by the FlashAttention bench at the headline's shape (eager: under the leaderboard's
+    torch.compile the stream switch does not trace, a `failed` row), its case is a `wrong` row
+    naming why, never a time."""
     from lmperf.bench import flash_attention
     spec = {"groups": [{"name": "cheat", "providers": [], "dtypes": ["bf16"], "causal": [True],
-                        "seq_lens": [16384], "heads": 16, "head_dims": [64], "batch": 1, "harness": harness,
+                        "seq_lens": [16384], "heads": 16, "head_dims": [64], "batch": 1, "harness": "eager",
                         "timing_ms": [25, 100], "tiled_max_seq_len": 1024}],
             "contenders": {"side": str(DATA / "side_stream.py")}}
     case = next(c for c in flash_attention.bench_cases(spec) if c["provider"] == "side_triton")

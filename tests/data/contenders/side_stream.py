@@ -33,7 +33,7 @@ class SideStreamAttention(torch.autograd.Function):
         side = _side_stream(grad.device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            grads = torch.autograd.grad(out, leaves, grad)
+            grads = torch.autograd.grad(out, leaves, grad, retain_graph=True)
         return (*grads, None)
 
 
