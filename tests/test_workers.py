@@ -311,3 +311,17 @@ def test_a_case_that_has_not_answered_says_so_while_it_waits(capsys, monkeypatch
     assert rows[0]["status"] == "ok"
     waits = [line for line in capsys.readouterr().err.splitlines() if "slow-case" in line and "still running" in line]
     assert 3 <= len(waits) <= 5
+
+
+def _raises(case: dict) -> list[dict]:
+    raise TypeError("empty_like(): argument 'input' (position 1) must be Tensor, not tuple")
+
+
+def test_an_exception_in_a_contenders_process_is_a_failed_row_not_a_failed_job():
+    """A contender's code that raises (a student's TypeError) ends its case as `failed`, which
+    does not fail the job (only `error` does); each key has a process of its own."""
+    from lmperf.bench import isolation
+    with isolation.Separate(_raises, 60, key=lambda case: case["who"]) as separate:
+        rows = separate({"case_id": "a", "who": "alice"}) + separate({"case_id": "b", "who": "bob"})
+        assert len(separate.children) == 2
+    assert [r["status"] for r in rows] == ["failed", "failed"] and "must be Tensor" in rows[0]["message"]

@@ -100,28 +100,32 @@ def impossible_time(ms: float, flops: float, bytes_moved: float, gpu_name: str |
     return None
 
 
-def outside_stream(call: Callable, timed_ms: float, sync: Callable | None = None, min_ms: float = 50.0,
+def device_busy_ms(call: Callable, calls: int = 20) -> float:
+    """The GPU's busy time (ms) a call of `call`, on every stream: `calls` calls profiled (CUDA
+    activity: every kernel, copy and memset, whichever stream runs it), their union
+    (bench/timing.busy_ms)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from lmperf.bench import timing
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    return timing.busy_ms(prof.events(), calls)
+
+
+def outside_stream(call: Callable, timed_ms: float, busy: Callable[[Callable], float] = device_busy_ms,
                    ratio: float = 0.5) -> str | None:
     """Why `timed_ms` (the harness's time of one `call`, from events on the caller's stream) is not
-    the call's time, or None: `call` repeated for at least `min_ms` between two whole-device
-    synchronisations (`sync`, torch.cuda.synchronize) takes `ratio` or more longer per call than
-    the harness saw. Work launched on another stream and not waited for is what does that: the
-    events record the launch alone."""
-    import time
-    if sync is None:
-        import torch
-        sync = torch.cuda.synchronize
-    sync()
-    calls, t0 = 0, time.perf_counter()
-    while True:
-        call()
-        calls += 1
-        if calls >= 3 and (time.perf_counter() - t0) * 1e3 >= min_ms:
-            break
-    sync()
-    synced_ms = (time.perf_counter() - t0) * 1e3 / calls
-    if timed_ms < ratio * synced_ms:
-        return (f"outside the caller's stream: the harness timed {timed_ms:.4g} ms a call, but {calls} calls "
-                f"between whole-device synchronisations took {synced_ms:.4g} ms each: work the caller's stream "
-                f"never waits for is not counted")
+    the call's time, or None: the device's work a call, on every stream (`busy`: profiled), is
+    more than 1 / `ratio` times what the harness saw. Work launched on another stream and not
+    waited for does that: the events record the launch alone. (An honest call's time is at least
+    its device work; a host-bound one's is more.)"""
+    busy_ms = busy(call)
+    if timed_ms < ratio * busy_ms:
+        return (f"outside the caller's stream: the harness timed {timed_ms:.4g} ms a call, but the device worked "
+                f"{busy_ms:.4g} ms a call on all its streams: work the caller's stream never waits for is not counted")
     return None

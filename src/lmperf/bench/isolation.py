@@ -222,7 +222,13 @@ class Separate:
         return self.children[key]
 
     def __call__(self, case: dict) -> list[dict]:
-        return self._child(case)(case)
+        """The case's rows from its key's child; an `error` there (an exception the case's code
+        raised) is a result about the contender, a `failed` row, and the job goes on."""
+        rows = self._child(case)(case)
+        for row in rows:
+            if row.get("status") == "error":
+                row["status"] = "failed"
+        return rows
 
     def warm(self, cases: list[dict], say) -> None:
         """Isolated.warm, each key's cases in that key's child."""
