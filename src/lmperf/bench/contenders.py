@@ -77,7 +77,7 @@ def attention_cases(spec: dict) -> list[dict]:
                                 (["dtype"] if dtype not in course_dtypes else [])
                             cases.append({**base, "check": "values", "dtype": dtype, "causal": causal,
                                           "shape": shape_id, "case_id": case_id,
-                                          "tier": "course" if tier == "course" and not outside else "wider",
+                                          "tier": tier,
                                           "outside": ",".join(outside), "head_dim": shape[-1],
                                           "seq_len": shape[-2], "tile": COURSE_TILE,
                                           "aligned": shape[-2] % COURSE_TILE == 0})
