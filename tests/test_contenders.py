@@ -161,9 +161,10 @@ def test_partial_adapters_give_skipped_rows_saying_not_implemented(attention_row
         attention_rows.loc["partial_pytorch-fp32-causal-2x40x32", "message"]
 
 
+@pytest.mark.slow
 def test_a_contenders_ddp_and_sharded_optimizer_train_to_one_process_weights(tmp_path):
     spec = {"contenders": {"plain": str(EXAMPLES / "plain_pytorch.py"), "partial": str(DATA / "partial.py")},
-            "procs": 2, "steps": 2, "time_limit_s": 300}
+            "procs": 2, "steps": 2, "time_limit_s": 300, "contracts": ["ddp", "fsdp", "sharded_optimizer"]}
     rows = _bench("distributed", spec, tmp_path / "distributed.csv").set_index("case_id")
     for case in ("plain-ddp-gloo", "plain-sharded_optimizer-gloo"):
         assert rows.loc[case, "status"] == "ok" and bool(rows.loc[case, "passed"]), rows.loc[case]

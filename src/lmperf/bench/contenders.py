@@ -76,7 +76,7 @@ def attention_cases(spec: dict) -> list[dict]:
                                 (["dtype"] if dtype not in course_dtypes else [])
                             cases.append({**base, "check": "values", "dtype": dtype, "causal": causal,
                                           "shape": shape_id, "case_id": case_id,
-                                          "tier": "course" if tier == "course" and not outside else "wider",
+                                          "tier": tier,
                                           "outside": ",".join(outside), "head_dim": shape[-1],
                                           "seq_len": shape[-2], "tile": COURSE_TILE,
                                           "aligned": shape[-2] % COURSE_TILE == 0})
@@ -246,29 +246,37 @@ def measure_distributed(case: dict) -> list[dict]:
 
 
 class PerContender:
-    """isolation.Ahead's children, one Ahead per contender: a case runs only in a child of its own
+    """isolation.Ahead's children, one contender at a time: a case runs only in a child of its own
     contender, so two contenders' packages of one name (every student's `cs336_systems`) never
-    meet in an interpreter. The `workers` children are shared out, at least one a contender."""
+    meet in an interpreter. Each contender's cases are measured ahead of the job's loop in
+    `workers` children of its own, started when the loop reaches its first case (the cases come
+    contender by contender: attention_cases, distributed_cases) and closed when it moves on."""
 
     def __init__(self, measure, time_limit_s: float, workers: int, cases: list[dict]):
-        names = list(dict.fromkeys(c["contender"] for c in cases))
-        each = max(1, workers // max(1, len(names)))
-        self.measure, self.time_limit_s, self.each = measure, time_limit_s, each
-        self.ahead = {n: isolation.Ahead(measure, time_limit_s, each, [c for c in cases if c["contender"] == n])
-                      for n in names}
+        self.measure, self.time_limit_s, self.workers = measure, time_limit_s, workers
+        self.todo: dict[str, list[dict]] = {}
+        for case in cases:
+            self.todo.setdefault(case["contender"], []).append(case)
+        self.name, self.ahead = None, None
 
     def __call__(self, case: dict) -> list[dict]:
-        name = case["contender"]
-        if name not in self.ahead:  # a case the journal held (not measured ahead): a child of its own
-            self.ahead[name] = isolation.Ahead(self.measure, self.time_limit_s, self.each, [])
-        return self.ahead[name](case)
+        if case["contender"] != self.name:
+            self._close()
+            self.name = case["contender"]
+            # a contender met again (an unusual selection of cases): the rest in fresh children
+            self.ahead = isolation.Ahead(self.measure, self.time_limit_s, self.workers, self.todo.pop(self.name, []))
+        return self.ahead(case)
+
+    def _close(self, *exc) -> None:
+        if self.ahead is not None:
+            self.ahead.__exit__(*(exc or (None, None, None)))
+        self.name, self.ahead = None, None
 
     def __enter__(self) -> "PerContender":
         return self
 
     def __exit__(self, *exc) -> None:
-        for ahead in self.ahead.values():
-            ahead.__exit__(*exc)
+        self._close(*exc)
 
 
 STUDIES = {"attention": (attention_cases, measure_attention), "distributed": (distributed_cases, measure_distributed)}
