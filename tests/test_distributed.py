@@ -589,3 +589,27 @@ def test_a_speedup_from_host_bound_steps_is_marked_and_not_judged(tmp_path):
     speedup = busy["bars"].set_index("bar").filter(like="tokens/s >= 1.85x", axis=0).iloc[0]
     assert speedup["met"] in (True, False) and not busy["answers"][0]["host_bound"]
     assert busy["sizes"][0]["host_bound"]["n"] == 0
+
+
+@pytest.mark.slow
+def test_a_contenders_variant_that_raises_is_a_failed_row_after_every_one_of_ours(tmp_path):
+    """The timed study runs every variant in one set of ranks: ours first, then each contender's
+    together (no row of ours where a contender's code was imported), and what a contender's code
+    raises is its `failed` row; the job goes on and ends well."""
+    raises = tmp_path / "raises.py"
+    raises.write_text("def get_ddp(module):\n    raise RuntimeError('my DDP is not ready')\n\n\n"
+                      "def ddp_on_after_backward(model, optimizer):\n    pass\n")
+    out = tmp_path / "ddp_n2.csv"
+    spec = {"sizes": ["tiny"], "models": {"tiny": {"d_model": 32, "d_ff": 64, "n_layers": 2, "n_heads": 2}},
+            "variants": ["flat"], "bucket_caps_mb": [1], "batch_per_gpu": 2, "context": 16, "dtype": "fp32",
+            "warmup": 1, "timed_steps": 2, "profiled_steps": 1,
+            "contenders": {"raises": str(raises), "plain": str(REPO / "examples" / "contenders" / "plain_pytorch.py")}}
+    proc = torchrun(2, "ddp", "--spec", json.dumps(spec), "--out", str(out), "--hw", "cpu")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = pd.read_csv(out).drop_duplicates("case_id")
+    order = list(rows["case_id"])
+    assert order[0] == "tiny-flat-n2" and all("plain" in c or "raises" in c for c in order[1:])
+    status = rows.set_index("case_id")["status"]
+    assert status["tiny-flat-n2"] == "ok" and status["tiny-plain-ddp-n2"] == "ok"
+    failed = rows.set_index("case_id").loc["tiny-raises-ddp-n2"]
+    assert failed["status"] == "failed" and "my DDP is not ready" in failed["message"]
