@@ -91,10 +91,16 @@ class Filter:
         return "\n\n".join(f.describe() for f in self.failures)
 
 
+USAGE = "usage: python -m lmperf.runner snakemake [ARGS...]"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv in (["-h"], ["--help"]):
+        print(f"{USAGE}\n\n{__doc__.strip()}")
+        raise SystemExit(0)
     if not argv:
-        raise SystemExit("usage: python -m lmperf.runner snakemake [ARGS...]")
+        raise SystemExit(USAGE)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     shown = Filter()
     try:

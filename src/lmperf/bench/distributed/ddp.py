@@ -116,7 +116,7 @@ def build(variant: str, cfg, device, world: int, bucket_cap_mb: float | None, op
     if compiled:
         _compile_blocks(model, cfg.context_length)
     if contender is not None:
-        return _contender_build(contender, model, world, optimizer, bucket_cap_mb)
+        return contender_build(contender, model, world, optimizer, bucket_cap_mb)
     if optimizer == "master":
         if variant != "single":
             raise common.Unsupported(f"optimizer 'master' (MasterWeightAdamW) with variant {variant!r}: its "
@@ -180,7 +180,7 @@ def _compile_blocks(model, context: int) -> None:
     train.compile_blocks(model)
 
 
-def _contender_build(contender: tuple, model, world: int, optimizer, bucket_cap_mb: float | None = None):
+def contender_build(contender: tuple, model, world: int, optimizer, bucket_cap_mb: float | None = None):
     """(model, optimizer, reduce) through a contender's adapters (CS336 assignment 2's, either
     handout year: bench/contender_distributed.wrap). Its `*_on_after_backward` is the reduce; the
     bucketed DDP gets `bucket_cap_mb`, and its `ddp_bucketed_on_train_batch_start` runs at each
