@@ -346,6 +346,39 @@ def test_report_view_reads_the_bars_off_the_rows(tmp_path):
     assert all(p.stat().st_size > 1000 for p in paths.values())
 
 
+def cpu_frame() -> pd.DataFrame:
+    """The rows of a CPU's Gloo run (results/cpu/distributed/): no GPU named, two processes."""
+    df = pd.DataFrame(gpu_rows())
+    df = df[df["case_id"] != "link-n2"].assign(hw="cpu", gpu="none")
+    df["backend"] = df["backend"].replace("nccl", "gloo")
+    df["case_id"] = df["case_id"].str.replace("nccl", "gloo")
+    return df.reset_index(drop=True)
+
+
+def test_a_cpu_run_counts_processes_where_a_gpu_run_counts_gpus(tmp_path):
+    """A CPU's Gloo run names its ranks processes in the bars, the tables, the section's answers
+    and the summary's rows; a GPU run's say GPUs."""
+    from lmperf.report import distributed as R, summary
+
+    cpu, gpu = R.view(_inputs(cpu_frame(), tmp_path)), R.view(_inputs(gpu_frame(), tmp_path))
+    assert cpu["gpu"] == "the CPU (Gloo)" and cpu["words"]["each"] == "a process"
+    assert gpu["words"] == {"unit": "GPUs", "one": "one GPU", "each": "a GPU"}
+    (answer,) = cpu["answers"]
+    assert (answer["gpus"], answer["unit"], answer["one"], answer["machine"]) == (2, "processes", "one process", "cpu")
+    assert (gpu["answers"][0]["unit"], gpu["answers"][0]["one"]) == ("GPUs", "one GPU")
+    bars = cpu["bars"]["bar"].tolist()
+    assert "xl, DDP, 25 MB buckets (best) on 2 processes (cpu): tokens/s >= 1.85x one process's" in bars
+    assert not [b for b in bars if "GPU" in b], bars
+    assert "xl, DDP, 25 MB buckets (best) on 2 GPUs (h200-x2): tokens/s >= 1.85x one GPU's" in gpu["bars"]["bar"].tolist()
+    (xl,) = cpu["sizes"]
+    assert "processes" in xl["steps"] and "GPUs" not in xl["steps"] and "processes" in xl["memory"]
+    assert xl["steps"].set_index("variant").loc["one process", "processes"] == 1
+    assert "one GPU" in gpu["sizes"][0]["steps"]["variant"].tolist()
+    (row,) = summary.scaling(cpu)["counts"]
+    assert (row["gpus"], row["unit"], row["one"], row["each"]) == (2, "processes", "one process", "a process")
+    assert summary.scaling(gpu)["counts"][0]["unit"] == "GPUs"
+
+
 def test_memory_context_gives_its_own_fsdp2_bar_beside_the_scaling_contexts(tmp_path):
     from lmperf.report import distributed as R
 
