@@ -29,8 +29,10 @@ EMPTY_OK ?= 1
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 # $(call pytest,<python>,<selection>): one pass of the suite, pytest's exit status passed on.
+# -rfEs: the summary names the failed tests, the errors and why tests were skipped (one line per
+# reason and place); -r replaces pytest's default (fE), so f and E stay named.
 define pytest
-	$(1) -m pytest $(PYTEST_XDIST) $(2) $(PYTEST_ARGS); rc=$$?; \
+	$(1) -m pytest $(PYTEST_XDIST) -rfEs $(2) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ] && [ "$(EMPTY_OK)" = 1 ]; then echo "make: this pass selected no test (pytest exit 5): PYTEST_ARGS matches none of its tests"; exit 0; fi; \
 	exit $$rc
 endef

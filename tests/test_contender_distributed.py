@@ -40,7 +40,7 @@ def test_every_contract_of_both_years_is_a_case_and_buckets_include_sizes_below_
     assert {c["contract"] for c in cases} == set(contenders.DISTRIBUTED)
     bucketed = [c for c in cases if c["contract"] == "ddp_bucketed"]
     assert [c["case_id"] for c in bucketed] == [f"mine-ddp_bucketed-b{mb:g}-gloo" for mb in cd.BUCKETS_MB]
-    model_mb = sum(p.numel() * p.element_size() for p in cd._model().parameters()) / 2**20
+    model_mb = sum(p.numel() * p.element_size() for p in cd.toy_model().parameters()) / 2**20
     sizes = [c["bucket_size_mb"] for c in bucketed]
     assert min(sizes) < model_mb / 4 and any(s < model_mb < 2 * s for s in sizes) and max(sizes) > model_mb
     fsdp = {c["case_id"]: c["compute_dtype"] for c in cases if c["contract"] == "fsdp"}
@@ -96,7 +96,7 @@ def test_the_timed_step_calls_the_batch_start_hook_once_a_step_before_its_forwar
     from lmperf.bench.distributed import ddp
     (tmp_path / "hooked.py").write_text(HOOKED)
     model = torch.nn.Sequential(torch.nn.Embedding(11, 8), torch.nn.Linear(8, 11))
-    wrapped, opt, reduce = ddp._contender_build(("hooked", str(tmp_path / "hooked.py"), "ddp_bucketed"), model, 1,
+    wrapped, opt, reduce = ddp.contender_build(("hooked", str(tmp_path / "hooked.py"), "ddp_bucketed"), model, 1,
                                                 "foreach", 25)
     tokens = torch.randint(11, (4, 5))
     for _ in range(2):
@@ -114,11 +114,11 @@ def test_weights_are_compared_by_the_courses_rule_and_nan_is_wrong():
     reference = {"w": torch.tensor([1.0, -2.0])}
     rank = lambda *w: {"weights": {"module.w": np.array(w, dtype=np.float32)}}
     atol, rtol = cd.FSDP_TOLERANCE["fp32"]
-    worst, tolerance, ok = cd._compare(reference, {0: rank(1.0, -2.0 - 1e-4), 1: rank(1.0, -2.0)}, atol, rtol)
+    worst, tolerance, ok = cd.compare_weights(reference, {0: rank(1.0, -2.0 - 1e-4), 1: rank(1.0, -2.0)}, atol, rtol)
     assert ok and worst == pytest.approx(1e-4, rel=1e-2) and tolerance == pytest.approx(atol + rtol * 2)
-    assert not cd._compare(reference, {0: rank(1.0, -2.0 - 3e-4)}, atol, rtol)[2]
+    assert not cd.compare_weights(reference, {0: rank(1.0, -2.0 - 3e-4)}, atol, rtol)[2]
     with pytest.raises(contenders.Wrong, match="NaN"):
-        cd._compare(reference, {0: rank(float("nan"), -2.0)}, atol, rtol)
+        cd.compare_weights(reference, {0: rank(float("nan"), -2.0)}, atol, rtol)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -386,6 +386,10 @@ def test_a_contender_no_longer_named_is_gone_from_this_machines_report(tmp_path)
     assert set(kept["flash_attention"]["provider"]) == {"triton", "sdpa_flash", "sdpa_cudnn", "narrow_pytorch"}
     assert set(render.named_contenders_only(frames, set())["flash_attention"]["provider"]) == \
         {"triton", "sdpa_flash", "sdpa_cudnn"}
+    import pandas as pd
+    unnamed = pd.concat([frames["flash_attention"], pd.DataFrame({"provider": [None], "status": ["ok"]})])
+    assert len(render.named_contenders_only({"flash_attention": unnamed}, {"narrow"})["flash_attention"]) == \
+        len(kept["flash_attention"]) + 1  # a row naming no implementation is no contender's
 
     out = tmp_path / "report" / "report.md"
     stale = out.parent / "contenders" / "someone_from_before.md"

@@ -346,6 +346,39 @@ def test_report_view_reads_the_bars_off_the_rows(tmp_path):
     assert all(p.stat().st_size > 1000 for p in paths.values())
 
 
+def cpu_frame() -> pd.DataFrame:
+    """The rows of a CPU's Gloo run (results/cpu/distributed/): no GPU named, two processes."""
+    df = pd.DataFrame(gpu_rows())
+    df = df[df["case_id"] != "link-n2"].assign(hw="cpu", gpu="none")
+    df["backend"] = df["backend"].replace("nccl", "gloo")
+    df["case_id"] = df["case_id"].str.replace("nccl", "gloo")
+    return df.reset_index(drop=True)
+
+
+def test_a_cpu_run_counts_processes_where_a_gpu_run_counts_gpus(tmp_path):
+    """A CPU's Gloo run names its ranks processes in the bars, the tables, the section's answers
+    and the summary's rows; a GPU run's say GPUs."""
+    from lmperf.report import distributed as R, summary
+
+    cpu, gpu = R.view(_inputs(cpu_frame(), tmp_path)), R.view(_inputs(gpu_frame(), tmp_path))
+    assert cpu["gpu"] == "the CPU (Gloo)" and cpu["words"]["each"] == "a process"
+    assert gpu["words"] == {"unit": "GPUs", "one": "one GPU", "each": "a GPU"}
+    (answer,) = cpu["answers"]
+    assert (answer["gpus"], answer["unit"], answer["one"], answer["machine"]) == (2, "processes", "one process", "cpu")
+    assert (gpu["answers"][0]["unit"], gpu["answers"][0]["one"]) == ("GPUs", "one GPU")
+    bars = cpu["bars"]["bar"].tolist()
+    assert "xl, DDP, 25 MB buckets (best) on 2 processes (cpu): tokens/s >= 1.85x one process's" in bars
+    assert not [b for b in bars if "GPU" in b], bars
+    assert "xl, DDP, 25 MB buckets (best) on 2 GPUs (h200-x2): tokens/s >= 1.85x one GPU's" in gpu["bars"]["bar"].tolist()
+    (xl,) = cpu["sizes"]
+    assert "processes" in xl["steps"] and "GPUs" not in xl["steps"] and "processes" in xl["memory"]
+    assert xl["steps"].set_index("variant").loc["one process", "processes"] == 1
+    assert "one GPU" in gpu["sizes"][0]["steps"]["variant"].tolist()
+    (row,) = summary.scaling(cpu)["counts"]
+    assert (row["gpus"], row["unit"], row["one"], row["each"]) == (2, "processes", "one process", "a process")
+    assert summary.scaling(gpu)["counts"][0]["unit"] == "GPUs"
+
+
 def test_memory_context_gives_its_own_fsdp2_bar_beside_the_scaling_contexts(tmp_path):
     from lmperf.report import distributed as R
 
@@ -589,3 +622,27 @@ def test_a_speedup_from_host_bound_steps_is_marked_and_not_judged(tmp_path):
     speedup = busy["bars"].set_index("bar").filter(like="tokens/s >= 1.85x", axis=0).iloc[0]
     assert speedup["met"] in (True, False) and not busy["answers"][0]["host_bound"]
     assert busy["sizes"][0]["host_bound"]["n"] == 0
+
+
+@pytest.mark.slow
+def test_a_contenders_variant_that_raises_is_a_failed_row_after_every_one_of_ours(tmp_path):
+    """The timed study runs every variant in one set of ranks: ours first, then each contender's
+    together (no row of ours where a contender's code was imported), and what a contender's code
+    raises is its `failed` row; the job goes on and ends well."""
+    raises = tmp_path / "raises.py"
+    raises.write_text("def get_ddp(module):\n    raise RuntimeError('my DDP is not ready')\n\n\n"
+                      "def ddp_on_after_backward(model, optimizer):\n    pass\n")
+    out = tmp_path / "ddp_n2.csv"
+    spec = {"sizes": ["tiny"], "models": {"tiny": {"d_model": 32, "d_ff": 64, "n_layers": 2, "n_heads": 2}},
+            "variants": ["flat"], "bucket_caps_mb": [1], "batch_per_gpu": 2, "context": 16, "dtype": "fp32",
+            "warmup": 1, "timed_steps": 2, "profiled_steps": 1,
+            "contenders": {"raises": str(raises), "plain": str(REPO / "examples" / "contenders" / "plain_pytorch.py")}}
+    proc = torchrun(2, "ddp", "--spec", json.dumps(spec), "--out", str(out), "--hw", "cpu")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = pd.read_csv(out).drop_duplicates("case_id")
+    order = list(rows["case_id"])
+    assert order[0] == "tiny-flat-n2" and all("plain" in c or "raises" in c for c in order[1:])
+    status = rows.set_index("case_id")["status"]
+    assert status["tiny-flat-n2"] == "ok" and status["tiny-plain-ddp-n2"] == "ok"
+    failed = rows.set_index("case_id").loc["tiny-raises-ddp-n2"]
+    assert failed["status"] == "failed" and "my DDP is not ready" in failed["message"]

@@ -316,6 +316,39 @@ def test_the_standard_run_and_the_deep_target_are_timed_apart(monkeypatch):
     assert (timing["run_min"], timing["deep_run_min"]) == (26.0, 2.0)
 
 
+def test_a_cpu_runs_environment_names_its_cpu_and_cores_not_a_gpu(tmp_path):
+    """The environment file of a machine without a GPU records the CPU's model and cores, and
+    the section names them where a GPU run names its GPU and memory."""
+    import os
+
+    from lmperf.bench import env as bench_env
+    from lmperf.report import env as env_view
+
+    results = tmp_path / "results" / "cpu"
+    (results / "env").mkdir(parents=True)
+    facts = {**bench_env.facts("cpu", "smoke"), "gpu": "none", "gpu_memory_gib": "none"}  # as on a CPU-only torch
+    pd.DataFrame({"key": list(facts), "value": list(facts.values())}).to_csv(results / "env" / "env.csv", index=False)
+    view = env_view.view(inputs(results))
+    assert view["facts"]["cpu_model"] == bench_env.cpu_model() and view["facts"]["cpu_cores"] == str(os.cpu_count())
+    assert view["device"] == f"{bench_env.cpu_model()} ({os.cpu_count()} cores, no GPU)"
+    assert {"CPU model", "CPU cores (logical)"} <= set(view["table"][""])
+    # an environment file written before the model was recorded names the architecture
+    assert env_view.device({"hw": "cpu", "gpu": "none", "gpu_memory_gib": "none", "cpu": "x86_64"}) == "x86_64 (no GPU)"
+    assert env_view.view(inputs(FIXTURE))["device"] == "NVIDIA H100 80GB HBM3 (79.2 GiB)"
+
+
+def test_the_cpu_model_is_read_from_cpuinfo(tmp_path):
+    from lmperf.bench import env as bench_env
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R)  Gold 6338 CPU\n"
+                    "processor\t: 1\nmodel name\t: Intel(R) Xeon(R)  Gold 6338 CPU\n")
+    assert bench_env.cpu_model(info) == "Intel(R) Xeon(R) Gold 6338 CPU"
+    info.write_text("processor\t: 0\nBogoMIPS\t: 50.00\nModel\t\t: Raspberry Pi 4 Model B Rev 1.4\n")  # ARM
+    assert bench_env.cpu_model(info) == "Raspberry Pi 4 Model B Rev 1.4"
+    assert bench_env.cpu_model(tmp_path / "none")  # no such file: platform's answer, never empty
+
+
 def test_references_are_validated_and_shown_only_where_their_gpu_matches(tmp_path):
     """config/references.yaml loads under its schema; a section shows the entries whose `hw`
     matches the results folder (an H100's report, not a CPU's); a bad entry is named."""

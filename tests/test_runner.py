@@ -40,3 +40,29 @@ def test_lines_outside_a_failed_jobs_command_pass_unchanged():
     out = [o for line in lines for o in shown.feed(line)]
     assert out[0] == lines[0] and out[-1] == lines[-1] and not any("--spec" in o for o in out)
     assert [f.logs() for f in shown.failures] == [["a.log", "b.log"]]
+
+
+PROFILED = """
+import torch
+from torch.profiler import ProfilerActivity, profile
+with profile(activities=[ProfilerActivity.CPU]) as prof:
+    torch.ones(8).sum()
+print("operators recorded:", len(prof.key_averages()))
+"""
+
+
+def test_jobs_on_a_machine_without_a_gpu_profile_without_the_profilers_own_lines(monkeypatch, capsys):
+    """kineto's `USDT: ... profiler_start` lines stay out of what make report prints on a CPU (the
+    profile itself is still recorded); a GPU machine's jobs keep kineto's default, and a
+    KINETO_LOG_LEVEL set by hand wins."""
+    from lmperf import hardware
+
+    monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
+    monkeypatch.setattr(hardware, "gpu_count", lambda: 0)
+    assert runner.main([sys.executable, "-c", PROFILED]) == 0
+    out = capsys.readouterr().out
+    assert "profiler_start" not in out and "USDT" not in out, out
+    assert int(out.split("operators recorded:")[1].split()[0]) > 0
+    assert "KINETO_LOG_LEVEL" not in runner.job_environment({"PATH": "/bin"}, gpus=2)
+    assert runner.job_environment({"KINETO_LOG_LEVEL": "2"}, gpus=0) == {"KINETO_LOG_LEVEL": "2"}
+

@@ -156,6 +156,19 @@ def make_passes(*targets: str) -> list[list[str]]:
     return passes
 
 
+def test_make_test_says_why_each_skipped_test_was_skipped(tmp_path):
+    """make test's pytest pass ends with the reason of every skip, so that a skipped test is never
+    a silent one, and still names every failed test."""
+    (fast,) = make_passes("test")
+    (tmp_path / "test_one.py").write_text("import pytest\n\n\ndef test_on_a_gpu():\n    pytest.skip('needs a GPU')\n"
+                                          "\n\ndef test_broken():\n    assert False\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", *fast, "-p", "no:cacheprovider", "test_one.py"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert "SKIPPED [1] test_one.py:5: needs a GPU" in proc.stdout, proc.stdout
+    assert "FAILED test_one.py::test_broken" in proc.stdout, proc.stdout
+
+
 def collected(*args: str) -> tuple[set[str], int]:
     """(ids of the tests selected, number collected) of `pytest --collect-only` with `args`."""
     proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],

@@ -4,10 +4,12 @@ JSON), and at the end one paragraph per failed job: the job, its log file and th
 
     python -m lmperf.runner snakemake --cores all report/report.md ...
 
-Exits with Snakemake's status. Everything else Snakemake prints passes through unchanged.
+Exits with Snakemake's status. Everything else Snakemake prints passes through unchanged. On a
+machine without a GPU, the jobs run with torch.profiler's own log off (`job_environment`).
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -15,6 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TAIL_LINES = 12
+# libkineto's log levels (its LoggerOutputType): VERBOSE 0, INFO 1, WARNING 2, STAGE 3, ERROR 4,
+# USDT 5; above 5 it prints nothing
+KINETO_QUIET = "6"
 # Snakemake's error block of a failed job: "Error in rule NAME:", indented fields, `shell:` and
 # the command's lines, then "(command exited with non-zero exit code)"
 ERROR = re.compile(r"^Error in rule (?P<rule>\S+):")
@@ -91,11 +96,28 @@ class Filter:
         return "\n\n".join(f.describe() for f in self.failures)
 
 
+USAGE = "usage: python -m lmperf.runner snakemake [ARGS...]"
+
+
+def job_environment(environ: dict, gpus: int) -> dict:
+    """The jobs' environment: `environ`, and on a machine without a GPU (`gpus` 0) torch.profiler's
+    kineto quiet. It prints `USDT: ... profiler_start` and `profiler_stop` on stderr around every
+    profiled block; the only setting that hides them hides its errors too, so a GPU, where a
+    failing CUPTI says why a profile came back empty, keeps its default. A KINETO_LOG_LEVEL set by
+    hand wins."""
+    return environ if gpus else {"KINETO_LOG_LEVEL": KINETO_QUIET, **environ}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv in (["-h"], ["--help"]):
+        print(f"{USAGE}\n\n{__doc__.strip()}")
+        raise SystemExit(0)
     if not argv:
-        raise SystemExit("usage: python -m lmperf.runner snakemake [ARGS...]")
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        raise SystemExit(USAGE)
+    from lmperf import hardware
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            env=job_environment(dict(os.environ), hardware.gpu_count()))
     shown = Filter()
     try:
         for line in proc.stdout:

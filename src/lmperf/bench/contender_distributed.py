@@ -95,7 +95,7 @@ def wrap(contender, contract: str, model, bucket_size_mb: float | None = None, c
 # DDP and the sharded optimizer: a toy model, AdamW, one process's weights within fp32 rounding
 
 
-def _model():
+def toy_model():
     import torch
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(DIM, HIDDEN), torch.nn.GELU(), torch.nn.LayerNorm(HIDDEN),
@@ -111,7 +111,7 @@ def _batches(steps: int, world: int):
 
 def _reference(steps: int, world: int) -> dict:
     import torch
-    model = _model()
+    model = toy_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for x, y in _batches(steps, world):
         opt.zero_grad(set_to_none=True)
@@ -124,7 +124,7 @@ def _train_ddp(contender, case: dict, rank: int, world: int) -> dict:
     """This rank's training through the contender's DDP or sharded optimizer; its weights."""
     import torch
     import torch.distributed as dist
-    model = _model()
+    model = toy_model()
     start = None
     if case["contract"] == "sharded_optimizer":  # gradients averaged here, its state sharded by the contender
         wrapped = model
@@ -426,7 +426,7 @@ def _run_ranks(case: dict) -> dict:
     return {rank: payload for rank, (_, payload) in results.items()}
 
 
-def _compare(reference: dict, results: dict, atol: float, rtol: float) -> tuple[float, float, bool]:
+def compare_weights(reference: dict, results: dict, atol: float, rtol: float) -> tuple[float, float, bool]:
     """(max |got - reference| over every rank's weights, atol + rtol |reference| where the
     difference is largest against its own tolerance, whether all are within torch.allclose's
     rule); Wrong for a weight that is missing, of the wrong shape, or not finite."""
@@ -484,7 +484,7 @@ def measure(case: dict, contender) -> list[dict]:
         contender.adapter(name)  # a missing adapter: a `skipped` row before any process starts
     results = _run_ranks(case)
     if case["contract"] != "fsdp":
-        worst, tolerance, passed = _compare(_reference(steps, world), results, TOLERANCE, 0.0)
+        worst, tolerance, passed = compare_weights(_reference(steps, world), results, TOLERANCE, 0.0)
         how = f"{world} processes (Gloo) against one, {steps} AdamW steps"
         if case["contract"] == "ddp_bucketed":
             how += (f", {case['bucket_size_mb']:g} MB buckets, ddp_bucketed_on_train_batch_start called at "
@@ -497,7 +497,7 @@ def measure(case: dict, contender) -> list[dict]:
     what = lead["model"]
     atol, rtol = FSDP_TOLERANCE[case["compute_dtype"]]
     reference = {name: torch.from_numpy(a) for name, a in lead.pop("reference").items()}
-    worst, tolerance, passed = _compare(reference, results, atol, rtol)
+    worst, tolerance, passed = compare_weights(reference, results, atol, rtol)
     sharded, held = sharding_verdict(results, world)
     how = (f"{world} processes (Gloo) against one, {steps} SGD steps (lr {FSDP_LR:g}), compute_dtype "
            f"{'float16' if case['compute_dtype'] == 'fp16' else 'None'} (logits in {lead['logits_dtype']}), "

@@ -4,8 +4,10 @@
 """
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
+from pathlib import Path
 
 import pandas as pd
 
@@ -19,6 +21,19 @@ def driver_version() -> str:
         return out.splitlines()[0].strip()
     except (subprocess.SubprocessError, OSError, IndexError):
         return "none"
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name as /proc/cpuinfo gives it ('AMD EPYC 7763 64-Core Processor'), else
+    platform.processor() or the architecture where there is no such file (macOS, Windows)."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model") and value.strip():
+                return " ".join(value.split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def facts(hw: str, scale: str) -> dict:
@@ -38,6 +53,8 @@ def facts(hw: str, scale: str) -> dict:
         "triton": prov["triton"],
         "python": prov["python"],
         "cpu": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
+        "cpu_cores": str(os.cpu_count() or "?"),
         "cpu_threads": str(torch.get_num_threads()),
         "os": platform.platform(),
         "commit": prov["commit"],

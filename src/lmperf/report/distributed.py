@@ -20,8 +20,8 @@ import pandas as pd
 
 from lmperf.report import freshness
 from lmperf.report.distributed_rows import (  # noqa: F401 (the section's names, read here and by tests)
-    BUCKETED, KEY, MEMORY, PHASES, VARIANT_NAMES, allreduce_frame, best_ddp, cases, ddp_frame, frames, gpu_count, gpu_counts,
-    link_peaks, ok_metric, slow_baseline, variant_label)
+    BUCKETED, GPU_WORDS, KEY, MEMORY, PHASES, VARIANT_NAMES, allreduce_frame, best_ddp, cases, ddp_frame, frames,
+    gpu_count, gpu_counts, link_peaks, no_run, ok_metric, slow_baseline, variant_label, words)
 from lmperf.report.format import HOST_BOUND, Spread, bar, fmt, host_bound_legend, idle_text, unavailable
 from lmperf.report.plot import plt, save
 
@@ -60,7 +60,7 @@ def other_machines(results: Path, out_dir: Path, idle: float = math.inf) -> list
     for folder in other_folders(results):
         section = results.parent.parent / "report" / "distributed" / folder.name / "distributed.md"
         rows = load_section(folder, "distributed")
-        out.append({"machine": folder.name, "answers": with_code(answers(frames(rows)[1], idle), rows),
+        out.append({"machine": folder.name, "answers": with_code(answers(frames(rows)[1], idle, words(rows)), rows),
                     "link": os.path.relpath(section, out_dir) if section.exists() else None})
     return out
 
@@ -78,7 +78,7 @@ def view(inputs) -> dict:
     idle = inputs.bars.get("host_bound_idle_pct", math.inf)
     gpus = sorted({g for g in df["gpu"].astype(str) if g != "none"})
     out = {"available": True, "folders": sorted(df["hw"].astype(str).unique()),
-           "gpu": ", ".join(gpus) if gpus else "the CPU (Gloo)",
+           "gpu": ", ".join(gpus) if gpus else "the CPU (Gloo)", "words": (w := words(df)),
            "torch": sorted(df["torch"].astype(str).unique()),
            "commits": sorted(df["commit"].dropna().astype(str).unique()), "code": freshness.section_state(df)}
     ar, ddp = frames(df)
@@ -94,28 +94,28 @@ def view(inputs) -> dict:
                         .rename(columns={
         "size_mb": "size (MB)", "time_ms": "time (ms, median)", "algbw_gbps": "algbw (GB/s)",
         "busbw_gbps": "busbw (GB/s)"}) if not ar.empty else pd.DataFrame())
-    out["bars"] = pd.DataFrame(allreduce_bars(ar, out["link_peak"], limits) + ddp_bars(ddp, limits, idle))
-    out["answers"] = with_code(answers(ddp, idle), df)
-    out["sizes"] = [{"size": size, "steps": ddp_table(g[g["purpose"] == "scaling"], idle),
+    out["bars"] = pd.DataFrame(allreduce_bars(ar, out["link_peak"], limits, w) + ddp_bars(ddp, limits, idle, w))
+    out["answers"] = with_code(answers(ddp, idle, w), df)
+    out["sizes"] = [{"size": size, "steps": ddp_table(g[g["purpose"] == "scaling"], idle, w["unit"]),
                      "host_bound": host_bound_legend(g[(g["purpose"] == "scaling") & (g["status"] == "ok")], idle),
-                     "memory": memory_table(g[g["purpose"] == "scaling"]),
+                     "memory": memory_table(g[g["purpose"] == "scaling"], w["unit"]),
                      "tokens": tokens_per_gpu(_first(g[g["purpose"] == "scaling"])),
                      "memory_tokens": tokens_per_gpu(_first(g[g["purpose"] == "memory"])),
-                     "short": memory_table(g[g["purpose"] == "memory"]),
-                     **accumulated(g[g["purpose"] == "accumulate"], idle)}
+                     "short": memory_table(g[g["purpose"] == "memory"], w["unit"]),
+                     **accumulated(g[g["purpose"] == "accumulate"], idle, w["unit"])}
                     for size, g in ddp.groupby("size", sort=False)] if not ddp.empty else []
     out["not_run"] = not_run(df)
     return out
 
 
-def accumulated(g: pd.DataFrame, idle: float) -> dict:
+def accumulated(g: pd.DataFrame, idle: float, unit: str = "GPUs") -> dict:
     """The steps of DDP and the one-GPU job with more micro-batches a step, where they ran: their
     micro-batches, tokens a GPU a step, and table."""
     first = _first(g)
     if first is None:
         return {}
     return {"micro_batches": int(first["micro_batches"]), "accumulate_tokens": tokens_per_gpu(first),
-            "accumulated": ddp_table(g, idle)}
+            "accumulated": ddp_table(g, idle, unit)}
 
 
 def tokens_per_gpu(case: pd.Series | None) -> str | None:
@@ -132,11 +132,11 @@ def machine_column(g: pd.DataFrame) -> dict:
     return {"machine": g["machine"]} if g["machine"].nunique() > 1 else {}
 
 
-def ddp_table(g: pd.DataFrame, idle: float = math.inf) -> pd.DataFrame:
+def ddp_table(g: pd.DataFrame, idle: float = math.inf, unit: str = "GPUs") -> pd.DataFrame:
     """The training steps that ran, with rank 0's GPU idle share (marked host-bound above `idle` %)."""
     g = g[g["status"] == "ok"]
     return pd.DataFrame({
-        **machine_column(g), "variant": g["label"], "GPUs": g["processes"], "global batch": g["global_batch"],
+        **machine_column(g), "variant": g["label"], unit: g["processes"], "global batch": g["global_batch"],
         "step (ms)": [Spread(m, q20=lo, q80=hi) for m, lo, hi in zip(g["step_ms"], g["step_q20_ms"], g["step_q80_ms"])],
         **{p.removesuffix("_ms"): g[p] for p in PHASES},
         "tokens/s": g["tokens_per_s"], "scaling efficiency": g["scaling_efficiency"],
@@ -145,9 +145,9 @@ def ddp_table(g: pd.DataFrame, idle: float = math.inf) -> pd.DataFrame:
         "GPU idle %": [idle_text(v, idle) for v in g["gpu_idle_pct"]]}).reset_index(drop=True)
 
 
-def memory_table(g: pd.DataFrame) -> pd.DataFrame:
+def memory_table(g: pd.DataFrame, unit: str = "GPUs") -> pd.DataFrame:
     g = g[g["status"] == "ok"]
-    return pd.DataFrame({**machine_column(g), "variant": g["label"], "GPUs": g["processes"],
+    return pd.DataFrame({**machine_column(g), "variant": g["label"], unit: g["processes"],
                          "parameters": g["param_mib"], "gradients": g["grad_mib"],
                          "optimizer state": g["optimizer_state_mib"],
                          "activations and buffers": g["activations_mib"],
@@ -166,7 +166,7 @@ def _not_measured(text: str, why: str, met: str = NOT_MEASURED) -> dict:
     return {"bar": text, "measured": why, "met": met, "_value": math.nan}
 
 
-def allreduce_bars(ar: pd.DataFrame, peak: dict | None, limits: dict) -> list[dict]:
+def allreduce_bars(ar: pd.DataFrame, peak: dict | None, limits: dict, w: dict = GPU_WORDS) -> list[dict]:
     """NCCL all-reduce of the largest message: bus bandwidth as a share of the link's peak."""
     nccl = ar[(ar["backend"] == "nccl") & ar["busbw_gbps"].notna()] if not ar.empty else ar
     threshold = limits["busbw_fraction_of_link"]
@@ -177,7 +177,7 @@ def allreduce_bars(ar: pd.DataFrame, peak: dict | None, limits: dict) -> list[di
     for n, g in nccl.groupby("processes"):
         big = g.loc[g["size_mb"].idxmax()]
         share = big["busbw_gbps"] / peak["gbps"]
-        rows.append(bar(f"NCCL all-reduce of {big['size_mb'] / 1000:g} GB, {n} GPUs: busbw >= "
+        rows.append(bar(f"NCCL all-reduce of {big['size_mb'] / 1000:g} GB, {n} {w['unit']}: busbw >= "
                         f"{threshold:.0%} of the link's peak ({peak['source']}, {fmt(peak['gbps'])} GB/s)",
                         share, f"{fmt(big['busbw_gbps'])} GB/s = {share:.1%}", share >= threshold))
     return rows
@@ -201,16 +201,16 @@ def host_bound_scaling(best: pd.Series, ddp: pd.DataFrame, idle: float) -> str:
             f"one-GPU step, so the ratio follows the host's speed")
 
 
-def ddp_bars(ddp: pd.DataFrame, limits: dict, idle: float = math.inf) -> list[dict]:
+def ddp_bars(ddp: pd.DataFrame, limits: dict, idle: float = math.inf, w: dict = GPU_WORDS) -> list[dict]:
     """Per model size and GPU count with a target: the best DDP bucket's speedup (not judged
     where a step is host-bound: `host_bound_scaling`) and exposed communication, and FSDP2's
-    peak memory against DDP's (`fsdp_pairs`)."""
+    peak memory against DDP's (`fsdp_pairs`); a rank named as `w` says (`words`)."""
     exposed = limits["exposed_comm_fraction"]
     sizes = list(ddp["size"].unique()) if not ddp.empty else []
     counts = gpu_counts(ddp)
     if not sizes or not counts:
-        return [_not_measured(f"DDP on {e['gpus']} GPUs >= {e['at_least']}x one GPU's tokens/s",
-                              "no training step on 2 or more GPUs measured") for e in limits["ddp_speedup"]]
+        return [_not_measured(f"DDP on {e['gpus']} {w['unit']} >= {e['at_least']}x {w['one']}'s tokens/s",
+                              f"no training step on 2 or more {w['unit']} measured") for e in limits["ddp_speedup"]]
     rows = []
     for size in sizes:
         for procs, machine in counts:
@@ -218,14 +218,14 @@ def ddp_bars(ddp: pd.DataFrame, limits: dict, idle: float = math.inf) -> list[di
             if best is None:
                 continue
             name = f"{size}, {best['label']}"
-            where = f"{procs} GPUs ({machine})"
+            where = f"{procs} {w['unit']} ({machine})"
             if (entry := threshold(limits["ddp_speedup"], procs)) is not None:
-                rows.append(speedup_bar(f"{name} (best) on {where}: tokens/s >= {entry['at_least']}x one GPU's",
+                rows.append(speedup_bar(f"{name} (best) on {where}: tokens/s >= {entry['at_least']}x {w['one']}'s",
                                         best, entry, ddp, idle))
                 if (acc := best_ddp(ddp, size, procs, machine, "accumulate")) is not None:
                     rows.append(speedup_bar(f"{size}, {acc['label']}, {int(acc['micro_batches'])} micro-batches a step "
-                                            f"({tokens_per_gpu(acc)} tokens a GPU, one all-reduce) on {where}: tokens/s "
-                                            f">= {entry['at_least']}x one GPU's at the same step", acc, entry, ddp, idle))
+                                            f"({tokens_per_gpu(acc)} tokens {w['each']}, one all-reduce) on {where}: tokens/s "
+                                            f">= {entry['at_least']}x {w['one']}'s at the same step", acc, entry, ddp, idle))
             text, share = f"{name} on {where}: exposed communication <= {exposed:.0%} of the step", best["exposed_comm_share"]
             rows.append(bar(text, share, f"{share:.1%} ({fmt(best['exposed_comm_ms'])} of {fmt(best['step_ms'])} ms)",
                             share <= exposed) if pd.notna(share) else
@@ -234,11 +234,11 @@ def ddp_bars(ddp: pd.DataFrame, limits: dict, idle: float = math.inf) -> list[di
                 for case, fsdp, against in fsdp_pairs(ddp, size, best):
                     memory = entry[case["purpose"]]
                     rows.append(memory_bar(f"{size}: FSDP2 peak memory per rank <= {memory}x DDP's ({where}"
-                                           f"{_at(case)})", fsdp, against, memory))
+                                           f"{_at(case, w['each'])})", fsdp, against, memory))
         for entry in limits["ddp_speedup"]:
             if entry["gpus"] not in dict(counts):
-                rows.append(_not_measured(f"{size}: DDP (best) on {entry['gpus']} GPUs >= {entry['at_least']}x "
-                                          "one GPU's tokens/s", f"no machine with {entry['gpus']} GPUs ran it"))
+                rows.append(_not_measured(f"{size}: DDP (best) on {entry['gpus']} {w['unit']} >= {entry['at_least']}x "
+                                          f"{w['one']}'s tokens/s", no_run(entry["gpus"], w)))
     return rows
 
 
@@ -273,17 +273,17 @@ def fsdp_ratio(fsdp: pd.DataFrame, ddp: pd.Series | None) -> float:
     return peak / ddp["peak_allocated_mib"] if ddp is not None else math.nan
 
 
-def answers(ddp: pd.DataFrame, idle: float = math.inf) -> list[dict]:
+def answers(ddp: pd.DataFrame, idle: float = math.inf, w: dict = GPU_WORDS) -> list[dict]:
     """What the report's summary quotes, per model size and GPU count (`gpu_counts`): the best
     DDP variant's tokens/s over one GPU's on that machine, and FSDP2's peak memory per rank over
-    DDP's at each context (with its tokens a GPU)."""
+    DDP's at each context (with its tokens a GPU); each with the words that name a rank (`w`)."""
     out = []
     for size in (ddp["size"].unique() if not ddp.empty else []):
         for procs, machine in gpu_counts(ddp):
             best = best_ddp(ddp, size, procs, machine)
             if best is None:
                 continue
-            out.append({"size": size, "gpus": procs, "machine": machine, "label": best["label"],
+            out.append({**w, "size": size, "gpus": procs, "machine": machine, "label": best["label"],
                         "speedup": float(best["speedup"]), "bucket_mb": float(best["bucket_cap_mb"]),
                         "slow_baseline": slow_baseline(best), "host_bound": host_bound_scaling(best, ddp, idle),
                         "fsdp": [{"tokens": tokens_per_gpu(case), "ratio": fsdp_ratio(fsdp, against)}
@@ -303,8 +303,8 @@ def with_code(found: list[dict], df: pd.DataFrame) -> list[dict]:
     return found
 
 
-def _at(case: pd.Series) -> str:
-    return f", {tokens} tokens a GPU" if (tokens := tokens_per_gpu(case)) else ""
+def _at(case: pd.Series, each: str = "a GPU") -> str:
+    return f", {tokens} tokens {each}" if (tokens := tokens_per_gpu(case)) else ""
 
 
 def _first(g: pd.DataFrame) -> pd.Series | None:

@@ -30,7 +30,28 @@ def ok_metric(df: pd.DataFrame, study: str, metric: str, stat: str = "median") -
     return rows.drop_duplicates(KEY).set_index(KEY)[stat] if stat in rows else pd.Series(dtype=float)
 
 
-def variant_label(variant: str, bucket) -> str:
+GPU_WORDS = {"unit": "GPUs", "one": "one GPU", "each": "a GPU"}
+PROCESS_WORDS = {"unit": "processes", "one": "one process", "each": "a process"}
+
+
+def words(df: pd.DataFrame) -> dict:
+    """How the section names a rank: a GPU where the rows name one, else a process (a CPU's Gloo
+    run). `unit` follows a count ("2 GPUs"), `one` names the one-rank job ("one GPU"), `each` a
+    rank's share ("tokens a GPU")."""
+    on_gpus = "gpu" in df and any(g != "none" for g in df["gpu"].dropna().astype(str))
+    return dict(GPU_WORDS if on_gpus else PROCESS_WORDS)
+
+
+def no_run(n: int, w: dict) -> str:
+    """Why a bar of `n` ranks is not measured: no machine of `n` GPUs, or no run of `n` processes."""
+    return f"no machine with {n} GPUs ran it" if w == GPU_WORDS else f"no run of {n} {w['unit']} here"
+
+
+def variant_label(variant: str, bucket, one: str = VARIANT_NAMES["single"]) -> str:
+    """A training variant's name in the tables (DDP's with its bucket size); `one` names the
+    one-rank job (`words`)."""
+    if variant == "single":
+        return one
     name = VARIANT_NAMES.get(variant, variant)
     if variant in BUCKETED:
         return f"{name}, {float(bucket):g} MB buckets"
@@ -101,7 +122,8 @@ def ddp_frame(df: pd.DataFrame) -> pd.DataFrame:
     single_forward = out[out["variant"] == "single"].set_index(["machine", "size", "purpose"])["forward_ms"]
     out["single_forward_ms"] = keys.map(single_forward)
     out["sequences_per_gpu"] = out["global_batch"] / out["processes"]  # a step's, micro-batches included
-    out["label"] = [variant_label(v, b) for v, b in zip(out["variant"], out["bucket_cap_mb"])]
+    one = words(df)["one"]
+    out["label"] = [variant_label(v, b, one) for v, b in zip(out["variant"], out["bucket_cap_mb"])]
     return out.reset_index(drop=True)
 
 

@@ -11,9 +11,24 @@ from lmperf.report.sections import DEEP
 
 LABELS = {"gpu": "GPU", "gpu_memory_gib": "GPU memory (GiB)", "gpu_multiprocessors": "GPU SMs",
           "driver": "NVIDIA driver", "cuda": "CUDA (torch build)", "torch": "torch",
-          "triton": "triton", "python": "Python", "cpu": "CPU", "cpu_threads": "CPU threads (torch)",
+          "triton": "triton", "python": "Python", "cpu": "CPU", "cpu_model": "CPU model",
+          "cpu_cores": "CPU cores (logical)", "cpu_threads": "CPU threads (torch)",
           "os": "OS", "commit": "git commit (at measurement)", "measured_at": "measured at",
           "scale": "scale", "hw": "results folder"}
+
+
+def device(facts: dict) -> str:
+    """What the rows were measured on, as the section's first line names it: the GPU and its
+    memory ('NVIDIA H200 (139.8 GiB)'), or on a machine without one (a CPU run: `gpu` none) the
+    CPU's model and logical cores ('AMD EPYC (2 cores, no GPU)'; the architecture where an older
+    environment file has no model)."""
+    gpu = facts.get("gpu")
+    if gpu == "none" or (gpu is None and facts.get("hw") == "cpu"):
+        cpu = facts.get("cpu_model") or facts.get("cpu") or "a CPU"
+        cores = facts.get("cpu_cores")
+        return f"{cpu} ({f'{cores} cores, ' if cores not in (None, '?') else ''}no GPU)"
+    memory = facts.get("gpu_memory_gib")
+    return f"{gpu or '?'}{f' ({memory} GiB)' if memory is not None else ''}"
 
 
 def measured_seconds(frames: dict[str, pd.DataFrame]) -> dict[str, float]:
@@ -83,4 +98,5 @@ def view(inputs) -> dict:
         return unavailable(f"no {inputs.results}/env/env.csv", facts={}, timing=timing, code=code)
     facts = dict(zip(env["key"], env["value"].astype(str)))
     table = pd.DataFrame([{"": LABELS.get(k, k), "value": v} for k, v in facts.items()])
-    return {"available": True, "facts": facts, "table": table, "timing": timing, "code": code}
+    return {"available": True, "facts": facts, "device": device(facts), "table": table, "timing": timing,
+            "code": code}

@@ -199,7 +199,9 @@ def named_contenders_only(frames: dict, named: set[str]) -> dict:
     configuration writes. A contender's rows live and die with the configuration."""
     from lmperf.report.contenders import NAMED_BY
 
-    def keep(section: str, name: str) -> bool:
+    def keep(section: str, name) -> bool:
+        if not isinstance(name, str):  # a row that names no implementation (pandas 3 keeps it missing)
+            return section != "contenders"
         if section == "contenders":
             return name in named
         if section == "distributed":
@@ -221,7 +223,7 @@ def named_contenders_only(frames: dict, named: set[str]) -> dict:
         df = frames.get(section)
         if df is None or df.empty or column not in df:
             continue
-        kept = df[column].astype(str).map(lambda n, s=section: keep(s, n))
+        kept = df[column].map(lambda n, s=section: keep(s, n)).astype(bool)
         out[section] = df[kept]
     return out
 

@@ -11,6 +11,7 @@ import pandas as pd
 
 from lmperf import providers
 from lmperf.report import ladder_fp8, references as published
+from lmperf.report.distributed_rows import GPU_WORDS
 from lmperf.report.format import ratio_range, unavailable
 
 
@@ -143,7 +144,8 @@ def scaling(v: dict) -> dict:
     if not answers:
         return unavailable("no data-parallel training step on 2 or more GPUs in the section's rows")
     gpus = sorted({a.get("gpus", 2) for a in answers})
-    counts = [{"gpus": n, "sizes": list(dict.fromkeys(a["size"] for a in at)),
+    counts = [{"gpus": n, **{k: at[0].get(k, v) for k, v in GPU_WORDS.items()},  # "GPUs", or a CPU's "processes"
+               "sizes": list(dict.fromkeys(a["size"] for a in at)),
                "labels": list(dict.fromkeys(a.get("label", "DDP") for a in at)),
                "machine": ", ".join(dict.fromkeys(a["machine"] for a in at if a.get("machine"))),
                "speedup": ratio_range_of([a["speedup"] for a in at]),

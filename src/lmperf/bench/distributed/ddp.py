@@ -74,7 +74,9 @@ def cases(spec: dict, world: int) -> list[dict]:
                             "timed_steps": spec["timed_steps"], "profiled_steps": spec["profiled_steps"],
                             **({"contender": rivals[variant][0], "contender_source": json.dumps(rivals[variant][1])}
                                if variant in rivals else {})})
-    return out
+    # every rank runs every case in one process: ours first, then each contender's together, so
+    # that no row of ours runs where a contender's code was imported
+    return sorted(out, key=lambda c: (c.get("contender") is not None, c.get("contender") or ""))
 
 
 def _contender_bucket(contract: str) -> float | None:
@@ -114,7 +116,7 @@ def build(variant: str, cfg, device, world: int, bucket_cap_mb: float | None, op
     if compiled:
         _compile_blocks(model, cfg.context_length)
     if contender is not None:
-        return _contender_build(contender, model, world, optimizer, bucket_cap_mb)
+        return contender_build(contender, model, world, optimizer, bucket_cap_mb)
     if optimizer == "master":
         if variant != "single":
             raise common.Unsupported(f"optimizer 'master' (MasterWeightAdamW) with variant {variant!r}: its "
@@ -178,7 +180,7 @@ def _compile_blocks(model, context: int) -> None:
     train.compile_blocks(model)
 
 
-def _contender_build(contender: tuple, model, world: int, optimizer, bucket_cap_mb: float | None = None):
+def contender_build(contender: tuple, model, world: int, optimizer, bucket_cap_mb: float | None = None):
     """(model, optimizer, reduce) through a contender's adapters (CS336 assignment 2's, either
     handout year: bench/contender_distributed.wrap). Its `*_on_after_backward` is the reduce; the
     bucketed DDP gets `bucket_cap_mb`, and its `ddp_bucketed_on_train_batch_start` runs at each
@@ -315,6 +317,24 @@ def train_device(ranks: Ranks) -> str:
 
 
 def measure_local(case: dict, ranks: Ranks, spec: dict) -> dict:
+    """One case on this rank (`_measure_local`); for a contender's variant, what its code raises
+    is a `failed` row about it, and the job goes on (a second contender whose packages share the
+    first's names cannot be imported into these ranks: its variants say so)."""
+    if not case.get("contender"):
+        return _measure_local(case, ranks, spec)
+    from lmperf import contenders
+    from lmperf.bench import failures
+    try:
+        return _measure_local(case, ranks, spec)
+    except failures.NotRun:
+        raise
+    except Exception as exc:
+        if failures.is_oom(exc):
+            raise
+        raise contenders.Failed(failures.describe(exc)) from None
+
+
+def _measure_local(case: dict, ranks: Ranks, spec: dict) -> dict:
     """This rank's phase times, memory split and (on a GPU) profiled communication."""
     import torch
 
