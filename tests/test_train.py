@@ -17,9 +17,10 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "lmperf"
 def test_the_loss_is_written_once():
     """Every study of the Transformer LM trains through train.step, whose loss is train.loss: no
     other module computes a cross-entropy, but the mixed-precision study's toy model (which asks
-    what dtype autocast gives a loss)."""
+    what dtype autocast gives a loss) and a contender's FSDP check, which trains as the course's
+    own test does (its loss: the last position's cross-entropy)."""
     writers = sorted(p.relative_to(SRC).as_posix() for p in SRC.rglob("*.py") if "cross_entropy(" in p.read_text())
-    assert writers == ["bench/precision.py", "train.py"]
+    assert writers == ["bench/contender_distributed.py", "bench/precision.py", "train.py"]
 
 
 def test_loss_is_the_mean_next_token_cross_entropy():
