@@ -94,7 +94,8 @@ def available() -> str | None:
     return None
 
 
-def _heads(t: torch.Tensor) -> torch.Tensor:
+def heads(t: torch.Tensor) -> torch.Tensor:
+    """A (B, H, N, D) view of t (..., H, N, D): what the Gluon kernels' descriptors read."""
     if t.dim() == 4:
         return t
     shape = tuple(t.shape)
@@ -133,7 +134,7 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bo
         return f"covers head dims {HEAD_DIMS}; got {d}"
     if q.dim() < 2 or q.shape[-2] < 1:
         return "needs a sequence of at least one row"
-    q4, k4, v4 = _heads(q), _heads(k), _heads(v)
+    q4, k4, v4 = heads(q), heads(k), heads(v)
     if k4.shape != v4.shape or k4.shape[0] != q4.shape[0] or k4.shape[2] != q4.shape[2] \
             or q4.shape[1] % k4.shape[1] != 0:
         return "q, k, v shapes do not match the contract"
@@ -645,7 +646,7 @@ if gluon is not None:
 # Launchers
 
 
-def _desc(t4: torch.Tensor, block_rows: int):
+def head_desc(t4: torch.Tensor, block_rows: int):
     """A 2-D TMA descriptor over t4's rows (see head_rows) and the (row-per-batch, row-per-head,
     column-per-head) offsets of its heads."""
     b, h, n, d = t4.shape
@@ -676,14 +677,14 @@ def launch_forward(q, k, v, out, lse, is_causal: bool, variant: str = "ws", cfg:
     fp32) for q, k, v that `unsupported` accepts. variant: "ws" (persistent, warp-specialised)
     or "plain" (a program per tile); cfg: (BLOCK_M, BLOCK_N, num_warps, STAGES), else the
     table's."""
-    q4, k4, v4, o4 = _heads(q), _heads(k), _heads(v), _heads(out)
+    q4, k4, v4, o4 = heads(q), heads(k), heads(v), heads(out)
     nb, nh, n, d = q4.shape
     bm, bn, warps, stages = cfg or config(d, is_causal, variant)
     if is_causal and bm != bn:
         raise ValueError(f"causal Gluon tiles are square; got BLOCK_M={bm}, BLOCK_N={bn}")
-    q_desc, (qrb, qrh, qch) = _desc(q4, bm)
-    k_desc, (krb, krh, kch) = _desc(k4, bn)
-    v_desc, _ = _desc(v4, bn)
+    q_desc, (qrb, qrh, qch) = head_desc(q4, bm)
+    k_desc, (krb, krh, kch) = head_desc(k4, bn)
+    v_desc, _ = head_desc(v4, bn)
     group = nh // k4.shape[1]
     n_qt = (n + bm - 1) // bm
     snake = SNAKE_BY_HEAD_DIM[d] if SNAKE_CAUSAL is None else bool(SNAKE_CAUSAL)
@@ -695,7 +696,7 @@ def launch_forward(q, k, v, out, lse, is_causal: bool, variant: str = "ws", cfg:
     elif variant == "pp":
         if bm != 128 or warps != 4:
             raise ValueError(f"the ping-pong forward takes 128-row tiles and 4 warps per warpgroup; got {cfg}")
-        q_desc, _ = _desc(q4, bm // 2)  # each warpgroup's half of the query tile
+        q_desc, _ = head_desc(q4, bm // 2)  # each warpgroup's half of the query tile
         total = n_qt * nb * nh
         grid = (min(total, _sm_count(q.device)),)
         return _fwd_pp_kernel[grid](q_desc, k_desc, v_desc, o4, lse, n, nh, total, o4.stride(0), o4.stride(1),
@@ -717,7 +718,7 @@ def forward(q, k, v, is_causal: bool = False, variant: str | None = None, cfg: t
     if (why := unsupported(q, k, v, is_causal)) is not None:
         raise ValueError(f"the Gluon FlashAttention forward cannot run this call: {why}")
     variant = variant or DEFAULT_VARIANT
-    q4 = _heads(q)
+    q4 = heads(q)
     nb, nh, n, d = q4.shape
     if q.dim() == 4:
         out = q.new_empty_strided((nb, nh, n, d), (n * nh * d, d, nh * d, 1))

@@ -71,15 +71,6 @@ except Exception:  # noqa: BLE001 - fg.IMPORT_ERROR says why; `unsupported` refu
 # What the kernel covers
 
 
-def _heads(t: torch.Tensor) -> torch.Tensor:
-    """A (B, H, N, D) view of t (..., H, N, D), as flash_attention_gluon reads it."""
-    if t.dim() == 4:
-        return t
-    shape = tuple(t.shape)
-    shape = (1,) * (4 - len(shape)) + shape if len(shape) < 4 else (math.prod(shape[:-3]), *shape[-3:])
-    return t.reshape(shape)
-
-
 def shape_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> str | None:
     """None where the kernel's contract covers these tensors (dtype, head dim, N, layout), on
     whatever device they are; else why not. `unsupported` adds the machine's checks."""
@@ -90,7 +81,7 @@ def shape_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
         return f"covers head dims {HEAD_DIMS}; got {d}"
     if q.dim() < 2 or q.shape[-2] < 1 or q.shape[-2] % BLOCK_N:
         return f"covers N a multiple of {BLOCK_N}; got N = {q.shape[-2] if q.dim() >= 2 else None}"
-    q4, k4, v4 = _heads(q), _heads(k), _heads(v)
+    q4, k4, v4 = fg.heads(q), fg.heads(k), fg.heads(v)
     if k4.shape != v4.shape or k4.shape[0] != q4.shape[0] or k4.shape[2] != q4.shape[2] \
             or q4.shape[1] % k4.shape[1] != 0:
         return "q, k, v shapes do not match the contract"
@@ -325,18 +316,6 @@ if gluon is not None:
 # Launcher
 
 
-def _desc(t4: torch.Tensor, block_rows: int):
-    """A 2-D TMA descriptor over t4's rows (fg.head_rows: each head a dense run of rows) with
-    blocks of block_rows x D, and the (row-per-batch, row-per-head, column-per-head) offsets of its
-    heads."""
-    b, h, n, d = t4.shape
-    stride, rb, rh, ch = fg.head_rows(t4)
-    gdt = gl.bfloat16 if t4.dtype == torch.bfloat16 else gl.float16
-    layout = gl.NVMMASharedLayout.get_default_for([block_rows, d], gdt)
-    return (TensorDescriptor(t4, [(b - 1) * rb + (h - 1) * rh + n, (h - 1) * ch + d], [stride, 1], [block_rows, d],
-                             layout), (rb, rh, ch))
-
-
 def _row_desc(t2: torch.Tensor, block_m: int):
     """A TMA descriptor over a (rows, N) fp32 tensor (L or Delta), a block of one row of block_m."""
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
@@ -349,7 +328,7 @@ def launch_dkdv(q, k, v, do, lse, delta, dk, dv, is_causal: bool, stages: int | 
     D) for q, k, v that `unsupported` accepts; lse and delta (B*H, N) fp32. Returns the compiled
     kernel (its n_regs, n_spills, asm). compile_only: compile for the active driver's target
     and launch nothing (the CPU's sm_90 compile check)."""
-    q4, k4, v4, do4, dk4, dv4 = (_heads(t) for t in (q, k, v, do, dk, dv))
+    q4, k4, v4, do4, dk4, dv4 = (fg.heads(t) for t in (q, k, v, do, dk, dv))
     if fg.head_rows(do4) is None or do4.data_ptr() % 16:
         do4 = do4.contiguous()  # e.g. the expanded ones of out.sum().backward()
     nb, nh, n, d = q4.shape
@@ -359,10 +338,10 @@ def launch_dkdv(q, k, v, do, lse, delta, dk, dv, is_causal: bool, stages: int | 
     lse2, delta2 = lse.reshape(nb * nh, n), delta.reshape(nb * nh, n)
     lse2 = lse2 if lse2.is_contiguous() and lse2.data_ptr() % 16 == 0 else lse2.contiguous()
     delta2 = delta2 if delta2.is_contiguous() and delta2.data_ptr() % 16 == 0 else delta2.contiguous()
-    q_desc, (qrb, qrh, qch) = _desc(q4, block_m)
-    do_desc, (drb, drh, dch) = _desc(do4, block_m)
-    k_desc, (krb, krh, kch) = _desc(k4, BLOCK_N // 2)
-    v_desc, _ = _desc(v4, BLOCK_N // 2)
+    q_desc, (qrb, qrh, qch) = fg.head_desc(q4, block_m)
+    do_desc, (drb, drh, dch) = fg.head_desc(do4, block_m)
+    k_desc, (krb, krh, kch) = fg.head_desc(k4, BLOCK_N // 2)
+    v_desc, _ = fg.head_desc(v4, BLOCK_N // 2)
     grid = (nb * h_kv, n // BLOCK_N)
     kernel = _dkdv_kernel.warmup if compile_only else _dkdv_kernel[grid]
     return kernel(
