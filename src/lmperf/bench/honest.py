@@ -1,8 +1,8 @@
 """Honest timing of someone else's code: its outputs checked against the contract (shape, dtype,
 device, no NaN) without costing a timed call anything, its timed outputs checked afterwards
 for a result cached for the same input storage, and its times checked against what is possible:
-none under the roofline floor of its FLOPs and bytes, and none that a whole-device
-synchronisation does not confirm (work launched on another CUDA stream, which events on the
+none under the roofline floor of its FLOPs and bytes, and none under the device work that the
+profiler records on every stream (work launched on another CUDA stream, which events on the
 caller's stream never wait for) (lmperf.contenders; bench/flash_attention.py)."""
 from __future__ import annotations
 
@@ -101,20 +101,11 @@ def impossible_time(ms: float, flops: float, bytes_moved: float, gpu_name: str |
 
 
 def device_busy_ms(call: Callable, calls: int = 20) -> float:
-    """The GPU's busy time (ms) a call of `call`, on every stream: `calls` calls profiled (CUDA
-    activity: every kernel, copy and memset, whichever stream runs it), their union
-    (bench/timing.busy_ms)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
+    """The GPU's busy time (ms) a call of `call`, on every stream, after one call unprofiled
+    (bench/timing.profiled_busy_ms: every kernel, copy and memset, whichever stream runs it)."""
     from lmperf.bench import timing
     call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            call()
-        torch.cuda.synchronize()
-    return timing.busy_ms(prof.events(), calls)
+    return timing.profiled_busy_ms(call, calls)
 
 
 def outside_stream(call: Callable, timed_ms: float, busy: Callable[[Callable], float] = device_busy_ms,

@@ -324,6 +324,19 @@ def idle_pct(busy: float, wall_ms: float) -> float:
     return max(0.0, 100 * (1 - busy / wall_ms))
 
 
+def profiled_busy_ms(fn: Callable, calls: int) -> float:
+    """The GPU's busy time (ms) a call of `fn`: `calls` calls under torch.profiler (CUDA activity,
+    every stream), `busy_ms` of their events."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return busy_ms(prof.events(), calls)
+
+
 def gpu_idle(fn: Callable, wall_ms: float, calls: int = IDLE_CALLS) -> tuple[float, str]:
     """(the share in % of `wall_ms` a call of `fn` leaves the GPU idle, or NaN; why it is NaN, or
     ""): `calls` calls of `fn` profiled (module docstring). Without CUDA (NaN, ""); a failure of
@@ -332,15 +345,9 @@ def gpu_idle(fn: Callable, wall_ms: float, calls: int = IDLE_CALLS) -> tuple[flo
     if not torch.cuda.is_available():
         return math.nan, ""
     try:
-        from torch.profiler import ProfilerActivity, profile
         if not wall_ms > 0:
             raise ValueError(f"no wall time to compare with ({wall_ms} ms)")
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(calls):
-                fn()
-            torch.cuda.synchronize()
-        return idle_pct(busy_ms(prof.events(), calls), wall_ms), ""
+        return idle_pct(profiled_busy_ms(fn, calls), wall_ms), ""
     except Exception as exc:  # noqa: BLE001  (the timings stand without it)
         return math.nan, f"GPU idle share not measured: {type(exc).__name__}: {exc}"[:200]
 
