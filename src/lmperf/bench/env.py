@@ -23,6 +23,21 @@ def driver_version() -> str:
         return "none"
 
 
+def gpu_clocks() -> str:
+    """The clocks policy the rows ran under: lmperf locks no clock (the GPU boosts as its driver
+    lets it), so this names the application clock set on the device against its default and the SM
+    clock's maximum, in MHz, as nvidia-smi reports them ('none' without one)."""
+    query = "clocks.applications.graphics,clocks.default_applications.graphics,clocks.max.sm"
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        app, default, peak = (v.strip() for v in out.splitlines()[0].split(","))
+    except (subprocess.SubprocessError, OSError, IndexError, ValueError):
+        return "none"
+    return (f"not locked by lmperf (GPU boost); application clock {app} MHz (default {default}), "
+            f"SM clock max {peak} MHz")
+
+
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The CPU's model name as /proc/cpuinfo gives it ('AMD EPYC 7763 64-Core Processor'), else
     platform.processor() or the architecture where there is no such file (macOS, Windows)."""
@@ -49,6 +64,8 @@ def facts(hw: str, scale: str) -> dict:
         "gpu_multiprocessors": str(props.multi_processor_count) if props else "none",
         "driver": driver_version(),
         "cuda": prov["cuda"],
+        "cudnn": str(torch.backends.cudnn.version()) if cuda and torch.backends.cudnn.is_available() else "none",
+        "clocks": gpu_clocks(),
         "torch": prov["torch"],
         "triton": prov["triton"],
         "python": prov["python"],

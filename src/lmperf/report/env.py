@@ -10,7 +10,8 @@ from lmperf.report.format import unavailable
 from lmperf.report.sections import DEEP
 
 LABELS = {"gpu": "GPU", "gpu_memory_gib": "GPU memory (GiB)", "gpu_multiprocessors": "GPU SMs",
-          "driver": "NVIDIA driver", "cuda": "CUDA (torch build)", "torch": "torch",
+          "driver": "NVIDIA driver", "cuda": "CUDA (torch build)", "cudnn": "cuDNN",
+          "clocks": "GPU clocks", "torch": "torch",
           "triton": "triton", "python": "Python", "cpu": "CPU", "cpu_model": "CPU model",
           "cpu_cores": "CPU cores (logical)", "cpu_threads": "CPU threads (torch)",
           "os": "OS", "commit": "git commit (at measurement)", "measured_at": "measured at",
