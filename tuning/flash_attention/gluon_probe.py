@@ -233,6 +233,7 @@ def bench(names, variants, log, out_csv=None, passes=1) -> list[dict]:
     return rows
 
 
+REP_MS = 100  # do_bench's time per implementation (ms)
 BWD_SHAPES = {  # name: (batch, q heads, kv heads, N, D, causal)
     "headline": (1, 16, 16, 16384, 64, True),
     "thr_full": (4, 16, 16, 8192, 128, False),
@@ -242,6 +243,8 @@ BWD_SHAPES = {  # name: (batch, q heads, kv heads, N, D, causal)
     "d128_2048": (8, 16, 16, 2048, 128, True),
     "d64_full": (4, 16, 16, 8192, 64, False),
     "gqa_d64_1024": (8, 16, 4, 1024, 64, True),
+    "gqa_2048": (4, 32, 8, 2048, 128, True),
+    "gqa_64q_8192": (1, 64, 8, 8192, 128, True),
 }
 
 
@@ -260,8 +263,9 @@ def _bwd_inputs(q, k, v, causal):
 
 
 def bwd_check(log) -> list[dict]:
-    """dK, dV of the Gluon kernel alone against float64 (autograd of the float64 reference), beside
-    plain PyTorch in the same dtype; outputs NaN-poisoned before each run, two runs compared."""
+    """dQ (and Delta) of the Gluon dQ kernel, then dK, dV of the Gluon dK/dV kernel from that Delta,
+    against float64 (autograd of the float64 reference), beside plain PyTorch in the same dtype;
+    outputs NaN-poisoned before each run, two runs compared bit for bit."""
     from lmperf.kernels import flash_attention_gluon_bwd as gb
     from lmperf.kernels.attention_contract import reference, tolerance
     rows = []
@@ -280,24 +284,30 @@ def bwd_check(log) -> list[dict]:
             out, lse, do, delta, _ = _bwd_inputs(q, k, v, causal)
             res = []
             for _ in range(2):
+                dq = torch.full_like(q, float("nan"))
+                delta_g = torch.full_like(delta, float("nan"))
+                gb.launch_dq(q, k, v, out, do, lse, delta_g, dq, causal)
                 dk = torch.full_like(k, float("nan"))
                 dv = torch.full_like(v, float("nan"))
-                gb.launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal)
-                res.append((dk, dv))
+                gb.launch_dkdv(q, k, v, do, lse, delta_g, dk, dv, causal)
+                res.append((dq, dk, dv, delta_g))
             torch.cuda.synchronize()
             grads = {}
             for name, dt in (("ref", torch.float64), ("torch", dtype)):
                 xs = [t.detach().to(dt).requires_grad_() for t in (q, k, v)]
                 o, _ = reference(*xs, causal, dtype=dt)
                 o.backward(do.to(dt))
-                grads[name] = (xs[1].grad, xs[2].grad)
+                grads[name] = (xs[0].grad, xs[1].grad, xs[2].grad)
             err = lambda x, r: float((x.double() - r.double()).abs().max()) if torch.isfinite(x).all() else float("inf")
             ok = True
-            for j, qn in enumerate(("dk", "dv")):
+            for j, qn in enumerate(("dq", "dk", "dv")):
                 e, te = err(res[0][j], grads["ref"][j]), err(grads["torch"][j], grads["ref"][j])
                 tol = tolerance(te, dtype)
                 row.update({f"{qn}_err": e, f"{qn}_torch_err": te, f"{qn}_tol": tol})
                 ok &= e <= tol
+            want_delta = (out.double() * do.double()).sum(-1).reshape(delta.shape)
+            row["delta_rel_err"] = err(res[0][3], want_delta) / float(want_delta.abs().max())
+            ok &= row["delta_rel_err"] <= 1e-4
             same = all(torch.equal(a, b2) for a, b2 in zip(res[0], res[1]))
             row.update(deterministic=same, passed=bool(ok and same), error="")
         except Exception as exc:  # noqa: BLE001 - a failure is a row
@@ -323,8 +333,11 @@ def _gpu_ms(fn, reps=10) -> float:
 
 
 def bwd_bench(names, log, out_csv=None, tag="") -> list[dict]:
-    """The backward at each shape: autograd.grad of one forward (ours: Gluon dK/dV after the tile
-    dQ, or all tile; SDPA-cuDNN; SDPA-flash), and the two dK/dV kernels alone."""
+    """The backward at each shape: autograd.grad of one forward (ours: all Gluon, Gluon dK/dV after
+    the tile dQ, or all tile; SDPA-cuDNN; SDPA-flash), the two dQ kernels and the Gluon dK/dV kernel
+    alone, and forward + backward (fb_: ours all Gluon or all tile, cuDNN, flash). tflops counts
+    the work each does: the backward's five matmuls, the dQ kernel's three, dK/dV's four, forward +
+    backward's seven."""
     import os
     import torch.nn.functional as F
     import triton.testing
@@ -353,18 +366,29 @@ def bwd_bench(names, log, out_csv=None, tag="") -> list[dict]:
             out = make_out()
             return lambda: torch.autograd.grad(out, xs, do, retain_graph=True)
 
+        def fwd_bwd(make_out, env=None):  # forward + backward, as a training step calls them
+            if env is not None:
+                os.environ["LMPERF_FA_BWD_BACKEND"] = env
+            return lambda: torch.autograd.grad(make_out(), xs, do)
+
         out_t, lse, do_, delta, cfg = _bwd_inputs(q, k, v, causal)
+        dq_g, dq_t, delta_g, delta_t = torch.empty_like(q), torch.empty_like(q), torch.empty_like(delta), torch.empty_like(delta)
         dk_g, dv_g = torch.empty_like(k), torch.empty_like(v)
-        dk_t, dv_t = torch.empty_like(k), torch.empty_like(v)
         impls = [
             ("ours_tile", lambda: grad_of(ours, "triton")),
-            ("ours_gluon_dkdv", lambda: grad_of(ours, "gluon")),
+            ("ours_gluon", lambda: grad_of(ours, "gluon")),
+            ("ours_gluon_dkdv", lambda: grad_of(ours, "gluon-dkdv")),
             ("sdpa_cudnn", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
             ("sdpa_flash", lambda: grad_of(lambda: sdpa(SDPBackend.FLASH_ATTENTION))),
+            ("dq_gluon_alone", lambda: (lambda: gb.launch_dq(q, k, v, out_t, do_, lse, delta_g, dq_g, causal))),
+            ("dq_tile_alone", lambda: (lambda: ft.launch_backward_dq(q, k, v, out_t, do_, lse, delta_t, dq_t,
+                                                                     causal, cfg))),
             ("dkdv_gluon_alone", lambda: (lambda: gb.launch_dkdv(q, k, v, do_, lse, delta, dk_g, dv_g, causal))),
-            ("dkdv_tile_alone", lambda: (lambda: ft.launch_backward_dkdv(q, k, v, do_, lse, delta, dk_t, dv_t,
-                                                                         causal, cfg))),
-            ("ours_gluon_dkdv_again", lambda: grad_of(ours, "gluon")),
+            ("fb_ours_gluon", lambda: fwd_bwd(ours, "gluon")),
+            ("fb_ours_tile", lambda: fwd_bwd(ours, "triton")),
+            ("fb_sdpa_cudnn", lambda: fwd_bwd(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
+            ("fb_sdpa_flash", lambda: fwd_bwd(lambda: sdpa(SDPBackend.FLASH_ATTENTION))),
+            ("ours_gluon_again", lambda: grad_of(ours, "gluon")),
             ("sdpa_cudnn_again", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
         ]
         ref = None
@@ -380,9 +404,10 @@ def bwd_bench(names, log, out_csv=None, tag="") -> list[dict]:
                         ref = [t.float() for t in g]
                     row["max_diff_vs_tile"] = "" if ref is None else max(float((a.float() - r).abs().max())
                                                                        for a, r in zip(g, ref))
-                q20, q50, q80 = triton.testing.do_bench(fn, warmup=25, rep=300, quantiles=[0.2, 0.5, 0.8])
-                row.update(ms_p20=q20, ms_median=q50, ms_p80=q80, gpu_ms=_gpu_ms(fn),
-                           tflops_bwd=(fl if "alone" not in label else 0.8 * fl) / (q50 * 1e-3) / 1e12, error="")
+                q20, q50, q80 = triton.testing.do_bench(fn, warmup=10, rep=REP_MS, quantiles=[0.2, 0.5, 0.8])
+                work = {"dq": 0.6 * fl, "dk": 0.8 * fl, "fb": 1.4 * fl}.get(label[:2], fl)  # 3U, 4U, 7U of 5U
+                row.update(ms_p20=q20, ms_median=q50, ms_p80=q80, gpu_ms=_gpu_ms(fn, 5),
+                           tflops=work / (q50 * 1e-3) / 1e12, error="")
             except Exception as exc:  # noqa: BLE001
                 row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}")
                 log.write(traceback.format_exc() + "\n")
