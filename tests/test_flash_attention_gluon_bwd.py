@@ -1,6 +1,7 @@
 """The Gluon backward kernels (lmperf.kernels.flash_attention_gluon_bwd: dQ, and dK/dV) behind
-LMPERF_FA_BWD_BACKEND: on any machine, the switch (default: the tile-language backward, bit for
-bit; "gluon": both Gluon kernels; "gluon-dkdv": the Gluon dK/dV after the tile dQ), its errors,
+LMPERF_FA_BWD_BACKEND: on any machine, the switch ("auto", the default: both Gluon kernels where
+they were measured faster, else the tile-language backward, bit for bit; "gluon": both Gluon
+kernels; "gluon-dkdv": the Gluon dK/dV after the tile dQ), its errors,
 the contract (which calls they take) and a compile of each kernel for sm_90 (the H100) whose
 cubin is read for spills; on a Hopper GPU the kernels themselves against float64 (head dims 64
 and 128, causal or not, grouped-query, the model's layout), bitwise determinism, and
@@ -43,12 +44,14 @@ def grads(q, k, v, causal, grad_out=None):
 # The switch (any machine)
 
 
-def test_the_default_is_the_tile_backward_bit_for_bit(monkeypatch):
-    """Unset, or "triton": the tile-language dK/dV kernel runs (never the Gluon op), with the
-    same bits either way."""
+def test_below_the_rule_the_default_is_the_tile_backward_bit_for_bit(monkeypatch):
+    """Unset ("auto") at a shape outside the rule (128 rows), or "triton": the tile-language
+    kernels run (never a Gluon op), with the same bits either way."""
     calls = []
     monkeypatch.setattr(gb, "flash_attention_dkdv_gluon", lambda *a: calls.append(a))
+    monkeypatch.setattr(gb, "flash_attention_dq_gluon", lambda *a: calls.append(a))
     monkeypatch.delenv(ENV, raising=False)
+    assert gb.backend() == "auto"
     dtype = torch.bfloat16 if GLUON else torch.float32
     q, k, v = qkv((1, 4, 128, 64), dtype, kv_heads=2)
     assert gb.use_gluon_dkdv(q, k, v, True) is False
@@ -59,6 +62,37 @@ def test_the_default_is_the_tile_backward_bit_for_bit(monkeypatch):
     assert calls == []
     for a, b in zip(unset, forced_tile):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("n, d, causal, kv_heads, dtype, want", [
+    (4096, 64, True, None, torch.bfloat16, True),
+    (16384, 64, True, None, torch.bfloat16, True),   # the leaderboard's shape
+    (8192, 64, False, None, torch.bfloat16, True),
+    (4096, 128, True, 2, torch.bfloat16, True),      # grouped-query
+    (8192, 128, False, None, torch.bfloat16, False),  # measured faster, not outside the noise
+    (2048, 128, True, 2, torch.bfloat16, False),     # the host's cost of a call decides below 4,096
+    (4096, 64, True, None, torch.float16, False),    # not timed
+])
+def test_auto_picks_the_gluon_backward_where_it_was_measured_faster(monkeypatch, n, d, causal, kv_heads, dtype,
+                                                                   want):
+    """"auto" (the default): both Gluon kernels exactly in the measured class, wherever they can
+    run the call (made runnable here off a GPU); the tile-language backward elsewhere."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(gb, "unsupported", lambda *a: None)
+    q, k, v = qkv((1, 4, n, d), dtype, kv_heads, device="meta")
+    assert gb.use_gluon_dkdv(q, k, v, causal) is want
+    assert gb.use_gluon_dq() is True  # where it picks dK/dV, dQ too
+
+
+def test_auto_never_raises_where_the_gluon_backward_cannot_run(monkeypatch):
+    """In the rule's class but refused by `unsupported` (here: no Hopper GPU, or a 200-row tail):
+    the tile-language backward, no error."""
+    monkeypatch.setenv(ENV, "auto")
+    q, k, v = qkv((1, 2, 4096 + 200, 64), torch.bfloat16, device="meta")
+    assert gb.use_gluon_dkdv(q, k, v, True) is False
+    if not GLUON:
+        q, k, v = qkv((1, 2, 4096, 64), torch.bfloat16, device="meta")
+        assert gb.use_gluon_dkdv(q, k, v, True) is False
 
 
 def test_forcing_gluon_where_it_cannot_run_says_why(monkeypatch):
@@ -77,7 +111,7 @@ def test_forcing_gluon_where_it_cannot_run_says_why(monkeypatch):
 def test_an_unknown_backend_is_an_error(monkeypatch):
     monkeypatch.setenv(ENV, "cudnn")
     q, k, v = qkv((1, 1, 128, 64), device="cpu")
-    with pytest.raises(ValueError, match="expected one of triton, gluon"):
+    with pytest.raises(ValueError, match="expected one of auto, triton, gluon, gluon-dkdv"):
         gb.use_gluon_dkdv(q, k, v, False)
 
 

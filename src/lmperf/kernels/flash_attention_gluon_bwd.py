@@ -1,13 +1,26 @@
-"""FlashAttention backward on Hopper GPUs (H100, H200) in Gluon: the dK/dV kernel (step 1 of
-issue 73; design: tuning/flash_attention/research_gluon_backward.md, section 3).
+"""FlashAttention backward on Hopper GPUs (H100, H200) in Gluon: a dQ kernel and a dK/dV kernel
+(design: tuning/flash_attention/research_gluon_backward.md, sections 3 and 4 (a)).
 
-It computes what flash_attention_triton's `_bwd_dkdv_kernel` computes, from the same inputs: q, k,
-v, dO, L (the forward's fp32 logsumexp in natural log, (B*H, N)) and Delta = rowsum(O * dO)
-((B*H, N) fp32, written by the tile-language dQ kernel, which runs first). dQ stays the tile
-kernel's. Opt-in: LMPERF_FA_BWD_BACKEND=gluon (`use_gluon_dkdv`); the default, "triton", runs
-the tile-language dK/dV kernel and never imports this module's kernels.
+They compute what flash_attention_triton's `_bwd_dq_kernel` and `_bwd_dkdv_kernel` compute, from
+the same inputs: q, k, v, O, dO and L (the forward's fp32 logsumexp in natural log, (B*H, N)).
+The dQ kernel runs first and also writes Delta = rowsum(O * dO) ((B*H, N) fp32), which the dK/dV
+kernel reads. The switch, LMPERF_FA_BWD_BACKEND (`use_gluon_dkdv`, `use_gluon_dq`): "auto" (the
+default) runs both Gluon kernels where `prefers_gluon`'s rule, measured on an H100, says they are
+faster, else the tile-language backward; "gluon" forces both (a ValueError saying why where they
+cannot run the call); "gluon-dkdv" the Gluon dK/dV after the tile-language dQ; "triton" the
+tile-language backward, never importing this module.
 
-One program per (key tile of 128 keys, batch x K/V head), heads fastest, causal key tiles with
+The dQ kernel (`_dq_kernel`): one program per (query tile of 128 rows, batch x query head), heads
+fastest, causal query tiles longest first; two consumer warpgroups of 64 rows each holding their
+dQ ([64, D] fp32) in registers, a one-warp producer loading by TMA the Q and dO halves once, then
+the K and V tiles of BLOCK_N keys (the K/V head h // GROUP) into a ring of STAGES slots, each
+released by both warpgroups. Per warpgroup and key tile: S = Q K^T and dP = dO V^T (SS wgmma,
+in flight together), P = exp2(S log2(e) / sqrt(D) - L log2(e)), dS = P (dP - Delta), dQ += dS K
+(RS wgmma); Delta of its rows is computed from O and dO before the loop. Causal: the key tiles on
+the diagonal first (masked), then the others (unmasked); the order of the sums is fixed, no
+atomics. dQ is scaled by 1/sqrt(D) once at the end.
+
+The dK/dV kernel (`_dkdv_kernel`): one program per (key tile of 128 keys, batch x K/V head), heads fastest, causal key tiles with
 the most query tiles first. Three partitions (`gl.warp_specialize`):
 - two consumer warpgroups, each owning 64 of the tile's keys, holding their dK and dV ([64, D]
   fp32 each) in registers for the whole program;
@@ -32,7 +45,7 @@ one is unmasked (a separate, mask-free loop). Grouped-query attention: the progr
 GROUP query heads of its K/V head in order (a fixed order: the same bits every run), adding into
 the same dK and dV, written once. No atomics.
 
-Covered (`unsupported` says why anything else is refused): a Hopper GPU, bf16 or fp16, head dims
+Both cover (`unsupported` says why anything else is refused): a Hopper GPU, bf16 or fp16, head dims
 64 and 128, N a multiple of 128 (no tile runs past a sequence's end), q, k, v in the layouts the
 Gluon forward reads in place (flash_attention_gluon.head_rows); dO of any layout (copied to
 contiguous where TMA cannot read it).
@@ -51,7 +64,8 @@ HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
 BLOCK_N = 128  # keys a program: two warpgroups of 64
 BWD_BACKEND_ENV = "LMPERF_FA_BWD_BACKEND"
-BWD_BACKENDS = ("triton", "gluon", "gluon-dkdv")
+BWD_BACKENDS = ("auto", "triton", "gluon", "gluon-dkdv")
+AUTO_MIN_N = 4096  # "auto": the Gluon backward from this many rows (prefers_gluon)
 
 # (STAGES, consumer registers, BLOCK_M query rows a step) by head dim; shared memory at 3 stages:
 # 134 KB (D 64, BLOCK_M 128; 84 KB at 64), 166 KB (D 128)
@@ -122,22 +136,38 @@ def _aligned(t: torch.Tensor) -> bool:
 
 
 def backend(name: str | None = None) -> str:
-    """The backward's backend: `name`, else $LMPERF_FA_BWD_BACKEND, else "triton"; a ValueError
+    """The backward's backend: `name`, else $LMPERF_FA_BWD_BACKEND, else "auto"; a ValueError
     for anything but BWD_BACKENDS."""
-    name = name or os.environ.get(BWD_BACKEND_ENV) or "triton"
+    name = name or os.environ.get(BWD_BACKEND_ENV) or "auto"
     if name not in BWD_BACKENDS:
         raise ValueError(f"{BWD_BACKEND_ENV}={name!r}: expected one of {', '.join(BWD_BACKENDS)}")
     return name
 
 
+def prefers_gluon(q, k, v, is_causal: bool) -> bool:
+    """The rule of "auto": both Gluon kernels where they can run the call and were measured right
+    and faster than the tile-language backward outside the noise of fresh processes on an H100
+    (tuning/flash_attention/NOTES.md, step 43): bf16, N from AUTO_MIN_N, causal at head dims 64
+    and 128 (grouped-query or not), non-causal at head dim 64 (at 128 non-causal the two overlap
+    across processes). Elsewhere, and wherever `unsupported` refuses the call, the tile-language
+    backward (no error)."""
+    if q.dtype != torch.bfloat16 or q.dim() < 2 or q.shape[-2] < AUTO_MIN_N:
+        return False
+    if not (is_causal or q.shape[-1] == 64):
+        return False
+    return unsupported(q, k, v, is_causal) is None
+
+
 def use_gluon_dkdv(q, k, v, is_causal: bool, backend_name: str | None = None) -> bool:
-    """Whether the backward's dK/dV runs this module's kernel: the backend (`backend`) is "triton"
-    (never: the tile-language kernels, the default), "gluon" (both Gluon kernels, dQ and dK/dV)
-    or "gluon-dkdv" (the Gluon dK/dV after the tile-language dQ); a Gluon backend that cannot run
-    the call is a ValueError saying why."""
+    """Whether the backward's dK/dV runs this module's kernel: the backend (`backend`) is "auto"
+    (the default: `prefers_gluon`), "triton" (never: the tile-language kernels), "gluon" (both
+    Gluon kernels, dQ and dK/dV) or "gluon-dkdv" (the Gluon dK/dV after the tile-language dQ); a
+    forced Gluon backend that cannot run the call is a ValueError saying why."""
     name = backend(backend_name)
     if name == "triton":
         return False
+    if name == "auto":
+        return prefers_gluon(q, k, v, is_causal)
     if (why := unsupported(q, k, v, is_causal)) is not None:
         raise ValueError(f"{BWD_BACKEND_ENV}={name} asks for the Gluon FlashAttention backward, which "
                          f"cannot run this call: {why}. Unset it (or set it to 'triton') for the "
@@ -146,9 +176,9 @@ def use_gluon_dkdv(q, k, v, is_causal: bool, backend_name: str | None = None) ->
 
 
 def use_gluon_dq(backend_name: str | None = None) -> bool:
-    """Whether dQ (and Delta) come from this module's dQ kernel too: the backend is "gluon" (the
-    caller has checked the call with use_gluon_dkdv)."""
-    return backend(backend_name) == "gluon"
+    """Whether dQ (and Delta) come from this module's dQ kernel too, where use_gluon_dkdv said yes:
+    the backend is "gluon" or "auto" (which picks both kernels or neither)."""
+    return backend(backend_name) in ("gluon", "auto")
 
 
 # ---------------------------------------------------------------------------------------------
