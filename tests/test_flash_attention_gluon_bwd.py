@@ -116,25 +116,31 @@ def test_an_unknown_backend_is_an_error(monkeypatch):
 
 
 def _stubbed_gluon(monkeypatch, cfg, calls):
-    """The Gluon ops replaced by the tile kernels (so the gradients must be the default's), each
-    call recorded: ("dq", Delta it wrote) and ("dkdv", Delta it read)."""
+    """The Gluon kernels' launchers and ops replaced by the tile kernels (so the gradients must be
+    the default's), each call recorded: (kernel, "launcher" or "op", Delta it wrote or read)."""
     tile_dq, tile_dkdv = ft.launch_backward_dq, ft.launch_backward_dkdv
 
-    def dq_stub(q3, k3, v3, o3, do3, lse, delta, dq, is_causal):
-        tile_dq(q3, k3, v3, o3, do3, lse, delta, dq, is_causal, {"dq": {**cfg["dq"], "SPLIT": 1}})
-        calls.append(("dq", delta.clone()))
+    def dq_stub(path):
+        def stub(q3, k3, v3, o3, do3, lse, delta, dq, is_causal):
+            tile_dq(q3, k3, v3, o3, do3, lse, delta, dq, is_causal, {"dq": {**cfg["dq"], "SPLIT": 1}})
+            calls.append(("dq", path, delta.clone()))
+        return stub
 
-    def dkdv_stub(q3, k3, v3, do3, lse, delta, dk, dv, is_causal):
-        calls.append(("dkdv", delta.clone()))
-        tile_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal, {"dkdv": {**cfg["dkdv"], "SPLIT": 1}})
-    monkeypatch.setattr(gb, "flash_attention_dq_gluon", dq_stub)
-    monkeypatch.setattr(gb, "flash_attention_dkdv_gluon", dkdv_stub)
+    def dkdv_stub(path):
+        def stub(q3, k3, v3, do3, lse, delta, dk, dv, is_causal):
+            calls.append(("dkdv", path, delta.clone()))
+            tile_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal, {"dkdv": {**cfg["dkdv"], "SPLIT": 1}})
+        return stub
+    monkeypatch.setattr(gb, "launch_dq", dq_stub("launcher"))
+    monkeypatch.setattr(gb, "launch_dkdv", dkdv_stub("launcher"))
+    monkeypatch.setattr(gb, "flash_attention_dq_gluon", dq_stub("op"))
+    monkeypatch.setattr(gb, "flash_attention_dkdv_gluon", dkdv_stub("op"))
     monkeypatch.setattr(gb, "unsupported", lambda *a: None)
 
 
-def test_forced_gluon_dkdv_runs_the_gluon_op_after_the_tile_dq(monkeypatch):
+def test_forced_gluon_dkdv_runs_the_gluon_dkdv_after_the_tile_dq(monkeypatch):
     """gluon-dkdv (and the kernel able to run, stubbed here off a GPU): the tile dQ kernel runs
-    first and writes Delta, then the Gluon dK/dV op fills dK and dV (here with the tile kernel's
+    first and writes Delta, then the Gluon dK/dV kernel fills dK and dV (here with the tile kernel's
     result, so the gradients must equal the default's); the fused one-launch backward is bypassed
     (it has no separate dK/dV launch)."""
     dtype = torch.bfloat16 if GLUON else torch.float32
@@ -148,15 +154,16 @@ def test_forced_gluon_dkdv_runs_the_gluon_op_after_the_tile_dq(monkeypatch):
     monkeypatch.setenv(ENV, "gluon-dkdv")
     assert not gb.use_gluon_dq()
     got = grads(q, k, v, True)
-    assert [c[0] for c in calls] == ["dkdv"] and torch.isfinite(calls[0][1]).all()
+    assert [c[:2] for c in calls] == [("dkdv", "launcher")] and torch.isfinite(calls[0][2]).all()
     for a, b in zip(got, ref):  # the fused kernel's gradients against the two-kernel path's
         torch.testing.assert_close(a, b)
 
 
-def test_forced_gluon_runs_the_gluon_dq_op_then_the_gluon_dkdv_op(monkeypatch):
-    """gluon: the Gluon dQ op runs (writing dQ and Delta), then the Gluon dK/dV op reads that
-    Delta; no tile kernel is launched by the backward itself (both ops stubbed with the tile
-    kernels here, so the gradients must equal the default's)."""
+def test_forced_gluon_runs_the_gluon_dq_then_the_gluon_dkdv(monkeypatch):
+    """gluon: the Gluon dQ kernel runs (writing dQ and Delta), then the Gluon dK/dV kernel reads
+    that Delta; no tile kernel is launched by the backward itself (both stubbed with the tile
+    kernels here, so the gradients must equal the default's). In eager mode through their
+    launchers, not their ops (whose wrappers cost host time)."""
     dtype = torch.bfloat16 if GLUON else torch.float32
     q, k, v = qkv((1, 4, 256, 64), dtype, kv_heads=2)
     cfg = ft.launch_bwd_config(256, 64, dtype, False, 4, 2)
@@ -171,10 +178,30 @@ def test_forced_gluon_runs_the_gluon_dq_op_then_the_gluon_dkdv_op(monkeypatch):
     monkeypatch.setattr(ft, "launch_backward_fused", lambda *a, **kw: launched.append("fused"))
     got = grads(q, k, v, False)
     assert launched == []
-    assert [c[0] for c in calls] == ["dq", "dkdv"]
-    assert torch.isfinite(calls[0][1]).all() and torch.equal(calls[0][1], calls[1][1])
+    assert [c[:2] for c in calls] == [("dq", "launcher"), ("dkdv", "launcher")]
+    assert torch.isfinite(calls[0][2]).all() and torch.equal(calls[0][2], calls[1][2])
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b)
+
+
+def test_the_backward_op_runs_the_gluon_ops(monkeypatch):
+    """Inside the backward's op (what torch.compile traces, launch = wrap_triton) the Gluon kernels
+    run through their opaque ops; the eager path (launch = _plain) through their launchers: the
+    same kernels either way."""
+    dtype = torch.bfloat16 if GLUON else torch.float32
+    q, k, v = qkv((1, 4, 256, 64), dtype, kv_heads=2)
+    cfg = ft.launch_bwd_config(256, 64, dtype, True, 4, 2)
+    calls = []
+    _stubbed_gluon(monkeypatch, cfg, calls)
+    monkeypatch.setenv(ENV, "gluon")
+    out, lse = ft.forward_with_lse(q, k, v, True)
+    do = torch.randn_like(q)
+    lse3 = lse.reshape(4, 256).contiguous()
+    for launch, path in ((ft.wrap_triton, "op"), (ft._plain, "launcher")):
+        calls.clear()
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        ft.launch_backward(q, k, v, out, do, lse3, dq, dk, dv, True, cfg, launch)
+        assert [c[:2] for c in calls] == [("dq", path), ("dkdv", path)]
 
 
 # ---------------------------------------------------------------------------------------------

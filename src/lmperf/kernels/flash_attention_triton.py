@@ -922,12 +922,18 @@ def launch_backward(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool, cfg: 
         launch_backward_fused(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal, cfg, launch)
         return
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q3.device)
+    # the Gluon kernels: their launchers in eager mode (launch is _plain), else their opaque ops,
+    # which launch the same kernels under torch.compile (the same bits); an op's wrapper costs
+    # 0.1-0.2 ms of host time a call (tuning/flash_attention/NOTES.md, step 43)
+    direct = launch is _plain
     if gluon_bwd is not None and gluon_bwd.use_gluon_dq():
-        gluon_bwd.flash_attention_dq_gluon(q3, k3, v3, o3, do3, lse, delta, dq, is_causal)
+        (gluon_bwd.launch_dq if direct else gluon_bwd.flash_attention_dq_gluon)(
+            q3, k3, v3, o3, do3, lse, delta, dq, is_causal)
     else:
         launch_backward_dq(q3, k3, v3, o3, do3, lse, delta, dq, is_causal, cfg, launch)
-    if gluon_bwd is not None:  # an opaque op: the same kernel in eager mode and under torch.compile
-        gluon_bwd.flash_attention_dkdv_gluon(q3, k3, v3, do3, lse, delta, dk, dv, is_causal)
+    if gluon_bwd is not None:
+        (gluon_bwd.launch_dkdv if direct else gluon_bwd.flash_attention_dkdv_gluon)(
+            q3, k3, v3, do3, lse, delta, dk, dv, is_causal)
     else:
         launch_backward_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal, cfg, launch)
 
