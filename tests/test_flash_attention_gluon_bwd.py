@@ -1,9 +1,11 @@
-"""The Gluon dK/dV backward kernel (lmperf.kernels.flash_attention_gluon_bwd) behind
-LMPERF_FA_BWD_BACKEND: on any machine, the switch (default: the tile-language backward, bit for
-bit), its errors, the contract (which calls it takes) and a compile for sm_90 (the H100) whose
-cubin is read for spills; on a Hopper GPU the kernel itself against float64 (head dims 64 and
-128, causal or not, grouped-query, the model's layout), bitwise determinism, and torch.compile
-against eager mode bit for bit."""
+"""The Gluon backward kernels (lmperf.kernels.flash_attention_gluon_bwd: dQ, and dK/dV) behind
+LMPERF_FA_BWD_BACKEND: on any machine, the switch ("auto", the default: both Gluon kernels where
+they were measured faster, else the tile-language backward, bit for bit; "gluon": both Gluon
+kernels; "gluon-dkdv": the Gluon dK/dV after the tile dQ), its errors,
+the contract (which calls they take) and a compile of each kernel for sm_90 (the H100) whose
+cubin is read for spills; on a Hopper GPU the kernels themselves against float64 (head dims 64
+and 128, causal or not, grouped-query, the model's layout), bitwise determinism, and
+torch.compile against eager mode bit for bit."""
 import json
 import os
 import subprocess
@@ -42,12 +44,14 @@ def grads(q, k, v, causal, grad_out=None):
 # The switch (any machine)
 
 
-def test_the_default_is_the_tile_backward_bit_for_bit(monkeypatch):
-    """Unset, or "triton": the tile-language dK/dV kernel runs (never the Gluon op), with the
-    same bits either way."""
+def test_below_the_rule_the_default_is_the_tile_backward_bit_for_bit(monkeypatch):
+    """Unset ("auto") at a shape outside the rule (128 rows), or "triton": the tile-language
+    kernels run (never a Gluon op), with the same bits either way."""
     calls = []
     monkeypatch.setattr(gb, "flash_attention_dkdv_gluon", lambda *a: calls.append(a))
+    monkeypatch.setattr(gb, "flash_attention_dq_gluon", lambda *a: calls.append(a))
     monkeypatch.delenv(ENV, raising=False)
+    assert gb.backend() == "auto"
     dtype = torch.bfloat16 if GLUON else torch.float32
     q, k, v = qkv((1, 4, 128, 64), dtype, kv_heads=2)
     assert gb.use_gluon_dkdv(q, k, v, True) is False
@@ -58,6 +62,37 @@ def test_the_default_is_the_tile_backward_bit_for_bit(monkeypatch):
     assert calls == []
     for a, b in zip(unset, forced_tile):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("n, d, causal, kv_heads, dtype, want", [
+    (4096, 64, True, None, torch.bfloat16, True),
+    (16384, 64, True, None, torch.bfloat16, True),   # the leaderboard's shape
+    (8192, 64, False, None, torch.bfloat16, True),
+    (4096, 128, True, 2, torch.bfloat16, True),      # grouped-query
+    (8192, 128, False, None, torch.bfloat16, False),  # measured faster, not outside the noise
+    (2048, 128, True, 2, torch.bfloat16, False),     # the host's cost of a call decides below 4,096
+    (4096, 64, True, None, torch.float16, False),    # not timed
+])
+def test_auto_picks_the_gluon_backward_where_it_was_measured_faster(monkeypatch, n, d, causal, kv_heads, dtype,
+                                                                   want):
+    """"auto" (the default): both Gluon kernels exactly in the measured class, wherever they can
+    run the call (made runnable here off a GPU); the tile-language backward elsewhere."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(gb, "unsupported", lambda *a: None)
+    q, k, v = qkv((1, 4, n, d), dtype, kv_heads, device="meta")
+    assert gb.use_gluon_dkdv(q, k, v, causal) is want
+    assert gb.use_gluon_dq() is True  # where it picks dK/dV, dQ too
+
+
+def test_auto_never_raises_where_the_gluon_backward_cannot_run(monkeypatch):
+    """In the rule's class but refused by `unsupported` (here: no Hopper GPU, or a 200-row tail):
+    the tile-language backward, no error."""
+    monkeypatch.setenv(ENV, "auto")
+    q, k, v = qkv((1, 2, 4096 + 200, 64), torch.bfloat16, device="meta")
+    assert gb.use_gluon_dkdv(q, k, v, True) is False
+    if not GLUON:
+        q, k, v = qkv((1, 2, 4096, 64), torch.bfloat16, device="meta")
+        assert gb.use_gluon_dkdv(q, k, v, True) is False
 
 
 def test_forcing_gluon_where_it_cannot_run_says_why(monkeypatch):
@@ -76,15 +111,38 @@ def test_forcing_gluon_where_it_cannot_run_says_why(monkeypatch):
 def test_an_unknown_backend_is_an_error(monkeypatch):
     monkeypatch.setenv(ENV, "cudnn")
     q, k, v = qkv((1, 1, 128, 64), device="cpu")
-    with pytest.raises(ValueError, match="expected one of triton, gluon"):
+    with pytest.raises(ValueError, match="expected one of auto, triton, gluon, gluon-dkdv"):
         gb.use_gluon_dkdv(q, k, v, False)
 
 
-def test_forced_gluon_runs_the_gluon_op_after_the_tile_dq(monkeypatch):
-    """With the switch on (and the kernel able to run, stubbed here off a GPU): the dQ kernel runs
-    first and writes Delta, then the Gluon op fills dK and dV (here with the tile kernel's result,
-    so the gradients must equal the default's bit for bit); the fused one-launch backward is
-    bypassed (it has no separate dK/dV launch)."""
+def _stubbed_gluon(monkeypatch, cfg, calls):
+    """The Gluon kernels' launchers and ops replaced by the tile kernels (so the gradients must be
+    the default's), each call recorded: (kernel, "launcher" or "op", Delta it wrote or read)."""
+    tile_dq, tile_dkdv = ft.launch_backward_dq, ft.launch_backward_dkdv
+
+    def dq_stub(path):
+        def stub(q3, k3, v3, o3, do3, lse, delta, dq, is_causal):
+            tile_dq(q3, k3, v3, o3, do3, lse, delta, dq, is_causal, {"dq": {**cfg["dq"], "SPLIT": 1}})
+            calls.append(("dq", path, delta.clone()))
+        return stub
+
+    def dkdv_stub(path):
+        def stub(q3, k3, v3, do3, lse, delta, dk, dv, is_causal):
+            calls.append(("dkdv", path, delta.clone()))
+            tile_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal, {"dkdv": {**cfg["dkdv"], "SPLIT": 1}})
+        return stub
+    monkeypatch.setattr(gb, "launch_dq", dq_stub("launcher"))
+    monkeypatch.setattr(gb, "launch_dkdv", dkdv_stub("launcher"))
+    monkeypatch.setattr(gb, "flash_attention_dq_gluon", dq_stub("op"))
+    monkeypatch.setattr(gb, "flash_attention_dkdv_gluon", dkdv_stub("op"))
+    monkeypatch.setattr(gb, "unsupported", lambda *a: None)
+
+
+def test_forced_gluon_dkdv_runs_the_gluon_dkdv_after_the_tile_dq(monkeypatch):
+    """gluon-dkdv (and the kernel able to run, stubbed here off a GPU): the tile dQ kernel runs
+    first and writes Delta, then the Gluon dK/dV kernel fills dK and dV (here with the tile kernel's
+    result, so the gradients must equal the default's); the fused one-launch backward is bypassed
+    (it has no separate dK/dV launch)."""
     dtype = torch.bfloat16 if GLUON else torch.float32
     q, k, v = qkv((1, 4, 128, 64), dtype, kv_heads=2)
     cfg = ft.launch_bwd_config(128, 64, dtype, True, 4, 2)
@@ -92,18 +150,58 @@ def test_forced_gluon_runs_the_gluon_op_after_the_tile_dq(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     ref = grads(q, k, v, True)
     calls = []
-
-    def stub(q3, k3, v3, do3, lse, delta, dk, dv, is_causal):
-        calls.append(delta.clone())
-        ft.launch_backward_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal,
-                                {"dkdv": {**cfg["dkdv"], "SPLIT": 1}})
-    monkeypatch.setattr(gb, "flash_attention_dkdv_gluon", stub)
-    monkeypatch.setattr(gb, "unsupported", lambda *a: None)
-    monkeypatch.setenv(ENV, "gluon")
+    _stubbed_gluon(monkeypatch, cfg, calls)
+    monkeypatch.setenv(ENV, "gluon-dkdv")
+    assert not gb.use_gluon_dq()
     got = grads(q, k, v, True)
-    assert len(calls) == 1 and torch.isfinite(calls[0]).all()
+    assert [c[:2] for c in calls] == [("dkdv", "launcher")] and torch.isfinite(calls[0][2]).all()
     for a, b in zip(got, ref):  # the fused kernel's gradients against the two-kernel path's
         torch.testing.assert_close(a, b)
+
+
+def test_forced_gluon_runs_the_gluon_dq_then_the_gluon_dkdv(monkeypatch):
+    """gluon: the Gluon dQ kernel runs (writing dQ and Delta), then the Gluon dK/dV kernel reads
+    that Delta; no tile kernel is launched by the backward itself (both stubbed with the tile
+    kernels here, so the gradients must equal the default's). In eager mode through their
+    launchers, not their ops (whose wrappers cost host time)."""
+    dtype = torch.bfloat16 if GLUON else torch.float32
+    q, k, v = qkv((1, 4, 256, 64), dtype, kv_heads=2)
+    cfg = ft.launch_bwd_config(256, 64, dtype, False, 4, 2)
+    monkeypatch.delenv(ENV, raising=False)
+    ref = grads(q, k, v, False)
+    calls = []
+    _stubbed_gluon(monkeypatch, cfg, calls)
+    monkeypatch.setenv(ENV, "gluon")
+    assert gb.use_gluon_dq()
+    launched = []
+    monkeypatch.setattr(ft, "launch_backward_dq", lambda *a, **kw: launched.append("dq"))
+    monkeypatch.setattr(ft, "launch_backward_fused", lambda *a, **kw: launched.append("fused"))
+    got = grads(q, k, v, False)
+    assert launched == []
+    assert [c[:2] for c in calls] == [("dq", "launcher"), ("dkdv", "launcher")]
+    assert torch.isfinite(calls[0][2]).all() and torch.equal(calls[0][2], calls[1][2])
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b)
+
+
+def test_the_backward_op_runs_the_gluon_ops(monkeypatch):
+    """Inside the backward's op (what torch.compile traces, launch = wrap_triton) the Gluon kernels
+    run through their opaque ops; the eager path (launch = _plain) through their launchers: the
+    same kernels either way."""
+    dtype = torch.bfloat16 if GLUON else torch.float32
+    q, k, v = qkv((1, 4, 256, 64), dtype, kv_heads=2)
+    cfg = ft.launch_bwd_config(256, 64, dtype, True, 4, 2)
+    calls = []
+    _stubbed_gluon(monkeypatch, cfg, calls)
+    monkeypatch.setenv(ENV, "gluon")
+    out, lse = ft.forward_with_lse(q, k, v, True)
+    do = torch.randn_like(q)
+    lse3 = lse.reshape(4, 256).contiguous()
+    for launch, path in ((ft.wrap_triton, "op"), (ft._plain, "launcher")):
+        calls.clear()
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        ft.launch_backward(q, k, v, out, do, lse3, dq, dk, dv, True, cfg, launch)
+        assert [c[:2] for c in calls] == [("dq", path), ("dkdv", path)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,13 +235,16 @@ def test_layouts_it_reads_in_place():
 
 
 def test_the_op_is_opaque_to_a_trace():
-    """The op's fake (what torch.compile traces): it writes dk and dv in place, returns nothing."""
+    """The ops' fakes (what torch.compile traces): they write dk and dv (dq and delta) in place,
+    and return nothing."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
         q, k, v, do = (torch.empty(1, 2, 128, 64, dtype=torch.bfloat16) for _ in range(4))
         lse, delta = torch.empty(2, 128), torch.empty(2, 128)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         assert torch.ops.lmperf.flash_attention_dkdv_gluon(q, k, v, do, lse, delta, dk, dv, True) is None
+        dq = torch.empty_like(q)
+        assert torch.ops.lmperf.flash_attention_dq_gluon(q, k, v, q, do, lse, delta, dq, True) is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,14 +272,19 @@ from lmperf.kernels import flash_attention_gluon_bwd as gb
 cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 out = {}
 for spec in sys.argv[1:]:
-    d, causal, group, dt = spec.split(",")
+    kind, rest = spec.split(":")
+    d, causal, group, dt = rest.split(",")
     d, causal, group = int(d), causal == "1", int(group)
     dtype = getattr(torch, dt)
     q = torch.empty(1, 2 * group, 256, d, dtype=dtype)
     k, v = torch.empty(1, 2, 256, d, dtype=dtype), torch.empty(1, 2, 256, d, dtype=dtype)
     lse = torch.empty(2 * group, 256)
-    kern = gb.launch_dkdv(q, k, v, torch.empty_like(q), lse, lse, torch.empty_like(k), torch.empty_like(v),
-                          causal, compile_only=True)
+    if kind == "dkdv":
+        kern = gb.launch_dkdv(q, k, v, torch.empty_like(q), lse, lse, torch.empty_like(k), torch.empty_like(v),
+                              causal, compile_only=True)
+    else:
+        kern = gb.launch_dq(q, k, v, torch.empty_like(q), torch.empty_like(q), lse, torch.empty_like(lse),
+                            torch.empty_like(q), causal, compile_only=True)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kern.asm["cubin"])
         f.flush()
@@ -187,15 +293,16 @@ for spec in sys.argv[1:]:
         sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
     res = dict(re.findall(r"\b(REG|STACK|LOCAL|SHARED):(\d+)", usage))
     res = {k: int(v) for k, v in res.items()}
-    for op in ("STL", "LDL", "HGMMA", "USETMAXREG"):
-        res[op] = len(re.findall(r"\b" + op + r"\b", sass))
+    for op in ("STL", "LDL", "HGMMA", "USETMAXREG", "WARPGROUP.DEPBAR"):
+        res[op] = len(re.findall(r"\b" + re.escape(op) + r"\b", sass))
     res["shared_bytes"] = kern.metadata.shared
     out[spec] = res
 print("RESULT " + json.dumps(out))
 '''
 
-SPECS = ["64,0,1,bfloat16", "64,1,1,bfloat16", "128,0,1,bfloat16", "128,1,1,bfloat16", "128,1,1,float16",
-         "64,1,4,bfloat16", "128,0,2,bfloat16", "128,1,4,bfloat16"]
+CONFIGS = ["64,0,1,bfloat16", "64,1,1,bfloat16", "128,0,1,bfloat16", "128,1,1,bfloat16", "128,1,1,float16",
+           "64,1,4,bfloat16", "128,0,2,bfloat16", "128,1,4,bfloat16"]
+SPECS = [f"{kind}:{c}" for kind in ("dkdv", "dq") for c in CONFIGS]
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +318,7 @@ def sm90():
 
 @pytest.mark.parametrize("spec", SPECS)
 def test_compiles_for_sm90_with_wgmma_and_no_local_memory(sm90, spec):
-    """Every configuration compiles for the H100: its matrix products are wgmma (HGMMA in SASS),
+    """Every configuration of both kernels compiles for the H100: its matrix products are wgmma (HGMMA in SASS),
     the partitions set their register counts (setmaxnreg), no array is put in local memory, and
     the shared memory fits the 227 KB a block may have."""
     r = sm90[spec]
@@ -220,14 +327,24 @@ def test_compiles_for_sm90_with_wgmma_and_no_local_memory(sm90, spec):
     assert r["shared_bytes"] <= 232448, r
 
 
-@pytest.mark.parametrize("spec", [s for s in SPECS if s != "128,1,4,bfloat16"])
+@pytest.mark.parametrize("spec", [s for s in SPECS if s != "dkdv:128,1,4,bfloat16"])
 def test_no_register_spills(sm90, spec):
-    """No spill store or load anywhere in the kernel: at head dim 128 each consumer thread holds
-    dK and dV, 128 fp32 registers, beside S^T and dP^T. Not yet at head dim 128, causal,
-    grouped-query (128,1,4: 20 spill stores with Triton 3.6, in the masked steps and before the loop
-    over heads; tuning/flash_attention/NOTES.md step 42)."""
+    """No spill store or load anywhere in the kernel: at head dim 128 each dK/dV consumer thread
+    holds dK and dV, 128 fp32 registers, beside S^T and dP^T; each dQ consumer thread dQ (64) beside
+    S and dP. Not yet the dK/dV kernel at head dim 128, causal, grouped-query (128,1,4: 20 spill
+    stores with Triton 3.6, in the masked steps and before the loop over heads;
+    tuning/flash_attention/NOTES.md step 42)."""
     r = sm90[spec]
     assert r["STL"] == 0 and r["LDL"] == 0 and r["STACK"] == 0, r
+
+
+@pytest.mark.parametrize("spec", [s for s in SPECS if s.startswith("dq:")])
+def test_the_dq_products_overlap(sm90, spec):
+    """The dQ kernel's S and dP products are in flight together and each step waits three times
+    (S, dP, dQ): three wgmma waits per key-tile step and warpgroup, not one after every wgmma
+    (what ptxas emits when a register operand's product is still in flight across the loop)."""
+    r = sm90[spec]
+    assert r["WARPGROUP.DEPBAR"] < r["HGMMA"] / 2, r
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,17 +388,61 @@ def test_the_models_layout_and_grouped_query(monkeypatch, causal):
 
 
 @NEEDS_HOPPER
-def test_forced_gluon_runs_the_gluon_kernel(monkeypatch):
+def test_forced_gluon_runs_the_gluon_kernels(monkeypatch):
+    """gluon: the Gluon dQ and dK/dV kernels; gluon-dkdv: the Gluon dK/dV only; triton: neither."""
     calls = []
-    real = gb.launch_dkdv
-    monkeypatch.setattr(gb, "launch_dkdv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real_dq, real_dkdv = gb.launch_dq, gb.launch_dkdv
+    monkeypatch.setattr(gb, "launch_dq", lambda *a, **kw: calls.append("dq") or real_dq(*a, **kw))
+    monkeypatch.setattr(gb, "launch_dkdv", lambda *a, **kw: calls.append("dkdv") or real_dkdv(*a, **kw))
     q, k, v = qkv((1, 2, 256, 64))
-    monkeypatch.setenv(ENV, "gluon")
-    grads(q, k, v, True)
-    assert calls == [1]
-    monkeypatch.setenv(ENV, "triton")
-    grads(q, k, v, True)
-    assert calls == [1]
+    for backend, want in (("gluon", ["dq", "dkdv"]), ("gluon-dkdv", ["dkdv"]), ("triton", [])):
+        calls.clear()
+        monkeypatch.setenv(ENV, backend)
+        grads(q, k, v, True)
+        assert calls == want, backend
+
+
+@NEEDS_HOPPER
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_dq_kernel_alone_matches_float64(d, causal):
+    """dQ and Delta of the Gluon dQ kernel alone, NaN-poisoned first (an unwritten element fails),
+    against float64 within the contract's tolerance; grouped-query (8 query heads on 2), the
+    model's layout for q, k, v and O; two runs the same bits."""
+    from lmperf.kernels.attention_contract import reference, tolerance
+    n = 640
+    q = torch.randn(2, n, 8, d, dtype=torch.bfloat16, device="cuda").transpose(1, 2)
+    k, v = (torch.randn(2, n, 2, d, dtype=torch.bfloat16, device="cuda").transpose(1, 2) for _ in range(2))
+    out, lse = ft.forward_with_lse(q, k, v, causal)
+    do = torch.randn_like(q)
+    runs = []
+    for _ in range(2):
+        dq = torch.full((2, 8, n, d), float("nan"), dtype=q.dtype, device="cuda")
+        delta = torch.full((16, n), float("nan"), device="cuda")
+        gb.launch_dq(q, k, v, out, do, lse.reshape(16, n), delta, dq, causal)
+        runs.append((dq, delta))
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    dq, delta = runs[0]
+    want_delta = (out.double() * do.double()).sum(-1).reshape(16, n)
+    assert float((delta.double() - want_delta).abs().max()) <= 1e-3 * float(want_delta.abs().max())
+    errs = {}
+    for name, dt in (("ref", torch.float64), ("torch", torch.bfloat16)):
+        xs = [t.detach().to(dt).requires_grad_() for t in (q, k, v)]
+        o, _ = reference(*xs, causal, dtype=dt)
+        o.backward(do.to(dt))
+        errs[name] = xs[0].grad
+    err = float((dq.double() - errs["ref"]).abs().max())
+    assert err <= tolerance(float((errs["torch"].double() - errs["ref"]).abs().max()), torch.bfloat16), err
+
+
+@NEEDS_HOPPER
+@pytest.mark.parametrize("d", [64, 128])
+def test_gluon_dkdv_after_the_tile_dq_matches_float64(monkeypatch, d):
+    """gluon-dkdv (the Gluon dK/dV after the tile dQ): right against float64, causal grouped-query."""
+    monkeypatch.setenv(ENV, "gluon-dkdv")
+    q, k, v = qkv((1, 4, 384, d), kv_heads=2)
+    rows = compare(ft.FlashAttention2Triton.apply, q, k, v, True)
+    assert all(r["passed"] for r in rows), rows
 
 
 @NEEDS_HOPPER

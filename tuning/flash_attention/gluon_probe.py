@@ -8,12 +8,13 @@ in the same process.
     python tuning/flash_attention/gluon_probe.py --out DIR --bwd [--skip-check] [--skip-bench]
         [--only headline,...] [--tag TAG]
 
-With --bwd, the Gluon dK/dV backward (src/lmperf/kernels/flash_attention_gluon_bwd.py) instead:
-DIR/gluon_bwd_check.csv (dK, dV of the kernel alone against float64, NaN-poisoned, two runs the
-same bits) and DIR/gluon_bwd_bench.csv (the backward, autograd.grad of one forward: ours with the
-Gluon dK/dV after the tile dQ, ours all tile, SDPA-cuDNN, SDPA-flash; the dK/dV kernels alone,
-Gluon and tile; median and 20/80% quantiles of do_bench, and the kernels' GPU time per call from
-the profiler).
+With --bwd, the Gluon backward (src/lmperf/kernels/flash_attention_gluon_bwd.py) instead:
+DIR/gluon_bwd_check.csv (dQ and Delta of the Gluon dQ kernel, then dK, dV of the dK/dV kernel,
+against float64, NaN-poisoned, two runs the same bits) and DIR/gluon_bwd_bench.csv (the backward,
+autograd.grad of one forward: ours all Gluon, ours with the Gluon dK/dV after the tile dQ, ours
+all tile, SDPA-cuDNN, SDPA-flash; the dQ kernels alone, Gluon and tile, and the Gluon dK/dV kernel;
+forward + backward; median and 20/80% quantiles of do_bench, and the kernels' GPU time per call
+from the profiler). --sweep (dK/dV) and --dq-sweep (dQ): the kernel alone at other configs.
 
 Writes DIR/gluon_check.csv (one row per case: O's and L's max abs error against float64, plain
 PyTorch's error in the same dtype, the contract's tolerance, passed; NaN-poisoned outputs, so an
@@ -233,6 +234,7 @@ def bench(names, variants, log, out_csv=None, passes=1) -> list[dict]:
     return rows
 
 
+REP_MS = 100  # do_bench's time per implementation (ms)
 BWD_SHAPES = {  # name: (batch, q heads, kv heads, N, D, causal)
     "headline": (1, 16, 16, 16384, 64, True),
     "thr_full": (4, 16, 16, 8192, 128, False),
@@ -242,6 +244,9 @@ BWD_SHAPES = {  # name: (batch, q heads, kv heads, N, D, causal)
     "d128_2048": (8, 16, 16, 2048, 128, True),
     "d64_full": (4, 16, 16, 8192, 64, False),
     "gqa_d64_1024": (8, 16, 4, 1024, 64, True),
+    "gqa_2048": (4, 32, 8, 2048, 128, True),
+    "gqa_64q_8192": (1, 64, 8, 8192, 128, True),
+    "xl_2048": (4, 25, 25, 2048, 64, True),
 }
 
 
@@ -259,16 +264,17 @@ def _bwd_inputs(q, k, v, causal):
     return out, lse2, do, delta, cfg
 
 
-def bwd_check(log) -> list[dict]:
-    """dK, dV of the Gluon kernel alone against float64 (autograd of the float64 reference), beside
-    plain PyTorch in the same dtype; outputs NaN-poisoned before each run, two runs compared."""
+def bwd_check(log, ns=(128, 384, 1152, 4096)) -> list[dict]:
+    """dQ (and Delta) of the Gluon dQ kernel, then dK, dV of the Gluon dK/dV kernel from that Delta,
+    against float64 (autograd of the float64 reference), beside plain PyTorch in the same dtype;
+    outputs NaN-poisoned before each run, two runs compared bit for bit."""
     from lmperf.kernels import flash_attention_gluon_bwd as gb
     from lmperf.kernels.attention_contract import reference, tolerance
     rows = []
     cases = []
     for d in (64, 128):
         for causal in (False, True):
-            for n in (128, 384, 1152, 4096):
+            for n in ns:
                 cases += [(d, causal, n, BF16, "bhnd", 2, 3, 3), (d, causal, n, BF16, "bnhd", 2, 8, 2),
                           (d, causal, n, FP16, "bhnd", 1, 4, 1)]
     for i, (d, causal, n, dtype, layout, b, h, hk) in enumerate(cases):
@@ -280,24 +286,30 @@ def bwd_check(log) -> list[dict]:
             out, lse, do, delta, _ = _bwd_inputs(q, k, v, causal)
             res = []
             for _ in range(2):
+                dq = torch.full_like(q, float("nan"))
+                delta_g = torch.full_like(delta, float("nan"))
+                gb.launch_dq(q, k, v, out, do, lse, delta_g, dq, causal)
                 dk = torch.full_like(k, float("nan"))
                 dv = torch.full_like(v, float("nan"))
-                gb.launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal)
-                res.append((dk, dv))
+                gb.launch_dkdv(q, k, v, do, lse, delta_g, dk, dv, causal)
+                res.append((dq, dk, dv, delta_g))
             torch.cuda.synchronize()
             grads = {}
             for name, dt in (("ref", torch.float64), ("torch", dtype)):
                 xs = [t.detach().to(dt).requires_grad_() for t in (q, k, v)]
                 o, _ = reference(*xs, causal, dtype=dt)
                 o.backward(do.to(dt))
-                grads[name] = (xs[1].grad, xs[2].grad)
+                grads[name] = (xs[0].grad, xs[1].grad, xs[2].grad)
             err = lambda x, r: float((x.double() - r.double()).abs().max()) if torch.isfinite(x).all() else float("inf")
             ok = True
-            for j, qn in enumerate(("dk", "dv")):
+            for j, qn in enumerate(("dq", "dk", "dv")):
                 e, te = err(res[0][j], grads["ref"][j]), err(grads["torch"][j], grads["ref"][j])
                 tol = tolerance(te, dtype)
                 row.update({f"{qn}_err": e, f"{qn}_torch_err": te, f"{qn}_tol": tol})
                 ok &= e <= tol
+            want_delta = (out.double() * do.double()).sum(-1).reshape(delta.shape)
+            row["delta_rel_err"] = err(res[0][3], want_delta) / float(want_delta.abs().max())
+            ok &= row["delta_rel_err"] <= 1e-4
             same = all(torch.equal(a, b2) for a, b2 in zip(res[0], res[1]))
             row.update(deterministic=same, passed=bool(ok and same), error="")
         except Exception as exc:  # noqa: BLE001 - a failure is a row
@@ -322,9 +334,12 @@ def _gpu_ms(fn, reps=10) -> float:
     return total_us / reps / 1e3
 
 
-def bwd_bench(names, log, out_csv=None, tag="") -> list[dict]:
-    """The backward at each shape: autograd.grad of one forward (ours: Gluon dK/dV after the tile
-    dQ, or all tile; SDPA-cuDNN; SDPA-flash), and the two dK/dV kernels alone."""
+def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
+    """The backward at each shape: autograd.grad of one forward (ours: all Gluon, Gluon dK/dV after
+    the tile dQ, or all tile; SDPA-cuDNN; SDPA-flash), the two dQ kernels and the Gluon dK/dV kernel
+    alone, and forward + backward (fb_: ours all Gluon or all tile, cuDNN, flash). tflops counts
+    the work each does: the backward's five matmuls, the dQ kernel's three, dK/dV's four, forward +
+    backward's seven."""
     import os
     import torch.nn.functional as F
     import triton.testing
@@ -353,20 +368,33 @@ def bwd_bench(names, log, out_csv=None, tag="") -> list[dict]:
             out = make_out()
             return lambda: torch.autograd.grad(out, xs, do, retain_graph=True)
 
+        def fwd_bwd(make_out, env=None):  # forward + backward, as a training step calls them
+            if env is not None:
+                os.environ["LMPERF_FA_BWD_BACKEND"] = env
+            return lambda: torch.autograd.grad(make_out(), xs, do)
+
         out_t, lse, do_, delta, cfg = _bwd_inputs(q, k, v, causal)
+        dq_g, dq_t, delta_g, delta_t = torch.empty_like(q), torch.empty_like(q), torch.empty_like(delta), torch.empty_like(delta)
         dk_g, dv_g = torch.empty_like(k), torch.empty_like(v)
-        dk_t, dv_t = torch.empty_like(k), torch.empty_like(v)
         impls = [
             ("ours_tile", lambda: grad_of(ours, "triton")),
-            ("ours_gluon_dkdv", lambda: grad_of(ours, "gluon")),
+            ("ours_gluon", lambda: grad_of(ours, "gluon")),
+            ("ours_gluon_dkdv", lambda: grad_of(ours, "gluon-dkdv")),
             ("sdpa_cudnn", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
             ("sdpa_flash", lambda: grad_of(lambda: sdpa(SDPBackend.FLASH_ATTENTION))),
+            ("dq_gluon_alone", lambda: (lambda: gb.launch_dq(q, k, v, out_t, do_, lse, delta_g, dq_g, causal))),
+            ("dq_tile_alone", lambda: (lambda: ft.launch_backward_dq(q, k, v, out_t, do_, lse, delta_t, dq_t,
+                                                                     causal, cfg))),
             ("dkdv_gluon_alone", lambda: (lambda: gb.launch_dkdv(q, k, v, do_, lse, delta, dk_g, dv_g, causal))),
-            ("dkdv_tile_alone", lambda: (lambda: ft.launch_backward_dkdv(q, k, v, do_, lse, delta, dk_t, dv_t,
-                                                                         causal, cfg))),
-            ("ours_gluon_dkdv_again", lambda: grad_of(ours, "gluon")),
+            ("fb_ours_gluon", lambda: fwd_bwd(ours, "gluon")),
+            ("fb_ours_tile", lambda: fwd_bwd(ours, "triton")),
+            ("fb_sdpa_cudnn", lambda: fwd_bwd(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
+            ("fb_sdpa_flash", lambda: fwd_bwd(lambda: sdpa(SDPBackend.FLASH_ATTENTION))),
+            ("ours_gluon_again", lambda: grad_of(ours, "gluon")),
             ("sdpa_cudnn_again", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
         ]
+        if only_impls:
+            impls = [i for i in impls if i[0] in only_impls]
         ref = None
         for label, setup in impls:
             row = dict(shape=name, b=b, h=h, hk=hk, n=n, d=d, causal=causal, impl=label, tag=tag,
@@ -380,9 +408,10 @@ def bwd_bench(names, log, out_csv=None, tag="") -> list[dict]:
                         ref = [t.float() for t in g]
                     row["max_diff_vs_tile"] = "" if ref is None else max(float((a.float() - r).abs().max())
                                                                        for a, r in zip(g, ref))
-                q20, q50, q80 = triton.testing.do_bench(fn, warmup=25, rep=300, quantiles=[0.2, 0.5, 0.8])
-                row.update(ms_p20=q20, ms_median=q50, ms_p80=q80, gpu_ms=_gpu_ms(fn),
-                           tflops_bwd=(fl if "alone" not in label else 0.8 * fl) / (q50 * 1e-3) / 1e12, error="")
+                q20, q50, q80 = triton.testing.do_bench(fn, warmup=10, rep=REP_MS, quantiles=[0.2, 0.5, 0.8])
+                work = {"dq": 0.6 * fl, "dk": 0.8 * fl, "fb": 1.4 * fl}.get(label[:2], fl)  # 3U, 4U, 7U of 5U
+                row.update(ms_p20=q20, ms_median=q50, ms_p80=q80, gpu_ms=_gpu_ms(fn, 5),
+                           tflops=work / (q50 * 1e-3) / 1e12, error="")
             except Exception as exc:  # noqa: BLE001
                 row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}")
                 log.write(traceback.format_exc() + "\n")
@@ -446,6 +475,117 @@ def bwd_sweep(names, log, out_csv=None, tag="") -> list[dict]:
     return rows
 
 
+DQ_SWEEP = {64: [(3, 240, 128), (3, 240, 64), (2, 240, 128)],
+            128: [(3, 240, 64), (2, 240, 128), (2, 240, 64)]}  # (STAGES, registers, BLOCK_N)
+
+
+def dq_sweep(names, log, out_csv=None, tag="") -> list[dict]:
+    """The Gluon dQ kernel alone at each (STAGES, registers, BLOCK_N) of DQ_SWEEP, interleaved twice,
+    beside the tile dQ kernel; each result compared with the table config's (the bits may differ
+    with BLOCK_N: the order of the sums over keys changes; they must not with STAGES)."""
+    import triton.testing
+    from lmperf.kernels import flash_attention_gluon_bwd as gb
+    from lmperf.kernels import flash_attention_triton as ft
+    rows = []
+    for name in names:
+        b, h, hk, n, d, causal = BWD_SHAPES[name]
+        fl = 1.5 * flops(b, h, n, d, causal)
+        q, k, v = make(b, h, hk, n, d, BF16, "bhnd", seed=17)
+        out, lse, do, delta, cfg = _bwd_inputs(q, k, v, causal)
+        ref = None
+        for round_ in range(2):
+            for stages, regs, bn in DQ_SWEEP[d] + [("tile", "", "")]:
+                row = dict(shape=name, b=b, h=h, hk=hk, n=n, d=d, causal=causal, stages=stages, regs=regs,
+                           block_n=bn, round=round_, tag=tag, gpu=torch.cuda.get_device_name())
+                try:
+                    dq, dl = torch.full_like(q, float("nan")), torch.full_like(delta, float("nan"))
+                    if stages == "tile":
+                        fn = lambda: ft.launch_backward_dq(q, k, v, out, do, lse, dl, dq, causal, cfg)  # noqa: E731
+                    else:
+                        fn = lambda: gb.launch_dq(q, k, v, out, do, lse, dl, dq, causal, stages, regs,  # noqa: E731
+                                                  block_n=bn)
+                    fn()
+                    torch.cuda.synchronize()
+                    if ref is None:
+                        ref = dq.clone()
+                    q20, q50, q80 = triton.testing.do_bench(fn, warmup=10, rep=REP_MS, quantiles=[0.2, 0.5, 0.8])
+                    row.update(ms_p20=q20, ms_median=q50, ms_p80=q80, tflops=fl / (q50 * 1e-3) / 1e12,
+                               same_bits_as_table=bool(torch.equal(dq, ref)),
+                               max_diff_vs_table=float((dq.float() - ref.float()).abs().max()), error="")
+                except Exception as exc:  # noqa: BLE001
+                    row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}")
+                    log.write(traceback.format_exc() + "\n")
+                rows.append(row)
+                print(f"{name:10s} dq stages {stages} regs {regs} block_n {bn} " + (
+                    f"{row['ms_median']:.3f} ms {row['tflops']:.0f} TFLOP/s same {row['same_bits_as_table']}"
+                    if not row["error"] else row["error"][:200]), flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+        if out_csv is not None:
+            write(out_csv, rows)
+    return rows
+
+
+def host_cost(names, log, out_csv=None) -> list[dict]:
+    """Where a small backward's host time goes: the mean wall time per call of each piece of the
+    Gluon backward's launch path (descriptors, the launchers, the ops, the whole backward), 200
+    calls back to back and one synchronize, against the GPU time of the same calls (profiler)."""
+    import os
+    import time as _time
+    from lmperf.kernels import flash_attention_gluon as fg
+    from lmperf.kernels import flash_attention_gluon_bwd as gb
+    from lmperf.kernels import flash_attention_triton as ft
+    rows = []
+    for name in names:
+        b, h, hk, n, d, causal = BWD_SHAPES[name]
+        q, k, v = make(b, h, hk, n, d, BF16, "bhnd", seed=19)
+        xs = [t.detach().requires_grad_() for t in (q, k, v)]
+        out, lse, do, delta, cfg = _bwd_inputs(q, k, v, causal)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+        def grad_fn(env):
+            def fn():
+                os.environ["LMPERF_FA_BWD_BACKEND"] = env
+                try:
+                    o = ft.FlashAttention2Triton.apply(*xs, causal)
+                    return torch.autograd.grad(o, xs, do)
+                finally:
+                    os.environ.pop("LMPERF_FA_BWD_BACKEND", None)
+            return fn
+        pieces = [
+            ("head_desc_x4", lambda: [fg.head_desc(t, 64) for t in (q, do, k, v)]),
+            ("unsupported", lambda: gb.unsupported(q, k, v, causal)),
+            ("launch_dq", lambda: gb.launch_dq(q, k, v, out, do, lse, delta, dq, causal)),
+            ("launch_dkdv", lambda: gb.launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal)),
+            ("op_dq", lambda: gb.flash_attention_dq_gluon(q, k, v, out, do, lse, delta, dq, causal)),
+            ("op_dkdv", lambda: gb.flash_attention_dkdv_gluon(q, k, v, do, lse, delta, dk, dv, causal)),
+            ("tile_dq", lambda: ft.launch_backward_dq(q, k, v, out, do, lse, delta, dq, causal, cfg)),
+            ("fwd_bwd_gluon", grad_fn("gluon")),
+            ("fwd_bwd_tile", grad_fn("triton")),
+        ]
+        for label, fn in pieces:
+            row = dict(shape=name, piece=label, gpu=torch.cuda.get_device_name())
+            try:
+                for _ in range(5):
+                    fn()
+                torch.cuda.synchronize()
+                t0 = _time.perf_counter()
+                for _ in range(200):
+                    fn()
+                host = (_time.perf_counter() - t0) / 200 * 1e3
+                torch.cuda.synchronize()
+                row.update(host_ms_per_call=host, gpu_ms=_gpu_ms(fn, 20), error="")
+            except Exception as exc:  # noqa: BLE001
+                row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}")
+                log.write(traceback.format_exc() + "\n")
+            rows.append(row)
+            print(f"{name:12s} {label:14s} " + (f"host {row['host_ms_per_call']:.4f} ms/call gpu {row['gpu_ms']:.4f} ms"
+                                                 if not row["error"] else row["error"][:200]), flush=True)
+        if out_csv is not None:
+            write(out_csv, rows)
+    return rows
+
+
 def write(path: Path, rows: list[dict]) -> None:
     keys = []
     for r in rows:
@@ -469,6 +609,10 @@ def main(argv=None) -> int:
     ap.add_argument("--bwd", action="store_true", help="the Gluon dK/dV backward instead of the forward")
     ap.add_argument("--tag", default="", help="a label for this process's bench rows (--bwd)")
     ap.add_argument("--sweep", action="store_true", help="--bwd: the dK/dV kernel's stages and registers")
+    ap.add_argument("--check-n", default="128,384,1152,4096", help="--bwd: the check's sequence lengths")
+    ap.add_argument("--host", action="store_true", help="--bwd: where a small backward's host time goes")
+    ap.add_argument("--impls", default="", help="--bwd: only these implementations (labels of bwd_bench)")
+    ap.add_argument("--dq-sweep", action="store_true", help="--bwd: the dQ kernel's stages and key tiles")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     import triton
@@ -477,16 +621,24 @@ def main(argv=None) -> int:
     if args.bwd:
         with (args.out / "gluon_bwd_traces.txt").open("a") as log:
             if not args.skip_check:
-                rows = bwd_check(log)
+                rows = bwd_check(log, tuple(int(x) for x in args.check_n.split(",")))
                 write(args.out / "gluon_bwd_check.csv", rows)
                 print(f"bwd check: {sum(r['passed'] for r in rows)}/{len(rows)} passed", flush=True)
+            if args.host:
+                host_cost((args.only or "gqa_d64_1024").split(","), log, args.out / "gluon_bwd_host.csv")
+                return 0
+            if args.dq_sweep:
+                only = args.only.split(",") if args.only else ["headline", "thr_full", "thr_causal", "gqa_4096"]
+                dq_sweep(only, log, args.out / f"gluon_dq_sweep{args.tag}.csv", args.tag)
+                return 0
             if args.sweep:
                 only = args.only.split(",") if args.only else ["headline", "thr_full", "thr_causal", "gqa_4096"]
                 bwd_sweep(only, log, args.out / f"gluon_bwd_sweep{args.tag}.csv", args.tag)
                 return 0
             if not args.skip_bench:
                 only = args.only.split(",") if args.only else list(BWD_SHAPES)
-                bwd_bench(only, log, args.out / f"gluon_bwd_bench{args.tag}.csv", args.tag)
+                bwd_bench(only, log, args.out / f"gluon_bwd_bench{args.tag}.csv", args.tag,
+                          args.impls.split(",") if args.impls else None)
         return 0
     with (args.out / "gluon_probe_traces.txt").open("w") as log:
         if args.compile_check:

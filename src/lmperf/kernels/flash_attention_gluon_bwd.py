@@ -1,13 +1,26 @@
-"""FlashAttention backward on Hopper GPUs (H100, H200) in Gluon: the dK/dV kernel (step 1 of
-issue 73; design: tuning/flash_attention/research_gluon_backward.md, section 3).
+"""FlashAttention backward on Hopper GPUs (H100, H200) in Gluon: a dQ kernel and a dK/dV kernel
+(design: tuning/flash_attention/research_gluon_backward.md, sections 3 and 4 (a)).
 
-It computes what flash_attention_triton's `_bwd_dkdv_kernel` computes, from the same inputs: q, k,
-v, dO, L (the forward's fp32 logsumexp in natural log, (B*H, N)) and Delta = rowsum(O * dO)
-((B*H, N) fp32, written by the tile-language dQ kernel, which runs first). dQ stays the tile
-kernel's. Opt-in: LMPERF_FA_BWD_BACKEND=gluon (`use_gluon_dkdv`); the default, "triton", runs
-the tile-language dK/dV kernel and never imports this module's kernels.
+They compute what flash_attention_triton's `_bwd_dq_kernel` and `_bwd_dkdv_kernel` compute, from
+the same inputs: q, k, v, O, dO and L (the forward's fp32 logsumexp in natural log, (B*H, N)).
+The dQ kernel runs first and also writes Delta = rowsum(O * dO) ((B*H, N) fp32), which the dK/dV
+kernel reads. The switch, LMPERF_FA_BWD_BACKEND (`use_gluon_dkdv`, `use_gluon_dq`): "auto" (the
+default) runs both Gluon kernels where `prefers_gluon`'s rule, measured on an H100, says they are
+faster, else the tile-language backward; "gluon" forces both (a ValueError saying why where they
+cannot run the call); "gluon-dkdv" the Gluon dK/dV after the tile-language dQ; "triton" the
+tile-language backward, never importing this module.
 
-One program per (key tile of 128 keys, batch x K/V head), heads fastest, causal key tiles with
+The dQ kernel (`_dq_kernel`): one program per (query tile of 128 rows, batch x query head), heads
+fastest, causal query tiles longest first; two consumer warpgroups of 64 rows each holding their
+dQ ([64, D] fp32) in registers, a one-warp producer loading by TMA the Q and dO halves once, then
+the K and V tiles of BLOCK_N keys (the K/V head h // GROUP) into a ring of STAGES slots, each
+released by both warpgroups. Per warpgroup and key tile: S = Q K^T and dP = dO V^T (SS wgmma,
+in flight together), P = exp2(S log2(e) / sqrt(D) - L log2(e)), dS = P (dP - Delta), dQ += dS K
+(RS wgmma); Delta of its rows is computed from O and dO before the loop. Causal: the key tiles on
+the diagonal first (masked), then the others (unmasked); the order of the sums is fixed, no
+atomics. dQ is scaled by 1/sqrt(D) once at the end.
+
+The dK/dV kernel (`_dkdv_kernel`): one program per (key tile of 128 keys, batch x K/V head), heads fastest, causal key tiles with
 the most query tiles first. Three partitions (`gl.warp_specialize`):
 - two consumer warpgroups, each owning 64 of the tile's keys, holding their dK and dV ([64, D]
   fp32 each) in registers for the whole program;
@@ -32,7 +45,7 @@ one is unmasked (a separate, mask-free loop). Grouped-query attention: the progr
 GROUP query heads of its K/V head in order (a fixed order: the same bits every run), adding into
 the same dK and dV, written once. No atomics.
 
-Covered (`unsupported` says why anything else is refused): a Hopper GPU, bf16 or fp16, head dims
+Both cover (`unsupported` says why anything else is refused): a Hopper GPU, bf16 or fp16, head dims
 64 and 128, N a multiple of 128 (no tile runs past a sequence's end), q, k, v in the layouts the
 Gluon forward reads in place (flash_attention_gluon.head_rows); dO of any layout (copied to
 contiguous where TMA cannot read it).
@@ -51,11 +64,16 @@ HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
 BLOCK_N = 128  # keys a program: two warpgroups of 64
 BWD_BACKEND_ENV = "LMPERF_FA_BWD_BACKEND"
-BWD_BACKENDS = ("triton", "gluon")
+BWD_BACKENDS = ("auto", "triton", "gluon", "gluon-dkdv")
+AUTO_MIN_N = 4096  # "auto": the Gluon backward from this many rows (prefers_gluon)
 
 # (STAGES, consumer registers, BLOCK_M query rows a step) by head dim; shared memory at 3 stages:
 # 134 KB (D 64, BLOCK_M 128; 84 KB at 64), 166 KB (D 128)
 CONFIGS = {64: (3, 240, 128), 128: (3, 232, 64)}
+# the dQ kernel: (STAGES, consumer registers, BLOCK_N keys a step) by head dim; 128 query rows a
+# program (two warpgroups of 64); shared memory at 3 stages: 128 KB (D 64), 160 KB (D 128)
+DQ_CONFIGS = {64: (3, 240, 128), 128: (3, 240, 64)}
+DQ_BLOCK_M = 128
 
 try:
     from triton.experimental import gluon
@@ -117,20 +135,50 @@ def _aligned(t: torch.Tensor) -> bool:
         return True
 
 
-def use_gluon_dkdv(q, k, v, is_causal: bool, backend: str | None = None) -> bool:
-    """Whether the backward's dK/dV runs this kernel: `backend` (else $LMPERF_FA_BWD_BACKEND,
-    else "triton") is "triton" (never: the tile-language kernel, the default) or "gluon" (always;
-    a ValueError saying why where it cannot run the call)."""
-    backend = backend or os.environ.get(BWD_BACKEND_ENV) or "triton"
-    if backend == "triton":
+def backend(name: str | None = None) -> str:
+    """The backward's backend: `name`, else $LMPERF_FA_BWD_BACKEND, else "auto"; a ValueError
+    for anything but BWD_BACKENDS."""
+    name = name or os.environ.get(BWD_BACKEND_ENV) or "auto"
+    if name not in BWD_BACKENDS:
+        raise ValueError(f"{BWD_BACKEND_ENV}={name!r}: expected one of {', '.join(BWD_BACKENDS)}")
+    return name
+
+
+def prefers_gluon(q, k, v, is_causal: bool) -> bool:
+    """The rule of "auto": both Gluon kernels where they can run the call and were measured right
+    and faster than the tile-language backward outside the noise of fresh processes on an H100
+    (tuning/flash_attention/NOTES.md, step 43): bf16, N from AUTO_MIN_N, causal at head dims 64
+    and 128 (grouped-query or not), non-causal at head dim 64 (at 128 non-causal the two overlap
+    across processes). Elsewhere, and wherever `unsupported` refuses the call, the tile-language
+    backward (no error)."""
+    if q.dtype != torch.bfloat16 or q.dim() < 2 or q.shape[-2] < AUTO_MIN_N:
         return False
-    if backend == "gluon":
-        if (why := unsupported(q, k, v, is_causal)) is not None:
-            raise ValueError(f"{BWD_BACKEND_ENV}=gluon asks for the Gluon FlashAttention dK/dV kernel, which "
-                             f"cannot run this call: {why}. Unset it (or set it to 'triton') for the "
-                             "tile-language backward")
-        return True
-    raise ValueError(f"{BWD_BACKEND_ENV}={backend!r}: expected one of {', '.join(BWD_BACKENDS)}")
+    if not (is_causal or q.shape[-1] == 64):
+        return False
+    return unsupported(q, k, v, is_causal) is None
+
+
+def use_gluon_dkdv(q, k, v, is_causal: bool, backend_name: str | None = None) -> bool:
+    """Whether the backward's dK/dV runs this module's kernel: the backend (`backend`) is "auto"
+    (the default: `prefers_gluon`), "triton" (never: the tile-language kernels), "gluon" (both
+    Gluon kernels, dQ and dK/dV) or "gluon-dkdv" (the Gluon dK/dV after the tile-language dQ); a
+    forced Gluon backend that cannot run the call is a ValueError saying why."""
+    name = backend(backend_name)
+    if name == "triton":
+        return False
+    if name == "auto":
+        return prefers_gluon(q, k, v, is_causal)
+    if (why := unsupported(q, k, v, is_causal)) is not None:
+        raise ValueError(f"{BWD_BACKEND_ENV}={name} asks for the Gluon FlashAttention backward, which "
+                         f"cannot run this call: {why}. Unset it (or set it to 'triton') for the "
+                         "tile-language backward")
+    return True
+
+
+def use_gluon_dq(backend_name: str | None = None) -> bool:
+    """Whether dQ (and Delta) come from this module's dQ kernel too, where use_gluon_dkdv said yes:
+    the backend is "gluon" or "auto" (which picks both kernels or neither)."""
+    return backend(backend_name) in ("gluon", "auto")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,8 +360,174 @@ if gluon is not None:
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
+    # -----------------------------------------------------------------------------------------
+    # The dQ kernel: one program per (query tile of 128 rows, batch x query head); two consumer
+    # warpgroups of 64 rows, a one-warp producer streaming the K/V tiles
+
+    @gluon.jit
+    def _dq_coords(N, H, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr):
+        """(bh, b, h, K/V head, first query row) of this program: heads fastest, causal query
+        tiles from the last (the longest loop) to the first."""
+        bh = gl.program_id(0)
+        qt = gl.program_id(1)
+        if IS_CAUSAL:
+            qt = N // BLOCK_M - 1 - qt
+        b = bh // H
+        h = bh % H
+        return bh, b, h, h // GROUP, qt * BLOCK_M
+
+    @gluon.jit
+    def _dq_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, bars, N, H,
+                     QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH, GROUP: gl.constexpr,
+                     IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     STAGES: gl.constexpr):
+        qdo_ready, k_ready, v_ready, kv_empty = bars
+        HALF: gl.constexpr = BLOCK_M // 2
+        bh, b, h, hk, q0 = _dq_coords(N, H, GROUP, IS_CAUSAL, BLOCK_M)
+        q_row = b * QRB + h * QRH + q0
+        d_row = b * DRB + h * DRH + q0
+        mbarrier.expect(qdo_ready, 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes)
+        _tma_load(q_desc, [q_row, h * QCH], qdo_ready, q_smem.index(0))
+        _tma_load(q_desc, [q_row + HALF, h * QCH], qdo_ready, q_smem.index(1))
+        _tma_load(do_desc, [d_row, h * DCH], qdo_ready, do_smem.index(0))
+        _tma_load(do_desc, [d_row + HALF, h * DCH], qdo_ready, do_smem.index(1))
+        k_row = b * KRB + hk * KRH
+        k_col = hk * KCH
+        # the consumers' order: causal, the key tiles on the diagonal ([q0, q0 + BLOCK_M)) first,
+        # then [0, q0); else every key tile from the first
+        n_kt = N // BLOCK_N
+        shift = 0
+        if IS_CAUSAL:
+            shift = q0 // BLOCK_N
+            n_kt = shift + BLOCK_M // BLOCK_N
+        for i in range(n_kt):
+            kt = (i + shift) % n_kt
+            slot = i % STAGES
+            mbarrier.wait(kv_empty.index(slot), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+            _tma_load(k_desc, [k_row + kt * BLOCK_N, k_col], k_ready.index(slot), k_smem.index(slot))
+            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [k_row + kt * BLOCK_N, k_col], v_ready.index(slot), v_smem.index(slot))
+
+    @gluon.jit
+    def _dq_step(dq, c, row0, key0, lse2, delta, q_mine, do_mine, k_smem, v_smem, bars, zero_s,
+                 QK_SCALE: gl.constexpr, MASK: gl.constexpr, HALF: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, s_layout: gl.constexpr, a_layout: gl.constexpr):
+        """One key tile (keys [key0, key0 + BLOCK_N)) into this warpgroup's dQ (rows [row0, row0 +
+        HALF)). MASK: the tile crosses the causal diagonal."""
+        qdo_ready, k_ready, v_ready, kv_empty = bars
+        dtype: gl.constexpr = q_mine.dtype
+        slot = c % STAGES
+        ph = (c // STAGES) & 1
+        mbarrier.wait(k_ready.index(slot), ph)
+        s = warpgroup_mma(q_mine, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(slot), ph)
+        dp = warpgroup_mma(do_mine, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+        p = gl.exp2(s * QK_SCALE - gl.expand_dims(lse2, 1))
+        if MASK:
+            rows = row0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
+            keys = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            p = gl.where(gl.expand_dims(rows, 1) >= gl.expand_dims(keys, 0), p, 0.0)
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
+        ds = p * (dp - gl.expand_dims(delta, 1))
+        dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), a_layout), k_smem.index(slot), dq, is_async=True)
+        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+        mbarrier.arrive(kv_empty.index(slot), count=1)
+        return dq
+
+    @gluon.jit
+    def _dq_consumer(q_smem, do_smem, k_smem, v_smem, bars, O, DO, L, DELTA, DQ, N, H,
+                     stride_ob, stride_oh, stride_on, stride_dob, stride_doh, stride_don,
+                     stride_dqb, stride_dqh, stride_dqn, QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr,
+                     GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                     BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr):
+        qdo_ready, k_ready, v_ready, kv_empty = bars
+        HALF: gl.constexpr = BLOCK_M // 2
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, D, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        bh, b, h, hk, q0 = _dq_coords(N, H, GROUP, IS_CAUSAL, BLOCK_M)
+        row0 = q0 + WG * HALF
+        b64 = b.to(gl.int64)
+        h64 = h.to(gl.int64)
+        # Delta = rowsum(O * dO) of this warpgroup's rows, in fp32; written for the dK/dV kernel
+        rows_o = (row0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, o_layout))).to(gl.int64)
+        cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        o = gl.load(O + b64 * stride_ob + h64 * stride_oh + gl.expand_dims(rows_o * stride_on, 1)
+                    + gl.expand_dims(cols, 0))
+        do = gl.load(DO + b64 * stride_dob + h64 * stride_doh + gl.expand_dims(rows_o * stride_don, 1)
+                     + gl.expand_dims(cols, 0))
+        delta_o = gl.sum(o.to(gl.float32) * do.to(gl.float32), axis=1)
+        gl.store(DELTA + bh.to(gl.int64) * N + rows_o, delta_o)
+        delta = gl.convert_layout(delta_o, gl.SliceLayout(1, s_layout))
+        rows_s = row0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
+        lse2 = gl.load(L + bh.to(gl.int64) * N + rows_s) * 1.4426950408889634
+        zero_s = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
+        dq = gl.zeros([HALF, D], gl.float32, o_layout)
+        q_mine = q_smem.index(WG)
+        do_mine = do_smem.index(WG)
+        mbarrier.wait(qdo_ready, 0)
+        c = 0
+        n_kt = N // BLOCK_N
+        if IS_CAUSAL:  # the key tiles on the diagonal, masked; then those before it, unmasked
+            for j in gl.static_range(BLOCK_M // BLOCK_N):
+                dq = _dq_step(dq, c, row0, q0 + j * BLOCK_N, lse2, delta, q_mine, do_mine, k_smem, v_smem, bars,
+                              zero_s, QK_SCALE, True, HALF, BLOCK_N, STAGES, s_layout, a_layout)
+                c += 1
+            n_kt = q0 // BLOCK_N
+        for kt in range(n_kt):
+            dq = _dq_step(dq, c, row0, kt * BLOCK_N, lse2, delta, q_mine, do_mine, k_smem, v_smem, bars,
+                          zero_s, QK_SCALE, False, HALF, BLOCK_N, STAGES, s_layout, a_layout)
+            c += 1
+        dq_out = (dq * SM_SCALE).to(DQ.dtype.element_ty)
+        gl.store(DQ + b64 * stride_dqb + h64 * stride_dqh + gl.expand_dims(rows_o * stride_dqn, 1)
+                 + gl.expand_dims(cols, 0), dq_out)
+
+    @gluon.jit
+    def _dq_kernel(q_desc, do_desc, k_desc, v_desc, O, DO, L, DELTA, DQ, N, H,
+                   QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
+                   stride_ob, stride_oh, stride_on, stride_dob, stride_doh, stride_don,
+                   stride_dqb, stride_dqh, stride_dqn, QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr,
+                   GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+                   CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        gl.static_assert(num_warps == 4, "one consumer warpgroup in the default partition")
+        HALF: gl.constexpr = BLOCK_M // 2
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [2, HALF, D], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [2, HALF, D], do_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], v_desc.layout)
+        qdo_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(qdo_ready, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(kv_empty.index(i), count=2)  # both consumer warpgroups release a slot
+        bars = (qdo_ready, k_ready, v_ready, kv_empty)
+        gl.warp_specialize([
+            (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, bars, O, DO, L, DELTA, DQ, N, H,
+                            stride_ob, stride_oh, stride_on, stride_dob, stride_doh, stride_don,
+                            stride_dqb, stride_dqh, stride_dqn, QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL,
+                            BLOCK_M, BLOCK_N, D, STAGES, 0)),
+            (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, bars, O, DO, L, DELTA, DQ, N, H,
+                            stride_ob, stride_oh, stride_on, stride_dob, stride_doh, stride_don,
+                            stride_dqb, stride_dqh, stride_dqn, QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL,
+                            BLOCK_M, BLOCK_N, D, STAGES, 1)),
+            (_dq_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, bars, N, H,
+                            QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH, GROUP, IS_CAUSAL, BLOCK_M,
+                            BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+
 # ---------------------------------------------------------------------------------------------
-# Launcher
+# Launchers
 
 
 def _row_desc(t2: torch.Tensor, block_m: int):
@@ -363,4 +577,51 @@ def flash_attention_dkdv_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 @flash_attention_dkdv_gluon.register_fake
 def _dkdv_fake(q, k, v, do, lse, delta, dk, dv, is_causal):
+    return None
+
+
+def launch_dq(q, k, v, out, do, lse, delta, dq, is_causal: bool, stages: int | None = None,
+              consumer_regs: int | None = None, block_n: int | None = None, compile_only: bool = False):
+    """dQ into dq ((B, H, N, D) view, any batch/head/row strides, unit stride along D) and Delta =
+    rowsum(O * dO) into delta ((B*H, N) fp32, contiguous: what launch_dkdv reads) for q, k, v that
+    `unsupported` accepts, from the forward's O (out) and L (lse, (B*H, N) fp32) and dO. Returns
+    the compiled kernel; compile_only: compile for the active driver's target, launch nothing."""
+    q4, k4, v4, o4, do4, dq4 = (fg.heads(t) for t in (q, k, v, out, do, dq))
+    if fg.head_rows(do4) is None or do4.data_ptr() % 16:
+        do4 = do4.contiguous()
+    if o4.stride(-1) != 1:
+        o4 = o4.contiguous()
+    nb, nh, n, d = q4.shape
+    st, regs, bn = DQ_CONFIGS[d]
+    stages, consumer_regs, block_n = stages or st, consumer_regs or regs, block_n or bn
+    lse2 = lse.reshape(nb * nh, n)
+    lse2 = lse2 if lse2.is_contiguous() else lse2.contiguous()
+    delta2 = delta.view(nb * nh, n)  # written: a view, never a copy
+    if not delta2.is_contiguous():
+        raise ValueError("delta must be a contiguous (B*H, N) fp32 tensor")
+    q_desc, (qrb, qrh, qch) = fg.head_desc(q4, DQ_BLOCK_M // 2)
+    do_desc, (drb, drh, dch) = fg.head_desc(do4, DQ_BLOCK_M // 2)
+    k_desc, (krb, krh, kch) = fg.head_desc(k4, block_n)
+    v_desc, _ = fg.head_desc(v4, block_n)
+    grid = (nb * nh, n // DQ_BLOCK_M)
+    kernel = _dq_kernel.warmup if compile_only else _dq_kernel[grid]
+    return kernel(
+        q_desc, do_desc, k_desc, v_desc, o4, do4, lse2, delta2, dq4, n, nh, qrb, qrh, qch, drb, drh, dch,
+        krb, krh, kch, o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0), do4.stride(1), do4.stride(2),
+        dq4.stride(0), dq4.stride(1), dq4.stride(2), QK_SCALE=LOG2E / math.sqrt(d), SM_SCALE=1.0 / math.sqrt(d),
+        GROUP=nh // k4.shape[1], IS_CAUSAL=bool(is_causal), BLOCK_M=DQ_BLOCK_M, BLOCK_N=block_n, D=d,
+        STAGES=stages, CONSUMER_REGS=consumer_regs, num_warps=4, **(dict(grid=grid) if compile_only else {}))
+
+
+@torch.library.custom_op("lmperf::flash_attention_dq_gluon", mutates_args=("delta", "dq"))
+def flash_attention_dq_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                             do: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor, dq: torch.Tensor,
+                             is_causal: bool) -> None:
+    """dQ into dq and Delta into delta, as a PyTorch op opaque to torch.compile (a compiled
+    backward launches the same kernel as eager mode: the same bits)."""
+    launch_dq(q, k, v, out, do, lse, delta, dq, is_causal)
+
+
+@flash_attention_dq_gluon.register_fake
+def _dq_fake(q, k, v, out, do, lse, delta, dq, is_causal):
     return None

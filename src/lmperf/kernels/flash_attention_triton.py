@@ -914,26 +914,35 @@ def launch_backward_fused(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool,
 def launch_backward(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool, cfg: dict,
                     launch=lambda k: k) -> None:
     """The backward with config cfg (bwd_config): one fused launch when cfg["fused"], else the
-    dQ kernel (which writes Delta) and then the dK/dV kernel: the tile-language one, or with
-    LMPERF_FA_BWD_BACKEND=gluon the Gluon one (flash_attention_gluon_bwd; a ValueError where it
-    cannot run the call)."""
+    dQ kernel (which writes Delta) and then the dK/dV kernel: the tile-language ones, or the Gluon
+    ones where LMPERF_FA_BWD_BACKEND's rule (auto, the default) or =gluon picks them (=gluon-dkdv:
+    the Gluon dK/dV after the tile dQ; flash_attention_gluon_bwd)."""
     gluon_bwd = _gluon_dkdv(q3, k3, v3, is_causal)
     if cfg.get("fused") and gluon_bwd is None:
         launch_backward_fused(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal, cfg, launch)
         return
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q3.device)
-    launch_backward_dq(q3, k3, v3, o3, do3, lse, delta, dq, is_causal, cfg, launch)
-    if gluon_bwd is not None:  # an opaque op: the same kernel in eager mode and under torch.compile
-        gluon_bwd.flash_attention_dkdv_gluon(q3, k3, v3, do3, lse, delta, dk, dv, is_causal)
+    # the Gluon kernels: their launchers in eager mode (launch is _plain), else their opaque ops,
+    # which launch the same kernels under torch.compile (the same bits); an op's wrapper costs
+    # 0.1-0.2 ms of host time a call (tuning/flash_attention/NOTES.md, step 43)
+    direct = launch is _plain
+    if gluon_bwd is not None and gluon_bwd.use_gluon_dq():
+        (gluon_bwd.launch_dq if direct else gluon_bwd.flash_attention_dq_gluon)(
+            q3, k3, v3, o3, do3, lse, delta, dq, is_causal)
+    else:
+        launch_backward_dq(q3, k3, v3, o3, do3, lse, delta, dq, is_causal, cfg, launch)
+    if gluon_bwd is not None:
+        (gluon_bwd.launch_dkdv if direct else gluon_bwd.flash_attention_dkdv_gluon)(
+            q3, k3, v3, do3, lse, delta, dk, dv, is_causal)
     else:
         launch_backward_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal, cfg, launch)
 
 
 def _gluon_dkdv(q3, k3, v3, is_causal: bool):
-    """The Gluon backward module where LMPERF_FA_BWD_BACKEND=gluon picks it for this call
-    (flash_attention_gluon_bwd.use_gluon_dkdv: a ValueError where it cannot run it), else None;
-    the module is imported only where the variable is set to something other than the default."""
-    if os.environ.get("LMPERF_FA_BWD_BACKEND", "triton") == "triton":
+    """The Gluon backward module where LMPERF_FA_BWD_BACKEND (auto, the default: its rule; gluon,
+    gluon-dkdv: forced) picks it for this call (flash_attention_gluon_bwd.use_gluon_dkdv: a
+    ValueError where a forced one cannot run it), else None; =triton never imports it."""
+    if os.environ.get("LMPERF_FA_BWD_BACKEND") == "triton":
         return None
     from lmperf.kernels import flash_attention_gluon_bwd
     return flash_attention_gluon_bwd if flash_attention_gluon_bwd.use_gluon_dkdv(q3, k3, v3, is_causal) else None
