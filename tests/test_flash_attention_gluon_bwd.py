@@ -84,6 +84,25 @@ def test_auto_picks_the_gluon_backward_where_it_was_measured_faster(monkeypatch,
     assert gb.use_gluon_dq() is True  # where it picks dK/dV, dQ too
 
 
+def test_the_rows_kernel_column_names_what_runs(monkeypatch):
+    """ft.kernels (the benchmark rows' `kernel` column) follows the dispatch: the Gluon pair in the
+    auto rule's class, the Gluon dK/dV after the tile dQ under gluon-dkdv, the tile backward under
+    triton; the forward's kernel as _gluon_forward picks it."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(gb, "unsupported", lambda *a: None)
+    q, k, v = qkv((1, 4, 16384, 64), torch.bfloat16, device="meta")
+    monkeypatch.setattr(ft, "_gluon_forward", lambda *a, **kw: True)
+    assert ft.kernels(q, k, v, True) == "forward: gluon; backward: gluon dq + gluon dkdv"
+    monkeypatch.setenv(ENV, "gluon-dkdv")
+    assert ft.kernels(q, k, v, True) == "forward: gluon; backward: tile dq + gluon dkdv"
+    monkeypatch.setenv(ENV, "triton")
+    monkeypatch.setattr(ft, "_gluon_forward", lambda *a, **kw: False)
+    assert ft.kernels(q, k, v, True) in ("forward: tile; backward: tile dq + tile dkdv",
+                                          "forward: tile; backward: tile fused")
+    fused = ft.launch_bwd_config(16384, 64, torch.bfloat16, True, 4, 1).get("fused")
+    assert ft.kernels(q, k, v, True).endswith("tile fused" if fused else "tile dq + tile dkdv")
+
+
 def test_auto_never_raises_where_the_gluon_backward_cannot_run(monkeypatch):
     """In the rule's class but refused by `unsupported` (here: no Hopper GPU, or a 200-row tail):
     the tile-language backward, no error."""

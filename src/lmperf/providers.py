@@ -59,7 +59,8 @@ class Provider:
     """One implementation of a contract. `harness`: the bench harness it always runs under
     (None: its group's); `cache_compiled`: False where Inductor's graph cache cannot tell its
     compiled graphs apart (they are then compiled anew each case); `config`: what it chose for
-    a case (the kernels' tile configs), for the rows' `config` column."""
+    a case (the kernels' tile configs), for the rows' `config` column; `kernel`: which kernels a
+    call on (q, k, v, causal) runs, for the rows' `kernel` column."""
     name: str
     label: str
     role: str
@@ -72,6 +73,7 @@ class Provider:
     harness: str | None = None
     cache_compiled: bool = True
     config: Callable[[dict], str] | None = None
+    kernel: Callable[..., str] | None = None
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -287,6 +289,12 @@ def _triton_config(case: dict) -> str:
                       ("dq", bwd["dq"]), ("dkdv", bwd["dkdv"]), ("bwd", {"fused": bwd["fused"]})))
 
 
+def _triton_kernels(q, k, v, causal: bool) -> str:
+    """The forward's and the backward's kernels a call runs (Gluon or tile-language)."""
+    from lmperf.kernels import flash_attention_triton as fa
+    return fa.kernels(q, k, v, causal)
+
+
 def _torch_tiled(case: dict):
     from lmperf.bench.failures import NotRun
     from lmperf.kernels.flash_attention_torch import FlashAttention2PyTorch
@@ -353,9 +361,10 @@ def _flex(case: dict):
 # In the report's order: ours under the leaderboard's harness first, then ours, then the peers.
 for _p in (
     Provider("triton_compiled", "ours (Triton), torch.compile'd", "ours", "attention", _triton,
-             needs=("cuda_for_bf16",), compiles=True, harness="leaderboard", config=_triton_config),
+             needs=("cuda_for_bf16",), compiles=True, harness="leaderboard", config=_triton_config,
+             kernel=_triton_kernels),
     Provider("triton", "ours (Triton)", "ours", "attention", _triton, needs=("cuda_for_bf16",), compiles=True,
-             config=_triton_config),
+             config=_triton_config, kernel=_triton_kernels),
     Provider("sdpa_flash", "SDPA-flash", "peer", "attention", _sdpa("FLASH_ATTENTION"), needs=("half",),
              cache_compiled=False),
     Provider("sdpa_cudnn", "SDPA-cuDNN", "peer", "attention", _sdpa("CUDNN_ATTENTION"), needs=("half",),

@@ -292,6 +292,8 @@ def measure_bench(case: dict) -> list[dict]:
         gpu_rows = _gpu_time_rows(case, fn, fwd_bwd, context, q, k, v, rep, case.get("median_within"))
     describe = providers.get(case["provider"]).config  # e.g. the rule table's choice, for the notes
     config = describe(case) if describe else ""
+    which = providers.get(case["provider"]).kernel  # the kernels that ran (Gluon or tile-language)
+    kernel = which(q, k, v, case["causal"]) if which else ""
     rows = []
     for direction in ("forward", "backward", "fwd_bwd"):
         ms, q20, q80 = times[direction]
@@ -312,6 +314,7 @@ def measure_bench(case: dict) -> list[dict]:
             raise contenders.Wrong(why)
     for row in rows:
         row["config"] = config
+        row["kernel"] = kernel
     return rows
 
 

@@ -1001,6 +1001,22 @@ def _forward(q, k, v, is_causal: bool, launch):
     return out.view(q.shape), lse.view(q.shape[:-1])
 
 
+def kernels(q, k, v, is_causal: bool) -> str:
+    """The kernels FlashAttention2Triton runs for these inputs, as the benchmark rows' `kernel`
+    column names them: the forward's ("gluon" or "tile", _gluon_forward) and the backward's
+    ("gluon dq + gluon dkdv", "tile dq + gluon dkdv", "tile fused" or "tile dq + tile dkdv",
+    launch_backward's choice under LMPERF_FA_BWD_BACKEND)."""
+    nb, nh, n, d = _heads_shape(q.shape)
+    fwd = "gluon" if _gluon_forward(q, k, v, is_causal) else "tile"
+    gluon_bwd = _gluon_dkdv(q, k, v, is_causal)
+    if gluon_bwd is not None:
+        bwd = f"{'gluon' if gluon_bwd.use_gluon_dq() else 'tile'} dq + gluon dkdv"
+    else:
+        fused = launch_bwd_config(n, d, q.dtype, is_causal, nb * nh, int(nh // _heads_shape(k.shape)[1])).get("fused")
+        bwd = "tile fused" if fused else "tile dq + tile dkdv"
+    return f"forward: {fwd}; backward: {bwd}"
+
+
 def _backward_kernels(q, k, v, out, lse, grad_out, is_causal: bool, launch):
     nb, nh, n, d = _heads_shape(q.shape)
     bh = nb * nh
