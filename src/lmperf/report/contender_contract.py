@@ -83,7 +83,8 @@ class Verdict:
     against the tolerance and the usual cause; `properties`: {property: "yes" | "no" | "not
     checked" | a status}; `passed` / `failed`: the shape classes whose float64 checks all passed /
     the first failure of each that failed (None for rows of an older run, which had no shape
-    classes: then every class passes unless the course's verdict is WRONG)."""
+    classes: then every class passes unless the course's verdict is WRONG); `by_dtype`: the same
+    judgement in each dtype that was checked (`_by_dtype`)."""
     contender: str
     provider: str
     course: str
@@ -93,6 +94,7 @@ class Verdict:
     passed: set | None = None
     failed: dict = field(default_factory=dict)
     tile: int = 128
+    by_dtype: list[dict] = field(default_factory=list)
 
     def row_verdict(self, cls: tuple | None, grouped: bool = False) -> tuple[str, str] | None:
         """(status, message) for a timed row of this contender at shape class `cls`, or None
@@ -132,7 +134,8 @@ def _cases(g: pd.DataFrame) -> pd.DataFrame:
                 "outside": [o for o in text_of(first.get("outside")).split(",") if o],
                 "shape": shape, "dtype": str(first["dtype"]), "causal": first["causal"], "numel": math.prod(dims),
                 "lse_dtype": text_of(first.get("lse_dtype")), "ok": None, "tight": None, "detail": "",
-                "error": None, "ratio": None, "tight_detail": ""}
+                "error": None, "ratio": None, "tight_detail": "", "tight_error": None, "tight_ratio": None,
+                "tight_tolerance": None}
         tile = int(first["tile"]) if "tile" in c and pd.notna(first.get("tile")) else 128
         aligned = _truth(pd.Series([first["aligned"]])).iloc[0] if "aligned" in c and pd.notna(first.get("aligned")) \
             else dims[-2] % tile == 0
@@ -156,21 +159,32 @@ def _cases(g: pd.DataFrame) -> pd.DataFrame:
                 t = t.loc[t["r"].idxmax()]
                 line["tight_detail"] = (f"{str(t['metric']).removesuffix('_max_abs_err')} off by up to "
                                         f"{float(t['median']):.3g} > tolerance {float(t['tolerance']):.3g}")
+                line.update(tight_error=float(t["median"]), tight_ratio=float(t["r"]),
+                            tight_tolerance=float(t["tolerance"]))
         elif status in BAD:
             line.update(ok=False, detail=f"{status}: {text_of(first['message'])[:300]}")
         out.append(line)
     return pd.DataFrame(out)
 
 
-def _failure(check: str, failing: pd.DataFrame, course: bool, detail_col: str = "detail") -> dict:
+COURSE_TOLERANCE = "rtol = atol = 1e-2"  # the course test's (torch.testing.assert_close)
+
+
+def _failure(check: str, failing: pd.DataFrame, course: bool, tight: bool = False) -> dict:
     """A failed check's line: its smallest failing case (among those that fail for this reason
-    alone where there are such), how many cases failed, the error against the tolerance."""
+    alone where there are such), how many cases failed, its error (the largest max abs error of
+    its quantities), the tolerance it is judged by (the course's rtol = atol = 1e-2, or with
+    `tight` flash-attention's: twice plain PyTorch's error in the same dtype) and the error
+    against it (None where the case ended with no values: a compile error, a crash)."""
     alone = failing[failing["outside"].map(lambda o: o == [check])] if check in OUTSIDE else failing
     pick = (alone if len(alone) else failing).sort_values("numel").iloc[0]
+    number = lambda x: None if x is None or pd.isna(x) else float(x)  # noqa: E731
+    prefix = "tight_" if tight else ""
     return {"check": check, "label": LABELS[check], "course": course, "cases": len(failing),
             "shape": f"{pick['shape']} {pick['dtype']} {'causal' if str(pick['causal']).lower() == 'true' else 'not causal'}",
-            "case_id": pick["case_id"], "detail": pick[detail_col], "error": pick["error"], "ratio": pick["ratio"],
-            "cause": CAUSES[check]}
+            "case_id": pick["case_id"], "detail": pick[f"{prefix}detail"], "error": number(pick[f"{prefix}error"]),
+            "ratio": number(pick[f"{prefix}ratio"]),
+            "tolerance": number(pick["tight_tolerance"]) if tight else COURSE_TOLERANCE, "cause": CAUSES[check]}
 
 
 def _property_case(g: pd.DataFrame, prop: str) -> tuple[str, dict | None]:
@@ -190,7 +204,38 @@ def _property_case(g: pd.DataFrame, prop: str) -> tuple[str, dict | None]:
     return answer, {"check": prop, "label": LABELS[prop], "course": prop == "fresh" and status == "wrong",
                     "cases": 1, "shape": f"{r['shape']} {r['dtype']}", "case_id": r["case_id"],
                     "detail": f"{status}: {message[:300]}" if status != "ok" else message, "error": None,
-                    "ratio": None, "cause": CAUSES[prop]}
+                    "ratio": None, "tolerance": None, "cause": CAUSES[prop]}
+
+
+def _by_dtype(cases: pd.DataFrame, g: pd.DataFrame, legacy: bool) -> list[dict]:
+    """The course's contract and the properties in each dtype checked, one dict a dtype:
+    {"dtype", "course": "correct" | "WRONG" | "not checked", "passed", "run" (the course's cases),
+    "worst_ratio" (the largest error against the course's tolerance at its shapes, None where
+    none was measured), "failed": [every property that failed in this dtype, by its check name]}.
+    An older run's rows (no tiers) count every case as the course's, as its rule did."""
+    props = g[g["check"].isin(PROPERTY_CASES)]
+    dtypes = list(dict.fromkeys([*(cases["dtype"] if len(cases) else []), *props["dtype"].astype(str)]))
+    out = []
+    for dtype in dtypes:
+        mine = cases[cases["dtype"] == dtype] if len(cases) else cases
+        ran = mine[mine["ok"].notna()] if len(mine) else mine
+        course = ran if legacy else ran[ran["tier"] == "course"] if len(ran) else ran
+        passed = int((course["ok"] == True).sum()) if len(course) else 0  # noqa: E712
+        ratios = pd.to_numeric(course["ratio"], errors="coerce").dropna() if len(course) else pd.Series(dtype=float)
+        failed = []
+        if not legacy and len(ran):
+            failed += [p for p in OUTSIDE if ((ran["tier"] != "course") & (ran["ok"] == False)  # noqa: E712
+                                              & ran["outside"].map(lambda o, p=p: p in o)).any()]
+        ok = mine[mine["status"] == "ok"] if len(mine) else mine
+        if len(ok) and ((ok["lse_dtype"].astype(bool)) & (ok["lse_dtype"] != "float32")).any():
+            failed.append("fp32_lse")
+        if len(ok) and ((ok["tight"] == False) & (ok["ok"] == True)).any():  # noqa: E712
+            failed.append("tight_tolerance")
+        failed += [p for p in PROPERTY_CASES if _property_case(props[props["dtype"].astype(str) == dtype], p)[1]]
+        out.append({"dtype": dtype, "passed": passed, "run": len(course),
+                    "course": "not checked" if course.empty else "correct" if passed == len(course) else "WRONG",
+                    "worst_ratio": float(ratios.max()) if len(ratios) else None, "failed": failed})
+    return out
 
 
 def verdict(g: pd.DataFrame) -> Verdict:
@@ -224,12 +269,13 @@ def verdict(g: pd.DataFrame) -> Verdict:
     properties["fp32_lse"] = "not checked" if lse.empty else "no" if len(not_fp32) else "yes"
     if len(not_fp32):
         f = _failure("fp32_lse", not_fp32.assign(detail=lambda d: "L saved in " + d["lse_dtype"]), False)
+        f.update(error=None, ratio=None, tolerance=None)  # its dtype is what fails, not an error
         failures.append(f)
     # within the course's tolerance, not within flash-attention's (a case beyond both failed above)
     loose = ok[(ok["tight"] == False) & (ok["ok"] == True)] if len(ok) else ok  # noqa: E712
     properties["tight_tolerance"] = "not checked" if ok.empty else "no" if len(loose) else "yes"
     if len(loose):
-        failures.append(_failure("tight_tolerance", loose, False, "tight_detail"))
+        failures.append(_failure("tight_tolerance", loose, False, tight=True))
     for prop in PROPERTY_CASES:
         properties[prop], failure = _property_case(g, prop)
         if failure is not None:
@@ -247,7 +293,7 @@ def verdict(g: pd.DataFrame) -> Verdict:
     passed = {c for c, lines in classes.items() if all(x.ok for x in lines)}
     failed = {c: next(x.detail for x in lines if not x.ok) for c, lines in classes.items() if c not in passed}
     return Verdict(contender, provider, result, (int((ran["ok"] == True).sum()), len(ran)),  # noqa: E712
-                   failures, properties, None if legacy else passed, failed, tile)
+                   failures, properties, None if legacy else passed, failed, tile, _by_dtype(cases, g, legacy))
 
 
 def verdicts(rows: pd.DataFrame) -> dict[str, Verdict]:

@@ -1,0 +1,143 @@
+"""The report on a user's contenders, from the data its sections and pages show: the correctness
+section judges a contender by the course's contract first, lmperf's wider contract as properties
+(report/correctness.py); a contender's page gives its verdict, its speed at the headline and the
+assignment's benchmark shapes, then each failure with its smallest shape, error, tolerance and
+usual cause (report/contenders.py: `page_view`).
+
+Read from the fixtures' committed check (tests/fixtures/contenders_contract/, contenders of the
+project's own that behave like student code): an L saved in bf16, a kernel right only at the
+handout's shapes, one without the 1/sqrt(d) scale, one that caches.
+"""
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lmperf.report import contender_contract, contenders as report, correctness, render
+from lmperf.report.sections import Inputs
+
+RESULTS = Path(__file__).resolve().parent / "fixtures" / "contenders_contract" / "results" / "cpu"
+
+
+@pytest.fixture(scope="module")
+def frames():
+    return {"contenders": render.load_section(RESULTS, "contenders"),
+            "flash_attention": render.load_section(RESULTS, "flash_attention")}
+
+
+def _inputs(frames) -> Inputs:
+    return Inputs(results=RESULTS, frames=frames, bars={}, out_dir=RESULTS, scale="smoke")
+
+
+# ---------------------------------------------------------------------------------------------
+# The correctness section
+
+
+@pytest.fixture(scope="module")
+def checks(frames) -> pd.DataFrame:
+    return correctness.contender_checks(_inputs(frames)).set_index(["contender", "dtype"])
+
+
+def test_an_L_in_bf16_is_correct_in_the_correctness_section_its_L_a_property(frames, checks):
+    rows = frames["contenders"]
+    lse = rows[(rows["provider"] == "bf16_lse_pytorch") & (rows["metric"] == "lse_max_abs_err")]
+    assert not lse["passed"].astype(bool).all()  # beyond flash-attention's tolerance: the old rule's FAIL
+    for dtype in ("fp32", "bf16"):
+        line = checks.loc[("bf16_lse_pytorch", dtype)]
+        assert line["course's contract"] == "correct" and line["implementation's verdict"] == "correct"
+        assert line["course checks passed"] == "1/1" and line["worst error / course tolerance"] <= 1
+        assert set(line["properties failed"].split(", ")) == {"fp32 L", "flash-attention's tolerance"}
+
+
+def test_a_kernel_right_at_the_handouts_shapes_is_correct_its_wider_failures_named_by_dtype(checks):
+    fp32, bf16 = checks.loc[("narrow_pytorch", "fp32")], checks.loc[("narrow_pytorch", "bf16")]
+    assert fp32["course's contract"] == bf16["course's contract"] == "correct"
+    assert fp32["implementation's verdict"] == "correct"
+    # its wider cases ran in fp32 alone: the failures are that dtype's
+    assert set(fp32["properties failed"].split(", ")) == {"awkward N", "head dims 8 to 256"}
+    assert bf16["properties failed"] == "none"
+
+
+def test_a_contender_wrong_on_the_course_is_wrong_in_every_dtype_with_its_error(checks):
+    for dtype in ("fp32", "bf16"):
+        line = checks.loc[("no_scale_pytorch", dtype)]
+        assert line["course's contract"] == "WRONG" and line["course checks passed"] == "0/1"
+        assert line["worst error / course tolerance"] > 100  # no 1/sqrt(d): far beyond rtol = atol = 1e-2
+        assert line["implementation's verdict"] == "WRONG"
+
+
+def test_a_caching_contender_is_wrong_though_its_values_pass(checks):
+    """Its values pass at every course shape; the property that catches a cache makes it wrong."""
+    fp32 = checks.loc[("caching_pytorch", "fp32")]
+    assert fp32["course's contract"] == "correct" and fp32["implementation's verdict"] == "WRONG"
+    assert "fresh output" in fp32["properties failed"].split(", ")
+    assert fp32["why"].startswith(contender_contract.LABELS["fresh"])
+
+
+def test_each_dtype_is_judged_from_its_own_cases(frames):
+    """by_dtype: one entry per dtype checked, counts of the course's cases in that dtype alone."""
+    v = report.verdicts(frames["contenders"])["no_scale_pytorch"]
+    assert [d["dtype"] for d in v.by_dtype] == ["fp32", "bf16"]
+    assert sum(d["run"] for d in v.by_dtype) == v.course_checks[1]
+    assert sum(d["passed"] for d in v.by_dtype) == v.course_checks[0]
+
+
+def test_no_contender_no_lines(frames):
+    assert correctness.contender_checks(_inputs({"contenders": pd.DataFrame()})).empty
+
+
+# ---------------------------------------------------------------------------------------------
+# A contender's page
+
+
+def test_each_failure_has_its_smallest_shape_its_error_against_the_tolerance_and_its_cause(frames):
+    failed = {(f["provider"], f["check"]): f for f in report.failures_table(
+        report.verdicts(frames["contenders"])).to_dict("records")}
+    awkward = failed[("narrow_pytorch", "awkward N")]
+    assert awkward["smallest failing shape"].startswith("2x100x16")
+    assert awkward["tolerance"] == contender_contract.COURSE_TOLERANCE
+    assert awkward["error"] > 0 and awkward["error / tolerance"] > 1
+    assert awkward["usual cause"] == contender_contract.CAUSES["awkward_n"]
+    head = failed[("narrow_pytorch", "head dims 8 to 256")]  # a compile error: no values, its message
+    assert pd.isna(head["error"]) and "CompilationError" in head["what failed"]
+    assert head["usual cause"] == contender_contract.CAUSES["head_dim"]
+    tight = failed[("bf16_lse_pytorch", "flash-attention's tolerance")]  # judged by that tolerance, not 1e-2
+    assert isinstance(tight["tolerance"], float) and tight["tolerance"] < 1e-3
+    assert tight["error / tolerance"] == pytest.approx(tight["error"] / tight["tolerance"])
+    assert tight["error / tolerance"] > 1
+    course = failed[("no_scale_pytorch", "the course's contract")]
+    assert course["tier"] == "the course's contract" and course["error / tolerance"] > 100
+    assert failed[("bf16_lse_pytorch", "fp32 L")]["usual cause"] == contender_contract.CAUSES["fp32_lse"]
+
+
+def _with_groups(fa: pd.DataFrame) -> pd.DataFrame:
+    """The fixture's bench rows (group `grid`) and the same rows again as the headline and as a
+    model-size group: each group's rows on the page where it belongs."""
+    d16 = fa[(fa["head_dim"] == 16) & (fa["seq_len"] == 256)]
+    return pd.concat([fa, d16.assign(group="headline", seq_len=512), d16.assign(group="model", seq_len=1024)],
+                     ignore_index=True)
+
+
+def test_the_page_gives_the_headline_then_the_assignments_shapes_then_the_rest(frames):
+    marked = report.wrong_everywhere({**frames, "flash_attention": _with_groups(frames["flash_attention"])})
+    view = report.view(_inputs(marked))
+    page = report.page_view(view, "narrow")
+    assert [v["course"] for v in page["verdicts"]] == ["correct"]
+    speed = page["speed"]
+    assert speed["headline"]["shape"].tolist() == ["b1 h1 n512 d16"]
+    headline = speed["headline"].iloc[0]
+    assert headline["ms"] == pytest.approx(0.5)
+    assert (headline["vs ours"], headline["vs sdpa_flash"], headline["vs sdpa_cudnn"]) == pytest.approx((2.0, 1.6, 1.8))
+    assert set(speed["assignment"]["group"]) == {"grid"} and len(speed["assignment"]) == 4
+    assert speed["assignment"].set_index("shape").loc["b1 h1 n256 d80", "ms"] == "wrong"
+    assert speed["other"]["group"].tolist() == ["model"]
+    assert sum(len(t) for t in speed.values()) == len(page["timings"])
+    # a wrong contender's page: every time withheld, in every group
+    wrong = report.page_view(view, "no_scale")["speed"]
+    assert all((t["ms"] == "wrong").all() for t in wrong.values())
+
+
+def test_a_page_with_nothing_timed_has_empty_groups(frames):
+    view = report.view(_inputs({"contenders": frames["contenders"]}))
+    speed = report.page_view(view, "narrow")["speed"]
+    assert set(speed) == {"headline", "assignment", "other"} and all(t.empty for t in speed.values())
