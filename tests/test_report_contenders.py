@@ -141,3 +141,13 @@ def test_a_page_with_nothing_timed_has_empty_groups(frames):
     view = report.view(_inputs({"contenders": frames["contenders"]}))
     speed = report.page_view(view, "narrow")["speed"]
     assert set(speed) == {"headline", "assignment", "other"} and all(t.empty for t in speed.values())
+
+
+def test_an_older_runs_rows_are_judged_by_its_rule_and_say_so(frames):
+    """Rows of a check that had no tiers (the course's contract came later): every case counts,
+    judged by lmperf's rule, and the line says it is an older check."""
+    old = frames["contenders"].drop(columns=["tier", "outside", "course_ratio", "course_passed"])
+    lines = correctness.contender_checks(_inputs({"contenders": old})).set_index(["contender", "dtype"])
+    narrow = lines.loc[("narrow_pytorch", "fp32")]
+    assert narrow["course checks passed"] == "1/3" + contender_contract.LEGACY  # its awkward N and head dim 80 too
+    assert narrow["course's contract"] == "WRONG" and narrow["implementation's verdict"] == "WRONG"

@@ -50,6 +50,7 @@ CAUSES = {
     "fresh": "an output cached by its inputs' storage (data_ptr) or identity: stale once their contents change",
 }
 BAD = ("wrong", "failed", "timeout", "crashed", "oom")
+LEGACY = " (an older check: lmperf's rule at every shape)"  # said of rows of a run before the course's tiers
 NOT_RUN = ("skipped", "unsupported")
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pandas as pd
 
 from lmperf import stats
-from lmperf.report.contender_contract import (LABELS, NAMED_BY, PROPERTIES, Verdict, grouped, shape_class, text_of,
-                                              verdicts)
+from lmperf.report.contender_contract import (LABELS, LEGACY, NAMED_BY, PROPERTIES, Verdict, grouped, shape_class,
+                                              text_of, verdicts)
 from lmperf.report.format import HOST_BOUND, fmt
 
 # The timing a provider is compared on, in order of preference: GPU time (CUDA graphs) where
@@ -45,8 +45,8 @@ def checks(rows: pd.DataFrame) -> pd.DataFrame:
         passed, run = v.course_checks
         line = {"contender": v.contender, "provider": v.provider,
                 "course's contract": v.course,
-                "course checks passed": (f"{passed}/{run}" + (" (an older check: lmperf's rule at every shape)"
-                                                              if v.passed is None else "")) if run else "none ran",
+                "course checks passed": (f"{passed}/{run}" + (LEGACY if v.passed is None else ""))
+                if run else "none ran",
                 "_passed": passed, "_checks": run, "_bad": len(v.failures)}
         for prop in PROPERTIES:
             line[LABELS[prop]] = v.properties.get(prop, "not checked")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from lmperf.report.contender_contract import LABELS, verdicts
+from lmperf.report.contender_contract import LABELS, LEGACY, verdicts
 
 KERNEL_SECTIONS = ("flash_attention", "lrpe", "adamw_master", "fused", "float8_delayed")
 
@@ -62,7 +62,8 @@ def contender_checks(inputs) -> pd.DataFrame:
             continue
         for d in v.by_dtype:
             lines.append({"contender": v.provider, "dtype": d["dtype"], "course's contract": d["course"],
-                          "course checks passed": f"{d['passed']}/{d['run']}" if d["run"] else "none ran",
+                          "course checks passed": (f"{d['passed']}/{d['run']}" + (LEGACY if v.passed is None else ""))
+                          if d["run"] else "none ran",
                           "worst error / course tolerance": d["worst_ratio"],
                           "properties failed": ", ".join(LABELS[p] for p in d["failed"]) or "none",
                           "implementation's verdict": v.course,
