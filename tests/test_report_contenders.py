@@ -151,3 +151,85 @@ def test_an_older_runs_rows_are_judged_by_its_rule_and_say_so(frames):
     narrow = lines.loc[("narrow_pytorch", "fp32")]
     assert narrow["course checks passed"] == "1/3" + contender_contract.LEGACY  # its awkward N and head dim 80 too
     assert narrow["course's contract"] == "WRONG" and narrow["implementation's verdict"] == "WRONG"
+
+
+# ---------------------------------------------------------------------------------------------
+# What the course lets a student leave out: rows as bench/contenders.py writes them
+
+
+def _row(kind: str, dtype: str, causal: bool, shape: str, tier: str = "course", outside: str = "",
+         ratio: float | None = 0.1, status: str = "ok", message: str = "") -> dict:
+    """One values case of contender `mine` (one quantity: the output), `ratio` its error against
+    the course's tolerance (and flash-attention's); None with a status other than ok."""
+    n, d = (int(x) for x in shape.split("x")[-2:])
+    return {"study": "attention", "contender": "mine", "kind": kind, "provider": f"mine_{kind}", "check": "values",
+            "case_id": f"mine_{kind}-{dtype}-{'causal' if causal else 'full'}-{shape}", "dtype": dtype,
+            "causal": causal, "shape": shape, "tier": tier, "outside": outside, "head_dim": d, "seq_len": n,
+            "tile": 128, "aligned": n % 128 == 0, "metric": "out_max_abs_err" if status == "ok" else None,
+            "median": None if ratio is None else ratio * 1e-2, "tolerance": 1e-2,
+            "passed": None if ratio is None else ratio <= 1, "course_ratio": ratio,
+            "course_passed": None if ratio is None else ratio <= 1, "lse_dtype": "float32" if status == "ok" else None,
+            "status": status, "message": message}
+
+
+def _verdict(rows: list[dict]):
+    return report.verdicts(pd.DataFrame(rows))[f"mine_{rows[0]['kind']}"]
+
+
+def _ignores_is_causal(kind: str) -> list[dict]:
+    """Right without the mask, off by far with it, at the course's shapes and at an awkward N."""
+    return [_row(kind, dtype, causal, "2x128x64", ratio=500.0 if causal else 0.1)
+            for dtype in ("fp32", "bf16") for causal in (False, True)] + \
+        [_row(kind, "fp32", causal, "2x100x64", "wider", "awkward_n", ratio=300.0 if causal else 0.2)
+         for causal in (False, True)]
+
+
+def test_a_pytorch_version_that_ignores_is_causal_is_course_correct_its_causal_rows_withheld():
+    """The handout: "You can ignore the is_causal flag for this task" (the PyTorch version)."""
+    v = _verdict(_ignores_is_causal("pytorch"))
+    assert v.course == "correct" and v.course_checks == (1, 1)  # fp32, not causal: the course's own test
+    assert v.properties["causal"] == "no" and v.properties["awkward_n"] == "yes"  # its awkward N is right unmasked
+    assert [f["check"] for f in v.failures] == ["causal"]  # bf16 is right where it is not causal
+    assert v.failures[0]["shape"] == "2x100x64 fp32 causal" and v.failures[0]["cases"] == 3
+    assert v.row_verdict((64, "fp32", False, True)) is None
+    assert v.row_verdict((64, "fp32", True, True))[0] == "wrong"
+    assert v.row_verdict((64, "bf16", True, True))[0] == "wrong"
+
+
+def test_a_triton_kernel_that_ignores_is_causal_is_wrong_everywhere():
+    v = _verdict(_ignores_is_causal("triton"))
+    assert v.course == "WRONG" and v.failures[0]["check"] == "course"
+    assert v.row_verdict((64, "fp32", False, True))[0] == "wrong"
+
+
+def test_a_kernel_that_raises_in_bf16_is_course_correct_its_bf16_rows_withheld():
+    """The course's tests use fp32 inputs: a kernel that takes no bf16 fails bf16's shape classes,
+    and its awkward N is judged in fp32, not blamed for the bf16 error."""
+    error = "RuntimeError: expected m1 and m2 to have the same dtype, but got: float != c10::BFloat16"
+    rows = [_row("triton", "fp32", True, "2x128x64"),
+            _row("triton", "bf16", True, "2x128x64", ratio=None, status="failed", message=error),
+            _row("triton", "fp32", True, "2x100x64", "wider", "awkward_n"),
+            _row("triton", "bf16", True, "2x100x64", "wider", "awkward_n", ratio=None, status="failed", message=error)]
+    v = _verdict(rows)
+    assert v.course == "correct" and v.course_checks == (1, 1)
+    assert v.properties["timed_dtype"] == "no" and v.properties["awkward_n"] == "yes"
+    (failure,) = v.failures
+    assert failure["check"] == "timed_dtype" and failure["cases"] == 2 and error in failure["detail"]
+    assert failure["cause"] == contender_contract.CAUSES["timed_dtype"]
+    assert v.row_verdict((64, "bf16", True, True))[0] == "wrong" and v.row_verdict((64, "fp32", True, True)) is None
+
+
+@pytest.mark.parametrize("kind, course", [("pytorch", "correct"), ("triton", "WRONG")])
+def test_values_off_in_bf16_are_the_courses_for_a_triton_kernel_alone(kind, course):
+    """The course times its Triton kernel in bf16, and tests its PyTorch version at fp32 alone."""
+    rows = [_row(kind, "fp32", False, "2x128x64"), _row(kind, "bf16", False, "2x128x64", ratio=1.07)]
+    v = _verdict(rows)
+    assert v.course == course
+    assert v.row_verdict((64, "bf16", False, True))[0] == "wrong"
+
+
+def test_a_check_without_the_courses_own_case_judges_a_pytorch_version_at_the_shapes_it_ran():
+    """A check narrowed to causal cases (as the fixtures') has no case of the course's own test
+    (fp32, not causal): the PyTorch version is judged at those, as a Triton kernel is."""
+    v = _verdict([_row("pytorch", "fp32", True, "2x128x64", ratio=500.0)])
+    assert v.course == "WRONG"

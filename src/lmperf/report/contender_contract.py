@@ -5,8 +5,12 @@ report/contenders.py decides which of its times may be shown.
 
 - "correct" means the course's contract (CS336 assignment 2): its shapes (power-of-two head dims of
   at least 16, N a multiple of the tile), one saved L of shape (batch, N) in any float dtype, and
-  its tolerance (rtol = atol = 1e-2) in each timed dtype. Wrong there, or caught returning a
-  cached (stale) result, a contender is wrong in every table.
+  its tolerance (rtol = atol = 1e-2) on the values it gives in each timed dtype. Wrong there, or
+  caught returning a cached (stale) result, a contender is wrong in every table. What the course
+  lets a student leave out fails its shape class alone (`course_scope`): the PyTorch version is
+  the course's at fp32 and not causal only (its tests; the handout: "You can ignore the is_causal
+  flag for this task"), and a dtype other than the course tests' fp32 in which the code raises
+  instead of giving values is not the course's either.
 - lmperf's wider contract is reported as properties, each failure named with its smallest shape:
   awkward N, head dims 8 to 256, fp16, an fp32 L, flash-attention's tighter tolerance,
   grouped-query, torch.compile, bitwise determinism, a fresh output.
@@ -22,12 +26,17 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 # lmperf's wider contract: each a property of a contender's attention, in the order shown
-PROPERTIES = ("awkward_n", "head_dim", "dtype", "fp32_lse", "tight_tolerance", "gqa", "compiles", "deterministic",
-              "fresh")
+PROPERTIES = ("awkward_n", "head_dim", "dtype", "causal", "timed_dtype", "fp32_lse", "tight_tolerance", "gqa", "compiles",
+              "deterministic", "fresh")
+# Properties of what the course lets a student leave out (`course_scope`): shown only where checked
+SCOPE = ("causal", "timed_dtype")
+COURSE_TEST_DTYPE = "fp32"  # the dtype of the course's test_attention.py inputs
+RAISED = ("failed", "crashed", "timeout", "oom")  # a case that ended with no values
 PROPERTY_CASES = ("gqa", "compiles", "deterministic", "fresh")  # checked by a case each (bench/contenders.py)
-OUTSIDE = ("awkward_n", "head_dim", "dtype")  # why a values case lies outside the course (its `outside`)
+OUTSIDE = ("awkward_n", "head_dim", "dtype", "causal", "timed_dtype")  # why a values case lies outside the course
 LABELS = {"course": "the course's contract", "awkward_n": "awkward N", "head_dim": "head dims 8 to 256",
-          "dtype": "fp16", "fp32_lse": "fp32 L", "tight_tolerance": "flash-attention's tolerance",
+          "dtype": "fp16", "causal": "causal (PyTorch version)", "timed_dtype": "timed dtypes beyond fp32",
+          "fp32_lse": "fp32 L", "tight_tolerance": "flash-attention's tolerance",
           "gqa": "grouped-query", "compiles": "compiles", "deterministic": "deterministic", "fresh": "fresh output"}
 # What usually causes each failure (one line on a contender's page)
 CAUSES = {
@@ -38,6 +47,11 @@ CAUSES = {
     "head_dim": "usually a tile over D that is not a power of two (tl.arange and block shapes need powers of two: pad "
                 "D to the next one and mask), or shared memory that a head dim of 256 overflows",
     "dtype": "usually products accumulated in the input's dtype instead of fp32, or a cast missing on the way out",
+    "causal": "the handout lets the PyTorch version ignore is_causal, so its causal rows are not shown; to have them, "
+              "mask the scores where the key comes after the query (S = -inf, or -1e6 as the course's reference)",
+    "timed_dtype": "where it raises, usually a product of the input's dtype with an fp32 tensor (an accumulator, L or "
+                   "a scale made fp32 and not cast back); where its values are off, P or dS rounded to the input's "
+                   "dtype before their products: cast before each matmul, accumulate in fp32",
     "fp32_lse": "L kept in the input's dtype (an L in bf16 or fp16): the course accepts it; the backward then "
                 "recomputes P from an L good to 2-3 digits",
     "tight_tolerance": "usually fp32 dots on TF32 tensor cores (tl.dot's default) or the softmax's rescaling in "
@@ -171,6 +185,51 @@ def _cases(g: pd.DataFrame) -> pd.DataFrame:
 COURSE_TOLERANCE = "rtol = atol = 1e-2"  # the course test's (torch.testing.assert_close)
 
 
+def course_scope(cases: pd.DataFrame, kind: str) -> None:
+    """Course cases that the course lets a student leave out move to lmperf's wider contract, with
+    the reason as their `outside`: the PyTorch version's cases in a dtype other than fp32 or causal
+    (the course tests it at fp32, not causal, alone; the handout: "You can ignore the is_causal
+    flag for this task"), where the check ran that case of the course's own (a check narrowed to
+    others judges the version there, as a Triton kernel's); and any case in a dtype other than
+    fp32 that raised instead of giving values. A Triton kernel's wrong value in a timed dtype stays
+    the course's: the course times it in bf16."""
+    if cases.empty:
+        return
+    course = cases["tier"] == "course"
+    causal = cases["causal"].astype(str).str.lower().isin(["true", "1", "1.0"])
+    other_dtype = cases["dtype"] != COURSE_TEST_DTYPE
+    pytorch = kind == "pytorch" and (course & ~causal & ~other_dtype).any()
+    for i in cases.index[course]:
+        if other_dtype[i] and (pytorch or cases.at[i, "status"] in RAISED):  # a dtype's failure, whatever the mask
+            cases.at[i, "outside"], cases.at[i, "tier"] = ["timed_dtype"], "wider"
+        elif pytorch and causal[i]:
+            cases.at[i, "outside"], cases.at[i, "tier"] = ["causal"], "wider"
+
+
+def _explained(cases: pd.DataFrame) -> None:
+    """Failures that one cause explains are that cause's alone, so that awkward N or a head dim is
+    judged where the code runs: where every case of a dtype other than fp32 raised (a kernel that
+    takes no bf16 or fp16 inputs), the dtype's (fp16's property, or `timed_dtype` for a course
+    dtype); where a causal case of the course's shapes failed outside the course (the PyTorch
+    version, which may ignore is_causal), every causal case's."""
+    if cases.empty:
+        return
+
+    def blame(index, reason: str) -> None:
+        for i in index:
+            cases.at[i, "outside"] = [reason]
+        cases.loc[index, "tier"] = "wider"
+
+    for dtype, c in cases.groupby("dtype"):
+        if dtype != COURSE_TEST_DTYPE and c["status"].isin(RAISED).all():
+            blame(c.index, "dtype" if dtype == "fp16" else "timed_dtype")
+    causal = cases["causal"].astype(str).str.lower().isin(["true", "1", "1.0"])
+    unmasked = cases["outside"].map(lambda o: o == ["causal"]) & (cases["ok"] == False)  # noqa: E712
+    if unmasked.any():
+        blamed_on_dtype = cases["outside"].map(lambda o: o in (["dtype"], ["timed_dtype"])) & cases["status"].isin(RAISED)
+        blame(cases.index[causal & ~blamed_on_dtype], "causal")  # a raise in a dtype says nothing of the mask
+
+
 def _failure(check: str, failing: pd.DataFrame, course: bool, tight: bool = False) -> dict:
     """A failed check's line: its smallest failing case (among those that fail for this reason
     alone where there are such), how many cases failed, its error (the largest max abs error of
@@ -248,6 +307,9 @@ def verdict(g: pd.DataFrame) -> Verdict:
                        failures=[], properties={p: "not implemented" for p in PROPERTIES}, passed=set())
     cases = _cases(g)
     legacy = "tier" not in g or g["tier"].isna().all()  # an older run: no tiers, no shape classes
+    if not legacy:
+        course_scope(cases, text_of(g["kind"].iloc[0]) if "kind" in g else "")
+        _explained(cases)
     failures, properties = [], {}
     course = cases[cases["tier"] == "course"] if not legacy else cases.iloc[0:0]
     if legacy:  # its rule: any failed check is wrong everywhere

@@ -18,8 +18,8 @@ from pathlib import Path
 import pandas as pd
 
 from lmperf import stats
-from lmperf.report.contender_contract import (LABELS, LEGACY, NAMED_BY, PROPERTIES, Verdict, grouped, shape_class,
-                                              text_of, verdicts)
+from lmperf.report.contender_contract import (LABELS, LEGACY, NAMED_BY, PROPERTIES, SCOPE, Verdict, grouped,
+                                              shape_class, text_of, verdicts)
 from lmperf.report.format import HOST_BOUND, fmt
 
 # The timing a provider is compared on, in order of preference: GPU time (CUDA graphs) where
@@ -53,7 +53,10 @@ def checks(rows: pd.DataFrame) -> pd.DataFrame:
         line["result"] = v.course
         line["why"] = v.why()
         table.append(line)
-    return pd.DataFrame(table)
+    table = pd.DataFrame(table)
+    # what the course lets a student leave out: a column only where some implementation was checked on it
+    unused = [LABELS[p] for p in SCOPE if not table.empty and table[LABELS[p]].isin(["not checked", "not implemented"]).all()]
+    return table.drop(columns=unused)
 
 
 def distributed(rows: pd.DataFrame) -> pd.DataFrame:
