@@ -18,8 +18,8 @@ from pathlib import Path
 import pandas as pd
 
 from lmperf import stats
-from lmperf.report.contender_contract import (LABELS, NAMED_BY, PROPERTIES, Verdict, grouped, shape_class, text_of,
-                                              verdicts)
+from lmperf.report.contender_contract import (LABELS, LEGACY, NAMED_BY, PROPERTIES, SCOPE, Verdict, grouped,
+                                              shape_class, text_of, verdicts)
 from lmperf.report.format import HOST_BOUND, fmt
 
 # The timing a provider is compared on, in order of preference: GPU time (CUDA graphs) where
@@ -28,6 +28,10 @@ TIMINGS = ("fwd_bwd_gpu_ms", "fwd_bwd_ms")
 OURS = "triton"
 # The peers a contender's page sets it beside, by name (lmperf.providers), with ours
 PAGE_PEERS = ("sdpa_flash", "sdpa_cudnn")
+# The FlashAttention benchmark's groups a contender's page shows first, in this order: the
+# headline, then the assignment's own benchmark (CS336 assignment 2 times FlashAttention-2 at
+# batch 1, causal, powers of two in N and D, bf16 and fp32: the `grid` group)
+PAGE_GROUPS = {"headline": "headline", "assignment": "grid"}
 # Ours of each kind of contender attention (lmperf.contenders.ATTENTION): what its rows are
 # judged against, row by row, by lmperf.compare (`agreement`)
 OURS_OF_KIND = {"triton": "triton", "pytorch": "torch_tiled"}
@@ -41,15 +45,18 @@ def checks(rows: pd.DataFrame) -> pd.DataFrame:
         passed, run = v.course_checks
         line = {"contender": v.contender, "provider": v.provider,
                 "course's contract": v.course,
-                "course checks passed": (f"{passed}/{run}" + (" (an older check: lmperf's rule at every shape)"
-                                                              if v.passed is None else "")) if run else "none ran",
+                "course checks passed": (f"{passed}/{run}" + (LEGACY if v.passed is None else ""))
+                if run else "none ran",
                 "_passed": passed, "_checks": run, "_bad": len(v.failures)}
         for prop in PROPERTIES:
             line[LABELS[prop]] = v.properties.get(prop, "not checked")
         line["result"] = v.course
         line["why"] = v.why()
         table.append(line)
-    return pd.DataFrame(table)
+    table = pd.DataFrame(table)
+    # what the course lets a student leave out: a column only where some implementation was checked on it
+    unused = [LABELS[p] for p in SCOPE if not table.empty and table[LABELS[p]].isin(["not checked", "not implemented"]).all()]
+    return table.drop(columns=unused)
 
 
 def distributed(rows: pd.DataFrame) -> pd.DataFrame:
@@ -236,7 +243,8 @@ def failures_table(judged: dict[str, Verdict]) -> pd.DataFrame:
     failing shape, how many cases failed, the error against the tolerance, the usual cause."""
     lines = [{"contender": v.contender, "provider": v.provider, "check": f["label"],
               "tier": "the course's contract" if f["course"] else "property",
-              "smallest failing shape": f["shape"], "cases failed": f["cases"], "what failed": f["detail"],
+              "smallest failing shape": f["shape"], "cases failed": f["cases"], "error": f["error"],
+              "tolerance": f["tolerance"], "error / tolerance": f["ratio"], "what failed": f["detail"],
               "usual cause": f["cause"], "case": f["case_id"]}
              for v in judged.values() for f in v.failures]
     return pd.DataFrame(lines)
@@ -277,20 +285,26 @@ def summary_rows(table: pd.DataFrame, times: pd.DataFrame, judged: dict | None =
 
 def page_view(view: dict, name: str, training: pd.DataFrame | None = None) -> dict:
     """What contender `name`'s page shows, in its order: the verdict of each of its attention
-    implementations on the course's contract, its speed beside ours, SDPA-flash and cuDNN, then
+    implementations on the course's contract, its speed beside ours, SDPA-flash and cuDNN (`speed`:
+    the headline, the assignment's benchmark shapes, then the other groups: PAGE_GROUPS), then
     each failed check with its smallest failing shape, its error against the tolerance and the
     usual cause; its training step and distributed adapters."""
     training = training if training is not None else pd.DataFrame()
     mine = lambda df: df[df["contender"] == name] if not df.empty else df
     timed = view["timings"]
     timed = timed[timed["contender"].str.startswith(f"{name}_")] if not timed.empty else timed
+    if timed.empty:
+        speed = {key: timed for key in (*PAGE_GROUPS, "other")}
+    else:
+        speed = {key: timed[timed["group"] == g] for key, g in PAGE_GROUPS.items()}
+        speed["other"] = timed[~timed["group"].isin(list(PAGE_GROUPS.values()))]
     verdicts_ = [v for v in view.get("verdicts", {}).values() if v.contender == name]
     return {"name": name,
             "verdicts": [{"provider": v.provider, "course": v.course, "passed": v.course_checks[0],
                           "run": v.course_checks[1], "why": v.why_course() if v.course == "WRONG" else "",
                           "failed": [LABELS[f["check"]] for f in v.failures if not f["course"]]} for v in verdicts_],
             "table": mine(view["table"]), "failures": mine(view.get("failures", pd.DataFrame())),
-            "distributed": mine(view["distributed"]), "timings": timed,
+            "distributed": mine(view["distributed"]), "timings": timed, "speed": speed,
             "training": training[training["contender"].str.startswith(f"{name}_")] if not training.empty else training,
             "agreement": {p: a for p, a in view.get("agreement", {}).items() if p.startswith(f"{name}_")}}
 

@@ -1,9 +1,12 @@
 """Correctness: the `check` rows of every kernel (against float64; the master-weight AdamW also
 against PyTorch's fused AdamW under autocast), one line per kernel and dtype, with the worst
-error against its tolerance."""
+error against its tolerance; a user's contenders apart, judged by the course's contract first and
+lmperf's wider one as properties (`contender_checks`)."""
 from __future__ import annotations
 
 import pandas as pd
+
+from lmperf.report.contender_contract import LABELS, LEGACY, verdicts
 
 KERNEL_SECTIONS = ("flash_attention", "lrpe", "adamw_master", "fused", "float8_delayed")
 
@@ -45,17 +48,24 @@ def view(inputs) -> dict:
 
 
 def contender_checks(inputs) -> pd.DataFrame:
-    """A user's contenders' float64 checks (results/<hw>/contenders/, lmperf.contenders), one line
-    per implementation and dtype: theirs, kept apart from our kernels' counts."""
+    """A user's contenders' float64 checks (results/<hw>/contenders/, lmperf.contenders), kept apart
+    from our kernels' counts: one line per attention implementation and dtype, judged by the
+    course's contract first (report/contender_contract.py): its verdict in that dtype, its cases
+    at the course's shapes passed, their worst error against the course's tolerance (rtol = atol =
+    1e-2), then the properties of lmperf's wider contract that failed there, and the
+    implementation's verdict over every dtype with its reason (wrong on the course's contract in
+    one dtype, or caught returning a cached result, it is wrong everywhere)."""
     rows = inputs.frames.get("contenders", pd.DataFrame())
-    if rows.empty or "check" not in rows:
-        return pd.DataFrame()
-    values = rows[(rows["study"] == "attention") & (rows["check"] == "values") & (rows["status"] == "ok")]
     lines = []
-    for (provider, dtype), g in values.groupby(["provider", "dtype"], sort=False):
-        ratio = (g["median"] / g["tolerance"]).where(g["median"] != 0, 0.0)
-        passed = g["passed"].astype(str).str.lower() == "true"
-        lines.append({"contender": provider, "dtype": dtype, "cases": g["case_id"].nunique(),
-                      "checks passed": f"{int(passed.sum())}/{len(g)}", "worst error / tolerance": ratio.max(),
-                      "result": "pass" if passed.all() else "FAIL"})
+    for v in verdicts(rows).values():
+        if v.course == "not implemented":
+            continue
+        for d in v.by_dtype:
+            lines.append({"contender": v.provider, "dtype": d["dtype"], "course's contract": d["course"],
+                          "course checks passed": (f"{d['passed']}/{d['run']}" + (LEGACY if v.passed is None else ""))
+                          if d["run"] else "none ran",
+                          "worst error / course tolerance": d["worst_ratio"],
+                          "properties failed": ", ".join(LABELS[p] for p in d["failed"]) or "none",
+                          "implementation's verdict": v.course,
+                          "why": v.why_course() if v.course == "WRONG" else ""})
     return pd.DataFrame(lines)
