@@ -188,7 +188,7 @@ def test_the_committed_results_hold_every_case_the_config_promises():
     there = {p: f for p, f in files.items() if Path(p).exists()}
     # a file measured at older code may lack cases its job has promised since: the report shows it
     # under its line on older code (render.load_section), and a run on the GPU measures it again
-    older = {p: f.section != "env" and render.measured_at_older_code(Path(p), f.section) for p, f in there.items()}
+    older = {p: f.section != "env" and render.measured_at_older_code(Path(p), render.code_section(f)) for p, f in there.items()}
     assert {p: problem for p, f in there.items()
             if (problem := validate.problem(p, f.case_ids(), env=f.section == "env", earlier_grid=True,
                                             older_code=older[p]))} == {}
