@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lmperf.bench import common, e2e, failures
+from lmperf.bench import common, e2e, failures, timing
 
 SPEC = {"batch_size": 2, "timed_steps": 3, "attention": "plain",
         "models": {"tiny": {"d_model": 32, "d_ff": 64, "n_layers": 1, "n_heads": 2}},
@@ -61,6 +61,9 @@ def test_tiny_model_run_writes_tidy_rows(tmp_path):
     for col in ("hw", "gpu", "torch", "triton", "python", "commit", "unit", "samples", "gpu_idle_pct"):
         assert col in df.columns
     assert df["gpu_idle_pct"].isna().all()  # a CPU has no GPU to sit idle: empty, not 0
+    assert df[common.CLOCK_COLUMNS].isna().all().all()  # nor clocks, power or temperature to read
+    metric_end = list(df.columns).index("message")
+    assert list(df.columns)[metric_end + 1:metric_end + 1 + len(common.CLOCK_COLUMNS)] == common.CLOCK_COLUMNS
     train = df[df["case_id"] == CASE_IDS[1]].set_index("metric")
     assert {"forward_ms", "backward_ms", "optimizer_ms", "step_ms", "tokens_per_s"} <= set(train.index)
     # The step is the sum of its phases, step by step.
@@ -420,3 +423,29 @@ def test_unknown_size_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         e2e.main(a)
     assert "--size 'huge' is not among" in capsys.readouterr().err
+
+
+def test_every_row_of_a_timed_case_carries_its_clocks_and_a_row_measured_elsewhere_keeps_its_own(tmp_path, monkeypatch):
+    readings = iter([{"sm_clock_mhz": 1_980.0, "mem_clock_mhz": 2_619.0, "power_w": 410.0, "temp_c": 41.0},
+                     {"sm_clock_mhz": 1_755.0, "mem_clock_mhz": 2_619.0, "power_w": 700.0, "temp_c": 63.0}])
+    monkeypatch.setattr(timing.energy, "reading", lambda: next(readings))
+    elsewhere = dict.fromkeys(common.CLOCK_COLUMNS, 1_000.0)  # a row from a contender's process
+
+    def measure(case):
+        if case["case_id"] == "check":
+            return [common.summarize("max_abs_error", "", [0.0])]
+        if case["case_id"] == "isolated":
+            return [{**common.summarize("ms", "ms", [1.0]), **elsewhere}]
+        samples, _ = timing.sample_until(lambda: 0.001, timing.StopRule(ceiling=3))
+        return [common.summarize("step_ms", "ms", samples), common.summarize("tokens_per_s", "tokens/s", [1.0])]
+    monkeypatch.setattr(common, "code_identity", lambda measure, commit: {"commit": commit})
+    out = tmp_path / "r.csv"
+    common.run_cases(section="s", study="t", cases=[{"case_id": c} for c in ("timed", "check", "isolated")],
+                     measure=measure, out_csv=out, hw="cpu", log_path=None, fingerprint={})
+    df = pd.read_csv(out).set_index("metric")
+    for metric in ("step_ms", "tokens_per_s"):  # both rows of the timed case
+        row = df.loc[metric]
+        assert (row["sm_clock_mhz_start"], row["sm_clock_mhz_end"]) == (1_980, 1_755)
+        assert (row["power_w_start"], row["power_w_end"], row["temp_c_start"], row["temp_c_end"]) == (410, 700, 41, 63)
+    assert df.loc["max_abs_error", common.CLOCK_COLUMNS].isna().all()  # timed nothing
+    assert (df.loc["ms", common.CLOCK_COLUMNS] == 1_000).all()

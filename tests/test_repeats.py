@@ -214,3 +214,29 @@ def test_the_fresh_machine_rerun_is_judged_row_by_row(tmp_path):
     assert v["gpu_agree"] + v["host_agree"] == timing - 1
     assert "headline-sdpa_cudnn-bf16-causal-b1h16n16384d64` fwd_bwd_ms B/A 1.500 (slower)" in v["largest"]
     assert v["folder"] == "results/h100-rerun" and v["page"] == "compare/h100_vs_h100-rerun.md"
+
+
+def test_the_full_scale_repeats_time_every_headline_comparison_in_three_fresh_processes():
+    """The configuration's own repeats: each case in at least three processes of its own, ours
+    and its peers in one job, so that every process times both sides; the training rows' rungs
+    by name."""
+    from lmperf.bench import flash_attention
+
+    config = render.load_config(REPO / "config" / "config.yaml")
+    files = repeat_files(config)
+    runs: dict[str, list] = {}
+    for f in files:
+        runs.setdefault(f.repeat_of.path, []).append(f)
+    assert runs and all(len(fs) >= 3 for fs in runs.values())
+    assert all(f.case_ids() == fs[0].case_ids() for fs in runs.values() for f in fs)
+
+    def cases(job: str) -> list[dict]:
+        (f,) = [fs[0] for path, fs in runs.items() if path == f"{RESULTS}/{job}.csv"]
+        ids = set(f.case_ids())
+        return [c for c in flash_attention.bench_cases(json.loads(f.spec)) if c["case_id"] in ids]
+    throughput = cases("flash_attention/bench/throughput_d128")
+    assert {(c["provider"], c["causal"]) for c in throughput} >= {(p, causal) for p in ("triton", "sdpa_cudnn", "sdpa_flash")
+                                                                    for causal in (False, True)}
+    (ladder,) = [fs[0] for path, fs in runs.items() if path.endswith("/ladder/2.7B.csv")]
+    names = {c.split("-", 2)[2] for c in ladder.case_ids()}
+    assert {"compiled", "sdpa", "fused_rmsnorm", "ctx2048", "expandable_segments", "ours_float8_delayed"} <= names

@@ -357,3 +357,52 @@ def test_flashattention_and_lrpe_cases_carry_the_groups_median_within():
     spec = {"dims": 1, "d": 16, "sizes": [8], "extra_tokens": [0], "providers": ["triton"], "batch": 1, "heads": 1,
             "dtype": "fp32", "timing_ms": [5, 20], "copy_timing_ms": [5, 20], "kernel_calls": 2, "median_within": 0.03}
     assert lrpe.bench_cases(spec)[0]["median_within"] == 0.03
+
+
+def counting_readings(monkeypatch):
+    """energy.reading faked: each call a reading whose SM clock counts the calls (1, 2, ...)."""
+    calls = []
+
+    def reading():
+        calls.append(len(calls) + 1)
+        return {"sm_clock_mhz": 1_000.0 + len(calls), "mem_clock_mhz": 2_619.0, "power_w": 300.0 + len(calls),
+                "temp_c": 50.0}
+    monkeypatch.setattr(timing.energy, "reading", reading)
+    return calls
+
+
+def test_a_case_records_the_clocks_before_its_first_timed_work_and_after_its_last(monkeypatch):
+    calls = counting_readings(monkeypatch)
+    during = []
+    take = lambda: during.append(len(calls)) or 1.0  # how many readings had been taken when a sample ran
+    with timing.recording() as clocks:
+        timing.sample_until(take, timing.StopRule(ceiling=3))  # reading 1 before, 2 after
+        timing.sample_until(take, timing.StopRule(ceiling=2))  # no reading before (the case's first is kept), 3 after
+    assert during == [1, 1, 1, 2, 2], "no reading inside the timed work"
+    assert clocks["sm_clock_mhz_start"] == 1_001 and clocks["sm_clock_mhz_end"] == 1_003
+    assert clocks["power_w_start"] == 301 and clocks["power_w_end"] == 303
+    assert set(clocks) == set(timing.CLOCK_COLUMNS)
+
+
+def test_a_window_inside_another_reads_nothing_and_a_case_that_timed_nothing_is_empty(monkeypatch):
+    calls = counting_readings(monkeypatch)
+    with timing.recording() as clocks:
+        with timing.window():
+            timing.samples_until(lambda k: [1.0] * k, timing.StopRule(ceiling=4, floor=4))
+    assert len(calls) == 2 and clocks["sm_clock_mhz_end"] == 1_002
+    with timing.recording() as nothing:  # a correctness check: no window
+        pass
+    assert all(math.isnan(v) for v in nothing.values()) and len(calls) == 2
+
+
+def test_a_case_that_raises_in_its_timed_work_keeps_its_start(monkeypatch):
+    counting_readings(monkeypatch)
+
+    def take():
+        raise RuntimeError("out of memory")
+    with pytest.raises(RuntimeError), timing.recording() as clocks:
+        timing.sample_until(take, timing.StopRule(ceiling=3))
+    assert clocks["sm_clock_mhz_start"] == 1_001 and math.isnan(clocks["sm_clock_mhz_end"])
+    with timing.recording() as after:  # the next case starts afresh
+        timing.sample_until(lambda: 1.0, timing.StopRule(ceiling=1))
+    assert after["sm_clock_mhz_start"] == 1_002

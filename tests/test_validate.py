@@ -188,7 +188,7 @@ def test_the_committed_results_hold_every_case_the_config_promises():
     there = {p: f for p, f in files.items() if Path(p).exists()}
     # a file measured at older code may lack cases its job has promised since: the report shows it
     # under its line on older code (render.load_section), and a run on the GPU measures it again
-    older = {p: f.section != "env" and render.measured_at_older_code(Path(p), f.section) for p, f in there.items()}
+    older = {p: f.section != "env" and render.measured_at_older_code(Path(p), render.code_section(f)) for p, f in there.items()}
     assert {p: problem for p, f in there.items()
             if (problem := validate.problem(p, f.case_ids(), env=f.section == "env", earlier_grid=True,
                                             older_code=older[p]))} == {}
@@ -249,3 +249,14 @@ def test_a_render_that_fails_midway_leaves_the_report_and_figures(results, rende
     with pytest.raises(RuntimeError, match="a bug in a view"):
         render_by_hand(results, tmp_path)
     assert {p: p.read_bytes() for p in (tmp_path / "report").rglob("*") if p.is_file()} == before
+
+
+def test_clock_columns_are_numbers_where_a_csv_has_them_and_a_csv_without_them_is_whole(results):
+    path = results / CSV
+    assert validate.problem(path) is None  # measured before rows carried clocks: read as it is
+    df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    clocks = dict.fromkeys(validate.CLOCK_COLUMNS, "1980.0")
+    df.assign(**{**clocks, "power_w_end": ""}).to_csv(path, index=False)  # a reading NVML could not take: empty
+    assert validate.problem(path) is None
+    df.assign(**{**clocks, "sm_clock_mhz_start": "boost"}).to_csv(path, index=False)
+    assert "sm_clock_mhz_start" in validate.problem(path)

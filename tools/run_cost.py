@@ -240,23 +240,86 @@ def measured_walls(folders) -> dict[str, dict[str, float]]:
     return {job: {c: wall for c, (_, wall) in cases.items()} for job, cases in out.items()}
 
 
+def repeat_of(job: str) -> str | None:
+    """The timing job a repeat's file repeats ('repeats/<job>/run<k>' -> '<job>'), else None."""
+    if not job.startswith("repeats/"):
+        return None
+    return job.removeprefix("repeats/").rsplit("/", 1)[0]
+
+
+def fresh_process_factors(walls: dict[str, dict[str, float]]) -> dict[str, float]:
+    """{section: the median, over the cases measured both ways, of a case's mean wall_s in its
+    repeats' fresh processes over its wall_s in its job's own}; '' holds the median over every
+    section. A repeat's process runs a few cases from a cold start: it compiles them itself (the
+    job's own compiled them in its workers first, or before them), so a case costs it more."""
+    ratios: dict[str, list[float]] = {}
+    runs: dict[tuple[str, str], list[float]] = {}
+    for job, cases in walls.items():
+        own = repeat_of(job)
+        if own is not None:
+            for case_id, wall in cases.items():
+                runs.setdefault((own, case_id), []).append(wall)
+    for (own, case_id), repeated in runs.items():
+        first = walls.get(own, {}).get(case_id)
+        if first:
+            ratios.setdefault(own.split("/")[0], []).append(statistics.mean(repeated) / first)
+    out = {section: statistics.median(xs) for section, xs in ratios.items()}
+    out[""] = statistics.median([x for xs in ratios.values() for x in xs]) if ratios else 1.0
+    return out
+
+
+def case_walls(job: str, ids: list[str], walls: dict, factors: dict) -> tuple[list[float], int]:
+    """(the seconds of each of `ids` that a measurement gives, how many were measured as they
+    will run): a case of a timing job as measured; a case of a repeat as measured in any of its
+    job's repeats (a fresh process like it), else its job's own case times the section's
+    fresh-process factor (fresh_process_factors). For a job measured nowhere yet, one value: the
+    median case of its section's jobs (of its section's repeats, for a repeat), which plan()
+    gives to every case."""
+    own = repeat_of(job)
+    if own is None:
+        known = walls.get(job, {})
+        found = [known[c] for c in ids if c in known]
+        if not found and ids:  # a job not measured yet: the median case of its section's jobs
+            section = [wall for j, cases in walls.items() if j.split("/")[0] == job.split("/")[0]
+                       for wall in cases.values()]
+            return ([statistics.median(section)] if section else []), 0
+        return found, len(found)
+    runs = [cases for j, cases in walls.items() if repeat_of(j) == own]
+    factor = factors.get(own.split("/")[0], factors[""])
+    found, measured = [], 0
+    for c in ids:
+        repeated = [cases[c] for cases in runs if c in cases]
+        if repeated:
+            found.append(statistics.mean(repeated))
+            measured += 1
+        elif c in walls.get(own, {}):
+            found.append(walls[own][c] * factor)
+    if not found and ids:  # a job not measured yet: its section's repeated cases, as the typical case
+        section = [wall for j, cases in walls.items() if (o := repeat_of(j)) and o.split("/")[0] == own.split("/")[0]
+                   for wall in cases.values()]
+        found = [statistics.median(section)] if section else []
+    return found, measured
+
+
 def plan(overrides: list[str], scale: str, depth: str, costs: Costs, folders=MEASURED) -> pd.DataFrame:
-    """One line a planned job: its cases, how many were measured (the rest take the mean of the
-    job's measured ones), their seconds, its overhead (`overhead`) and its total."""
+    """One line a planned job: its cases, how many were measured as they will run (a repeat's in
+    a fresh process; case_walls), their seconds (the cases no measurement gives take the mean of
+    those that one does), its overhead (`overhead`) and its total."""
     walls = measured_walls(folders)
+    factors = fresh_process_factors(walls)
     out = []
     for f in planned_files(overrides, scale, depth):
         job = f.path.removeprefix("results/plan/").removesuffix(".csv")
         ids = f.case_ids() or []
-        known = walls.get(job, {})
-        found = [known[c] for c in ids if c in known]
+        found, measured = case_walls(job, ids, walls, factors)
         mean = statistics.mean(found) if found else float("nan")
         cases_s = sum(found) + mean * (len(ids) - len(found)) if found else (0.0 if not ids else float("nan"))
-        out.append({"job": job, "section": f.section, "cases": len(ids), "measured": len(found),
+        out.append({"job": job, "section": f.section, "cases": len(ids), "measured": measured,
                     "cases_s": cases_s, "apart": job.startswith(APART)})
     js = pd.DataFrame(out)
     js["overhead_s"] = js.apply(lambda j: overhead(j, costs), axis=1)
     js["total_s"] = js["cases_s"] + js["overhead_s"]
+    js.attrs["fresh_process_factors"] = factors
     return js
 
 
@@ -285,6 +348,9 @@ def main(argv=None) -> None:
         total = float(sections["total_s"].sum())
         print(f"{len(js)} jobs, {int(js['cases'].sum())} cases ({int(js['measured'].sum())} measured): "
               f"{total:.0f} s, {total / 60:.1f} min one job after another")
+        factors = js.attrs["fresh_process_factors"]
+        print("a repeat's case not yet measured in a fresh process: its job's own wall_s x "
+              + ", ".join(f"{factor:.2f} ({section or 'other sections'})" for section, factor in factors.items()))
         return
     js = jobs(args.results)
     js["overhead_s"] = js.apply(lambda j: overhead(j, costs), axis=1)

@@ -51,7 +51,7 @@ import numpy as np
 import pandas as pd
 
 from lmperf import stats
-from lmperf.bench.common import METRIC_COLUMNS, PROVENANCE_COLUMNS
+from lmperf.bench.common import CLOCK_COLUMNS, METRIC_COLUMNS, PROVENANCE_COLUMNS
 from lmperf.compare_page import DIFFERS, EQUAL, gpus, pct, render, summary
 from lmperf.report.format import Spread
 
@@ -103,7 +103,7 @@ def add_detail(both: pd.DataFrame) -> pd.DataFrame:
     (section, study, metric) with repeated keys, the first case columns in file order that
     tell the rows apart ("kernel=..."), fewest first, an occurrence number as the last resort."""
     both = both.assign(detail="")
-    not_case = {*KEY, *METRIC_COLUMNS, *PROVENANCE_COLUMNS, "wall_s", "detail"}
+    not_case = {*KEY, *METRIC_COLUMNS, *CLOCK_COLUMNS, *PROVENANCE_COLUMNS, "wall_s", "detail"}
     repeated = both[both.duplicated(["_run", *KEY], keep=False)]
     for _, group in repeated.groupby(["section", "study", "metric"], dropna=False):
         chosen = []

@@ -32,11 +32,12 @@ def ladder_spec(config: dict, ladder: dict, size: str) -> str:
 
 def convergence_spec(config: dict, scale: str) -> str:
     """The JSON spec of the convergence job at `scale`: its settings, the ladder's (whose FP8 rung
-    and the rung before it it trains) and its size's dims."""
+    and the rung before it it trains), its size's dims, and a user's contenders where the config
+    names any (rungs of the ladder job: the runs' rung labels are that job's numbers)."""
     conv, ladder = config["convergence"][scale], config["ladder"][scale]
     settings = _measured(ladder, "sizes")
-    return json.dumps({**conv, "ladder": settings, "models": {conv["size"]: config["models"][conv["size"]]}},
-                      sort_keys=True)
+    return json.dumps(with_contenders({**conv, "ladder": settings, "models": {conv["size"]: config["models"][conv["size"]]}},
+                                      config), sort_keys=True)
 
 
 def fa_bench_jobs(fa: dict, models: dict) -> dict[str, dict]:

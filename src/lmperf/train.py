@@ -51,10 +51,10 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def build_model(cfg: ModelConfig, device: str) -> TransformerLM:
-    """The model with the same weights on every call and every rank (seeded), initialised on the
-    device: a 3B model is slow to initialise on a CPU."""
-    torch.manual_seed(0)
+def build_model(cfg: ModelConfig, device: str, seed: int = 0) -> TransformerLM:
+    """The model with the same weights on every call and every rank (seeded: `seed`, 0 unless a
+    case sets `init_seed`), initialised on the device: a 3B model is slow to initialise on a CPU."""
+    torch.manual_seed(seed)
     with torch.device(device):
         return TransformerLM(cfg)
 
@@ -146,7 +146,7 @@ def setup(case: dict, model_dims: dict, device: str | None = None) -> Setup:
     device = device or default_device()
     check_optimizer(case.get("optimizer", "foreach"), case["dtype"])
     cfg = ModelConfig(**model_dims, context_length=case["context"], attention=case["attention"])
-    model = build_model(cfg, device)
+    model = build_model(cfg, device, case.get("init_seed", 0))
     optimizer = (make_optimizer(model, case.get("optimizer", "foreach"))
                  if case["mode"] == "train" else None)
     checkpoint_blocks(model, case.get("checkpoint_every", 0))

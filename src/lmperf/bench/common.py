@@ -10,7 +10,9 @@ SIGTERM marks the case interrupted and exits 128 + the signal. An `error` row fa
 (exit 1) once the CSV is written, the journal keeping every other case, so that Snakemake reports
 it and a rerun measures only the failed cases, unless the config accepts it (accept_errors).
 A journal of other code (commit, or digest of the modules the benchmark can import) is discarded.
-Timers live in bench/timing.py.
+Timers live in bench/timing.py; every row of a case carries the GPU's clocks, power and
+temperature as its timed work started and ended (CLOCK_COLUMNS, bench/timing.py's `recording`),
+empty without CUDA and where the case timed nothing.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from typing import Callable, Iterable
 import pandas as pd
 
 from lmperf import hardware, sources
-from lmperf.bench import device, failures
+from lmperf.bench import device, failures, timing
 from lmperf.bench.failures import NotRun, Unsupported, classify_failure  # noqa: F401 (benchmarks use common.*)
 from lmperf.bench.journal import Journal, interrupts_raise, signal_number
 from lmperf.bench.timing import is_device_work  # noqa: F401 (benchmarks use common.*)
@@ -44,6 +46,9 @@ from lmperf.bench.timing import is_device_work  # noqa: F401 (benchmarks use com
 ID_COLUMNS = ["section", "study", "case_id"]
 METRIC_COLUMNS = ["metric", "unit", "mean", "std", "median", "q20", "q80", "min", "max", "n",
                   "samples", "status", "message"]
+# The GPU's SM and memory clocks (MHz), power (W) and temperature (C) at the start and end of a
+# case's timed work (bench/timing.py), after the metric columns; a CSV written before them lacks them
+CLOCK_COLUMNS = list(timing.CLOCK_COLUMNS)
 PROVENANCE_COLUMNS = ["hw", "gpu", "torch", "triton", "cuda", "python", "commit", "measured_at"]
 
 FAULT_ENV = failures.FAULT_ENV
@@ -241,13 +246,22 @@ def code_identity(measure: Callable, commit: str) -> dict:
 
 def attempt(case: dict, measure: Callable[[dict], list[dict]]) -> tuple[list[dict], bool]:
     """One try at a case: (its rows, or its failure's row; whether a retry in a fresh compile
-    cache may help)."""
+    cache may help), each with the clocks of its timed work (with_clocks)."""
     try:
         failures.maybe_inject_fault(case["case_id"])
-        return measure(case), False
+        return with_clocks(measure, case), False
     except Exception as exc:  # a failed case is data, not a crash
         status, message = classify_failure(exc)
         return [failure_row(status, message)], status == "error" and failures.is_compile_failure(exc)
+
+
+def with_clocks(measure: Callable[[dict], list[dict]], case: dict) -> list[dict]:
+    """measure(case)'s rows, each with CLOCK_COLUMNS: the GPU's state as the case's timed work
+    started and ended (bench/timing.py's `recording`), NaN where it timed nothing here. A row that
+    carries them already (measured in a process of its own, which called this too) keeps its own."""
+    with timing.recording() as clocks:
+        rows = measure(case)
+    return [{**clocks, **row} for row in rows]
 
 
 def run_case(case: dict, measure: Callable[[dict], list[dict]], journal: Journal,
@@ -317,8 +331,10 @@ def run_cases(*, section: str, study: str, cases: list[dict], measure: Callable[
                 for case in cases for r in journal.rows[case["case_id"]]]
     df = pd.DataFrame(all_rows)
     df = df.reindex(columns=[*df.columns, *(c for c in ("q20", "q80") if c not in df)])
-    case_cols = [c for c in df.columns if c not in ID_COLUMNS + METRIC_COLUMNS + PROVENANCE_COLUMNS]
-    df = df[ID_COLUMNS + case_cols + METRIC_COLUMNS + PROVENANCE_COLUMNS]
+    df = df.reindex(columns=[*df.columns, *(c for c in CLOCK_COLUMNS if c not in df)])
+    known = ID_COLUMNS + METRIC_COLUMNS + CLOCK_COLUMNS + PROVENANCE_COLUMNS
+    case_cols = [c for c in df.columns if c not in known]
+    df = df[ID_COLUMNS + case_cols + METRIC_COLUMNS + CLOCK_COLUMNS + PROVENANCE_COLUMNS]
     write_csv_atomic(df, out_csv)
     n_bad = int((df.drop_duplicates("case_id")["status"] != "ok").sum())
     progress.say(f"wrote {out_csv}: {len(cases)} cases, {n_bad} not ok, "

@@ -1,66 +1,72 @@
-"""The FP8 rung's convergence check (#31 item 3): the loss of every step of `steps` training steps
-on one fixed, learnable token stream, in bf16 (the settings of the ladder rung the FP8 rung
-follows: the best bf16 rung's) against the FP8 rung's settings (the same plus torchao float8
-training), from the same initial weights (train.build_model is seeded) on the same batches; and
-bf16 once more on another draw of the same stream (data seed 1), the noise floor the report's
-tolerance is scaled by.
+"""The FP8 rung's convergence check: the held-out loss of the ladder's FP8 rung against bf16's,
+trained on the same real text. Three runs of `steps` training steps, each on the same batches:
+
+- `bf16`: the settings of the ladder rung the FP8 rung follows (the FP8 rung's own, without
+  float8), weights initialised with seed 0;
+- `bf16_init1`: the same, weights initialised with seed 1: the two bf16 runs differ only in
+  their initial weights, and how far apart their held-out losses lie is the noise the report's
+  tolerance is scaled by;
+- `float8_<recipe>`: the FP8 rung's settings (float8 training of our stack), seed 0.
 
     python -m lmperf.bench.convergence --spec '{...}' --out results/cpu/convergence/convergence.csv --hw cpu
 
-The runs' settings are the ladder's own (bench/ladder.py's cases over the spec's `ladder`, its
-`float8_ours` naming the FP8 rung): on a machine without CUDA its CUDA-only changes are not
-carried, so the bf16 runs are real there and the FP8 run is a `skipped` row ("needs CUDA").
+The text is the spec's `text`: a file in the repository (data/text/: its source, licence and
+checksum are in its README), refused unless its sha256 is the spec's. Its tokens are its bytes
+(0-255, within the model's vocabulary): no tokenizer to download or train. The last `heldout`
+share of the file is held out; each training step takes batch_size x micro_batches windows of
+context + 1 bytes at offsets drawn from the rest (a torch.Generator seeded with the spec's
+`data_seed`: the same batches for every run, on every machine). Every `eval_every` steps (and
+after the last) the model's loss on `eval_batches` fixed batches of held-out windows, evenly
+spaced through the held-out text, is a `heldout_loss` row; every step's training loss (the one
+train.step computes, train.loss) is a `loss` row.
 
-The stream (generated on the host with seeded torch.Generators, then copied to the device: the
-same tokens on every machine): a fixed dictionary of `phrases` phrases of `phrase_length`
-distinct tokens each (no token in two phrases), and each sequence a run of phrases drawn
-independently with Zipf weights 1 / rank^zipf, cut at a random offset. Within a phrase the next
-token follows from the one before; at a phrase's end the next phrase is a fresh draw: the lowest
-loss a model can reach is the phrase draw's entropy / phrase_length nats a token (the
-`stream_entropy` column), far below log(vocab) where uniform random tokens would leave the loss.
-Every step's loss is the one train.step computes (train.loss, recorded as it returns).
+The runs' settings are the ladder's own (bench/ladder.py's cases over the spec's `ladder`, its
+`float8_ours` naming the FP8 rung, and a user's contenders where the run has any, so that the
+rung numbers are the ladder job's): each case's `rung` is the ladder rung it runs. On a machine
+without CUDA the ladder's CUDA-only changes are not carried, so the bf16 runs are real there and
+the FP8 run is a `skipped` row ("needs CUDA").
 """
 from __future__ import annotations
 
 import contextlib
-import math
+import hashlib
+from pathlib import Path
 
 from lmperf import train
 from lmperf.bench import common, float8, jobs, ladder
 
-VOCAB = 10_000  # lmperf.model.ModelConfig's vocabulary, as every model size's
-
-
-def stream_entropy(stream: dict) -> float:
-    """The stream's entropy rate in nats a token: the Zipf phrase draw's entropy over the phrase
-    length (the tokens within a phrase follow from its first)."""
-    w = [1 / (i + 1) ** stream["zipf"] for i in range(stream["phrases"])]
-    p = [x / sum(w) for x in w]
-    return -sum(x * math.log(x) for x in p) / stream["phrase_length"]
+REPO = Path(__file__).resolve().parents[3]  # where a relative text path is found outside the repository's root
 
 
 def runs(recipe: str) -> list[tuple[str, str, int]]:
-    """(run, its float8 recipe or 'none', data seed): the reference, the noise floor, the FP8 run."""
-    return [("bf16", "none", 0), ("bf16_seed1", "none", 1), (f"float8_{recipe}", recipe, 0)]
+    """(run, its float8 recipe or 'none', the seed of its initial weights): the reference, the
+    noise floor (other initial weights), the FP8 run."""
+    return [("bf16", "none", 0), ("bf16_init1", "none", 1), (f"float8_{recipe}", recipe, 0)]
 
 
 def cases(spec: dict, cuda: bool = False) -> list[dict]:
     """One case a run, each with the settings of the ladder's FP8 rung (without its float8 for
-    the bf16 runs) at the spec's size. The ids are the same with and without CUDA."""
-    size, stream = spec["size"], spec["stream"]
-    if stream["phrases"] * stream["phrase_length"] > VOCAB:
-        raise ValueError(f"convergence stream: phrases x phrase_length = {stream['phrases'] * stream['phrase_length']} "
-                         f"distinct tokens, more than the vocabulary's {VOCAB:,}")
+    the bf16 runs) at the spec's size, labelled with the ladder rung it runs. The ids are the same
+    with and without CUDA."""
+    size, text = spec["size"], spec["text"]
     fp8 = float8.ours(spec["ladder"])
     if fp8 is None:
         raise ValueError("convergence: the ladder spec has no float8_ours, the FP8 rung whose settings it trains")
-    rung = next(c for c in ladder.cases(spec["ladder"], size, cuda) if float8.is_ours(c["name"]))
+    ladder_spec = {**spec["ladder"], **({"contenders": spec["contenders"]} if spec.get("contenders") else {})}
+    rungs = ladder.cases(ladder_spec, size, cuda)
+    at = next(i for i, c in enumerate(rungs) if float8.is_ours(c["name"]))
+    rung = rungs[at]
     keys = {k: rung[k] for k in (*ladder.BASE, "context", "batch_size")}
-    return [{**keys, "size": size, "mode": "train", "run": run, "float8": recipe, "data_seed": seed,
-             "steps": spec["steps"], "rung": rung["case_id"], "needs_cuda": recipe != "none",
-             "phrases": stream["phrases"], "phrase_length": stream["phrase_length"], "zipf": stream["zipf"],
-             "stream_seed": stream["seed"], "stream_entropy": stream_entropy(stream),
-             "case_id": f"{size}-{run}"} for run, recipe, seed in runs(fp8["recipe"])]
+    # the rung the bf16 runs run: the nearest before the FP8 rung whose settings are its own
+    # without float8 (the rung it follows)
+    bf16 = next((c["case_id"] for c in reversed(rungs[:at])
+                 if {k: c[k] for k in keys} == {**keys, "float8": "none"}), "")
+    return [{**keys, "float8": recipe, "size": size, "mode": "train", "run": run, "init_seed": seed,
+             "steps": spec["steps"], "rung": rung["case_id"] if recipe != "none" else bf16,
+             "needs_cuda": recipe != "none", "text": text["path"], "text_sha256": text["sha256"],
+             "heldout": text["heldout"], "data_seed": spec.get("data_seed", 0), "eval_every": spec["eval_every"],
+             "eval_batches": spec["eval_batches"], "case_id": f"{size}-{run}"}
+            for run, recipe, seed in runs(fp8["recipe"])]
 
 
 def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dict]:
@@ -69,25 +75,67 @@ def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dic
     return cases(spec)
 
 
-def batches(case: dict, device: str):
-    """The case's (inputs, targets) a step, from its stream and data seed: the same batches for
-    every run of one data seed."""
+def text_bytes(path: str, sha256: str) -> bytes:
+    """The text's bytes: `path` from the working directory (a job's: the repository's root), else
+    from the repository's root; ValueError naming it if it is missing or not the checksum's."""
+    file = Path(path)
+    if not file.is_absolute() and not file.exists():
+        file = REPO / path
+    if not file.exists():
+        raise ValueError(f"convergence text {path}: no such file (in {Path.cwd()} or {REPO})")
+    data = file.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != sha256:
+        raise ValueError(f"convergence text {file}: sha256 {digest}, but the spec names {sha256} (another text?)")
+    return data
+
+
+def splits(case: dict):
+    """(training tokens, held-out tokens) of the case's text: its bytes as int64, the last
+    `heldout` share held out."""
     import torch
 
-    n, length = case["phrases"], case["phrase_length"]
-    g = torch.Generator().manual_seed(case["stream_seed"])
-    phrases = torch.randperm(VOCAB, generator=g)[:n * length].view(n, length)
-    weights = 1 / torch.arange(1, n + 1, dtype=torch.float64) ** case["zipf"]
+    tokens = torch.frombuffer(bytearray(text_bytes(case["text"], case["text_sha256"])), dtype=torch.uint8).long()
+    cut = int(len(tokens) * (1 - case["heldout"]))
+    need = case["context"] + 2
+    if cut < need or len(tokens) - cut < need:
+        raise ValueError(f"convergence text {case['text']}: {len(tokens):,} bytes leave {cut:,} to train on and "
+                         f"{len(tokens) - cut:,} held out; each needs windows of {case['context'] + 1:,}")
+    return tokens[:cut], tokens[cut:]
+
+
+def windows(tokens, offsets, context: int):
+    """(inputs, targets): the windows of context + 1 tokens at `offsets`, shifted by one."""
+    import torch
+
+    rows = torch.stack([tokens[o:o + context + 1] for o in offsets.tolist()])
+    return rows[:, :-1], rows[:, 1:]
+
+
+def batches(case: dict, tokens):
+    """The training batches, one a step: windows at offsets drawn by a generator seeded with the
+    case's data seed (the same batches for every run)."""
+    import torch
+
     rows, context = case["batch_size"] * case["micro_batches"], case["context"]
-    per_row = context // length + 2  # phrases a row: enough for context + 1 tokens after any offset
-    g = torch.Generator().manual_seed(1_000_003 * (case["data_seed"] + 1) + case["stream_seed"])
+    g = torch.Generator().manual_seed(case["data_seed"])
     for _ in range(case["steps"]):
-        drawn = torch.multinomial(weights, rows * per_row, replacement=True, generator=g)
-        tokens = phrases[drawn].view(rows, per_row * length)
-        offset = torch.randint(length, (rows, 1), generator=g)
-        tokens = tokens.gather(1, offset + torch.arange(context + 1))
-        tokens = tokens.to(device)
-        yield tokens[:, :-1], tokens[:, 1:]
+        yield windows(tokens, torch.randint(len(tokens) - context - 1, (rows,), generator=g), context)
+
+
+def heldout_batches(case: dict, tokens) -> list:
+    """`eval_batches` batches of batch_size windows of the held-out tokens, evenly spaced."""
+    import torch
+
+    rows, context = case["batch_size"], case["context"]
+    n = rows * case["eval_batches"]
+    offsets = torch.linspace(0, len(tokens) - context - 1, n).long()
+    return [windows(tokens, offsets[i:i + rows], context) for i in range(0, n, rows)]
+
+
+def eval_steps(case: dict) -> list[int]:
+    """The steps after which the held-out loss is measured: every eval_every, and the last."""
+    return sorted({*range(case["eval_every"], case["steps"] + 1, case["eval_every"]), case["steps"]})
 
 
 @contextlib.contextmanager
@@ -107,9 +155,20 @@ def recorded_losses():
         train.loss = compute
 
 
+def heldout_loss(model, held: list, autocast, device: str) -> float:
+    """The mean of train.loss over the held-out batches, without gradients, under the run's
+    autocast (an FP8 model multiplies in fp8 here too)."""
+    import torch
+
+    with torch.no_grad(), autocast:
+        values = [train.loss(model, x.to(device), y.to(device)) for x, y in held]
+    return float(torch.stack(values).float().mean())
+
+
 def measure(case: dict, dims: dict) -> list[dict]:
-    """One run: `steps` training steps (train.step) from the seeded initial weights on the
-    case's stream; one `loss` row a step (the mean over its micro-batches)."""
+    """One run: `steps` training steps (train.step) from the case's seeded initial weights on
+    the text's batches; one `loss` row a step (the mean over its micro-batches) and one
+    `heldout_loss` row at each of eval_steps."""
     import torch
 
     cuda = torch.cuda.is_available()
@@ -118,15 +177,22 @@ def measure(case: dict, dims: dict) -> list[dict]:
     change = ladder.model_changes(case)  # the rung's fused kernels and float8, as the ladder's
     device = "cuda" if cuda else "cpu"
     k = case["micro_batches"]
+    train_tokens, held_tokens = splits(case)
+    held, at = heldout_batches(case, held_tokens), set(eval_steps(case))
+    losses, heldout = [], {}
     with train.matmul_precision(case["tf32"]):
         cfg, model, optimizer, _, _, autocast = train.setup(case, dims)
         change(model)
-        with recorded_losses() as losses:
-            for inputs, targets in batches(case, device):
-                train.step(model, optimizer, inputs, targets, autocast, train.nothing, k)
+        for step, (inputs, targets) in enumerate(batches(case, train_tokens), start=1):
+            with recorded_losses() as step_losses:
+                train.step(model, optimizer, inputs.to(device), targets.to(device), autocast, train.nothing, k)
+            losses += step_losses
+            if step in at:
+                heldout[step] = heldout_loss(model, held, autocast, device)
     del model, optimizer
     per_step = torch.stack(losses).float().view(-1, k).mean(dim=1).tolist()
-    return [{"step": i + 1, **common.summarize("loss", "nats", [x])} for i, x in enumerate(per_step)]
+    rows = [{"step": i + 1, **common.summarize("loss", "nats", [x])} for i, x in enumerate(per_step)]
+    return rows + [{"step": s, **common.summarize("heldout_loss", "nats", [x])} for s, x in sorted(heldout.items())]
 
 
 def main(argv=None):

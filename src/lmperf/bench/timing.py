@@ -24,6 +24,14 @@ overlapping work counted once). A case whose GPU sits idle much of the time meas
 (Python, the launch path), and its time moves with the host's speed; the report's threshold
 (config `report.host_bound_idle_pct`) makes that a flag. The profiled calls run back to back, so
 for a small memory-bound kernel that do_bench times with a cold L2 the share is an upper bound.
+
+Every timer that times a case's work (sample_until, the do_bench family, bench_calls,
+bench_graph) runs it inside `window()`, which reads the GPU's SM clock, memory clock, power and
+temperature (bench/energy.py's `reading`, through NVML) before the first timed work of a case
+starts and after the last ends, outside the clock. common.run_case collects them per case
+(`recording`) into every row of the case: `sm_clock_mhz_start`, `sm_clock_mhz_end`, ...
+(`CLOCK_COLUMNS`), empty without CUDA and in a case that timed nothing (a correctness check).
+lmperf does not lock the clocks: these say at what clocks a row ran.
 """
 from __future__ import annotations
 
@@ -36,6 +44,7 @@ import time
 from typing import Callable, Iterable
 
 from lmperf import stats
+from lmperf.bench import energy
 
 QUANTILES = (0.5, 0.2, 0.8)  # do_bench's median and the spread the rows record
 IDLE_CALLS = 2  # extra calls of a case profiled for its GPU idle share: a few, to keep GPU time small
@@ -69,6 +78,56 @@ class StopRule:
 
 
 CEILING, WINDOW = "ceiling", "window"
+
+# The GPU's state at a case's timed work's start and end (module docstring): the rows' columns
+CLOCK_COLUMNS = tuple(f"{name}_{at}" for name in energy.READINGS for at in ("start", "end"))
+
+
+class _Span:
+    """The readings of the current case's windows: the first's at its start, the last's at its end."""
+    depth = 0
+    start: dict | None = None
+    end: dict | None = None
+
+
+_span = _Span()
+
+
+@contextlib.contextmanager
+def window():
+    """A stretch of a case's timed work: the outermost window of a case reads the GPU's state
+    (energy.reading) before it starts, if no window of the case has, and after it ends; a window
+    inside another reads nothing. The readings are taken outside the timed work."""
+    outer = _span.depth == 0
+    if outer and _span.start is None:
+        _span.start = energy.reading()
+    _span.depth += 1
+    try:
+        yield
+    finally:
+        _span.depth -= 1
+    if outer:
+        _span.end = energy.reading()
+
+
+def clock_columns(start: dict | None, end: dict | None) -> dict:
+    """The rows' CLOCK_COLUMNS of a case's first and last reading (NaN where there is none)."""
+    return {f"{name}_{at}": float((reading or {}).get(name, math.nan))
+            for name in energy.READINGS for at, reading in (("start", start), ("end", end))}
+
+
+@contextlib.contextmanager
+def recording():
+    """The block is one case: yields a dict that holds, once the block ends (raised or not), the
+    CLOCK_COLUMNS of the windows it ran (all NaN where it ran none)."""
+    global _span
+    outer, _span = _span, _Span()
+    columns: dict = {}
+    try:
+        yield columns
+    finally:
+        columns.update(clock_columns(_span.start, _span.end))
+        _span = outer
 
 
 @functools.cache
@@ -117,12 +176,13 @@ def sample_until(take: Callable[[], object], rule: StopRule,
     """(the samples `take()` returned, why it stopped): samples until `rule` stops them
     (module docstring); `seconds(sample)` is a sample's value in seconds (a sum of phases)."""
     samples, values = [], []
-    while True:
-        samples.append(take())
-        values.append(seconds(samples[-1]))
-        why = stop_reason(values, rule)
-        if why is not None:
-            return samples, why
+    with window():
+        while True:
+            samples.append(take())
+            values.append(seconds(samples[-1]))
+            why = stop_reason(values, rule)
+            if why is not None:
+                return samples, why
 
 
 def synchronizer() -> Callable[[], None]:
@@ -159,7 +219,8 @@ def do_bench_quantiles(fn: Callable, warmup_ms: int, rep_ms: int, **kwargs) -> t
     """(median, 20% quantile, 80% quantile) in ms of `fn` by `triton.testing.do_bench` (an L2
     flush before each repeat); kwargs go to do_bench (e.g. grad_to_none)."""
     import triton.testing
-    median, q20, q80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=list(QUANTILES), **kwargs)
+    with window():
+        median, q20, q80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=list(QUANTILES), **kwargs)
     return float(median), float(q20), float(q80)
 
 
@@ -168,7 +229,8 @@ def do_bench_cudagraph_quantiles(fn: Callable, rep_ms: int, **kwargs) -> tuple[f
     `triton.testing.do_bench_cudagraph` (no host time, no L2 flush): what `fn` costs the GPU
     when the host runs ahead of it, as it does in a training step."""
     import triton.testing
-    median, q20, q80 = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, quantiles=list(QUANTILES), **kwargs)
+    with window():
+        median, q20, q80 = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, quantiles=list(QUANTILES), **kwargs)
     return float(median), float(q20), float(q80)
 
 
@@ -204,12 +266,13 @@ def samples_until(time_samples: Callable[[int], list[float]], rule: StopRule, st
     stops them: checked at `rule.floor`, then every `step` samples or a quarter of those taken,
     whichever is more (a check sorts them all)."""
     ms: list[float] = []
-    while True:
-        k = max(min(max(step, len(ms) // 4), rule.ceiling - len(ms)), rule.floor - len(ms), 1)
-        ms += [float(x) for x in time_samples(k)]
-        why = stop_reason([x / 1e3 for x in ms], rule)
-        if why is not None:
-            return Quantiles(*stats.quantiles(ms), len(ms), why)
+    with window():
+        while True:
+            k = max(min(max(step, len(ms) // 4), rule.ceiling - len(ms)), rule.floor - len(ms), 1)
+            ms += [float(x) for x in time_samples(k)]
+            why = stop_reason([x / 1e3 for x in ms], rule)
+            if why is not None:
+                return Quantiles(*stats.quantiles(ms), len(ms), why)
 
 
 def _clear_grads(grad_to_none) -> None:

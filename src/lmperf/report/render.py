@@ -60,7 +60,7 @@ def load_section(results: Path, section: str, promised: dict | None = None) -> p
     for p in paths:
         f = promised.get(os.path.normpath(p))
         ids = f.case_ids() if f else None
-        older = ids is not None and measured_at_older_code(p, section)
+        older = ids is not None and measured_at_older_code(p, code_section(f))
         if problem := validate.problem(p, ids, env=section == "env", earlier_grid=bool(f), older_code=older):
             stray = promised and not f  # in a section's folder, but no job of this config writes it
             problems[str(p)] = problem + ("; no job of this configuration writes it: move it out of "
@@ -72,6 +72,12 @@ def load_section(results: Path, section: str, promised: dict | None = None) -> p
     frames = [pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in paths]
     frames = [df[df["case_id"].isin(keep[p])] if p in keep else df for p, df in zip(paths, frames)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def code_section(f) -> str:
+    """The section whose code measured a promised file (`lmperf.workflow.ResultFile`): its own,
+    or for a repeat its job's (a repeat at older code may hold an earlier case list)."""
+    return f.repeat_of.section if f.repeat_of is not None else f.section
 
 
 def measured_at_older_code(path: Path, section: str) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from lmperf import hardware
-from lmperf.bench import common
+from lmperf.bench import common, timing
 from lmperf.bench.distributed.ranks import Ranks
 
 MB = 10**6  # message sizes and bandwidths are decimal, as in nccl-tests: 1 MB = 1e6 bytes, GB/s = 1e9 B/s
@@ -50,14 +50,15 @@ def measure_local(case: dict, ranks: Ranks, spec: dict) -> dict:
     sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
     x = torch.ones(case["size_mb"] * MB // 4, dtype=torch.float32, device=device)
     seconds = []
-    for i in range(case["warmup"] + case["iters"]):
-        sync()
-        dist.barrier(group=ranks.control)  # every rank starts together; the barrier is not timed
-        t0 = time.perf_counter()
-        dist.all_reduce(x)
-        sync()
-        if i >= case["warmup"]:
-            seconds.append(time.perf_counter() - t0)
+    with timing.window():  # this rank's GPU clocks at the start and end (the rows' clock columns)
+        for i in range(case["warmup"] + case["iters"]):
+            sync()
+            dist.barrier(group=ranks.control)  # every rank starts together; the barrier is not timed
+            t0 = time.perf_counter()
+            dist.all_reduce(x)
+            sync()
+            if i >= case["warmup"]:
+                seconds.append(time.perf_counter() - t0)
     return {"seconds": seconds}
 
 

@@ -12,7 +12,7 @@ import contextlib
 import json
 import time
 
-from lmperf.bench import common
+from lmperf.bench import common, timing
 from lmperf.bench.distributed.comm import profiled_comm
 from lmperf.bench.distributed.ranks import Ranks
 
@@ -373,17 +373,18 @@ def _measure_local(case: dict, ranks: Ranks, spec: dict) -> dict:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     timed = []
-    for _ in range(case["timed_steps"]):
-        times = {}
+    with timing.window():  # this rank's GPU clocks at the start and end (the rows' clock columns)
+        for _ in range(case["timed_steps"]):
+            times = {}
 
-        @contextlib.contextmanager
-        def timer(phase):  # a phase seen once per micro-batch: its times add up
-            t0 = time.perf_counter()
-            yield
-            sync()
-            times[phase] = times.get(phase, 0.0) + (time.perf_counter() - t0) * 1e3
-        step(timer)
-        timed.append(times)
+            @contextlib.contextmanager
+            def timer(phase):  # a phase seen once per micro-batch: its times add up
+                t0 = time.perf_counter()
+                yield
+                sync()
+                times[phase] = times.get(phase, 0.0) + (time.perf_counter() - t0) * 1e3
+            step(timer)
+            timed.append(times)
     out = {"phases_ms": {p: [t[p] for t in timed] for p in timed[0]},
            "param_mib": local_mib(model.parameters()), "grad_mib": probe["grad_mib"],
            "optimizer_state_mib": local_mib(optimizer_state_tensors(optimizer))}
