@@ -64,7 +64,7 @@ while IFS=$'\t' read -r study procs spec; do
     if ((status != 0)); then echo "distributed_gpu: $study n=$procs exited $status (journal kept; rerun resumes)"; rc=$status; fi
 done < <(tail -n +2 <<<"$plan")
 echo "distributed_gpu: measured in $(( $(date +%s) - start )) s"
-python3 -m lmperf.report.distributed --results "results/$hw" --out "report/distributed/$hw/distributed.md" \
+python3 -m lmperf.report.section distributed --results "results/$hw" --out "report/distributed/$hw/distributed.md" \
     || echo "distributed_gpu: rendering the section failed (the CSVs are kept)"
 if [[ -n $pack ]]; then
     tar czf "$pack" "results/$hw" "logs/$hw" report/distributed 2>/dev/null

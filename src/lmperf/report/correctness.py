@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-KERNEL_SECTIONS = ("flash_attention", "lrpe", "adamw_master", "fused", "float8_delayed")
+from lmperf import catalog
+
+KERNEL_SECTIONS = tuple(s.name for s in catalog.SECTIONS if s.kernel)  # as declared (lmperf.catalog)
 
 
 def view(inputs) -> dict:
