@@ -5,6 +5,10 @@
 # file, its code inputs every file its module can import; its command is the job's declared
 # arguments after `python -m <the section's bench module>`.
 # Variables of the loop reach a rule's functions as default arguments (bound when it is made).
+# A rule's `shell:` is evaluated when it is made and again when its job runs, after the loops:
+# it is looked up by the rule's name (`rule` when the job runs), in SHELLS.
+SHELLS = {JOB.rule: wf.job_shell(config, SECTION, JOB, SCALE) for SECTION, JOB in wf.jobs(SECTIONS, "check") + wf.jobs(SECTIONS, "bench")}
+SHELLS.update({JOB.rule: wf.study_shell(SECTION) for SECTION, JOB in wf.jobs(SECTIONS, "study")})
 
 
 # check: correctness against a reference; checks share the device, so they start first.
@@ -35,7 +39,7 @@ for SECTION, JOB in wf.jobs(SECTIONS, "check"):
         conda:
             "../envs/lmperf.yaml"
         shell:
-            wf.job_shell(config, SECTION, JOB, SCALE)
+            SHELLS[locals().get("rule", JOB.rule)]
 
 
 # bench: one process that times or records, the device to itself once its workers have warmed.
@@ -67,7 +71,7 @@ for SECTION, JOB in wf.jobs(SECTIONS, "bench"):
         conda:
             "../envs/lmperf.yaml"
         shell:
-            wf.job_shell(config, SECTION, JOB, SCALE)
+            SHELLS[locals().get("rule", JOB.rule)]
 
 
 # study: one job over several processes, under torchrun (run as `python -m torch.distributed.run`
@@ -97,9 +101,7 @@ for SECTION, JOB in wf.jobs(SECTIONS, "study"):
         conda:
             "../envs/lmperf.yaml"
         shell:
-            wf.TORCHRUN + " --standalone --nproc_per_node={wildcards.procs} "
-            f"-m {SECTION.bench_module} {{wildcards.study}} --spec {{params.spec:q}} --out {{output}} "
-            "--hw {params.hw} --progress-log {log} --expect-torch {params.torch} --expect-triton {params.triton}"
+            SHELLS[locals().get("rule", JOB.rule)]
 
 
 # A section's own target (`snakemake --cores 1 e2e`): all its result files at this scale.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The "Scaling across GPUs" study on a multi-GPU machine, without Snakemake: every job of
-# rules/distributed.smk (all-reduce, data-parallel step; one torchrun per study and process
+# the distributed section's jobs (rule distributed_study: all-reduce, data-parallel step; one torchrun per study and process
 # count, grids from config/config.yaml) into results/<gpu>-x<count>/distributed/ (e.g.
 # results/h200-x2/), then the section rendered alone into report/distributed/<gpu>-x<count>/.
 #   tools/distributed_gpu.sh [--scale full|smoke] [--limit SECONDS] [--wheels DIR] [--pack FILE] [--force]

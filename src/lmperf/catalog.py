@@ -110,88 +110,119 @@ def _contender_files(config: dict) -> dict:
 
 
 SECTIONS = [
-    Section("env", (Job("env", "bench", "env/env.csv", "--scale {params.scale}", spec=False,
-                        params=lambda scale: {"scale": scale}),),
-            _plan_env, subcategory="Environment"),
-    Section("correctness"),  # the kernels' check rows
-    Section("contenders", (Job("contenders_study", "check", "contenders/{study}.csv", "{wildcards.study} --spec {params.spec:q}",
-                               priority=PRIORITY_CHECK, labels={"study": "{study}"}, inputs=_contender_files),),
-            _plan_contenders, subcategory="Contenders"),
-    Section("e2e", (Job("e2e_study", "bench", "e2e/{study}/{size}.csv",
-                        "--study {wildcards.study} --size {wildcards.size} --spec {params.spec:q}",
-                        labels={"study": "{study}", "model": "{size}"}),),
-            _plan_e2e, {"step_vs_size": "e2e_step_vs_size.png", "step_vs_context": "e2e_step_vs_context.png"},
-            model=True, subcategory="End-to-end timings"),
-    Section("ladder", (Job("ladder_size", "bench", "ladder/{size}.csv",
-                           "--size {wildcards.size} --spec {params.spec:q} --workers {params.workers}",
-                           workers=True, threads="warm", priority=PRIORITY_LONG_WARMS, providers=True, cases=True,
-                           repeatable=True, labels={"model": "{size}"}),),
-            _plan_ladder, {"ladder": "e2e_ladder.png"}, model=True, subcategory="The ladder"),
-    Section("convergence", (Job("convergence_run", "bench", "convergence/convergence.csv", "--spec {params.spec:q}"),),
-            _plan_convergence, {"convergence": "convergence_loss.png"}, deep=True, subcategory="FP8 convergence"),
-    Section("profile", (Job("profile", "bench", "profile/profile.csv", "--spec {params.spec:q}"),),
-            _one_job("profile", specs.profile_spec), model=True, subcategory="Kernel-level profile"),
-    Section("memory", (Job("memory", "bench", "memory/memory.csv", "--spec {params.spec:q}",
-                           outputs={"html": "memory/html"}),),  # one snapshot page per case (not in git)
-            _one_job("memory", specs.memory_spec), {"memory": "memory_timelines.png"}, model=True,
-            subcategory="Memory"),
-    Section("precision", (Job("precision", "bench", "precision/precision.csv", "", spec=False),),
-            _one_job("precision"), model=True, subcategory="Mixed precision"),
-    Section("attention", (Job("attention", "bench", "attention/attention.csv",
-                              "--spec {params.spec:q} --workers {params.workers}", workers=True, threads="warm",
-                              priority=PRIORITY_LONG_WARMS, providers=True),),
-            _one_job("attention", specs.attention_spec), {"attention": "attention_vs_seq_len.png"}, model=True,
-            subcategory="Attention in PyTorch"),
-    Section("flash_attention", (check_job("flash_attention", providers=True),
-                                Job("flash_attention_bench", "bench", "flash_attention/bench/{job}.csv",
-                                    "bench --spec {params.spec:q} --workers {params.workers}", grid="bench",
-                                    workers=True, threads="warm", priority=PRIORITY_WARMS, providers=True,
-                                    repeatable=True, labels={"job": "{job}"})),
-            _plan_flash_attention, {"fa_tflops": "fa_tflops_vs_seq_len.png", "fa_ratio": "fa_ours_over_peer.png"},
-            kernel=True, subcategory="FlashAttention-2"),
-    Section("lrpe", (check_job("lrpe"),
-                     Job("lrpe_bench", "bench", "lrpe/bench_{dims}d.csv",
-                         "bench --spec {params.spec:q} --workers {params.workers}", grid="bench", workers=True,
-                         threads="workers", repeatable=True, labels={"job": "bench {dims}-D"})),
-            _plan_lrpe, {"lrpe_bandwidth": "lrpe_bandwidth.png"}, kernel=True, subcategory="LRPE-cosine"),
-    Section("adamw_master", (check_job("adamw_master", labels={}),), _plan_adamw_master, report=False, kernel=True,
-            subcategory="AdamW with fp32 masters"),
-    Section("fused", (check_job("fused"),), _check_plan("fused", specs.fused_check_spec), report=False,
-            kernel=True, subcategory="Fused kernels"),
-    Section("float8_delayed", (check_job("float8_delayed"),),
-            _check_plan("float8_delayed", lambda config, grid: specs.float8_delayed_check_spec(grid)),
-            report=False, kernel=True, subcategory="Float8 training"),
-    Section("distributed", (Job("distributed_study", "study", "distributed/{study}_n{procs}.csv",
-                                "{wildcards.study} --spec {params.spec:q}", providers=True, repeatable=True,
-                                labels={"study": "{study}", "processes": "{procs}"},
-                                constraints={"study": "|".join(DISTRIBUTED_STUDIES), "procs": r"\d+"},
-                                make_spec=lambda config, grid, w: specs.distributed_spec(config, grid, w["study"])),),
-            _plan_distributed, {"dist_busbw": "distributed_busbw_vs_size.png",
-                                "dist_step_vs_gpus": "distributed_step_vs_gpus.png"},
-            multi_gpu=True, cases_module="lmperf.bench.distributed.{study}", subcategory="Scaling across GPUs"),
-    Section("repeats", deep=True, multi_gpu=True),  # planned from config `repeats` (lmperf.repeats)
+    Section(
+        "env", doc="the machine, the libraries, the scale, each section's commits and GPU minutes",
+        jobs=(Job("env", "bench", "env/env.csv", "--scale {params.scale}", spec=False,
+                  params=lambda scale: {"scale": scale}),),
+        plan=_plan_env, subcategory="Environment"),
+    Section("correctness", doc="every kernel's check rows: worst error against its tolerance"),
+    Section(
+        "contenders", doc="a user's contenders (config `contenders`) checked against float64 and one process",
+        jobs=(Job("contenders_study", "check", "contenders/{study}.csv", "{wildcards.study} --spec {params.spec:q}",
+                  priority=PRIORITY_CHECK, labels={"study": "{study}"}, inputs=_contender_files),),
+        plan=_plan_contenders, subcategory="Contenders"),
+    Section(
+        "e2e", doc="model sizes timed per phase: fp32 and bf16, eager and compiled, warm-up and context",
+        jobs=(Job("e2e_study", "bench", "e2e/{study}/{size}.csv",
+                  "--study {wildcards.study} --size {wildcards.size} --spec {params.spec:q}",
+                  labels={"study": "{study}", "model": "{size}"}),),
+        plan=_plan_e2e, figures={"step_vs_size": "e2e_step_vs_size.png", "step_vs_context": "e2e_step_vs_context.png"},
+        model=True, subcategory="End-to-end timings"),
+    Section(
+        "ladder", doc="one model size from the assignment's setting to the GPU's limit, one change a rung",
+        jobs=(Job("ladder_size", "bench", "ladder/{size}.csv",
+                  "--size {wildcards.size} --spec {params.spec:q} --workers {params.workers}",
+                  workers=True, threads="warm", priority=PRIORITY_LONG_WARMS, providers=True, cases=True,
+                  repeatable=True, labels={"model": "{size}"}),),
+        plan=_plan_ladder, figures={"ladder": "e2e_ladder.png"}, model=True, subcategory="The ladder"),
+    Section(
+        "convergence", doc="the FP8 rung's losses against bf16 over a fixed token stream",
+        jobs=(Job("convergence_run", "bench", "convergence/convergence.csv", "--spec {params.spec:q}"),),
+        plan=_plan_convergence, figures={"convergence": "convergence_loss.png"}, deep=True,
+        subcategory="FP8 convergence"),
+    Section(
+        "profile", doc="torch.profiler over training steps, phase by phase",
+        jobs=(Job("profile", "bench", "profile/profile.csv", "--spec {params.spec:q}"),),
+        plan=_one_job("profile", specs.profile_spec), model=True, subcategory="Kernel-level profile"),
+    Section(
+        "memory", doc="peak memory and the snapshot timeline of one step",
+        jobs=(Job("memory", "bench", "memory/memory.csv", "--spec {params.spec:q}",
+                  outputs={"html": "memory/html"}),),  # one snapshot page per case (not in git)
+        plan=_one_job("memory", specs.memory_spec), figures={"memory": "memory_timelines.png"}, model=True,
+        subcategory="Memory"),
+    Section(
+        "precision", doc="accumulation in fp32 and fp16, autocast's dtypes",
+        jobs=(Job("precision", "bench", "precision/precision.csv", "", spec=False),),
+        plan=_one_job("precision"), model=True, subcategory="Mixed precision"),
+    Section(
+        "attention", doc="PyTorch attention, eager and compiled: time and memory",
+        jobs=(Job("attention", "bench", "attention/attention.csv", "--spec {params.spec:q} --workers {params.workers}",
+                  workers=True, threads="warm", priority=PRIORITY_LONG_WARMS, providers=True),),
+        plan=_one_job("attention", specs.attention_spec), figures={"attention": "attention_vs_seq_len.png"},
+        model=True, subcategory="Attention in PyTorch"),
+    Section(
+        "flash_attention", doc="our FlashAttention-2 checked against float64 and timed against its peers",
+        jobs=(check_job("flash_attention", providers=True),
+              Job("flash_attention_bench", "bench", "flash_attention/bench/{job}.csv",
+                  "bench --spec {params.spec:q} --workers {params.workers}", grid="bench", workers=True,
+                  threads="warm", priority=PRIORITY_WARMS, providers=True, repeatable=True, labels={"job": "{job}"})),
+        plan=_plan_flash_attention, figures={"fa_tflops": "fa_tflops_vs_seq_len.png", "fa_ratio": "fa_ours_over_peer.png"},
+        kernel=True, subcategory="FlashAttention-2"),
+    Section(
+        "lrpe", doc="multi-dimensional LRPE-cosine checked and timed against the copy bandwidth",
+        jobs=(check_job("lrpe"),
+              Job("lrpe_bench", "bench", "lrpe/bench_{dims}d.csv", "bench --spec {params.spec:q} --workers {params.workers}",
+                  grid="bench", workers=True, threads="workers", repeatable=True, labels={"job": "bench {dims}-D"})),
+        plan=_plan_lrpe, figures={"lrpe_bandwidth": "lrpe_bandwidth.png"}, kernel=True, subcategory="LRPE-cosine"),
+    # kernels without a section of their own: their check rows are in the correctness section
+    Section(
+        "adamw_master", doc="the master-weight AdamW checked against float64 and fused AdamW",
+        jobs=(check_job("adamw_master", labels={}),), plan=_plan_adamw_master, report=False, kernel=True,
+        subcategory="AdamW with fp32 masters"),
+    Section(
+        "fused", doc="the fused RMSNorm, SwiGLU and RoPE kernels checked against float64",
+        jobs=(check_job("fused"),), plan=_check_plan("fused", specs.fused_check_spec), report=False, kernel=True,
+        subcategory="Fused kernels"),
+    Section(
+        "float8_delayed", doc="our float8 matmuls with delayed scaling checked against float64",
+        jobs=(check_job("float8_delayed"),),
+        plan=_check_plan("float8_delayed", lambda config, grid: specs.float8_delayed_check_spec(grid)),
+        report=False, kernel=True, subcategory="Float8 training"),
+    Section(
+        "distributed", doc="all-reduce bandwidth and data-parallel training over several processes",
+        jobs=(Job("distributed_study", "study", "distributed/{study}_n{procs}.csv",
+                  "{wildcards.study} --spec {params.spec:q}", providers=True, repeatable=True,
+                  labels={"study": "{study}", "processes": "{procs}"},
+                  constraints={"study": "|".join(DISTRIBUTED_STUDIES), "procs": r"\d+"},
+                  make_spec=lambda config, grid, w: specs.distributed_spec(config, grid, w["study"])),),
+        plan=_plan_distributed, figures={"dist_busbw": "distributed_busbw_vs_size.png",
+                                         "dist_step_vs_gpus": "distributed_step_vs_gpus.png"},
+        multi_gpu=True, cases_module="lmperf.bench.distributed.{study}", subcategory="Scaling across GPUs"),
+    # its jobs are the timing jobs' own, planned from config `repeats` (lmperf.repeats, rules/repeats.smk)
+    Section("repeats", doc="headline cases measured again in fresh processes (config `repeats`)", deep=True,
+            multi_gpu=True),
 ]
 
 
 # The sections outside the package that this process has loaded (`load` with a config): a later
 # `load()` without one (the report's freshness check, the run-cost model) finds them too, as
 # lmperf.providers keeps the providers a config adds.
-_LOADED: dict[str, Section] = {}
+_LOADED: list[Section] = []
 
 
 def load(config: dict | None = None) -> list[Section]:
     """The sections: the built-in ones, then those of the modules config `sections` names (each
     module's `SECTION`), in that order; without a config, those loaded so far."""
-    if config is not None:
-        _LOADED.clear()
-        _LOADED.update((name, extra_section(name)) for name in config.get("sections", []))
-    sections = [*SECTIONS, *_LOADED.values()]
+    extra = list(_LOADED) if config is None else [extra_section(name) for name in config.get("sections", [])]
+    sections = [*SECTIONS, *extra]
     names = [s.name for s in sections]
     if dup := sorted({n for n in names if names.count(n) > 1}):
         raise ValueError(f"config: sections: {', '.join(dup)} declared twice")
     rules = [j.rule for s in sections for j in s.jobs]
     if dup := sorted({r for r in rules if rules.count(r) > 1} | (set(rules) & set(names) - declare.own_rules(sections))):
         raise ValueError(f"config: sections: rule names {', '.join(dup)} taken twice")
+    if config is not None:
+        _LOADED[:] = extra
     return sections
 
 

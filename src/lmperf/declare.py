@@ -135,6 +135,7 @@ class Section:
     templates: str | None = None
     caption: str | None = None       # `snakemake --report`'s caption, from rules/ (default captions/<name>.rst where it exists)
     subcategory: str = ""            # its results' heading in `snakemake --report`
+    doc: str = ""                    # what it holds, in a line (the docs' table of sections)
     # a section outside the package: its config at each scale where config.yaml has none
     # (the built-in sections' defaults are config/config.yaml's, checked by config/schema.yaml)
     defaults: dict = field(default_factory=dict)
@@ -173,10 +174,10 @@ def job(sections: list[Section], rule: str) -> tuple[Section, Job]:
 def table(sections: list[Section]) -> str:
     """The docs' table of sections (docs/architecture.md): each section, its jobs with their kind
     and result files, and its report side."""
-    lines = ["| section | jobs (kind): result files under results/&lt;hw&gt;/ | in the report |",
-             "|---|---|---|"]
+    lines = ["| section | what it holds | jobs (kind): result files under results/&lt;hw&gt;/ | in the report |",
+             "|---|---|---|---|"]
     for s in sections:
-        jobs = "<br>".join(f"`{j.rule}` ({j.kind}): `{j.layout}`" for j in s.jobs) or "none: reads the others' rows"
+        jobs = "<br>".join(f"`{j.rule}` ({j.kind}): `{j.layout}`" for j in s.jobs) or "none of its own"
         shown = ("deep target" if s.deep else "yes") if s.report else "rows in Correctness"
-        lines.append(f"| `{s.name}` | {jobs} | {shown} |")
+        lines.append(f"| `{s.name}` | {s.doc} | {jobs} | {shown} |")
     return "\n".join(lines) + "\n"

@@ -8,7 +8,7 @@ time in a fresh process, with the job's own command and spec and `--cases` (benc
           - {job: lrpe/bench_1d, cases: [1d-n32768-l0-*]}
 
 A job is named by its results file under its results folder, without .csv: results/<hw>/ for
-one GPU, the multi-GPU folder results/<gpu>-x<count>/ for `distributed/...` (rules/distributed.smk);
+one GPU, the multi-GPU folder results/<gpu>-x<count>/ for `distributed/...` (the `study` jobs, rules/jobs.smk);
 its repeats are <folder>/repeats/<job>/run<k>.csv, k = 1 ... processes. Files are
 lmperf.workflow.ResultFile (section `repeats`, `repeat_of` the job's, `cases` the patterns).
 Imports nothing heavy: the Snakefile plans with it.

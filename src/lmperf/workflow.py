@@ -133,46 +133,10 @@ def run_module(args: str) -> str:
 
 def code_inputs(module: str) -> list[str]:
     """The code inputs of a rule whose command runs `python -m <module>`: the source files of
-    every lmperf module it can import (lmperf.sources), as paths from the repository root; for a
-    module outside the package (a section's, config `sections`), its own file by its full path
-    and those of the lmperf modules it imports."""
-    if sources.module_file(module) is None and (outside := outside_file(module)):
-        return [str(outside), *sorted({f for m in outside_imports(outside) for f in code_inputs(m)})]
-    return [str(path.relative_to(sources.SRC.parent)) for path in sources.files(module)]
-
-
-@functools.cache
-def outside_file(name: str):
-    """The source file of a module outside the package, found without running it; None where
-    there is none."""
-    import importlib.util
-    from pathlib import Path
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    return Path(spec.origin) if spec and spec.origin and spec.origin.endswith(".py") else None
-
-
-def outside_imports(path) -> list[str]:
-    """The lmperf modules a file outside the package imports (as lmperf.sources reads imports)."""
-    import ast
-    names = set()
-    for node in sources.import_statements(path.read_text()):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            names.update([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
-    return sorted(n for n in names if sources.module_file(n) is not None)
-
-
-def module_digest(module: str) -> str:
-    """sha256 of the code a module can run (lmperf.sources.digest; for one outside the package,
-    its file's contents and the digests of the lmperf modules it imports)."""
-    if sources.module_file(module) is None and (outside := outside_file(module)):
-        parts = [outside.read_text(), *(sources.digest(m) for m in outside_imports(outside))]
-        return hashlib.sha256("\0".join(parts).encode()).hexdigest()
-    return sources.digest(module)
+    every lmperf module it can import (lmperf.sources), as paths from the repository root (a
+    module outside the package, a section's: its own file by its full path)."""
+    root = sources.SRC.parent
+    return [str(p.relative_to(root)) if p.is_relative_to(root) else str(p) for p in sources.files(module)]
 
 
 def section_files(sections: list) -> list[str]:
@@ -183,7 +147,7 @@ def section_files(sections: list) -> list[str]:
     out = []
     for s in sections:
         if s.name not in builtin:
-            out += [str(outside_file(s.report_module) or s.report_module),
+            out += [str(sources.outside_file(s.report_module) or s.report_module),
                     *(sorted(str(p) for p in Path(s.templates).glob("*.md.j2")) if s.templates else [])]
     return out
 
@@ -193,7 +157,7 @@ def section_code_inputs(section: str, sections: list | None = None) -> list[str]
     module, lmperf.bench.<section> by default); None where it has no such module."""
     found = [s for s in sections or catalog.load() if s.name == section]
     module = found[0].bench_module if found else f"lmperf.bench.{section}"
-    if sources.module_file(module) is None and (module.startswith("lmperf.") or outside_file(module) is None):
+    if sources.module_file(module) is None and (module.startswith("lmperf.") or sources.outside_file(module) is None):
         return None
     return code_inputs(module)
 
@@ -220,6 +184,9 @@ def layout(sections: list | None = None) -> dict[str, str]:
     rules take their `output:` from here (`output`) and result_files formats the same patterns:
     one source, so the rules' outputs and the files the renderer expects cannot disagree."""
     return {j.rule: j.layout for s in sections or catalog.load() for j in s.jobs}
+
+
+LAYOUT = layout(catalog.SECTIONS)  # the built-in sections'
 
 
 def output(folder: str, rule: str, sections: list | None = None) -> str:
@@ -274,7 +241,7 @@ def listed_case_ids(section: str, study: str, spec: str | None, arg: str | None,
     if module is None:
         found = [s for s in catalog.SECTIONS if s.name == section]
         module = found[0].case_module(study) if found else f"lmperf.bench.{section}"
-    key = hashlib.sha256(json.dumps([section, study, spec, arg, module_digest(module)]).encode()).hexdigest()
+    key = hashlib.sha256(json.dumps([section, study, spec, arg, sources.digest(module)]).encode()).hexdigest()
     path = CASE_IDS_CACHE / f"{key[:32]}.json"
     try:
         return json.loads(path.read_text())
@@ -379,6 +346,14 @@ def job_shell(config: dict, section, job, scale: str) -> str:
     --cases where its grid names cases) and the tail every benchmark shares."""
     args = with_cases(job.args, job_grid(config, section, job, scale)) if job.cases else job.args
     return run_module(" ".join(filter(None, [section.bench_module, args])))
+
+
+def study_shell(section) -> str:
+    """A study's shell command: torchrun (run as `python -m torch.distributed.run`, the
+    environment's own) over {wildcards.procs} processes of `python -m <its module> <its study>`."""
+    return (TORCHRUN + " --standalone --nproc_per_node={wildcards.procs} "
+            f"-m {section.bench_module} {{wildcards.study}} --spec {{params.spec:q}} --out {{output}} "
+            "--hw {params.hw} --progress-log {log} --expect-torch {params.torch} --expect-triton {params.triton}")
 
 
 def job_log(folder: str, job) -> str:

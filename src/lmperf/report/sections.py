@@ -11,7 +11,7 @@ Its results, if any, are the CSVs under `results/<hw>/<name>/` (`result_dirs`), 
 exception: `distributed` (Scaling across GPUs) runs on machines named by their GPU count, so the
 report of results/<hw> reads results/<hw>/distributed/ (the CPU's Gloo run, or a `hw` set in the
 config) and results/<hw>-x<N>/distributed/ for every N (e.g. results/h200 -> results/h200-x2 and
-results/h200-x4): the folders rules/distributed.smk writes on a machine of that GPU. This
+results/h200-x4): the folders the distributed section's `study` jobs write on a machine of that GPU. This
 module imports nothing heavy: the Snakefile reads it while planning.
 """
 from __future__ import annotations
