@@ -21,7 +21,7 @@ for SECTION, JOB in wf.jobs(SECTIONS, "check"):
             code=wf.job_code(config, SECTION, JOB),
             **(JOB.inputs(config) if JOB.inputs else {}),
         output:
-            csv=report(wf.output(RESULTS, JOB.rule, SECTIONS), caption=SECTION.caption_path(workflow.basedir + "/rules"), category="Results",
+            csv=report(wf.output(RESULTS, JOB.rule, SECTIONS), caption=SECTION.caption_path(), category="Results",
                        subcategory=SECTION.subcategory, labels=JOB.labels),
         log:
             wf.job_log(LOGS, JOB),
@@ -52,7 +52,7 @@ for SECTION, JOB in wf.jobs(SECTIONS, "bench"):
             code=wf.job_code(config, SECTION, JOB),
             **(JOB.inputs(config) if JOB.inputs else {}),
         output:
-            csv=report(wf.output(RESULTS, JOB.rule, SECTIONS), caption=SECTION.caption_path(workflow.basedir + "/rules"), category="Results",
+            csv=report(wf.output(RESULTS, JOB.rule, SECTIONS), caption=SECTION.caption_path(), category="Results",
                        subcategory=SECTION.subcategory, labels=JOB.labels),
             **{name: directory(path) for name, path in wf.job_outputs(RESULTS, JOB).items()},
         log:
@@ -85,7 +85,7 @@ for SECTION, JOB in wf.jobs(SECTIONS, "study"):
         input:
             code=wf.job_code(config, SECTION, JOB),
         output:
-            csv=report(wf.output(f"results/{DIST_HW}", JOB.rule, SECTIONS), caption=SECTION.caption_path(workflow.basedir + "/rules"),
+            csv=report(wf.output(f"results/{DIST_HW}", JOB.rule, SECTIONS), caption=SECTION.caption_path(),
                        category="Results", subcategory=SECTION.subcategory, labels=JOB.labels),
         log:
             wf.job_log(f"logs/{DIST_HW}", JOB),

@@ -38,18 +38,25 @@ def imported(name: str, path: Path) -> set[str]:
     return {m for m in out if m in MODULES and m != name}
 
 
+def lazy_modules() -> set[str]:
+    """The modules lmperf/__init__.py loads on first use of a name: the string values of its
+    module-level dict (read with ast)."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    return {v.value for node in tree.body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+            for v in node.value.values if isinstance(v, ast.Constant) and str(v.value).startswith("lmperf.")}
+
+
 def loaded_by_importlib() -> dict[str, set[str]]:
     """{module: the lmperf modules it loads by importlib.import_module}, from what names them: the
     sections' declarations (lmperf.catalog), lmperf/__init__.py's lazy names. A module outside
     the package (a user's contender, provider or section) is no edge."""
-    import lmperf
     from lmperf import catalog
     from lmperf.report.sections import report_sections
     benches = {s.case_module(study) for s in catalog.SECTIONS if s.jobs
                for study in (catalog.DISTRIBUTED_STUDIES if s.cases_module else ("",))}
     return {"lmperf.report.render": {s.report_module for s in report_sections(catalog.SECTIONS)},
             "lmperf.workflow": benches,
-            "lmperf": set(lmperf._LAZY.values()),
+            "lmperf": lazy_modules(),
             # a user's modules only: config `sections`, contenders, provider modules, Liger-Kernel,
             # the course's cs336_basics
             "lmperf.catalog": set(), "lmperf.contenders": set(), "lmperf.providers": set(),

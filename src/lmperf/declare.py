@@ -149,7 +149,8 @@ class Section:
         return self.view_module or f"lmperf.report.{self.name}"
 
     def caption_path(self, rules: str = "rules") -> str | None:
-        """Its caption's path from the rules/ folder; None where it has none."""
+        """Its caption's path from the rules/ folder (`rules`: where that is from the working
+        directory, the repository's root); None where it has none."""
         path = self.caption or f"captions/{self.name}.rst"
         return path if (Path(rules) / path).is_file() else None
 
