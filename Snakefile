@@ -5,7 +5,8 @@
 #   snakemake --cores 1 report/report.md --config depth=deep    # the deep target's tables too
 #   snakemake --cores 1 report/quick/report.md --config scale=quick   # a GPU: the summary's cases
 #   snakemake --report report/lmperf.html                # after a run: report, figures, CSVs, DAG in one page
-# Each report section has one rule file under rules/; helpers and config checks are in common.smk.
+# Every section's jobs are rules of rules/jobs.smk, one generic rule per job kind, made from the
+# sections' declarations (lmperf.declare); helpers and config checks are in common.smk.
 
 configfile: "config/config.yaml"
 
@@ -15,21 +16,7 @@ report: "rules/captions/workflow.rst"
 
 
 include: "rules/common.smk"
-include: "rules/env.smk"
-include: "rules/e2e.smk"
-include: "rules/ladder.smk"
-include: "rules/convergence.smk"
-include: "rules/flash_attention.smk"
-include: "rules/lrpe.smk"
-include: "rules/adamw_master.smk"
-include: "rules/fused.smk"
-include: "rules/float8_delayed.smk"
-include: "rules/attention.smk"
-include: "rules/precision.smk"
-include: "rules/profile.smk"
-include: "rules/memory.smk"
-include: "rules/distributed.smk"
-include: "rules/contenders.smk"
+include: "rules/jobs.smk"
 include: "rules/repeats.smk"
 include: "rules/report.smk"
 include: "rules/compare.smk"

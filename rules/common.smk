@@ -8,15 +8,25 @@ from pathlib import Path
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
-from lmperf import cluster, hardware, planning, repeats as repeat_plan, specs, workflow as wf  # noqa: E402
+from lmperf import catalog, cluster, declare, hardware, planning, repeats as repeat_plan, specs, workflow as wf  # noqa: E402
 from lmperf.bench import device  # noqa: E402
 from lmperf.bench.failures import ACCEPT_ERRORS_ENV  # noqa: E402
 
+# The report's sections, each declared once (lmperf.declare): the built-in ones (lmperf.catalog)
+# and those of the modules config `sections` names. Their jobs are the rules of rules/jobs.smk.
 try:
-    validate(config, "../config/schema.yaml")
+    SECTIONS = catalog.load(config)
+except ValueError as e:
+    raise WorkflowError(f"lmperf: {e}") from None
+# The schema checks the built-in sections' keys and fills their defaults; a section outside the
+# package brings its own defaults (lmperf.catalog.with_defaults).
+SCHEMA_PART = catalog.schema_part(config, SECTIONS)
+try:
+    validate(SCHEMA_PART, "../config/schema.yaml")
 except WorkflowError as e:  # --config key=value parses nested values as strings
     raise WorkflowError(f"{e}\nA nested override (e.g. models.tiny.d_model) takes a YAML file: "
                         "--configfile my.yaml, which Snakemake merges over config/config.yaml") from None
+config.update(SCHEMA_PART)
 planning.check_config(config)
 # A user's contenders (config `contenders`) are found here, never imported (only their own
 # processes import their code): one that is not there, or whose code imports packages this
@@ -43,9 +53,8 @@ device.configure(workflow.local_exec)
 # (tools/data/side_by_side_h100/at_28cbca2). The warming jobs declare one core in a local run
 # (lmperf.specs.warm_threads), so that they enter beside the checks. The order changes no
 # measurement: a timing job has the GPU to itself whenever it runs.
-PRIORITY_CHECK = 20
-PRIORITY_WARMS = 10
-PRIORITY_LONG_WARMS = 11  # the ladder's and PyTorch attention's
+# The priorities are declared beside the jobs (lmperf.declare).
+PRIORITY_CHECK = declare.PRIORITY_CHECK
 
 HW, SCALE = wf.machine(config)
 # Each rule that runs a command declares what its job asks of a cluster (CPUs, memory, wall
@@ -66,13 +75,13 @@ PROVENANCE = {"hw": HW, "torch": VERSIONS["torch"], "triton": VERSIONS["triton"]
 os.environ[ACCEPT_ERRORS_ENV] = json.dumps(config["accept_errors"])
 
 # Every result CSV a full run writes here, with its job's spec (lmperf.workflow.result_files):
-# each benchmark rule's output pattern is wf.output(<folder>, <rule>) (lmperf.workflow.LAYOUT),
-# its spec wf.spec_of(RESULT_FILES, <its output>), its wildcards' values wf.wildcard(...), and a
-# section's rule takes wf.paths(RESULT_FILES, <section>): the layout has one source. The
+# each benchmark rule's output pattern is wf.output(<folder>, <rule>) (the jobs' declared
+# layout), its spec wf.spec_of(RESULT_FILES, <its output>), its wildcards' values wf.wildcard(...),
+# and a section's rule takes wf.paths(RESULT_FILES, <section>): the layout has one source. The
 # multi-GPU section writes into results/<gpu>-x<count> (results/cpu without a GPU).
 planning.check_distributed_config(config)
 DIST_HW = wf.distributed_hw(config)
-RESULT_FILES = tuple(wf.result_files(config, RESULTS, SCALE, [f"results/{DIST_HW}"]))
+RESULT_FILES = tuple(wf.result_files(config, RESULTS, SCALE, [f"results/{DIST_HW}"], SECTIONS))
 wf.check_cases(RESULT_FILES, SCALE)  # the quick scale's ladder rungs (config ladder.quick.cases)
 
 # A machine without CUDA cannot measure a GPU's folder or the full grids: a dry run plans it

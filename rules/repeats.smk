@@ -11,7 +11,7 @@ repeat_plan.check(list(REPEATS.values()), SCALE)
 rule repeat:
     input:
         # the job's own code inputs, and the files of the providers the config adds
-        code=lambda w: wf.code_inputs(f"lmperf.bench.{REPEATS[w.job, w.k].repeat_of.section}") + wf.provider_inputs(config),
+        code=lambda w: wf.section_code_inputs(REPEATS[w.job, w.k].repeat_of.section, SECTIONS) + wf.provider_inputs(config),
     output:
         csv=report(f"{RESULTS}/repeats/{{job}}/run{{k}}.csv", caption="captions/repeats.rst", category="Results",
                    subcategory="Across processes", labels={"job": "{job}", "process": "{k}"}),
@@ -19,7 +19,7 @@ rule repeat:
         f"{LOGS}/repeats/{{job}}/run{{k}}.log",
     params:
         **PROVENANCE,
-        command=lambda w: repeat_plan.job_command(REPEATS[w.job, w.k].repeat_of),
+        command=lambda w: repeat_plan.job_command(REPEATS[w.job, w.k].repeat_of, SECTIONS),
         spec=lambda w: REPEATS[w.job, w.k].spec,
         cases=lambda w: list(REPEATS[w.job, w.k].cases),
     wildcard_constraints:
@@ -57,7 +57,7 @@ rule distributed_repeat:
     conda:
         "../envs/lmperf.yaml"
     shell:
-        # the command of rule distributed_study, with --cases
+        # the command of rule distributed_study (rules/jobs.smk), with --cases
         wf.TORCHRUN + " --standalone --nproc_per_node={wildcards.procs} "
         "-m lmperf.bench.distributed {wildcards.study} --spec {params.spec:q} --cases {params.cases:q} "
         "--out {output} --hw {params.hw} --progress-log {log} --expect-torch {params.torch} "

@@ -1,10 +1,11 @@
 # The report: every section's results (the outputs of the rule named after the section) ->
 # report/report.md and its figures. Sections, their figures and their order: lmperf.report.sections.
+from lmperf.report import validate as results_check  # noqa: E402
 from lmperf.report.sections import result_dirs  # noqa: E402
 
 
 # A section's results are the inputs of the rule named after it: its files among RESULT_FILES
-# (common.smk), whose paths the benchmark rules' outputs share (lmperf.workflow.LAYOUT); for
+# (common.smk), whose paths the benchmark rules' outputs share (the jobs' declared layout); for
 # `distributed` those are results/<gpu>-x<count>/distributed/*.csv on this machine (results/cpu/
 # on a CPU), which the renderer reads beside results/<hw>/ (lmperf.report.sections.result_dirs).
 # the grids (what each result file must hold) and the bars, hw and scale left to each rule
@@ -17,9 +18,12 @@ rule report:
         # damaged one is named and its job forced to rerun. At depth standard the deep target's
         # (repeats, convergence) are no inputs: not measured, not deleted; the renderer reads
         # those there are.
-        results=lambda w: wf.checked_results(tuple(wf.run_files(RESULT_FILES, DEPTH)), workflow.dag),
+        results=lambda w: wf.checked_results(tuple(wf.run_files(RESULT_FILES, DEPTH)), workflow.dag,
+                                             results_check.damaged),
         templates=sorted(str(p) for p in Path("templates").glob("*.md.j2")),
         code=sorted(str(p) for p in Path("src/lmperf/report").glob("*.py")),
+        # the sections' declarations (their order, figures, templates), and the files of those the config adds
+        sections=["src/lmperf/catalog.py", "src/lmperf/declare.py", *wf.section_files(SECTIONS)],
         # the providers' labels and roles (the peer columns), and the files of those the config adds
         providers=["src/lmperf/providers.py", *wf.provider_inputs(config)],
         # the headline jobs rerun on a fresh machine, judged by lmperf.compare ("Across processes")

@@ -277,7 +277,7 @@ def _check_rows(kind, monkeypatch, lr_error=1.0):
 
 @pytest.mark.parametrize("kind", ["float64", "lm"])
 def test_check_rule_passes_and_fails_a_wrong_learning_rate(kind, monkeypatch):
-    """The rows of rules/adamw_master.smk's check pass for the kernel and fail for one whose
+    """The rows of the check (rule adamw_master_check) pass for the kernel and fail for one whose
     learning rate is 1% off (float64: against AdamW in float64; lm: after the first step against
     fused AdamW under autocast)."""
     rows = _check_rows(kind, monkeypatch)

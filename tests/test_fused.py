@@ -293,7 +293,7 @@ def test_liger_gets_its_arguments_in_its_order(monkeypatch):
 
 
 def test_the_check_rows_pass_and_bf16_on_a_cpu_says_why():
-    """The rows of rules/fused.smk's check: a case of each kernel and of the model."""
+    """The rows of the fused check (rule fused_check): a case of each kernel and of the model."""
     from lmperf.bench import common
     from lmperf.bench import fused as check
 

@@ -1,6 +1,9 @@
-"""The package's imports form no circle: every `import` and `from ... import` of an lmperf module,
-at module level or inside a function, parsed with `ast`, is an edge; a cycle among them fails.
-Also the rule of one job a module: every module's docstring opens with what it is for."""
+"""The package's imports form no circle and point one way: every `import` and `from ... import` of
+an lmperf module, at module level or inside a function, parsed with `ast`, is an edge, and so is
+every module a module loads by `importlib` (the renderer loads each report section's module, the
+workflow each job's benchmark module, both named by the sections' declarations); a cycle among
+them fails, and so does an import from below the report into it. Also the rule of one job a
+module: every module's docstring opens with what it is for."""
 import ast
 import re
 from pathlib import Path
@@ -35,8 +38,58 @@ def imported(name: str, path: Path) -> set[str]:
     return {m for m in out if m in MODULES and m != name}
 
 
+def lazy_modules() -> set[str]:
+    """The modules lmperf/__init__.py loads on first use of a name: the string values of its
+    module-level dict (read with ast)."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    return {v.value for node in tree.body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+            for v in node.value.values if isinstance(v, ast.Constant) and str(v.value).startswith("lmperf.")}
+
+
+def loaded_by_importlib() -> dict[str, set[str]]:
+    """{module: the lmperf modules it loads by importlib.import_module}, from what names them: the
+    sections' declarations (lmperf.catalog), lmperf/__init__.py's lazy names. A module outside
+    the package (a user's contender, provider or section) is no edge."""
+    from lmperf import catalog
+    from lmperf.report.sections import report_sections
+    benches = {s.case_module(study) for s in catalog.SECTIONS if s.jobs
+               for study in (catalog.DISTRIBUTED_STUDIES if s.cases_module else ("",))}
+    return {"lmperf.report.render": {s.report_module for s in report_sections(catalog.SECTIONS)},
+            "lmperf.workflow": benches,
+            "lmperf": lazy_modules(),
+            # a user's modules only: config `sections`, contenders, provider modules, Liger-Kernel,
+            # the course's cs336_basics
+            "lmperf.catalog": set(), "lmperf.contenders": set(), "lmperf.providers": set(),
+            "lmperf.kernels.fused": set(), "lmperf.bench.contender_distributed": set(),
+            # a worker process loads the module of the measure function its parent hands it: the
+            # parent's own module, which imports it (no edge of its own)
+            "lmperf.bench.workers": set(), "lmperf.bench.isolation": set()}
+
+
+def importlib_callers() -> set[str]:
+    """The modules whose code calls importlib.import_module."""
+    def calls(path: Path) -> bool:
+        return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "import_module"
+                   for n in ast.walk(ast.parse(path.read_text())))
+    return {name for name, path in MODULES.items() if calls(path)}
+
+
 def graph() -> dict[str, set[str]]:
-    return {name: imported(name, path) for name, path in MODULES.items()}
+    edges = {name: imported(name, path) for name, path in MODULES.items()}
+    for name, loaded in loaded_by_importlib().items():
+        edges[name] |= loaded
+    return edges
+
+
+# The report layer: the report and the pages made from results (lmperf.compare's comparison).
+# Below it (the kernels, the model, the benchmarks, planning and the workflow) nothing imports it.
+REPORT_LAYER = ("lmperf.report", "lmperf.compare", "lmperf.compare_page")
+
+
+def imports_up(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(module, the report-layer module it imports) for every module below the report layer."""
+    below = lambda m: not (m in REPORT_LAYER or m.startswith(tuple(f"{r}." for r in REPORT_LAYER)))
+    return sorted((a, b) for a, deps in edges.items() if below(a) for b in deps if not below(b))
 
 
 def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -74,6 +127,29 @@ def test_the_walk_sees_imports_at_module_level_and_inside_functions():
 def test_no_import_circle_in_the_package():
     cycle = find_cycle(graph())
     assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_the_graph_has_every_module_loaded_by_importlib():
+    """Every module that calls importlib.import_module says what it loads (loaded_by_importlib),
+    every lmperf module it names exists, and the walk's graph holds those edges: a circle
+    through importlib (render -> a section's module -> render) is one the test finds."""
+    loaded = loaded_by_importlib()
+    assert importlib_callers() <= set(loaded), f"importlib callers not accounted for: {importlib_callers() - set(loaded)}"
+    assert all(m in MODULES for targets in loaded.values() for m in targets)
+    edges = graph()
+    assert "lmperf.report.e2e" in edges["lmperf.report.render"] and "lmperf.bench.lrpe" in edges["lmperf.workflow"]
+    assert "lmperf.bench.distributed.ddp" in edges["lmperf.workflow"]
+    # a section's module importing render back would be a circle the test sees
+    edges["lmperf.report.distributed"] = edges["lmperf.report.distributed"] | {"lmperf.report.render"}
+    assert find_cycle(edges) is not None
+
+
+def test_nothing_below_the_report_imports_it():
+    up = imports_up(graph())
+    assert not up, "imports from below the report into it: " + ", ".join(f"{a} -> {b}" for a, b in up)
+    # the check itself: the workflow importing a report module is one it finds
+    assert imports_up({"lmperf.workflow": {"lmperf.report.validate"}, "lmperf.report.render": {"lmperf.workflow"}}) \
+        == [("lmperf.workflow", "lmperf.report.validate")]
 
 
 def test_every_module_says_what_it_is_for():

@@ -277,24 +277,28 @@ def test_every_benchmark_job_has_the_modules_its_command_imports_as_inputs(fresh
 
 
 def test_the_result_file_layout_has_one_source():
-    """Every benchmark rule takes its output from lmperf.workflow.LAYOUT, the layout
+    """Every benchmark rule is made from a declared job (rules/jobs.smk, one generic rule a job
+    kind): its output is wf.output(<folder>, JOB.rule, SECTIONS), the declared layout that
     result_files formats, and no rule writes a CSV path by hand; every job's benchmark lists its
     cases by the one signature, job_cases(study, spec, arg)."""
     import importlib
     import inspect
-    from lmperf import workflow as wf
+    from lmperf import catalog, declare, workflow as wf
+    jobs_rules = (REPO / "rules" / "jobs.smk").read_text()
+    kinds = re.findall(r"^for SECTION, JOB in wf\.jobs\(SECTIONS, \"(\w+)\"\):\n\n    rule:\n(.*?)(?=^\S|\Z)",
+                       jobs_rules, re.S | re.M)
+    assert sorted(k for k, _ in kinds) == sorted(declare.KINDS)
+    for kind, body in kinds:
+        assert re.search(r"name:\s+JOB\.rule\n", body) and re.search(r"csv=report\(wf\.output\([^,]+, JOB\.rule, SECTIONS\)", body), kind
+    assert wf.LAYOUT == {j.rule: j.layout for s in catalog.SECTIONS for j in s.jobs}
     text = "\n".join(p.read_text() for p in sorted((REPO / "rules").glob("*.smk")))
-    for rule in wf.LAYOUT:
-        body = re.search(rf"^rule {rule}:\n(.*?)(?=^rule |\Z)", text, re.S | re.M)
-        assert body, f"no rule {rule} in rules/"
-        assert re.search(rf"wf\.output\([^,]+, \"{rule}\"\)", body[1]), f"rule {rule}'s output is not wf.output(...)"
     # (a repeat's run<k>.csv is its job's path with repeats/ before it: lmperf.repeats)
     assert not re.findall(r"/[\w{}]+\.csv\b", text.replace("run{{k}}.csv", "")), "a rule writes a CSV path by hand"
     from lmperf.report import render
     config = render.load_config(REPO / "config" / "config.yaml")
     files = [f for scale in ("smoke", "full") for f in wf.result_files(config, "results/x", scale, ["results/x"])]
-    modules = {f"lmperf.bench.distributed.{f.study}" if f.section == "distributed" else f"lmperf.bench.{f.section}"
-               for f in files if f.section not in ("env", "repeats")}
+    sections = {s.name: s for s in catalog.SECTIONS}
+    modules = {sections[f.section].case_module(f.study) for f in files if f.section not in ("env", "repeats")}
     for name in sorted(modules):
         params = list(inspect.signature(importlib.import_module(name).job_cases).parameters)
         assert params == ["study", "spec", "arg"], name

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The "Scaling across GPUs" study on a multi-GPU machine, without Snakemake: every job of
-# rules/distributed.smk (all-reduce, data-parallel step; one torchrun per study and process
+# the distributed section's jobs (rule distributed_study: all-reduce, data-parallel step; one torchrun per study and process
 # count, grids from config/config.yaml) into results/<gpu>-x<count>/distributed/ (e.g.
 # results/h200-x2/), then the section rendered alone into report/distributed/<gpu>-x<count>/.
 #   tools/distributed_gpu.sh [--scale full|smoke] [--limit SECONDS] [--wheels DIR] [--pack FILE] [--force]
@@ -64,7 +64,7 @@ while IFS=$'\t' read -r study procs spec; do
     if ((status != 0)); then echo "distributed_gpu: $study n=$procs exited $status (journal kept; rerun resumes)"; rc=$status; fi
 done < <(tail -n +2 <<<"$plan")
 echo "distributed_gpu: measured in $(( $(date +%s) - start )) s"
-python3 -m lmperf.report.distributed --results "results/$hw" --out "report/distributed/$hw/distributed.md" \
+python3 -m lmperf.report.section distributed --results "results/$hw" --out "report/distributed/$hw/distributed.md" \
     || echo "distributed_gpu: rendering the section failed (the CSVs are kept)"
 if [[ -n $pack ]]; then
     tar czf "$pack" "results/$hw" "logs/$hw" report/distributed 2>/dev/null

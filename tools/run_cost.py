@@ -26,11 +26,12 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+from lmperf import catalog  # noqa: E402
 from lmperf.bench import timing  # noqa: E402
 
-APART = ("repeats/", "convergence/")   # not in the default full run
+APART = tuple(f"{s.name}/" for s in catalog.SECTIONS if s.deep)   # the deep target's: not in the default full run
 STEP_TIMED = {"e2e": "step_ms", "ladder": "step_ms"}   # section -> the metric whose samples are the steps
-MODEL_SECTIONS = ("e2e", "ladder", "attention", "precision", "profile", "memory")
+MODEL_SECTIONS = tuple(s.name for s in catalog.SECTIONS if s.model)  # whose cases run the whole model
 
 
 @dataclass

@@ -8,7 +8,7 @@ time in a fresh process, with the job's own command and spec and `--cases` (benc
           - {job: lrpe/bench_1d, cases: [1d-n32768-l0-*]}
 
 A job is named by its results file under its results folder, without .csv: results/<hw>/ for
-one GPU, the multi-GPU folder results/<gpu>-x<count>/ for `distributed/...` (rules/distributed.smk);
+one GPU, the multi-GPU folder results/<gpu>-x<count>/ for `distributed/...` (the `study` jobs, rules/jobs.smk);
 its repeats are <folder>/repeats/<job>/run<k>.csv, k = 1 ... processes. Files are
 lmperf.workflow.ResultFile (section `repeats`, `repeat_of` the job's, `cases` the patterns).
 Imports nothing heavy: the Snakefile plans with it.
@@ -17,28 +17,33 @@ from __future__ import annotations
 
 import dataclasses
 
-# sections whose command takes --cases (bench/jobs.py)
-REPEATABLE = ("flash_attention", "lrpe", "ladder", "distributed")
+from lmperf import catalog, declare
+
+
+def repeatable(sections: list | None = None) -> set[str]:
+    """The rules of the timing jobs whose command takes --cases (bench/jobs.py), as declared."""
+    return {j.rule for s in sections or catalog.load() for j in s.jobs if j.repeatable}
 
 
 def folder(f, results: str) -> str:
-    """The results folder of a job's file: a distributed job's own (results/<gpu>-x<count>)."""
-    return f.path.rsplit("/distributed/", 1)[0] if f.section == "distributed" else results
+    """The results folder of a job's file: a multi-GPU job's own (results/<gpu>-x<count>)."""
+    return results if f.path.startswith(results + "/") else f.path.rsplit(f"/{f.section}/", 1)[0]
 
 
-def repeat_files(config: dict, results: str, scale: str, files: list) -> list:
+def repeat_files(config: dict, results: str, scale: str, files: list, sections: list | None = None) -> list:
     """The ResultFiles of config `repeats.<scale>`, from the jobs' own among `files` (a
-    ValueError names a job that is not one of them, or not a timing job of a REPEATABLE section)."""
+    ValueError names a job that is not one of them, or not a timing job declared repeatable)."""
     repeats = config.get("repeats", {}).get(scale)
     if not repeats or repeats.get("run", True) is False:  # none at this scale ({run: false}: quick's)
         return []
+    rules = repeatable(sections)
     by_job = {f.path[len(folder(f, results)) + 1:-len(".csv")]: f for f in files
               if f.path.startswith(folder(f, results) + "/")}
     out = []
     for entry in repeats["jobs"]:
         job = by_job.get(entry["job"])
-        if job is None or job.section not in REPEATABLE or job.study == "check":
-            timing = sorted(j for j, f in by_job.items() if f.section in REPEATABLE and f.study != "check")
+        if job is None or job.rule not in rules:
+            timing = sorted(j for j, f in by_job.items() if f.rule in rules)
             raise ValueError(f"config: repeats.{scale}.jobs names {entry['job']!r}, which is not a timing job "
                              f"of this configuration whose cases can run alone: {', '.join(timing)}")
         out += [dataclasses.replace(job, path=f"{folder(job, results)}/repeats/{entry['job']}/run{k}.csv",
@@ -67,11 +72,14 @@ def by_run(files: list) -> dict:
     return runs
 
 
-def job_command(f) -> str:
+def job_command(f, sections: list | None = None) -> str:
     """The arguments of `python -m lmperf.bench.` before --spec in the command that writes the
-    timing job `f` (its rule's shell command, rules/<section>.smk)."""
-    if f.section in ("flash_attention", "lrpe"):
-        return f"{f.section} {f.study}"
-    if f.section == "ladder":
-        return f"ladder --size {f.arg}"
-    raise ValueError(f"{f.path}: a {f.section} job cannot run some of its cases alone")
+    timing job `f`: its declared arguments (lmperf.declare.Job.args) up to --spec, its
+    wildcards filled."""
+    section, job = declare.job(sections or catalog.load(), f.rule)
+    prefix = "lmperf.bench."
+    if not job.repeatable or not section.bench_module.startswith(prefix) or " --spec" not in f" {job.args}":
+        raise ValueError(f"{f.path}: a {f.section} job cannot run some of its cases alone")
+    args = f" {job.args}".split(" --spec", 1)[0].strip()
+    filled = args.replace("{wildcards.", "{").format(**dict(f.wildcards))
+    return " ".join(filter(None, [section.bench_module.removeprefix(prefix), filled]))

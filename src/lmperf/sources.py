@@ -23,6 +23,7 @@ import ast
 import functools
 import hashlib
 import re
+import sys
 from pathlib import Path
 
 PACKAGE = "lmperf"
@@ -75,11 +76,40 @@ def imported_names(name: str) -> frozenset[str]:
     return frozenset(names)
 
 
+def outside_file(name: str) -> Path | None:
+    """The source file of a module outside the package (a report section's, config `sections`;
+    `__main__`: the one `python -m` runs), found without running it; None where there is none."""
+    import importlib.util
+    if name == "__main__":
+        file = getattr(sys.modules.get("__main__"), "__file__", None)
+        return Path(file) if file and file.endswith(".py") else None
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin) if spec and spec.origin and spec.origin.endswith(".py") else None
+
+
+def outside_imports(path: Path) -> list[str]:
+    """The lmperf modules a file outside the package imports."""
+    names = set()
+    for node in import_statements(path.read_text()):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.update([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
+    return sorted(n for n in names if module_file(n) is not None)
+
+
 @functools.cache
 def modules(root: str) -> tuple[str, ...]:
-    """`root` and every lmperf module it imports, transitively, with their packages; sorted."""
+    """`root` and every lmperf module it imports, transitively, with their packages; sorted. A
+    root outside the package (a section's benchmark, config `sections`) comes first, then the
+    lmperf modules its imports reach."""
     if module_file(root) is None:
-        raise ValueError(f"{root!r} is not a module of the {PACKAGE} package under {SRC}")
+        if (outside := outside_file(root)) is None:
+            raise ValueError(f"{root!r} is not a module of the {PACKAGE} package under {SRC}, nor one on the path")
+        return (root, *sorted({m for name in outside_imports(outside) for m in modules(name)}))
     seen: set[str] = set()
     todo = [root]
     if module_file(root).name == "__init__.py" and module_file(f"{root}.__main__"):
@@ -97,12 +127,13 @@ def modules(root: str) -> tuple[str, ...]:
 
 def files(root: str) -> list[Path]:
     """The source files of modules(root), in the same order."""
-    return [module_file(m) for m in modules(root)]
+    return [module_file(m) or outside_file(m) for m in modules(root)]
 
 
 def digest(root: str) -> str:
     """sha256 (hex) of the files of modules(root): each one's path in the package and contents."""
     h = hashlib.sha256()
     for path in files(root):
-        h.update(str(path.relative_to(SRC)).encode() + b"\0" + path.read_bytes() + b"\0")
+        name = path.relative_to(SRC) if path.is_relative_to(SRC) else path.name
+        h.update(str(name).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()

@@ -5,7 +5,6 @@ config's cross-field checks are lmperf.planning's. Imports neither torch nor tri
 planning stays fast (the case lists of the ladder and e2e do: they are cached, `listed_case_ids`)."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
@@ -13,12 +12,13 @@ import os
 import sys
 from dataclasses import dataclass
 
-from lmperf import hardware, providers, repeats, sources
+from lmperf import catalog, declare, hardware, providers, repeats, sources
+from lmperf.catalog import DISTRIBUTED_STUDIES  # noqa: F401 (rules/repeats.smk's wildcard)
 from lmperf.specs import (  # noqa: F401 (each job's spec: the rules and tests call them as wf.<name>)
     e2e_jobs, e2e_spec, ladder_spec, convergence_spec, fa_bench_jobs, workers, with_provider_modules,
     fa_check_spec, fa_bench_spec, provider_inputs, lrpe_check_spec, lrpe_bench_spec, adamw_master_check_spec,
     fused_check_spec, float8_delayed_check_spec, profile_spec, memory_spec, distributed_spec, attention_spec,
-    with_contenders)
+    with_contenders, warm_threads)
 
 
 SCALES = ("smoke", "quick", "full")
@@ -45,14 +45,14 @@ def runs(config: dict, section: str, scale: str) -> bool:
     """Whether `section` has jobs at `scale`: not where its entry is {run: false} (the quick
     scale's sections that the summary does not read) or missing (a section with nothing to
     set, `precision`, runs at every scale)."""
-    return config.get(section, {}).get(scale, {}).get("run", True) is not False
+    return declare.PlanContext(config, scale, "").runs(section)
 
 
 def deep_files(files) -> list:
-    """The deep target's result files among `files`: those of the sections marked deep in
-    lmperf.report.sections (the repeats, the FP8 rung's convergence)."""
-    from lmperf.report.sections import DEEP
-    return [f for f in files if f.section in DEEP]
+    """The deep target's result files among `files`: those of the sections declared deep
+    (lmperf.catalog: the repeats, the FP8 rung's convergence)."""
+    deep = {s.name for s in catalog.SECTIONS if s.deep}
+    return [f for f in files if f.section in deep]
 
 
 def run_files(files, depth: str) -> list:
@@ -116,33 +116,54 @@ COMPILE_CACHES = ('TORCHINDUCTOR_CACHE_DIR="$PWD/.cache/{params.hw}/inductor" '
 TORCHRUN = COMPILE_CACHES + " python -m lmperf.bench.device -- python -m torch.distributed.run"
 
 
-
 def bench(args: str) -> str:
-    """A benchmark rule's shell command (its CSV output named `csv`):
-    `python -m lmperf.bench.<args>` with the results folder's compile caches, then the tail every
-    benchmark shares: where to write, provenance, the log, and the library versions the
-    benchmark must find (it refuses to run with others)."""
-    return (f"{COMPILE_CACHES} python -m lmperf.bench.{args} --out {{output.csv}} --hw {{params.hw}} "
+    """A benchmark rule's shell command (its CSV output named `csv`): `python -m
+    lmperf.bench.<args>` with the results folder's compile caches, then the tail every benchmark
+    shares (`run_module`)."""
+    return run_module(f"lmperf.bench.{args}")
+
+
+def run_module(args: str) -> str:
+    """`python -m <args>` (a module and its arguments) with the results folder's compile caches,
+    then the tail every benchmark shares: where to write, provenance, the log, and the library
+    versions the benchmark must find (it refuses to run with others)."""
+    return (f"{COMPILE_CACHES} python -m {args} --out {{output.csv}} --hw {{params.hw}} "
             "--log {log} --expect-torch {params.torch} --expect-triton {params.triton}")
 
 
 def code_inputs(module: str) -> list[str]:
     """The code inputs of a rule whose command runs `python -m <module>`: the source files of
-    every lmperf module it can import (lmperf.sources), as paths from the repository root."""
-    return [str(path.relative_to(sources.SRC.parent)) for path in sources.files(module)]
+    every lmperf module it can import (lmperf.sources), as paths from the repository root (a
+    module outside the package, a section's: its own file by its full path)."""
+    root = sources.SRC.parent
+    return [str(p.relative_to(root)) if p.is_relative_to(root) else str(p) for p in sources.files(module)]
 
 
-def section_code_inputs(section: str) -> list[str] | None:
-    """The code inputs of the benchmark rule that writes a section's rows (`python -m
-    lmperf.bench.<section>`); None where no benchmark module has that name."""
-    module = f"lmperf.bench.{section}"
-    return code_inputs(module) if sources.module_file(module) is not None else None
+def section_files(sections: list) -> list[str]:
+    """The files of the sections outside the package: each one's declaring module (its report
+    module), and its templates (inputs of the report rule)."""
+    from pathlib import Path
+    builtin = catalog.builtin_names()
+    out = []
+    for s in sections:
+        if s.name not in builtin:
+            out += [str(sources.outside_file(s.report_module) or s.report_module),
+                    *(sorted(str(p) for p in Path(s.templates).glob("*.md.j2")) if s.templates else [])]
+    return out
+
+
+def section_code_inputs(section: str, sections: list | None = None) -> list[str] | None:
+    """The code inputs of the benchmark rule that writes a section's rows (its declared bench
+    module, lmperf.bench.<section> by default); None where it has no such module."""
+    found = [s for s in sections or catalog.load() if s.name == section]
+    module = found[0].bench_module if found else f"lmperf.bench.{section}"
+    if sources.module_file(module) is None and (module.startswith("lmperf.") or sources.outside_file(module) is None):
+        return None
+    return code_inputs(module)
 
 
 # ---------------------------------------------------------------------------------------------
-# Scaling across GPUs (rules/distributed.smk): one torchrun job per study and process count
-
-DISTRIBUTED_STUDIES = ("allreduce", "ddp")
+# Scaling across GPUs (the `study` jobs): one torchrun job per study and process count
 
 
 def distributed_hw(config: dict) -> str:
@@ -153,49 +174,24 @@ def distributed_hw(config: dict) -> str:
     return hardware.machine_slug(hardware.gpu_name(), hardware.gpu_count())
 
 
-def distributed_csvs(results: str, dist: dict) -> list[str]:
-    """Every CSV of the section at one scale: <results>/distributed/<study>_n<procs>.csv."""
-    return [result_path(results, "distributed_study", study=study, procs=n)
-            for study in DISTRIBUTED_STUDIES for n in dist[study]["procs"]]
-
-
 # ---------------------------------------------------------------------------------------------
 # What a full run promises: every result CSV of one machine and scale, and the cases each holds
 
 
-# The result-file layout: the CSV each benchmark rule writes, under its results folder, by rule
-# name, its wildcards in braces. The rules take their `output:` from here (`output`) and
-# result_files formats the same patterns (`result_path`): one source, so the rules' outputs and
-# the files the renderer expects cannot disagree.
-LAYOUT = {
-    "env": "env/env.csv",
-    "e2e_study": "e2e/{study}/{size}.csv",
-    "ladder_size": "ladder/{size}.csv",
-    "convergence_run": "convergence/convergence.csv",
-    "flash_attention_check": "flash_attention/check.csv",
-    "flash_attention_bench": "flash_attention/bench/{job}.csv",
-    "lrpe_check": "lrpe/check.csv",
-    "lrpe_bench": "lrpe/bench_{dims}d.csv",
-    "adamw_master_check": "adamw_master/check.csv",
-    "fused_check": "fused/check.csv",
-    "float8_delayed_check": "float8_delayed/check.csv",
-    "attention": "attention/attention.csv",
-    "precision": "precision/precision.csv",
-    "profile": "profile/profile.csv",
-    "memory": "memory/memory.csv",
-    "distributed_study": "distributed/{study}_n{procs}.csv",
-    "contenders_study": "contenders/{study}.csv",
-}
+def layout(sections: list | None = None) -> dict[str, str]:
+    """The result-file layout: the CSV each benchmark rule writes under its results folder, by
+    rule name, its wildcards in braces, from the sections' declarations (lmperf.declare). The
+    rules take their `output:` from here (`output`) and result_files formats the same patterns:
+    one source, so the rules' outputs and the files the renderer expects cannot disagree."""
+    return {j.rule: j.layout for s in sections or catalog.load() for j in s.jobs}
 
 
-def output(folder: str, rule: str) -> str:
+LAYOUT = layout(catalog.SECTIONS)  # the built-in sections'
+
+
+def output(folder: str, rule: str, sections: list | None = None) -> str:
     """The `output:` pattern of a benchmark rule (its wildcards in braces), under `folder`."""
-    return f"{folder}/{LAYOUT[rule]}"
-
-
-def result_path(folder: str, rule: str, **wildcards) -> str:
-    """One CSV of a benchmark rule: its `output` pattern with the wildcards filled."""
-    return output(folder, rule).format(**wildcards)
+    return f"{folder}/{layout(sections)[rule]}"
 
 
 @dataclass(frozen=True)
@@ -203,7 +199,7 @@ class ResultFile:
     """One result CSV a full run writes: its path, the benchmark's section and study, and the
     job's spec (the JSON its rule passes) with its size (e2e) or process count (distributed); a
     repeat's job and case patterns (lmperf.repeats); the rule that writes it and its wildcards
-    (`LAYOUT`)."""
+    (the declared layout); the module that lists its cases where the section is not built in."""
     path: str
     section: str
     study: str
@@ -213,6 +209,7 @@ class ResultFile:
     cases: tuple[str, ...] = ()  # a repeat's, or a job's own --cases: shell-style patterns of its case ids
     rule: str = ""
     wildcards: tuple[tuple[str, str], ...] = ()
+    module: str | None = None
 
     def case_ids(self) -> list[str] | None:
         """The case ids its job writes rows for, from the benchmark's own case list over the
@@ -222,7 +219,7 @@ class ResultFile:
         if self.repeat_of is not None:  # the job's cases the patterns select (ValueError if one selects none)
             from lmperf.bench.jobs import select
             return [c["case_id"] for c in select([{"case_id": c} for c in self.repeat_of.case_ids()], list(self.cases))]
-        listed = listed_case_ids(self.section, self.study, self.spec, self.arg)
+        listed = listed_case_ids(self.section, self.study, self.spec, self.arg, self.module)
         if self.cases:  # a job that runs only some of its cases (a grid's `cases`: its --cases)
             from lmperf.bench.jobs import select
             return [c["case_id"] for c in select([{"case_id": c} for c in listed], list(self.cases))]
@@ -237,9 +234,13 @@ class ResultFile:
 CASE_IDS_CACHE = sources.SRC.parent / ".cache" / "case-ids"
 
 
-def listed_case_ids(section: str, study: str, spec: str | None, arg: str | None) -> list[str]:
-    """The case ids of one job, from the cache or from lmperf.bench.<section>'s case list."""
-    module = f"lmperf.bench.distributed.{study}" if section == "distributed" else f"lmperf.bench.{section}"
+def listed_case_ids(section: str, study: str, spec: str | None, arg: str | None,
+                    module: str | None = None) -> list[str]:
+    """The case ids of one job, from the cache or from its benchmark module's case list (a
+    built-in section's, lmperf.catalog, unless `module` names it)."""
+    if module is None:
+        found = [s for s in catalog.SECTIONS if s.name == section]
+        module = found[0].case_module(study) if found else f"lmperf.bench.{section}"
     key = hashlib.sha256(json.dumps([section, study, spec, arg, sources.digest(module)]).encode()).hexdigest()
     path = CASE_IDS_CACHE / f"{key[:32]}.json"
     try:
@@ -265,66 +266,32 @@ def benchmark_case_ids(module: str, section: str, study: str, spec: str | None, 
     return [c["case_id"] for c in bench.job_cases(study, json.loads(spec) if spec else None, arg)]
 
 
-def _file(folder: str, rule: str, section: str, study: str, spec: str | None = None, arg: str | None = None,
-          wildcards: dict | None = None) -> ResultFile:
-    wildcards = wildcards or {}
-    return ResultFile(result_path(folder, rule, **wildcards), section, study, spec, arg, rule=rule,
-                      wildcards=tuple((k, str(v)) for k, v in wildcards.items()))
+def planned_file(section, planned: declare.Planned, results: str, builtin: bool = True) -> ResultFile:
+    """The ResultFile of one file a section's plan promises (under `results`, or its own folder)."""
+    folder = planned.folder or results
+    wildcards = {k: str(v) for k, v in planned.wildcards.items()}
+    job = next(j for j in section.jobs if j.rule == planned.rule)
+    return ResultFile(f"{folder}/{job.layout}".format(**wildcards), section.name, planned.study, planned.spec,
+                      planned.arg, cases=tuple(planned.cases), rule=planned.rule, wildcards=tuple(wildcards.items()),
+                      module=None if builtin else section.case_module(planned.study))
 
 
-def result_files(config: dict, results: str, scale: str, distributed: list[str]) -> list[ResultFile]:
+def result_files(config: dict, results: str, scale: str, distributed: list[str],
+                 sections: list | None = None) -> list[ResultFile]:
     """Every CSV a full run at `scale` writes into `results` (results/<hw>) and, for the
     multi-GPU section, into each of the `distributed` folders (results/<gpu>-x<count>, or
-    results/cpu), with their jobs' specs: the rules' jobs (rules/*.smk take their outputs'
-    patterns from `LAYOUT`, their specs and the files of each section from here); by hand, the
-    renderer derives the files a run promises from it."""
+    results/cpu), with their jobs' specs: each declared section's plan (lmperf.declare; the
+    built-in ones in lmperf.catalog, the config's `sections` after them), then the repeats of
+    config `repeats`. The rules take their specs and the files of each section from here; by
+    hand, the renderer derives the files a run promises from it."""
     from lmperf import contenders
     providers.load_config(config)  # the providers the config adds: the report's columns read them too
     contenders.register(config.get("contenders"))  # and a user's contenders
-    models, e2e, fa = config["models"], config["e2e"][scale], config["flash_attention"][scale]
-    lrpe, dist = config["lrpe"][scale], config["distributed"][scale]
-    files = [_file(results, "env", "env", "env")]
-    if runs(config, "e2e", scale):
-        files += [_file(results, "e2e_study", "e2e", study, e2e_spec(config, e2e, study, size), size,
-                        {"study": study, "size": size})
-                  for study, size in e2e_jobs(e2e)]
-    ladder = config["ladder"][scale]
-    # a scale's `cases` (rung patterns) reach the job as --cases, not in its spec (rules/ladder.smk)
-    ladder_grid = {k: v for k, v in ladder.items() if k != "cases"}
-    files += [dataclasses.replace(_file(results, "ladder_size", "ladder", "ladder", ladder_spec(config, ladder_grid, size),
-                                        size, {"size": size}), cases=tuple(ladder.get("cases", ())))
-              for size in ladder["sizes"]]
-    if "size" in config.get("convergence", {}).get(scale, {}):  # a scale without a convergence size has no job
-        files.append(_file(results, "convergence_run", "convergence", "convergence", convergence_spec(config, scale)))
-    files.append(_file(results, "flash_attention_check", "flash_attention", "check", fa_check_spec(fa, config)))
-    files += [_file(results, "flash_attention_bench", "flash_attention", "bench", fa_bench_spec(fa, models, job, config),
-                    wildcards={"job": job}) for job in fa_bench_jobs(fa, models)]
-    files.append(_file(results, "lrpe_check", "lrpe", "check", lrpe_check_spec(lrpe)))
-    files += [_file(results, "lrpe_bench", "lrpe", "bench", lrpe_bench_spec(lrpe, g["dims"]),
-                    wildcards={"dims": g["dims"]})
-              for g in lrpe["bench"]["grids"]]
-    if runs(config, "adamw_master", scale):
-        files.append(_file(results, "adamw_master_check", "adamw_master", "check",
-                           adamw_master_check_spec(config, config["adamw_master"][scale])))
-    if "check" in config["fused"][scale]:  # a scale without a fused check has no job
-        files.append(_file(results, "fused_check", "fused", "check", fused_check_spec(config, config["fused"][scale])))
-    if "check" in config["float8_delayed"][scale]:  # a scale without a float8 check has no job
-        files.append(_file(results, "float8_delayed_check", "float8_delayed", "check",
-                           float8_delayed_check_spec(config["float8_delayed"][scale])))
-    if runs(config, "attention", scale):
-        files.append(_file(results, "attention", "attention", "attention", attention_spec(config, config["attention"][scale])))
-    if runs(config, "precision", scale):
-        files.append(_file(results, "precision", "precision", "precision"))
-    files += [_file(results, "profile", "profile", "profile", profile_spec(config, config["profile"][scale])),
-              _file(results, "memory", "memory", "memory", memory_spec(config, config["memory"][scale]))]
-    for folder in distributed if runs(config, "distributed", scale) else []:
-        files += [_file(folder, "distributed_study", "distributed", study, distributed_spec(config, dist, study), str(n),
-                        {"study": study, "procs": n})
-                  for study in DISTRIBUTED_STUDIES for n in dist[study]["procs"]]
-    if contenders.normalise(config.get("contenders")):  # a user's contenders: their checks
-        files += [_file(results, "contenders_study", "contenders", study, contenders.study_spec(config, scale, study),
-                        wildcards={"study": study}) for study in contenders.STUDIES]
-    return files + repeats.repeat_files(config, results, scale, files)
+    sections = catalog.load(config) if sections is None else sections
+    builtin = catalog.builtin_names()
+    ctx = declare.PlanContext(config, scale, results, tuple(distributed))
+    files = [planned_file(s, planned, results, s.name in builtin) for s in sections if s.plan for planned in s.plan(ctx)]
+    return files + repeats.repeat_files(config, results, scale, files, sections)
 
 
 def check_cases(files, scale: str) -> None:
@@ -336,6 +303,83 @@ def check_cases(files, scale: str) -> None:
                 f.case_ids()
             except ValueError as e:
                 raise ValueError(f"config: {f.section}.{scale}.cases: job {f.path}: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The generic rules of the job kinds (rules/jobs.smk): what each declared job's rule holds
+
+
+def jobs(sections: list, kind: str) -> list[tuple]:
+    """(section, job) of every declared job of `kind` (lmperf.declare.KINDS)."""
+    return [(s, j) for s in sections for j in s.jobs if j.kind == kind]
+
+
+def job_grid(config: dict, section, job, scale: str) -> dict:
+    """A job's settings at `scale`: its part (`job.grid`) of its section's grid, empty where none."""
+    grid = config.get(section.name, {}).get(scale, {})
+    return grid.get(job.grid, {}) if job.grid else grid
+
+
+def job_code(config: dict, section, job) -> list[str]:
+    """A job's code inputs: every file its command's module can import, and the files of the
+    providers the config adds where it runs providers."""
+    return code_inputs(section.bench_module) + (provider_inputs(config) if job.providers else [])
+
+
+def job_params(config: dict, section, job, scale: str) -> dict:
+    """A job's params beyond its provenance and spec: its workers, its `cases`, its own (env's
+    scale). Params are a rerun trigger: a job has only those its command reads."""
+    grid = job_grid(config, section, job, scale)
+    return {**({"workers": workers(grid)} if job.workers else {}), **(cases_params(grid) if job.cases else {}),
+            **(job.params(scale) if job.params else {})}
+
+
+def job_threads(config: dict, section, job, scale: str, local: bool) -> int:
+    """A job's `threads:`: its worker processes' cores ("workers"), one in a local run for a job
+    that warms its compiles in them ("warm", lmperf.specs.warm_threads), else one."""
+    grid = job_grid(config, section, job, scale)
+    return {"workers": workers(grid), "warm": warm_threads(grid, local)}.get(job.threads, 1)
+
+
+def job_shell(config: dict, section, job, scale: str) -> str:
+    """A check's or bench's shell command: `python -m <its module> <its arguments>` (with
+    --cases where its grid names cases) and the tail every benchmark shares."""
+    args = with_cases(job.args, job_grid(config, section, job, scale)) if job.cases else job.args
+    return run_module(" ".join(filter(None, [section.bench_module, args])))
+
+
+def study_shell(section) -> str:
+    """A study's shell command: torchrun (run as `python -m torch.distributed.run`, the
+    environment's own) over {wildcards.procs} processes of `python -m <its module> <its study>`."""
+    return (TORCHRUN + " --standalone --nproc_per_node={wildcards.procs} "
+            f"-m {section.bench_module} {{wildcards.study}} --spec {{params.spec:q}} --out {{output}} "
+            "--hw {params.hw} --progress-log {log} --expect-torch {params.torch} --expect-triton {params.triton}")
+
+
+def job_log(folder: str, job) -> str:
+    return f"{folder}/{job.log_path()}"
+
+
+def job_outputs(folder: str, job) -> dict:
+    """A job's outputs beyond its CSV (memory's snapshot pages), as folders."""
+    return {name: f"{folder}/{path}" for name, path in job.outputs.items()}
+
+
+def constraints(files, job) -> dict:
+    """A job's wildcard constraints: its declared ones (a study's), else the values each of its
+    wildcards takes in `files`."""
+    return job.constraints or {name: wildcard(files, job.rule, name) for name in job.wildcards}
+
+
+def study_spec(config: dict, section, job, scale: str, wildcards) -> str:
+    """A study's spec from the config and its wildcards (lmperf.declare.Job.make_spec)."""
+    return job.make_spec(config, job_grid(config, section, job, scale), dict(wildcards.items()))
+
+
+def aggregates(sections: list) -> list:
+    """The sections with a rule of their own that asks for all their files (`snakemake e2e`):
+    those with jobs, none of which is named after the section."""
+    return [s for s in sections if s.jobs and s.name not in declare.own_rules([s])]
 
 
 def cases_params(grid: dict) -> dict:
@@ -370,7 +414,7 @@ def wildcard(files, rule: str, name: str) -> str:
     return "|".join(map(re.escape, values)) or "(?!)"
 
 
-def checked_results(files: tuple[ResultFile, ...], dag) -> list[str]:
+def checked_results(files: tuple[ResultFile, ...], dag, damaged) -> list[str]:
     """The paths of `files`, for the report rule's input function: it runs while Snakemake
     builds the DAG, the moment to check the results. A damaged one (cut short, emptied, not a
     results table, other cases than its job promises) is newer than its inputs, so Snakemake
@@ -380,8 +424,10 @@ def checked_results(files: tuple[ResultFile, ...], dag) -> list[str]:
     checksums). A missing one is forced too: Snakemake plans no job for a missing input of a
     report that is newer than the inputs it has (one rendered after its results, or a copy
     whose files share one time), so a deleted result would otherwise stay missing and the
-    report keep numbers no file holds."""
-    dag.forcefiles.update(_damaged(files))
+    report keep numbers no file holds. `damaged(files) -> {path: problem}` is the report's own
+    check (lmperf.report.validate.damaged, which the report rule passes: the workflow imports
+    nothing of the report)."""
+    dag.forcefiles.update(_damaged(files, damaged))
     dag.forcefiles.update(_missing(files))
     return [f.path for f in files]
 
@@ -391,10 +437,9 @@ def _missing(files: tuple[ResultFile, ...]) -> tuple[str, ...]:
 
 
 @functools.cache
-def _damaged(files: tuple[ResultFile, ...]) -> tuple[str, ...]:
+def _damaged(files: tuple[ResultFile, ...], damaged) -> tuple[str, ...]:
     """The damaged ones among `files`, each named once on stderr."""
-    from lmperf.report import validate
-    found = validate.damaged(files)
+    found = damaged(files)
     for path, problem in found.items():
         print(f"lmperf: {path} {problem}; its job is forced to rerun", file=sys.stderr)
     return tuple(found)

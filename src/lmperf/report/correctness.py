@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pandas as pd
 
+from lmperf import catalog
 from lmperf.report.contender_contract import LABELS, LEGACY, verdicts
 
-KERNEL_SECTIONS = ("flash_attention", "lrpe", "adamw_master", "fused", "float8_delayed")
+KERNEL_SECTIONS = tuple(s.name for s in catalog.SECTIONS if s.kernel)  # as declared (lmperf.catalog)
 
 
 def view(inputs) -> dict:

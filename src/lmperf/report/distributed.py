@@ -4,7 +4,7 @@ the rows of the multi-GPU results folder(s) of the report's machine (see `sectio
 results/<hw>-x<N>/distributed/, or results/<hw>/distributed/ for the CPU's Gloo run) with the
 thresholds of config/config.yaml's `report.distributed`; and its two figures.
 
-    python -m lmperf.report.distributed --results results/h200-x2 --out report/distributed/h200-x2/distributed.md
+    python -m lmperf.report.section distributed --results results/h200-x2 --out report/distributed/h200-x2/distributed.md
 
 renders the section alone (tools/distributed_gpu.sh's preview of a run), through
 report/render.py like the whole report.
@@ -54,7 +54,7 @@ def other_machines(results: Path, out_dir: Path, idle: float = math.inf) -> list
     """For a report without multi-GPU results of its own: each other machine's run (`other_folders`)
     with its `answers` and the link to its section rendered alone (report/distributed/<name>/,
     tools/distributed_gpu.sh's preview), for the report's summary to quote as that machine's."""
-    from lmperf.report.render import load_section  # the rows of another machine's folder, checked
+    from lmperf.report.rows import load_section  # the rows of another machine's folder, checked
 
     out = []
     for folder in other_folders(results):
@@ -373,28 +373,3 @@ def figures(inputs, paths: dict) -> dict[str, str]:
     ax.legend(fontsize=7)
     save(fig, paths["dist_step_vs_gpus"])
     return not_drawn
-
-
-# ---------------------------------------------------------------------------------------------
-# The section alone (tools/distributed_gpu.sh's preview of a multi-GPU run)
-
-
-def main(argv=None) -> None:
-    import argparse
-
-    from lmperf.report import render
-    from lmperf.report.sections import SECTIONS
-
-    p = argparse.ArgumentParser(description="Render the 'Scaling across GPUs' section alone.")
-    p.add_argument("--results", type=Path, required=True, help="results/<gpu>-x<count> folder")
-    p.add_argument("--templates", type=Path, default=Path("templates"))
-    p.add_argument("--out", type=Path, required=True, help="markdown file to write")
-    args = p.parse_args(argv)
-    section = [s for s in SECTIONS if s.name == "distributed"]
-    render.render(args.results, args.templates, args.out, args.out.parent / "figures", "full",
-                  render.bars_from_config(), sections=section, template="distributed.md.j2")
-    print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()

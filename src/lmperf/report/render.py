@@ -10,7 +10,7 @@ with the file named (`validate`); a missing one is listed at the top of the repo
 heading of each section it leaves partial. The report and its figures are rendered into a
 temporary folder and moved into place only when everything rendered.
 `render` also renders a subset of the sections through one of their templates:
-`python -m lmperf.report.distributed` renders the distributed section alone.
+`python -m lmperf.report.section distributed` renders the distributed section alone.
 """
 from __future__ import annotations
 
@@ -26,70 +26,17 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
-from lmperf import contenders as contenders_mod, planning, providers, workflow as wf
+from lmperf import catalog, contenders as contenders_mod, planning, providers, workflow as wf
 from lmperf.report import format as fmt
 from lmperf.report import references as published
 from lmperf.report import contenders, quick, summary, validate
+from lmperf.report.rows import load_section, measured_at_older_code, section_csvs  # noqa: F401 (render.<name> for callers)
 from lmperf.report.correctness import KERNEL_SECTIONS
-from lmperf.report.sections import DEEP, SECTIONS, Inputs, Section, figure_paths, frame_names, result_dirs
+from lmperf.report.sections import (DEEP, SECTIONS, Inputs, Section, figure_paths, frame_names, report_sections,
+                                    result_dirs)
 
 CONFIG = Path("config/config.yaml")
 SCHEMA = Path("config/schema.yaml")
-
-
-def section_csvs(results: Path, section: str) -> list[Path]:
-    """The CSVs of a section's folders (`sections.result_dirs`: results/<section>/, and the
-    multi-GPU folders' for `distributed`), journals of unfinished runs excluded."""
-    return [p for d in result_dirs(results, section) for p in sorted(d.rglob("*.csv")) if ".journal" not in p.parts]
-
-
-def load_section(results: Path, section: str, promised: dict | None = None) -> pd.DataFrame:
-    """All CSVs of a section, each checked first (`validate.problem`; against the cases its job
-    promised where `promised`, {path: ResultFile}, names it), concatenated. Raises
-    validate.DamagedResults naming every damaged file.
-
-    A promised file holding every case its job promises and more is a larger grid of the same
-    job: measured at older code, it is shown as it was (under the report's line on older code,
-    as is one of older code that lacks cases its job has promised since);
-    at the section's code now, the grid has shrunk since (the configuration measures less) and
-    only the cases the job promises are shown, each as that run measured it. (Snakemake still
-    reruns such a job: the workflow's own check, `validate.damaged`, refuses any other grid.)"""
-    paths = section_csvs(results, section)
-    promised = promised or {}
-    problems, keep = {}, {}
-    for p in paths:
-        f = promised.get(os.path.normpath(p))
-        ids = f.case_ids() if f else None
-        older = ids is not None and measured_at_older_code(p, code_section(f))
-        if problem := validate.problem(p, ids, env=section == "env", earlier_grid=bool(f), older_code=older):
-            stray = promised and not f  # in a section's folder, but no job of this config writes it
-            problems[str(p)] = problem + ("; no job of this configuration writes it: move it out of "
-                                          "the results folder" if stray else "")
-        elif ids is not None and not older:
-            keep[p] = set(ids)
-    if problems:
-        raise validate.DamagedResults(problems)
-    frames = [pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in paths]
-    frames = [df[df["case_id"].isin(keep[p])] if p in keep else df for p, df in zip(paths, frames)]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
-def code_section(f) -> str:
-    """The section whose code measured a promised file (`lmperf.workflow.ResultFile`): its own,
-    or for a repeat its job's (a repeat at older code may hold an earlier case list)."""
-    return f.repeat_of.section if f.repeat_of is not None else f.section
-
-
-def measured_at_older_code(path: Path, section: str) -> bool:
-    """Whether every row of a results CSV names a commit whose code for `section` has changed
-    since (report/freshness.py): such a file may hold an earlier configuration's grid."""
-    from lmperf.report import freshness
-    try:
-        commits = set(pd.read_csv(path, usecols=["commit"], dtype=str)["commit"].dropna())
-    except (ValueError, pd.errors.ParserError, pd.errors.EmptyDataError):
-        return False
-    files = freshness.code_files(section)
-    return bool(commits and files) and all(freshness.changed_since(c, files)[0] for c in commits)
 
 
 def bars_from_config(path: Path = CONFIG) -> dict:
@@ -100,12 +47,15 @@ def bars_from_config(path: Path = CONFIG) -> dict:
 
 def load_config(path: Path = CONFIG, overrides: dict | None = None) -> dict:
     """A config file as the workflow sees it: with `overrides` (top-level keys, as `--config
-    KEY=VALUE` gives them), validated against config/schema.yaml (which fills the defaults) and
-    cross-checked (`lmperf.planning.check_config`)."""
+    KEY=VALUE` gives them), validated against config/schema.yaml (which fills the defaults; a
+    section outside the package, config `sections`, brings its own: lmperf.catalog.schema_part)
+    and cross-checked (`lmperf.planning.check_config`)."""
     import yaml
     from snakemake.utils import validate as validate_schema
     config = {**yaml.safe_load(Path(path).read_text()), **(overrides or {})}
-    validate_schema(config, str(Path(path).parent / SCHEMA.name))
+    part = catalog.schema_part(config, catalog.load(config))
+    validate_schema(part, str(Path(path).parent / SCHEMA.name))
+    config.update(part)
     planning.check_config(config)
     return config
 
@@ -143,14 +93,14 @@ def promised_files(config: dict, results: Path, scale: str, distributed: list[st
     return {os.path.normpath(f.path): f for f in files}
 
 
-def missing(results: Path, promised: dict) -> dict[str, list[str]]:
+def missing(results: Path, promised: dict, sections: list[Section] = SECTIONS) -> dict[str, list[str]]:
     """{section: the promised files that are not there, as results/<hw>/...}; `correctness`
     gets the kernel sections' missing `check` files."""
-    out: dict[str, list[str]] = {name: [] for name in frame_names(SECTIONS)}
+    out: dict[str, list[str]] = {name: [] for name in frame_names(sections)}
     for path, f in sorted(promised.items()):
         if not Path(path).exists():
             name = os.path.join(results.parent.name, os.path.relpath(path, results.parent))
-            out[f.section].append(name)
+            out.setdefault(f.section, []).append(name)
             if f.section in KERNEL_SECTIONS and f.study == "check":
                 out["correctness"].append(name)
     return out
@@ -167,8 +117,11 @@ def deep_status(promised: dict, absent: dict[str, list[str]]) -> dict[str, str]:
     return status
 
 
-def environment(templates: Path) -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), trim_blocks=True,
+def environment(templates: Path, sections: list[Section] = ()) -> jinja2.Environment:
+    """The templates' environment: `templates`, then the template folders sections outside the
+    package declare; the filters of lmperf.report.format."""
+    folders = [templates, *dict.fromkeys(s.templates for s in sections if s.templates)]
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(folders), trim_blocks=True,
                              lstrip_blocks=True, undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True)
     tables = fmt.Tables()  # the legend of the host-bound mark counts the rows of the table above it
@@ -179,21 +132,21 @@ def environment(templates: Path) -> jinja2.Environment:
 
 def views(inputs: Inputs, sections: list[Section] = SECTIONS) -> dict:
     """{section: its view}, in report order."""
-    return {s.name: importlib.import_module(f"lmperf.report.{s.name}").view(inputs) for s in sections}
+    return {s.name: importlib.import_module(s.report_module).view(inputs) for s in sections}
 
 
 def draw(inputs: Inputs, figures_dir: Path, sections: list[Section] = SECTIONS) -> tuple[dict[str, Path], dict[str, str]]:
     """Every figure of these sections that has rows to show, written: ({name: path}, {name: why
     it was not drawn}); the template shows the reason in place of a figure not drawn."""
     figures_dir.mkdir(parents=True, exist_ok=True)
-    paths = figure_paths(figures_dir)
+    paths = figure_paths(figures_dir, sections)
     drawn, not_drawn = {}, {}
     for s in sections:
         if s.figures:
-            why = importlib.import_module(f"lmperf.report.{s.name}").figures(inputs, {k: paths[k] for k in s.figures})
+            why = importlib.import_module(s.report_module).figures(inputs, {k: paths[k] for k in s.figures})
             written = {k: paths[k] for k in s.figures if k not in why}
             if lost := [str(p) for p in written.values() if not p.exists()]:
-                raise RuntimeError(f"lmperf.report.{s.name}.figures neither wrote {lost} nor said why")
+                raise RuntimeError(f"{s.report_module}.figures neither wrote {lost} nor said why")
             drawn.update(written)
             not_drawn.update(why)
     return drawn, not_drawn
@@ -258,7 +211,7 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
         frames = named_contenders_only(frames, contenders_named)
     frames = contenders.wrong_everywhere(frames)  # a contender that failed a check is timed nowhere
     inputs = Inputs(results=results, frames=frames, bars=bars, out_dir=out.parent, scale=scale, models=models or {})
-    absent = missing(results, promised)
+    absent = missing(results, promised, sections)
     # A deep section none of whose files is here comes from the deep target, which has not run:
     # it says so under its heading, and its files are not counted missing.
     deep = deep_status(promised, absent)
@@ -273,7 +226,7 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
         context = {**section_views, "sections": [s.name for s in sections],
                    "summary": summary.view(section_views, references or [], results.name),
                    "deep": deep, "quick": quick.view(results, scale, bars),
-                   "figures": {name: os.path.relpath(figure_paths(figures_dir)[name], out.parent) for name in staged},
+                   "figures": {name: os.path.relpath(figure_paths(figures_dir, sections)[name], out.parent) for name in staged},
                    "no_figure": not_drawn,
                    "missing": sorted({m for files in absent.values() for m in files}),
                    "host_bound_pct": bars.get("host_bound_idle_pct", float("inf")), "host_bound_mark": fmt.HOST_BOUND,
@@ -284,14 +237,14 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
                    # folder rendered alone (rule hw_report), else the report of its scale
                    "target": f"report/{results.name}/{out.name}" if out.parent.name == results.name
                    else wf.report_path(scale)}
-        text = environment(templates).get_template(template).render(**context)
+        text = environment(templates, sections).get_template(template).render(**context)
         (Path(tmp) / out.name).write_text(text)
         # everything rendered: move it into place (a rename each where on one file system); a
         # figure not drawn this time leaves no image of an earlier render behind
         for name, path in staged.items():
-            shutil.move(path, figure_paths(figures_dir)[name])
+            shutil.move(path, figure_paths(figures_dir, sections)[name])
         for name in not_drawn:
-            figure_paths(figures_dir)[name].unlink(missing_ok=True)
+            figure_paths(figures_dir, sections)[name].unlink(missing_ok=True)
         shutil.move(Path(tmp) / out.name, out)
     written = []
     if section_views.get("contenders", {}).get("names"):  # each contender's page, beside the report
@@ -333,7 +286,8 @@ def main(argv=None):
     try:
         named = set(contenders_mod.normalise(config.get("contenders"))) if args.only_configured_contenders else None
         render(args.results, args.templates, args.out, args.figures, args.scale, config["report"], promised,
-               references=published.load(args.references), models=config["models"], contenders_named=named)
+               sections=report_sections(catalog.load(config)), references=published.load(args.references),
+               models=config["models"], contenders_named=named)
     except validate.DamagedResults as e:
         raise SystemExit(f"error: {e}\n{args.out} and its figures are left as they were.")
     print(f"wrote {args.out}")

@@ -1,15 +1,17 @@
 """The report's sections, in the order the report shows them: the one table the renderer, the
-report rule (the results it reads) and the report template loop over.
+report rule (the results it reads) and the report template loop over, derived from the
+sections' declarations (lmperf.declare; the built-in ones in lmperf.catalog).
 
-A section `<name>` is one entry here, one module `lmperf.report.<name>` and one template
-`templates/<name>.md.j2`. The module has `view(inputs) -> dict` (numbers and frames, no
-markdown) and, when the entry names figures, `figures(inputs, paths) -> {name: why}` writing
-those it has rows for and saying why for the others (no figure is drawn without data).
+A section `<name>` is one declaration, one module `lmperf.report.<name>` (or the one it declares)
+and one template `templates/<name>.md.j2`. The module has `view(inputs) -> dict` (numbers and
+frames, no markdown) and, when the declaration names figures, `figures(inputs, paths) -> {name:
+why}` writing those it has rows for and saying why for the others (no figure is drawn without
+data).
 Its results, if any, are the CSVs under `results/<hw>/<name>/` (`result_dirs`), with one
 exception: `distributed` (Scaling across GPUs) runs on machines named by their GPU count, so the
 report of results/<hw> reads results/<hw>/distributed/ (the CPU's Gloo run, or a `hw` set in the
 config) and results/<hw>-x<N>/distributed/ for every N (e.g. results/h200 -> results/h200-x2 and
-results/h200-x4): the folders rules/distributed.smk writes on a machine of that GPU. This
+results/h200-x4): the folders the distributed section's `study` jobs write on a machine of that GPU. This
 module imports nothing heavy: the Snakefile reads it while planning.
 """
 from __future__ import annotations
@@ -18,38 +20,21 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-@dataclass(frozen=True)
-class Section:
-    name: str
-    figures: dict[str, str] = field(default_factory=dict)  # {name in templates: file name}
-    # measured by the deep target only (config `depth: deep`, `make report-deep`): a standard run
-    # neither measures nor needs its results, and the report says where they come from
-    deep: bool = False
+from lmperf import catalog
+from lmperf.declare import Section
 
 
-SECTIONS = [
-    Section("env"),
-    Section("correctness"),
-    Section("contenders"),
-    Section("e2e", {"step_vs_size": "e2e_step_vs_size.png", "step_vs_context": "e2e_step_vs_context.png"}),
-    Section("ladder", {"ladder": "e2e_ladder.png"}),
-    Section("convergence", {"convergence": "convergence_loss.png"}, deep=True),
-    Section("profile"),
-    Section("memory", {"memory": "memory_timelines.png"}),
-    Section("precision"),
-    Section("attention", {"attention": "attention_vs_seq_len.png"}),
-    Section("flash_attention", {"fa_tflops": "fa_tflops_vs_seq_len.png", "fa_ratio": "fa_ours_over_peer.png"}),
-    Section("lrpe", {"lrpe_bandwidth": "lrpe_bandwidth.png"}),
-    Section("distributed", {"dist_busbw": "distributed_busbw_vs_size.png",
-                            "dist_step_vs_gpus": "distributed_step_vs_gpus.png"}),
-    Section("repeats", deep=True),
-]
+def report_sections(declared: list[Section]) -> list[Section]:
+    """The sections of the report among the declared ones, in their order."""
+    return [s for s in declared if s.report]
+
+
+SECTIONS = report_sections(catalog.SECTIONS)
 # The sections of the deep target: the headline cases in fresh processes, the FP8 rung's convergence.
 DEEP = tuple(s.name for s in SECTIONS if s.deep)
 # Kernels checked by a rule of their own (results/<hw>/<name>/check.csv) with no section of
 # their own: the correctness section reads their rows.
-CHECKED_ONLY = ("adamw_master", "fused", "float8_delayed")
+CHECKED_ONLY = tuple(s.name for s in catalog.SECTIONS if not s.report)
 
 
 def frame_names(sections: list[Section]) -> list[str]:
@@ -61,7 +46,7 @@ def frame_names(sections: list[Section]) -> list[str]:
 
 # Sections whose results come from the multi-GPU folders results/<hw>-x<N>/ too (the repeats:
 # those of the distributed jobs, lmperf.repeats).
-MULTI_GPU = {"distributed", "repeats"}
+MULTI_GPU = {s.name for s in catalog.SECTIONS if s.multi_gpu}
 
 
 def result_dirs(results: str | Path, section: str) -> list[Path]:
@@ -78,9 +63,9 @@ def result_dirs(results: str | Path, section: str) -> list[Path]:
     return dirs
 
 
-def figure_paths(figures_dir: str | Path) -> dict[str, Path]:
+def figure_paths(figures_dir: str | Path, sections: list[Section] | None = None) -> dict[str, Path]:
     """{figure name: path} of every figure the report links."""
-    return {name: Path(figures_dir) / file for s in SECTIONS for name, file in s.figures.items()}
+    return {name: Path(figures_dir) / file for s in sections or SECTIONS for name, file in s.figures.items()}
 
 
 @dataclass

@@ -1,0 +1,262 @@
+"""The built-in report sections, each declared once (lmperf.declare): its jobs, how it plans them
+from config/config.yaml at a scale (each job's spec from lmperf.specs), and its report side. In
+report order: the report shows them so, and the workflow plans their result files so. `load`
+gives the whole list: these, then those of the modules config `sections` names.
+Imports neither torch nor triton, nor any benchmark or report module: the Snakefile reads it.
+"""
+from __future__ import annotations
+
+import importlib
+
+from lmperf import declare, specs
+from lmperf.declare import (PRIORITY_CHECK, PRIORITY_LONG_WARMS, PRIORITY_WARMS, Job, PlanContext, Planned,
+                            Section)
+
+# Scaling across GPUs: one torchrun job per study and process count
+DISTRIBUTED_STUDIES = ("allreduce", "ddp")
+
+
+def check_job(section: str, labels: dict | None = None, providers: bool = False) -> Job:
+    """A kernel's correctness check: `python -m lmperf.bench.<section> check`, in its workers."""
+    return Job(f"{section}_check", "check", f"{section}/check.csv",
+               "check --spec {params.spec:q} --workers {params.workers}", grid="check", workers=True,
+               threads="workers", priority=PRIORITY_CHECK, providers=providers,
+               labels={"job": "check"} if labels is None else labels or None)
+
+
+def _check_plan(section: str, spec) -> callable:
+    """The plan of a section whose one job is its check, where its grid at the scale has one."""
+    def plan(ctx: PlanContext) -> list[Planned]:
+        grid = ctx.grid(section)
+        return [Planned(f"{section}_check", "check", spec(ctx.config, grid))] if "check" in grid else []
+    return plan
+
+
+def _plan_env(ctx):
+    return [Planned("env", "env")]
+
+
+def _plan_e2e(ctx):
+    if not ctx.runs("e2e"):
+        return []
+    e2e = ctx.grid("e2e")
+    return [Planned("e2e_study", study, specs.e2e_spec(ctx.config, e2e, study, size), size,
+                    {"study": study, "size": size}) for study, size in specs.e2e_jobs(e2e)]
+
+
+def _plan_ladder(ctx):
+    ladder = ctx.grid("ladder")
+    # a scale's `cases` (rung patterns) reach the job as --cases, not in its spec
+    grid = {k: v for k, v in ladder.items() if k != "cases"}
+    return [Planned("ladder_size", "ladder", specs.ladder_spec(ctx.config, grid, size), size, {"size": size},
+                    cases=tuple(ladder.get("cases", ()))) for size in ladder["sizes"]]
+
+
+def _plan_convergence(ctx):
+    if "size" not in ctx.grid("convergence"):  # a scale without a convergence size has no job
+        return []
+    return [Planned("convergence_run", "convergence", specs.convergence_spec(ctx.config, ctx.scale))]
+
+
+def _plan_flash_attention(ctx):
+    fa, config = ctx.grid("flash_attention"), ctx.config
+    return [Planned("flash_attention_check", "check", specs.fa_check_spec(fa, config)),
+            *(Planned("flash_attention_bench", "bench", specs.fa_bench_spec(fa, config["models"], job, config),
+                      wildcards={"job": job}) for job in specs.fa_bench_jobs(fa, config["models"]))]
+
+
+def _plan_lrpe(ctx):
+    lrpe = ctx.grid("lrpe")
+    return [Planned("lrpe_check", "check", specs.lrpe_check_spec(lrpe)),
+            *(Planned("lrpe_bench", "bench", specs.lrpe_bench_spec(lrpe, g["dims"]), wildcards={"dims": g["dims"]})
+              for g in lrpe["bench"]["grids"])]
+
+
+def _plan_adamw_master(ctx):
+    if not ctx.runs("adamw_master"):
+        return []
+    return [Planned("adamw_master_check", "check", specs.adamw_master_check_spec(ctx.config, ctx.grid("adamw_master")))]
+
+
+def _one_job(section: str, spec=None):
+    """The plan of a section with one job named after it (its study too)."""
+    def plan(ctx: PlanContext) -> list[Planned]:
+        if not ctx.runs(section):
+            return []
+        return [Planned(section, section, spec(ctx.config, ctx.grid(section)) if spec else None)]
+    return plan
+
+
+def _plan_distributed(ctx):
+    if not ctx.runs("distributed"):
+        return []
+    dist = ctx.grid("distributed")
+    return [Planned("distributed_study", study, specs.distributed_spec(ctx.config, dist, study), str(n),
+                    {"study": study, "procs": n}, folder=folder)
+            for folder in ctx.distributed for study in DISTRIBUTED_STUDIES for n in dist[study]["procs"]]
+
+
+def _plan_contenders(ctx):
+    from lmperf import contenders
+    if not contenders.normalise(ctx.config.get("contenders")):  # a user's contenders: their checks
+        return []
+    return [Planned("contenders_study", study, contenders.study_spec(ctx.config, ctx.scale, study),
+                    wildcards={"study": study}) for study in contenders.STUDIES]
+
+
+def _contender_files(config: dict) -> dict:
+    from lmperf import contenders
+    return {"contenders": contenders.code_inputs(config.get("contenders"))}
+
+
+SECTIONS = [
+    Section(
+        "env", doc="the machine, the libraries, the scale, each section's commits and GPU minutes",
+        jobs=(Job("env", "bench", "env/env.csv", "--scale {params.scale}", spec=False,
+                  params=lambda scale: {"scale": scale}),),
+        plan=_plan_env, subcategory="Environment"),
+    Section("correctness", doc="every kernel's check rows: worst error against its tolerance"),
+    Section(
+        "contenders", doc="a user's contenders (config `contenders`) checked against float64 and one process",
+        jobs=(Job("contenders_study", "check", "contenders/{study}.csv", "{wildcards.study} --spec {params.spec:q}",
+                  priority=PRIORITY_CHECK, labels={"study": "{study}"}, inputs=_contender_files),),
+        plan=_plan_contenders, subcategory="Contenders"),
+    Section(
+        "e2e", doc="model sizes timed per phase: fp32 and bf16, eager and compiled, warm-up and context",
+        jobs=(Job("e2e_study", "bench", "e2e/{study}/{size}.csv",
+                  "--study {wildcards.study} --size {wildcards.size} --spec {params.spec:q}",
+                  labels={"study": "{study}", "model": "{size}"}),),
+        plan=_plan_e2e, figures={"step_vs_size": "e2e_step_vs_size.png", "step_vs_context": "e2e_step_vs_context.png"},
+        model=True, subcategory="End-to-end timings"),
+    Section(
+        "ladder", doc="one model size from the assignment's setting to the GPU's limit, one change a rung",
+        jobs=(Job("ladder_size", "bench", "ladder/{size}.csv",
+                  "--size {wildcards.size} --spec {params.spec:q} --workers {params.workers}",
+                  workers=True, threads="warm", priority=PRIORITY_LONG_WARMS, providers=True, cases=True,
+                  repeatable=True, labels={"model": "{size}"}),),
+        plan=_plan_ladder, figures={"ladder": "e2e_ladder.png"}, model=True, subcategory="The ladder"),
+    Section(
+        "convergence", doc="the FP8 rung's losses against bf16 over a fixed token stream",
+        jobs=(Job("convergence_run", "bench", "convergence/convergence.csv", "--spec {params.spec:q}"),),
+        plan=_plan_convergence, figures={"convergence": "convergence_loss.png"}, deep=True,
+        subcategory="FP8 convergence"),
+    Section(
+        "profile", doc="torch.profiler over training steps, phase by phase",
+        jobs=(Job("profile", "bench", "profile/profile.csv", "--spec {params.spec:q}"),),
+        plan=_one_job("profile", specs.profile_spec), model=True, subcategory="Kernel-level profile"),
+    Section(
+        "memory", doc="peak memory and the snapshot timeline of one step",
+        jobs=(Job("memory", "bench", "memory/memory.csv", "--spec {params.spec:q}",
+                  outputs={"html": "memory/html"}),),  # one snapshot page per case (not in git)
+        plan=_one_job("memory", specs.memory_spec), figures={"memory": "memory_timelines.png"}, model=True,
+        subcategory="Memory"),
+    Section(
+        "precision", doc="accumulation in fp32 and fp16, autocast's dtypes",
+        jobs=(Job("precision", "bench", "precision/precision.csv", "", spec=False),),
+        plan=_one_job("precision"), model=True, subcategory="Mixed precision"),
+    Section(
+        "attention", doc="PyTorch attention, eager and compiled: time and memory",
+        jobs=(Job("attention", "bench", "attention/attention.csv", "--spec {params.spec:q} --workers {params.workers}",
+                  workers=True, threads="warm", priority=PRIORITY_LONG_WARMS, providers=True),),
+        plan=_one_job("attention", specs.attention_spec), figures={"attention": "attention_vs_seq_len.png"},
+        model=True, subcategory="Attention in PyTorch"),
+    Section(
+        "flash_attention", doc="our FlashAttention-2 checked against float64 and timed against its peers",
+        jobs=(check_job("flash_attention", providers=True),
+              Job("flash_attention_bench", "bench", "flash_attention/bench/{job}.csv",
+                  "bench --spec {params.spec:q} --workers {params.workers}", grid="bench", workers=True,
+                  threads="warm", priority=PRIORITY_WARMS, providers=True, repeatable=True, labels={"job": "{job}"})),
+        plan=_plan_flash_attention, figures={"fa_tflops": "fa_tflops_vs_seq_len.png", "fa_ratio": "fa_ours_over_peer.png"},
+        kernel=True, subcategory="FlashAttention-2"),
+    Section(
+        "lrpe", doc="multi-dimensional LRPE-cosine checked and timed against the copy bandwidth",
+        jobs=(check_job("lrpe"),
+              Job("lrpe_bench", "bench", "lrpe/bench_{dims}d.csv", "bench --spec {params.spec:q} --workers {params.workers}",
+                  grid="bench", workers=True, threads="workers", repeatable=True, labels={"job": "bench {dims}-D"})),
+        plan=_plan_lrpe, figures={"lrpe_bandwidth": "lrpe_bandwidth.png"}, kernel=True, subcategory="LRPE-cosine"),
+    # kernels without a section of their own: their check rows are in the correctness section
+    Section(
+        "adamw_master", doc="the master-weight AdamW checked against float64 and fused AdamW",
+        jobs=(check_job("adamw_master", labels={}),), plan=_plan_adamw_master, report=False, kernel=True,
+        subcategory="AdamW with fp32 masters"),
+    Section(
+        "fused", doc="the fused RMSNorm, SwiGLU and RoPE kernels checked against float64",
+        jobs=(check_job("fused"),), plan=_check_plan("fused", specs.fused_check_spec), report=False, kernel=True,
+        subcategory="Fused kernels"),
+    Section(
+        "float8_delayed", doc="our float8 matmuls with delayed scaling checked against float64",
+        jobs=(check_job("float8_delayed"),),
+        plan=_check_plan("float8_delayed", lambda config, grid: specs.float8_delayed_check_spec(grid)),
+        report=False, kernel=True, subcategory="Float8 training"),
+    Section(
+        "distributed", doc="all-reduce bandwidth and data-parallel training over several processes",
+        jobs=(Job("distributed_study", "study", "distributed/{study}_n{procs}.csv",
+                  "{wildcards.study} --spec {params.spec:q}", providers=True, repeatable=True,
+                  labels={"study": "{study}", "processes": "{procs}"},
+                  constraints={"study": "|".join(DISTRIBUTED_STUDIES), "procs": r"\d+"},
+                  make_spec=lambda config, grid, w: specs.distributed_spec(config, grid, w["study"])),),
+        plan=_plan_distributed, figures={"dist_busbw": "distributed_busbw_vs_size.png",
+                                         "dist_step_vs_gpus": "distributed_step_vs_gpus.png"},
+        multi_gpu=True, cases_module="lmperf.bench.distributed.{study}", subcategory="Scaling across GPUs"),
+    # its jobs are the timing jobs' own, planned from config `repeats` (lmperf.repeats, rules/repeats.smk)
+    Section("repeats", doc="headline cases measured again in fresh processes (config `repeats`)", deep=True,
+            multi_gpu=True),
+]
+
+
+# The sections outside the package that this process has loaded (`load` with a config): a later
+# `load()` without one (the report's freshness check, the run-cost model) finds them too, as
+# lmperf.providers keeps the providers a config adds.
+_LOADED: list[Section] = []
+
+
+def load(config: dict | None = None) -> list[Section]:
+    """The sections: the built-in ones, then those of the modules config `sections` names (each
+    module's `SECTION`), in that order; without a config, those loaded so far."""
+    extra = list(_LOADED) if config is None else [extra_section(name) for name in config.get("sections", [])]
+    sections = [*SECTIONS, *extra]
+    names = [s.name for s in sections]
+    if dup := sorted({n for n in names if names.count(n) > 1}):
+        raise ValueError(f"config: sections: {', '.join(dup)} declared twice")
+    rules = [j.rule for s in sections for j in s.jobs]
+    if dup := sorted({r for r in rules if rules.count(r) > 1} | (set(rules) & set(names) - declare.own_rules(sections))):
+        raise ValueError(f"config: sections: rule names {', '.join(dup)} taken twice")
+    if config is not None:
+        _LOADED[:] = extra
+    return sections
+
+
+def extra_section(module: str) -> Section:
+    """The declaration of a section outside the package: `module`'s SECTION (ValueError naming the
+    module where it has none)."""
+    try:
+        found = importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError(f"config: sections: cannot import {module!r} ({e}); is its folder on PYTHONPATH?") from None
+    section = getattr(found, "SECTION", None)
+    if not isinstance(section, Section):
+        raise ValueError(f"config: sections: {module} has no SECTION = lmperf.declare.Section(...)")
+    return section
+
+
+def schema_part(config: dict, sections: list[Section]) -> dict:
+    """`config` less the keys of the sections outside the package (config/schema.yaml knows the
+    built-in ones only), after filling theirs with their declared defaults (`with_defaults`)."""
+    own = {s.name for s in sections} - builtin_names()
+    with_defaults(config, sections)
+    return {k: v for k, v in config.items() if k not in own}
+
+
+def with_defaults(config: dict, sections: list[Section]) -> dict:
+    """`config` with each section outside the package's defaults where it sets none: scale by
+    scale, a key the config sets wins."""
+    for s in sections:
+        if s.defaults and s.name not in builtin_names():
+            mine = config.get(s.name, {})
+            config[s.name] = {scale: {**grid, **mine.get(scale, {})} for scale, grid in s.defaults.items()} | \
+                {scale: grid for scale, grid in mine.items() if scale not in s.defaults}
+    return config
+
+
+def builtin_names() -> set[str]:
+    return {s.name for s in SECTIONS}
