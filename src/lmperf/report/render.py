@@ -30,7 +30,7 @@ from lmperf import catalog, contenders as contenders_mod, planning, providers, w
 from lmperf.report import format as fmt
 from lmperf.report import references as published
 from lmperf.report import contenders, quick, summary, validate
-from lmperf.report.rows import load_section, measured_at_older_code, section_csvs  # noqa: F401 (render.<name> for callers)
+from lmperf.report.rows import code_section, load_section, measured_at_older_code, section_csvs  # noqa: F401 (render.<name> for callers)
 from lmperf.report.correctness import KERNEL_SECTIONS
 from lmperf.report.sections import (DEEP, SECTIONS, Inputs, Section, figure_paths, frame_names, report_sections,
                                     result_dirs)
