@@ -325,3 +325,47 @@ def test_an_exception_in_a_contenders_process_is_a_failed_row_not_a_failed_job()
         rows = separate({"case_id": "a", "who": "alice"}) + separate({"case_id": "b", "who": "bob"})
         assert len(separate.children) == 2
     assert [r["status"] for r in rows] == ["failed", "failed"] and "must be Tensor" in rows[0]["message"]
+
+
+def _pid_or_exit(case: dict) -> list[dict]:
+    """The child's process id; the child exits where the case says so (an isolated child)."""
+    if case.get("exit"):
+        os._exit(3)
+    return [{**common.failure_row("ok", ""), "pid": os.getpid()}]
+
+
+def test_ahead_keeps_a_group_in_one_child_and_a_crash_moves_the_rest_to_a_fresh_one():
+    """Three groups of three cases in two children: a group's cases share their child (its
+    compiles serve them all); a child that dies in a case makes that case `crashed`, and its
+    lane's next cases run in a fresh child."""
+    from lmperf.bench import isolation
+    cases = [{"case_id": f"{g}{i}", "group": g, "exit": (g, i) == ("b", 1)} for g in "abc" for i in range(3)]
+    with isolation.Ahead(_pid_or_exit, 60, 2, cases, group=lambda c: c["group"]) as ahead:
+        rows = {c["case_id"]: ahead(c)[0] for c in cases}
+        started = ahead.started
+    pids = lambda g, idx=range(3): {rows[f"{g}{i}"].get("pid") for i in idx}
+    assert len(pids("a")) == 1 and len(pids("c")) == 1 and pids("a") == pids("c")  # a and c: one lane
+    assert rows["b1"]["status"] == "crashed" and "exited with code 3" in rows["b1"]["message"]
+    assert rows["b2"]["status"] == "ok" and pids("b", [2]) != pids("b", [0]) and pids("b", [0]) != pids("a")
+    assert started == 3
+
+
+def _reply_bytes(case: dict) -> bytes:
+    """A child's reply as bytes (an isolated child with a judge)."""
+    if case.get("raise"):
+        raise RuntimeError("no reply")
+    return json.dumps({"pid": os.getpid(), "x": case["x"]}).encode()
+
+
+def test_with_a_judge_the_child_sends_bytes_and_this_process_makes_the_rows():
+    from lmperf.bench import isolation
+    judged = []
+
+    def judge(case, payload):
+        judged.append((case["case_id"], os.getpid(), payload))
+        return [{**common.failure_row("ok" if payload else "failed", ""), **(json.loads(payload) if payload else {})}]
+    with isolation.Isolated(_reply_bytes, 60, judge=judge) as isolated:
+        rows = isolated({"case_id": "a", "x": 2}) + isolated({"case_id": "b", "raise": True})
+    assert rows[0]["x"] == 2 and rows[0]["pid"] != os.getpid()
+    assert rows[1]["status"] == "failed" and judged[1][2] == b""  # what it raised: an empty reply, judged here
+    assert [j[1] for j in judged] == [os.getpid()] * 2

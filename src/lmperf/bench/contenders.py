@@ -11,28 +11,41 @@ outside the course: `outside`), causal and not: out, L (the one saved tensor of 
 in any float dtype, as the course's test finds it) and dQ, dK, dV against float64, each row with
 the course test's error (rtol = atol = 1e-2: `course_ratio`, `course_passed`), flash-attention's
 tolerance (at most twice plain PyTorch's error in the same dtype: `passed`) and L's dtype. Then its
-properties, one case each: grouped-query (K and V with fewer heads, (B, H, N, D) inputs), compiles
-(torch.compile fullgraph, the same result as eager), deterministic (forward and backward bitwise
-equal over repeats) and fresh (a result follows its inputs when their contents change in the same
-storage: an implementation that caches is caught). The report judges them (report/contenders.py).
+properties, one case each: grouped-query (K and V with fewer heads, (B, H, N, D) inputs, at
+`gqa_shape`), compiles (torch.compile fullgraph and its output beside eager's, at one small shape:
+`compile_shape`), deterministic (forward and backward bitwise equal over 4 runs) and fresh (a
+result follows its inputs when their contents change in the same storage: an implementation that
+caches is caught), those two at `property_shape`. The report judges them (report/contenders.py).
 
 `distributed`: each distributed adapter (DDP, FSDP, sharded optimizer) trains a small model for a
 few steps in 2 processes over Gloo; its weights must equal one process's training on the whole
 batch (the assignment's correctness).
 
-Every case runs in a child process of its own contender's, with a time limit (bench/isolation.py;
-two contenders never share an interpreter, so that packages of one name cannot collide): one that
-hangs, kills its process, runs out of memory or returns the wrong shape, dtype, device or NaN is
-a row (`timeout`, `crashed`, `oom`, `wrong`) and the job goes on. An adapter that is missing or
-raises NotImplementedError is a `skipped` row saying "not implemented".
+What runs where. This process plans, journals and writes the CSV; it never imports a contender's
+code. Each contender's cases run in child processes of that contender alone (bench/isolation.py;
+two contenders never share an interpreter, so that packages of one name cannot collide), `workers`
+of them side by side (the spec's; 1 by default), each living through all the cases given it, with
+a time limit per case. A case that hangs or kills its process is a `timeout` or `crashed` row, and
+the cases after it run in a fresh child of the same contender; a waiting case prints a line every
+30 s. For `attention`, a child gets its cases grouped by shape class (`shape_class`: kind, head dim,
+dtype, causal, N aligned to the tile; the properties last, compiles at the very end), a whole class
+in one child, so that each class compiles once and the child's compiled kernels serve the rest.
+The child only builds its inputs from the case's seed, runs the contender and sends back what it
+returned (bench/contender_attention.py's `outputs`); this process rebuilds the inputs from the
+seed, computes float64 from them and writes the verdict (`judge`): a wrong shape, dtype or device
+or a NaN is a `wrong` row. An adapter that is missing or raises NotImplementedError is a `skipped`
+row saying "not implemented". `distributed` cases are measured in the child (their ranks' own
+processes, bench/contender_distributed.py) and their rows come back as they are.
 """
 from __future__ import annotations
 
 import os
 import random
+import sys
+import time
 
 from lmperf import contenders as contenders_mod
-from lmperf.bench import common, failures, honest, isolation, jobs
+from lmperf.bench import common, contender_attention, isolation, jobs
 
 PROPERTIES = ("gqa", "compiles", "deterministic", "fresh")
 
@@ -81,13 +94,24 @@ def attention_cases(spec: dict) -> list[dict]:
                                           "seq_len": shape[-2], "tile": COURSE_TILE,
                                           "aligned": shape[-2] % COURSE_TILE == 0})
             for prop in spec.get("properties", PROPERTIES):
-                shape = spec["gqa_shape"] if prop == "gqa" else spec["property_shape"]
+                shape = spec["gqa_shape"] if prop == "gqa" else compile_shape(spec) if prop == "compiles" \
+                    else spec["property_shape"]
                 shape_id = "x".join(map(str, shape))
                 cases.append({**base, "check": prop, "dtype": spec["property_dtype"], "causal": True,
                               "shape": shape_id, "case_id": f"{name}_{kind}-{prop}-{shape_id}",
                               "tier": "property", "head_dim": shape[-1], "seq_len": shape[-2],
                               "tile": COURSE_TILE, "aligned": shape[-2] % COURSE_TILE == 0})
     return cases
+
+
+def compile_shape(spec: dict) -> list[int]:
+    """The compiles property's one shape a kind: the spec's `compile_shape`, else one head of the
+    course's tile of tokens at the property shape's head dim ([1, 1, 128, D]). Small, because
+    torch.compile unrolls a Python tile loop (a PyTorch attention's) into one graph, minutes to
+    compile at a few hundred tokens; inside the course's contract, so that a kernel written to the
+    handout's promises is asked to compile, not to handle an awkward N."""
+    from lmperf.kernels.attention_contract import COURSE_TILE
+    return list(spec.get("compile_shape") or [1, 1, COURSE_TILE, spec["property_shape"][-1]])
 
 
 def distributed_cases(spec: dict) -> list[dict]:
@@ -108,132 +132,24 @@ def distributed_cases(spec: dict) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------
-# attention
+# attention: the contender's outputs in its process, the verdict in the job's (bench/contender_attention.py)
+
+CHECK_ORDER = {"values": 0, "gqa": 1, "fresh": 2, "deterministic": 3, "compiles": 4}
 
 
-def _contender(case: dict):
-    return contenders_mod.load(case["contender"], case["source"])
+def shape_class(case: dict) -> tuple:
+    """The cases that run in one contender process one after another, so that what the first
+    compiles the others reuse, in the order they run: by kind, values before the properties
+    (compiles last: it resets torch.compile's caches), then (head dim, dtype, causal, N a
+    multiple of the tile)."""
+    return (case["kind"], CHECK_ORDER[case["check"]], int(case["head_dim"]), case["dtype"], bool(case["causal"]),
+            bool(case["aligned"]))
 
 
-def _inputs(case: dict, seed: int):
-    import torch
-    cuda = torch.cuda.is_available()
-    gen = torch.Generator(device="cuda" if cuda else "cpu").manual_seed(seed)
-    dims = [int(x) for x in case["shape"].split("x")]
-    dtype = common.torch_dtype(case["dtype"])
-    make = lambda shape: torch.randn(shape, generator=gen, device=gen.device, dtype=dtype)
-    if case["check"] == "gqa":  # [B, H, H_kv, N, D]
-        b, h, h_kv, n, d = dims
-        return make((b, h, n, d)), make((b, h_kv, n, d)), make((b, h_kv, n, d))
-    return make(dims), make(dims), make(dims)
-
-
-def measure_attention(case: dict) -> list[dict]:
-    """A case's rows; what the contender's code raises is a `failed` row (an out-of-memory an
-    `oom` row), what it returns against the contract a `wrong` row."""
-    try:
-        return _measure_attention(case)
-    except common.NotRun:
-        raise
-    except AssertionError as exc:  # the contract's own checks (attention_contract.saved_logsumexp)
-        raise contenders_mod.Wrong(str(exc)) from None
-    except Exception as exc:
-        if failures.is_oom(exc):
-            raise
-        raise contenders_mod.Failed(failures.describe(exc)) from None
-
-
-def _measure_attention(case: dict) -> list[dict]:
-    import torch
-    from lmperf.kernels.attention_contract import compare
-
-    cuda = torch.cuda.is_available()
-    if case["kind"] == "triton" and case["dtype"] == "bf16" and not cuda:
-        raise common.NotRun("needs CUDA: Triton's interpreter computes bfloat16 dots wrongly")
-    fn = contenders_mod.attention_fn(_contender(case), case["kind"])
-    seed = random.randrange(2**31)  # fresh inputs every run; the seed is kept to reproduce them
-    q, k, v = _inputs(case, seed)
-    if case["check"] != "values":
-        return [{**row, "seed": seed} for row in _property(case, fn, q, k, v)]
-
-    def forward(q, k, v, is_causal):
-        out = fn(q, k, v, is_causal)
-        honest.check_output(out, q)
-        return out
-    rows = []
-    compared = compare(forward, q, k, v, case["causal"])
-    lse_dtype = next(r["saved_dtype"] for r in compared if r["quantity"] == "lse")
-    for r in compared:
-        row = common.summarize(f"{r['quantity']}_max_abs_err", "abs", [r["max_abs_err"]])
-        row.update(torch_err=r["torch_err"], tolerance=r["tolerance"], passed=r["passed"],
-                   course_ratio=r["course_ratio"], course_passed=r["course_passed"], lse_dtype=lse_dtype,
-                   seed=seed)
-        rows.append(row)
-    return rows
-
-
-def _property_row(prop: str, holds: bool, message: str = "") -> dict:
-    row = common.summarize(prop, "bool", [float(holds)])
-    row.update(passed=bool(holds), message=message)
-    return row
-
-
-def _property(case: dict, fn, q, k, v) -> list[dict]:
-    """One row: whether the contender has the property `case['check']`."""
-    import torch
-    from lmperf.kernels.attention_contract import reference
-
-    prop, causal = case["check"], case["causal"]
-    if prop == "gqa":
-        try:
-            out = fn(q, k, v, causal)
-        except Exception as exc:  # a contender without grouped-query attention: not wrong, unsupported
-            raise common.Unsupported(f"does not take fewer K/V heads than Q heads: "
-                                     f"{type(exc).__name__}: {str(exc)[:200]}") from None
-        honest.check_output(out, q)
-        ref, _ = reference(q, k, v, causal, dtype=torch.float64)
-        torch_out, _ = reference(q, k, v, causal, dtype=q.dtype)
-        from lmperf.kernels.attention_contract import tolerance
-        err = float((out.double() - ref).abs().max())
-        tol = tolerance(float((torch_out.double() - ref).abs().max()), q.dtype)
-        return [_property_row("gqa", err <= tol, f"forward error {err:.3g}, tolerance {tol:.3g}")]
-    if prop == "compiles":
-        cuda = torch.cuda.is_available()
-        import torch._dynamo
-        torch._dynamo.reset()
-        eager = fn(q, k, v, causal)
-        try:
-            compiled = torch.compile(fn, fullgraph=True, backend="inductor" if cuda else "aot_eager")(q, k, v, causal)
-        except Exception as exc:
-            return [_property_row("compiles", False, f"torch.compile(fullgraph=True): {type(exc).__name__}: "
-                                                     f"{str(exc).splitlines()[0][:300] if str(exc) else ''}")]
-        honest.check_output(compiled, q, "compiled output")
-        same = torch.equal(compiled, eager)
-        err = float((compiled.double() - eager.double()).abs().max())
-        return [_property_row("compiles", True, "compiled equals eager bitwise" if same else
-                              f"compiled differs from eager by up to {err:.3g}")]
-    if prop == "deterministic":
-        grad_out = torch.randn_like(q)
-
-        def run():
-            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-            out = fn(*leaves, causal)
-            honest.check_output(out, q)
-            out.backward(grad_out)
-            return [out.detach()] + [t.grad for t in leaves]
-        first = run()
-        same = all(all(torch.equal(a, b) for a, b in zip(first, run())) for _ in range(3))
-        return [_property_row("deterministic", same, "forward and backward bitwise equal over 4 runs" if same
-                              else "forward or backward differ between runs on the same inputs")]
-    if prop == "fresh":
-        with torch.no_grad():
-            for _ in range(3):  # called as a timing loop calls it: the same tensors every time
-                honest.check_output(fn(q, k, v, causal), q)
-        why = honest.stale_output(fn, q, k, v, causal)
-        if why:
-            raise contenders_mod.Wrong(why)
-        return [_property_row("fresh", True, "the output follows the inputs' contents in the same storage")]
-    raise ValueError(f"unknown property {prop!r}")
+def seeded(case: dict) -> dict:
+    """The case as its contender's process gets it: with the seed its inputs are built from (fresh
+    every run; kept in its rows to reproduce them)."""
+    return {**case, "seed": random.randrange(2**31)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,7 +158,7 @@ def _property(case: dict, fn, q, k, v) -> list[dict]:
 
 def measure_distributed(case: dict) -> list[dict]:
     from lmperf.bench import contender_distributed
-    return contender_distributed.measure(case, _contender(case))
+    return contender_distributed.measure(case, contenders_mod.load(case["contender"], case["source"]))
 
 
 class PerContender:
@@ -250,26 +166,46 @@ class PerContender:
     contender, so two contenders' packages of one name (every student's `cs336_systems`) never
     meet in an interpreter. Each contender's cases are measured ahead of the job's loop in
     `workers` children of its own, started when the loop reaches its first case (the cases come
-    contender by contender: attention_cases, distributed_cases) and closed when it moves on."""
+    contender by contender: attention_cases, distributed_cases) and closed when it moves on,
+    with a line on stderr saying how many cases it ran in how many processes.
 
-    def __init__(self, measure, time_limit_s: float, workers: int, cases: list[dict]):
+    `group`, `judge`: isolation.Ahead's (a contender's cases sorted by `group`, each group in one
+    child; `judge` run in this process). `prepare(case)`: the case its child gets (a seed
+    added). `before(case)`: why the case is not run here (a `skipped` row, no child), or None."""
+
+    def __init__(self, measure, time_limit_s: float, workers: int, cases: list[dict], *, judge=None, group=None,
+                 prepare=None, before=None):
         self.measure, self.time_limit_s, self.workers = measure, time_limit_s, workers
+        self.judge, self.group, self.before = judge, group, before
+        self.prepare = prepare or (lambda case: case)
         self.todo: dict[str, list[dict]] = {}
         for case in cases:
-            self.todo.setdefault(case["contender"], []).append(case)
-        self.name, self.ahead = None, None
+            if not (before and before(case)):
+                self.todo.setdefault(case["contender"], []).append(case)
+        self.name, self.ahead, self.sent, self.t0, self.cases = None, None, {}, 0.0, 0
 
     def __call__(self, case: dict) -> list[dict]:
+        why = self.before(case) if self.before else None
+        if why:
+            return [common.failure_row("skipped", why)]
         if case["contender"] != self.name:
             self._close()
-            self.name = case["contender"]
+            self.name, self.t0, self.cases = case["contender"], time.monotonic(), 0
             # a contender met again (an unusual selection of cases): the rest in fresh children
-            self.ahead = isolation.Ahead(self.measure, self.time_limit_s, self.workers, self.todo.pop(self.name, []))
-        return self.ahead(case)
+            todo = [self.prepare(c) for c in self.todo.pop(self.name, [])]
+            if self.group is not None:
+                todo.sort(key=self.group)
+            self.sent = {c["case_id"]: c for c in todo}
+            self.ahead = isolation.Ahead(self.measure, self.time_limit_s, self.workers, todo, judge=self.judge,
+                                         group=self.group)
+        self.cases += 1
+        return self.ahead(self.sent.pop(case["case_id"], None) or self.prepare(case))
 
     def _close(self, *exc) -> None:
         if self.ahead is not None:
             self.ahead.__exit__(*(exc or (None, None, None)))
+            print(f"[{self.name}] {self.cases} cases in {self.ahead.started} processes of its own, "
+                  f"{time.monotonic() - self.t0:.1f} s", file=sys.stderr, flush=True)
         self.name, self.ahead = None, None
 
     def __enter__(self) -> "PerContender":
@@ -279,7 +215,8 @@ class PerContender:
         self._close(*exc)
 
 
-STUDIES = {"attention": (attention_cases, measure_attention), "distributed": (distributed_cases, measure_distributed)}
+STUDIES = {"attention": (attention_cases, contender_attention.outputs),
+           "distributed": (distributed_cases, measure_distributed)}
 
 
 def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dict]:
@@ -300,11 +237,15 @@ def main(argv=None):
     digest = contenders_mod.digest(args.spec["contenders"])
     # the children load their own contender alone, never every contender the environment names
     os.environ.pop(contenders_mod.ENV, None)
-    # each case in a child process (a crash or a hang is its row), `workers` of them side by side,
-    # and every child one contender's: two contenders never share an interpreter
+    # the cases in child processes (a crash or a hang is its case's row), `workers` of them side by
+    # side, every child one contender's: two contenders never share an interpreter. The attention
+    # check's children send back outputs, which this process judges against float64
+    attention = args.study == "attention"
+    checks = dict(judge=contender_attention.judge, group=shape_class, prepare=seeded,
+                  before=contender_attention.not_run) if attention else {}
     jobs.run(section="contenders", study=args.study, cases=cases, measure=measure, args=args,
              fingerprint={"spec": args.spec, "contender_files": digest},
-             ahead=lambda todo: PerContender(measure, limit, int(args.spec.get("workers", 1)), todo))
+             ahead=lambda todo: PerContender(measure, limit, int(args.spec.get("workers", 1)), todo, **checks))
 
 
 if __name__ == "__main__":

@@ -60,6 +60,21 @@ def guarded(fn: Callable) -> Callable:
     return call
 
 
+# How far an output on the same storage may be from one on a fresh copy of the same contents
+# (rounding: a kernel may pick another path for other addresses), times the output's scale
+STALE_TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
+
+
+def stale_tolerance(dtype) -> float:
+    return STALE_TOLERANCE.get(str(dtype).removeprefix("torch."), 1e-2)
+
+
+def stale_message(err: float, tol: float) -> str:
+    return (f"stale result: after the inputs' contents changed in place, the output differs by {err:.3g} "
+            f"from the output on a fresh copy of the same contents (tolerance {tol:.3g}): a result "
+            f"cached for the same storage")
+
+
 def stale_output(fn: Callable, q, k, v, is_causal: bool) -> str | None:
     """Why `fn`'s result is stale, or None. After `fn` has been called on q, k, v (as a timing
     loop calls it), their contents are changed in place (the same storage) and `fn` called again;
@@ -75,12 +90,8 @@ def stale_output(fn: Callable, q, k, v, is_causal: bool) -> str | None:
         check_output(fresh, q)  # NaN or inf: what a compiled call's guard leaves to here
         err = float((same_storage.double() - fresh.double()).abs().max())
         scale = max(1.0, float(fresh.double().abs().max()))
-        tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}.get(q.dtype, 1e-2) * scale
-    if not err <= tol:
-        return (f"stale result: after the inputs' contents changed in place, the output differs by {err:.3g} "
-                f"from the output on a fresh copy of the same contents (tolerance {tol:.3g}): a result "
-                f"cached for the same storage")
-    return None
+        tol = stale_tolerance(q.dtype) * scale
+    return None if err <= tol else stale_message(err, tol)
 
 
 def impossible_time(ms: float, flops: float, bytes_moved: float, gpu_name: str | None) -> str | None:

@@ -4,7 +4,10 @@ is a row, and the job goes on with the next case.
     with Isolated(measure, time_limit_s=300) as isolated:
         rows = isolated(case)          # measure(case)'s rows, or one row saying what went wrong
 
-    with Ahead(measure, 300, workers=4, cases=cases) as isolated:   # 4 children, side by side
+    with Isolated(outputs, 300, judge=judge) as isolated:
+        rows = isolated(case)          # judge(case, outputs(case)) with `judge` run in this process
+
+    with Ahead(measure, 300, workers=4, cases=cases, group=key) as isolated:   # 4 children, side by side
         rows = isolated(case)          # the same, measured ahead of the job's loop
 
 One child process (spawned: CUDA does not survive a fork) measures the cases one after another,
@@ -12,7 +15,13 @@ so its imports and compiles are paid once. When a case does not answer within th
 child is killed and the case is a `timeout` row; when the child dies (a segfault, os._exit, an
 illegal memory access) the case is a `crashed` row with the exit code or signal. Either way the
 next case starts in a fresh child. Both are results about the code under test, not failures of
-the job (only `error` fails a job: bench/failures.py).
+the job (only `error` fails a job: bench/failures.py). A case that has not answered says so on
+stderr (the job's log) every PROGRESS_S.
+
+With `judge`, the child decides nothing: `measure(case)` returns bytes, which go back over the
+pipe as bytes (never unpickled here) and `judge(case, payload)` makes the rows in this process
+(the contenders' attention check: bench/contender_attention.py). The child then keeps what it
+compiled from case to case (torch.compile's caches are not reset after each case).
 
 `measure` must be importable by its module and qualified name (a module-level function).
 """
@@ -27,11 +36,13 @@ from typing import Callable
 from lmperf.bench import common
 
 PROGRESS_S = 30.0  # a case that has not answered says so this often
+MAX_REPLY_BYTES = 1 << 31  # a longer reply of a child sending bytes (`judge`) is refused as a crash
 
 
-def _serve(module: str, name: str, conn) -> None:
+def _serve(module: str, name: str, conn, raw: bool = False) -> None:
     """The child: measure each case it is sent, send its rows (a failure becomes a row here, as
-    in common.run_case) until it is sent None."""
+    in common.run_case) until it is sent None. `raw`: measure returns bytes, sent as they are
+    (nothing when it raises), and what the case compiled is kept for the next."""
     import importlib
     measure = importlib.import_module(module)
     for part in name.split("."):
@@ -43,6 +54,14 @@ def _serve(module: str, name: str, conn) -> None:
             return
         if case is None:
             return
+        if raw:
+            try:
+                payload = bytes(measure(case))
+            except Exception:  # the parent's judge says what an empty reply is
+                payload = b""
+            _tidy()
+            conn.send_bytes(payload)
+            continue
         try:
             rows = common.with_clocks(measure, case)  # the clocks of its timed work, read here
         except Exception as exc:  # a failed case is data
@@ -50,6 +69,17 @@ def _serve(module: str, name: str, conn) -> None:
             rows = [common.failure_row(status, message)]
         common.clean_device()
         conn.send(rows)
+
+
+def _tidy() -> None:
+    """What a finished case left on the device freed, its compiled code kept."""
+    import gc
+
+    import torch
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 def _death(exitcode: int | None) -> str:
@@ -64,9 +94,12 @@ def _death(exitcode: int | None) -> str:
 
 
 class Isolated:
-    """measure(case) run in a child process, one case at a time, with a time limit per case."""
+    """measure(case) run in a child process, one case at a time, with a time limit per case; with
+    `judge`, judge(case, measure(case)) with judge run in this process. `started`: how many child
+    processes it has started."""
 
-    def __init__(self, measure: Callable[[dict], list[dict]], time_limit_s: float):
+    def __init__(self, measure: Callable[[dict], list[dict]], time_limit_s: float,
+                 judge: Callable[[dict, bytes], list[dict]] | None = None):
         if time_limit_s <= 0:
             raise ValueError(f"time limit {time_limit_s} s: must be positive")
         self.module, self.name = measure.__module__, measure.__qualname__
@@ -76,6 +109,7 @@ class Isolated:
         self.time_limit_s = time_limit_s
         self.ctx = multiprocessing.get_context("spawn")
         self.proc = self.conn = None
+        self.judge, self.started = judge, 0
 
     def __enter__(self) -> "Isolated":
         return self
@@ -87,8 +121,9 @@ class Isolated:
         parent, child = self.ctx.Pipe()
         # not a daemon: a case may start processes of its own (the distributed study); it ends
         # when the parent closes the pipe (recv raises EOFError) or kills it
-        self.proc = self.ctx.Process(target=_serve, args=(self.module, self.name, child))
+        self.proc = self.ctx.Process(target=_serve, args=(self.module, self.name, child, self.judge is not None))
         self.proc.start()
+        self.started += 1
         child.close()
         self.conn = parent
 
@@ -106,14 +141,18 @@ class Isolated:
             self._start()
         try:
             self.conn.send(case)
-            if self._wait(case):
+            answered = self._wait(case)
+            if answered and self.judge is None:
                 return self.conn.recv()
+            payload = self.conn.recv_bytes(MAX_REPLY_BYTES) if answered else None
         except (EOFError, OSError, BrokenPipeError):  # it died in the case
             self.proc.join(10)
             code = self.proc.exitcode
             self._kill()
             return [common.failure_row("crashed", f"{_death(code)} in this case; the next case runs in a "
                                                   f"fresh process")]
+        if answered:
+            return self.judge(case, payload)
         if not self.proc.is_alive():
             code = self.proc.exitcode
             self._kill()
@@ -171,37 +210,74 @@ class Isolated:
 class Ahead:
     """`workers` Isolated children measuring `cases` side by side, ahead of the job's loop (which
     takes their rows in order, journalling each): calling it with a case returns that case's
-    rows, waiting for them if they are being measured. For checks, whose cases share the device."""
+    rows, waiting for them if they are being measured. For checks, whose cases share the device.
+
+    `group(case)` keys the cases that must run in one child, one after another in the order
+    given (a shape class, whose compiles the first case pays and the others reuse): each group
+    goes whole to the child with the fewest cases so far (None: each case a group of its own).
+    With `judge`, each child's replies are judged in this process (Isolated)."""
 
     def __init__(self, measure: Callable[[dict], list[dict]], time_limit_s: float, workers: int,
-                 cases: list[dict]):
+                 cases: list[dict], judge: Callable[[dict, bytes], list[dict]] | None = None,
+                 group: Callable[[dict], object] | None = None):
         import concurrent.futures
-        import queue
-        self.children = [Isolated(measure, time_limit_s) for _ in range(max(1, workers))]
-        self.free: queue.Queue = queue.Queue()
-        for child in self.children:
-            self.free.put(child)
-        self.executor = concurrent.futures.ThreadPoolExecutor(len(self.children))
-        self.futures = {c["case_id"]: self.executor.submit(self._measure, c) for c in cases}
+        import threading
+        groups: dict = {}
+        for case in cases:
+            groups.setdefault(group(case) if group else case["case_id"], []).append(case)
+        lanes: list[list[dict]] = [[] for _ in range(max(1, min(workers, len(groups))))]
+        for members in groups.values():
+            min(lanes, key=len).extend(members)
+        self.measure, self.time_limit_s, self.judge = measure, time_limit_s, judge
+        self.children = [Isolated(measure, time_limit_s, judge) for _ in lanes]
+        self.futures = {c["case_id"]: concurrent.futures.Future() for c in cases}
+        self.stop = threading.Event()
+        self.extra: Isolated | None = None  # a case not given ahead: measured alone, in a child of its own
+        self.threads = [threading.Thread(target=self._lane, daemon=True, name=f"isolated-{i}",
+                                         args=(child, [(c, self.futures[c["case_id"]]) for c in lane]))
+                        for i, (child, lane) in enumerate(zip(self.children, lanes))]
+        for thread in self.threads:
+            thread.start()
 
-    def _measure(self, case: dict) -> list[dict]:
-        child = self.free.get()  # each child measures one case at a time
-        try:
-            return child(case)
-        finally:
-            self.free.put(child)
+    def _lane(self, child: Isolated, lane: list) -> None:
+        """Measure a lane's (case, future) pairs in order, in its child."""
+        for case, future in lane:
+            if self.stop.is_set() or not future.set_running_or_notify_cancel():
+                future.cancel()
+                continue
+            try:
+                future.set_result(child(case))
+            except BaseException as exc:  # noqa: BLE001  (raised in the job's loop, by result())
+                future.set_exception(exc)
+
+    @property
+    def started(self) -> int:
+        """Child processes started so far."""
+        return sum(c.started for c in self.children + ([self.extra] if self.extra else []))
 
     def __call__(self, case: dict) -> list[dict]:
         future = self.futures.pop(case["case_id"], None)
-        return future.result() if future is not None else self._measure(case)
+        if future is not None:
+            return future.result()
+        if self.extra is None:
+            self.extra = Isolated(self.measure, self.time_limit_s, self.judge)
+        return self.extra(case)
 
     def __enter__(self) -> "Ahead":
         return self
 
     def __exit__(self, *exc) -> None:
         interrupted = exc[0] is not None
-        self.executor.shutdown(wait=not interrupted, cancel_futures=True)
-        for child in self.children:
+        if interrupted:
+            self.stop.set()
+            for future in self.futures.values():
+                future.cancel()
+        for child in self.children + ([self.extra] if self.extra else []):
+            if interrupted:
+                child._kill()
+        for thread in self.threads:
+            thread.join(None if not interrupted else 10)
+        for child in self.children + ([self.extra] if self.extra else []):
             child._kill() if interrupted else child.close()
 
 

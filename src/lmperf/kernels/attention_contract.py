@@ -85,20 +85,35 @@ def tolerance(torch_error: float, dtype: torch.dtype) -> float:
     return 2 * torch_error + ERROR_FLOOR[dtype]
 
 
-def saved_logsumexp(out: torch.Tensor, shape) -> torch.Tensor:
-    """The logsumexp an implementation saved for backward, as the course's test finds it: the one
-    tensor of shape q.shape[:-1] among out.grad_fn.saved_tensors, in any float dtype (an L kept
-    in bf16 passes the course's test; whether it is fp32 is a property of lmperf's wider contract).
-    Under torch.compile the saved tensors are the compiled graph's, where L may be kept
-    flattened: then the one float tensor of that many elements, reshaped."""
-    saved = [t for t in out.grad_fn.saved_tensors if t.is_floating_point()]
+def logsumexp_candidates(out, shape) -> list[torch.Tensor]:
+    """What the course's test could take for the logsumexp an implementation saved for backward:
+    the float tensors of shape `shape` (q.shape[:-1]) among out.grad_fn.saved_tensors, in any
+    float dtype (an L kept in bf16 passes the course's test; whether it is fp32 is a property of
+    lmperf's wider contract). Under torch.compile the saved tensors are the compiled graph's, where
+    L may be kept flattened: where none has the shape, the float tensors of that many elements,
+    reshaped. [] for an output with no grad_fn (nothing saved)."""
+    saved = getattr(getattr(out, "grad_fn", None), "saved_tensors", None) or ()
+    saved = [t for t in saved if isinstance(t, torch.Tensor) and t.is_floating_point()]
     found = [t for t in saved if tuple(t.shape) == tuple(shape)]
     if not found:
         found = [t.reshape(shape) for t in saved if t.numel() == math.prod(shape)]
+    return found
+
+
+def one_logsumexp(found: list[torch.Tensor], shape) -> torch.Tensor:
+    """The course test's rule: exactly one candidate (logsumexp_candidates) is L; AssertionError
+    otherwise."""
     if len(found) != 1:
         raise AssertionError(f"expected one saved tensor of shape {tuple(shape)} (the logsumexp L, in "
                              f"any float dtype, as the course's test finds it); found {len(found)}")
     return found[0]
+
+
+def saved_logsumexp(out: torch.Tensor, shape) -> torch.Tensor:
+    """The logsumexp an implementation saved for backward, as the course's test finds it (the one
+    tensor of shape q.shape[:-1] among out.grad_fn.saved_tensors: logsumexp_candidates,
+    one_logsumexp)."""
+    return one_logsumexp(logsumexp_candidates(out, shape), shape)
 
 
 # The course's contract (Stanford CS336 assignment 2): what its tests check and its handout
@@ -131,38 +146,53 @@ def course_ratio(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float(((x - ref).abs() / (COURSE_ATOL + COURSE_RTOL * ref.abs())).max())
 
 
-def compare(impl_forward, q, k, v, is_causal: bool, grad_out=None) -> list[dict]:
-    """Errors of one implementation against float64, beside plain PyTorch in the input dtype.
+QUANTITIES = ("out", "lse", "dq", "dk", "dv")
 
-    impl_forward(q, k, v, is_causal) -> output (differentiable). Returns one dict per quantity
-    (out, lse, dq, dk, dv): max abs error, PyTorch's error, tolerance, passed (flash-attention's
-    rule), course_ratio and course_passed (the course test's rtol = atol = 1e-2, never stricter
-    than plain PyTorch in the same dtype: passed by either rule), saved_dtype (the dtype the
-    implementation returned or saved it in: L's is the course's free choice)."""
+
+def run_impl(impl_forward, q, k, v, is_causal: bool, grad_out) -> dict:
+    """One implementation's quantities on copies of q, k and v (what it does to them stays with
+    the copies): {out, lse (the saved L), dq, dk, dv}, detached."""
+    qkv = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = impl_forward(*qkv, is_causal)
+    lse = saved_logsumexp(out, q.shape[:-1])
+    out.backward(grad_out.to(out.dtype))
+    return {"out": out.detach(), "lse": lse.detach(), **{g: t.grad for g, t in zip(("dq", "dk", "dv"), qkv)}}
+
+
+def judge(impl: dict, q, k, v, is_causal: bool, grad_out) -> list[dict]:
+    """Rows of `impl`'s quantities (run_impl's, or the same received from another process)
+    against float64 computed here from q, k and v, beside plain PyTorch in the input dtype: one
+    dict per quantity (out, lse, dq, dk, dv) with max abs error, PyTorch's error, tolerance, passed
+    (flash-attention's rule), course_ratio and course_passed (the course test's rtol = atol = 1e-2,
+    never stricter than plain PyTorch in the same dtype: passed by either rule), saved_dtype (the
+    dtype the implementation returned or saved it in: L's is the course's free choice). A NaN or
+    inf anywhere in `impl` fails its quantity, whatever the reference holds."""
     dtype = q.dtype
-    leaves = lambda ts, dt=None: [t.detach().to(dt or t.dtype).requires_grad_() for t in ts]
-    grad_out = torch.randn_like(q) if grad_out is None else grad_out
-
-    results = {}
-    for name, dt in (("ref", torch.float64), ("torch", dtype), ("impl", None)):
-        qkv = leaves((q, k, v), dt)
-        if name == "impl":
-            out = impl_forward(*qkv, is_causal)
-            lse = saved_logsumexp(out, q.shape[:-1])
-        else:
-            out, lse = reference(*qkv, is_causal, dtype=dt)
+    results = {"impl": impl}
+    for name, dt in (("ref", torch.float64), ("torch", dtype)):
+        qkv = [t.detach().to(dt).requires_grad_() for t in (q, k, v)]
+        out, lse = reference(*qkv, is_causal, dtype=dt)
         out.backward(grad_out.to(out.dtype))
         results[name] = {"out": out.detach(), "lse": lse.detach(),
                          **{g: t.grad for g, t in zip(("dq", "dk", "dv"), qkv)}}
     rows = []
-    for quantity in ("out", "lse", "dq", "dk", "dv"):
+    for quantity in QUANTITIES:
         ref = results["ref"][quantity].double()
         err = lambda x: float((x.double() - ref).abs().max()) if torch.isfinite(x).all() else float("inf")
-        impl_err, torch_err = err(results["impl"][quantity]), err(results["torch"][quantity])
+        impl_err, torch_err = err(impl[quantity]), err(results["torch"][quantity])
         tol = tolerance(torch_err, dtype)
-        ratio = course_ratio(results["impl"][quantity], ref)
+        ratio = course_ratio(impl[quantity], ref)
         rows.append({"quantity": quantity, "max_abs_err": impl_err, "torch_err": torch_err,
                      "tolerance": tol, "passed": bool(impl_err <= tol), "course_ratio": ratio,
                      "course_passed": bool(ratio <= 1 or impl_err <= tol),
-                     "saved_dtype": str(results["impl"][quantity].dtype).removeprefix("torch.")})
+                     "saved_dtype": str(impl[quantity].dtype).removeprefix("torch.")})
     return rows
+
+
+def compare(impl_forward, q, k, v, is_causal: bool, grad_out=None) -> list[dict]:
+    """Errors of one implementation against float64, beside plain PyTorch in the input dtype
+    (judge's rows). impl_forward(q, k, v, is_causal) -> output (differentiable), run on copies of
+    q, k and v before any reference exists (run_impl); the references are computed afterwards
+    from the untouched q, k and v."""
+    grad_out = torch.randn_like(q) if grad_out is None else grad_out
+    return judge(run_impl(impl_forward, q, k, v, is_causal, grad_out), q, k, v, is_causal, grad_out)
