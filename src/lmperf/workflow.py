@@ -315,8 +315,11 @@ def jobs(sections: list, kind: str) -> list[tuple]:
 
 
 def job_grid(config: dict, section, job, scale: str) -> dict:
-    """A job's settings at `scale`: its part (`job.grid`) of its section's grid, empty where none."""
-    grid = config.get(section.name, {}).get(scale, {})
+    """A job's settings at `scale`: its part (`job.grid`) of its section's grid, empty where none
+    (and where the section's config key holds no grid: `contenders` names the user's contenders)."""
+    settings = config.get(section.name, {})
+    grid = settings.get(scale, {}) if isinstance(settings, dict) else {}
+    grid = grid if isinstance(grid, dict) else {}
     return grid.get(job.grid, {}) if job.grid else grid
 
 
