@@ -285,3 +285,23 @@ def test_each_implementation_is_a_list_item_of_its_own_on_the_page(frames, tmp_p
     (page,) = report.pages(view, tmp_path, render.environment(REPO / "templates").get_template("contender_page.md.j2"))
     items = [line for line in page.read_text().splitlines() if line.startswith("- **")]
     assert [line.split(":")[0] for line in items] == ["- **two_triton", "- **two_pytorch"]
+
+
+def _property(kind: str, prop: str, shape: str, status: str, message: str = "") -> dict:
+    return {"study": "attention", "contender": "mine", "kind": kind, "provider": f"mine_{kind}", "check": prop,
+            "case_id": f"mine_{kind}-{prop}-{shape}", "dtype": "fp32", "causal": True, "shape": shape,
+            "tier": "property", "outside": "", "tile": 128, "metric": prop if status == "ok" else None,
+            "passed": True if status == "ok" else None, "status": status, "message": message}
+
+
+@pytest.mark.parametrize("shape, shown", [("2x2x33x32", "not checked (awkward N)"), ("2x2x128x32", "failed")])
+def test_a_property_case_that_raised_at_an_awkward_n_the_kernel_refuses_is_not_checked(shape, shown):
+    """A kernel right at the course's shapes that takes no awkward N: its property cases at such an
+    N never reach what they check (a cache, a graph break), so they say so, not "failed"."""
+    error = "InterpreterError: ValueError('Shape element 0 must be a power of 2')"
+    rows = [_row("triton", "fp32", True, "2x128x32"),
+            _row("triton", "fp32", True, "2x33x32", "wider", "awkward_n", ratio=None, status="failed", message=error),
+            _property("triton", "fresh", shape, "failed", error)]
+    v = _verdict(rows)
+    assert v.course == "correct" and v.properties["fresh"] == shown
+    assert [f["check"] for f in v.failures] == (["awkward_n"] if shown.startswith("not") else ["awkward_n", "fresh"])
