@@ -305,3 +305,14 @@ def test_a_property_case_that_raised_at_an_awkward_n_the_kernel_refuses_is_not_c
     v = _verdict(rows)
     assert v.course == "correct" and v.properties["fresh"] == shown
     assert [f["check"] for f in v.failures] == (["awkward_n"] if shown.startswith("not") else ["awkward_n", "fresh"])
+
+
+def test_a_page_whose_rows_have_no_time_says_why_once(frames):
+    fa = frames["flash_attention"]
+    mine = fa["provider"] == "narrow_pytorch"
+    skipped = fa.assign(status=fa["status"].where(~mine, "skipped"), median=fa["median"].where(~mine),
+                        message=fa["message"].astype(object).where(~mine, "needs CUDA"))
+    page = report.page_view(report.view(_inputs({**frames, "flash_attention": skipped})), "narrow")
+    assert not page["timed_any"] and page["untimed_why"] == ["not measured: needs CUDA"]
+    timed = report.page_view(report.view(_inputs(report.wrong_everywhere(frames))), "narrow")
+    assert timed["timed_any"]

@@ -339,6 +339,9 @@ def page_view(view: dict, name: str, training: pd.DataFrame | None = None) -> di
             "table": mine(view["table"]), "failures": mine(view.get("failures", pd.DataFrame())),
             "distributed": mine(view["distributed"]), "timings": timed, "speed": speed,
             "handout": view.get("handout", {}).get(name, []),
+            # whether any of its rows has a time; else the reasons none has (e.g. needs CUDA)
+            "timed_any": bool(not timed.empty and timed["ms"].map(_is_time).any()),
+            "untimed_why": sorted(set(timed["timing"].astype(str))) if not timed.empty else [],
             "training": training[training["contender"].str.startswith(f"{name}_")] if not training.empty else training,
             "agreement": {p: a for p, a in view.get("agreement", {}).items() if p.startswith(f"{name}_")}}
 
