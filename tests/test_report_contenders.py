@@ -305,6 +305,7 @@ def test_a_property_case_that_raised_at_an_awkward_n_the_kernel_refuses_is_not_c
     v = _verdict(rows)
     assert v.course == "correct" and v.properties["fresh"] == shown
     assert [f["check"] for f in v.failures] == (["awkward_n"] if shown.startswith("not") else ["awkward_n", "fresh"])
+    assert ("fresh" in v.by_dtype[0]["failed"]) == (shown == "failed")  # the correctness section's line agrees
 
 
 def test_a_page_whose_rows_have_no_time_says_why_once(frames):
