@@ -16,7 +16,8 @@ import pytest
 from lmperf.report import contender_contract, contenders as report, correctness, render
 from lmperf.report.sections import Inputs
 
-RESULTS = Path(__file__).resolve().parent / "fixtures" / "contenders_contract" / "results" / "cpu"
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "tests" / "fixtures" / "contenders_contract" / "results" / "cpu"
 
 
 @pytest.fixture(scope="module")
@@ -233,3 +234,86 @@ def test_a_check_without_the_courses_own_case_judges_a_pytorch_version_at_the_sh
     (fp32, not causal): the PyTorch version is judged at those, as a Triton kernel is."""
     v = _verdict([_row("pytorch", "fp32", True, "2x128x64", ratio=500.0)])
     assert v.course == "WRONG"
+
+
+# ---------------------------------------------------------------------------------------------
+# Distributed adapters, both handout years
+
+
+def _dist(contender: str, contract: str, status: str = "ok", **extra) -> dict:
+    message = f"not implemented: contender '{contender}' defines no get_{contract}" if status == "skipped" else ""
+    return {"study": "distributed", "contender": contender, "contract": contract, "backend": "gloo",
+            "status": status, "passed": True if status == "ok" else None, "median": 3e-8 if status == "ok" else None,
+            "tolerance": 1e-5 if status == "ok" else None, "message": message, "bucket_size_mb": None,
+            "compute_dtype": None, **extra}
+
+
+def test_a_contender_is_shown_its_own_handout_years_adapters_each_case_named():
+    rows = pd.DataFrame([
+        _dist("old", "ddp", "skipped"), _dist("old", "ddp_individual_parameters"),
+        *[_dist("old", "ddp_bucketed", bucket_size_mb=mb) for mb in (0.0001, 1.0)],
+        *[_dist("old", "fsdp", "skipped", compute_dtype=d) for d in ("fp32", "fp16")],
+        _dist("old", "sharded_optimizer", "skipped"),
+        _dist("new", "ddp"), *[_dist("new", "ddp_bucketed", "skipped", bucket_size_mb=mb) for mb in (0.0001, 1.0)],
+        _dist("new", "fsdp", compute_dtype="fp16"), _dist("new", "ddp_individual_parameters", "skipped")])
+    assert report.handout_years(rows) == {"old": ["2025"], "new": ["2026"]}
+    table = report.distributed(rows)
+    old = table[table["contender"] == "old"]
+    # the 2026 adapters it never had are left out; a contract it lacks of both years, once
+    assert old["contract"].tolist() == ["ddp_individual_parameters", "ddp_bucketed", "ddp_bucketed",
+                                        "sharded_optimizer"]
+    assert old["case"].tolist()[1:3] == ["0.0001 MB buckets", "1 MB buckets"]
+    assert old.iloc[-1]["result"] == "skipped"
+    new = table[table["contender"] == "new"]
+    assert new["contract"].tolist() == ["ddp", "fsdp"] and new.iloc[1]["case"] == "compute dtype fp16"
+    assert (new["max weight difference"] < new["tolerance"]).all()
+
+
+def test_a_contract_not_implemented_is_one_line_not_one_a_case():
+    rows = pd.DataFrame([_dist("bare", "ddp_bucketed", "skipped", bucket_size_mb=mb) for mb in (0.0001, 0.003, 1.0)])
+    assert report.handout_years(rows) == {"bare": []}
+    assert report.distributed(rows)[["contract", "case", "result"]].values.tolist() == [["ddp_bucketed", "", "skipped"]]
+
+
+def test_each_implementation_is_a_list_item_of_its_own_on_the_page(frames, tmp_path):
+    """The page's verdicts: one markdown list item a line, one line an implementation (the
+    renderer's whitespace rules once joined them into one)."""
+    view = report.view(_inputs(report.wrong_everywhere(frames)))
+    view = {**view, "names": ["two"],
+            "verdicts": {f"two_{k}": contender_contract.Verdict("two", f"two_{k}", "correct", (1, 1))
+                         for k in ("triton", "pytorch")}}
+    (page,) = report.pages(view, tmp_path, render.environment(REPO / "templates").get_template("contender_page.md.j2"))
+    items = [line for line in page.read_text().splitlines() if line.startswith("- **")]
+    assert [line.split(":")[0] for line in items] == ["- **two_triton", "- **two_pytorch"]
+
+
+def _property(kind: str, prop: str, shape: str, status: str, message: str = "") -> dict:
+    return {"study": "attention", "contender": "mine", "kind": kind, "provider": f"mine_{kind}", "check": prop,
+            "case_id": f"mine_{kind}-{prop}-{shape}", "dtype": "fp32", "causal": True, "shape": shape,
+            "tier": "property", "outside": "", "tile": 128, "metric": prop if status == "ok" else None,
+            "passed": True if status == "ok" else None, "status": status, "message": message}
+
+
+@pytest.mark.parametrize("shape, shown", [("2x2x33x32", "not checked (awkward N)"), ("2x2x128x32", "failed")])
+def test_a_property_case_that_raised_at_an_awkward_n_the_kernel_refuses_is_not_checked(shape, shown):
+    """A kernel right at the course's shapes that takes no awkward N: its property cases at such an
+    N never reach what they check (a cache, a graph break), so they say so, not "failed"."""
+    error = "InterpreterError: ValueError('Shape element 0 must be a power of 2')"
+    rows = [_row("triton", "fp32", True, "2x128x32"),
+            _row("triton", "fp32", True, "2x33x32", "wider", "awkward_n", ratio=None, status="failed", message=error),
+            _property("triton", "fresh", shape, "failed", error)]
+    v = _verdict(rows)
+    assert v.course == "correct" and v.properties["fresh"] == shown
+    assert [f["check"] for f in v.failures] == (["awkward_n"] if shown.startswith("not") else ["awkward_n", "fresh"])
+    assert ("fresh" in v.by_dtype[0]["failed"]) == (shown == "failed")  # the correctness section's line agrees
+
+
+def test_a_page_whose_rows_have_no_time_says_why_once(frames):
+    fa = frames["flash_attention"]
+    mine = fa["provider"] == "narrow_pytorch"
+    skipped = fa.assign(status=fa["status"].where(~mine, "skipped"), median=fa["median"].where(~mine),
+                        message=fa["message"].astype(object).where(~mine, "needs CUDA"))
+    page = report.page_view(report.view(_inputs({**frames, "flash_attention": skipped})), "narrow")
+    assert not page["timed_any"] and page["untimed_why"] == ["not measured: needs CUDA"]
+    timed = report.page_view(report.view(_inputs(report.wrong_everywhere(frames))), "narrow")
+    assert timed["timed_any"]

@@ -59,15 +59,48 @@ def checks(rows: pd.DataFrame) -> pd.DataFrame:
     return table.drop(columns=unused)
 
 
+# The handout year of each distributed contract (lmperf.contenders.CONTRACTS); the sharded
+# optimizer is both years'
+HANDOUT = {"ddp": "2026", "fsdp": "2026", "ddp_individual_parameters": "2025", "ddp_bucketed": "2025"}
+
+
+def handout_years(rows: pd.DataFrame) -> dict[str, list[str]]:
+    """{contender: the handout years whose distributed adapters it implements} (none: an empty list)."""
+    if rows.empty or "contract" not in rows:
+        return {}
+    d = rows[rows["study"] == "distributed"]
+    ran = ~d["status"].isin(["skipped", "unsupported"])
+    return {str(c): sorted({HANDOUT[x] for x in g.loc[ran[g.index], "contract"] if x in HANDOUT})
+            for c, g in d.groupby("contender", sort=False)}
+
+
 def distributed(rows: pd.DataFrame) -> pd.DataFrame:
+    """One line per distributed check of each contender: its contract, the case (bucket size,
+    compute dtype), the result against one process and the largest weight difference against its
+    tolerance. A contender that implements one handout year's adapters is not shown the other
+    year's as "not implemented", and a contract not implemented is one line, not one per case."""
     if rows.empty or "contract" not in rows:
         return pd.DataFrame()
     d = rows[rows["study"] == "distributed"]
-    return pd.DataFrame([{"contender": r.contender, "contract": r.contract, "backend": r.backend,
-                          "result": ("correct" if str(r.passed).lower() == "true" else "WRONG") if r.status == "ok"
-                          else r.status,
-                          "max weight difference": r.median if r.status == "ok" else None,
-                          "why": "" if r.status == "ok" else r.message} for r in d.itertuples()])
+    years = handout_years(rows)
+    lines = []
+    for r in d.to_dict("records"):
+        message = text_of(r.get("message"))
+        absent = r["status"] in ("skipped", "unsupported") and message.startswith("not implemented")
+        mine = years.get(str(r["contender"]), [])
+        if absent and len(mine) == 1 and HANDOUT.get(r["contract"], mine[0]) != mine[0]:
+            continue  # the other handout year's adapter
+        mb, dtype = r.get("bucket_size_mb"), text_of(r.get("compute_dtype"))
+        case = "" if absent else f"{mb:g} MB buckets" if mb is not None and not pd.isna(mb) else \
+            f"compute dtype {dtype}" if dtype else ""
+        ok = r["status"] == "ok"
+        lines.append({"contender": r["contender"], "contract": r["contract"], "case": case, "backend": r["backend"],
+                      "result": ("correct" if str(r["passed"]).lower() == "true" else "WRONG") if ok else r["status"],
+                      "max weight difference": r["median"] if ok else None,
+                      "tolerance": r.get("tolerance") if ok else None, "why": "" if ok else message})
+    out = pd.DataFrame(lines)
+    return out.drop_duplicates(["contender", "contract", "case", "result", "why"]).reset_index(drop=True) \
+        if not out.empty else out
 
 
 def _time(g: pd.DataFrame, provider: str, metric: str, column: str = "median"):
@@ -233,7 +266,7 @@ def view(inputs) -> dict:
             "table": table.drop(
                 columns=[c for c in table.columns if c.startswith("_")]) if not table.empty else table,
             "verdicts": judged, "failures": failures_table(judged),
-            "distributed": distributed(rows), "timings": times, "agreement": agree,
+            "distributed": distributed(rows), "handout": handout_years(rows), "timings": times, "agreement": agree,
             "names": sorted(table["contender"].unique()) if not table.empty else [],
             "n_wrong": int((table["result"] == "WRONG").sum()) if not table.empty else 0}
 
@@ -305,6 +338,10 @@ def page_view(view: dict, name: str, training: pd.DataFrame | None = None) -> di
                           "failed": [LABELS[f["check"]] for f in v.failures if not f["course"]]} for v in verdicts_],
             "table": mine(view["table"]), "failures": mine(view.get("failures", pd.DataFrame())),
             "distributed": mine(view["distributed"]), "timings": timed, "speed": speed,
+            "handout": view.get("handout", {}).get(name, []),
+            # whether any of its rows has a time; else the reasons none has (e.g. needs CUDA)
+            "timed_any": bool(not timed.empty and timed["ms"].map(_is_time).any()),
+            "untimed_why": sorted(set(timed["timing"].astype(str))) if not timed.empty else [],
             "training": training[training["contender"].str.startswith(f"{name}_")] if not training.empty else training,
             "agreement": {p: a for p, a in view.get("agreement", {}).items() if p.startswith(f"{name}_")}}
 
