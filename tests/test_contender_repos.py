@@ -221,3 +221,18 @@ def test_two_students_with_one_package_name_each_get_their_own_rows_in_their_own
         pids.setdefault(owner, set()).add(int(pid))
     assert set(pids) == {"alice", "bob"}
     assert not pids["alice"] & pids["bob"] and proc.pid not in pids["alice"] | pids["bob"]
+
+
+def test_an_edit_to_their_code_reruns_their_jobs_and_leaves_our_kernel_checks(tmp_path):
+    """A contender's files are code inputs of the jobs that run its code (the FlashAttention
+    benchmark, its own check job), never of our kernels' checks, which run none of its code."""
+    from lmperf import catalog, workflow
+
+    alice = student_repo(tmp_path / "assignment2-systems", "alice")
+    kernel = str((alice / "cs336_systems" / "attention.py").resolve())
+    config = {"contenders": str(alice), "provider_modules": []}
+    jobs = {job.rule: (section, job) for section in catalog.SECTIONS for job in section.jobs}
+    inputs = {rule: {str(Path(f).resolve()) for f in workflow.job_code(config, *jobs[rule])}
+              for rule in ("flash_attention_check", "flash_attention_bench")}
+    assert kernel in inputs["flash_attention_bench"]
+    assert kernel not in inputs["flash_attention_check"]

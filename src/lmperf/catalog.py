@@ -17,10 +17,12 @@ DISTRIBUTED_STUDIES = ("allreduce", "ddp")
 
 
 def check_job(section: str, labels: dict | None = None, providers: bool = False) -> Job:
-    """A kernel's correctness check: `python -m lmperf.bench.<section> check`, in its workers."""
+    """A kernel's correctness check: `python -m lmperf.bench.<section> check`, in its workers. It
+    checks ours and the provider modules' kernels, never a user's contenders (their own check job
+    does): their files are none of its inputs, so an edit to a student's code leaves it as it is."""
     return Job(f"{section}_check", "check", f"{section}/check.csv",
                "check --spec {params.spec:q} --workers {params.workers}", grid="check", workers=True,
-               threads="workers", priority=PRIORITY_CHECK, providers=providers,
+               threads="workers", priority=PRIORITY_CHECK, providers=providers, contenders=False,
                labels={"job": "check"} if labels is None else labels or None)
 
 

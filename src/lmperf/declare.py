@@ -46,6 +46,7 @@ class Job:
     threads: str | None = None       # "workers": its workers' cores; "warm": lmperf.specs.warm_threads; None: one
     priority: int | None = None      # None: Snakemake's default
     providers: bool = False          # the config's provider modules are code inputs (it runs providers)
+    contenders: bool | None = None   # the user's contenders' files are code inputs too (None: as `providers`)
     cases: bool = False              # runs only its grid's `cases` where the grid names some (--cases)
     repeatable: bool = False         # a timing job whose cases can run alone (config `repeats`)
     labels: dict | None = None       # `snakemake --report`'s labels of its CSV

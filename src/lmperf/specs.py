@@ -107,12 +107,14 @@ def with_contenders(spec: dict, config: dict | None) -> dict:
     return {**spec, "contenders": named, "contender_time_limit_s": config.get("contender_time_limit_s", 600)}
 
 
-def provider_inputs(config: dict) -> list[str]:
+def provider_inputs(config: dict, contenders: bool = True) -> list[str]:
     """The files of the providers the config's `provider_modules` add: code inputs of every job
-    that can run them (lmperf.providers.sources)."""
-    from lmperf import contenders
+    that can run them (lmperf.providers.sources); with `contenders`, the user's contenders' files
+    too (lmperf.contenders.code_inputs)."""
+    from lmperf import contenders as contenders_mod
     providers.load_config(config)
-    return sorted(set(providers.sources()) | set(contenders.code_inputs(config.get("contenders"))))
+    theirs = contenders_mod.code_inputs(config.get("contenders")) if contenders else []
+    return sorted(set(providers.sources()) | set(theirs))
 
 
 def lrpe_check_spec(lrpe: dict) -> str:

@@ -325,8 +325,10 @@ def job_grid(config: dict, section, job, scale: str) -> dict:
 
 def job_code(config: dict, section, job) -> list[str]:
     """A job's code inputs: every file its command's module can import, and the files of the
-    providers the config adds where it runs providers."""
-    return code_inputs(section.bench_module) + (provider_inputs(config) if job.providers else [])
+    providers the config adds where it runs providers (the contenders' files too, unless the job
+    declares that it runs none of theirs: `Job.contenders`)."""
+    contenders = job.providers if job.contenders is None else job.contenders
+    return code_inputs(section.bench_module) + (provider_inputs(config, contenders) if job.providers else [])
 
 
 def job_params(config: dict, section, job, scale: str) -> dict:
