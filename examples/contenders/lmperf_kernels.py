@@ -1,7 +1,7 @@
 """lmperf's own kernels behind the CS336 assignment-2 adapter functions: a contender that should
 agree with ours everywhere (the report shows it beside ours; its rows must match within noise).
 
-    snakemake --cores 1 report/report.md --config contenders=examples/contenders/lmperf_kernels.py
+    make report CONTENDERS=examples/contenders/lmperf_kernels.py
 """
 from lmperf.kernels.flash_attention_torch import FlashAttention2PyTorch
 from lmperf.kernels.flash_attention_triton import FlashAttention2Triton

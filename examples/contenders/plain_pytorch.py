@@ -3,7 +3,7 @@ in PyTorch operations, a data-parallel wrapper that all-reduces each gradient af
 and a sharded optimizer that keeps each parameter's optimizer state on one rank. No FSDP: its
 adapters raise NotImplementedError, and lmperf reports those studies as not implemented.
 
-    snakemake --cores 1 report/report.md --config contenders=examples/contenders/plain_pytorch.py
+    make report CONTENDERS=examples/contenders/plain_pytorch.py
 """
 from __future__ import annotations
 
