@@ -108,27 +108,28 @@ def measure(case: dict, models: dict) -> list[dict]:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     per_phase = {p: {} for p in PHASES}
     parts: dict[str, float] = {}
-    for _ in range(case["profiled_steps"]):
-        for phase in PHASES:  # one profile per phase, so every kernel is attributed to its phase
-            prof = profile(activities=activities)
+    with timing.window():  # the GPU's clocks as the profiled steps start and end (the rows' clock columns)
+        for _ in range(case["profiled_steps"]):
+            for phase in PHASES:  # one profile per phase, so every kernel is attributed to its phase
+                prof = profile(activities=activities)
 
-            @contextlib.contextmanager
-            def around(p, prof=prof, phase=phase):
-                if p != phase:
+                @contextlib.contextmanager
+                def around(p, prof=prof, phase=phase):
+                    if p != phase:
+                        yield
+                        return
+                    sync()  # the previous phase's kernels finish outside this profile
+                    prof.start()
                     yield
-                    return
-                sync()  # the previous phase's kernels finish outside this profile
-                prof.start()
-                yield
-                sync()
-                prof.stop()
-            train.step(model, optimizer, inputs, targets, autocast, around)
-            for name, (t, calls) in kernel_times(prof, cuda).items():
-                total, n = per_phase[phase].get(name, (0.0, 0))
-                per_phase[phase][name] = (total + t, n + calls)
-            if phase == "forward":
-                for name, t in range_times(prof, cuda).items():
-                    parts[name] = parts.get(name, 0.0) + t
+                    sync()
+                    prof.stop()
+                train.step(model, optimizer, inputs, targets, autocast, around)
+                for name, (t, calls) in kernel_times(prof, cuda).items():
+                    total, n = per_phase[phase].get(name, (0.0, 0))
+                    per_phase[phase][name] = (total + t, n + calls)
+                if phase == "forward":
+                    for name, t in range_times(prof, cuda).items():
+                        parts[name] = parts.get(name, 0.0) + t
     steps = case["profiled_steps"]
     rows = []
     for phase, kernels in per_phase.items():
