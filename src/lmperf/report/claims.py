@@ -314,10 +314,13 @@ def fa_config_claims(fa: pd.DataFrame, threshold: float, repeats: dict, older: b
     """The headline and throughput configurations: per pass, per harness and per timing, ours
     against every peer timed at the same harness and timing (or no peer)."""
     out = []
-    bench = fa[fa["group"].isin(["headline", "throughput"]) & (fa["status"] == "ok")]
+    bench = fa[~fa["group"].isin(["grid", "model"]) & (fa["status"] == "ok")]
     labels = fa_peers()
     ours_by = fa_ours()
     keys = ["group", "dtype", "causal", "batch", "heads", "seq_len", "head_dim"]
+    if "kv_heads" in bench:
+        keys.append("kv_heads")
+        bench = bench.assign(kv_heads=bench["kv_heads"].fillna(bench["heads"]))
     for key, g in bench.groupby(keys, sort=False):
         group, dtype, causal = key[0], key[1], _causal(key[2])
         first = g.iloc[0]
@@ -337,7 +340,8 @@ def fa_config_claims(fa: pd.DataFrame, threshold: float, repeats: dict, older: b
                                 "pass": pass_name, "harness": harness, "timing": timing}
                     what = (f"FlashAttention-2 {pass_name}, {shape_text(first)}, "
                             f"{'causal' if causal else 'non-causal'}, {dtype}")
-                    base = f"flash_attention/{group}/{dtype}/{'causal' if causal else 'full'}/{d}/{harness}/{timing}"
+                    shape = "" if group in ("headline", "throughput") else "/" + shape_text(first)
+                    base = f"flash_attention/{group}{shape}/{dtype}/{'causal' if causal else 'full'}/{d}/{harness}/{timing}"
                     theirs = peers[peers["metric"] == metric]
                     if theirs.empty:
                         out.append(make(f"{base}/none", "flash_attention", what, settings, False, ours, None,

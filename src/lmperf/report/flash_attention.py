@@ -9,6 +9,7 @@ import pandas as pd
 import math
 
 from lmperf import providers
+from lmperf.report import claims
 from lmperf.report.format import HOST_BOUND, bar, cell, fmt, host_bound, host_bound_legend, unavailable
 from lmperf.report.flash_attention_figures import ratio_figure, same_kernel, tflops_figure
 
@@ -53,36 +54,40 @@ def config_table(df: pd.DataFrame, threshold: float = math.inf) -> tuple[pd.Data
     return pd.DataFrame(rows), ratios, host, ours
 
 
-def bars(configs: list[dict], grid: pd.DataFrame, model: pd.DataFrame, limits: dict) -> list[dict]:
-    """The section's bars, read off the same run; thresholds from config/config.yaml's report."""
+def bars(table: claims.Claims, model: pd.DataFrame, limits: dict) -> list[dict]:
+    """The section's bars, read off the claims (lmperf.report.claims) and the model group;
+    thresholds from config/config.yaml's report (a time ratio's limit is read as the speed-up
+    1 / limit)."""
     out = []
-    for c in configs:
-        r = c["ratios"]
 
-        def ratio_bar(key, text, x, measured, met):  # a ratio with a host-bound side claims nothing
-            if key in c.get("host_bound", ()):
-                return bar(text, x, f"{measured} (host-bound {HOST_BOUND}: not claimed)", False)
-            return bar(text, x, measured, met)
-        if c["group"] == "headline" and ("sdpa_flash", "fwd_bwd") in r:
-            x, limit = r[("sdpa_flash", "fwd_bwd")], limits["headline_vs_sdpa_flash"]
-            out.append(ratio_bar(("sdpa_flash", "fwd_bwd"), f"headline forward+backward <= {limit:g}x SDPA-flash "
-                                 "time (leaderboard harness)", x, f"{fmt(x)}x", x <= limit))
-            x, limit = r[("ms", "fwd_bwd")], limits["headline_ms"]
-            out.append(bar(f"headline forward+backward <= {limit:g} ms", x, f"{fmt(x)} ms", x <= limit))
-            if ("sdpa_cudnn", "fwd_bwd") in r:
-                x, limit = r[("sdpa_cudnn", "fwd_bwd")], limits["headline_vs_sdpa_cudnn"]
-                out.append(ratio_bar(("sdpa_cudnn", "fwd_bwd"), "further: headline forward+backward <= cuDNN time",
-                                     x, f"{fmt(x)}x", x <= limit))
-        if c["group"] == "throughput" and ("sdpa_flash", "forward") in r:
-            direction, label = (("forward", "forward (non-causal)") if c["causal"] == "non-causal"
-                                else ("fwd_bwd", "forward+backward (causal)"))
-            x, limit = 1 / r[("sdpa_flash", direction)], limits["throughput_vs_sdpa_flash"]
-            out.append(ratio_bar(("sdpa_flash", direction), f"throughput {label} >= {limit:g}x SDPA-flash TFLOP/s",
-                                 x, f"{fmt(x)}x", x >= limit))
-            if ("sdpa_cudnn", direction) in r:
-                x, limit = 1 / r[("sdpa_cudnn", direction)], limits["throughput_vs_sdpa_cudnn"]
-                out.append(ratio_bar(("sdpa_cudnn", direction), f"further: throughput {label} >= cuDNN TFLOP/s",
-                                     x, f"{fmt(x)}x", x >= limit))
+    def claim_bar(prefix: str, peer: str, text: str, limit: float) -> None:
+        c = next((c for c in table.claims if c.id == prefix + peer), None) or table.find(prefix + "none")
+        if c is None:
+            return
+        if c.peer is None:
+            out.append(bar(text, float("nan"), f"not measured: {c.no_peer}", False))
+        elif c.verdict == claims.HOST_BOUND:
+            out.append(bar(text, c.speedup, f"{fmt(c.speedup)}x (host-bound {HOST_BOUND}: not claimed)", False))
+        else:
+            out.append(bar(text, c.speedup, f"{fmt(c.speedup)}x ({c.verdict})", c.speedup >= limit))
+    head = "flash_attention/headline/bf16/causal/fwd_bwd/leaderboard/do_bench/"
+    if any(c.id.startswith(head) for c in table.claims):
+        limit = 1 / limits["headline_vs_sdpa_flash"]
+        claim_bar(head, "sdpa_flash", f"headline forward+backward speed-up over SDPA-flash >= {fmt(limit)}x "
+                  "(leaderboard harness on both sides)", limit)
+        ours = next(c for c in table.claims if c.id.startswith(head)).ours.value
+        out.append(bar(f"headline forward+backward <= {limits['headline_ms']:g} ms (leaderboard harness)", ours,
+                       f"{fmt(ours)} ms", ours <= limits["headline_ms"]))
+        limit = 1 / limits["headline_vs_sdpa_cudnn"]
+        claim_bar(head, "sdpa_cudnn", f"further: headline forward+backward speed-up over cuDNN >= {fmt(limit)}x "
+                  "(leaderboard harness on both sides)", limit)
+    for causal, d, label in (("full", "forward", "forward (non-causal)"), ("causal", "fwd_bwd", "forward+backward (causal)")):
+        prefix = f"flash_attention/throughput/bf16/{causal}/{d}/eager/do_bench/"
+        if any(c.id.startswith(prefix) for c in table.claims):
+            claim_bar(prefix, "sdpa_flash", f"throughput {label} >= {limits['throughput_vs_sdpa_flash']:g}x SDPA-flash "
+                      "TFLOP/s", limits["throughput_vs_sdpa_flash"])
+            claim_bar(prefix, "sdpa_cudnn", f"further: throughput {label} >= {limits['throughput_vs_sdpa_cudnn']:g}x "
+                      "cuDNN TFLOP/s", limits["throughput_vs_sdpa_cudnn"])
     if not model.empty:
         gpu = model.attrs.get("metric") == "fwd_bwd_gpu_ms"
         how = "GPU time (CUDA graph)" if gpu else "time"
@@ -90,36 +95,24 @@ def bars(configs: list[dict], grid: pd.DataFrame, model: pd.DataFrame, limits: d
             if peer == "sdpa_cudnn" and same_kernel(model, "sdpa_flash", "sdpa_cudnn"):
                 out.append(bar(f"{label}model group: forward+backward {how} no slower than {peer} at every shape",
                                float("nan"), "not measured: " + SAME_KERNEL, False))
-            elif f"ours / {peer}" in model:
-                ratio = model[f"ours / {peer}"].dropna()
-                slower = int((ratio > 1).sum())
+            elif f"speed-up over {peer}" in model:
+                ratio = model[f"speed-up over {peer}"].dropna()
+                slower = int((ratio < 1).sum())
                 out.append(bar(f"{label}model group: forward+backward {how} no slower than {peer} at every shape",
-                               slower, f"slower at {slower} of {len(ratio)} shapes (worst {fmt(ratio.max())}x)",
+                               slower, f"slower at {slower} of {len(ratio)} shapes (lowest speed-up {fmt(ratio.min())}x)",
                                slower == 0))
-    for metric, how in (("fwd_bwd_gpu_ms", "GPU time (CUDA graph)"), ("fwd_bwd_ms", "do_bench")):
-        slower, shapes = grid_slower(grid, metric)
-        if shapes:
-            out.append(bar(f"grid: nowhere slower than torch.compile'd PyTorch attention (fwd+bwd, {how})", slower,
-                           f"slower in {slower} of {shapes} shapes", slower == 0))
-            break  # the GPU time where it was measured; the do_bench count is in the grid's notes
+    for g in table.grids:
+        if g.id.startswith("flash_attention/grid/bf16/"):
+            out.append(bar(f"grid (bf16): nowhere slower than the best peer at each shape (fwd+bwd, {g.timing}; "
+                           f"peers: {', '.join(g.peers)})", g.slower,
+                           f"slower in {g.slower} of {g.shapes} shapes ({g.host_bound} host-bound, not counted)",
+                           g.slower == 0))
     return out
 
 
 SAME_KERNEL = ("sdpa_cudnn's times equal sdpa_flash's at every shape: under torch.compile, Inductor's graph "
                "cache does not key on the SDPA backend (pytorch/pytorch#185449), so one ran the graph compiled "
                "for the other (most likely sdpa_cudnn ran sdpa_flash's: they run in that order)")
-
-
-def grid_slower(grid: pd.DataFrame, metric: str) -> tuple[int, int]:
-    """(shapes where ours is slower than torch.compile'd attention, shapes compared) by `metric`."""
-    fb = grid[(grid["metric"] == metric) & (grid["status"] == "ok")] if not grid.empty else grid
-    if fb.empty:
-        return 0, 0
-    wide_ms = fb.pivot_table(index=["dtype", "head_dim", "seq_len"], columns="provider", values=CENTER)
-    if not {"triton", "plain_compiled"} <= set(wide_ms.columns):
-        return 0, 0
-    both = wide_ms[["triton", "plain_compiled"]].dropna()
-    return int((both["triton"] > both["plain_compiled"]).sum()), len(both)
 
 
 def view(inputs) -> dict:
@@ -133,6 +126,7 @@ def view(inputs) -> dict:
         bench = bench.assign(**{CENTER: bench["mean"]})
     # K/V heads (grouped-query attention); rows from before GQA have as many as query heads
     bench = bench.assign(kv_heads=bench["kv_heads"].fillna(bench["heads"]) if "kv_heads" in bench else bench["heads"])
+    claimed = claims.of(inputs)
     configs = []
     for (group, dtype, causal, b, h, kv, n, d), g in bench.groupby(
             ["group", "dtype", "causal", "batch", "heads", "kv_heads", "seq_len", "head_dim"], sort=False):
@@ -159,17 +153,37 @@ def view(inputs) -> dict:
             "host_bound": host_bound_legend(timed, inputs.bars.get("host_bound_idle_pct", math.inf)), "model": model, "model_host": model_host,
             "model_backward": model_backward, "gqa": gqa_table(bench[bench["group"] == "gqa"]),
             "model_same_kernel": SAME_KERNEL if same_kernel(model, "sdpa_flash", "sdpa_cudnn") else "",
-            "bars": pd.DataFrame(bars(configs, grid, model, inputs.bars["flash_attention"]))}
-    view["ratios"] = ratio_table(configs, view["host_bound"]["mark"])
-    view["losses"] = loss_table(configs, model, model_backward)
+            "bars": pd.DataFrame(bars(claimed, model, inputs.bars["flash_attention"]))}
+    view["ratios"] = ratio_table(claimed, view["host_bound"]["mark"])
+    view["losses"] = losses(claimed)
+    view["claims"] = answer(claimed)
     if not grid.empty:
         view["grid"] = grid_tables(grid, threshold)
         view["grid_speedups"] = grid_speedups(grid)
         view["grid_head_dims"] = sorted(int(d) for d in grid["head_dim"].unique())
-        view["grid_slower"] = {m: grid_slower(grid, m) for m in ("fwd_bwd_gpu_ms", "fwd_bwd_ms")}
         left_out = grid[grid["status"].isin(["skipped", "unsupported"])].drop_duplicates(["provider", "message"])
         view["grid_left_out"] = [f"{r.provider} ({r.status}): {r.message}" for r in left_out.itertuples()]
     return view
+
+
+def answer(table: claims.Claims) -> dict:
+    """The section's answer lines as claims: the headline shape under the leaderboard's harness
+    and called as it is (each against the best peer of its harness), the throughput shape's
+    forward and forward+backward (non-causal), the grids' verdicts, and what the rows record of
+    the kernels that ran."""
+    def best(prefix):
+        return table.best([c for c in table.claims if c.id.startswith(prefix)])
+    fa = "flash_attention/{}/bf16/{}/{}/{}/do_bench/"
+    lines = [best(fa.format(*k)) for k in (("headline", "causal", "fwd_bwd", "leaderboard"),
+                                           ("headline", "causal", "fwd_bwd", "eager"),
+                                           ("throughput", "full", "forward", "eager"),
+                                           ("throughput", "full", "fwd_bwd", "eager"))]
+    lines = [c for c in lines if c is not None]
+    kernels = sorted({c.ours.kernel for c in lines if c.ours.kernel})
+    configs = sorted({c.ours.config for c in lines if c.ours.config})
+    return {"lines": lines, "grids": [g for g in table.grids if g.section == "flash_attention"],
+            "kernels": kernels, "configs": configs, "kernel_column": claims.KERNEL_COLUMN,
+            "direction": table.direction}
 
 
 def provider_rows(bench: pd.DataFrame) -> list[dict]:
@@ -202,7 +216,7 @@ def marked(table: pd.DataFrame, rows: pd.DataFrame, metric: str, threshold: floa
             provider = names.get(column, column)
             if (*key, provider) in keys:
                 out.at[i, column] = f"{fmt(r[column])} {HOST_BOUND}"
-            if str(column).startswith("ours / ") and ({(*key, "triton"), (*key, column[len("ours / "):])} & keys) \
+            if str(column).startswith("speed-up over ") and ({(*key, "triton"), (*key, column[len("speed-up over "):])} & keys) \
                     and pd.notna(r[column]):
                 out.at[i, column] = f"{fmt(r[column])} {HOST_BOUND}"
     out.attrs.update(table.attrs)
@@ -211,7 +225,7 @@ def marked(table: pd.DataFrame, rows: pd.DataFrame, metric: str, threshold: floa
 
 def model_table(model: pd.DataFrame, metric: str | None = None) -> pd.DataFrame:
     """The model group: one row per model size and context, forward+backward ms of every
-    provider (the leaderboard's harness), and ours / each SDPA backend. By `metric`, else the
+    provider (the leaderboard's harness), and our speed-up over each SDPA backend (its time over ours). By `metric`, else the
     GPU time (CUDA graph) where it was measured, else do_bench's; `.attrs["metric"]` says which."""
     if metric is None:
         metric = "fwd_bwd_gpu_ms" if not model.empty and (model["metric"] == "fwd_bwd_gpu_ms").any() else "fwd_bwd_ms"
@@ -228,53 +242,55 @@ def model_table(model: pd.DataFrame, metric: str | None = None) -> pd.DataFrame:
         out[key] = out[key].astype(int)
     for peer in ("sdpa_flash", "sdpa_cudnn"):
         if {"triton", peer} <= set(wide_ms.columns):
-            out[f"ours / {peer}"] = (wide_ms["triton"] / wide_ms[peer]).to_numpy()
+            out[f"speed-up over {peer}"] = (wide_ms[peer] / wide_ms["triton"]).to_numpy()
     out = out.rename(columns={"seq_len": "N", "head_dim": "D", "triton": "ours (triton)"})
     out.attrs["metric"] = metric
     return out
 
 
-def ratio_table(configs: list[dict], mark: str) -> pd.DataFrame:
-    """Ours / each peer's time, one row per configuration and pass (below 1 ours is faster), a
-    ratio with a host-bound side marked."""
-    rows = []
-    for c in configs:
-        for d, label in DIRECTIONS.items():
-            row = {"configuration": c["name"], "pass": label}
-            for peer in peers():
-                if (peer, d) in c["ratios"]:
-                    r = c["ratios"][(peer, d)]
-                    row[f"ours / {peer}"] = f"{fmt(r)} {mark}" if (peer, d) in c["host_bound"] else r
-            if len(row) > 2:
-                rows.append(row)
-    return pd.DataFrame(rows)
+HARNESS = {"leaderboard": "leaderboard", "eager": "called as it is"}
 
 
-def loss_table(configs: list[dict], model: pd.DataFrame, model_backward: pd.DataFrame) -> pd.DataFrame:
-    """Where ours is still slower than cuDNN (ours / cuDNN time > 1), from the same runs: each
-    configuration's directions (do_bench), and the model group's forward+backward and backward
-    (GPU time where measured)."""
-    rows = []
-    for c in configs:
-        for direction, label in DIRECTIONS.items():
-            r = c["ratios"].get(("sdpa_cudnn", direction))
-            if r is not None and r > 1:
-                rows.append({"shape": c["name"], "pass": label, "ours / cuDNN": r})
-    for table, label in ((model, "forward+backward"), (model_backward, "backward")):
-        if "ours / sdpa_cudnn" not in table:
+def ratio_table(table: claims.Claims, mark: str) -> pd.DataFrame:
+    """Our speed-up over each peer (its time over ours: above 1 ours is faster), one row per
+    configuration, pass and harness (do_bench, both sides in the same harness), from the claims;
+    a speed-up with a host-bound side marked."""
+    rows = {}
+    for c in table.claims:
+        if c.section != "flash_attention" or c.setting("group") in ("grid", "model") \
+                or c.setting("timing") != "do_bench" or c.peer is None:
             continue
-        how = "GPU time" if table.attrs.get("metric", "").endswith("gpu_ms") else "do_bench"
-        for r in table.to_dict("records"):
-            if r["ours / sdpa_cudnn"] > 1:
-                rows.append({"shape": f"model group: {r['model']}, {r['batch']} x {r['heads']} heads x {r['N']} tokens "
-                                      f"x D {r['D']}", "pass": f"{label} ({how})", "ours / cuDNN": r["ours / sdpa_cudnn"]})
-    return pd.DataFrame(rows)
+        key = (c.what, HARNESS.get(c.setting("harness"), c.setting("harness")))
+        row = rows.setdefault(key, {"configuration": c.what, "harness": key[1]})
+        row[f"over {c.peer.provider}"] = f"{fmt(c.speedup)} {mark}" if c.verdict == claims.HOST_BOUND else c.speedup
+    return pd.DataFrame(list(rows.values()))
+
+
+def best_peer_claims(table: claims.Claims) -> list[claims.Claim]:
+    """Ours against the best peer (cuDNN included) of each configuration, pass, harness and
+    timing, and of each shape of the grid and the model group."""
+    groups: dict = {}
+    for c in table.claims:
+        if c.section == "flash_attention" and c.peer is not None:
+            groups.setdefault((c.what, c.settings), []).append(c)
+    return [table.best(g) for g in groups.values()]
+
+
+def losses(table: claims.Claims) -> dict:
+    """Where the best peer is faster than ours (speed-up below 1), out of every configuration,
+    pass, harness and shape with a peer: {"n": the denominator, "table": the losing claims}."""
+    best = [c for c in best_peer_claims(table) if c.speedup is not None]
+    lost = [c for c in best if c.speedup < 1]
+    rows = [{"configuration": c.what, "harness": HARNESS.get(c.setting("harness"), c.setting("harness")),
+             "timed by": c.ours.timing, "best peer": c.peer.label, "speed-up": c.speedup,
+             "verdict": c.verdict} for c in lost]
+    return {"n": len(best), "slower": len(lost), "table": pd.DataFrame(rows)}
 
 
 def gqa_table(gqa: pd.DataFrame) -> pd.DataFrame:
     """Grouped-query attention: one row per shape, ours and each SDPA backend (enable_gqa) by
     GPU time (CUDA graph) where measured, else do_bench: forward and forward+backward ms, and
-    ours / peer."""
+    our speed-up over each (its time over ours)."""
     if gqa.empty:
         return pd.DataFrame()
     gpu = (gqa["metric"] == "fwd_bwd_gpu_ms").any()
@@ -290,7 +306,7 @@ def gqa_table(gqa: pd.DataFrame) -> pd.DataFrame:
                     row[f"{label} ms, {'ours' if provider == 'triton' else provider}"] = ms[(provider, metric)]
             for peer in ("sdpa_flash", "sdpa_cudnn"):
                 if ("triton", metric) in ms.index and (peer, metric) in ms.index:
-                    row[f"{label}: ours / {peer}"] = ms[("triton", metric)] / ms[(peer, metric)]
+                    row[f"{label}: speed-up over {peer}"] = ms[(peer, metric)] / ms[("triton", metric)]
         rows.append(row)
     out = pd.DataFrame(rows)
     out.attrs["metric"] = "GPU time (CUDA graph)" if gpu else "do_bench"

@@ -55,7 +55,7 @@ def tflops_figure(bench: pd.DataFrame, path) -> dict[str, str]:
 
 
 def ratio_figure(bench: pd.DataFrame, model: pd.DataFrame, reference: str, path) -> dict[str, str]:
-    """Ours / peer time across shapes, GPU time (CUDA graph) on both sides: the grid against
+    """Our speed-up over a peer (its time over ours) across shapes, GPU time (CUDA graph) on both sides: the grid against
     torch.compile'd attention (forward+backward, per dtype and head dim, against N), and the model
     group against SDPA's backends (a backend whose times are another's, `same_kernel`, left out).
     `model`: the model group's table of GPU times (report/flash_attention.py's model_table);
@@ -66,30 +66,30 @@ def ratio_figure(bench: pd.DataFrame, model: pd.DataFrame, reference: str, path)
     wide = grid.pivot_table(index=["dtype", "head_dim", "seq_len"], columns="provider", values=CENTER) \
         if not grid.empty else pd.DataFrame()
     has_grid = {"triton", reference} <= set(wide.columns)
-    peers = [p for p in ("sdpa_flash", "sdpa_cudnn") if f"ours / {p}" in model
+    peers = [p for p in ("sdpa_flash", "sdpa_cudnn") if f"speed-up over {p}" in model
              and not (p == "sdpa_cudnn" and same_kernel(model, "sdpa_flash", "sdpa_cudnn"))]
     if not has_grid and not peers:
         return {"fa_ratio": "no shape has GPU time (CUDA graph) for ours and a peer here"}
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), squeeze=False)
     left, right = axes[0]
     if has_grid:
-        for (dtype, d), g in (wide["triton"] / wide[reference]).dropna().groupby(level=["dtype", "head_dim"]):
+        for (dtype, d), g in (wide[reference] / wide["triton"]).dropna().groupby(level=["dtype", "head_dim"]):
             left.plot(g.index.get_level_values("seq_len"), g.values, marker="o", ms=3, label=f"{dtype}, D={int(d)}")
         left.set_xscale("log", base=2)
         left.set_xlabel("sequence length (batch 1, causal)")
         left.legend(fontsize="x-small")
     left.axhline(1, color="k", lw=0.8)
-    left.set_ylabel("ours / peer time (below 1: ours faster)")
-    left.set_title("grid: ours / torch.compile'd attention, forward+backward")
+    left.set_ylabel("speed-up: peer time / ours (above 1: ours faster)")
+    left.set_title("grid: over torch.compile'd attention (the one peer with GPU time here)", fontsize="medium")
     left.grid(True, alpha=0.3)
     for k, peer in enumerate(peers):
         labels = [f"{r['model']} N={r['N']} D={r['D']}" for r in model.to_dict("records")]
-        right.plot(range(len(labels)), model[f"ours / {peer}"], "o" if k == 0 else "s", label=peer)
+        right.plot(range(len(labels)), model[f"speed-up over {peer}"], "o" if k == 0 else "s", label=peer)
         right.set_xticks(range(len(labels)), labels, rotation=40, ha="right", fontsize="x-small")
     right.axhline(1, color="k", lw=0.8)
-    right.set_title("model sizes' attention (bf16, causal): ours / SDPA, fwd+bwd", fontsize="medium")
+    right.set_title("model sizes' attention (bf16, causal): speed-up over SDPA, fwd+bwd", fontsize="medium")
     right.legend(fontsize="x-small")
     right.grid(True, alpha=0.3)
-    fig.suptitle("FlashAttention-2: our time over each peer's, GPU time (CUDA graph) on both sides", fontsize="medium")
+    fig.suptitle("FlashAttention-2: our speed-up over a peer, GPU time (CUDA graph) on both sides", fontsize="medium")
     save(fig, path)
     return {}

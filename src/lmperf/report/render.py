@@ -29,7 +29,7 @@ import pandas as pd
 from lmperf import contenders as contenders_mod, planning, providers, workflow as wf
 from lmperf.report import format as fmt
 from lmperf.report import references as published
-from lmperf.report import contenders, quick, summary, validate
+from lmperf.report import claims, contenders, quick, summary, validate
 from lmperf.report.correctness import KERNEL_SECTIONS
 from lmperf.report.sections import DEEP, SECTIONS, Inputs, Section, figure_paths, frame_names, result_dirs
 
@@ -265,7 +265,7 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
         staged, not_drawn = draw(inputs, Path(tmp) / "figures", sections)
         section_views = views(inputs, sections)
         context = {**section_views, "sections": [s.name for s in sections],
-                   "summary": summary.view(section_views, references or [], results.name),
+                   "summary": summary.view(section_views, references or [], results.name, claims.of(inputs)),
                    "deep": deep, "quick": quick.view(results, scale, bars),
                    "figures": {name: os.path.relpath(figure_paths(figures_dir)[name], out.parent) for name in staged},
                    "no_figure": not_drawn,

@@ -1,7 +1,8 @@
 """The summary the report opens with: the answers a reader comes for, one row each, taken from
-the sections' views (nothing is computed twice) with what each is read against: a published
-number (config/references.yaml, matched to the results folder's GPU and marked as published)
-or a baseline measured in the same run. templates/summary.md.j2 writes the rows, each linking
+the claims (lmperf.report.claims) and the sections' views (nothing is computed twice) with what
+each is read against: a peer measured at the same settings in the same run (a speed-up, its
+noise band and verdict), or a published number (config/references.yaml, matched to the results
+folder's GPU), shown beside ours with both settings and no ratio. templates/summary.md.j2 writes the rows, each linking
 to the section it comes from; an answer that could not be measured here says why."""
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ import math
 
 import pandas as pd
 
-from lmperf import providers
-from lmperf.report import ladder_fp8, references as published
+from lmperf.report import claims, ladder_fp8, references as published
 from lmperf.report.distributed_rows import GPU_WORDS
 from lmperf.report.format import ratio_range, unavailable
 
@@ -29,13 +29,14 @@ def quoted(refs: dict, *ids: str) -> list[dict]:
     return [{**refs[i], "short": QUOTED[i]} for i in ids if i in refs]
 
 
-def view(views: dict, references: list[dict], hw: str) -> dict:
-    """{answer: its numbers, or unavailable(why)} from the sections' views ({section: view})."""
+def view(views: dict, references: list[dict], hw: str, table: claims.Claims | None = None) -> dict:
+    """{answer: its numbers, or unavailable(why)} from the sections' views ({section: view}) and
+    the claims (lmperf.report.claims: every comparison the summary states is one of them)."""
     refs = published.matching(references, hw)
     get = lambda name: views.get(name) or unavailable(f"the {name} section is not rendered here")
-    return {"flash_attention": flash_attention(get("flash_attention"), refs),
-            "throughput": throughput(get("flash_attention"), refs),
-            "training": training(get("ladder"), refs, views.get("convergence")),
+    return {"flash_attention": flash_attention(get("flash_attention"), refs, table),
+            "throughput": throughput(get("flash_attention"), refs, table),
+            "training": training(get("ladder"), refs, views.get("convergence"), table),
             "lrpe": lrpe(get("lrpe")),
             "scaling": scaling(get("distributed")),
             "memory": memory(get("memory")),
@@ -45,74 +46,77 @@ def view(views: dict, references: list[dict], hw: str) -> dict:
             "reproducibility": reproducibility(get("repeats"))}
 
 
-def _config(v: dict, group: str, causal: str | None = None) -> dict | None:
-    return next((c for c in v["configs"] if c["group"] == group and (causal is None or c["causal"] == causal)), None)
+FA = "flash_attention/{group}/bf16/{causal}/{d}/{harness}/do_bench/"
 
 
-def flash_attention(v: dict, refs: dict) -> dict:
-    """The headline configuration: our forward+backward time (under the leaderboard's harness
-    where measured, as the section's bars) against SDPA's flash and cuDNN backends (same run)
-    and the leaderboard's record (published)."""
+def claim_row(table: claims.Claims, prefix: str, peer: str | None = None) -> dict | None:
+    """The claim of the configuration `prefix` (claims.Claim.id up to the peer) against `peer`
+    (a provider), else against its best peer; None where no claim has that prefix."""
+    at = [c for c in table.claims if c.id.startswith(prefix)]
+    if peer is not None:
+        at = [c for c in at if c.peer is not None and c.peer.provider == peer]
+    best = table.best(at)
+    return None if best is None else {"claim": best, "shape": best.setting("shape"), "causal": best.setting("causal")}
+
+
+def flash_attention(v: dict, refs: dict, table: claims.Claims | None = None) -> dict:
+    """The headline configuration's forward+backward (causal): under the leaderboard's harness
+    (the CS336 leaderboard's call) against its best peer timed in that harness, and called as it
+    is against SDPA's flash and cuDNN backends called as they are (same run); the leaderboard's
+    record beside it (published, other settings: no ratio). Every number is a claim's."""
     if not v["available"]:
         return unavailable(v["why"])
-    c = _config(v, "headline")
-    if c is None or ("ms", "fwd_bwd") not in c["ratios"]:
+    if table is None:
+        return unavailable("no claims computed")
+    leader = claim_row(table, FA.format(group="headline", causal="causal", d="fwd_bwd", harness="leaderboard"))
+    eager = FA.format(group="headline", causal="causal", d="fwd_bwd", harness="eager")
+    rows = {"leaderboard": leader, "vs_flash": claim_row(table, eager, "sdpa_flash"),
+            "vs_cudnn": claim_row(table, eager, "sdpa_cudnn")}
+    if not any(rows.values()):
         return unavailable("no headline configuration in the benchmark's rows")
-    r = c["ratios"]
-    record = next(iter(quoted(refs, "cs336_leaderboard_record")), None)
-    peer_ms = lambda peer: r[("ms", "fwd_bwd")] / r[(peer, "fwd_bwd")] if (peer, "fwd_bwd") in r else None
-    return {"available": True, "shape": c["name"].split(": ", 1)[1], "ms": r[("ms", "fwd_bwd")],
-            "flash_ms": peer_ms("sdpa_flash"), "cudnn_ms": peer_ms("sdpa_cudnn"),
-            "leaderboard_harness": providers.get(c["ours"]).harness == "leaderboard",
-            "vs_flash": r.get(("sdpa_flash", "fwd_bwd")), "vs_cudnn": r.get(("sdpa_cudnn", "fwd_bwd")),
-            "host_bound": bool({("sdpa_flash", "fwd_bwd"), ("sdpa_cudnn", "fwd_bwd")} & c["host_bound"]),
-            "record": record, "vs_record": r[("ms", "fwd_bwd")] / record["value"] if record else None}
+    record = [r for r in claims.references(table, refs) if r["id"] == "cs336_leaderboard_record"]
+    return {"available": True, **rows, "record": [{**r, "short": QUOTED[r["id"]]} for r in record]}
 
 
-def throughput(v: dict, refs: dict) -> dict:
-    """The throughput configuration's forward pass (non-causal): our TFLOP/s, its multiple of
-    SDPA-flash's and cuDNN's (same run), and FlashAttention-3's and cuDNN's in the FlashAttention-3
-    paper (published)."""
+def throughput(v: dict, refs: dict, table: claims.Claims | None = None) -> dict:
+    """The throughput configuration (non-causal): the forward's TFLOP/s against SDPA-flash's and
+    cuDNN's (same run), its forward+backward against the best peer, and FlashAttention-3's and
+    cuDNN's forward in the FlashAttention-3 paper beside it (published, other settings: no ratio)."""
     if not v["available"]:
         return unavailable(v["why"])
-    c = _config(v, "throughput", "non-causal")
-    if c is None or c["ours"] not in c["forward_tflops"]:
+    if table is None:
+        return unavailable("no claims computed")
+    forward = FA.format(group="throughput", causal="full", d="forward", harness="eager")
+    rows = {"vs_flash": claim_row(table, forward, "sdpa_flash"), "vs_cudnn": claim_row(table, forward, "sdpa_cudnn"),
+            "fwd_bwd": claim_row(table, FA.format(group="throughput", causal="full", d="fwd_bwd", harness="eager"))}
+    if not any(rows.values()):
         return unavailable("no non-causal throughput configuration in the benchmark's rows")
-    r = c["ratios"]
-    multiple = lambda peer: 1 / r[(peer, "forward")] if (peer, "forward") in r else None
-    tflops = c["forward_tflops"]
-    published = quoted(refs, "fa3_paper_h100_forward_d128_8k_fa3", "fa3_paper_h100_forward_d128_8k_cudnn")
-    return {"available": True, "shape": c["name"].split(": ", 1)[1], "tflops": tflops[c["ours"]],
-            "vs_flash": multiple("sdpa_flash"), "vs_cudnn": multiple("sdpa_cudnn"),
-            "flash_tflops": tflops.get("sdpa_flash"), "cudnn_tflops": tflops.get("sdpa_cudnn"),
-            "vs_published": [{**p, "ratio": tflops[c["ours"]] / p["value"]} for p in published],
-            "host_bound": bool({("sdpa_flash", "forward"), ("sdpa_cudnn", "forward")} & c["host_bound"]),
-            "published": published}
+    published = [{**r, "short": QUOTED[r["id"]]} for r in claims.references(table, refs)
+                 if r["id"].startswith("fa3_paper")]
+    return {"available": True, **rows, "published": published}
 
 
-def training(v: dict, refs: dict, convergence: dict | None = None) -> dict:
-    """The ladder's best training step by MFU against the bf16 peak (among the best rung of each
-    size), the other sizes' best rungs, its tokens/s over the assignment's setting (same job),
-    the FP8 rung of its size beside it (tokens/s over the best bf16 rung's, same job, and the
-    convergence section's verdict on its loss), and the published MFU of llm.c and torchtitan."""
+def training(v: dict, refs: dict, convergence: dict | None = None, table: claims.Claims | None = None) -> dict:
+    """The ladder's best bf16 rung's MFU (claims.mfu: causal attention's computed half, the full
+    square beside it, as the published MFU of llm.c and torchtitan count), the claims of our best
+    rung against the assignment's setting at the same context and of our FP8 rung against our best
+    bf16 rung (the convergence section's verdict on its loss beside it)."""
     if not v["available"]:
         return unavailable(v["why"])
-    best = {size: b for size, b in v.get("best", {}).items() if math.isfinite(b["mfu"])}
-    if not best:
+    mfu = table.mfu if table is not None else None
+    if mfu is None or not math.isfinite(mfu["causal_half"]["mfu"]):
         return unavailable("no MFU in the ladder's rows (no peak rate known for this device)")
-    size = max(best, key=lambda s: best[s]["mfu"])
-    fp8 = v.get("fp8")
-    fp8 = fp8[(fp8["size"] == size) & (fp8["status"] == "ok")] if fp8 is not None and len(fp8) else []
-    fp8 = None if not len(fp8) else {
-        "recipe": fp8["recipe"].iloc[0], "how": ladder_fp8.how(fp8["recipe"].iloc[0]), "rung": int(fp8["rung"].iloc[0]),
-        "vs_best": float(fp8["tokens/s / best bf16 rung's"].iloc[0]), "tokens_per_s": float(fp8["tokens/s"].iloc[0]),
-        "context": int(fp8["context"].iloc[0]),
-        "convergence": ({"verdict": convergence["verdict"], "steps": int(convergence["table"]["steps"].max()),
-                         "result": {True: "within tolerance", False: "beyond tolerance"}.get(convergence.get("passed"),
-                                                                                             "not judged")}
-                        if convergence and convergence.get("available") else None)}
-    return {"available": True, "size": size, **best[size], "fp8": fp8,
-            "others": [{"size": s, "mfu": b["mfu"]} for s, b in best.items() if s != size],
+    ladder = [c for c in table.claims if c.section == "ladder"]
+    assignment = next((c for c in ladder if c.setting("peer") == "the assignment's setting"), None)
+    fp8 = next((c for c in ladder if c.setting("peer") == "our best bf16 rung"), None)
+    size = next((c.setting("size") for c in ladder), "")
+    return {"available": True, "size": size, "mfu": mfu, "assignment": assignment,
+            "fp8": None if fp8 is None else {
+                "claim": fp8, "how": ladder_fp8.how(fp8.ours.rung_name) if fp8.ours.rung_name else "",
+                "convergence": ({"verdict": convergence["verdict"], "steps": int(convergence["table"]["steps"].max()),
+                                 "result": {True: "within tolerance", False: "beyond tolerance"}.get(
+                                     convergence.get("passed"), "not judged")}
+                                if convergence and convergence.get("available") else None)},
             "published": quoted(refs, "llmc_gpt2_1558m_h100_mfu", "torchtitan_llama31_8b_h100_mfu")}
 
 
