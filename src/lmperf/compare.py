@@ -174,6 +174,35 @@ def with_idle(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(_idle=idle.fillna(case_max))
 
 
+SAME_CODE, CODE_CHANGED = "same", "code changed"
+
+
+def same_code(paired: pd.DataFrame) -> pd.Series:
+    """Per paired row: "same" where both runs measured it at one commit, or at commits between
+    which none of its section's code files (report/freshness.py's) differ; else "code changed"
+    (git cannot tell, for a commit not in this checkout, counts as changed)."""
+    from lmperf.report import freshness
+    memo: dict = {}
+
+    def state(section, ca, cb) -> str:
+        ca, cb = str(ca), str(cb)
+        if ca == cb and ca not in ("nan", "", "unknown") and not ca.endswith("-dirty"):
+            return SAME_CODE
+        if (section, ca, cb) not in memo:
+            files = freshness.code_files(str(section))
+            verdict = CODE_CHANGED
+            if files and not any(c in ("nan", "", "unknown") or c.endswith("-dirty") for c in (ca, cb)):
+                try:
+                    diff = freshness._git(freshness.REPO, "diff", "--name-only", ca, cb, "--", *files)
+                    verdict = SAME_CODE if not diff.split() else CODE_CHANGED
+                except Exception:  # a commit git does not know: not known to be the same code
+                    verdict = CODE_CHANGED
+            memo[section, ca, cb] = verdict
+        return memo[section, ca, cb]
+    return pd.Series([state(s, a, b) for s, a, b in zip(paired["section"], paired["commit_a"], paired["commit_b"])],
+                     index=paired.index, dtype=object)
+
+
 def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD,
             host_bound_pct: float = HOST_BOUND_IDLE_PCT) -> dict:
     """Join two runs' rows and judge each: {"rows": every paired row with its verdict,
@@ -187,7 +216,7 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float = DEFAULT_THRESHO
     not_ok = cases[in_both & (cases["status_a"].ne("ok") | cases["status_b"].ne("ok"))]
     both = with_idle(add_detail(pd.concat([a.assign(_run="a"), b.assign(_run="b")], ignore_index=True)))
     both = both[~both.set_index(CASE).index.isin(not_ok.index)]
-    columns = [*KEY, "detail", "unit", "status", "median", "q20", "q80", "samples", "_idle"]
+    columns = [*KEY, "detail", "unit", "status", "median", "q20", "q80", "samples", "_idle", "commit"]
     for c in columns:
         both[c] = both[c] if c in both else math.nan
     joined = pd.merge(both.loc[both["_run"] == "a", columns], both.loc[both["_run"] == "b", columns],
@@ -200,6 +229,7 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float = DEFAULT_THRESHO
                           columns=["kind", "A", "B", "ratio", "low", "high", "basis", "verdict"])
     rows = pd.concat([paired[[*KEY, "detail", "unit"]], judged], axis=1)
     rows["host_bound"] = (paired["_idle_a"].gt(host_bound_pct) | paired["_idle_b"].gt(host_bound_pct)).values
+    rows["code"] = same_code(paired).values
     ga, gb = gpus(a), gpus(b)
     hardware = bool(ga and gb and ga != gb)
     slower = rows[(rows["verdict"] == stats.SLOWER) & rows["basis"].isin(stats.BASES[:2]) & ~rows["host_bound"]]

@@ -124,12 +124,23 @@ def largest(rows: pd.DataFrame, n: int = LARGEST) -> str:
     return "; ".join(f"{label(r)} B/A {r['ratio']:.3f} ({r['verdict']})" for _, r in top.iterrows())
 
 
+CODE_CHANGED = "code changed"
+
+
+def at_other_code(rows: pd.DataFrame) -> pd.Series:
+    """Per row: whether the two runs measured it at code that differs (lmperf.compare.same_code)."""
+    return rows["code"].eq(CODE_CHANGED) if "code" in rows else pd.Series(False, index=rows.index)
+
+
 def framing(result: dict, name_a: str, name_b: str) -> str:
     (ga, gb), t = result["gpus"], result["threshold"]
     if result["hardware"]:
+        other = int(at_other_code(result["rows"]).sum())
         return (f"**Hardware comparison**: {', '.join(gb)} (B, `{name_b}`) against {', '.join(ga)} "
-                f"(A, `{name_a}`). Differences here are the hardware's: this is not a regression "
-                "check, and the exit status is 0.")
+                f"(A, `{name_a}`). Only rows that both runs measured at the same code are compared "
+                f"here; {other} rows measured at code that differs between the runs are listed apart "
+                "(\"code changed\") and judged by nothing. This is not a regression check, and the "
+                "exit status is 0.")
     return (f"**Regression check** on {', '.join(ga) or 'one machine'}: B (`{name_b}`) against "
             f"the baseline A (`{name_a}`), threshold {pct(t)}.")
 
@@ -140,12 +151,16 @@ def counts(timing: pd.DataFrame) -> tuple[int, int, int]:
 
 
 def agreement(result: dict) -> str:
-    """How many timing rows agree, which differ most; host-bound rows counted apart."""
+    """How many timing rows agree, which differ most; host-bound rows counted apart (and, between
+    two GPUs, rows at different code left out: they are listed apart)."""
     rows, t = result["rows"], result["threshold"]
+    if result["hardware"]:
+        rows = rows[~at_other_code(rows)]
     timing = rows[rows["kind"].isin(["time", "rate"])
                   & rows["verdict"].isin([stats.SAME, stats.FASTER, stats.SLOWER])]
     if not len(timing):
-        return "The two runs have no timing row in common."
+        return ("The two runs have no timing row in common measured at the same code." if result["hardware"]
+                else "The two runs have no timing row in common.")
     host, timing = timing[timing["host_bound"]], timing[~timing["host_bound"]]
     same, faster, slower = counts(timing)
     if not len(timing):
@@ -273,6 +288,8 @@ def render(result: dict, name_a: str, name_b: str, a: pd.DataFrame, b: pd.DataFr
     from pathlib import Path
     rows = result["rows"]
     kind_of = "hardware comparison" if result["hardware"] else "regression check"
+    other_code = rows[at_other_code(rows)] if result["hardware"] else rows.iloc[:0]
+    rows = rows.drop(other_code.index)
     top = headline(rows)
     out = [f"# `{name_b}` against `{name_a}` ({kind_of})", "", *summary(result, name_a, name_b, a, b), ""]
     if len(top):
@@ -299,6 +316,11 @@ def render(result: dict, name_a: str, name_b: str, a: pd.DataFrame, b: pd.DataFr
     out += ["## Cases not ok in a run", "", "Status changed between the runs:", "",
             markdown(not_ok[changed.values]), ""]
     out += folded(f"Not ok in both runs alike ({int((~changed).sum())} cases)", markdown(not_ok[~changed.values]))
+    if result["hardware"]:
+        out += ["## Rows at different code", "",
+                f"Measured at commits whose code for their section differs between the runs (\"code changed\"): "
+                "a difference in them may be the code's, not the hardware's, so none is judged here.", "",
+                *folded(f"{len(other_code)} rows", markdown(view(other_code)))]
     out += ["## Rows in one run only", "", *one_run_only(result)]
     out += ["## Every row", ""]
     for section, group in view(rows).groupby(rows["section"].values, sort=False):
