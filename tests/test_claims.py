@@ -1,0 +1,246 @@
+"""The table of claims (lmperf.report.claims) on the committed H100 results and on a small fixture:
+each claim recomputed from the CSVs, the README and the summary rendering claims and nothing of
+their own, and, for each way a claim went wrong before, a test that fails where it does."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import REPO
+from lmperf.report import claims, readme, summary
+from lmperf.report.render import Inputs, bars_from_config, load_section
+
+H100 = REPO / "results" / "h100-80gb-hbm3"
+GOLDEN = REPO / "tests" / "fixtures" / "claims"
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    frames = {s: load_section(H100, s) for s in ("flash_attention", "lrpe", "ladder", "env")}
+    return Inputs(results=H100, frames=frames, bars=bars_from_config(REPO / "config" / "config.yaml"),
+                  out_dir=REPO / "report")
+
+
+@pytest.fixture(scope="module")
+def table(inputs):
+    return claims.of(inputs)
+
+
+def csv_value(side: claims.Side) -> float:
+    """A side's median read from its job's CSV file alone."""
+    rows = pd.read_csv(H100 / f"{side.job}.csv")
+    r = rows[(rows["case_id"] == side.case_id) & (rows["metric"] == side.metric) & (rows["status"] == "ok")]
+    assert len(r) == 1, (side.job, side.case_id, side.metric)
+    return float(r["median"].iloc[0])
+
+
+def test_each_claim_is_recomputed_from_the_csvs(table):
+    assert table.claims
+    for c in table.claims:
+        ours = csv_value(c.ours)
+        assert ours == pytest.approx(c.ours.value)
+        if c.peer is None:
+            assert c.speedup is None and c.verdict == claims.NO_PEER
+            continue
+        peer = csv_value(c.peer)
+        expected = ours / peer if c.higher_is_better else peer / ours
+        assert c.speedup == pytest.approx(expected), c.id
+
+
+def test_each_band_is_the_range_of_the_paired_processes(table):
+    """The band: the lowest and highest speed-up over the job's process and each repeat's run file."""
+    banded = [c for c in table.claims if c.band is not None]
+    assert banded  # LRPE's 1-D case and the model group's repeated shape
+    for c in banded:
+        ratios = [c.peer.value / c.ours.value if not c.higher_is_better else c.ours.value / c.peer.value]
+        for run in sorted((H100 / "repeats" / c.ours.job).glob("run*.csv")):
+            rows = pd.read_csv(run)
+            v = lambda s: rows[(rows["case_id"] == s.case_id) & (rows["metric"] == s.metric)]["median"]
+            o, p = v(c.ours), v(c.peer)
+            if len(o) and len(p):
+                ratios.append(float(p.iloc[0]) / float(o.iloc[0]) if not c.higher_is_better
+                              else float(o.iloc[0]) / float(p.iloc[0]))
+        assert len(ratios) == c.processes >= claims.MIN_PROCESSES
+        assert c.band == pytest.approx((min(ratios), max(ratios)))
+
+
+# ---------------------------------------------------------------------------------------------
+# What was wrong before, one test each
+
+
+def test_one_ours_per_configuration_and_the_headline_is_the_leaderboard_call(table):
+    ours = {}
+    for c in table.claims:
+        ours.setdefault(c.key, set()).add(c.ours.provider)
+    assert all(len(v) == 1 for v in ours.values()), {k: v for k, v in ours.items() if len(v) > 1}
+    head = readme.rows_of(table)[0]
+    assert head.ours.provider == "triton_compiled" and head.ours.harness == "leaderboard"
+    s = summary.flash_attention({"available": True}, {}, table)
+    assert s["leaderboard"]["claim"] is head
+
+
+def test_no_ratio_spans_two_harnesses_or_two_timings(table):
+    for c in table.claims:
+        if c.peer is not None:
+            assert (c.ours.harness, c.ours.timing) == (c.peer.harness, c.peer.timing), c.id
+
+
+def test_a_win_lies_wholly_beyond_one(table):
+    for c in table.claims:
+        if c.verdict == claims.FASTER:
+            assert c.band is not None and c.band[0] > 1 and c.processes >= claims.MIN_PROCESSES, c.id
+        if c.band is None and c.peer is not None:
+            assert c.verdict in (claims.NO_BAND, claims.HOST_BOUND), c.id
+    throughput = readme.rows_of(table)[2]  # the throughput forward against cuDNN: one process only
+    assert throughput.speedup > 1 and throughput.verdict == claims.NO_BAND
+
+
+def test_a_host_bound_side_is_never_a_verdict(table):
+    for c in table.claims:
+        if c.peer is not None and (c.ours.host_bound or c.peer.host_bound):
+            assert c.verdict == claims.HOST_BOUND, c.id
+
+
+def test_a_published_peer_at_other_settings_gets_no_ratio(table):
+    refs = {r["id"]: r for r in claims.references(table, {
+        "fa3_paper_h100_forward_d128_8k_fa3": {"value": 646, "unit": "TFLOP/s",
+                                               "conditions": {"gpu": "clock fixed at 1830 MHz"}}})}
+    fa3 = refs["fa3_paper_h100_forward_d128_8k_fa3"]
+    assert fa3["ratio"] is None and fa3["their_settings"]["gpu"] and fa3["ours_settings"]["clocks"] == "not recorded"
+    rows = summary.throughput({"available": True}, {"fa3_paper_h100_forward_d128_8k_fa3": {
+        "value": 646, "unit": "TFLOP/s", "conditions": {}}}, table)
+    assert all(p["ratio"] is None for p in rows["published"])
+
+
+def test_a_grid_verdict_has_its_denominator_and_the_best_peer_at_each_shape(table):
+    grids = {g.id: g for g in table.grids}
+    do_bench = grids["flash_attention/grid/bf16/do_bench"]
+    assert "sdpa_cudnn" in do_bench.peers  # cuDNN is a peer wherever it ran
+    for g in table.grids:
+        assert g.shapes == g.faster + g.slower + g.host_bound == len(g.claims)
+        for c in g.claims:  # the best peer: no peer of that shape and timing is faster
+            rows = pd.read_csv(H100 / f"{c.ours.job}.csv")
+            shape = rows[rows["case_id"] == c.peer.case_id].iloc[0]
+            same = rows[(rows["metric"] == c.ours.metric) & (rows["status"] == "ok")
+                        & (rows["seq_len"] == shape["seq_len"]) & (rows["head_dim"] == shape["head_dim"])
+                        & (rows["batch"] == shape["batch"]) & (rows["heads"] == shape["heads"])
+                        & (rows["dtype"] == shape["dtype"]) & rows["provider"].isin(list(claims.fa_peers()))]
+            assert c.peer.value == pytest.approx(same["median"].min())
+
+
+def test_the_readme_shows_forward_and_backward_wherever_it_shows_forward_alone(table):
+    rows = readme.rows_of(table)
+    for c in rows:
+        if c.setting("pass") == "forward" and c.section == "flash_attention":
+            assert any(o.setting("pass") == "forward+backward" and o.setting("shape") == c.setting("shape")
+                       and o.setting("causal") == c.setting("causal") for o in rows), c.id
+
+
+def test_mfu_is_stated_under_the_flash_attention_sections_convention_with_the_other_beside_it(table):
+    m = table.mfu
+    assert m["causal_half"]["mfu"] < m["full_square"]["mfu"]
+    rows = load_section(H100, "ladder")
+    tflops = rows[(rows["case_id"] == m["case_id"]) & (rows["metric"] == "tflops")]["median"].iloc[0]
+    assert m["full_square"]["tflops"] == pytest.approx(tflops, rel=1e-6)
+
+
+def test_fp32_comparisons_name_both_sides_matmul_precision(table):
+    fp32 = [g for g in table.grids if "/fp32/" in g.id]
+    assert fp32 and all(g.precision for g in fp32)
+
+
+def test_the_repeats_a_claim_needs_are_listed(table):
+    needed = claims.repeat_config(table)
+    head = table.find("flash_attention/headline/bf16/causal/fwd_bwd/eager/do_bench/sdpa_cudnn")
+    job = head.ours.job
+    assert head.ours.case_id in needed[job] and head.peer.case_id in needed[job]
+
+
+def test_a_comparison_between_gpus_judges_only_rows_at_the_same_code(tmp_path):
+    from lmperf import compare, compare_page
+    a, b = compare.load(H100), compare.load(REPO / "results" / "h200")
+    result = compare.compare(a, b)
+    assert result["hardware"]
+    rows = result["rows"]
+    changed = rows[rows["code"] == compare.CODE_CHANGED]
+    assert len(changed)  # the H200 rows were measured at other commits
+    assert (rows.loc[rows["code"] == compare.SAME_CODE].index.size + len(changed)) == len(rows)
+    text = compare_page.render(result, "a", "b", a, b)
+    assert "Differences here are the hardware's" not in text
+    assert f"{len(changed)} rows" in text.split("## Rows at different code")[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# The README and the summary render claims
+
+
+def test_every_readme_row_is_one_claim(inputs, table):
+    v = readme.view(H100)
+    for r in v["rows"]:
+        c = r["claim"]
+        assert c in table.claims
+        assert r["speedup"] == c.speedup and r["verdict"] == c.verdict and r["band"] == c.band
+        value = c.ours.rate if r["unit"] == "TFLOP/s" else c.ours.value
+        assert r["ours"] == value
+    block = readme.render_block(H100, REPO / "templates")
+    from lmperf.report.format import fmt
+    for r in v["rows"]:
+        assert fmt(r["ours"]) in block
+        if r["speedup"] is not None:
+            assert f"{fmt(r['speedup'])}x" in block
+
+
+def test_every_summary_comparison_is_a_claim(table):
+    s = summary.view({"flash_attention": {"available": True}, "ladder": {"available": True}}, [], "h100", table)
+    for key in ("leaderboard", "vs_flash", "vs_cudnn"):
+        assert s["flash_attention"][key]["claim"] in table.claims
+    for key in ("vs_flash", "vs_cudnn", "fwd_bwd"):
+        assert s["throughput"][key]["claim"] in table.claims
+    assert s["training"]["assignment"] in table.claims and s["training"]["fp8"]["claim"] in table.claims
+    assert s["training"]["assignment"].peer.rung_name == "compiled"  # the assignment's setting, same context
+
+
+# ---------------------------------------------------------------------------------------------
+# One golden render of a small fixture
+
+
+def fixture_results(root: Path) -> Path:
+    """A results folder of one FlashAttention-2 job: ours called as it is and under the
+    leaderboard's harness, SDPA-cuDNN called as it is; and two fresh processes of the job."""
+    results = root / "results" / "fixture"
+    common = {"section": "flash_attention", "study": "bench", "group": "headline", "dtype": "bf16", "causal": True,
+              "batch": 1, "heads": 16, "kv_heads": 16, "seq_len": 16384, "head_dim": 64, "status": "ok",
+              "gpu_idle_pct": 1.0, "commit": "abc", "unit": "ms", "gpu_time": False}
+
+    def rows(scale: float) -> list[dict]:
+        out = []
+        for provider, harness, ms in (("triton", "eager", 4.0), ("triton_compiled", "leaderboard", 4.2),
+                                      ("sdpa_cudnn", "eager", 4.4)):
+            case = f"headline-{provider}-bf16-causal-b1h16n16384d64"
+            for d, share in (("forward", 0.25), ("backward", 0.75), ("fwd_bwd", 1.0)):
+                out.append({**common, "case_id": case, "provider": provider, "harness": harness,
+                            "metric": f"{d}_ms", "median": ms * share * (scale if provider == "triton" else 1)})
+        return out
+    job = results / "flash_attention" / "bench"
+    job.mkdir(parents=True)
+    pd.DataFrame(rows(1.0)).to_csv(job / "headline_d64.csv", index=False)
+    rep = results / "repeats" / "flash_attention" / "bench" / "headline_d64"
+    rep.mkdir(parents=True)
+    for k, scale in ((1, 1.05), (2, 0.97)):
+        pd.DataFrame(rows(scale)).to_csv(rep / f"run{k}.csv", index=False)
+    return results
+
+
+def test_golden_render_of_a_small_fixture(tmp_path):
+    results = fixture_results(tmp_path)
+    frames = {"flash_attention": load_section(results, "flash_attention")}
+    table = claims.compute(frames, results, 10.0)
+    text = readme.table_text([readme.row(c) for c in readme.rows_of(table)])
+    golden = GOLDEN / "readme_table.md"
+    assert text + "\n" == golden.read_text(), "rewrite tests/fixtures/claims/readme_table.md after review"
+    head = table.find("flash_attention/headline/bf16/causal/fwd_bwd/eager/do_bench/sdpa_cudnn")
+    assert head.processes == 3 and head.band == pytest.approx((4.4 / (4.0 * 1.05), 4.4 / (4.0 * 0.97)))
+    assert head.verdict == claims.FASTER  # 1.048 to 1.134: wholly beyond 1
