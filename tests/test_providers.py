@@ -210,6 +210,7 @@ def test_a_provider_in_a_module_of_its_own_reaches_the_csvs_and_the_report(regis
     section = text.split("## FlashAttention-2")[1].split("\n## ")[0]
     assert "| mine_tiled " in section and "ours / mine_tiled" in section
     rows = readme.flash_attention_rows(gpu_like(pd.read_csv(bench.path)).assign(harness="eager"), 10.0)
+    assert any(r["claim"].peer is not None for r in rows)
     assert rows and readme.fa_peers().get("mine_tiled") == "Mine, tiled"  # a peer the README's table weighs
 
 
