@@ -628,7 +628,8 @@ def test_readme_block_is_the_claims_and_the_run_time():
         assert f"measured in one run of {fmt(minutes)} minutes from an empty results folder" in block
     else:
         assert "measured in one run" not in block
-    assert [r["what"] for r in readme.view(COMMITTED)["rows"]] == list(readme_table(block))
+    lines = [line for line in block.splitlines() if line.startswith("|")][2:]
+    assert [r["what"] for r in readme.view(COMMITTED)["rows"]] == [line.strip("|").split("|")[0].strip() for line in lines]
 
 
 def standard_run_minutes(results: Path) -> float | None:
