@@ -180,12 +180,13 @@ FA_FIXTURE = REPO / "tests" / "fixtures" / "results" / "h200"
 def test_flash_attention_section_reads_bars_off_the_same_run():
     df = pd.read_csv(FA_FIXTURE / "flash_attention" / "bench" / "headline_d64.csv")
     fb = df[df.metric == "fwd_bwd_ms"].set_index("provider")["median"]
-    ours = fb["triton_compiled"] if "triton_compiled" in fb else fb["triton"]  # the leaderboard's harness first
-    ratio = ours / fb["sdpa_flash"]
+    assert "triton_compiled" not in fb  # ours is then the call as it is, against the peers called so
+    ours = fb["triton"]
+    speedup = fb["sdpa_flash"] / ours
     bars = flash_attention.view(inputs(FA_FIXTURE))["bars"].set_index("bar")
-    line = bars.loc["headline forward+backward <= 0.75x SDPA-flash time (leaderboard harness)"]
-    assert line["_value"] == pytest.approx(ratio) and line["met"] == (ratio <= 0.75)
-    line = bars.loc["headline forward+backward <= 5.2 ms"]
+    line = bars.loc["headline forward+backward speed-up over SDPA-flash >= 1.33x (called as it is, both sides)"]
+    assert line["_value"] == pytest.approx(speedup) and line["met"] == (speedup >= 1 / 0.75)
+    line = bars.loc["headline forward+backward <= 5.2 ms (called as it is)"]
     assert line["_value"] == pytest.approx(ours) and line["met"] == (ours <= 5.2)
 
 
@@ -216,13 +217,14 @@ def test_flash_attention_model_group_bar_counts_the_shapes_where_ours_is_slower(
     line = bars.loc["model group: forward+backward GPU time (CUDA graph) no slower than sdpa_flash at every shape"]
     assert line["_value"] == 1 and not line["met"]  # small: 0.5 ms against 0.4
     assert view["model"].attrs["metric"] == "fwd_bwd_gpu_ms"
-    assert view["model_host"]["ours / sdpa_flash"].tolist() == [0.5, 1.5, 1.0]
+    assert view["model_host"]["speed-up over sdpa_flash"].tolist() == pytest.approx([2.0, 2 / 3, 1.0])
 
 
 def test_flash_attention_bars_follow_the_thresholds_in_the_config():
     bars = {**BARS, "flash_attention": {**BARS["flash_attention"], "headline_vs_sdpa_flash": 10.0}}
     line = flash_attention.view(inputs(FA_FIXTURE, bars))["bars"].iloc[0]
-    assert line["bar"] == "headline forward+backward <= 10x SDPA-flash time (leaderboard harness)" and line["met"]
+    assert line["bar"] == "headline forward+backward speed-up over SDPA-flash >= 0.100x (called as it is, both sides)"
+    assert line["met"]
 
 
 def test_correctness_section_counts_checks_and_flags_failures(tmp_path):
@@ -258,30 +260,37 @@ def test_report_lists_the_result_files_a_full_run_would_write_but_are_missing(tm
             "(`results/x/flash_attention/bench/grid_d64.csv`, `results/x/lrpe/check.csv`)") in text
 
 
-def test_flash_attention_grid_bar_uses_the_gpu_time_where_both_were_measured():
+def test_flash_attention_grid_bars_count_against_the_best_peer_by_each_timing():
+    """The grid's bars: by GPU time and by do_bench, ours against the best peer at each shape,
+    with the number of shapes (here ours is slower by do_bench at both, by GPU time at neither)."""
+    from lmperf.report import claims
     rows = []
     for n, (ours, compiled) in {128: ((1.0, 0.02), (0.9, 0.05)), 4096: ((1.3, 1.3), (1.2, 1.4))}.items():
         for provider, ms in (("triton", ours), ("plain_compiled", compiled)):
             for metric, value in zip(("fwd_bwd_ms", "fwd_bwd_gpu_ms"), ms):
-                rows.append({"dtype": "fp32", "head_dim": 128, "seq_len": n, "provider": provider,
-                             "metric": metric, "median": value, "status": "ok"})
-    grid = pd.DataFrame(rows)
-    assert flash_attention.grid_slower(grid, "fwd_bwd_ms") == (2, 2)
-    assert flash_attention.grid_slower(grid, "fwd_bwd_gpu_ms") == (0, 2)
-    line = flash_attention.bars([], grid, pd.DataFrame(), BARS["flash_attention"])[0]
-    assert "GPU time" in line["bar"] and line["met"]
+                rows.append({"section": "flash_attention", "study": "bench", "group": "grid", "harness": "eager",
+                             "case_id": f"grid-{provider}-{n}", "dtype": "fp32", "batch": 1, "heads": 1,
+                             "head_dim": 128, "seq_len": n, "provider": provider, "metric": metric, "unit": "ms",
+                             "median": value, "status": "ok"})
+    grids, made = claims.fa_grid_verdicts(pd.DataFrame(rows), BARS["host_bound_idle_pct"], {}, False)
+    lines = {b["bar"].split("fwd+bwd, ")[1].split(";")[0]: b
+             for b in flash_attention.bars(claims.Claims(made, grids), pd.DataFrame(), BARS["flash_attention"])}
+    assert lines["GPU time (CUDA graph)"]["_value"] == 0 and lines["GPU time (CUDA graph)"]["met"]
+    assert lines["do_bench (host included)"]["_value"] == 2 and not lines["do_bench (host included)"]["met"]
+    assert all(g.shapes == 2 for g in grids)
 
 
 def test_two_providers_with_the_same_times_everywhere_are_flagged():
     """Two SDPA backends that take the same time at every shape did not both run: the cuDNN
     stretch bar then says 'not measured' instead of comparing against a copy of SDPA-flash."""
     same = pd.DataFrame({"sdpa_flash": [0.100, 0.200, 0.300], "sdpa_cudnn": [0.101, 0.199, 0.300],
-                         "ours / sdpa_flash": [0.6, 0.6, 0.6], "ours / sdpa_cudnn": [0.6, 0.6, 0.6]})
+                         "speed-up over sdpa_flash": [1.6, 1.6, 1.6], "speed-up over sdpa_cudnn": [1.6, 1.6, 1.6]})
     assert flash_attention.same_kernel(same, "sdpa_flash", "sdpa_cudnn")
     different = same.assign(sdpa_cudnn=[0.080, 0.150, 0.300])
     assert not flash_attention.same_kernel(different, "sdpa_flash", "sdpa_cudnn")
     same.attrs["metric"] = "fwd_bwd_gpu_ms"
-    rows = flash_attention.bars([], pd.DataFrame(), same, {})
+    from lmperf.report import claims
+    rows = flash_attention.bars(claims.Claims(), same, {})
     cudnn = [r for r in rows if "sdpa_cudnn" in r["bar"]]
     assert len(cudnn) == 1 and cudnn[0]["measured"].startswith("not measured") and not cudnn[0]["met"]
 
@@ -403,10 +412,11 @@ def test_a_flash_attention_ratio_with_a_host_bound_side_claims_no_bar(tmp_path):
     results = REPO / "results" / "h100-80gb-hbm3"
     frames = {s.name: render.load_section(results, s.name) for s in SECTIONS}
     fa = frames["flash_attention"]
-    peer = (fa["group"] == "headline") & (fa["provider"] == "sdpa_flash") & (fa["metric"] == "fwd_bwd_ms")
+    peer = (fa["group"] == "throughput") & (fa["provider"] == "sdpa_flash") & (fa["metric"] == "forward_ms") \
+        & (fa["causal"].astype(str).str.lower() == "false")
     frames["flash_attention"] = fa.assign(gpu_idle_pct=peer.map({True: 50.0, False: 1.0}))
     view = flash_attention.view(Inputs(results=results, frames=frames, bars=BARS, out_dir=tmp_path))
-    headline = view["bars"][view["bars"]["bar"].str.contains("SDPA-flash time")].iloc[0]
+    headline = view["bars"][view["bars"]["bar"].str.startswith("throughput forward (non-causal)")].iloc[0]
     assert headline["measured"].endswith("(host-bound ‡: not claimed)") and not headline["met"]
     assert view["host_bound"]["n"] == 1
 
