@@ -6,7 +6,8 @@ rendered from (rewritten into today's columns by a one-off script, `git show
 the check renders today's templates over that frozen copy. Its end-to-end section was captured
 again when the tables changed from mean ± std to median [20%, 80%] (the numbers a rerun
 reproduces), over the same frozen CSVs; its attention and mixed-precision sections likewise when
-their tables changed from means to medians."""
+their tables changed from means to medians; its FlashAttention-2 section when its ratios became
+speed-ups (a peer's time over ours) and its targets read as speed-ups."""
 import json
 from pathlib import Path
 

@@ -161,6 +161,8 @@ def view(inputs) -> dict:
     view["ratios"] = ratio_table(claimed, view["host_bound"]["mark"])
     view["losses"] = losses(claimed)
     view["claims"] = answer(claimed)
+    view["answer"] = answer_table(view["claims"]["lines"], view["host_bound"]["mark"])
+    view["grid_verdicts"] = grid_verdict_table(view["claims"]["grids"])
     if not grid.empty:
         view["grid"] = grid_tables(grid, threshold)
         view["grid_speedups"] = grid_speedups(grid)
@@ -188,6 +190,30 @@ def answer(table: claims.Claims) -> dict:
     return {"lines": lines, "grids": [g for g in table.grids if g.section == "flash_attention"],
             "kernels": kernels, "configs": configs, "kernel_column": claims.KERNEL_COLUMN,
             "direction": table.direction}
+
+
+def band_text(c: claims.Claim) -> str:
+    return f"{fmt(c.band[0], 4)} to {fmt(c.band[1], 4)} ({c.processes} processes)" if c.band else ""
+
+
+def answer_table(lines: list[claims.Claim], mark: str) -> pd.DataFrame:
+    """The section's answer as a table: one claim a row."""
+    return pd.DataFrame([{
+        "configuration": c.what, "harness": HARNESS.get(c.ours.harness, c.ours.harness), "timed by": c.ours.timing,
+        "ours ms": f"{fmt(c.ours.value)} {mark}" if c.ours.host_bound else c.ours.value,
+        "best peer": c.peer.label if c.peer else c.no_peer,
+        "peer ms": "" if c.peer is None else (f"{fmt(c.peer.value)} {mark}" if c.peer.host_bound else c.peer.value),
+        "speed-up": c.speedup, "noise band": band_text(c), "verdict": c.verdict if c.peer else ""}
+        for c in lines])
+
+
+def grid_verdict_table(grids: list[claims.GridVerdict]) -> pd.DataFrame:
+    """Each grid's verdict against the best peer at each shape, with its denominator."""
+    return pd.DataFrame([{
+        "grid": g.what, "timed by": g.timing, "peers": ", ".join(g.peers), "shapes": g.shapes,
+        "ours faster": g.faster, "ours slower": g.slower, "host-bound (not counted)": g.host_bound,
+        "with a noise band": g.banded, "won outside the band": g.wins,
+        "matmul precision (fp32)": g.precision or ""} for g in grids])
 
 
 def provider_rows(bench: pd.DataFrame) -> list[dict]:

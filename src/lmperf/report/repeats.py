@@ -67,6 +67,26 @@ def spread_row(section: str, case_id: str, metric: str, measured: list, width: i
     return line
 
 
+SECTION_NAMES = {"flash_attention": "FlashAttention-2", "lrpe": "LRPE-cosine", "ladder": "the ladder",
+                 "distributed": "data-parallel training"}
+
+
+def by_section(table: pd.DataFrame) -> list[dict]:
+    """Per section: how many numbers, and the median and widest spread of their medians across
+    processes (%), so that one section's many rows do not stand for another's few."""
+    out = []
+    across = "across processes: (max - min) / median %"
+    for section, g in table.groupby("section", sort=False):
+        a = g[across].dropna()
+        if a.empty:
+            continue
+        widest = g.loc[a.idxmax()]
+        out.append({"section": section, "name": SECTION_NAMES.get(section, section), "n": len(a),
+                    "median_pct": float(a.median()), "max_pct": float(a.max()),
+                    "widest": f"{widest['metric']} of {widest['case']}"})
+    return out
+
+
 def view(inputs) -> dict:
     repeats = inputs.rows("repeats")
     fresh = rerun.view(inputs.results, inputs.bars)
@@ -104,4 +124,5 @@ def view(inputs) -> dict:
             "across_median_pct": float(across.median()) if across.notna().any() else math.nan,
             "within_median_pct": float(within.median()) if within.notna().any() else math.nan,
             "wider_across": int((across > within).sum()),
+            "by_section": by_section(table),
             "comparable": int((across.notna() & within.notna()).sum())}
