@@ -335,3 +335,23 @@ def test_rows_that_disagree_are_ordered_the_same_whatever_their_order_and_last_b
     for order in ([0, 1, 2, 3], [3, 2, 1, 0], [1, 3, 0, 2]):
         got = farthest_first(rows.iloc[order])
         assert list(zip(got["case_id"], got["metric"])) == want
+
+
+def test_across_gpus_rows_at_other_code_are_listed_apart_and_not_judged(tmp_path, capsys):
+    """Between two GPUs, rows measured at commits whose section code differs (here: a commit git
+    does not know, so not known to be the same code) are "code changed": left out of the counts
+    and the headline numbers, listed apart, and no hardware verdict is drawn from them."""
+    a = write_run(tmp_path / "h100", seed=0, cv=0.01, slow_steps=0)
+    b = write_run(tmp_path / "h200", seed=1, provenance={**H200, "commit": "def456"},
+                  shift={c: 1.3 for c in STEPS}, cv=0.01, slow_steps=0)
+    result = run_compare(a, b)
+    assert result["hardware"] and (result["rows"]["code"] == compare.CODE_CHANGED).all()
+    assert compare.main([str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "no timing row in common measured at the same code" in out
+    assert f"{len(result['rows'])} rows measured at code that differs" in out
+    page = out.split("## Rows at different code", 1)[1]
+    assert f"{len(result['rows'])} rows" in page.split("## Rows in one run only")[0]
+    same = run_compare(a, write_run(tmp_path / "h200same", seed=1, provenance=H200, shift={c: 1.3 for c in STEPS},
+                                    cv=0.01, slow_steps=0))
+    assert (same["rows"]["code"] == compare.SAME_CODE).all()  # one commit: the same code
