@@ -153,7 +153,10 @@ def test_fp32_comparisons_name_both_sides_matmul_precision(table):
 
 
 def test_the_repeats_a_claim_needs_are_listed(table):
-    needed = claims.repeat_config(table)
+    """Each stated claim (the README's rows among them) names both its cases, under its job."""
+    stated = claims.stated(table)
+    assert all(c in stated for c in readme.rows_of(table) if c.peer is not None)
+    needed = claims.repeat_config(table, stated)
     head = table.find("flash_attention/headline/bf16/causal/fwd_bwd/eager/do_bench/sdpa_cudnn")
     job = head.ours.job
     assert head.ours.case_id in needed[job] and head.peer.case_id in needed[job]

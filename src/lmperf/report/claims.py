@@ -636,15 +636,56 @@ def of(inputs) -> Claims:
     return cached
 
 
-def repeat_config(table: Claims) -> dict[str, list[str]]:
-    """{job: [case ids]}: the cases every claim with a peer needs timed in fresh processes, the
-    repeats' configuration (config `repeats`, as `{job: ..., cases: [...]}` entries) derived from
-    the claims."""
-    out: dict[str, list[str]] = {}
+def stated(table: Claims) -> list[Claim]:
+    """The claims a verdict is drawn from: per configuration (section, settings), ours against its
+    best peer (the README's, the summary's and the answers' rows and the grids' shapes), and
+    every claim of the ladder (each names its own peer)."""
+    groups: dict = {}
     for c in table.claims:
+        groups.setdefault((c.id if c.section == "ladder" else c.key), []).append(c)
+    return [table.best(g) for g in groups.values()]
+
+
+def repeat_config(table: Claims, only: list[Claim] | None = None) -> dict[str, list[str]]:
+    """{job: [case ids]}: the cases the claims (`only`, else every claim with a peer) need timed
+    in fresh processes, the repeats' configuration (config `repeats`, as `{job: ..., cases:
+    [...]}` entries) derived from the claims."""
+    out: dict[str, list[str]] = {}
+    for c in (table.claims if only is None else only):
         if c.peer is None:
             continue
         for job, case in c.repeat_cases:
             if job and case not in out.setdefault(job, []):
                 out[job].append(case)
     return out
+
+
+def main(argv=None) -> None:
+    """Print a results folder's claims (or, with --repeats, the repeats' configuration the claims
+    need: config `repeats` entries, one a job)."""
+    import argparse
+
+    import yaml
+
+    from lmperf.report.render import CONFIG, Inputs, bars_from_config, load_section
+    p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    p.add_argument("--results", type=Path, required=True)
+    p.add_argument("--repeats", action="store_true", help="print the repeats' jobs and cases the claims need")
+    p.add_argument("--all", action="store_true", help="with --repeats: every claim's, not only each configuration's "
+                                                      "claim against its best peer")
+    args = p.parse_args(argv)
+    frames = {s: load_section(args.results, s) for s in ("flash_attention", "lrpe", "ladder")}
+    table = of(Inputs(results=args.results, frames=frames, bars=bars_from_config(CONFIG), out_dir=Path(".")))
+    if args.repeats:
+        needed = repeat_config(table, None if args.all else stated(table))
+        print(yaml.safe_dump({"jobs": [{"job": job, "cases": cases} for job, cases in needed.items()]}, sort_keys=False))
+        return
+    for c in table.claims:
+        band = f"{c.band[0]:.4g}-{c.band[1]:.4g} ({c.processes})" if c.band else "-"
+        ratio = f"{c.speedup:.3g}x" if c.speedup is not None else "-"
+        peer = f"{c.peer.value:.4g}" if c.peer else "-"
+        print(f"{c.id}\t{c.ours.value:.4g}\t{peer}\t{ratio}\t{band}\t{c.verdict}")
+
+
+if __name__ == "__main__":
+    main()
