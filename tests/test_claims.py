@@ -247,3 +247,15 @@ def test_golden_render_of_a_small_fixture(tmp_path):
     head = table.find("flash_attention/headline/bf16/causal/fwd_bwd/eager/do_bench/sdpa_cudnn")
     assert head.processes == 3 and head.band == pytest.approx((4.4 / (4.0 * 1.05), 4.4 / (4.0 * 0.97)))
     assert head.verdict == claims.FASTER  # 1.048 to 1.134: wholly beyond 1
+
+
+@pytest.mark.parametrize("hw", ["h100-80gb-hbm3", "h200"])
+def test_the_full_square_mfu_is_the_ladders_own(hw):
+    """The MFU over the full square is the ladder's `mfu_pct` of the same case, a rung of several
+    micro-batches a step included (the H200's best bf16 rung accumulates 4)."""
+    results = REPO / "results" / hw
+    ladder = load_section(results, "ladder")
+    m = claims.compute({"ladder": ladder}, results, 10.0).mfu
+    own = ladder[(ladder["case_id"] == m["case_id"]) & (ladder["metric"] == "mfu_pct")]["median"].iloc[0]
+    assert m["full_square"]["mfu"] == pytest.approx(own, rel=1e-6)
+    assert m["causal_half"]["mfu"] < m["full_square"]["mfu"]

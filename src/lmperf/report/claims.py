@@ -554,13 +554,13 @@ def mfu(ladder: pd.DataFrame, table: list[Claim]) -> dict | None:
     best = max(bf16, key=lambda c: c.ours.value)
     rows = ladder[(ladder["case_id"] == best.ours.case_id) & (ladder["status"] == "ok")]
     value = lambda m: float(rows[rows["metric"] == m]["median"].iloc[0]) if (rows["metric"] == m).any() else None
-    step, flops, attn = value("step_ms"), value("closed_form_flops"), value("closed_form_attention_flops")
+    # the ladder's TFLOP/s (the full square, over every micro-batch of the step), and the share of
+    # its FLOPs that half of causal attention's are
+    full, flops, attn = value("tflops"), value("closed_form_flops"), value("closed_form_attention_flops")
     peak = float(rows["peak_tflops"].dropna().iloc[0]) if "peak_tflops" in rows and rows["peak_tflops"].notna().any() else None
-    if not (step and flops and peak):
+    if not (full and flops and peak):
         return None
-    attn = attn or 0.0
-    full = flops / (step / 1e3) / 1e12
-    half = (flops - attn / 2) / (step / 1e3) / 1e12
+    half = full * (1 - (attn or 0.0) / 2 / flops)
     return {"case_id": best.ours.case_id, "rung": int(rows["rung"].iloc[0]), "name": rows["name"].iloc[0],
             "context": dict(best.settings)["context"], "peak": peak,
             "causal_half": {"tflops": half, "mfu": 100 * half / peak},
