@@ -182,6 +182,8 @@ def test_a_comparison_between_gpus_judges_only_rows_at_the_same_code(tmp_path):
 
 def test_every_readme_row_is_one_claim(inputs, table):
     v = readme.view(H100)
+    ids = [r["claim"].id for r in v["rows"]]
+    assert len(set(ids)) == len(ids)  # each row its own claim, each claim in one row
     for r in v["rows"]:
         c = r["claim"]
         assert c in table.claims
@@ -259,3 +261,18 @@ def test_the_full_square_mfu_is_the_ladders_own(hw):
     own = ladder[(ladder["case_id"] == m["case_id"]) & (ladder["metric"] == "mfu_pct")]["median"].iloc[0]
     assert m["full_square"]["mfu"] == pytest.approx(own, rel=1e-6)
     assert m["causal_half"]["mfu"] < m["full_square"]["mfu"]
+
+
+def test_the_kernel_a_row_records_is_named_beside_ours(tmp_path):
+    """Where the bench records the kernel that ran (column `kernel`), the claim carries it and the
+    README's table shows it; where it does not, no column claims one."""
+    results = fixture_results(tmp_path)
+    csv = results / "flash_attention" / "bench" / "headline_d64.csv"
+    frames = {"flash_attention": load_section(results, "flash_attention")}
+    bare = readme.table_text([readme.row(c) for c in readme.rows_of(claims.compute(frames, results, 10.0))])
+    assert "kernel" not in bare.splitlines()[0]
+    pd.read_csv(csv).assign(kernel="forward: Gluon; dK/dV: tile").to_csv(csv, index=False)
+    frames = {"flash_attention": load_section(results, "flash_attention")}
+    table = claims.compute(frames, results, 10.0)
+    assert all(c.ours.kernel == "forward: Gluon; dK/dV: tile" for c in table.claims)
+    assert "forward: Gluon; dK/dV: tile" in readme.table_text([readme.row(c) for c in readme.rows_of(table)])
