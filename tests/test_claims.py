@@ -182,6 +182,8 @@ def test_a_comparison_between_gpus_judges_only_rows_at_the_same_code(tmp_path):
 
 def test_every_readme_row_is_one_claim(inputs, table):
     v = readme.view(H100)
+    ids = [r["claim"].id for r in v["rows"]]
+    assert len(set(ids)) == len(ids)  # each row its own claim, each claim in one row
     for r in v["rows"]:
         c = r["claim"]
         assert c in table.claims
@@ -247,3 +249,30 @@ def test_golden_render_of_a_small_fixture(tmp_path):
     head = table.find("flash_attention/headline/bf16/causal/fwd_bwd/eager/do_bench/sdpa_cudnn")
     assert head.processes == 3 and head.band == pytest.approx((4.4 / (4.0 * 1.05), 4.4 / (4.0 * 0.97)))
     assert head.verdict == claims.FASTER  # 1.048 to 1.134: wholly beyond 1
+
+
+@pytest.mark.parametrize("hw", ["h100-80gb-hbm3", "h200"])
+def test_the_full_square_mfu_is_the_ladders_own(hw):
+    """The MFU over the full square is the ladder's `mfu_pct` of the same case, a rung of several
+    micro-batches a step included (the H200's best bf16 rung accumulates 4)."""
+    results = REPO / "results" / hw
+    ladder = load_section(results, "ladder")
+    m = claims.compute({"ladder": ladder}, results, 10.0).mfu
+    own = ladder[(ladder["case_id"] == m["case_id"]) & (ladder["metric"] == "mfu_pct")]["median"].iloc[0]
+    assert m["full_square"]["mfu"] == pytest.approx(own, rel=1e-6)
+    assert m["causal_half"]["mfu"] < m["full_square"]["mfu"]
+
+
+def test_the_kernel_a_row_records_is_named_beside_ours(tmp_path):
+    """Where the bench records the kernel that ran (column `kernel`), the claim carries it and the
+    README's table shows it; where it does not, no column claims one."""
+    results = fixture_results(tmp_path)
+    csv = results / "flash_attention" / "bench" / "headline_d64.csv"
+    frames = {"flash_attention": load_section(results, "flash_attention")}
+    bare = readme.table_text([readme.row(c) for c in readme.rows_of(claims.compute(frames, results, 10.0))])
+    assert "kernel" not in bare.splitlines()[0]
+    pd.read_csv(csv).assign(kernel="forward: Gluon; dK/dV: tile").to_csv(csv, index=False)
+    frames = {"flash_attention": load_section(results, "flash_attention")}
+    table = claims.compute(frames, results, 10.0)
+    assert all(c.ours.kernel == "forward: Gluon; dK/dV: tile" for c in table.claims)
+    assert "forward: Gluon; dK/dV: tile" in readme.table_text([readme.row(c) for c in readme.rows_of(table)])

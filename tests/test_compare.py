@@ -355,3 +355,12 @@ def test_across_gpus_rows_at_other_code_are_listed_apart_and_not_judged(tmp_path
     same = run_compare(a, write_run(tmp_path / "h200same", seed=1, provenance=H200, shift={c: 1.3 for c in STEPS},
                                     cv=0.01, slow_steps=0))
     assert (same["rows"]["code"] == compare.SAME_CODE).all()  # one commit: the same code
+
+
+def test_a_page_without_a_chart_leaves_no_earlier_chart_beside_it(tmp_path):
+    a = write_run(tmp_path / "h100", seed=0, cv=0.01, slow_steps=0)
+    b = write_run(tmp_path / "h200", seed=1, provenance={**H200, "commit": "def456"}, cv=0.01, slow_steps=0)
+    out = tmp_path / "page.md"
+    out.with_suffix(".png").write_bytes(b"an earlier chart")
+    assert compare.main([str(a), str(b), "--out", str(out)]) == 0  # every row at other code: no chart
+    assert not out.with_suffix(".png").exists() and ".png" not in out.read_text()

@@ -192,11 +192,8 @@ def same_code(paired: pd.DataFrame) -> pd.Series:
             files = freshness.code_files(str(section))
             verdict = CODE_CHANGED
             if files and not any(c in ("nan", "", "unknown") or c.endswith("-dirty") for c in (ca, cb)):
-                try:
-                    diff = freshness._git(freshness.REPO, "diff", "--name-only", ca, cb, "--", *files)
-                    verdict = SAME_CODE if not diff.split() else CODE_CHANGED
-                except Exception:  # a commit git does not know: not known to be the same code
-                    verdict = CODE_CHANGED
+                diff = freshness.changed_between(ca, cb, files)  # None: git cannot tell, not known the same
+                verdict = SAME_CODE if diff == [] else CODE_CHANGED
             memo[section, ca, cb] = verdict
         return memo[section, ca, cb]
     return pd.Series([state(s, a, b) for s, a, b in zip(paired["section"], paired["commit_a"], paired["commit_b"])],

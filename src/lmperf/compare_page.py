@@ -292,6 +292,7 @@ def render(result: dict, name_a: str, name_b: str, a: pd.DataFrame, b: pd.DataFr
     rows = rows.drop(other_code.index)
     top = headline(rows)
     out = [f"# `{name_b}` against `{name_a}` ({kind_of})", "", *summary(result, name_a, name_b, a, b), ""]
+    drawn = False
     if len(top):
         drawn = figure is not None and chart(top, Path(figure), name_a, name_b)
         if drawn:
@@ -303,6 +304,8 @@ def render(result: dict, name_a: str, name_b: str, a: pd.DataFrame, b: pd.DataFr
         if len(bound):
             out += [f"Host-bound in a run ({HOST_BOUND}), left out: " + "; ".join(bound["headline"]) + "."]
         out += [""]
+    if figure is not None and not drawn:  # no chart this time: none of an earlier page's stays beside it
+        Path(figure).unlink(missing_ok=True)
     out += folded("How B/A and its verdict are computed", METHOD)
     disagree = rows[rows["verdict"].isin([stats.FASTER, stats.SLOWER, DIFFERS])]
     disagree = farthest_first(disagree)

@@ -554,13 +554,13 @@ def mfu(ladder: pd.DataFrame, table: list[Claim]) -> dict | None:
     best = max(bf16, key=lambda c: c.ours.value)
     rows = ladder[(ladder["case_id"] == best.ours.case_id) & (ladder["status"] == "ok")]
     value = lambda m: float(rows[rows["metric"] == m]["median"].iloc[0]) if (rows["metric"] == m).any() else None
-    step, flops, attn = value("step_ms"), value("closed_form_flops"), value("closed_form_attention_flops")
+    # the ladder's TFLOP/s (the full square, over every micro-batch of the step), and the share of
+    # its FLOPs that half of causal attention's are
+    full, flops, attn = value("tflops"), value("closed_form_flops"), value("closed_form_attention_flops")
     peak = float(rows["peak_tflops"].dropna().iloc[0]) if "peak_tflops" in rows and rows["peak_tflops"].notna().any() else None
-    if not (step and flops and peak):
+    if not (full and flops and peak):
         return None
-    attn = attn or 0.0
-    full = flops / (step / 1e3) / 1e12
-    half = (flops - attn / 2) / (step / 1e3) / 1e12
+    half = full * (1 - (attn or 0.0) / 2 / flops)
     return {"case_id": best.ours.case_id, "rung": int(rows["rung"].iloc[0]), "name": rows["name"].iloc[0],
             "context": dict(best.settings)["context"], "peak": peak,
             "causal_half": {"tflops": half, "mfu": 100 * half / peak},
@@ -660,22 +660,29 @@ def repeat_config(table: Claims, only: list[Claim] | None = None) -> dict[str, l
     return out
 
 
+def load(results: Path, section: str) -> pd.DataFrame:
+    """A section's CSVs under `results` as they are (journals of unfinished runs left out): what
+    the command line reads; the report's renderer checks them first (report/render.py)."""
+    paths = [p for p in sorted((Path(results) / section).rglob("*.csv")) if ".journal" not in p.parts]
+    frames = [pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in paths]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
 def main(argv=None) -> None:
     """Print a results folder's claims (or, with --repeats, the repeats' configuration the claims
     need: config `repeats` entries, one a job)."""
     import argparse
 
     import yaml
-
-    from lmperf.report.render import CONFIG, Inputs, bars_from_config, load_section
     p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, required=True)
+    p.add_argument("--config", type=Path, default=Path("config/config.yaml"), help="for the host-bound threshold")
     p.add_argument("--repeats", action="store_true", help="print the repeats' jobs and cases the claims need")
     p.add_argument("--all", action="store_true", help="with --repeats: every claim's, not only each configuration's "
                                                       "claim against its best peer")
     args = p.parse_args(argv)
-    frames = {s: load_section(args.results, s) for s in ("flash_attention", "lrpe", "ladder")}
-    table = of(Inputs(results=args.results, frames=frames, bars=bars_from_config(CONFIG), out_dir=Path(".")))
+    threshold = yaml.safe_load(args.config.read_text())["report"]["host_bound_idle_pct"]
+    table = compute({s: load(args.results, s) for s in ("flash_attention", "lrpe", "ladder")}, args.results, threshold)
     if args.repeats:
         needed = repeat_config(table, None if args.all else stated(table))
         print(yaml.safe_dump({"jobs": [{"job": job, "cases": cases} for job, cases in needed.items()]}, sort_keys=False))

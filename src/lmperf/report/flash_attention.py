@@ -200,6 +200,7 @@ def answer_table(lines: list[claims.Claim], mark: str) -> pd.DataFrame:
     """The section's answer as a table: one claim a row."""
     return pd.DataFrame([{
         "configuration": c.what, "harness": HARNESS.get(c.ours.harness, c.ours.harness), "timed by": c.ours.timing,
+        "kernel (ours)": c.ours.kernel or "",  # where the rows record it (column `kernel`)
         "ours ms": f"{fmt(c.ours.value)} {mark}" if c.ours.host_bound else c.ours.value,
         "best peer": c.peer.label if c.peer else c.no_peer,
         "peer ms": "" if c.peer is None else (f"{fmt(c.peer.value)} {mark}" if c.peer.host_bound else c.peer.value),

@@ -51,6 +51,15 @@ def changed_since(commit: str, files: list[str], repo: Path = REPO) -> tuple[lis
     return sorted(set(diff.split()) | set(untracked.split())), ""
 
 
+def changed_between(a: str, b: str, files: list[str], repo: Path = REPO) -> list[str] | None:
+    """The files of `files` that differ between commits `a` and `b`, or None where git cannot
+    tell (a commit not in this checkout's history, or no git)."""
+    try:
+        return sorted(set(_git(repo, "diff", "--name-only", a, b, "--", *files).split()))
+    except (subprocess.SubprocessError, OSError):
+        return None
+
+
 def _files_text(files: list[str]) -> str:
     short = [f.removeprefix("src/lmperf/") for f in files]
     more = len(short) - SHOWN

@@ -95,7 +95,8 @@ def table_text(rows: list[dict]) -> str:
     """The rows as the README's markdown table: one number a cell, host-bound ones marked."""
     mark = lambda hb: f" {HOST_BOUND}" if hb else ""
     band = lambda r: "" if r["band"] is None else f"{fmt(r['band'][0], 4)}-{fmt(r['band'][1], 4)}x ({r['processes']} processes)"
-    shown_rows = [{"configuration": r["what"], "harness": r["harness"], "unit": r["unit"], "timed by": r["timing"],
+    shown_rows = [{"configuration": r["what"], "harness": r["harness"], "kernel": r["claim"].ours.kernel or "",
+                   "unit": r["unit"], "timed by": r["timing"],
                    "ours": fmt(r["ours"]) + mark(r["ours_host_bound"]),
                    "best peer": r["peer"],
                    "peer": "" if r["peer_value"] is None else fmt(r["peer_value"]) + mark(r["peer_host_bound"]),
