@@ -10,6 +10,11 @@ import shutil
 import subprocess
 from importlib import metadata
 
+# The GPU's state a timed row records at its timed work's start and end (NVML's readings,
+# lmperf.bench.energy; the columns lmperf.bench.timing writes and lmperf.report.validate reads).
+READINGS = ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c")
+CLOCK_COLUMNS = tuple(f"{name}_{at}" for name in READINGS for at in ("start", "end"))
+
 # Dense peak TFLOP/s by datasheet, keyed by a substring of torch.cuda.get_device_name().
 # "fp32" is the plain (non-tensor-core) fp32 rate: PyTorch's default matmul precision
 # ("highest") does not use TF32. "tf32" is the dense tensor-core rate of fp32 matmuls run as TF32

@@ -31,6 +31,8 @@ import math
 import statistics
 import threading
 
+from lmperf import hardware
+
 SAMPLE_S = 0.05  # power and SM clock sampling period (NVML's power reading is itself averaged)
 
 
@@ -156,7 +158,7 @@ def meter():
             m.mean_sm_clock_mhz = statistics.fmean(c for _, c in samples)
 
 
-READINGS = ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c")
+READINGS = hardware.READINGS
 
 
 def reading() -> dict[str, float]:

@@ -12,7 +12,7 @@ import csv
 import io
 from pathlib import Path
 
-from lmperf.bench.energy import READINGS  # ctypes and threading: nothing heavy
+from lmperf.hardware import CLOCK_COLUMNS
 
 # Every results row has these (bench/common.py writes them); env.csv is a key/value table
 # whose `hw` and `scale` keys the report reads.
@@ -21,7 +21,6 @@ ENV_COLUMNS, ENV_KEYS = ("key", "value"), ("hw", "scale")
 # Columns the harness fills with numbers (or leaves empty): summarize() and failure_row(), and
 # the GPU's clocks, power and temperature at a case's timed start and end (bench/timing.py's
 # CLOCK_COLUMNS: a CSV written before them has none, and is read as it is)
-CLOCK_COLUMNS = tuple(f"{name}_{at}" for name in READINGS for at in ("start", "end"))
 NUMBER_COLUMNS = ("mean", "std", "median", "q20", "q80", "min", "max", "n", "wall_s", *CLOCK_COLUMNS)
 REMAKE = ("Remake a damaged file with `snakemake --cores 1 report/report.md` (planning finds it and "
           "reruns its job), or restore a committed one with `git checkout -- <file>`.")
