@@ -69,8 +69,8 @@ def test_a_contender_that_writes_into_its_inputs_is_judged_on_the_inputs_it_was_
 def test_a_contender_that_looks_for_the_reference_finds_none(checked):
     """Its process never computes a reference: neither a live one nor freed memory holds it."""
     values = _case(checked["rows"], "finds_reference_pytorch-fp32-causal-2x128x16")
-    bad = values["status"].iloc[0] == "wrong" or not _course_passed(values)[["out_max_abs_err", "lse_max_abs_err"]].any()
-    assert bad, values[["metric", "status", "course_ratio", "message"]]
+    wrong = values["status"].iloc[0] == "wrong"  # garbage memory holding a NaN, or its L found nowhere
+    assert wrong or not _course_passed(values)["out_max_abs_err"], values[["metric", "status", "course_ratio"]]
 
 
 def test_tampering_with_the_check_in_its_process_changes_no_verdict(checked):

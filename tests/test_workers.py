@@ -369,3 +369,15 @@ def test_with_a_judge_the_child_sends_bytes_and_this_process_makes_the_rows():
     assert rows[0]["x"] == 2 and rows[0]["pid"] != os.getpid()
     assert rows[1]["status"] == "failed" and judged[1][2] == b""  # what it raised: an empty reply, judged here
     assert [j[1] for j in judged] == [os.getpid()] * 2
+
+
+def test_a_case_waiting_behind_others_in_its_childs_queue_says_so(capsys, monkeypatch):
+    """The job's loop asks for a case that its child has not reached (it is measuring another of
+    the same shape class first): a line every PROGRESS_S names what is being measured."""
+    from lmperf.bench import isolation
+    monkeypatch.setattr(isolation, "PROGRESS_S", 0.5)
+    cases = [{"case_id": "first", "sleep_s": 2.3}, {"case_id": "second", "sleep_s": 0}]
+    with isolation.Ahead(_sleep_then_answer, 60, 1, cases, group=lambda c: "one class") as ahead:
+        assert ahead(cases[1])[0]["status"] == "ok" and ahead(cases[0])[0]["status"] == "ok"
+    waits = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[second")]
+    assert len(waits) >= 3 and sum("measuring first" in line for line in waits) >= 3

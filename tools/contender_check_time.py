@@ -3,7 +3,7 @@
 config's `contenders_check`, with its cases, their statuses and the processes the job started.
 
     python tools/contender_check_time.py path/to/their-repo [path/to/other/adapters.py ...] \
-        [--scale full] [--kinds triton pytorch] [--limit 60]
+        [--scale full] [--kinds triton pytorch] [--limit 60] [--cold]
 
 Each contender runs alone in a job of its own, with the spec the workflow would give it
 (lmperf.contenders.study_spec), its CSV and log in a temporary folder (or `--keep DIR`). The
@@ -47,8 +47,9 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-def time_check(name: str, source: str, scale: str, kinds: list[str] | None, folder: Path) -> dict:
-    """One contender's check job: its wall time, cases, statuses and processes seen."""
+def time_check(name: str, source: str, scale: str, kinds: list[str] | None, folder: Path, cold: bool = False) -> dict:
+    """One contender's check job: its wall time, cases, statuses and processes seen. `cold`: with
+    empty compile caches of its own (a contender checked for the first time)."""
     from lmperf import contenders
     from lmperf.report.render import load_config
     config = load_config(overrides={"contenders": {name: source}})
@@ -61,6 +62,9 @@ def time_check(name: str, source: str, scale: str, kinds: list[str] | None, fold
     cmd = [sys.executable, "-m", "lmperf.bench.contenders", "attention", "--spec", json.dumps(spec),
            "--out", str(out), "--hw", hw, "--log", str(log)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
+    if cold:
+        from lmperf.bench.failures import COMPILE_CACHE_VARS
+        env.update({var: str(folder / f"{name}-cache" / sub) for var, sub in COMPILE_CACHE_VARS.items()})
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seen: set[int] = set()
@@ -91,6 +95,9 @@ def main(argv=None) -> int:
     p.add_argument("--kinds", nargs="+", choices=["triton", "pytorch"], help="only these attention adapters")
     p.add_argument("--limit", type=float, help="exit 1 when a contender's check takes longer (seconds)")
     p.add_argument("--keep", type=Path, help="write the CSVs and logs here instead of a temporary folder")
+    p.add_argument("--cold", action="store_true",
+                   help="each job with empty compile caches of its own (Triton's, Inductor's), as a contender's first "
+                        "check; without it, the caches the environment names")
     args = p.parse_args(argv)
     sys.path.insert(0, str(REPO / "src"))
     from lmperf import contenders
@@ -101,7 +108,7 @@ def main(argv=None) -> int:
         folder.mkdir(parents=True, exist_ok=True)
         print(f"{'contender':<36} {'wall s':>8} {'cases':>6} {'processes':>9}  statuses")
         for name, source in named.items():
-            r = time_check(name, source, args.scale, args.kinds, folder)
+            r = time_check(name, source, args.scale, args.kinds, folder, args.cold)
             statuses = ", ".join(f"{s} {n}" for s, n in sorted(r["statuses"].items()))
             print(f"{name:<36} {r['wall_s']:>8.1f} {r['cases']:>6} {r['processes']:>9}  {statuses}", flush=True)
             if r["returncode"] != 0:

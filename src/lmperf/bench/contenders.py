@@ -139,11 +139,11 @@ CHECK_ORDER = {"values": 0, "gqa": 1, "fresh": 2, "deterministic": 3, "compiles"
 
 def shape_class(case: dict) -> tuple:
     """The cases that run in one contender process one after another, so that what the first
-    compiles the others reuse, in the order they run: by kind, values before the properties
-    (compiles last: it resets torch.compile's caches), then (head dim, dtype, causal, N a
-    multiple of the tile)."""
-    return (case["kind"], CHECK_ORDER[case["check"]], int(case["head_dim"]), case["dtype"], bool(case["causal"]),
-            bool(case["aligned"]))
+    compiles the others reuse, in the order they run: by kind (in the job's order), values before
+    the properties (compiles last: it resets torch.compile's caches), then (head dim, dtype,
+    causal, N a multiple of the tile)."""
+    return (list(contenders_mod.ATTENTION).index(case["kind"]), CHECK_ORDER[case["check"]], int(case["head_dim"]),
+            case["dtype"], bool(case["causal"]), bool(case["aligned"]))
 
 
 def seeded(case: dict) -> dict:

@@ -72,14 +72,13 @@ def _serve(module: str, name: str, conn, raw: bool = False) -> None:
 
 
 def _tidy() -> None:
-    """What a finished case left on the device freed, its compiled code kept."""
-    import gc
-
+    """A finished case's device work waited for (an asynchronous error is its case's), its
+    compiled code and the allocator's cache kept for the next case. No gc.collect: with torch and
+    its compilers imported one takes 0.2-1 s, more than many a case; a case's tensors are freed
+    as their references go."""
     import torch
-    gc.collect()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-        torch.cuda.empty_cache()
 
 
 def _death(exitcode: int | None) -> str:
@@ -232,6 +231,7 @@ class Ahead:
         self.children = [Isolated(measure, time_limit_s, judge) for _ in lanes]
         self.futures = {c["case_id"]: concurrent.futures.Future() for c in cases}
         self.stop = threading.Event()
+        self.measuring: dict[int, str] = {}  # each child's case now
         self.extra: Isolated | None = None  # a case not given ahead: measured alone, in a child of its own
         self.threads = [threading.Thread(target=self._lane, daemon=True, name=f"isolated-{i}",
                                          args=(child, [(c, self.futures[c["case_id"]]) for c in lane]))
@@ -245,10 +245,12 @@ class Ahead:
             if self.stop.is_set() or not future.set_running_or_notify_cancel():
                 future.cancel()
                 continue
+            self.measuring[id(child)] = case["case_id"]
             try:
                 future.set_result(child(case))
             except BaseException as exc:  # noqa: BLE001  (raised in the job's loop, by result())
                 future.set_exception(exc)
+        self.measuring.pop(id(child), None)
 
     @property
     def started(self) -> int:
@@ -256,9 +258,19 @@ class Ahead:
         return sum(c.started for c in self.children + ([self.extra] if self.extra else []))
 
     def __call__(self, case: dict) -> list[dict]:
+        """The case's rows; a line on stderr every PROGRESS_S while they are not there (the
+        children may be measuring other cases first)."""
+        import concurrent.futures
         future = self.futures.pop(case["case_id"], None)
         if future is not None:
-            return future.result()
+            t0 = time.monotonic()
+            while True:
+                try:
+                    return future.result(timeout=PROGRESS_S)
+                except concurrent.futures.TimeoutError:
+                    busy = ", ".join(sorted(set(self.measuring.values()))) or "no case now"
+                    print(f"[{case['case_id']} {time.strftime('%H:%M:%S')}] waiting for {time.monotonic() - t0:.0f} s; "
+                          f"its processes are measuring {busy}", file=sys.stderr, flush=True)
         if self.extra is None:
             self.extra = Isolated(self.measure, self.time_limit_s, self.judge)
         return self.extra(case)
