@@ -8,7 +8,7 @@
 # A rule's `shell:` is evaluated when it is made and again when its job runs, after the loops:
 # it is looked up by the rule's name (`rule` when the job runs), in SHELLS.
 SHELLS = {JOB.rule: wf.job_shell(config, SECTION, JOB, SCALE) for SECTION, JOB in wf.jobs(SECTIONS, "check") + wf.jobs(SECTIONS, "bench")}
-SHELLS.update({JOB.rule: wf.study_shell(SECTION) for SECTION, JOB in wf.jobs(SECTIONS, "study")})
+SHELLS.update({JOB.rule: wf.study_shell(SECTION, JOB) for SECTION, JOB in wf.jobs(SECTIONS, "study")})
 
 
 # check: correctness against a reference; checks share the device, so they start first.

@@ -493,7 +493,10 @@ def test_workflow_helpers_name_jobs_specs_and_bad_sizes():
     from lmperf import hardware, planning, workflow
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     smoke = config["distributed"]["smoke"]
-    assert workflow.distributed_csvs("results/cpu", smoke) == [
+    from lmperf.report import render
+    files = workflow.result_files(render.load_config(REPO / "config" / "config.yaml"), "results/cpu", "smoke",
+                                  ["results/cpu"])
+    assert [f.path for f in files if f.section == "distributed"] == [
         "results/cpu/distributed/allreduce_n2.csv", "results/cpu/distributed/ddp_n1.csv",
         "results/cpu/distributed/ddp_n2.csv"]
     spec = json.loads(workflow.distributed_spec(config, smoke, "ddp"))

@@ -1,6 +1,7 @@
 """Helpers for the Snakemake workflow (rules/*.smk): the machine's name and scale (and whether
-it can measure them), each benchmark rule's command, code inputs and params, and the result
-files a full run promises with the cases each must hold (the renderer reads them too). The
+it can measure them), each benchmark rule's command, code inputs and params from its job's
+declaration (lmperf.declare, lmperf.catalog), and the result files a full run promises with the
+cases each must hold (the renderer reads them too). The
 config's cross-field checks are lmperf.planning's. Imports neither torch nor triton, so
 planning stays fast (the case lists of the ladder and e2e do: they are cached, `listed_case_ids`)."""
 from __future__ import annotations
@@ -51,7 +52,7 @@ def runs(config: dict, section: str, scale: str) -> bool:
 def deep_files(files) -> list:
     """The deep target's result files among `files`: those of the sections declared deep
     (lmperf.catalog: the repeats, the FP8 rung's convergence)."""
-    deep = {s.name for s in catalog.SECTIONS if s.deep}
+    deep = {s.name for s in catalog.load() if s.deep}
     return [f for f in files if f.section in deep]
 
 
@@ -353,11 +354,12 @@ def job_shell(config: dict, section, job, scale: str) -> str:
     return run_module(" ".join(filter(None, [section.bench_module, args])))
 
 
-def study_shell(section) -> str:
+def study_shell(section, job) -> str:
     """A study's shell command: torchrun (run as `python -m torch.distributed.run`, the
-    environment's own) over {wildcards.procs} processes of `python -m <its module> <its study>`."""
+    environment's own) over {wildcards.procs} processes of `python -m <its module> <its
+    arguments>`, and the tail its benchmark takes."""
     return (TORCHRUN + " --standalone --nproc_per_node={wildcards.procs} "
-            f"-m {section.bench_module} {{wildcards.study}} --spec {{params.spec:q}} --out {{output}} "
+            f"-m {section.bench_module} {job.args} --out {{output}} "
             "--hw {params.hw} --progress-log {log} --expect-torch {params.torch} --expect-triton {params.triton}")
 
 
