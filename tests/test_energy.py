@@ -57,7 +57,7 @@ def test_an_nvml_failure_says_why_and_the_work_still_runs(gpu, monkeypatch):
         ran.append(True)
     assert ran and math.isnan(m.joules) and m.why_not.startswith("energy not measured: NVMLError: Not Supported")
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: import fails, and then ...
-    monkeypatch.setattr(energy, "_libnvml", lambda: energy.LibNVML("libnvidia-ml-not-here.so"))  # ... no driver
+    monkeypatch.setattr(energy, "libnvml", lambda: energy.LibNVML("libnvidia-ml-not-here.so"))  # ... no driver
     with energy.meter() as m:
         ran.append(True)
     assert len(ran) == 2 and math.isnan(m.joules) and "OSError" in m.why_not
@@ -85,7 +85,7 @@ def test_a_reading_is_the_clocks_power_and_temperature_now(gpu, monkeypatch):
 
 def test_a_reading_without_nvml_is_nan_and_without_cuda_empty(gpu, monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    monkeypatch.setattr(energy, "_libnvml", lambda: energy.LibNVML("libnvidia-ml-not-here.so"))
+    monkeypatch.setattr(energy, "libnvml", lambda: energy.LibNVML("libnvidia-ml-not-here.so"))
     got = energy.reading()
     assert set(got) == set(energy.READINGS) and all(math.isnan(v) for v in got.values())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -118,7 +118,7 @@ def test_ctypes_nvml_reads_what_pynvml_would(gpu, monkeypatch):
     nvml = energy.LibNVML.__new__(energy.LibNVML)
     nvml._lib = lib
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    monkeypatch.setattr(energy, "_libnvml", lambda: nvml)
+    monkeypatch.setattr(energy, "libnvml", lambda: nvml)
     got = energy.reading()
     assert got["sm_clock_mhz"] == got["mem_clock_mhz"] == 1_980 and got["power_w"] == 512
     assert math.isnan(got["temp_c"])  # a status other than success is an NVMLError: NaN

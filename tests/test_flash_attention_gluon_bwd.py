@@ -91,12 +91,12 @@ def test_the_rows_kernel_column_names_what_runs(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.setattr(gb, "unsupported", lambda *a: None)
     q, k, v = qkv((1, 4, 16384, 64), torch.bfloat16, device="meta")
-    monkeypatch.setattr(ft, "_gluon_forward", lambda *a, **kw: True)
+    monkeypatch.setattr(fg, "use_gluon", lambda *a, **kw: True)
     assert ft.kernels(q, k, v, True) == "forward: gluon; backward: gluon dq + gluon dkdv"
     monkeypatch.setenv(ENV, "gluon-dkdv")
     assert ft.kernels(q, k, v, True) == "forward: gluon; backward: tile dq + gluon dkdv"
     monkeypatch.setenv(ENV, "triton")
-    monkeypatch.setattr(ft, "_gluon_forward", lambda *a, **kw: False)
+    monkeypatch.setattr(fg, "use_gluon", lambda *a, **kw: False)
     assert ft.kernels(q, k, v, True) in ("forward: tile; backward: tile dq + tile dkdv",
                                           "forward: tile; backward: tile fused")
     fused = ft.launch_bwd_config(16384, 64, torch.bfloat16, True, 4, 1).get("fused")
@@ -205,7 +205,7 @@ def test_forced_gluon_runs_the_gluon_dq_then_the_gluon_dkdv(monkeypatch):
 
 def test_the_backward_op_runs_the_gluon_ops(monkeypatch):
     """Inside the backward's op (what torch.compile traces, launch = wrap_triton) the Gluon kernels
-    run through their opaque ops; the eager path (launch = _plain) through their launchers: the
+    run through their opaque ops; the eager path (launch = plain_launch) through their launchers: the
     same kernels either way."""
     dtype = torch.bfloat16 if GLUON else torch.float32
     q, k, v = qkv((1, 4, 256, 64), dtype, kv_heads=2)
@@ -216,7 +216,7 @@ def test_the_backward_op_runs_the_gluon_ops(monkeypatch):
     out, lse = ft.forward_with_lse(q, k, v, True)
     do = torch.randn_like(q)
     lse3 = lse.reshape(4, 256).contiguous()
-    for launch, path in ((ft.wrap_triton, "op"), (ft._plain, "launcher")):
+    for launch, path in ((ft.wrap_triton, "op"), (ft.plain_launch, "launcher")):
         calls.clear()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         ft.launch_backward(q, k, v, out, do, lse3, dq, dk, dv, True, cfg, launch)

@@ -138,7 +138,7 @@ def test_grouped_query_bench_cases_and_their_check():
 
 
 def test_report_shows_grouped_query_rows_and_the_models_backward(tmp_path):
-    """The GQA group's table (ours and each SDPA backend by GPU time, ours / peer), and the
+    """The GQA group's table (ours and each SDPA backend by GPU time, our speed-up over each), and the
     model group's backward alone; a model-group shape of no model size keeps its row."""
     import pandas as pd
     from lmperf.report import flash_attention as view_fa, render
@@ -167,14 +167,15 @@ def test_report_shows_grouped_query_rows_and_the_models_backward(tmp_path):
                                frames={s.name: render.load_section(tmp_path, s.name) for s in SECTIONS}))
     gqa = view["gqa"].iloc[0]
     assert (gqa["H"], gqa["H_kv"]) == (32, 8) and view["gqa"].attrs["metric"] == "GPU time (CUDA graph)"
-    assert gqa["fwd+bwd: ours / sdpa_cudnn"] == pytest.approx(1.2) and gqa["forward ms, ours"] == 1.0
+    assert gqa["fwd+bwd: speed-up over sdpa_cudnn"] == pytest.approx(2.5 / 3.0) and gqa["forward ms, ours"] == 1.0
     assert any("32 heads over 8 K/V heads" in c["name"] for c in view["configs"])
     assert view["model"]["model"].tolist() == ["small", "(no model)"]
-    assert view["model_backward"]["ours / sdpa_cudnn"].tolist() == [0.5, 0.5]
+    assert view["model_backward"]["speed-up over sdpa_cudnn"].tolist() == [2.0, 2.0]
     # where ours is still slower than cuDNN: the GQA shape's forward+backward, not the model group
-    losses = view["losses"]
-    assert len(losses) == 1 and "32 heads over 8 K/V heads" in losses["shape"].iloc[0]
-    assert losses["pass"].iloc[0] == "forward+backward" and losses["ours / cuDNN"].iloc[0] == pytest.approx(1.2)
+    losses = view["losses"]["table"]
+    assert view["losses"]["slower"] == len(losses) and all("32 heads over 8" in c for c in losses["configuration"])
+    assert any("forward+backward" in c and s == pytest.approx(2.5 / 3.0)
+               for c, s in zip(losses["configuration"], losses["speed-up"]))
 
 
 def test_the_check_rule_runs_grouped_shapes_against_float64():

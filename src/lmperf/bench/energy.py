@@ -91,7 +91,7 @@ class LibNVML:
 
 
 @functools.cache
-def _libnvml() -> LibNVML:
+def libnvml() -> LibNVML:
     return LibNVML()
 
 
@@ -100,7 +100,7 @@ def _nvml():
     try:
         import pynvml
     except ImportError:
-        return _libnvml()
+        return libnvml()
     return pynvml
 
 

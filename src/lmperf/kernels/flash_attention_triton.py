@@ -922,10 +922,10 @@ def launch_backward(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool, cfg: 
         launch_backward_fused(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal, cfg, launch)
         return
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q3.device)
-    # the Gluon kernels: their launchers in eager mode (launch is _plain), else their opaque ops,
+    # the Gluon kernels: their launchers in eager mode (launch is plain_launch), else their opaque ops,
     # which launch the same kernels under torch.compile (the same bits); an op's wrapper costs
     # 0.1-0.2 ms of host time a call (tuning/flash_attention/NOTES.md, step 43)
-    direct = launch is _plain
+    direct = launch is plain_launch
     if gluon_bwd is not None and gluon_bwd.use_gluon_dq():
         (gluon_bwd.launch_dq if direct else gluon_bwd.flash_attention_dq_gluon)(
             q3, k3, v3, o3, do3, lse, delta, dq, is_causal)
@@ -970,7 +970,7 @@ def _backward_fake(q, k, v, out, lse, grad_out, is_causal):
     return _like(q).view(q.shape), _like(k).view(k.shape), _like(v).view(v.shape)
 
 
-def _plain(kernel):
+def plain_launch(kernel):
     """The eager path launches through Triton's JIT, without the op's dispatch."""
     return kernel
 
@@ -1057,7 +1057,7 @@ def _backward(ctx, grad_out, *_, direct: bool = False):
     autograd always takes the op, so that every trace (Dynamo, AOTAutograd, opcheck) sees it."""
     q, k, v, out, lse = ctx.saved_tensors
     if direct:
-        dq, dk, dv = _backward_kernels(q, k, v, out, lse, grad_out, ctx.is_causal, _plain)
+        dq, dk, dv = _backward_kernels(q, k, v, out, lse, grad_out, ctx.is_causal, plain_launch)
     else:
         dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, ctx.is_causal)
     return dq, dk, dv, None
@@ -1112,7 +1112,7 @@ class FlashAttention2Triton(torch.autograd.Function):
             from lmperf.kernels import flash_attention_gluon
             out, lse = flash_attention_gluon.forward(q, k, v, is_causal)
         else:  # eager: the same kernels without the op's dispatch (tens of us a call); checks q, k, v
-            out, lse = _forward(q, k, v, is_causal, _plain)
+            out, lse = _forward(q, k, v, is_causal, plain_launch)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.is_causal = is_causal
         return out
