@@ -10,7 +10,7 @@ from snakemake.utils import validate
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from lmperf import catalog, cluster, declare, hardware, planning, repeats as repeat_plan, specs, workflow as wf  # noqa: E402
 from lmperf.bench import device  # noqa: E402
-from lmperf.bench.failures import ACCEPT_ERRORS_ENV  # noqa: E402
+from lmperf.failures import ACCEPT_ERRORS_ENV  # noqa: E402
 
 # The report's sections, each declared once (lmperf.declare): the built-in ones (lmperf.catalog)
 # and those of the modules config `sections` names. Their jobs are the rules of rules/jobs.smk.

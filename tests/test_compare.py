@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from lmperf import compare, stats
-from lmperf.bench.common import summarize, summarize_quantiles, write_csv_atomic
+from lmperf.csv_schema import write_csv_atomic
+from lmperf.stats import summarize, summarize_quantiles
 
 from conftest import REPO, copy_repo, snakemake
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lmperf import contenders
+from lmperf import contenders, guard
 from lmperf.bench import honest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,10 +96,10 @@ def test_the_lmperf_kernels_example_is_our_kernel_over_the_assignments_contract(
 def test_an_output_of_the_wrong_shape_dtype_or_with_nan_is_wrong():
     import torch
     q = torch.randn(2, 5, 8)
-    honest.check_output(q.clone(), q)
+    guard.check_output(q.clone(), q)
     for bad, words in ((q[:, :4], "shape"), (q.double(), "dtype"), (q * float("nan"), "NaN"), ((q,), "tuple")):
-        with pytest.raises(honest.Wrong, match=words):
-            honest.check_output(bad, q)
+        with pytest.raises(guard.Wrong, match=words):
+            guard.check_output(bad, q)
 
 
 def _bench(study: str, spec: dict, out: Path) -> pd.DataFrame:
@@ -251,7 +251,7 @@ def test_a_contenders_pytorch_attention_is_skipped_above_the_tiled_limit():
     """PyTorch attention's grid reaches 16,384 tokens, where a contender's Python tile loop takes
     minutes a case: above the spec's tiled_max_seq_len it is a `skipped` row saying so."""
     from lmperf.bench import attention
-    from lmperf.bench.failures import NotRun
+    from lmperf.failures import NotRun
     spec = {"impls": ["eager"], "batch": 2, "head_dims": [16], "seq_lens": [64, 4096], "iters": 5,
             "contenders": {"plain": str(EXAMPLES / "plain_pytorch.py")}}
     cases = {c["case_id"]: c for c in attention.cases(spec)}

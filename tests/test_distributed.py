@@ -123,8 +123,8 @@ def test_two_processes_match_one_process_on_the_same_global_batch(trained, case_
 def test_ddp_with_bf16_buckets_is_unsupported_on_a_cpu():
     """PyTorch's bf16_compress_hook needs NCCL: over Gloo the case is an `unsupported` row saying
     so, not an error from inside DDP's first backward."""
-    from lmperf.bench import common
-    with pytest.raises(common.Unsupported, match="needs NCCL on GPUs"):
+    from lmperf import failures
+    with pytest.raises(failures.Unsupported, match="needs NCCL on GPUs"):
         ddp.build("ddp_bf16", CFG, "cpu", 2, 25, OPTIMIZER)
 
 
@@ -522,9 +522,9 @@ def test_a_report_without_multi_gpu_results_names_other_machines_results(tmp_pat
 def test_master_weight_adamw_runs_on_one_process_only():
     """MasterWeightAdamW keeps its gradients' sums to itself: a data-parallel variant with it is an
     `unsupported` row, not a silently unreduced step; one process builds it."""
-    from lmperf.bench import common
+    from lmperf import failures
 
-    with pytest.raises(common.Unsupported, match="no engine here reduces"):
+    with pytest.raises(failures.Unsupported, match="no engine here reduces"):
         ddp.build("ddp", CFG, "cpu", 2, 25, "master")
     model, optimizer, reduce = ddp.build("single", CFG, "cpu", 1, None, "master")
     assert type(optimizer).__name__ == "MasterWeightAdamW" and reduce is None

@@ -191,7 +191,7 @@ def test_mixed_devices_are_refused(impl):
 
 
 def test_a_skipped_provider_becomes_a_row_that_says_why():
-    from lmperf.bench.common import NotRun
+    from lmperf.failures import NotRun
     from lmperf.bench.flash_attention import bench_cases, measure_bench
     group = {"name": "g", "batch": 1, "heads": 1, "causal": [True], "dtypes": ["bf16", "fp32"],
              "seq_lens": [128], "head_dims": [32], "providers": ["flex", "plain"],

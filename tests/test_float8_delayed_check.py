@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from lmperf.bench import common
+from lmperf import failures
 from lmperf.bench import float8_delayed as check
 
 CUDA = torch.cuda.is_available()
@@ -32,7 +32,7 @@ def test_cases_cover_each_kernel_and_layer_eager_and_compiled():
 @pytest.mark.parametrize("case", check.check_cases(SPEC), ids=lambda c: c["case_id"])
 def test_each_case_passes_or_says_it_needs_cuda(case):
     if not CUDA and case["variant"] in ("random", "fp8", "float64"):
-        with pytest.raises(common.NotRun, match="needs CUDA"):
+        with pytest.raises(failures.NotRun, match="needs CUDA"):
             check.measure_check(case)
         return
     rows = check.measure_check(case)

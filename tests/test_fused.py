@@ -294,7 +294,7 @@ def test_liger_gets_its_arguments_in_its_order(monkeypatch):
 
 def test_the_check_rows_pass_and_bf16_on_a_cpu_says_why():
     """The rows of the fused check (rule fused_check): a case of each kernel and of the model."""
-    from lmperf.bench import common
+    from lmperf import failures
     from lmperf.bench import fused as check
 
     spec = {"dtypes": ["fp16", "bf16"], "rmsnorm": [[3, 40]], "swiglu": [[5, 7]], "rope": [[1, 2, 1, 3, 8]],
@@ -309,7 +309,7 @@ def test_the_check_rows_pass_and_bf16_on_a_cpu_says_why():
     assert "model-tiny-fp32-eager" in ids
     for case in cases:
         if case["dtype"] == "bf16" and not CUDA:
-            with pytest.raises(common.NotRun, match="needs CUDA"):
+            with pytest.raises(failures.NotRun, match="needs CUDA"):
                 check.measure_check(case)
             continue
         rows = check.measure_check(case)

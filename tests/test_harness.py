@@ -1,4 +1,4 @@
-"""The benchmark harness (bench/common.py's run_cases, its journal and failure rows) through the
+"""The benchmark harness (bench/loop.py's run_cases, its journal and failure rows) through the
 e2e benchmark on a tiny model: real subprocesses where the case is a process event (a crash, an
 interrupt, an error that fails the job), faults injected with LMPERF_INJECT_FAULT."""
 import json
@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lmperf.bench import common, e2e, failures, timing
+from lmperf import csv_schema, failures, stats
+from lmperf.bench import e2e, loop, timing
 
 SPEC = {"batch_size": 2, "timed_steps": 3, "attention": "plain",
         "models": {"tiny": {"d_model": 32, "d_ff": 64, "n_layers": 1, "n_heads": 2}},
@@ -35,7 +36,7 @@ def run_cli(out: Path, fault: str = "", env: dict | None = None, spec: dict = SP
     base = {k: v for k, v in os.environ.items() if k != failures.ACCEPT_ERRORS_ENV}
     cli = [sys.executable, "-m", "lmperf.bench.e2e", *args(out)]
     cli[cli.index("--spec") + 1] = json.dumps(spec)
-    return subprocess.run(cli, env={**base, "PYTHONPATH": str(src), common.FAULT_ENV: fault, **(env or {})},
+    return subprocess.run(cli, env={**base, "PYTHONPATH": str(src), failures.FAULT_ENV: fault, **(env or {})},
                           capture_output=True, text=True, timeout=600)
 
 
@@ -61,9 +62,9 @@ def test_tiny_model_run_writes_tidy_rows(tmp_path):
     for col in ("hw", "gpu", "torch", "triton", "python", "commit", "unit", "samples", "gpu_idle_pct"):
         assert col in df.columns
     assert df["gpu_idle_pct"].isna().all()  # a CPU has no GPU to sit idle: empty, not 0
-    assert df[common.CLOCK_COLUMNS].isna().all().all()  # nor clocks, power or temperature to read
+    assert df[csv_schema.CLOCK_COLUMNS].isna().all().all()  # nor clocks, power or temperature to read
     metric_end = list(df.columns).index("message")
-    assert list(df.columns)[metric_end + 1:metric_end + 1 + len(common.CLOCK_COLUMNS)] == common.CLOCK_COLUMNS
+    assert list(df.columns)[metric_end + 1:metric_end + 1 + len(csv_schema.CLOCK_COLUMNS)] == csv_schema.CLOCK_COLUMNS
     train = df[df["case_id"] == CASE_IDS[1]].set_index("metric")
     assert {"forward_ms", "backward_ms", "optimizer_ms", "step_ms", "tokens_per_s"} <= set(train.index)
     # The step is the sum of its phases, step by step.
@@ -93,7 +94,7 @@ def current_umask() -> int:
 def test_result_csv_gets_mode_0644(tmp_path):
     before = os.umask(0o022)
     try:
-        common.write_csv_atomic(pd.DataFrame({"a": [1]}), tmp_path / "x.csv")
+        csv_schema.write_csv_atomic(pd.DataFrame({"a": [1]}), tmp_path / "x.csv")
     finally:
         os.umask(before)
     assert oct((tmp_path / "x.csv").stat().st_mode & 0o777) == oct(0o644)
@@ -102,7 +103,7 @@ def test_result_csv_gets_mode_0644(tmp_path):
 @pytest.mark.parametrize("samples", [[3.0], [5.0, 1.0], [4.0, 1.0, 9.0, 2.0, 7.0],
                                      list(np.random.default_rng(0).lognormal(size=23))])
 def test_summary_quantiles_are_numpys_linear_ones(samples):
-    row = common.summarize("step_ms", "ms", [*samples, float("nan")])
+    row = stats.summarize("step_ms", "ms", [*samples, float("nan")])
     assert row["median"] == pytest.approx(np.quantile(samples, 0.5))
     assert row["q20"] == pytest.approx(np.quantile(samples, 0.2))
     assert row["q80"] == pytest.approx(np.quantile(samples, 0.8))
@@ -111,7 +112,7 @@ def test_summary_quantiles_are_numpys_linear_ones(samples):
 
 def test_a_rate_is_the_work_over_the_median_step_not_a_median_of_rates():
     step_ms = [100.0, 200.0, 400.0, 500.0]  # an even count: the two differ
-    row = common.summarize_rate("tokens_per_s", "tokens/s", 1000.0, step_ms)
+    row = stats.summarize_rate("tokens_per_s", "tokens/s", 1000.0, step_ms)
     assert row["median"] == pytest.approx(1000.0 / 0.3)  # tokens / the median step (300 ms)
     assert row["median"] != pytest.approx(np.median([1000.0 / (s / 1e3) for s in step_ms]))
     assert row["q20"] == pytest.approx(1000.0 / (np.quantile(step_ms, 0.8) / 1e3))  # the slow steps' rate
@@ -144,7 +145,7 @@ def test_steady_steps_stop_once_the_median_is_known():
 
 
 def test_oom_and_exception_become_rows_and_an_error_fails_the_job(tmp_path, monkeypatch):
-    monkeypatch.setenv(common.FAULT_ENV, f"oom@{CASE_IDS[1]},error@{CASE_IDS[2]}")
+    monkeypatch.setenv(failures.FAULT_ENV, f"oom@{CASE_IDS[1]},error@{CASE_IDS[2]}")
     monkeypatch.delenv(failures.ACCEPT_ERRORS_ENV, raising=False)
     out = tmp_path / "r.csv"
     with pytest.raises(SystemExit) as stop:
@@ -316,11 +317,11 @@ def test_a_resume_onto_other_code_starts_over(tmp_path, edited, resumes):
 
 def test_csv_write_is_atomic(tmp_path, monkeypatch):
     path = tmp_path / "x.csv"
-    common.write_csv_atomic(pd.DataFrame({"a": [1]}), path)
+    csv_schema.write_csv_atomic(pd.DataFrame({"a": [1]}), path)
     broken = pd.DataFrame({"a": [2]})
     monkeypatch.setattr(pd.DataFrame, "to_csv", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises(OSError):
-        common.write_csv_atomic(broken, path)
+        csv_schema.write_csv_atomic(broken, path)
     assert path.read_text().splitlines() == ["a", "1"], "the old file survives a failed write"
     assert [p.name for p in tmp_path.iterdir()] == ["x.csv"], "no temporary file is left behind"
 
@@ -342,10 +343,10 @@ def chained(outer: Exception, cause: Exception) -> Exception:
     (RuntimeError("CUDA error: an illegal memory access was encountered"), "error"),
     (KeyError("x"), "error"),
     (chained(RuntimeError("backend='inductor' raised:"), RuntimeError("CUDA out of memory")), "oom"),
-    (common.Unsupported("fp16/bf16 only"), "unsupported"),
+    (failures.Unsupported("fp16/bf16 only"), "unsupported"),
 ])
 def test_classify_failure(exc, status):
-    assert common.classify_failure(exc)[0] == status
+    assert failures.classify_failure(exc)[0] == status
 
 
 def compile_failure(cause: Exception) -> Exception:
@@ -364,7 +365,7 @@ def compile_failure(cause: Exception) -> Exception:
 
 def test_a_failure_row_keeps_the_cause_of_a_compile_failure():
     cause = ImportError("/tmp/torchinductor_u/ab/cabcdef.so: file too short")
-    status, message = common.classify_failure(compile_failure(cause))
+    status, message = failures.classify_failure(compile_failure(cause))
     assert status == "error"
     assert message.startswith("BackendCompilerFailed: backend='inductor' raised: ImportError")
     assert message.endswith("cabcdef.so: file too short")
@@ -376,7 +377,7 @@ def test_a_failure_row_keeps_the_cause_of_a_compile_failure():
 def test_a_long_message_keeps_its_head_and_its_end():
     output = "\n".join(f"x.cpp:{i}: note: candidate {'-' * 60}" for i in range(200))
     cause = RuntimeError(f"C++ compile error\n\nOutput:\n{output}\nx.cpp:9: error: 'at::vec' has not been declared")
-    message = common.classify_failure(compile_failure(cause))[1]
+    message = failures.classify_failure(compile_failure(cause))[1]
     assert len(message) <= failures.MESSAGE_LIMIT
     assert message.startswith("BackendCompilerFailed: backend='inductor' raised: RuntimeError: C++ compile error")
     assert message.endswith("x.cpp:9: error: 'at::vec' has not been declared")
@@ -429,23 +430,23 @@ def test_every_row_of_a_timed_case_carries_its_clocks_and_a_row_measured_elsewhe
     readings = iter([{"sm_clock_mhz": 1_980.0, "mem_clock_mhz": 2_619.0, "power_w": 410.0, "temp_c": 41.0},
                      {"sm_clock_mhz": 1_755.0, "mem_clock_mhz": 2_619.0, "power_w": 700.0, "temp_c": 63.0}])
     monkeypatch.setattr(timing.energy, "reading", lambda: next(readings))
-    elsewhere = dict.fromkeys(common.CLOCK_COLUMNS, 1_000.0)  # a row from a contender's process
+    elsewhere = dict.fromkeys(csv_schema.CLOCK_COLUMNS, 1_000.0)  # a row from a contender's process
 
     def measure(case):
         if case["case_id"] == "check":
-            return [common.summarize("max_abs_error", "", [0.0])]
+            return [stats.summarize("max_abs_error", "", [0.0])]
         if case["case_id"] == "isolated":
-            return [{**common.summarize("ms", "ms", [1.0]), **elsewhere}]
+            return [{**stats.summarize("ms", "ms", [1.0]), **elsewhere}]
         samples, _ = timing.sample_until(lambda: 0.001, timing.StopRule(ceiling=3))
-        return [common.summarize("step_ms", "ms", samples), common.summarize("tokens_per_s", "tokens/s", [1.0])]
-    monkeypatch.setattr(common, "code_identity", lambda measure, commit: {"commit": commit})
+        return [stats.summarize("step_ms", "ms", samples), stats.summarize("tokens_per_s", "tokens/s", [1.0])]
+    monkeypatch.setattr(loop, "code_identity", lambda measure, commit: {"commit": commit})
     out = tmp_path / "r.csv"
-    common.run_cases(section="s", study="t", cases=[{"case_id": c} for c in ("timed", "check", "isolated")],
+    loop.run_cases(section="s", study="t", cases=[{"case_id": c} for c in ("timed", "check", "isolated")],
                      measure=measure, out_csv=out, hw="cpu", log_path=None, fingerprint={})
     df = pd.read_csv(out).set_index("metric")
     for metric in ("step_ms", "tokens_per_s"):  # both rows of the timed case
         row = df.loc[metric]
         assert (row["sm_clock_mhz_start"], row["sm_clock_mhz_end"]) == (1_980, 1_755)
         assert (row["power_w_start"], row["power_w_end"], row["temp_c_start"], row["temp_c_end"]) == (410, 700, 41, 63)
-    assert df.loc["max_abs_error", common.CLOCK_COLUMNS].isna().all()  # timed nothing
-    assert (df.loc["ms", common.CLOCK_COLUMNS] == 1_000).all()
+    assert df.loc["max_abs_error", csv_schema.CLOCK_COLUMNS].isna().all()  # timed nothing
+    assert (df.loc["ms", csv_schema.CLOCK_COLUMNS] == 1_000).all()

@@ -2,8 +2,9 @@
 an lmperf module, at module level or inside a function, parsed with `ast`, is an edge, and so is
 every module a module loads by `importlib` (the renderer loads each report section's module, the
 workflow each job's benchmark module, both named by the sections' declarations); a cycle among
-them fails, and so does an import from below the report into it. Also the rule of one job a
-module: every module's docstring opens with what it is for."""
+them fails, and so does an import from a layer into one above it (basics <- kernels <- model <-
+implementations <- bench <- report). Also the rule of one job a module: every module's docstring
+opens with what it is for."""
 import ast
 import re
 from pathlib import Path
@@ -81,15 +82,43 @@ def graph() -> dict[str, set[str]]:
     return edges
 
 
-# The report layer: the report and the pages made from results (lmperf.compare's comparison).
-# Below it (the kernels, the model, the benchmarks, planning and the workflow) nothing imports it.
-REPORT_LAYER = ("lmperf.report", "lmperf.compare", "lmperf.compare_page")
+# The layers, bottom first, each a list of module prefixes (a module is in the layer of its longest
+# matching prefix). A module imports or loads modules of its own layer and those below, never one
+# above: the report reads what the benchmarks wrote, the benchmarks run the model, the model runs the
+# kernels, and all of them use the basics.
+LAYERS = {
+    # what every layer shares: failures as rows, provenance, the CSV schema, dtypes, statistics,
+    # someone else's outputs held to their contract, the machine, the source walk, profiler ranges
+    "basics": ("lmperf.failures", "lmperf.provenance", "lmperf.csv_schema", "lmperf.dtypes", "lmperf.stats",
+               "lmperf.guard", "lmperf.hardware", "lmperf.sources", "lmperf.ranges"),
+    # the kernels, and the package's root, which loads some of them on first use of their names
+    "kernels": ("lmperf.kernels", "lmperf"),
+    # the model and its training step, FLOP counts, and the two modules that rewrite a built model
+    # with kernels (the fused sublayers, the float8 linear layers): they patch lmperf.model's classes
+    "model": ("lmperf.model", "lmperf.train", "lmperf.flops", "lmperf.kernels.fused", "lmperf.kernels.float8_delayed"),
+    # the implementations a benchmark runs: ours and the peers (providers), a user's (contenders)
+    "implementations": ("lmperf.providers", "lmperf.contenders"),
+    # the benchmarks, the sections' declarations and the workflow that plans them
+    "bench": ("lmperf.bench", "lmperf.declare", "lmperf.catalog", "lmperf.specs", "lmperf.planning",
+              "lmperf.cluster", "lmperf.repeats", "lmperf.workflow"),
+    # the report, the pages made from results (lmperf.compare's comparison), `make report`'s front
+    "report": ("lmperf.report", "lmperf.compare", "lmperf.compare_page", "lmperf.runner"),
+}
+ORDER = list(LAYERS)
+
+
+def layer(module: str) -> str | None:
+    """The layer of `module`: that of the longest prefix in LAYERS that names it or a package
+    above it; None where none does."""
+    found = [(len(p), name) for name, prefixes in LAYERS.items() for p in prefixes
+             if module == p or (p != "lmperf" and module.startswith(p + "."))]
+    return max(found)[1] if found else None
 
 
 def imports_up(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
-    """(module, the report-layer module it imports) for every module below the report layer."""
-    below = lambda m: not (m in REPORT_LAYER or m.startswith(tuple(f"{r}." for r in REPORT_LAYER)))
-    return sorted((a, b) for a, deps in edges.items() if below(a) for b in deps if not below(b))
+    """(module, the module of a higher layer that it imports or loads), every such edge."""
+    return sorted((a, b) for a, deps in edges.items() for b in deps
+                  if ORDER.index(layer(b)) > ORDER.index(layer(a)))
 
 
 def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -144,12 +173,35 @@ def test_the_graph_has_every_module_loaded_by_importlib():
     assert find_cycle(edges) is not None
 
 
-def test_nothing_below_the_report_imports_it():
+def test_every_module_has_a_layer():
+    assert not [m for m in MODULES if layer(m) is None], "modules in no layer (tests/test_imports.py LAYERS)"
+    assert layer("lmperf.kernels.rope") == "kernels" and layer("lmperf.kernels.fused") == "model"
+    assert layer("lmperf.bench.distributed.ddp") == "bench" and layer("lmperf") == "kernels"
+    assert layer("lmperf.providers") == "implementations"
+
+
+def test_no_import_from_a_layer_into_one_above():
     up = imports_up(graph())
-    assert not up, "imports from below the report into it: " + ", ".join(f"{a} -> {b}" for a, b in up)
-    # the check itself: the workflow importing a report module is one it finds
-    assert imports_up({"lmperf.workflow": {"lmperf.report.validate"}, "lmperf.report.render": {"lmperf.workflow"}}) \
-        == [("lmperf.workflow", "lmperf.report.validate")]
+    assert not up, "imports into a higher layer: " + ", ".join(
+        f"{a} ({layer(a)}) -> {b} ({layer(b)})" for a, b in up)
+
+
+def test_the_layer_check_finds_an_import_up():
+    """The check itself, on edges the package does not have: the workflow importing the report,
+    a kernel importing the model, the model importing a benchmark, a basic module importing a
+    kernel, a provider importing a benchmark, and one loaded by importlib (the workflow loading a
+    report module)."""
+    edges = {"lmperf.workflow": {"lmperf.report.validate", "lmperf.catalog"},
+             "lmperf.kernels.rope": {"lmperf.model", "lmperf.kernels.triton_op"},
+             "lmperf.model": {"lmperf.bench.common", "lmperf.kernels.attention_contract"},
+             "lmperf.failures": {"lmperf.kernels.lrpe"}, "lmperf.report.render": {"lmperf.workflow"},
+             "lmperf.providers": {"lmperf.bench.honest", "lmperf.failures"}}
+    assert imports_up(edges) == [("lmperf.failures", "lmperf.kernels.lrpe"), ("lmperf.kernels.rope", "lmperf.model"),
+                                 ("lmperf.model", "lmperf.bench.common"), ("lmperf.providers", "lmperf.bench.honest"),
+                                 ("lmperf.workflow", "lmperf.report.validate")]
+    loaded = graph()
+    loaded["lmperf.workflow"] = loaded["lmperf.workflow"] | {"lmperf.report.e2e"}
+    assert ("lmperf.workflow", "lmperf.report.e2e") in imports_up(loaded)
 
 
 def test_every_module_says_what_it_is_for():

@@ -7,8 +7,8 @@ import re
 import pytest
 import torch
 
-from lmperf import train
-from lmperf.bench import common, e2e, flop_count, ladder, memory_fit, profile
+from lmperf import failures, stats, train
+from lmperf.bench import e2e, flop_count, ladder, memory_fit, profile
 from lmperf.flops import closed_form_attention, flops_per_token
 from lmperf.model import ModelConfig, TransformerLM
 
@@ -44,7 +44,7 @@ def test_without_cuda_a_rung_that_needs_it_is_kept_but_changes_nothing_after_it(
     assert cases["tf32"]["needs_cuda"] and cases["flash_triton"]["needs_cuda"] and cases["floors"]["needs_cuda"]
     assert all(not cases[n]["tf32"] for n in ("bf16", "compiled", "checkpoint"))
     assert cases["ctx64"]["attention"] == "sdpa"  # flash-triton was skipped: SDPA stays
-    with pytest.raises(ladder.common.NotRun, match="needs CUDA"):
+    with pytest.raises(failures.NotRun, match="needs CUDA"):
         ladder.measure(cases["tf32"], DIMS, SPEC)
 
 
@@ -202,7 +202,7 @@ def test_checkpointing_rung_times_the_next_candidate_when_its_timed_steps_run_ou
         timed_at.append(c["checkpoint_every"])
         if c["checkpoint_every"] > limit:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 MiB")
-        return [common.summarize("step_ms", "ms", [1.0])]
+        return [stats.summarize("step_ms", "ms", [1.0])]
     monkeypatch.setattr(e2e, "time_steps", time_steps)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     limit = 4
@@ -253,7 +253,7 @@ def test_micro_batch_is_the_largest_that_fits_its_trial_and_its_timed_steps(monk
         timed_at.append(c["batch_size"])
         if c["batch_size"] > 1:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 MiB")
-        return [common.summarize("step_ms", "ms", [1.0])]
+        return [stats.summarize("step_ms", "ms", [1.0])]
     monkeypatch.setattr(e2e, "time_steps", time_steps)
     chosen, rows = memory_fit.time_micro_batched(case, spec, cfg, model, opt, None, None, None)
     assert (chosen["batch_size"], chosen["micro_batches"]) == (1, 16) and timed_at == [2, 1]
@@ -284,7 +284,7 @@ def test_a_micro_batch_known_not_to_fit_is_not_tried_again_and_the_trial_warms_u
     monkeypatch.setattr(memory_fit, "one_step_peak_mib",
                         lambda *a: (tried.append(16 // a[-1]), None if a[-1] == 4 else 100.0)[1])  # a[-1]: micro-batches
     monkeypatch.setattr(e2e, "time_steps", lambda c, *a, **k: (timed.append((c["batch_size"], c["warmup"], k)),
-                                                               [common.summarize("step_ms", "ms", [1.0])])[1])
+                                                               [stats.summarize("step_ms", "ms", [1.0])])[1])
     base = {"batch_size": 4, "micro_batches": 4, "micro_batch_candidates": "4,2,1", "warmup": 3,
             "dtype": "bf16", "compile": True}
     first = {**base, "context": 32, "name": "accumulate4", "rung": 20}
@@ -305,7 +305,7 @@ def test_a_micro_batch_known_not_to_fit_is_not_tried_again_and_the_trial_warms_u
 
 
 def test_a_rungs_gpu_idle_share_comes_from_its_profiled_step():
-    rows = [common.summarize("step_ms", "ms", [10.0, 10.0, 10.0]), common.summarize("forward_ms", "ms", [4.0])]
+    rows = [stats.summarize("step_ms", "ms", [10.0, 10.0, 10.0]), stats.summarize("forward_ms", "ms", [4.0])]
     assert profile.idle_share(rows, 7.5) == pytest.approx(25.0)
     assert profile.idle_share(rows, 10.2) == 0.0   # busy a little over the wall: noise
     assert math.isnan(profile.idle_share(rows, math.nan)) and math.isnan(profile.idle_share(rows[1:], 5.0))
@@ -409,11 +409,11 @@ def test_without_cuda_the_fused_rung_is_not_carried_and_a_missing_peer_says_what
     cases = {c["name"]: c for c in ladder.cases({**SPEC, "fused": ["rmsnorm", "liger"], "float8": ["rowwise"]},
                                                 "tiny", cuda=False)}
     assert cases["ctx64"]["fused"] == "none"
-    with pytest.raises(common.NotRun, match="needs CUDA"):
+    with pytest.raises(failures.NotRun, match="needs CUDA"):
         ladder.measure(cases["fused_rmsnorm"], DIMS, SPEC)
     for name, package in (("liger", "liger_kernel"), ("float8_rowwise", "torchao")):
         if importlib.util.find_spec(package) is None:
-            with pytest.raises(common.NotRun, match=r"needs [a-z-]+ \(pip wheel; tools/wheelhouse.sh\)"):
+            with pytest.raises(failures.NotRun, match=r"needs [a-z-]+ \(pip wheel; tools/wheelhouse.sh\)"):
                 ladder.measure(cases[name], DIMS, SPEC)
 
 

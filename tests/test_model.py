@@ -2,8 +2,9 @@ import pytest
 import torch
 
 from lmperf.flops import flops_per_token, matmul_parameters
-from lmperf.model import (ModelConfig, TransformerLM, apply_rope, count_parameters,
-                          plain_attention, rope_tables, sdpa_attention)
+from lmperf.kernels.rope_contract import apply_rope
+from lmperf.model import (ModelConfig, TransformerLM, count_parameters, plain_attention, rope_tables,
+                          sdpa_attention)
 
 TINY = ModelConfig(d_model=32, d_ff=64, n_layers=2, n_heads=4, vocab_size=97, context_length=16)
 # The five sizes of the report, as in config/config.yaml.

@@ -103,7 +103,7 @@ def test_a_module_that_does_not_import_is_named(registry, tmp_path):
 
 
 def test_needs_become_rows_that_name_them(registry):
-    from lmperf.bench.failures import NotRun, Unsupported
+    from lmperf.failures import NotRun, Unsupported
     case = {"provider": "sdpa_flash", "dtype": "fp32", "causal": True, "heads": 2, "kv_heads": 2, "seq_len": 8,
             "head_dim": 8}
     with pytest.raises(Unsupported, match="sdpa_flash: fp16/bf16 only"):

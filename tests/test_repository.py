@@ -131,12 +131,12 @@ def checked_files() -> list[Path]:
      None, [(3, "lmperf.kernels.lrpe", "_x")]),
     ("from lmperf.kernels import lrpe\ngetattr(lrpe, '_x')", None, [(2, "lmperf.kernels.lrpe", "_x")]),
     ("from lmperf.kernels import lrpe\ndef f():\n    k = lrpe\n    k._x", None, [(4, "lmperf.kernels.lrpe", "_x")]),
-    ("from .common import _x", "lmperf.bench.e2e", [(1, "lmperf.bench.common", "_x")]),
+    ("from .loop import _x", "lmperf.bench.e2e", [(1, "lmperf.bench.loop", "_x")]),
     ("from .. import hardware\nhardware._x", "lmperf.bench.e2e", [(2, "lmperf.hardware", "_x")]),
-    ("from . import common\ncommon._x", "lmperf.bench", [(2, "lmperf.bench.common", "_x")]),
+    ("from . import loop\nloop._x", "lmperf.bench", [(2, "lmperf.bench.loop", "_x")]),
     # allowed: a module's own names, public and dunder names, other libraries' private names,
     # private attributes of objects
-    ("import lmperf.bench.common as me\nme._x", "lmperf.bench.common", []),
+    ("import lmperf.bench.loop as me\nme._x", "lmperf.bench.loop", []),
     ("from lmperf.kernels import lrpe\nlrpe.sincos, lrpe.__name__\nimport torch\ntorch._dynamo.reset()\n"
      "def f(self):\n    self._x = 1", None, []),
 ])

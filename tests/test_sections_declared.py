@@ -21,7 +21,8 @@ from lmperf.report import render, sections as report_sections, validate
 
 BENCH = '''
 """Square matmuls: x @ x in fp32 at each size of the grid, timed over a few calls."""
-from lmperf.bench import common
+from lmperf import stats
+from lmperf.bench import cli, loop
 
 
 def job_cases(study, spec, arg=None):
@@ -37,12 +38,12 @@ def measure(case):
         t0 = time.perf_counter()
         x @ x
         times.append((time.perf_counter() - t0) * 1e3)
-    return [common.summarize("matmul_ms", "ms", times)]
+    return [stats.summarize("matmul_ms", "ms", times)]
 
 
 def main(argv=None):
-    args = common.bench_args(__doc__, argv)
-    common.run_cases(section="square", study="bench", cases=job_cases("bench", args.spec), measure=measure,
+    args = cli.bench_args(__doc__, argv)
+    loop.run_cases(section="square", study="bench", cases=job_cases("bench", args.spec), measure=measure,
                      out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={"spec": args.spec})
 
 

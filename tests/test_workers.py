@@ -14,7 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lmperf.bench import common, failures, jobs, lrpe, workers
+from lmperf import csv_schema, failures, stats
+from lmperf.bench import jobs, loop, lrpe, workers
 
 REPO = Path(__file__).resolve().parents[1]
 # A small LRPE check: fp32 runs in Triton's interpreter, bf16 Triton is a `skipped` row on a CPU.
@@ -28,7 +29,7 @@ def check_cli(out: Path, *extra: str, fault: str = "") -> subprocess.CompletedPr
     env = {k: v for k, v in os.environ.items() if k != failures.ACCEPT_ERRORS_ENV}
     cli = [sys.executable, "-m", "lmperf.bench.lrpe", "check", "--spec", json.dumps(SPEC), "--out", str(out),
            "--hw", "cpu", "--log", str(out.with_suffix(".log")), *extra]
-    return subprocess.run(cli, env={**env, "PYTHONPATH": str(REPO / "src"), common.FAULT_ENV: fault},
+    return subprocess.run(cli, env={**env, "PYTHONPATH": str(REPO / "src"), failures.FAULT_ENV: fault},
                           capture_output=True, text=True, timeout=600)
 
 
@@ -98,7 +99,7 @@ def dies_in_workers(case: dict) -> list[dict]:
     if in_a_worker() and (case["case_id"] == "dies" or (case["case_id"] == "dies-once" and not marker.exists())):
         marker.touch()
         os._exit(3)
-    return [common.summarize("value", "count", [len(case["case_id"])])]
+    return [stats.summarize("value", "count", [len(case["case_id"])])]
 
 
 def run_in_workers(tmp_path: Path, ids: list[str], measure, n: int = 2) -> pd.DataFrame:
@@ -154,7 +155,7 @@ def compiled_attention(case: dict) -> list[dict]:
     q, k = (torch.randn(2, n, 16, requires_grad=True) for _ in range(2))
     t0 = time.perf_counter()
     fn(q, k).backward()
-    return [common.summarize("compile_s", "s", [time.perf_counter() - t0])]
+    return [stats.summarize("compile_s", "s", [time.perf_counter() - t0])]
 
 
 # The job's side of the warm-up test, run in a fresh process as a benchmark job is: Inductor's
@@ -166,14 +167,15 @@ from pathlib import Path
 
 import torch._dynamo.utils
 
-from lmperf.bench import common, workers
+from lmperf import csv_schema, failures, stats
+from lmperf.bench import loop, workers
 from test_workers import compiled_attention
 
 log = Path(sys.argv[1])
 compiled_attention({"seq_len": 16})  # this process's first compile (imports, Inductor's set-up)
 cold = compiled_attention({"seq_len": 24})[0]["median"]  # a length the warm-up does not see
 cases = [{"case_id": f"n{n}", "seq_len": n} for n in (32, 48)]
-progress = common.Progress("test/warm", len(cases), log)
+progress = loop.Progress("test/warm", len(cases), log)
 workers.warm_up(compiled_attention, cases[:1], 2, progress.say)  # one case: not warmed
 assert "not warming the compile caches: 1 compiling case" in log.read_text()
 workers.warm_up(compiled_attention, cases, 2, progress.say)  # two: one worker, not two
@@ -201,7 +203,7 @@ def test_the_warm_up_leaves_graphs_that_the_jobs_own_process_loads(tmp_path):
 
 def autotune_cache_setting(case: dict) -> list[dict]:
     import torch._inductor.config
-    return [common.summarize("autotune_local_cache", "value", [int(torch._inductor.config.autotune_local_cache)])]
+    return [stats.summarize("autotune_local_cache", "value", [int(torch._inductor.config.autotune_local_cache)])]
 
 
 @pytest.mark.parametrize("warming, cached", [(True, 0), (False, 1)])
@@ -238,13 +240,13 @@ def test_a_warmed_job_prepares_the_cases_it_has_still_to_measure_before_it_has_t
     order = []
     monkeypatch.setattr(device, "warming", lambda: True)
     monkeypatch.setattr(device, "alone", lambda say: order.append("alone") or 0.0)
-    monkeypatch.setattr(common, "run_cases", lambda *, cases, measure, **kw: [measure(c) for c in cases])
+    monkeypatch.setattr(loop, "run_cases", lambda *, cases, measure, **kw: [measure(c) for c in cases])
     cases = [{"case_id": i} for i in ("a", "b")]
     args = Namespace(out=tmp_path / "r.csv", hw="cpu", log=tmp_path / "r.log", workers=1, cases=None)
 
     def measure(case):
         order.append(case["case_id"])
-        return [common.summarize("value", "count", [1.0])]
+        return [stats.summarize("value", "count", [1.0])]
     jobs.run(section="test", study="prepare", cases=cases, measure=measure, args=args, fingerprint={},
              prepare=lambda todo, say: order.append(("prepare", [c["case_id"] for c in todo])))
     assert order == [("prepare", ["a", "b"]), "alone", "a", "b"]
@@ -258,7 +260,7 @@ def test_a_warmed_job_prepares_beside_the_workers_warm_up_and_raises_what_prepar
     from lmperf.bench import device
     monkeypatch.setattr(device, "warming", lambda: True)
     monkeypatch.setattr(device, "alone", lambda say: 0.0)
-    monkeypatch.setattr(common, "run_cases", lambda *, cases, measure, **kw: [measure(c) for c in cases])
+    monkeypatch.setattr(loop, "run_cases", lambda *, cases, measure, **kw: [measure(c) for c in cases])
     began = threading.Event()
 
     def warm_up(warm, cases, n, say):
@@ -284,7 +286,7 @@ def test_an_isolated_process_compiles_its_cases_before_the_timed_loop_and_names_
     class Child(isolation.Isolated):
         def __call__(self, case):
             sent.append(case)
-            return [common.failure_row("timeout" if case["case_id"] == "b" else "ok", "no answer")]
+            return [csv_schema.failure_row("timeout" if case["case_id"] == "b" else "ok", "no answer")]
     cases = [{"case_id": "a"}, {"case_id": "b"}]
     Child(lambda case: [], 10).warm(cases, said.append)
     assert [c["case_id"] for c in sent] == ["a", "b"] and all(c["warm_only"] for c in sent)
@@ -296,7 +298,7 @@ def _sleep_then_answer(case: dict) -> list[dict]:
     """A case that takes case["sleep_s"] to answer (run in an isolated child)."""
     import time
     time.sleep(case["sleep_s"])
-    return [common.failure_row("ok", "")]
+    return [csv_schema.failure_row("ok", "")]
 
 
 def test_a_case_that_has_not_answered_says_so_while_it_waits(capsys, monkeypatch):
@@ -331,7 +333,7 @@ def _pid_or_exit(case: dict) -> list[dict]:
     """The child's process id; the child exits where the case says so (an isolated child)."""
     if case.get("exit"):
         os._exit(3)
-    return [{**common.failure_row("ok", ""), "pid": os.getpid()}]
+    return [{**csv_schema.failure_row("ok", ""), "pid": os.getpid()}]
 
 
 def test_ahead_keeps_a_group_in_one_child_and_a_crash_moves_the_rest_to_a_fresh_one():
@@ -363,7 +365,7 @@ def test_with_a_judge_the_child_sends_bytes_and_this_process_makes_the_rows():
 
     def judge(case, payload):
         judged.append((case["case_id"], os.getpid(), payload))
-        return [{**common.failure_row("ok" if payload else "failed", ""), **(json.loads(payload) if payload else {})}]
+        return [{**csv_schema.failure_row("ok" if payload else "failed", ""), **(json.loads(payload) if payload else {})}]
     with isolation.Isolated(_reply_bytes, 60, judge=judge) as isolated:
         rows = isolated({"case_id": "a", "x": 2}) + isolated({"case_id": "b", "raise": True})
     assert rows[0]["x"] == 2 and rows[0]["pid"] != os.getpid()

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from conftest import REPO, SMOKE, copy_repo, snakemake, workflow_env
-from lmperf.bench import failures
+from lmperf import failures
 
 def planned(repo: Path, *args: str, env: dict | None = None) -> dict[str, int]:
     """{rule: job count} that a dry run of report/report.md would execute."""

@@ -63,7 +63,7 @@ def time_check(name: str, source: str, scale: str, kinds: list[str] | None, fold
            "--out", str(out), "--hw", hw, "--log", str(log)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
     if cold:
-        from lmperf.bench.failures import COMPILE_CACHE_VARS
+        from lmperf.failures import COMPILE_CACHE_VARS
         env.update({var: str(folder / f"{name}-cache" / sub) for var, sub in COMPILE_CACHE_VARS.items()})
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -70,11 +70,11 @@ def main(argv: list[str]) -> None:
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     from lmperf import train
-    from lmperf.bench import common, e2e, energy, honest, memory_fit, profile, timing
+    from lmperf.bench import e2e, energy, honest, loop, memory_fit, profile, timing
     job = importlib.import_module(args.module)
     SECONDS["imports"] = time.perf_counter() - t0
     for module, name in ((train, "setup"), (e2e, "time_steps"), (e2e, "run_timed"), (timing, "gpu_idle"),
-                         (common, "clean_device"), (gc, "collect"), (profile, "kernel_times"),
+                         (loop, "clean_device"), (gc, "collect"), (profile, "kernel_times"),
                          (memory_fit, "one_step_peak_mib"), (timing, "do_bench_quantiles"),
                          (timing, "do_bench_cudagraph_quantiles"), (timing, "bench_calls"), (timing, "bench_graph"),
                          (honest, "stale_output")):

@@ -37,7 +37,7 @@ MODEL_SECTIONS = tuple(s.name for s in catalog.SECTIONS if s.model)  # whose cas
 @dataclass
 class Costs:
     start_s: float = 12.0        # Snakemake, a new process importing torch, CUDA's start
-    collect_s: float = 0.25      # common.clean_device after a kernel case (its full collection)
+    collect_s: float = 0.25      # loop.clean_device after a kernel case (its full collection)
     model_collect_s: float = 0.9  # ... after a whole-model case (e2e: 7.2 s over 8 cases)
     freeze_model_s: float = 0.35  # ... of which the full collection, which frozen imports leave out
     warm_s: float = 20.0         # a FlashAttention bench job's compile warm-up in its workers

@@ -51,7 +51,7 @@ import numpy as np
 import pandas as pd
 
 from lmperf import stats
-from lmperf.bench.common import CLOCK_COLUMNS, METRIC_COLUMNS, PROVENANCE_COLUMNS
+from lmperf.csv_schema import CLOCK_COLUMNS, METRIC_COLUMNS, PROVENANCE_COLUMNS
 from lmperf.compare_page import DIFFERS, EQUAL, gpus, pct, render, summary
 from lmperf.report.format import Spread
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from lmperf.bench.failures import NotRun
-from lmperf.bench.honest import Wrong, guarded
+from lmperf.failures import NotRun
+from lmperf.guard import Wrong, guarded
 
 # The adapter functions of each contract, as CS336 assignment 2 names them (tests/adapters.py):
 # the 2026 handout's `ddp` and `fsdp`, the 2025 handout's `ddp_individual_parameters` and
@@ -621,7 +621,7 @@ def attention_class(contender: Contender, kind: str):
     """The autograd Function class of `kind` ('triton' | 'pytorch'); NotImplementedByContender
     when the adapter is missing or raises NotImplementedError, Failed when it raises anything
     else (its cause whole: a result about the contender, never a traceback of lmperf's)."""
-    from lmperf.bench import failures
+    from lmperf import failures
     getter = contender.adapter(ATTENTION[kind])
     try:
         cls = getter()

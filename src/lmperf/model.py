@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmperf.kernels.attention_contract import repeat_kv
+from lmperf.kernels.rope_contract import apply_rope
 from lmperf.ranges import annotate
 
 
@@ -117,13 +118,6 @@ def rope_tables(d_head: int, context: int, theta: float):
     inv_freq = theta ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
     angles = torch.outer(torch.arange(context, dtype=torch.float64), inv_freq)
     return angles.cos().float(), angles.sin().float()
-
-
-def apply_rope(x, cos, sin):
-    """Rotate consecutive pairs (x[2i], x[2i+1]) of the last dim by the position's angle."""
-    x_even, x_odd = x[..., 0::2], x[..., 1::2]
-    rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
-    return rotated.flatten(-2).to(x.dtype)
 
 
 class CausalSelfAttention(nn.Module):

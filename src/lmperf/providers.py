@@ -13,7 +13,7 @@ Contract "attention": `build(case)` returns `(fn, context)`: `fn(q, k, v) -> o`,
 with the case's `causal` (and the grouped-query K/V heads it was given); each call runs inside
 `context()`. `case` holds at least `causal`, `dtype` ('fp32' | 'fp16' | 'bf16'), `heads`,
 `kv_heads`, `seq_len`, `head_dim` (a bench case has more: `tiled_max_seq_len`, `harness`). A
-provider that cannot run a case raises bench.common.Unsupported or NotRun, which become rows.
+provider that cannot run a case raises lmperf.failures.Unsupported or NotRun, which become rows.
 
 More providers: the config key `provider_modules` (a list of Python files or importable module
 names; the same through `--config provider_modules=path/to/mine.py` for one) names modules whose
@@ -44,7 +44,7 @@ from typing import Callable, Iterable
 
 ROLES = ("ours", "peer", "contender")
 CONTRACTS = ("attention",)  # later: "ddp", "fsdp", "sharded_optimizer"
-# What a provider may need, checked before its build: (exception class name in bench.failures,
+# What a provider may need, checked before its build: (exception class name in lmperf.failures,
 # message; {name} is the provider's).
 NEEDS = {
     "cuda": ("NotRun", "needs CUDA"),
@@ -89,7 +89,7 @@ class Provider:
     def check_needs(self, case: dict) -> None:
         """Raise the Unsupported / NotRun of the first need the case or this machine does not
         meet."""
-        from lmperf.bench import failures
+        from lmperf import failures
         for need in self.needs:
             if not _MET[need](case):
                 kind, message = NEEDS[need]
@@ -279,7 +279,7 @@ def _triton(case: dict):
 
 def _triton_config(case: dict) -> str:
     """The rule table's tile configs for the case (forward, dQ, dK/dV, fused backward or not)."""
-    from lmperf.bench.common import torch_dtype
+    from lmperf.dtypes import torch_dtype
     from lmperf.kernels import flash_attention_triton as fa
     n, d, h = case["seq_len"], case["head_dim"], case["heads"]
     dtype, bh = torch_dtype(case["dtype"]), case.get("batch", 1) * h
@@ -296,7 +296,7 @@ def _triton_kernels(q, k, v, causal: bool) -> str:
 
 
 def _torch_tiled(case: dict):
-    from lmperf.bench.failures import NotRun
+    from lmperf.failures import NotRun
     from lmperf.kernels.flash_attention_torch import FlashAttention2PyTorch
     limit = case.get("tiled_max_seq_len")
     if limit is not None and case["seq_len"] > limit:

@@ -5,7 +5,7 @@ The workflow makes each benchmark rule's code inputs from the walk (lmperf.workf
 so an edit to any module a benchmark can run reruns it; the benchmark harness records the digest
 of the same files in its journal, so a resume never mixes rows of two versions of the code.
 
-    modules("lmperf.bench.e2e")   # ('lmperf', 'lmperf.bench', 'lmperf.bench.common', ...)
+    modules("lmperf.bench.e2e")   # ('lmperf', 'lmperf.bench', 'lmperf.bench.cli', ...)
     files("lmperf.bench.e2e")     # their source files
     digest("lmperf.bench.e2e")    # sha256 of their paths and contents
 

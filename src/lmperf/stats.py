@@ -1,5 +1,7 @@
-"""The statistics lmperf uses on samples, in one place: the median and 20%/80% quantiles of a
-row's samples, the ratio of two runs' medians with an interval, and the verdict on that ratio.
+"""The statistics lmperf uses on samples, in one place: a metric's samples summarised as the
+values of its results row (`summarize`, `summarize_rate`, `summarize_quantiles`), the median and
+20%/80% quantiles of a row's samples, the ratio of two runs' medians with an interval, and the
+verdict on that ratio.
 
 Quantiles interpolate linearly between order statistics (numpy's default, `method="linear"`),
 so the median of an even number of samples is the mean of the middle two, as
@@ -37,9 +39,12 @@ comparing a rate (TFLOP/s) passes the reciprocal.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+import statistics
+from typing import Iterable, NamedTuple
 
 import numpy as np
+
+from lmperf import csv_schema
 
 RESAMPLES = 2000  # bootstrap resamples a ratio's interval is computed from
 LEVEL = 0.99  # the interval's coverage
@@ -177,3 +182,45 @@ def judge(a: Quantiles, a_samples, b: Quantiles, b_samples, threshold: float,
         basis = BASES[1] if ratio.has_interval else BASES[2]
     ratio = ratio._replace(ratio=b.median / a.median)  # the rows' own medians, as the page shows
     return Judgement(ratio, basis, verdict(ratio.reciprocal() if higher_is_better else ratio, threshold))
+
+
+def summarize(metric: str, unit: str, samples: Iterable[float]) -> dict:
+    """One tidy row for a metric measured over several steps (per-step values kept): mean, std,
+    median, 20% and 80% quantiles of the finite samples. With one sample there is no spread to
+    state: std is left empty, not 0."""
+    xs = [float(x) for x in samples]
+    finite = [x for x in xs if math.isfinite(x)]
+    # linear interpolation between order statistics, as numpy's and pandas' quantile
+    q = statistics.quantiles(finite, n=5, method="inclusive") if len(finite) > 1 else finite * 4 or [math.nan] * 4
+    return {
+        "metric": metric, "unit": unit,
+        "mean": statistics.fmean(finite) if finite else math.nan,
+        "std": statistics.stdev(finite) if len(finite) > 1 else math.nan,
+        "median": statistics.median(finite) if finite else math.nan,
+        "q20": q[0], "q80": q[3],
+        "min": min(finite) if finite else math.nan,
+        "max": max(finite) if finite else math.nan,
+        "n": len(xs),
+        "samples": ";".join(f"{x:.6g}" for x in xs),
+        "status": "ok", "message": "",
+    }
+
+
+def summarize_rate(metric: str, unit: str, work: float, step_ms: Iterable[float]) -> dict:
+    """One tidy row for a rate (tokens/s, TFLOP/s, MFU) of `work` done in each timed step: the
+    per-step rates as samples, and as median and 20% / 80% quantiles the work over the step
+    time's median and 80% / 20% quantiles (tokens / median step, not a median of rates)."""
+    ms = [float(x) for x in step_ms]
+    row = summarize(metric, unit, [work / (x / 1e3) for x in ms])
+    step = summarize("", "", ms)
+    rate = lambda key: work / (step[key] / 1e3)
+    return {**row, "median": rate("median"), "q20": rate("q80"), "q80": rate("q20")}
+
+
+def summarize_quantiles(metric: str, unit: str, median: float, q20: float, q80: float) -> dict:
+    """One tidy row for a timing that `triton.testing.do_bench` summarised as quantiles
+    (`bench.timing.do_bench_quantiles`): the median and the 20% / 80% quantiles of its repeats.
+    `mean`, `std` and `samples` stay empty (do_bench does not return them); the report reads
+    `median` for these rows and shows [q20, q80] as their spread."""
+    return {**csv_schema.failure_row("ok", ""), "metric": metric, "unit": unit, "median": float(median),
+            "q20": float(q20), "q80": float(q80), "min": math.nan, "max": math.nan, "n": math.nan}

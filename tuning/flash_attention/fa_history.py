@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     import triton
-    from lmperf.bench.common import git_commit
+    from lmperf.provenance import git_commit
     from lmperf.kernels import flash_attention_triton as fa
     t0 = time.time()
     ran = run_grid() if args.mode == "after-grid" else 0

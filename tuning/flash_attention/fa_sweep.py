@@ -272,7 +272,7 @@ def main(argv=None) -> int:
 
     import triton
     import triton.testing
-    from lmperf.bench.common import git_commit
+    from lmperf.provenance import git_commit
     t0 = time.time()
     if args.jobs:
         procs = [subprocess.Popen([sys.executable, __file__, "--out", str(args.out), "--only", ",".join(names),

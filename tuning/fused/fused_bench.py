@@ -20,10 +20,10 @@ import torch.nn.functional as F
 import yaml
 from triton.testing import do_bench
 
-from lmperf import hardware
-from lmperf.bench import common
+from lmperf import csv_schema, hardware, provenance
 from lmperf.kernels import rmsnorm, rope, swiglu
-from lmperf.model import apply_rope, rope_tables
+from lmperf.kernels.rope_contract import apply_rope
+from lmperf.model import rope_tables
 
 
 def cases(dims: dict, batch: int, context: int) -> list[tuple]:
@@ -68,7 +68,7 @@ def main() -> None:
         raise SystemExit("fused_bench: needs CUDA")
     dims = yaml.safe_load(open("config/config.yaml"))["models"][args.size]
     batch, context = (int(x) for x in args.tokens.split("x"))
-    prov = common.provenance(hardware.hw_slug(hardware.gpu_name()))
+    prov = provenance.provenance(hardware.hw_slug(hardware.gpu_name()))
     rows = []
     for kernel, ours, twin, make, bytes_fwd, bytes_bwd in cases(dims, batch, context):
         for impl, fn in (("ours", ours), ("inductor", torch.compile(twin, fullgraph=True))):
@@ -88,7 +88,7 @@ def main() -> None:
                              **prov})
                 print(f"{kernel:12s} {impl:9s} {direction:17s} {ms:7.3f} ms {moved / ms / 1e6:7.0f} GB/s", flush=True)
     path = args.out / f"fused_bench_{args.size}.csv"
-    common.write_csv_atomic(pd.DataFrame(rows), path)
+    csv_schema.write_csv_atomic(pd.DataFrame(rows), path)
     print(f"wrote {path}")
 
 

@@ -19,8 +19,8 @@ import torch
 import yaml
 from triton.testing import do_bench
 
-from lmperf import hardware
-from lmperf.bench import common, ladder
+from lmperf import csv_schema, hardware, provenance
+from lmperf.bench import ladder
 from lmperf.kernels.adamw_master import MasterWeightAdamW, linear_weights
 from lmperf.model import ModelConfig, TransformerLM
 
@@ -33,7 +33,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("adamw_master_bench: needs CUDA")
     dims = yaml.safe_load(open("config/config.yaml"))["models"][args.size]
-    prov = common.provenance(hardware.hw_slug(hardware.gpu_name()))
+    prov = provenance.provenance(hardware.hw_slug(hardware.gpu_name()))
     rows = []
     for impl in ("fused", "master"):
         torch.manual_seed(0)
@@ -56,7 +56,7 @@ def main() -> None:
         gc.collect()
         torch.cuda.empty_cache()
     path = args.out / f"adamw_master_bench_{args.size}.csv"
-    common.write_csv_atomic(pd.DataFrame(rows), path)
+    csv_schema.write_csv_atomic(pd.DataFrame(rows), path)
     print(f"wrote {path}")
 
 

@@ -98,8 +98,8 @@ def main() -> None:
     import torch
     import yaml
 
-    from lmperf import hardware, train
-    from lmperf.bench import common, float8, ladder
+    from lmperf import csv_schema, hardware, provenance, train
+    from lmperf.bench import float8, ladder
     from lmperf.kernels import float8_delayed
     if not torch.cuda.is_available():
         raise SystemExit("float8_bench: needs CUDA (it times the GPU's steps)")
@@ -107,7 +107,7 @@ def main() -> None:
     case = rung_case(argparse.Namespace(optimizer="master", fused="rmsnorm+swiglu", float8="none",
                                         context=args.context, batch=args.batch))
     dims = yaml.safe_load(open("config/config.yaml"))["models"][args.size]
-    rows, prov = [], common.provenance(hardware.hw_slug(hardware.gpu_name()))
+    rows, prov = [], provenance.provenance(hardware.hw_slug(hardware.gpu_name()))
     tokens = args.batch * args.context
     for variant in args.variants.split(","):
         if variant not in VARIANTS:
@@ -128,7 +128,7 @@ def main() -> None:
         if name != "bf16" and "bf16" in steps:
             print(f"{name} / bf16 tokens/s: {steps['bf16'] / ms:.3f}x")
     args.out.mkdir(parents=True, exist_ok=True)
-    common.write_csv_atomic(pd.DataFrame(rows),
+    csv_schema.write_csv_atomic(pd.DataFrame(rows),
                             args.out / f"float8_bench_{args.size}_{args.context}_{args.recipe}.csv")
 
 

@@ -21,9 +21,8 @@ import pandas as pd
 import torch
 import yaml
 
-from lmperf import hardware
-from lmperf import train
-from lmperf.bench import common, ladder, profile
+from lmperf import csv_schema, failures, hardware, provenance, train
+from lmperf.bench import ladder, profile
 
 
 def rung_case(args) -> dict:
@@ -72,7 +71,7 @@ def main() -> None:
     case = rung_case(args)
     try:  # before CUDA: a bad part is a ValueError, a missing package (Liger, torchao) NotRun
         change = ladder.model_changes(case)
-    except common.NotRun as exc:
+    except failures.NotRun as exc:
         raise SystemExit(f"ladder_kernels: {exc}") from None
     if not torch.cuda.is_available():
         raise SystemExit("ladder_kernels: needs CUDA (it profiles the GPU's kernels)")
@@ -83,13 +82,13 @@ def main() -> None:
     for _ in range(3):
         train.step(model, optimizer, inputs, targets, autocast, nothing)
     torch.cuda.synchronize()
-    prov = common.provenance(hardware.hw_slug(hardware.gpu_name()))
+    prov = provenance.provenance(hardware.hw_slug(hardware.gpu_name()))
     rows = [{**r, **prov} for r in step_kernels(model, optimizer, inputs, targets, autocast, args.steps)]
     variant = ("" if (args.optimizer, args.fused) == ("fused", "none")
                else f"_{args.optimizer}_{args.fused.replace('+', '-')}")
     variant += "" if args.float8 == "none" else f"_float8_{args.float8}"
     path = args.out / f"ladder_kernels_{args.size}_{args.context}{variant}.csv"
-    common.write_csv_atomic(pd.DataFrame(rows), path)
+    csv_schema.write_csv_atomic(pd.DataFrame(rows), path)
     total = sum(r["ms_per_step"] for r in rows)
     by = {}
     for r in rows:

@@ -19,8 +19,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from lmperf import hardware
-from lmperf.bench import common
+from lmperf import csv_schema, hardware, provenance
 from lmperf.bench.lrpe import compiled_torch, copy_bandwidth_gbs, kernel_ms
 from lmperf.kernels import lrpe
 
@@ -48,7 +47,7 @@ def times(fn, x, theta, grad) -> tuple[float, float]:
 
 def sweep(out_path: Path) -> None:
     copy = copy_bandwidth_gbs(*COPY_WINDOWS)
-    prov = common.provenance(hardware.hw_slug(hardware.gpu_name()))
+    prov = provenance.provenance(hardware.hw_slug(hardware.gpu_name()))
     rows, start = [], time.time()
     for shape, e, l in SIZES:
         n = l + math.prod(shape)
@@ -82,7 +81,7 @@ def sweep(out_path: Path) -> None:
             print(f"[{time.time() - start:5.0f} s] {shape} l={l} {provider} tile={tile} warps={warps} "
                   f"split={split} min_batch={min_batch} wide={wide}: fwd {fwd * 1e3:.1f} us, bwd {bwd * 1e3:.1f} us"
                   + ("" if status == "ok" else f" ({status})"), flush=True)
-        common.write_csv_atomic(pd.DataFrame(rows), out_path)
+        csv_schema.write_csv_atomic(pd.DataFrame(rows), out_path)
         print(f"wrote {out_path}: {len(rows)} rows", flush=True)
 
 

@@ -28,7 +28,8 @@ import itertools
 import math
 import random
 
-from lmperf.bench import common, jobs
+from lmperf import stats
+from lmperf.bench import cli, jobs
 
 FP32_ULP = 2.0**-23  # at 1.0
 MODEL_DIMS = ("d_model", "d_ff", "n_layers", "n_heads", "vocab_size")
@@ -55,7 +56,7 @@ def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dic
 
 
 def _row(metric: str, value: float, tolerance: float, seed: int, torch_err: float = math.nan) -> dict:
-    row = dict(common.summarize(metric, "abs", [value]), std=math.nan)
+    row = dict(stats.summarize(metric, "abs", [value]), std=math.nan)
     row.update(torch_err=torch_err, tolerance=tolerance, passed=bool(value <= tolerance), seed=seed)
     return row
 
@@ -166,7 +167,7 @@ def measure_check(case: dict) -> list[dict]:
 
 
 def main(argv=None):
-    args = common.bench_args(__doc__, argv, studies=("check",), options=jobs.options)
+    args = cli.bench_args(__doc__, argv, studies=("check",), options=jobs.options)
     jobs.run(section="adamw_master", study=args.study, cases=check_cases(args.spec), measure=measure_check,
              args=args, fingerprint={"spec": args.spec}, parallel=True)  # --workers: cases side by side
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import functools
 import itertools
 
-from lmperf import contenders
-from lmperf.bench import common, isolation, jobs, timing
+from lmperf import contenders, csv_schema, stats
+from lmperf.bench import cli, isolation, jobs, timing
 
 def predicted_saved_bytes(batch: int, seq_len: int, d: int, element_bytes: int = 4) -> int:
     """What eager attention holds between forward and backward, beyond nothing: q, k, v and the
@@ -84,14 +84,14 @@ def measure(case: dict) -> list[dict]:
         fn(q, k, v, False).backward(grad)
     sync()
     if case.get("warm_only"):  # `warm`: compiled, nothing timed
-        return [{**common.failure_row("ok", ""), "metric": "compiled"}]
+        return [{**csv_schema.failure_row("ok", ""), "metric": "compiled"}]
     def timed_forward() -> float:
         with timing.timed(sync) as t, torch.no_grad():
             fn(q, k, v, False)
         return t.seconds
 
     forward_s, stop = timing.sample_until(timed_forward, stop_rule(case))
-    forward = {**common.summarize("forward_ms", "ms", [t * 1e3 for t in forward_s]),
+    forward = {**stats.summarize("forward_ms", "ms", [t * 1e3 for t in forward_s]),
                "stop": stop, "stop_after": len(forward_s)}
 
     def no_grad_forward():
@@ -118,7 +118,7 @@ def measure(case: dict) -> list[dict]:
         return t.seconds
 
     backward_s, stop = timing.sample_until(timed_backward, stop_rule(case))
-    backward = {**common.summarize("backward_ms", "ms", [t * 1e3 for t in backward_s]),
+    backward = {**stats.summarize("backward_ms", "ms", [t * 1e3 for t in backward_s]),
                 "stop": stop, "stop_after": len(backward_s)}
 
     def forward_backward():
@@ -127,9 +127,9 @@ def measure(case: dict) -> list[dict]:
     idle, why_not = timing.gpu_idle(forward_backward, wall_ms=forward["median"] + backward["median"])
     rows.append({**backward, "gpu_idle_pct": idle, "message": why_not})
     predicted = predicted_saved_bytes(b, n, d)
-    rows.append(common.summarize("predicted_saved_mib", "MiB", [predicted / 2**20]))
+    rows.append(stats.summarize("predicted_saved_mib", "MiB", [predicted / 2**20]))
     if cuda:
-        rows.append(common.summarize("allocated_before_backward_mib", "MiB",
+        rows.append(stats.summarize("allocated_before_backward_mib", "MiB",
                                      [x / 2**20 for x in before_backward]))
     return rows
 
@@ -139,7 +139,7 @@ def warm(case: dict) -> list[dict]:
 
 
 def main(argv=None):
-    args = common.bench_args(__doc__, argv, options=jobs.options, warms=True)
+    args = cli.bench_args(__doc__, argv, options=jobs.options, warms=True)
     try:
         rivals = set(contenders.register(args.spec.get("contenders")))
     except contenders.ContenderError as exc:

@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import io
 
-from lmperf import contenders as contenders_mod
-from lmperf.bench import common, failures, honest
+from lmperf import contenders as contenders_mod, csv_schema, dtypes, failures, guard, stats
+from lmperf.bench import honest
 
 RUNS = 4  # calls of the deterministic property
 CALLS = 3  # calls on the same tensors before the fresh property changes their contents
@@ -65,7 +65,7 @@ def inputs(case: dict, seed: int) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator(device=device).manual_seed(int(seed))
     dims = [int(x) for x in case["shape"].split("x")]
-    dtype = common.torch_dtype(case["dtype"])
+    dtype = dtypes.torch_dtype(case["dtype"])
     make = lambda shape: torch.randn(tuple(shape), generator=gen, device=device, dtype=dtype)
     if case["check"] == "gqa":
         b, h, h_kv, n, d = dims
@@ -100,7 +100,7 @@ def _attention(case: dict):
 def _kind(exc: Exception) -> str:
     if isinstance(exc, contenders_mod.NotImplementedByContender):
         return "not_implemented"
-    if isinstance(exc, honest.Wrong):
+    if isinstance(exc, guard.Wrong):
         return "not_a_function"
     if isinstance(exc, failures.Unsupported):
         return "unsupported"
@@ -252,7 +252,7 @@ def decode(payload: bytes) -> dict:
 
 
 def _wrong(message: str) -> list[dict]:
-    return [common.failure_row("wrong", message)]
+    return [csv_schema.failure_row("wrong", message)]
 
 
 def _raised_rows(raised: dict, unsupported_as: str | None = None) -> list[dict]:
@@ -265,11 +265,11 @@ def _raised_rows(raised: dict, unsupported_as: str | None = None) -> list[dict]:
         message = f"not implemented: {message}"
     if unsupported_as is not None and status == "failed":
         status, message = "unsupported", f"{unsupported_as}: {message}"
-    return [common.failure_row(status, message)]
+    return [csv_schema.failure_row(status, message)]
 
 
 def _tensor(reply: dict, name: str, like, what: str, device: str, finite: bool = True):
-    """The returned tensor `name`, on `like`'s device; honest.Wrong naming what is wrong with it
+    """The returned tensor `name`, on `like`'s device; guard.Wrong naming what is wrong with it
     (not a tensor, its shape, dtype or device, NaN or inf where `finite`)."""
     import torch
     x = reply["tensors"].get(name)
@@ -279,8 +279,8 @@ def _tensor(reply: dict, name: str, like, what: str, device: str, finite: bool =
             problems = [f"shape {tuple(seen.get('shape', ()))} (expected {tuple(like.shape)})"]
             if seen.get("dtype") != str(like.dtype):
                 problems.append(f"dtype {seen.get('dtype')} (expected {like.dtype})")
-            raise honest.Wrong(f"{what} has " + ", ".join(problems))
-        raise honest.Wrong(f"{what} is a {seen.get('type', 'nothing')}, not a tensor")
+            raise guard.Wrong(f"{what} has " + ", ".join(problems))
+        raise guard.Wrong(f"{what} is a {seen.get('type', 'nothing')}, not a tensor")
     problems = []
     if tuple(x.shape) != tuple(like.shape):
         problems.append(f"shape {tuple(x.shape)} (expected {tuple(like.shape)})")
@@ -289,15 +289,15 @@ def _tensor(reply: dict, name: str, like, what: str, device: str, finite: bool =
     if seen.get("device") != device:
         problems.append(f"device {seen.get('device')} (expected {device})")
     if problems:
-        raise honest.Wrong(f"{what} has " + ", ".join(problems))
+        raise guard.Wrong(f"{what} has " + ", ".join(problems))
     x = x.to(like.device)
     if finite and not bool(torch.isfinite(x).all()):
-        raise honest.Wrong(f"{what} holds NaN or inf")
+        raise guard.Wrong(f"{what} holds NaN or inf")
     return x
 
 
 def _property_row(prop: str, holds: bool, message: str = "") -> dict:
-    row = common.summarize(prop, "bool", [float(holds)])
+    row = stats.summarize(prop, "bool", [float(holds)])
     row.update(passed=bool(holds), message=message)
     return row
 
@@ -315,19 +315,19 @@ def _judge_values(case, t, reply, device):
     try:
         lse = one_logsumexp(found, lse_shape).to(q.device)
     except AssertionError as exc:
-        raise honest.Wrong(str(exc)) from None
+        raise guard.Wrong(str(exc)) from None
     if raised is not None:
         return _raised_rows(raised)
     grads = {}
     for name, like in (("dq", q), ("dk", t["k"]), ("dv", t["v"])):
         if reply["described"].get(name, {}).get("type") == "NoneType":
-            raise honest.Wrong(f"no gradient for {name[1]}: its backward returned None")
+            raise guard.Wrong(f"no gradient for {name[1]}: its backward returned None")
         grads[name] = _tensor(reply, name, like, f"gradient {name}", device, finite=False)
     compared = compare_rows({"out": out, "lse": lse, **grads}, q, t["k"], t["v"], case["causal"], t["grad_out"])
     lse_dtype = next(r["saved_dtype"] for r in compared if r["quantity"] == "lse")
     rows = []
     for r in compared:
-        row = common.summarize(f"{r['quantity']}_max_abs_err", "abs", [r["max_abs_err"]])
+        row = stats.summarize(f"{r['quantity']}_max_abs_err", "abs", [r["max_abs_err"]])
         row.update(torch_err=r["torch_err"], tolerance=r["tolerance"], passed=r["passed"],
                    course_ratio=r["course_ratio"], course_passed=r["course_passed"], lse_dtype=lse_dtype)
         rows.append(row)
@@ -373,7 +373,7 @@ def _judge_deterministic(case, t, reply, device):
         out = _tensor(reply, f"out{i}", t["q"], "output", device)
         got = (reply["tensors"].get("runs") or [])[i:i + 1]
         if not got or len(got[0]) != 4 or any(g is None for g in got[0][1:]):
-            raise honest.Wrong("a gradient is missing: its backward returned None")
+            raise guard.Wrong("a gradient is missing: its backward returned None")
         runs.append([out] + [g.to(out.device) for g in got[0][1:]])
     same = all(all(torch.equal(a, b) for a, b in zip(runs[0], run)) for run in runs[1:])
     return [_property_row("deterministic", same, f"forward and backward bitwise equal over {RUNS} runs" if same
@@ -392,7 +392,7 @@ def _judge_fresh(case, t, reply, device):
     scale = max(1.0, float(fresh.double().abs().max()))
     tol = honest.stale_tolerance(t["q"].dtype) * scale
     if not err <= tol:  # NaN included
-        raise honest.Wrong(honest.stale_message(err, tol))
+        raise guard.Wrong(honest.stale_message(err, tol))
     return [_property_row("fresh", True, "the output follows the inputs' contents in the same storage")]
 
 
@@ -407,11 +407,11 @@ def judge(case: dict, payload: bytes) -> list[dict]:
     try:
         reply = decode(payload)
     except Unreadable as exc:
-        rows = [common.failure_row("failed", str(exc))]
+        rows = [csv_schema.failure_row("failed", str(exc))]
     else:
         t = inputs(case, case["seed"])
         try:
             rows = JUDGE[case["check"]](case, t, reply, str(t["q"].device))
-        except honest.Wrong as exc:
+        except guard.Wrong as exc:
             rows = _wrong(str(exc))
     return [{**row, "seed": case["seed"]} for row in rows]

@@ -32,7 +32,7 @@ import gc
 import os
 import tempfile
 
-from lmperf.bench import common
+from lmperf import stats
 
 TOLERANCE = 1e-5  # DDP and the sharded optimizer: fp32 rounding of the same AdamW steps
 DIM, HIDDEN, BATCH_PER_RANK = 16, 32, 4
@@ -346,8 +346,7 @@ def _train_fsdp(contender, case: dict, rank: int, world: int) -> dict:
 def _rank(rank: int, world: int, case: dict, init_file: str, queue) -> None:
     """One process of the group: what it trained, or its failure, to the queue."""
     import torch.distributed as dist
-    from lmperf import contenders
-    from lmperf.bench import failures
+    from lmperf import contenders, failures
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
         contender = contenders.load(case["contender"], case["source"])
@@ -489,7 +488,7 @@ def measure(case: dict, contender) -> list[dict]:
         if case["contract"] == "ddp_bucketed":
             how += (f", {case['bucket_size_mb']:g} MB buckets, ddp_bucketed_on_train_batch_start called at "
                     f"each step's start")
-        row = common.summarize("weights_max_abs_diff", "abs", [worst])
+        row = stats.summarize("weights_max_abs_diff", "abs", [worst])
         row.update(passed=passed, tolerance=TOLERANCE, message=how)
         return [row]
     import torch
@@ -505,6 +504,6 @@ def measure(case: dict, contender) -> list[dict]:
     if not sharded:
         raise contenders.Wrong(f"{held}. Weights: max abs difference {worst:.3g} "
                                f"({'within' if passed else 'beyond'} tolerance); {how}")
-    row = common.summarize("weights_max_abs_diff", "abs", [worst])
+    row = stats.summarize("weights_max_abs_diff", "abs", [worst])
     row.update(passed=passed, tolerance=tolerance, message=f"{how}. Sharded: {held}")
     return [row]

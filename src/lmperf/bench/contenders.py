@@ -44,8 +44,8 @@ import random
 import sys
 import time
 
-from lmperf import contenders as contenders_mod
-from lmperf.bench import common, contender_attention, isolation, jobs
+from lmperf import contenders as contenders_mod, csv_schema
+from lmperf.bench import cli, contender_attention, isolation, jobs
 
 PROPERTIES = ("gqa", "compiles", "deterministic", "fresh")
 
@@ -187,7 +187,7 @@ class PerContender:
     def __call__(self, case: dict) -> list[dict]:
         why = self.before(case) if self.before else None
         if why:
-            return [common.failure_row("skipped", why)]
+            return [csv_schema.failure_row("skipped", why)]
         if case["contender"] != self.name:
             self._close()
             self.name, self.t0, self.cases = case["contender"], time.monotonic(), 0
@@ -225,7 +225,7 @@ def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dic
 
 
 def main(argv=None):
-    args = common.bench_args(__doc__, argv, studies=STUDIES, options=lambda p: jobs.options(p, workers=False),
+    args = cli.bench_args(__doc__, argv, studies=STUDIES, options=lambda p: jobs.options(p, workers=False),
                              shares_device=True)  # checks, not timings
     measure = STUDIES[args.study][1]
     try:

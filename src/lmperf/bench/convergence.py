@@ -32,8 +32,8 @@ import contextlib
 import hashlib
 from pathlib import Path
 
-from lmperf import train
-from lmperf.bench import common, float8, jobs, ladder
+from lmperf import failures, stats, train
+from lmperf.bench import cli, float8, jobs, ladder
 
 REPO = Path(__file__).resolve().parents[3]  # where a relative text path is found outside the repository's root
 
@@ -173,7 +173,7 @@ def measure(case: dict, dims: dict) -> list[dict]:
 
     cuda = torch.cuda.is_available()
     if case["needs_cuda"] and not cuda:
-        raise common.NotRun("needs CUDA")
+        raise failures.NotRun("needs CUDA")
     change = ladder.model_changes(case)  # the rung's fused kernels and float8, as the ladder's
     device = "cuda" if cuda else "cpu"
     k = case["micro_batches"]
@@ -191,12 +191,12 @@ def measure(case: dict, dims: dict) -> list[dict]:
                 heldout[step] = heldout_loss(model, held, autocast, device)
     del model, optimizer
     per_step = torch.stack(losses).float().view(-1, k).mean(dim=1).tolist()
-    rows = [{"step": i + 1, **common.summarize("loss", "nats", [x])} for i, x in enumerate(per_step)]
-    return rows + [{"step": s, **common.summarize("heldout_loss", "nats", [x])} for s, x in sorted(heldout.items())]
+    rows = [{"step": i + 1, **stats.summarize("loss", "nats", [x])} for i, x in enumerate(per_step)]
+    return rows + [{"step": s, **stats.summarize("heldout_loss", "nats", [x])} for s, x in sorted(heldout.items())]
 
 
 def main(argv=None):
-    args = common.bench_args(__doc__, argv, options=lambda p: jobs.options(p, workers=False))
+    args = cli.bench_args(__doc__, argv, options=lambda p: jobs.options(p, workers=False))
     import torch
 
     spec = args.spec

@@ -61,7 +61,7 @@ def _preload() -> None:
     """What a job imports anyway, imported before the wait, so that it overlaps the job ahead."""
     import torch  # noqa: F401
     try:
-        import torch._dynamo  # noqa: F401  (every job's clean-up resets Dynamo: common.clean_device)
+        import torch._dynamo  # noqa: F401  (every job's clean-up resets Dynamo: loop.clean_device)
         import triton  # noqa: F401
     except ImportError:
         pass
@@ -110,7 +110,7 @@ def take(shared: bool, say=_say, warming: bool = False) -> float:
     """Wait for the device (module docstring): `shared` for a correctness check or, with
     `warming`, a timing job's warm-up (which then calls `alone`), else the device to itself. Then
     leave what the process imported out of the garbage collector's work, so that the collection
-    after every case (common.clean_device) takes milliseconds, not a quarter of a second (inside a
+    after every case (loop.clean_device) takes milliseconds, not a quarter of a second (inside a
     timed loop a collection then has fewer objects to walk, never more). The seconds waited; 0
     without LMPERF_DEVICE_LOCK or when this process holds it already."""
     global _warming

@@ -9,7 +9,7 @@ sample_until) stops it: once the 99% interval of the median step lies within `me
 Every row of a case says why it stopped (`stop`) and after how many timed steps (`stop_after`).
 Rows keep every
 step's value and give its median and 20% / 80% quantiles; tokens/s, TFLOP/s and MFU are the
-step's work over the median step time (common.summarize_rate); MFU against the peak of the
+step's work over the median step time (stats.summarize_rate); MFU against the peak of the
 case's dtype (`mfu_pct`) and against the bf16 tensor-core peak (`mfu_bf16_pct`). On a GPU the
 timed steps' energy per token, mean power, power limit and mean SM clock (bench/energy.py) are
 rows too. Every row of a case carries
@@ -26,8 +26,8 @@ import itertools
 import math
 import statistics
 
-from lmperf import hardware, train
-from lmperf.bench import common, energy, timing
+from lmperf import hardware, stats, train
+from lmperf.bench import cli, energy, loop, timing
 
 DTYPES = ("fp32", "bf16")
 MODES = ("forward", "train")
@@ -123,35 +123,35 @@ def time_steps(case: dict, cfg, model, optimizer, inputs, targets, autocast, idl
     idle, why_not = timing.gpu_idle(timed_step, wall_ms=statistics.median(step_ms)) if idle else (math.nan, "")
     tokens_per_step = b * n * case.get("micro_batches", 1)
     flops_per_step = flops_per_token(cfg, n, case["mode"]) * tokens_per_step
-    rows = [common.summarize(f"{p}_ms", "ms", xs) for p, xs in phases.items()]
-    rows.append({**common.summarize("step_ms", "ms", step_ms), "message": why_not})
-    rows.append(common.summarize_rate("tokens_per_s", "tokens/s", tokens_per_step, step_ms))
-    rows.append(common.summarize_rate("tflops", "TFLOP/s", flops_per_step / 1e12, step_ms))
+    rows = [stats.summarize(f"{p}_ms", "ms", xs) for p, xs in phases.items()]
+    rows.append({**stats.summarize("step_ms", "ms", step_ms), "message": why_not})
+    rows.append(stats.summarize_rate("tokens_per_s", "tokens/s", tokens_per_step, step_ms))
+    rows.append(stats.summarize_rate("tflops", "TFLOP/s", flops_per_step / 1e12, step_ms))
     gpu = torch.cuda.get_device_name() if device == "cuda" else ""
     for metric, key in (("mfu_pct", peak_key(case)), ("mfu_bf16_pct", "bf16")):
         peak = hardware.peak_tflops(gpu, key) if gpu else None
         if peak:  # against the dense datasheet peak of the case's dtype, and of bf16 (hardware.py)
-            row = common.summarize_rate(metric, "%", 100 * flops_per_step / 1e12 / peak, step_ms)
+            row = stats.summarize_rate(metric, "%", 100 * flops_per_step / 1e12 / peak, step_ms)
             rows.append({**row, "peak_tflops": peak})
     if device == "cuda":  # over the timed steps (bench/energy.py): J/token, and whether the power limit binds
         tokens = tokens_per_step * len(timed)
-        rows.append({**common.summarize("joules_per_token", "J/token", [meter.joules / tokens]),
+        rows.append({**stats.summarize("joules_per_token", "J/token", [meter.joules / tokens]),
                      "message": meter.why_not})
-        rows += [common.summarize(m, unit, [value]) for m, unit, value in (
+        rows += [stats.summarize(m, unit, [value]) for m, unit, value in (
             ("mean_power_w", "W", meter.mean_power_w), ("power_limit_w", "W", meter.power_limit_w),
             ("mean_sm_clock_mhz", "MHz", meter.mean_sm_clock_mhz))]
-    rows.append(common.summarize("first_step_ms", "ms", [first_step_s * 1e3]))
-    rows.append(common.summarize("parameters", "count", [count_parameters(cfg)]))
+    rows.append(stats.summarize("first_step_ms", "ms", [first_step_s * 1e3]))
+    rows.append(stats.summarize("parameters", "count", [count_parameters(cfg)]))
     if device == "cuda":
-        rows.append(common.summarize("peak_allocated_mib", "MiB", [torch.cuda.max_memory_allocated() / 2**20]))
+        rows.append(stats.summarize("peak_allocated_mib", "MiB", [torch.cuda.max_memory_allocated() / 2**20]))
     return [{**r, "gpu_idle_pct": idle, "stop": stop, "stop_after": len(timed)} for r in rows]
 
 
 def main(argv=None):
     study = lambda p: p.add_argument("--study", required=True, help="study name (variants, warmup, context, ...)")
-    args = common.bench_args(__doc__, argv, size=True, options=study)
+    args = cli.bench_args(__doc__, argv, size=True, options=study)
     dims = args.spec["models"][args.size]
-    common.run_cases(section="e2e", study=args.study, cases=study_cases(args.spec, args.size),
+    loop.run_cases(section="e2e", study=args.study, cases=study_cases(args.spec, args.size),
                      measure=lambda case: measure(case, dims), out_csv=args.out, hw=args.hw,
                      log_path=args.log, fingerprint={"spec": args.spec, "size": args.size})
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from lmperf.bench import common
+from lmperf import csv_schema, provenance
+from lmperf.bench import cli, loop
 
 
 def driver_version() -> str:
@@ -53,7 +54,7 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 
 def facts(hw: str, scale: str) -> dict:
     import torch
-    prov = common.provenance(hw)
+    prov = provenance.provenance(hw)
     cuda = torch.cuda.is_available()
     props = torch.cuda.get_device_properties(0) if cuda else None
     return {
@@ -81,10 +82,10 @@ def facts(hw: str, scale: str) -> dict:
 
 def main(argv=None):
     scale = lambda p: p.add_argument("--scale", required=True, choices=["smoke", "quick", "full"])
-    args = common.bench_args(__doc__, argv, spec=False, options=scale, shares_device=True)
+    args = cli.bench_args(__doc__, argv, spec=False, options=scale, shares_device=True)
     df = pd.DataFrame([{"key": k, "value": v} for k, v in facts(args.hw, args.scale).items()])
-    common.write_csv_atomic(df, args.out)
-    common.Progress("env", 1, args.log).say(f"wrote {args.out}")
+    csv_schema.write_csv_atomic(df, args.out)
+    loop.Progress("env", 1, args.log).say(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

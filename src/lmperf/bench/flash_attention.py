@@ -20,8 +20,8 @@ from __future__ import annotations
 import itertools
 import random
 
-from lmperf import contenders, providers
-from lmperf.bench import common, honest, isolation, jobs, timing
+from lmperf import contenders, csv_schema, dtypes, failures, providers, stats
+from lmperf.bench import cli, honest, isolation, jobs, timing
 
 # ---------------------------------------------------------------------------------------------
 # check
@@ -84,11 +84,11 @@ def measure_check(case: dict) -> list[dict]:
     gen = torch.Generator(device="cuda" if cuda else "cpu").manual_seed(seed)
     shape = tuple(int(x) for x in case["shape"].split("x"))
     kv_shape = (*shape[:-3], case["kv_heads"], *shape[-2:]) if case.get("kv_heads") else shape
-    q, k, v = (torch.randn(s, generator=gen, device=gen.device, dtype=common.torch_dtype(case["dtype"]))
+    q, k, v = (torch.randn(s, generator=gen, device=gen.device, dtype=dtypes.torch_dtype(case["dtype"]))
                for s in (shape, kv_shape, kv_shape))
     rows = []
     for r in compare(impl, q, k, v, case["causal"]):
-        row = common.summarize(f"{r['quantity']}_max_abs_err", "abs", [r["max_abs_err"]])
+        row = stats.summarize(f"{r['quantity']}_max_abs_err", "abs", [r["max_abs_err"]])
         row.update(torch_err=r["torch_err"], tolerance=r["tolerance"], passed=r["passed"], seed=seed)
         rows.append(row)
     return rows
@@ -185,9 +185,9 @@ def setup_bench(case: dict):
     import torch
 
     if case.get("skip_reason"):  # left out by the config: a row that says why
-        raise common.NotRun(case["skip_reason"])
+        raise failures.NotRun(case["skip_reason"])
     if not torch.cuda.is_available():
-        raise common.NotRun("needs CUDA")
+        raise failures.NotRun("needs CUDA")
     fn, context = provider_fn(case)
     _compile_caches(case)
     leaderboard = case.get("harness", "eager") == "leaderboard"
@@ -197,7 +197,7 @@ def setup_bench(case: dict):
         torch._dynamo.reset()  # each case compiles its own graph; no recompile limit across cases
         fn = torch.compile(fn, fullgraph=True, dynamic=False)
     b, h, n, d = case["batch"], case["heads"], case["seq_len"], case["head_dim"]
-    dtype = common.torch_dtype(case["dtype"])
+    dtype = dtypes.torch_dtype(case["dtype"])
     # a generator of the case's own: a CUDA-graph capture that fails leaves the default one unusable
     gen = torch.Generator(device="cuda").manual_seed(0)
     h_kv = case.get("kv_heads", h)
@@ -235,7 +235,7 @@ def warm_bench(case: dict) -> list[dict]:
     with context():
         fwd_bwd()
     torch.cuda.synchronize()
-    return [{**common.failure_row("ok", ""), "metric": "compiled"}]
+    return [{**csv_schema.failure_row("ok", ""), "metric": "compiled"}]
 
 
 def measure_bench(case: dict) -> list[dict]:
@@ -244,7 +244,7 @@ def measure_bench(case: dict) -> list[dict]:
     fn, context, fwd_bwd, (q, k, v, dout) = setup_bench(case)
     leaderboard = case.get("harness", "eager") == "leaderboard"
     b, h, n, d = case["batch"], case["heads"], case["seq_len"], case["head_dim"]
-    dtype = common.torch_dtype(case["dtype"])
+    dtype = dtypes.torch_dtype(case["dtype"])
     h_kv = case.get("kv_heads", h)
     warmup, rep = (int(x) for x in case["timing_ms"].split("/"))
 
@@ -298,12 +298,12 @@ def measure_bench(case: dict) -> list[dict]:
     for direction in ("forward", "backward", "fwd_bwd"):
         ms, q20, q80 = times[direction]
         gpu_idle_pct, why_not = idle.get(direction, (float("nan"), ""))
-        row = common.summarize_quantiles(f"{direction}_ms", "ms", ms, q20, q80)
+        row = stats.summarize_quantiles(f"{direction}_ms", "ms", ms, q20, q80)
         row["message"] = note if direction == "backward" else why_not
         flops = attention_flops(b, h, n, d, case["causal"], direction)
         tflops = lambda t: flops / (t * 1e-3) / 1e12  # the 20% quantile of TFLOP/s is the 80% of time
         rows += [{**r, "gpu_idle_pct": gpu_idle_pct, **times[direction].fields()} for r in (
-            row, common.summarize_quantiles(f"{direction}_tflops", "TFLOP/s", tflops(ms), tflops(q80), tflops(q20)))]
+            row, stats.summarize_quantiles(f"{direction}_tflops", "TFLOP/s", tflops(ms), tflops(q80), tflops(q20)))]
     rows += gpu_rows
     if providers.get(case["provider"]).role == "contender":  # its times and timed outputs checked afterwards
         _check_possible(case, times, fn, fwd_bwd, context, q, k, v)
@@ -363,19 +363,19 @@ def _gpu_time_rows(case: dict, fn, fwd_bwd, context, q, k, v, rep: int, within: 
             timed = timing.bench_graph(f, rep_ms=rep, median_within=within, grad_to_none=[q, k, v])
             t, q20, q80 = timed
         except Exception as exc:
-            status, message = common.classify_failure(exc)
-            rows.append({**common.failure_row(status, "CUDA graph: " + message), "metric": f"{direction}_gpu_ms",
+            status, message = failures.classify_failure(exc)
+            rows.append({**csv_schema.failure_row(status, "CUDA graph: " + message), "metric": f"{direction}_gpu_ms",
                          "unit": "ms"})
             continue
         ms[direction] = t
         flops = attention_flops(b, h, n, d, case["causal"], direction)
-        rows.append({**common.summarize_quantiles(f"{direction}_gpu_ms", "ms", t, q20, q80), **timed.fields()})
-        rows.append({**common.summarize_quantiles(f"{direction}_gpu_tflops", "TFLOP/s", flops / (t * 1e-3) / 1e12,
+        rows.append({**stats.summarize_quantiles(f"{direction}_gpu_ms", "ms", t, q20, q80), **timed.fields()})
+        rows.append({**stats.summarize_quantiles(f"{direction}_gpu_tflops", "TFLOP/s", flops / (t * 1e-3) / 1e12,
                                                   flops / (q80 * 1e-3) / 1e12, flops / (q20 * 1e-3) / 1e12),
                      **timed.fields()})
     if len(ms) == 2:
         t = ms["fwd_bwd"] - ms["forward"]
-        row = common.summarize_quantiles("backward_gpu_ms", "ms", t, float("nan"), float("nan"))
+        row = stats.summarize_quantiles("backward_gpu_ms", "ms", t, float("nan"), float("nan"))
         row["message"] = "backward = (forward+backward) - forward, both CUDA graphs"
         rows.append(row)
     return rows
@@ -397,7 +397,7 @@ def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dic
 
 
 def main(argv=None):
-    args = common.bench_args(__doc__, argv, studies=STUDIES, options=jobs.options, warms=True)
+    args = cli.bench_args(__doc__, argv, studies=STUDIES, options=jobs.options, warms=True)
     measure = STUDIES[args.study][1]
     try:
         cases = job_cases(args.study, args.spec)  # loads the spec's provider_modules and contenders first

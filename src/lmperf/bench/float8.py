@@ -15,7 +15,7 @@ peak, as every rung's (the report gives the fp8 peak beside it).
 """
 from __future__ import annotations
 
-from lmperf.bench import common
+from lmperf import failures
 
 RECIPES = ("tensorwise", "rowwise")  # torchao's, the peers
 OURS_RECIPES = ("delayed", *RECIPES)  # what the FP8 rung of our stack may use
@@ -34,7 +34,7 @@ def training(recipe: str):
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except Exception as exc:  # noqa: BLE001
-        raise common.NotRun(f"{MISSING} ({type(exc).__name__})") from None
+        raise failures.NotRun(f"{MISSING} ({type(exc).__name__})") from None
     config = Float8LinearConfig.from_recipe_name(recipe)
     return lambda model: convert_to_float8_training(model, config=config,
                                                     module_filter_fn=lambda module, fqn: fqn != "lm_head")

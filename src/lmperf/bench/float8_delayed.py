@@ -41,7 +41,8 @@ import contextlib
 import itertools
 import random
 
-from lmperf.bench import common, jobs
+from lmperf import dtypes, failures, stats
+from lmperf.bench import cli, jobs
 
 NEEDS_GPU_ROUNDING = ("needs CUDA: Triton's interpreter rounds to fp8 wrongly where rounding carries into the "
                       "exponent (127.3 -> 64 in e4m3; triton-lang/triton#8322)")
@@ -120,7 +121,7 @@ def check_cast(case: dict, device: str) -> list[dict]:
     from lmperf.kernels import float8_delayed as f8
 
     m, k = _shape(case)
-    dtype, fp8 = common.torch_dtype(case["dtype"]), _fp8(case["fp8"])
+    dtype, fp8 = dtypes.torch_dtype(case["dtype"]), _fp8(case["fp8"])
     if case["variant"] == "held":
         held = torch.tensor([0, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, -0.25, -0.5, -0.75, -1, -1.5, -2, -3, -4])
         x = held[torch.randint(0, len(held), (m, k + 5))].to(device)
@@ -157,7 +158,7 @@ def check_swiglu(case: dict, device: str) -> list[dict]:
     from lmperf.kernels.attention_contract import tolerance
 
     m, k = _shape(case)
-    dtype = common.torch_dtype(case["dtype"])
+    dtype = dtypes.torch_dtype(case["dtype"])
     a, b, g = ((torch.randn(m, k, device=device) * 4).to(dtype) for _ in range(3))
     sa, sb = torch.tensor(0.5, device=device), torch.tensor(8.0, device=device)
     backward = case["impl"] == "swiglu_backward"
@@ -373,7 +374,7 @@ def measure_check(case: dict) -> list[dict]:
 
     cuda = torch.cuda.is_available()
     if not cuda and case["variant"] in ("random", "fp8", "float64"):
-        raise common.NotRun(NEEDS_GPU_ROUNDING)
+        raise failures.NotRun(NEEDS_GPU_ROUNDING)
     seed = random.randrange(2**31)  # fresh inputs every run; the seed is kept to reproduce them
     torch.manual_seed(seed)
     check = {"cast": check_cast, "swiglu": check_swiglu, "swiglu_backward": check_swiglu, "linear": check_layers,
@@ -382,14 +383,14 @@ def measure_check(case: dict) -> list[dict]:
     for r in check(case, "cuda" if cuda else "cpu"):
         unit = "count" if r["metric"].endswith("_mismatches") or r["metric"] == "mismatches_against_the_lone_layers" \
             else "rel" if r["metric"].endswith("_rel_err") else "abs"
-        row = common.summarize(r["metric"], unit, [r["max_abs_err"]])
+        row = stats.summarize(r["metric"], unit, [r["max_abs_err"]])
         row.update(torch_err=r["torch_err"], tolerance=r["tolerance"], passed=r["passed"], seed=seed)
         rows.append(row)
     return rows
 
 
 def main(argv=None):
-    args = common.bench_args(__doc__, argv, studies=("check",), options=jobs.options)
+    args = cli.bench_args(__doc__, argv, studies=("check",), options=jobs.options)
     jobs.run(section="float8_delayed", study=args.study, cases=check_cases(args.spec), measure=measure_check,
              args=args, fingerprint={"spec": args.spec}, parallel=True)  # --workers: cases side by side
 

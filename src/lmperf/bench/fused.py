@@ -23,7 +23,8 @@ from __future__ import annotations
 import itertools
 import random
 
-from lmperf.bench import common, jobs
+from lmperf import dtypes, failures, stats
+from lmperf.bench import cli, jobs
 
 KERNELS = ("rmsnorm", "swiglu", "rope")
 MODEL_DIMS = ("d_model", "d_ff", "n_layers", "n_heads", "vocab_size")
@@ -86,7 +87,7 @@ def check_rmsnorm(case: dict, device: str) -> list[dict]:
     from lmperf.kernels import rmsnorm
 
     shape = tuple(int(s) for s in case["shape"].split("x"))
-    dtype = common.torch_dtype(case["dtype"])
+    dtype = dtypes.torch_dtype(case["dtype"])
     x = torch.randn(shape, device=device, dtype=torch.float32 if case["variant"] == "add_fp32_residual" else dtype)
     delta = torch.randn(shape, device=device, dtype=dtype) if case["variant"] != "norm" else None
     weight = 1 + 0.1 * torch.randn(shape[-1], device=device)  # fp32, as the model's (trained weights near 1)
@@ -98,7 +99,7 @@ def check_swiglu(case: dict, device: str) -> list[dict]:
     from lmperf.kernels import swiglu
 
     shape = tuple(int(s) for s in case["shape"].split("x"))
-    dtype = common.torch_dtype(case["dtype"])
+    dtype = dtypes.torch_dtype(case["dtype"])
     a = 3 * torch.randn(shape, device=device, dtype=dtype)  # sigmoid's tails too
     b = torch.randn(shape, device=device, dtype=dtype)
     return swiglu.compare(a, b, impl=_compiled(swiglu.silu_mul, case["compiled"]))
@@ -111,7 +112,7 @@ def check_rope(case: dict, device: str) -> list[dict]:
     from lmperf.model import rope_tables
 
     b, h, h_kv, n, d = (int(s) for s in case["shape"].split("x"))
-    dtype = common.torch_dtype(case["dtype"])
+    dtype = dtypes.torch_dtype(case["dtype"])
     q = torch.randn(b, n, h, d, device=device, dtype=dtype).transpose(1, 2)
     k = torch.randn(b, n, h_kv, d, device=device, dtype=dtype).transpose(1, 2)
     cos, sin = (t.to(device) for t in rope_tables(d, n, 10_000.0))
@@ -143,7 +144,7 @@ def check_model(case: dict, device: str) -> list[dict]:
             loss = train.loss(model, x, y)
         loss.backward()
         results[name] = (loss.detach(), [p.grad for p in model.parameters()])
-    dtype = common.torch_dtype(case["dtype"])
+    dtype = dtypes.torch_dtype(case["dtype"])
     ref_loss, ref_grads = results["ref"]
     loss_err = lambda name: float((results[name][0].double() - ref_loss).abs())
     grads_err = lambda name: max(float((g.double() - r).abs().max() / r.abs().max().clamp_min(1e-30))
@@ -162,21 +163,21 @@ def measure_check(case: dict) -> list[dict]:
 
     cuda = torch.cuda.is_available()
     if case["dtype"] == "bf16" and not cuda:
-        raise common.NotRun(BF16_ON_CPU)
+        raise failures.NotRun(BF16_ON_CPU)
     seed = random.randrange(2**31)  # fresh inputs every run; the seed is kept to reproduce them
     torch.manual_seed(seed)
     check = {"rmsnorm": check_rmsnorm, "swiglu": check_swiglu, "rope": check_rope, "model": check_model}[case["impl"]]
     rows = []
     for r in check(case, "cuda" if cuda else "cpu"):
         metric = r.get("metric") or f"{r['quantity']}_max_abs_err"
-        row = common.summarize(metric, "rel" if metric.endswith("_rel_err") else "abs", [r["max_abs_err"]])
+        row = stats.summarize(metric, "rel" if metric.endswith("_rel_err") else "abs", [r["max_abs_err"]])
         row.update(torch_err=r["torch_err"], tolerance=r["tolerance"], passed=r["passed"], seed=seed)
         rows.append(row)
     return rows
 
 
 def main(argv=None):
-    args = common.bench_args(__doc__, argv, studies=("check",), options=jobs.options)
+    args = cli.bench_args(__doc__, argv, studies=("check",), options=jobs.options)
     jobs.run(section="fused", study=args.study, cases=check_cases(args.spec), measure=measure_check,
              args=args, fingerprint={"spec": args.spec}, parallel=True)  # --workers: cases side by side
 

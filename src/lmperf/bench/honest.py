@@ -1,63 +1,14 @@
-"""Honest timing of someone else's code: its outputs checked against the contract (shape, dtype,
-device, no NaN) without costing a timed call anything, its timed outputs checked afterwards
-for a result cached for the same input storage, and its times checked against what is possible:
-none under the roofline floor of its FLOPs and bytes, and none under the device work that the
-profiler records on every stream (work launched on another CUDA stream, which events on the
-caller's stream never wait for) (lmperf.contenders; bench/flash_attention.py)."""
+"""Honest timing of someone else's code: its timed outputs checked afterwards for a result
+cached for the same input storage, and its times checked against what is possible: none under
+the roofline floor of its FLOPs and bytes, and none under the device work that the profiler
+records on every stream (work launched on another CUDA stream, which events on the caller's
+stream never wait for) (lmperf.contenders; bench/flash_attention.py). Its outputs are held to
+the contract as it runs by lmperf.guard."""
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
-from lmperf.bench.failures import NotRun
-
-
-class Wrong(NotRun):
-    """An output that breaks the contract (shape, dtype, device, NaN, a stale result): a `wrong`
-    row. A result about the code under test, not a failure of the job."""
-    status = "wrong"
-
-
-def check_output(out, q, what: str = "output") -> None:
-    """Raise Wrong unless `out` is a tensor like `q` (shape, dtype, device) with no NaN or inf."""
-    import torch
-    if not isinstance(out, torch.Tensor):
-        raise Wrong(f"{what} is a {type(out).__name__}, not a tensor")
-    problems = []
-    if tuple(out.shape) != tuple(q.shape):
-        problems.append(f"shape {tuple(out.shape)} (expected {tuple(q.shape)})")
-    if out.dtype != q.dtype:
-        problems.append(f"dtype {out.dtype} (expected {q.dtype})")
-    if out.device != q.device:
-        problems.append(f"device {out.device} (expected {q.device})")
-    if problems:
-        raise Wrong(f"{what} has " + ", ".join(problems))
-    if not bool(torch.isfinite(out).all()):
-        raise Wrong(f"{what} holds NaN or inf")
-
-
-def guarded(fn: Callable) -> Callable:
-    """fn(q, k, v, is_causal) whose outputs are checked: the first call's wholly
-    (`check_output`: shape, dtype, device, NaN or inf), every later call's shape, dtype and device
-    (metadata: no device work, no synchronisation, so a timed call costs what the contender's
-    own does). The bench checks the outputs of timed calls again afterwards (`stale_output`)."""
-    checked = []
-
-    @functools.wraps(fn)
-    def call(q, k, v, is_causal):
-        import torch
-        out = fn(q, k, v, is_causal)
-        # traced (the leaderboard's harness compiles the call, fullgraph): the metadata alone, which
-        # a trace knows (a NaN test would be a data-dependent branch); the values are checked after
-        # the timed calls (`stale_output`)
-        if checked or torch.compiler.is_compiling():
-            if not (getattr(out, "shape", None) == q.shape and out.dtype == q.dtype and out.device == q.device):
-                check_output(out, q)  # raises Wrong, naming what differs
-            return out
-        check_output(out, q)
-        checked.append(True)
-        return out
-    return call
+from lmperf.guard import check_output
 
 
 # How far an output on the same storage may be from one on a fresh copy of the same contents

@@ -15,7 +15,7 @@ so its imports and compiles are paid once. When a case does not answer within th
 child is killed and the case is a `timeout` row; when the child dies (a segfault, os._exit, an
 illegal memory access) the case is a `crashed` row with the exit code or signal. Either way the
 next case starts in a fresh child. Both are results about the code under test, not failures of
-the job (only `error` fails a job: bench/failures.py). A case that has not answered says so on
+the job (only `error` fails a job: lmperf.failures). A case that has not answered says so on
 stderr (the job's log) every PROGRESS_S.
 
 With `judge`, the child decides nothing: `measure(case)` returns bytes, which go back over the
@@ -33,7 +33,8 @@ import sys
 import time
 from typing import Callable
 
-from lmperf.bench import common
+from lmperf import csv_schema, failures
+from lmperf.bench import loop
 
 PROGRESS_S = 30.0  # a case that has not answered says so this often
 MAX_REPLY_BYTES = 1 << 31  # a longer reply of a child sending bytes (`judge`) is refused as a crash
@@ -41,7 +42,7 @@ MAX_REPLY_BYTES = 1 << 31  # a longer reply of a child sending bytes (`judge`) i
 
 def _serve(module: str, name: str, conn, raw: bool = False) -> None:
     """The child: measure each case it is sent, send its rows (a failure becomes a row here, as
-    in common.run_case) until it is sent None. `raw`: measure returns bytes, sent as they are
+    in loop.run_case) until it is sent None. `raw`: measure returns bytes, sent as they are
     (nothing when it raises), and what the case compiled is kept for the next."""
     import importlib
     measure = importlib.import_module(module)
@@ -63,11 +64,11 @@ def _serve(module: str, name: str, conn, raw: bool = False) -> None:
             conn.send_bytes(payload)
             continue
         try:
-            rows = common.with_clocks(measure, case)  # the clocks of its timed work, read here
+            rows = loop.with_clocks(measure, case)  # the clocks of its timed work, read here
         except Exception as exc:  # a failed case is data
-            status, message = common.classify_failure(exc)
-            rows = [common.failure_row(status, message)]
-        common.clean_device()
+            status, message = failures.classify_failure(exc)
+            rows = [csv_schema.failure_row(status, message)]
+        loop.clean_device()
         conn.send(rows)
 
 
@@ -148,17 +149,17 @@ class Isolated:
             self.proc.join(10)
             code = self.proc.exitcode
             self._kill()
-            return [common.failure_row("crashed", f"{_death(code)} in this case; the next case runs in a "
+            return [csv_schema.failure_row("crashed", f"{_death(code)} in this case; the next case runs in a "
                                                   f"fresh process")]
         if answered:
             return self.judge(case, payload)
         if not self.proc.is_alive():
             code = self.proc.exitcode
             self._kill()
-            return [common.failure_row("crashed", f"{_death(code)} in this case; the next case runs in a "
+            return [csv_schema.failure_row("crashed", f"{_death(code)} in this case; the next case runs in a "
                                                   f"fresh process")]
         self._kill()
-        return [common.failure_row("timeout", f"no answer within {self.time_limit_s:g} s (the time limit per "
+        return [csv_schema.failure_row("timeout", f"no answer within {self.time_limit_s:g} s (the time limit per "
                                               f"case, config contender_time_limit_s); the process was killed")]
 
     def _wait(self, case: dict) -> bool:

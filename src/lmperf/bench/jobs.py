@@ -1,4 +1,4 @@
-"""How a benchmark job runs its cases beyond common.run_cases' loop: in worker processes
+"""How a benchmark job runs its cases beyond loop.run_cases' loop: in worker processes
 (`--workers`, bench/workers.py) and, for a repeat in a fresh process, only some of them
 (`--cases`).
 
@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from lmperf.bench import common, device, workers as worker_processes
+from lmperf.bench import cli, device, loop, workers as worker_processes
 
 
 def options(parser: argparse.ArgumentParser, workers: bool = True) -> None:
@@ -51,7 +51,7 @@ def run(*, section: str, study: str, cases: list[dict], measure: Callable[[dict]
         fingerprint: dict, parallel: bool = False, warm: Callable[[dict], list[dict]] | None = None,
         compiles: Callable[[dict], bool] | None = None, ahead=None,
         prepare: Callable[[list[dict], Callable[[str], None]], None] | None = None):
-    """common.run_cases over the cases of `cases` that args.cases selects, with the job's
+    """loop.run_cases over the cases of `cases` that args.cases selects, with the job's
     workers (args.workers): `parallel`, the cases measured in them (a check); or `warm` run
     first in them on the cases that `compiles` (a timing job), those the journal already holds
     left out. `ahead(cases)`: a context manager measuring the selected cases the journal does not
@@ -67,10 +67,10 @@ def run(*, section: str, study: str, cases: list[dict], measure: Callable[[dict]
         cases = select(cases, args.cases)
     except ValueError as exc:
         raise SystemExit(f"error: --cases: {exc}") from None
-    run_cases = lambda measure: common.run_cases(section=section, study=study, cases=cases, measure=measure,
+    run_cases = lambda measure: loop.run_cases(section=section, study=study, cases=cases, measure=measure,
                                                  out_csv=args.out, hw=args.hw, log_path=args.log,
                                                  fingerprint=fingerprint)
-    progress = lambda: common.Progress(f"{section}/{study}", len(cases), args.log)
+    progress = lambda: loop.Progress(f"{section}/{study}", len(cases), args.log)
     if ahead is not None:
         done, _ = worker_processes.journalled(args.out)
         with ahead([c for c in cases if c["case_id"] not in done]) as measure_ahead:
@@ -82,7 +82,7 @@ def run(*, section: str, study: str, cases: list[dict], measure: Callable[[dict]
                 return run_cases(worker_processes.Ahead(pool, cases, Path(args.out)))
         finally:
             log.close()
-    warming = device.warming()  # a job that warms beside others (common.bench_args' `warms`): alone next
+    warming = device.warming()  # a job that warms beside others (cli.bench_args' `warms`): alone next
     if warming or (n > 1 and warm is not None):
         done, _ = worker_processes.journalled(args.out)
         todo = [c for c in cases if c["case_id"] not in done]

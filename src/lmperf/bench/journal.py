@@ -8,7 +8,7 @@
 
 A rerun reuses the rows of finished cases and measures the rest. A `start` that neither `done`
 nor `interrupted` follows is a death: the process died in the case (an illegal memory access, a
-kill -9); common.run_cases records a case that died twice as an error instead of a third try.
+kill -9); loop.run_cases records a case that died twice as an error instead of a third try.
 Ctrl-C (SIGINT) and SIGTERM are interruptions, never deaths (interrupts_raise).
 
 A journal written for another grid or library version, or by other code (another commit, or

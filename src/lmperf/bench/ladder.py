@@ -49,8 +49,8 @@ from __future__ import annotations
 import threading
 import time
 
-from lmperf import contenders, train
-from lmperf.bench import common, e2e, float8, flop_count, isolation, jobs, memory_fit, profile, timing
+from lmperf import contenders, csv_schema, failures, stats, train
+from lmperf.bench import cli, e2e, float8, flop_count, isolation, jobs, memory_fit, profile, timing
 
 # The rungs before the longer contexts, in order: (rung, what changes, the case keys it sets,
 # whether it needs CUDA). The base is the assignment's model and optimizer in fp32, eager.
@@ -171,10 +171,10 @@ def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dic
 
 def floors_rows(spec: dict) -> list[dict]:
     rates = timing.device_rates(spec["floors"]["gemm_size"], spec["floors"]["copy_mib"])
-    return [common.summarize_quantiles("copy_ms", "ms", *rates["copy_ms"]),
-            common.summarize("copy_gb_per_s", "GB/s", [rates["copy_bytes_per_s"] / 1e9]),
-            common.summarize_quantiles("bf16_matmul_ms", "ms", *rates["gemm_ms"]),
-            common.summarize("bf16_matmul_tflops", "TFLOP/s", [rates["matmul_flops_per_s"] / 1e12])]
+    return [stats.summarize_quantiles("copy_ms", "ms", *rates["copy_ms"]),
+            stats.summarize("copy_gb_per_s", "GB/s", [rates["copy_bytes_per_s"] / 1e9]),
+            stats.summarize_quantiles("bf16_matmul_ms", "ms", *rates["gemm_ms"]),
+            stats.summarize("bf16_matmul_tflops", "TFLOP/s", [rates["matmul_flops_per_s"] / 1e12])]
 
 
 def phase_floors(cfg, case: dict, spec: dict) -> list[dict]:
@@ -187,10 +187,10 @@ def phase_floors(cfg, case: dict, spec: dict) -> list[dict]:
     tokens = case["batch_size"] * case["context"] * case.get("micro_batches", 1)
     forward = flops_per_token(cfg, case["context"], "forward") * tokens
     floor = lambda work, rate: [1e3 * work / rate]
-    return [common.summarize("optimizer_floor_ms", "ms",
+    return [stats.summarize("optimizer_floor_ms", "ms",
                              floor(optimizer_bytes(cfg, case["optimizer"]), rates["copy_bytes_per_s"])),
-            common.summarize("forward_floor_ms", "ms", floor(forward, rates["matmul_flops_per_s"])),
-            common.summarize("backward_floor_ms", "ms", floor(2 * forward, rates["matmul_flops_per_s"]))]
+            stats.summarize("forward_floor_ms", "ms", floor(forward, rates["matmul_flops_per_s"])),
+            stats.summarize("backward_floor_ms", "ms", floor(2 * forward, rates["matmul_flops_per_s"]))]
 
 
 def optimizer_bytes(cfg, optimizer: str) -> int:
@@ -218,11 +218,11 @@ def flop_rows(cfg, case: dict, dims: dict, device: str) -> list[dict]:
         counted = flop_count.count_step(case, dims, device)
         note = ""
     except Exception as exc:  # noqa: BLE001
-        counted, note = {"total": float("nan"), "attention": float("nan")}, "count failed: " + common.classify_failure(exc)[1]
-    rows = [common.summarize("counted_flops", "FLOP", [counted["total"]]),
-            common.summarize("counted_attention_flops", "FLOP", [counted["attention"]]),
-            common.summarize("closed_form_flops", "FLOP", [flops_per_token(cfg, case["context"], "train") * tokens]),
-            common.summarize("closed_form_attention_flops", "FLOP",
+        counted, note = {"total": float("nan"), "attention": float("nan")}, "count failed: " + failures.classify_failure(exc)[1]
+    rows = [stats.summarize("counted_flops", "FLOP", [counted["total"]]),
+            stats.summarize("counted_attention_flops", "FLOP", [counted["attention"]]),
+            stats.summarize("closed_form_flops", "FLOP", [flops_per_token(cfg, case["context"], "train") * tokens]),
+            stats.summarize("closed_form_attention_flops", "FLOP",
                              [closed_form_attention(cfg, case["context"], "train") * tokens])]
     return [{**r, "message": note} for r in rows]
 
@@ -239,7 +239,7 @@ def model_changes(case: dict):
         try:
             fused.kernels(*patch)
         except fused.MissingPackage as exc:
-            raise common.NotRun(str(exc)) from None
+            raise failures.NotRun(str(exc)) from None
     convert = float8.training(recipe) if recipe != "none" else None
 
     def change(model) -> None:
@@ -257,7 +257,7 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
     cuda = torch.cuda.is_available()
     change = model_changes(case)
     if case["needs_cuda"] and not cuda:
-        raise common.NotRun("needs CUDA")
+        raise failures.NotRun("needs CUDA")
     if case["name"] == "floors":
         return floors_rows(spec)
     device = "cuda" if cuda else "cpu"
@@ -284,7 +284,7 @@ def measure(case: dict, dims: dict, spec: dict) -> list[dict]:
             rows += kernel_time
             idle = {"gpu_idle_pct": profile.idle_share(rows, busy)}
         except Exception as exc:  # noqa: BLE001  (the timings stand without it)
-            backend = "unknown (" + common.classify_failure(exc)[1][:80] + ")"
+            backend = "unknown (" + failures.classify_failure(exc)[1][:80] + ")"
         rows = [{**r, **idle} for r in rows]
     del model, optimizer
     rows += flop_rows(cfg, case, dims, device)
@@ -327,13 +327,13 @@ def warm(case: dict) -> list[dict]:
     dims = {k: case[k] for k in DIM_KEYS} | {"n_layers": min(WARM_LAYERS, case["n_layers"])}
     change = model_changes(case)
     if case["needs_cuda"] and not torch.cuda.is_available():
-        raise common.NotRun("needs CUDA")
+        raise failures.NotRun("needs CUDA")
     with train.matmul_precision(case["tf32"]):
         cfg, model, optimizer, inputs, targets, autocast = train.setup(case, dims)
         change(model)
         train.step(model, optimizer, inputs, targets, autocast, train.nothing, case["micro_batches"])
     timing.synchronizer()()
-    return [{**common.failure_row("ok", ""), "metric": "compiled"}]
+    return [{**csv_schema.failure_row("ok", ""), "metric": "compiled"}]
 
 
 def count_ahead(cases: list[dict], dims: dict) -> None:
@@ -356,7 +356,7 @@ def measure_isolated(case: dict) -> list[dict]:
     case = {k: v for k, v in case.items() if k not in ("_dims", "_spec", "warm_only")}
     if not warm_only:
         return measure(case, dims, spec)
-    rows = warm(case) if compiles(case) else [{**common.failure_row("ok", ""), "metric": "compiled"}]
+    rows = warm(case) if compiles(case) else [{**csv_schema.failure_row("ok", ""), "metric": "compiled"}]
     count_ahead([case], dims)
     return rows
 
@@ -378,7 +378,7 @@ def prepare(todo: list[dict], say, isolated, dims: dict, spec: dict, rivals: set
 
 def main(argv=None):
     # spec: settings and model dims; --cases: rungs alone (bench/jobs.py); --workers: `warm` first
-    args = common.bench_args(__doc__, argv, size=True, options=jobs.options, warms=True)
+    args = cli.bench_args(__doc__, argv, size=True, options=jobs.options, warms=True)
     import torch
 
     contenders.register_or_exit(args.spec.get("contenders"))  # the model can use them; workers inherit them

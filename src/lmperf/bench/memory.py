@@ -14,8 +14,8 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from lmperf import train
-from lmperf.bench import common, timing
+from lmperf import stats, train
+from lmperf.bench import cli, loop, timing
 
 TIMELINE_POINTS = 400
 TOP_ALLOCATIONS = 8
@@ -132,24 +132,24 @@ def measure(case: dict, dims: dict, html_dir: Path) -> list[dict]:
     active = [baseline + a for a in timeline(trace)]
     rows = []
     if cuda:
-        rows.append(common.summarize("peak_allocated_mib", "MiB", [torch.cuda.max_memory_allocated() / 2**20]))
-        rows.append(common.summarize("peak_reserved_mib", "MiB", [torch.cuda.max_memory_reserved() / 2**20]))
+        rows.append(stats.summarize("peak_allocated_mib", "MiB", [torch.cuda.max_memory_allocated() / 2**20]))
+        rows.append(stats.summarize("peak_reserved_mib", "MiB", [torch.cuda.max_memory_reserved() / 2**20]))
     else:
-        row = common.summarize("peak_allocated_mib", "MiB", [max(active, default=0) / 2**20])
+        row = stats.summarize("peak_allocated_mib", "MiB", [max(active, default=0) / 2**20])
         row["message"] = "allocations made during the step only (CPU: no baseline, no reserved memory)"
         rows.append(row)
-    row = common.summarize("timeline_mib", "MiB", [a / 2**20 for a in downsample(active)])
+    row = stats.summarize("timeline_mib", "MiB", [a / 2**20 for a in downsample(active)])
     row["message"] = f"{len(trace)} events, max of each of {min(len(active), TIMELINE_POINTS)} buckets"
     rows.append(row)
     # One residual-stream activation: batch x context x d_model, fp32 (the residual add promotes
     # to fp32 under autocast too, since the embedding output is fp32).
     residual = case["batch_size"] * case["context"] * cfg.d_model * 4
-    row = common.summarize("residual_stream_mib", "MiB", [residual / 2**20])
+    row = stats.summarize("residual_stream_mib", "MiB", [residual / 2**20])
     matching = sum(1 for e in trace if e["action"] == "alloc" and e["size"] == residual)
     row.update(matching_allocations=matching, n_layers=cfg.n_layers)
     rows.append(row)
     for rank, a in enumerate(largest(trace), 1):
-        row = common.summarize("allocation_mib", "MiB", [a["bytes"] / 2**20])
+        row = stats.summarize("allocation_mib", "MiB", [a["bytes"] / 2**20])
         row.update(rank=rank, made_by=a["made_by"], category=a["category"])
         rows.append(row)
     html_dir.mkdir(parents=True, exist_ok=True)
@@ -158,9 +158,9 @@ def measure(case: dict, dims: dict, html_dir: Path) -> list[dict]:
 
 
 def main(argv=None):
-    args = common.bench_args(__doc__, argv)  # spec: size, contexts, modes, dtypes and the model dims
+    args = cli.bench_args(__doc__, argv)  # spec: size, contexts, modes, dtypes and the model dims
     html_dir = args.out.parent / "html"
-    common.run_cases(section="memory", study="memory", cases=cases(args.spec),
+    loop.run_cases(section="memory", study="memory", cases=cases(args.spec),
                      measure=lambda case: measure(case, args.spec["model"], html_dir), out_csv=args.out,
                      hw=args.hw, log_path=args.log, fingerprint={"spec": args.spec})
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import gc
 import math
 
-from lmperf import train
-from lmperf.bench import common, e2e
+from lmperf import failures, stats, train
+from lmperf.bench import e2e
 
 
 def one_step_peak_mib(model, optimizer, inputs, targets, autocast, micro_batches: int = 1) -> float | None:
@@ -53,7 +53,7 @@ def time_or_oom(case: dict, cfg, model, optimizer, inputs, targets, autocast,
     try:
         return e2e.time_steps(case, cfg, model, optimizer, inputs, targets, autocast, idle=idle), ""
     except torch.OutOfMemoryError as exc:
-        message = common.classify_failure(exc)[1]
+        message = failures.classify_failure(exc)[1]
     # out of the except block: the failed steps' tensors are no longer referenced
     optimizer.zero_grad(set_to_none=True)
     gc.collect()
@@ -82,7 +82,7 @@ def time_first_that_fits(tries: list[tuple[dict, dict, str]], memory_budget: flo
         if cuda:
             trial_steps = 1 if optimizer.state else 2  # one_step_peak_mib's steps
             peak = one_step_peak_mib(model, optimizer, inputs, targets, autocast, case["micro_batches"])
-            rows.append({**common.summarize("trial_peak_allocated_mib", "MiB", [math.nan if peak is None else peak]),
+            rows.append({**stats.summarize("trial_peak_allocated_mib", "MiB", [math.nan if peak is None else peak]),
                          **keys, "message": "oom" if peak is None else
                          "" if peak <= budget_mib else f"over the budget of {budget_mib:,.0f} MiB"})
             if peak is None or peak > budget_mib:
@@ -93,7 +93,7 @@ def time_first_that_fits(tries: list[tuple[dict, dict, str]], memory_budget: flo
         if timed is not None:
             return case, rows, timed
         value = float(next(iter(keys.values())))  # the try's own setting: k, or the micro-batch size
-        rows.append({**common.summarize("timed_steps_oom", "setting", [value]), **keys,
+        rows.append({**stats.summarize("timed_steps_oom", "setting", [value]), **keys,
                      "message": f"timed steps out of memory {what}: {message}"[:300]})
     raise torch.OutOfMemoryError(f"out of memory: none of {[what for _, _, what in tries]} fits under "
                                  f"{budget_mib:,.0f} MiB")
@@ -113,8 +113,8 @@ def time_checkpointed(case: dict, spec: dict, cfg, model, optimizer, inputs, tar
     case, tried, timed = time_first_that_fits(tries, spec["checkpoint"]["memory_budget"], cfg, model, optimizer,
                                               inputs, targets, autocast, idle)
     every = case["checkpoint_every"]
-    return case, tried + [common.summarize("checkpoint_every", "blocks", [every]),
-                          common.summarize("checkpointed_blocks", "blocks",
+    return case, tried + [stats.summarize("checkpoint_every", "blocks", [every]),
+                          stats.summarize("checkpointed_blocks", "blocks",
                                            [len(range(0, cfg.n_layers, every))])] + timed
 
 
@@ -160,7 +160,7 @@ def time_micro_batched(case: dict, spec: dict, cfg, model, optimizer, inputs, ta
         keys = {"batch_size": size, "micro_batches": global_batch // size}
         why = known_not_to_fit(case, size)
         if why:
-            skipped.append({**common.summarize("trial_peak_allocated_mib", "MiB", [math.nan]), **keys, "message": why})
+            skipped.append({**stats.summarize("trial_peak_allocated_mib", "MiB", [math.nan]), **keys, "message": why})
         else:
             tries.append(({**case, **keys}, keys, f"in micro-batches of {size}"))
     if not tries:
@@ -177,4 +177,4 @@ def time_micro_batched(case: dict, spec: dict, cfg, model, optimizer, inputs, ta
     finally:
         if "context" in case:
             DID_NOT_FIT.extend((settings(case), case["context"], s, case.get("name", "")) for s in failed)
-    return chosen, skipped + tried + [common.summarize("micro_batch_size", "sequences", [chosen["batch_size"]])] + timed
+    return chosen, skipped + tried + [stats.summarize("micro_batch_size", "sequences", [chosen["batch_size"]])] + timed

@@ -4,7 +4,8 @@
 """
 from __future__ import annotations
 
-from lmperf.bench import common
+from lmperf import dtypes, stats
+from lmperf.bench import cli, loop
 
 
 ADDITIONS, ADDEND = 1000, 0.01
@@ -28,7 +29,7 @@ def accumulation() -> list[dict]:
     rows = []
     for name, acc, addend, upcast in variants:
         value = run(acc, addend, upcast)
-        row = common.summarize("sum", "value", [value])
+        row = stats.summarize("sum", "value", [value])
         row.update(variant=name, exact=repr(value), error=value - ADDITIONS * ADDEND,
                    additions=ADDITIONS, addend=ADDEND)
         rows.append(row)
@@ -58,7 +59,7 @@ def autocast_dtypes(device: str, dtype_name: str) -> list[dict]:
             seen["logits"] = x.dtype
             return x, seen
 
-    dtype = common.torch_dtype(dtype_name)
+    dtype = dtypes.torch_dtype(dtype_name)
     model = ToyModel().to(device)
     x = torch.randn(4, 16, device=device)
     y = torch.randint(8, (4,), device=device)
@@ -70,7 +71,7 @@ def autocast_dtypes(device: str, dtype_name: str) -> list[dict]:
              "loss": {loss.dtype}, "gradients": {p.grad.dtype for p in model.parameters()}}
     rows = []
     for tensor, dtypes in found.items():
-        row = common.summarize("dtype", "", [])
+        row = stats.summarize("dtype", "", [])
         row.update(tensor=tensor, dtype=", ".join(sorted(str(d).replace("torch.", "") for d in dtypes)))
         rows.append(row)
     return rows
@@ -96,8 +97,8 @@ def measure(case: dict) -> list[dict]:
 
 
 def main(argv=None):
-    args = common.bench_args(__doc__, argv, spec=False, shares_device=True)  # numerics, not timings
-    common.run_cases(section="precision", study="precision", cases=cases(), measure=measure,
+    args = cli.bench_args(__doc__, argv, spec=False, shares_device=True)  # numerics, not timings
+    loop.run_cases(section="precision", study="precision", cases=cases(), measure=measure,
                      out_csv=args.out, hw=args.hw, log_path=args.log, fingerprint={})
 
 

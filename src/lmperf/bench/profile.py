@@ -13,8 +13,8 @@ import contextlib
 import math
 import re
 
-from lmperf import train
-from lmperf.bench import common, timing
+from lmperf import stats, train
+from lmperf.bench import cli, loop, timing
 
 PHASES = ("forward", "backward", "optimizer")
 ATTENTION_PARTS = ("attention.scores", "attention.softmax", "attention.values")
@@ -46,7 +46,7 @@ def kernel_times(prof, cuda: bool) -> dict[str, tuple[float, int]]:
         if is_annotation(e.key) or getattr(e, "is_user_annotation", False):
             continue
         if cuda:
-            if not common.is_device_work(e):
+            if not timing.is_device_work(e):
                 continue
             t = e.self_device_time_total
         else:
@@ -135,7 +135,7 @@ def measure(case: dict, models: dict) -> list[dict]:
     for phase, kernels in per_phase.items():
         phase_us = sum(t for t, _ in kernels.values())
         for name, (t, calls) in sorted(kernels.items(), key=lambda kv: -kv[1][0]):
-            row = common.summarize("kernel_us_per_step", "us", [t / steps])
+            row = stats.summarize("kernel_us_per_step", "us", [t / steps])
             row.update(phase=phase, kernel=name, category=category(name), calls_per_step=calls / steps,
                        share=t / phase_us if phase_us else float("nan"))
             rows.append(row)
@@ -143,7 +143,7 @@ def measure(case: dict, models: dict) -> list[dict]:
     for name in ATTENTION_PARTS:
         if name in parts:
             us = parts[name] / steps
-            row = common.summarize("attention_part_us_per_step", "us", [us])
+            row = stats.summarize("attention_part_us_per_step", "us", [us])
             row.update(phase="forward", kernel=name, category="attention part", flops=flops[name],
                        tflops=flops[name] / (us * 1e-6) / 1e12 if us else float("nan"))
             rows.append(row)
@@ -177,7 +177,7 @@ def kernel_rows(kernels: dict[str, tuple[float, int]]) -> list[dict]:
             attention += t
         elif category(name) == "matmul":
             matmul += t
-    return [common.summarize(metric, "ms", [us / 1e3]) for metric, us in
+    return [stats.summarize(metric, "ms", [us / 1e3]) for metric, us in
             (("step_kernel_ms", total), ("step_matmul_kernel_ms", matmul), ("step_attention_kernel_ms", attention))]
 
 
@@ -214,8 +214,8 @@ def idle_share(rows: list[dict], busy_ms: float) -> float:
 
 
 def main(argv=None):
-    args = common.bench_args(__doc__, argv)  # spec: cases, dtypes, steps and the model dims
-    common.run_cases(section="profile", study="profile", cases=cases(args.spec),
+    args = cli.bench_args(__doc__, argv)  # spec: cases, dtypes, steps and the model dims
+    loop.run_cases(section="profile", study="profile", cases=cases(args.spec),
                      measure=lambda case: measure(case, args.spec["models"]), out_csv=args.out,
                      hw=args.hw, log_path=args.log, fingerprint={"spec": args.spec})
 

@@ -28,7 +28,7 @@ for a small memory-bound kernel that do_bench times with a cold L2 the share is 
 Every timer that times a case's work (sample_until, the do_bench family, bench_calls,
 bench_graph) runs it inside `window()`, which reads the GPU's SM clock, memory clock, power and
 temperature (bench/energy.py's `reading`, through NVML) before the first timed work of a case
-starts and after the last ends, outside the clock. common.run_case collects them per case
+starts and after the last ends, outside the clock. loop.run_case collects them per case
 (`recording`) into every row of the case: `sm_clock_mhz_start`, `sm_clock_mhz_end`, ...
 (`CLOCK_COLUMNS`), empty without CUDA and in a case that timed nothing (a correctness check).
 lmperf does not lock the clocks: these say at what clocks a row ran.

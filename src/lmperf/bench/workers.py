@@ -27,11 +27,11 @@ them side by side. So a check's cases run in the workers, a timing job's compile
 
 The journal stays the parent's
 ------------------------------
-`Ahead` is a `measure` for common.run_cases: the loop, its journal, its failure rows and its
+`Ahead` is a `measure` for loop.run_cases: the loop, its journal, its failure rows and its
 interrupts are the serial job's. It hands the cases the loop has still to measure (in order) to
 the workers ahead of the loop and gives each case's rows back when the loop reaches it, so the
 journal records exactly what it records in a serial run: a case started when the loop reaches
-it, done with its rows (the worker ran it through common.run_case: a compile failure retried in
+it, done with its rows (the worker ran it through loop.run_case: a compile failure retried in
 a fresh cache, a failure a row), interrupted by Ctrl-C or SIGTERM (the workers stop with the
 parent). The parent does no device work, so a death the journal counts is still the death of
 the job with that case open. A worker that dies in a case (an illegal memory access) is not the
@@ -61,7 +61,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Callable
 
-from lmperf.bench import common, device
+from lmperf.bench import device, loop
 
 DEATHS = 2  # a case whose worker died this many times is an error row, as in a serial job
 
@@ -81,7 +81,7 @@ def qualified_name(fn: Callable) -> tuple[str, str]:
 
 
 class _Unjournalled:
-    """What common.run_case needs of a journal, in a worker: the parent keeps the journal."""
+    """What loop.run_case needs of a journal, in a worker: the parent keeps the journal."""
 
     def deaths(self, case_id: str) -> int:
         return 0
@@ -101,7 +101,7 @@ class _ToParent:
 
 
 def serve(conn, module: str, name: str, workers: int = 1, warming: bool = False) -> None:
-    """A worker's loop: receive a case, run it through common.run_case with `module.name` as its
+    """A worker's loop: receive a case, run it through loop.run_case with `module.name` as its
     measure, send its rows back; stop at None or when the parent is gone. Inductor compiles in
     this worker's share of the CPU cores (it starts a pool of compile processes of the machine's
     size in every process otherwise); `warming`: compile only, leaving the kernels'
@@ -122,7 +122,7 @@ def serve(conn, module: str, name: str, workers: int = 1, warming: bool = False)
         if case is None:
             return
         try:
-            conn.send(("rows", common.run_case(case, measure, _Unjournalled(), _ToParent(conn))))
+            conn.send(("rows", loop.run_case(case, measure, _Unjournalled(), _ToParent(conn))))
         except (BrokenPipeError, ConnectionResetError):
             return  # the parent is gone (killed): nothing to send the rows to
 
@@ -214,7 +214,7 @@ class Pool:
 
 
 def journal_path(out_csv: Path) -> Path:
-    """Where common.run_cases keeps the journal of `out_csv` (bench/journal.py's Journal)."""
+    """Where loop.run_cases keeps the journal of `out_csv` (bench/journal.py's Journal)."""
     out_csv = Path(out_csv)
     return out_csv.parent / ".journal" / (out_csv.name + ".jsonl")
 
@@ -244,7 +244,7 @@ class WorkerDied(RuntimeError):
 
 
 class Ahead:
-    """A `measure(case)` for common.run_cases that runs the loop's cases ahead of it in `pool`'s
+    """A `measure(case)` for loop.run_cases that runs the loop's cases ahead of it in `pool`'s
     workers (module docstring). The first call reads the journal run_cases has just opened, so
     that the cases it resumes or has given up on (died twice) are not run again."""
 

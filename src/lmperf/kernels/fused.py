@@ -30,7 +30,8 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from lmperf.model import Block, CausalSelfAttention, SwiGLU, TransformerLM, apply_rope
+from lmperf.kernels.rope_contract import apply_rope
+from lmperf.model import Block, CausalSelfAttention, SwiGLU, TransformerLM
 
 IMPLS = ("ours", "liger")
 PARTS = ("rmsnorm", "swiglu", "rope")

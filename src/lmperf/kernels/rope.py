@@ -23,6 +23,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from lmperf.kernels.attention_contract import tolerance
+from lmperf.kernels.rope_contract import apply_rope
 from lmperf.kernels.triton_op import INTERPRET, cdiv, check_device, next_pow2, num_warps, register
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -147,9 +148,8 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
 
 
 def reference(x, cos, sin):
-    """lmperf.model.apply_rope (in x's dtype, with the tables' dtype where they meet)."""
-    from lmperf.model import apply_rope
-
+    """The model's rotation, rope_contract.apply_rope (in x's dtype, with the tables' dtype where
+    they meet)."""
     return apply_rope(x, cos, sin)
 
 

@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from lmperf.bench import common, jobs
+from lmperf.bench import cli, jobs, loop
 from lmperf.bench.distributed import allreduce, ddp
 from lmperf.bench.distributed.ranks import follow, init_ranks, lead
 
@@ -43,7 +43,7 @@ def options(p) -> None:
 
 
 def main(argv=None):
-    args = common.bench_args(__doc__, argv, studies=STUDIES, options=options)
+    args = cli.bench_args(__doc__, argv, studies=STUDIES, options=options)
     make_cases, measure, to_rows = STUDIES[args.study]
     try:  # on every rank, before they join: a pattern that selects nothing stops them all
         cases = jobs.select(make_cases(args.spec, int(os.environ.get("WORLD_SIZE", "1"))), args.cases)
@@ -53,7 +53,7 @@ def main(argv=None):
     measure_local = lambda case, ranks: measure(case, ranks, args.spec)
     try:
         if ranks.rank == 0:
-            common.run_cases(section=SECTION, study=args.study, cases=cases,
+            loop.run_cases(section=SECTION, study=args.study, cases=cases,
                              measure=lead(ranks, measure_local, to_rows), out_csv=args.out,
                              hw=args.hw, log_path=args.log,
                              fingerprint={"spec": args.spec, "world_size": ranks.world})

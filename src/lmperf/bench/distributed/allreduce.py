@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-from lmperf import hardware
-from lmperf.bench import common, timing
+from lmperf import failures, hardware, stats
+from lmperf.bench import timing
 from lmperf.bench.distributed.ranks import Ranks
 
 MB = 10**6  # message sizes and bandwidths are decimal, as in nccl-tests: 1 MB = 1e6 bytes, GB/s = 1e9 B/s
@@ -43,9 +43,9 @@ def measure_local(case: dict, ranks: Ranks, spec: dict) -> dict:
     if case["kind"] == "link":
         return link_rows() if ranks.rank == 0 else {}
     if ranks.world == 1:
-        raise common.NotRun("an all-reduce needs 2 or more processes")
+        raise failures.NotRun("an all-reduce needs 2 or more processes")
     if case["backend"] == "nccl" and not ranks.nccl:
-        raise common.NotRun(ranks.needs_gpus())
+        raise failures.NotRun(ranks.needs_gpus())
     device = f"cuda:{ranks.local_rank}" if case["backend"] == "nccl" else "cpu"
     sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
     x = torch.ones(case["size_mb"] * MB // 4, dtype=torch.float32, device=device)
@@ -72,7 +72,7 @@ def link_rows() -> dict:
     name = torch.cuda.get_device_name(0)
     rows = []
     for source, gbps, how in hardware.link_peaks(name):
-        row = common.summarize(f"link_peak_{source}_gbps", "GB/s", [gbps])
+        row = stats.summarize(f"link_peak_{source}_gbps", "GB/s", [gbps])
         row["message"] = how
         rows.append(row)
     return {"rows": rows, "why": f"no topology from nvidia-smi and no datasheet entry for {name!r}"}
@@ -82,12 +82,12 @@ def rows(case: dict, results: list) -> list[dict]:
     if case["kind"] == "link":
         link = results[0]["rows"]
         if not link:
-            raise common.NotRun("no GPU link to report here: " + results[0]["why"])
+            raise failures.NotRun("no GPU link to report here: " + results[0]["why"])
         return link
     # an all-reduce is done when the slowest rank is done: per iteration, the max over ranks
     seconds = [max(ts) for ts in zip(*(r["seconds"] for r in results))]
     nbytes, n = case["size_mb"] * MB, case["world_size"]
     algbw = [nbytes / s / 1e9 for s in seconds]
-    return [common.summarize("time_ms", "ms", [s * 1e3 for s in seconds]),
-            common.summarize("algbw_gbps", "GB/s", algbw),
-            common.summarize("busbw_gbps", "GB/s", [bus_bandwidth(a, n) for a in algbw])]
+    return [stats.summarize("time_ms", "ms", [s * 1e3 for s in seconds]),
+            stats.summarize("algbw_gbps", "GB/s", algbw),
+            stats.summarize("busbw_gbps", "GB/s", [bus_bandwidth(a, n) for a in algbw])]

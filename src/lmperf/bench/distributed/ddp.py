@@ -12,7 +12,8 @@ import contextlib
 import json
 import time
 
-from lmperf.bench import common, timing
+from lmperf import failures, stats
+from lmperf.bench import timing
 from lmperf.bench.distributed.comm import profiled_comm
 from lmperf.bench.distributed.ranks import Ranks
 
@@ -110,7 +111,7 @@ def build(variant: str, cfg, device, world: int, bucket_cap_mb: float | None, op
     if variant not in VARIANTS and contender is None:
         raise ValueError(f"variant {variant!r}; choose one of {VARIANTS}")
     if variant == "ddp_bf16" and torch.device(device).type != "cuda":
-        raise common.Unsupported("DDP's bf16 all-reduce (bf16_compress_hook) needs NCCL on GPUs: Gloo has no bf16 "
+        raise failures.Unsupported("DDP's bf16 all-reduce (bf16_compress_hook) needs NCCL on GPUs: Gloo has no bf16 "
                                  "all-reduce")
     model = train.build_model(cfg, device)
     if compiled:
@@ -119,7 +120,7 @@ def build(variant: str, cfg, device, world: int, bucket_cap_mb: float | None, op
         return contender_build(contender, model, world, optimizer, bucket_cap_mb)
     if optimizer == "master":
         if variant != "single":
-            raise common.Unsupported(f"optimizer 'master' (MasterWeightAdamW) with variant {variant!r}: its "
+            raise failures.Unsupported(f"optimizer 'master' (MasterWeightAdamW) with variant {variant!r}: its "
                                      "gradients go into its own fp32 sums, which no engine here reduces")
         return model, train.make_optimizer(model, "master"), None
     optimizer_class, optimizer_kwargs = ((torch.optim.AdamW, train.adamw_options(optimizer))
@@ -311,7 +312,7 @@ def train_device(ranks: Ranks) -> str:
 
     if torch.cuda.is_available():
         if ranks.world > 1 and not ranks.nccl:
-            raise common.NotRun(ranks.needs_gpus())
+            raise failures.NotRun(ranks.needs_gpus())
         return f"cuda:{ranks.local_rank}"
     return "cpu"  # a CPU-only machine trains on its CPU over Gloo (the smoke run)
 
@@ -322,8 +323,7 @@ def measure_local(case: dict, ranks: Ranks, spec: dict) -> dict:
     first's names cannot be imported into these ranks: its variants say so)."""
     if not case.get("contender"):
         return _measure_local(case, ranks, spec)
-    from lmperf import contenders
-    from lmperf.bench import failures
+    from lmperf import contenders, failures
     try:
         return _measure_local(case, ranks, spec)
     except failures.NotRun:
@@ -401,22 +401,22 @@ def rows(case: dict, results: list) -> list[dict]:
     phases = lead_rank["phases_ms"]
     step_ms = [sum(ts) for ts in zip(*phases.values())]
     tokens = case["global_batch"] * case["context"]
-    rows = [common.summarize(f"{p}_ms", "ms", xs) for p, xs in phases.items()]
-    rows.append(common.summarize("step_ms", "ms", step_ms))
-    rows.append(common.summarize("tokens_per_s", "tokens/s", [tokens / (s / 1e3) for s in step_ms]))
+    rows = [stats.summarize(f"{p}_ms", "ms", xs) for p, xs in phases.items()]
+    rows.append(stats.summarize("step_ms", "ms", step_ms))
+    rows.append(stats.summarize("tokens_per_s", "tokens/s", [tokens / (s / 1e3) for s in step_ms]))
     per_rank = lambda key: [r[key] for r in results]
     for key in ("param_mib", "grad_mib", "optimizer_state_mib", "peak_allocated_mib"):
         if key in lead_rank:
-            rows.append(common.summarize(key, "MiB", per_rank(key)))
+            rows.append(stats.summarize(key, "MiB", per_rank(key)))
     if "peak_allocated_mib" in lead_rank:
         rest = [r["peak_allocated_mib"] - r["param_mib"] - r["grad_mib"] - r["optimizer_state_mib"]
                 for r in results]
-        row = common.summarize("activations_mib", "MiB", rest)
+        row = stats.summarize("activations_mib", "MiB", rest)
         row["message"] = "peak allocated less parameters, gradients and optimizer state (buffers included)"
         rows.append(row)
     for key in ("comm_ms", "exposed_comm_ms", "compute_ms"):
         if key in lead_rank:
-            rows.append(common.summarize(key, "ms", per_rank(key)))
+            rows.append(stats.summarize(key, "ms", per_rank(key)))
     return rows
 
 

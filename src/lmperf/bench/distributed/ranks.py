@@ -1,6 +1,6 @@
 """The rank protocol of the distributed section: who this process is in the job torchrun started,
 and how rank 0 hands each case to the other ranks and gathers their results over a Gloo control
-group. Rank 0 runs the harness (journal, failures as rows, the atomic CSV: common.run_cases);
+group. Rank 0 runs the harness (journal, failures as rows, the atomic CSV: loop.run_cases);
 every rank measures."""
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from lmperf.bench import common
+from lmperf import failures
+from lmperf.bench import loop
 
 
 @dataclass
@@ -66,7 +67,7 @@ def init_ranks(timeout_s: float) -> Ranks:
     return Ranks(rank, world, local, nccl, gpus, dist.new_group(backend="gloo"))
 
 
-class RankFailure(common.NotRun):
+class RankFailure(failures.NotRun):
     """A case failed on some rank: its status (oom, error, skipped) and message become the row."""
 
     def __init__(self, status: str, message: str):
@@ -80,7 +81,7 @@ def run_everywhere(case: dict, ranks: Ranks, measure_local: Callable) -> list:
     try:
         outcome = ("ok", measure_local(case, ranks))
     except Exception as exc:  # a failed case is data; keep only its text (not the frames' tensors)
-        outcome = ("failed", common.classify_failure(exc))
+        outcome = ("failed", failures.classify_failure(exc))
     outcomes = ranks.gather(outcome)
     for rank, (kind, result) in enumerate(outcomes):
         if kind == "failed":
@@ -102,4 +103,4 @@ def follow(ranks: Ranks, measure_local: Callable) -> None:
     while (case := ranks.broadcast(None)) is not None:
         with contextlib.suppress(RankFailure):
             run_everywhere(case, ranks, measure_local)
-        common.clean_device()
+        loop.clean_device()

@@ -9,7 +9,7 @@ raised:` ... `ImportError: ...: file too short`), and the first line alone hides
 keeps its beginning and its end, which is where a cause is written.
 
 `ok`, `oom`, `skipped` and `unsupported` are results; `error` is a failure, and it fails its job
-(after the CSV and journal are written, see common.run_cases) unless LMPERF_ACCEPT_ERRORS accepts it:
+(after the CSV and journal are written, see bench/loop.py) unless LMPERF_ACCEPT_ERRORS accepts it:
 JSON `true` (every error), or a list of shell-style patterns of case ids (config `accept_errors`).
 The tests of these paths inject failures by case id (LMPERF_INJECT_FAULT, `maybe_inject_fault`).
 """
