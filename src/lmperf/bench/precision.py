@@ -4,8 +4,9 @@
 """
 from __future__ import annotations
 
-from lmperf import dtypes, stats
+from lmperf import stats
 from lmperf.bench import cli, loop
+from lmperf.dtypes import torch_dtype
 
 
 ADDITIONS, ADDEND = 1000, 0.01
@@ -59,7 +60,7 @@ def autocast_dtypes(device: str, dtype_name: str) -> list[dict]:
             seen["logits"] = x.dtype
             return x, seen
 
-    dtype = dtypes.torch_dtype(dtype_name)
+    dtype = torch_dtype(dtype_name)
     model = ToyModel().to(device)
     x = torch.randn(4, 16, device=device)
     y = torch.randint(8, (4,), device=device)
