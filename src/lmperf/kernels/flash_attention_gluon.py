@@ -668,6 +668,13 @@ def _sm_count(device) -> int:
     return _SMS[idx]
 
 
+def _launch(kernel):
+    """kernel[grid] through the eager path's launch cache (flash_attention_triton.CachedLaunch: the
+    JIT once per specialisation, then the compiled kernel's launcher)."""
+    from lmperf.kernels.flash_attention_triton import plain_launch
+    return plain_launch(kernel)
+
+
 def config(d: int, causal: bool, variant: str = "ws") -> tuple:
     return CONFIGS[(variant, d, bool(causal))]
 
@@ -691,7 +698,7 @@ def launch_forward(q, k, v, out, lse, is_causal: bool, variant: str = "ws", cfg:
     common = dict(QK_SCALE=LOG2E / math.sqrt(d), GROUP=group, IS_CAUSAL=bool(is_causal), BLOCK_M=bm,
                   BLOCK_N=bn, D=d, STAGES=stages, num_warps=warps)
     if variant == "plain":
-        return _fwd_kernel[(n_qt, nb * nh)](q_desc, k_desc, v_desc, o4, lse, n, nh, o4.stride(0), o4.stride(1),
+        return _launch(_fwd_kernel)[(n_qt, nb * nh)](q_desc, k_desc, v_desc, o4, lse, n, nh, o4.stride(0), o4.stride(1),
                                      o4.stride(2), qrb, qrh, qch, krb, krh, kch, **common)
     elif variant == "pp":
         if bm != 128 or warps != 4:
@@ -699,13 +706,13 @@ def launch_forward(q, k, v, out, lse, is_causal: bool, variant: str = "ws", cfg:
         q_desc, _ = head_desc(q4, bm // 2)  # each warpgroup's half of the query tile
         total = n_qt * nb * nh
         grid = (min(total, _sm_count(q.device)),)
-        return _fwd_pp_kernel[grid](q_desc, k_desc, v_desc, o4, lse, n, nh, total, o4.stride(0), o4.stride(1),
+        return _launch(_fwd_pp_kernel)[grid](q_desc, k_desc, v_desc, o4, lse, n, nh, total, o4.stride(0), o4.stride(1),
                                     o4.stride(2), qrb, qrh, qch, krb, krh, kch, SNAKE=snake,
                                     CONSUMER_REGS=PP_REGS, **common)
     elif variant == "ws":
         total = n_qt * nb * nh
         grid = (min(total, _sm_count(q.device)),)
-        return _fwd_ws_kernel[grid](q_desc, k_desc, v_desc, o4, lse, n, nh, total, o4.stride(0), o4.stride(1),
+        return _launch(_fwd_ws_kernel)[grid](q_desc, k_desc, v_desc, o4, lse, n, nh, total, o4.stride(0), o4.stride(1),
                                     o4.stride(2), qrb, qrh, qch, krb, krh, kch, SNAKE=snake, **common)
     else:
         raise ValueError(f"unknown Gluon variant {variant!r}: 'pp', 'ws' or 'plain'")
