@@ -48,6 +48,7 @@ sequence's end.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -88,10 +89,16 @@ def available() -> str | None:
         return "Gluon does not run in the Triton interpreter (TRITON_INTERPRET=1)"
     if not torch.cuda.is_available():
         return "needs a CUDA GPU of compute capability 9.x (Hopper); none is visible"
-    major, _ = torch.cuda.get_device_capability()
+    major = _major(torch.cuda.current_device())
     if major != 9:
         return f"needs a Hopper GPU (compute capability 9.x); this one is {major}.x"
     return None
+
+
+@functools.cache
+def _major(device: int) -> int:
+    """A CUDA device's compute capability major (read once a device: every call asks)."""
+    return torch.cuda.get_device_capability(device)[0]
 
 
 def heads(t: torch.Tensor) -> torch.Tensor:
@@ -653,9 +660,15 @@ def head_desc(t4: torch.Tensor, block_rows: int):
     stride, rb, rh, ch = head_rows(t4)
     rows = (b - 1) * rb + (h - 1) * rh + n
     cols = (h - 1) * ch + d
-    gdt = gl.bfloat16 if t4.dtype == torch.bfloat16 else gl.float16
-    layout = gl.NVMMASharedLayout.get_default_for([block_rows, d], gdt)
+    layout = _smem_layout(block_rows, d, t4.dtype == torch.bfloat16)
     return TensorDescriptor(t4, [rows, cols], [stride, 1], [block_rows, d], layout), (rb, rh, ch)
+
+
+@functools.cache
+def _smem_layout(block_rows: int, d: int, bf16: bool):
+    """The shared-memory layout of a [block_rows, d] tile (built once: Gluon's rule costs tens of
+    us a call, and a forward + backward builds a dozen descriptors)."""
+    return gl.NVMMASharedLayout.get_default_for([block_rows, d], gl.bfloat16 if bf16 else gl.float16)
 
 
 _SMS: dict = {}

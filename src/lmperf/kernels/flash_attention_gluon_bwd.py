@@ -52,6 +52,7 @@ contiguous where TMA cannot read it).
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -532,8 +533,12 @@ if gluon is not None:
 
 def _row_desc(t2: torch.Tensor, block_m: int):
     """A TMA descriptor over a (rows, N) fp32 tensor (L or Delta), a block of one row of block_m."""
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-    return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [1, block_m], layout)
+    return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [1, block_m], _row_layout())
+
+
+@functools.cache
+def _row_layout():
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
 def launch_dkdv(q, k, v, do, lse, delta, dk, dv, is_causal: bool, stages: int | None = None,
