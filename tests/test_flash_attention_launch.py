@@ -51,7 +51,7 @@ class _Kernel:
 @pytest.fixture
 def kernel(monkeypatch):
     monkeypatch.setattr(ft, "_current_stream", lambda: (0, 1234))
-    monkeypatch.delenv(ft.LAUNCH_ENV, raising=False)
+    monkeypatch.setenv(ft.LAUNCH_ENV, "cache")
     return _Kernel()
 
 
@@ -111,11 +111,14 @@ def test_the_jit_every_time_where_asked_or_not_keyed(kernel, monkeypatch):
     launch[(1,)](x, 3)
     launch[(1,)](x, 3)
     assert len(kernel.jit_calls) == 4
+    monkeypatch.delenv(ft.LAUNCH_ENV)  # the default: the JIT
+    launch[(1,)](x, 3)
+    assert len(kernel.jit_calls) == 5
     kernel.pre_run_hooks.append(lambda *a, **k: None)
-    monkeypatch.delenv(ft.LAUNCH_ENV)
+    monkeypatch.setenv(ft.LAUNCH_ENV, "cache")
     launch[(1,)](x, 3)
     launch[(1,)](x, 3)
-    assert len(kernel.jit_calls) == 6
+    assert len(kernel.jit_calls) == 7
     assert all(not c.runs for c in kernel.made)
 
 
@@ -133,7 +136,7 @@ def test_cached_launches_give_the_jits_bits(shape, causal, monkeypatch):
     monkeypatch.setenv(ft.LAUNCH_ENV, "jit")
     torch.manual_seed(1)
     want = run()
-    monkeypatch.delenv(ft.LAUNCH_ENV)
+    monkeypatch.setenv(ft.LAUNCH_ENV, "cache")
     for _ in range(3):  # the first call through the JIT, the others through the cache
         torch.manual_seed(1)
         got = run()

@@ -109,6 +109,8 @@ def bench(cases, impls, modes, out_csv, log):
                     if mode != "eager":
                         continue
                     os.environ[LAUNCH_ENV] = "jit"
+                elif impl == "ours":  # the launch cache on (LMPERF_FA_LAUNCH=cache; off by default since)
+                    os.environ[LAUNCH_ENV] = "cache"
                 try:
                     torch._dynamo.reset()
                     q, k, v = leaves(case)
