@@ -104,7 +104,8 @@ def with_contenders(spec: dict, config: dict | None) -> dict:
     named = contenders.normalise((config or {}).get("contenders"))
     if not named:
         return spec
-    return {**spec, "contenders": named, "contender_time_limit_s": config.get("contender_time_limit_s", 600)}
+    return {**spec, "contenders": named, "contender_time_limit_s": config.get("contender_time_limit_s", 600),
+            "contender_call_budget_s": config.get("contender_call_budget_s", 0.5)}
 
 
 def provider_inputs(config: dict, contenders: bool = True) -> list[str]:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+import threading
 import time
 
 from lmperf import contenders as contenders_mod, csv_schema
@@ -162,12 +163,14 @@ def measure_distributed(case: dict) -> list[dict]:
 
 
 class PerContender:
-    """isolation.Ahead's children, one contender at a time: a case runs only in a child of its own
-    contender, so two contenders' packages of one name (every student's `cs336_systems`) never
+    """isolation.Ahead's children, each contender's of its own: a case runs only in a child of its
+    own contender, so two contenders' packages of one name (every student's `cs336_systems`) never
     meet in an interpreter. Each contender's cases are measured ahead of the job's loop in
-    `workers` children of its own, started when the loop reaches its first case (the cases come
-    contender by contender: attention_cases, distributed_cases) and closed when it moves on,
-    with a line on stderr saying how many cases it ran in how many processes.
+    `workers` children of its own. The cases come contender by contender (attention_cases,
+    distributed_cases): when the loop reaches a contender's first case, its children start (if
+    they have not) and so do the next contender's, which start up and compile while this one's
+    cases run; when the loop moves on, they end in the background, with a line on stderr saying
+    how many cases they ran in how many processes.
 
     `group`, `judge`: isolation.Ahead's (a contender's cases sorted by `group`, each group in one
     child; `judge` run in this process). `prepare(case)`: the case its child gets (a seed
@@ -182,37 +185,65 @@ class PerContender:
         for case in cases:
             if not (before and before(case)):
                 self.todo.setdefault(case["contender"], []).append(case)
-        self.name, self.ahead, self.sent, self.t0, self.cases = None, None, {}, 0.0, 0
+        self.order = list(self.todo)  # the contenders in the cases' order
+        # each started contender: [its Ahead, the cases sent to it by id, its start, its cases so far]
+        self.running: dict[str, list] = {}
+        self.name: str | None = None
+        self.ending: list[threading.Thread] = []  # the contenders' children ending
+
+    def _start(self, name: str) -> None:
+        """The contender's children started on its cases (once; one met again gets fresh children)."""
+        if name in self.running:
+            return
+        todo = [self.prepare(c) for c in self.todo.pop(name, [])]
+        if self.group is not None:
+            todo.sort(key=self.group)
+        ahead = isolation.Ahead(self.measure, self.time_limit_s, self.workers, todo, judge=self.judge,
+                                group=self.group)
+        self.running[name] = [ahead, {c["case_id"]: c for c in todo}, time.monotonic(), 0]
 
     def __call__(self, case: dict) -> list[dict]:
         why = self.before(case) if self.before else None
         if why:
             return [csv_schema.failure_row("skipped", why)]
-        if case["contender"] != self.name:
-            self._close()
-            self.name, self.t0, self.cases = case["contender"], time.monotonic(), 0
-            # a contender met again (an unusual selection of cases): the rest in fresh children
-            todo = [self.prepare(c) for c in self.todo.pop(self.name, [])]
-            if self.group is not None:
-                todo.sort(key=self.group)
-            self.sent = {c["case_id"]: c for c in todo}
-            self.ahead = isolation.Ahead(self.measure, self.time_limit_s, self.workers, todo, judge=self.judge,
-                                         group=self.group)
-        self.cases += 1
-        return self.ahead(self.sent.pop(case["case_id"], None) or self.prepare(case))
+        name = case["contender"]
+        if name != self.name:
+            self._close(self.name)
+            self.name = name
+            self._start(name)
+            later = self.order[self.order.index(name) + 1:] if name in self.order else []
+            if later:
+                self._start(later[0])
+        entry = self.running[name]
+        entry[3] += 1
+        return entry[0](entry[1].pop(case["case_id"], None) or self.prepare(case))
 
-    def _close(self, *exc) -> None:
-        if self.ahead is not None:
-            self.ahead.__exit__(*(exc or (None, None, None)))
-            print(f"[{self.name}] {self.cases} cases in {self.ahead.started} processes of its own, "
-                  f"{time.monotonic() - self.t0:.1f} s", file=sys.stderr, flush=True)
-        self.name, self.ahead = None, None
+    def _close(self, name: str | None, *exc) -> None:
+        """The contender's children ended, while the next contender's run (their exits take
+        seconds: a CUDA context, torch.compile's worker pool); the job's end waits for them."""
+        entry = self.running.pop(name, None) if name is not None else None
+        if entry is None:
+            return
+        ahead, _, t0, count = entry
+        line = f"[{name}] {count} cases in {ahead.started} processes of its own, {time.monotonic() - t0:.1f} s"
+        if exc and exc[0] is not None:
+            ahead.__exit__(*exc)
+        else:
+            ending = threading.Thread(target=ahead.__exit__, args=(None, None, None), daemon=True,
+                                      name=f"ending-{name}")
+            ending.start()
+            self.ending.append(ending)
+        print(line, file=sys.stderr, flush=True)
 
     def __enter__(self) -> "PerContender":
         return self
 
     def __exit__(self, *exc) -> None:
-        self._close(*exc)
+        for name in [self.name] + [n for n in self.running if n != self.name]:
+            self._close(name, *exc)
+        self.name = None
+        for ending in self.ending:
+            ending.join()
 
 
 STUDIES = {"attention": (attention_cases, contender_attention.outputs),

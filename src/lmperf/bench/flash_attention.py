@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 
 from lmperf import contenders, csv_schema, dtypes, failures, providers, stats
 from lmperf.bench import cli, honest, isolation, jobs, timing
@@ -146,6 +147,8 @@ def bench_cases(spec: dict) -> list[dict]:
                     "timing_ms": "/".join(map(str, group["timing_ms"])), "median_within": group.get("median_within"),
                     "tiled_max_seq_len": group["tiled_max_seq_len"],
                     "gpu_time": gpu_time is True or provider in (gpu_time or ())}
+            if providers.get(provider).role == "contender":
+                case["call_budget_s"] = float(spec.get("contender_call_budget_s", 0.5))
             skip = [s["reason"] for s in group.get("skip", [])
                     if (s["provider"], s["dtype"]) == (provider, dtype)]
             if skip:
@@ -213,6 +216,45 @@ def setup_bench(case: dict):
     return fn, context, fwd_bwd, (q, k, v, dout)
 
 
+# In a contender's process (bench/isolation.py keeps one a contender): its settings (provider,
+# group, dtype, causal, head dim, batch, heads) -> (N, seconds) of the first N whose one warm
+# forward+backward call took longer than the case's `call_budget_s`
+_OVER_BUDGET: dict[tuple, tuple[int, float]] = {}
+
+
+def _budget_key(case: dict) -> tuple:
+    return (case["provider"], case["group"], case["dtype"], case["causal"], case["head_dim"], case["batch"],
+            case["heads"], case.get("kv_heads"), case.get("harness"))
+
+
+def within_budget(case: dict, fwd_bwd, context) -> None:
+    """NotRun for a contender's case that would take minutes to time: one warm forward+backward
+    call (a second call when the first, which may compile, is over) longer than its
+    `call_budget_s`, or a smaller N at the same settings found so before (its calls grow with N).
+    A case without a budget (ours, the peers') passes."""
+    import torch
+    budget = case.get("call_budget_s")
+    if budget is None:
+        return
+    key = _budget_key(case)
+    if key in _OVER_BUDGET and case["seq_len"] >= _OVER_BUDGET[key][0]:
+        n, took = _OVER_BUDGET[key]
+        raise failures.NotRun(f"not timed: one forward+backward call took {took:.1f} s at N = {n}, over the "
+                            f"budget of {budget:g} s a call (config contender_call_budget_s)")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        with context():
+            fwd_bwd()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        took = time.perf_counter() - t0
+        if took <= budget:
+            return
+    _OVER_BUDGET[key] = (case["seq_len"], took)
+    raise failures.NotRun(f"not timed: one forward+backward call takes {took:.1f} s, over the budget of "
+                        f"{budget:g} s a call (config contender_call_budget_s); larger N are not timed either")
+
+
 def compiles(case: dict) -> bool:
     """Whether a bench case compiles what the compile-cache warm-up can leave for its timed run:
     a provider that compiles (lmperf.providers), or any under the leaderboard harness, but none
@@ -235,6 +277,7 @@ def warm_bench(case: dict) -> list[dict]:
     with context():
         fwd_bwd()
     torch.cuda.synchronize()
+    within_budget(case, fwd_bwd, context)
     return [{**csv_schema.failure_row("ok", ""), "metric": "compiled"}]
 
 
@@ -242,6 +285,7 @@ def measure_bench(case: dict) -> list[dict]:
     import torch
 
     fn, context, fwd_bwd, (q, k, v, dout) = setup_bench(case)
+    within_budget(case, fwd_bwd, context)
     leaderboard = case.get("harness", "eager") == "leaderboard"
     b, h, n, d = case["batch"], case["heads"], case["seq_len"], case["head_dim"]
     dtype = dtypes.torch_dtype(case["dtype"])

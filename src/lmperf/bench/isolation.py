@@ -109,7 +109,7 @@ class Isolated:
         self.time_limit_s = time_limit_s
         self.ctx = multiprocessing.get_context("spawn")
         self.proc = self.conn = None
-        self.judge, self.started = judge, 0
+        self.judge, self.started, self.released = judge, 0, False
 
     def __enter__(self) -> "Isolated":
         return self
@@ -123,7 +123,7 @@ class Isolated:
         # when the parent closes the pipe (recv raises EOFError) or kills it
         self.proc = self.ctx.Process(target=_serve, args=(self.module, self.name, child, self.judge is not None))
         self.proc.start()
-        self.started += 1
+        self.started, self.released = self.started + 1, False
         child.close()
         self.conn = parent
 
@@ -197,13 +197,22 @@ class Isolated:
         say(f"compiled in their own process in {time.monotonic() - t0:.1f} s"
             + (f"; {len(failed)} cases did not compile there: {', '.join(failed[:5])}" if failed else ""))
 
-    def close(self) -> None:
-        if self.proc is not None and self.proc.is_alive():
+    def release(self) -> None:
+        """Tell the child to end (it returns once its case is done); close() waits for it. Several
+        children released first end side by side: a child's exit (its CUDA context, torch.compile's
+        worker pool) takes seconds."""
+        if self.proc is not None and self.proc.is_alive() and not self.released:
+            self.released = True
             try:
                 self.conn.send(None)
-                self.proc.join(10)
             except (OSError, BrokenPipeError):
                 pass
+
+    def close(self, wait_s: float = 10.0) -> None:
+        """The child ended: released and given `wait_s` to exit, then killed."""
+        if self.proc is not None and self.proc.is_alive():
+            self.release()
+            self.proc.join(max(0.0, wait_s))
         self._kill()
 
 
@@ -290,8 +299,16 @@ class Ahead:
                 child._kill()
         for thread in self.threads:
             thread.join(None if not interrupted else 10)
-        for child in self.children + ([self.extra] if self.extra else []):
-            child._kill() if interrupted else child.close()
+        children = self.children + ([self.extra] if self.extra else [])
+        if interrupted:
+            for child in children:
+                child._kill()
+            return
+        for child in children:  # all told first, so that they end side by side
+            child.release()
+        deadline = time.monotonic() + 10
+        for child in children:
+            child.close(deadline - time.monotonic())
 
 
 class Separate:
@@ -334,5 +351,8 @@ class Separate:
         self.close()
 
     def close(self) -> None:
+        for child in self.children.values():  # all told first, so that they end side by side
+            child.release()
+        deadline = time.monotonic() + 10
         for child in self.children.values():
-            child.close()
+            child.close(deadline - time.monotonic())

@@ -48,6 +48,7 @@ sequence's end.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -88,10 +89,16 @@ def available() -> str | None:
         return "Gluon does not run in the Triton interpreter (TRITON_INTERPRET=1)"
     if not torch.cuda.is_available():
         return "needs a CUDA GPU of compute capability 9.x (Hopper); none is visible"
-    major, _ = torch.cuda.get_device_capability()
+    major = _major(torch.cuda.current_device())
     if major != 9:
         return f"needs a Hopper GPU (compute capability 9.x); this one is {major}.x"
     return None
+
+
+@functools.cache
+def _major(device: int) -> int:
+    """A CUDA device's compute capability major (read once a device: every call asks)."""
+    return torch.cuda.get_device_capability(device)[0]
 
 
 def heads(t: torch.Tensor) -> torch.Tensor:
@@ -653,9 +660,15 @@ def head_desc(t4: torch.Tensor, block_rows: int):
     stride, rb, rh, ch = head_rows(t4)
     rows = (b - 1) * rb + (h - 1) * rh + n
     cols = (h - 1) * ch + d
-    gdt = gl.bfloat16 if t4.dtype == torch.bfloat16 else gl.float16
-    layout = gl.NVMMASharedLayout.get_default_for([block_rows, d], gdt)
+    layout = _smem_layout(block_rows, d, t4.dtype == torch.bfloat16)
     return TensorDescriptor(t4, [rows, cols], [stride, 1], [block_rows, d], layout), (rb, rh, ch)
+
+
+@functools.cache
+def _smem_layout(block_rows: int, d: int, bf16: bool):
+    """The shared-memory layout of a [block_rows, d] tile (built once: Gluon's rule costs tens of
+    us a call, and a forward + backward builds a dozen descriptors)."""
+    return gl.NVMMASharedLayout.get_default_for([block_rows, d], gl.bfloat16 if bf16 else gl.float16)
 
 
 _SMS: dict = {}
@@ -666,6 +679,13 @@ def _sm_count(device) -> int:
     if idx not in _SMS:
         _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return _SMS[idx]
+
+
+def _launch(kernel):
+    """kernel[grid] through the eager path's launch cache (flash_attention_triton.CachedLaunch: the
+    JIT once per specialisation, then the compiled kernel's launcher)."""
+    from lmperf.kernels.flash_attention_triton import plain_launch
+    return plain_launch(kernel)
 
 
 def config(d: int, causal: bool, variant: str = "ws") -> tuple:
@@ -691,7 +711,7 @@ def launch_forward(q, k, v, out, lse, is_causal: bool, variant: str = "ws", cfg:
     common = dict(QK_SCALE=LOG2E / math.sqrt(d), GROUP=group, IS_CAUSAL=bool(is_causal), BLOCK_M=bm,
                   BLOCK_N=bn, D=d, STAGES=stages, num_warps=warps)
     if variant == "plain":
-        return _fwd_kernel[(n_qt, nb * nh)](q_desc, k_desc, v_desc, o4, lse, n, nh, o4.stride(0), o4.stride(1),
+        return _launch(_fwd_kernel)[(n_qt, nb * nh)](q_desc, k_desc, v_desc, o4, lse, n, nh, o4.stride(0), o4.stride(1),
                                      o4.stride(2), qrb, qrh, qch, krb, krh, kch, **common)
     elif variant == "pp":
         if bm != 128 or warps != 4:
@@ -699,13 +719,13 @@ def launch_forward(q, k, v, out, lse, is_causal: bool, variant: str = "ws", cfg:
         q_desc, _ = head_desc(q4, bm // 2)  # each warpgroup's half of the query tile
         total = n_qt * nb * nh
         grid = (min(total, _sm_count(q.device)),)
-        return _fwd_pp_kernel[grid](q_desc, k_desc, v_desc, o4, lse, n, nh, total, o4.stride(0), o4.stride(1),
+        return _launch(_fwd_pp_kernel)[grid](q_desc, k_desc, v_desc, o4, lse, n, nh, total, o4.stride(0), o4.stride(1),
                                     o4.stride(2), qrb, qrh, qch, krb, krh, kch, SNAKE=snake,
                                     CONSUMER_REGS=PP_REGS, **common)
     elif variant == "ws":
         total = n_qt * nb * nh
         grid = (min(total, _sm_count(q.device)),)
-        return _fwd_ws_kernel[grid](q_desc, k_desc, v_desc, o4, lse, n, nh, total, o4.stride(0), o4.stride(1),
+        return _launch(_fwd_ws_kernel)[grid](q_desc, k_desc, v_desc, o4, lse, n, nh, total, o4.stride(0), o4.stride(1),
                                     o4.stride(2), qrb, qrh, qch, krb, krh, kch, SNAKE=snake, **common)
     else:
         raise ValueError(f"unknown Gluon variant {variant!r}: 'pp', 'ws' or 'plain'")

@@ -52,6 +52,7 @@ contiguous where TMA cannot read it).
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -532,8 +533,12 @@ if gluon is not None:
 
 def _row_desc(t2: torch.Tensor, block_m: int):
     """A TMA descriptor over a (rows, N) fp32 tensor (L or Delta), a block of one row of block_m."""
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-    return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [1, block_m], layout)
+    return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [1, block_m], _row_layout())
+
+
+@functools.cache
+def _row_layout():
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
 def launch_dkdv(q, k, v, do, lse, delta, dk, dv, is_causal: bool, stages: int | None = None,
@@ -557,7 +562,7 @@ def launch_dkdv(q, k, v, do, lse, delta, dk, dv, is_causal: bool, stages: int | 
     k_desc, (krb, krh, kch) = fg.head_desc(k4, BLOCK_N // 2)
     v_desc, _ = fg.head_desc(v4, BLOCK_N // 2)
     grid = (nb * h_kv, n // BLOCK_N)
-    kernel = _dkdv_kernel.warmup if compile_only else _dkdv_kernel[grid]
+    kernel = _dkdv_kernel.warmup if compile_only else fg._launch(_dkdv_kernel)[grid]
     return kernel(
         q_desc, do_desc, k_desc, v_desc, _row_desc(lse2, block_m), _row_desc(delta2, block_m), dk4, dv4, n, nh, h_kv,
         qrb, qrh, qch, drb, drh, dch, krb, krh, kch, dk4.stride(0), dk4.stride(1), dk4.stride(2),
@@ -604,7 +609,7 @@ def launch_dq(q, k, v, out, do, lse, delta, dq, is_causal: bool, stages: int | N
     k_desc, (krb, krh, kch) = fg.head_desc(k4, block_n)
     v_desc, _ = fg.head_desc(v4, block_n)
     grid = (nb * nh, n // DQ_BLOCK_M)
-    kernel = _dq_kernel.warmup if compile_only else _dq_kernel[grid]
+    kernel = _dq_kernel.warmup if compile_only else fg._launch(_dq_kernel)[grid]
     return kernel(
         q_desc, do_desc, k_desc, v_desc, o4, do4, lse2, delta2, dq4, n, nh, qrb, qrh, qch, drb, drh, dch,
         krb, krh, kch, o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0), do4.stride(1), do4.stride(2),

@@ -1,0 +1,252 @@
+"""The host's cost of one FlashAttention forward+backward on a GPU: do_bench with the host included
+against the kernels' GPU time, ours (FlashAttention2Triton) beside SDPA-cuDNN and SDPA-flash,
+eager and torch.compile'd, bf16 (ours_jit: ours with every eager launch through Triton's JIT,
+LMPERF_FA_LAUNCH=jit); where ours spends its host time (cProfile); and what one Triton
+launch costs through the JIT against the compiled kernel's own launcher.
+
+    python tuning/flash_attention/fa_host_cost.py --out DIR [--only model64,assign64]
+        [--impls ours,ours_jit,cudnn,flash] [--modes eager,compiled] [--profile] [--launch] [--tag TAG]
+
+Writes DIR/fa_host_cost{TAG}.csv: one row per case x implementation x mode: do_bench's median and
+20/80% quantiles (ms, host included: a call that the host cannot keep ahead of shows its host
+time), the GPU time of the kernels per call (profiler), the host's time per call in a loop of 200
+calls synchronised only at its end, and the kernels per call; a failure is a row with its error.
+--profile: DIR/fa_host_profile{TAG}.txt, cProfile of 300 eager calls of ours at the first case.
+--launch: DIR/fa_host_launch{TAG}.csv, each kernel of ours at the first case launched 500 times
+through Triton's JIT and through the compiled kernel's launcher (mean wall time a launch).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import cProfile
+import io
+import os
+import pstats
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+LAUNCH_ENV = "LMPERF_FA_LAUNCH"
+# name: (batch, heads, N, D, layout); "model": (B, N, H, D) memory viewed as (B, H, N, D), the
+# model's projections; "assign": (B, N, D), the assignment's layout (one head per sequence)
+CASES = {
+    "model64": (4, 16, 1024, 64, "model"),
+    "assign64": (16, 1, 1024, 64, "assign"),
+    "model128": (4, 16, 1024, 128, "model"),
+    "assign128": (16, 1, 1024, 128, "assign"),
+    "grid4096": (1, 1, 4096, 128, "assign"),
+}
+
+
+def leaves(case, seed=0):
+    b, h, n, d, layout = CASES[case]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (b, n, h, d) if layout == "model" else (b, n, d)
+    return [torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_() for _ in range(3)]
+
+
+def attention(impl, layout):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+    from lmperf.kernels.flash_attention_triton import FlashAttention2Triton
+    view = (lambda t: t.transpose(1, 2)) if layout == "model" else (lambda t: t)
+    if impl in ("ours", "ours_jit"):  # ours_jit: every eager launch through Triton's JIT (the cache off)
+        return lambda q, k, v: FlashAttention2Triton.apply(view(q), view(k), view(v), True)
+    backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[impl]
+    heads = (lambda t: t.transpose(1, 2)) if layout == "model" else (lambda t: t.unsqueeze(1))
+
+    def fn(q, k, v):
+        with sdpa_kernel(backend):
+            o = sdpa(heads(q), heads(k), heads(v), is_causal=True)
+        return o if layout == "model" else o.squeeze(1)
+    return fn
+
+
+def step_fn(fn, q, k, v):
+    def step():
+        fn(q, k, v).sum().backward()
+    return step
+
+
+def gpu_ms(step, reps=20):
+    from torch.profiler import ProfilerActivity, profile
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            step()
+        torch.cuda.synchronize()
+    evs = [e for e in prof.key_averages()]
+    total = sum(e.self_device_time_total for e in evs)
+    count = sum(e.count for e in evs if e.self_device_time_total > 0)
+    return total / reps / 1e3, count / reps
+
+
+def host_ms(step, reps=200):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        step()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / reps * 1e3
+
+
+def bench(cases, impls, modes, out_csv, log):
+    import triton
+    rows = []
+    for case in cases:
+        layout = CASES[case][4]
+        for mode in modes:
+            for impl in impls:
+                row = dict(case=case, shape="x".join(map(str, CASES[case][:4])), layout=layout, impl=impl, mode=mode,
+                           gpu=torch.cuda.get_device_name())
+                if impl == "ours_jit":
+                    if mode != "eager":
+                        continue
+                    os.environ[LAUNCH_ENV] = "jit"
+                elif impl == "ours":  # the launch cache on (LMPERF_FA_LAUNCH=cache; off by default since)
+                    os.environ[LAUNCH_ENV] = "cache"
+                try:
+                    torch._dynamo.reset()
+                    q, k, v = leaves(case)
+                    fn = attention(impl, layout)
+                    if mode == "compiled":
+                        fn = torch.compile(fn, fullgraph=True)
+                    step = step_fn(fn, q, k, v)
+                    for _ in range(3):
+                        step()
+                    ms = triton.testing.do_bench(step, warmup=25, rep=200, grad_to_none=[q, k, v],
+                                                 quantiles=[0.5, 0.2, 0.8])
+                    g, kernels = gpu_ms(step)
+                    row.update(do_bench_ms=ms[0], p20_ms=ms[1], p80_ms=ms[2], gpu_ms=g, kernels_per_call=kernels,
+                               host_loop_ms=host_ms(step), error="")
+                except Exception as exc:  # noqa: BLE001 - a failure is a row
+                    traceback.print_exc()
+                    row.update(error=f"{type(exc).__name__}: {exc}"[:300])
+                os.environ.pop(LAUNCH_ENV, None)
+                rows.append(row)
+                log(row)
+                write(out_csv, rows)  # after every row: a run cut short keeps what it measured
+    return rows
+
+
+def write(path, rows):
+    keys = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def profile_ours(case, out_txt):
+    q, k, v = leaves(case)
+    step = step_fn(attention("ours", CASES[case][4]), q, k, v)
+    for _ in range(20):
+        step()
+    torch.cuda.synchronize()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(300):
+        step()
+        q.grad = k.grad = v.grad = None
+    torch.cuda.synchronize()
+    pr.disable()
+    s = io.StringIO()
+    st = pstats.Stats(pr, stream=s)
+    st.sort_stats("tottime").print_stats(45)
+    st.sort_stats("cumulative").print_stats(60)
+    Path(out_txt).write_text(s.getvalue())
+
+
+def launch_cost(case, out_csv, log):
+    """Each Triton kernel of ours, as the eager path launches it: through the JIT (kernel[grid])
+    and through the compiled kernel's launcher with the same arguments."""
+    from triton import knobs
+    from triton.runtime import driver
+    import lmperf.kernels.flash_attention_triton as ft
+    calls = []
+    real = ft.plain_launch
+
+    class Rec:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def go(*args, **kwargs):
+                compiled = self.kernel[grid](*args, **kwargs)
+                calls.append((self.kernel, grid, args, kwargs, compiled))
+                return compiled
+            return go
+
+    ft.plain_launch = lambda kernel: Rec(kernel)
+    try:
+        q, k, v = leaves(case)
+        step_fn(attention("ours", CASES[case][4]), q, k, v)()
+    finally:
+        ft.plain_launch = real
+    torch.cuda.synchronize()
+    rows = []
+    for kernel, grid, args, kwargs, compiled in calls:
+        names = kernel.arg_names
+        bound = list(args) + [kwargs[n] if n in kwargs else kernel.params[i].default
+                              for i, n in enumerate(names) if i >= len(args)]
+        reps = 500
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            kernel[grid](*args, **kwargs)
+        t_jit = (time.perf_counter() - t0) / reps * 1e3
+        torch.cuda.synchronize()
+        g = tuple(grid) + (1,) * (3 - len(grid))
+        dev = driver.active.get_current_device()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            stream = driver.active.get_current_stream(dev)
+            compiled.run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata, None,
+                         knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *bound)
+        t_direct = (time.perf_counter() - t0) / reps * 1e3
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            torch.empty(1, device="cuda").zero_()
+        t_torch = (time.perf_counter() - t0) / reps * 1e3
+        torch.cuda.synchronize()
+        row = dict(case=case, kernel=kernel.__name__ if hasattr(kernel, "__name__") else str(kernel), grid=str(grid),
+                   jit_ms=t_jit, direct_ms=t_direct, torch_zero_ms=t_torch, gpu=torch.cuda.get_device_name())
+        rows.append(row)
+        log(row)
+    write(out_csv, rows)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--only", default="model64,assign64")
+    ap.add_argument("--impls", default="ours,ours_jit,cudnn,flash")
+    ap.add_argument("--modes", default="eager,compiled")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--launch", action="store_true")
+    ap.add_argument("--skip-bench", action="store_true")
+    ap.add_argument("--tag", default="")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    cases = a.only.split(",")
+    log = lambda r: print(r, flush=True)  # noqa: E731
+    if a.launch:
+        launch_cost(cases[0], a.out / f"fa_host_launch{a.tag}.csv", log)
+    if a.profile:
+        profile_ours(cases[0], a.out / f"fa_host_profile{a.tag}.txt")
+    if not a.skip_bench:
+        bench(cases, a.impls.split(","), a.modes.split(","), a.out / f"fa_host_cost{a.tag}.csv", log)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
