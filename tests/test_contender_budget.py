@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from lmperf.bench import failures, flash_attention
+from lmperf import failures
+from lmperf.bench import flash_attention
 
 
 def case(n: int, budget: float | None = 0.05, provider: str = "someone_pytorch") -> dict:
