@@ -193,11 +193,11 @@ def test_the_layer_check_finds_an_import_up():
     report module)."""
     edges = {"lmperf.workflow": {"lmperf.report.validate", "lmperf.catalog"},
              "lmperf.kernels.rope": {"lmperf.model", "lmperf.kernels.triton_op"},
-             "lmperf.model": {"lmperf.bench.common", "lmperf.kernels.attention_contract"},
+             "lmperf.model": {"lmperf.bench.loop", "lmperf.kernels.attention_contract"},
              "lmperf.failures": {"lmperf.kernels.lrpe"}, "lmperf.report.render": {"lmperf.workflow"},
              "lmperf.providers": {"lmperf.bench.honest", "lmperf.failures"}}
     assert imports_up(edges) == [("lmperf.failures", "lmperf.kernels.lrpe"), ("lmperf.kernels.rope", "lmperf.model"),
-                                 ("lmperf.model", "lmperf.bench.common"), ("lmperf.providers", "lmperf.bench.honest"),
+                                 ("lmperf.model", "lmperf.bench.loop"), ("lmperf.providers", "lmperf.bench.honest"),
                                  ("lmperf.workflow", "lmperf.report.validate")]
     loaded = graph()
     loaded["lmperf.workflow"] = loaded["lmperf.workflow"] | {"lmperf.report.e2e"}
