@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lmperf.kernels import flash_attention_triton as ft
+from lmperf.kernels import launch as kl
 
 CUDA = torch.cuda.is_available()
 
@@ -50,15 +51,15 @@ class _Kernel:
 
 @pytest.fixture
 def kernel(monkeypatch):
-    monkeypatch.setattr(ft, "_current_stream", lambda: (0, 1234))
-    monkeypatch.setenv(ft.LAUNCH_ENV, "cache")
+    monkeypatch.setattr(kl, "current_stream", lambda: (0, 1234))
+    monkeypatch.setenv(kl.LAUNCH_ENV, "cache")
     return _Kernel()
 
 
 def test_second_call_goes_to_the_compiled_launcher_with_the_kernels_arguments(kernel):
     from triton import knobs
     x = torch.zeros(64)
-    launch = ft.CachedLaunch(kernel)
+    launch = kl.CachedLaunch(kernel)
     launch[(3, 2)](x, 7, num_warps=4)
     assert len(kernel.jit_calls) == 1
     launch[(5,)](x, 7, num_warps=4)
@@ -71,7 +72,7 @@ def test_second_call_goes_to_the_compiled_launcher_with_the_kernels_arguments(ke
 
 def test_a_new_specialisation_takes_the_jit(kernel):
     x = torch.zeros(64, dtype=torch.float16)
-    launch = ft.CachedLaunch(kernel)
+    launch = kl.CachedLaunch(kernel)
     launch[(1,)](x, 7)
     launch[(1,)](x, 8)  # another int value
     launch[(1,)](x[1:], 8)  # 2 bytes past x: not 16-byte aligned
@@ -87,7 +88,7 @@ def test_a_new_specialisation_takes_the_jit(kernel):
 
 
 def test_the_cache_holds_no_tensor(kernel):
-    launch = ft.CachedLaunch(kernel)
+    launch = kl.CachedLaunch(kernel)
     for n in range(5):
         launch[(1,)](torch.zeros(64), n, BLOCK=torch.float32)
 
@@ -102,20 +103,20 @@ def test_the_cache_holds_no_tensor(kernel):
 
 
 def test_the_jit_every_time_where_asked_or_not_keyed(kernel, monkeypatch):
-    launch = ft.CachedLaunch(kernel)
+    launch = kl.CachedLaunch(kernel)
     x = torch.zeros(64)
     launch[(1,)](x, [1, 2])  # an argument type the key does not read
     launch[(1,)](x, [1, 2])
     assert len(kernel.jit_calls) == 2
-    monkeypatch.setenv(ft.LAUNCH_ENV, "jit")
+    monkeypatch.setenv(kl.LAUNCH_ENV, "jit")
     launch[(1,)](x, 3)
     launch[(1,)](x, 3)
     assert len(kernel.jit_calls) == 4
-    monkeypatch.delenv(ft.LAUNCH_ENV)  # the default: the JIT
+    monkeypatch.delenv(kl.LAUNCH_ENV)  # the default: the JIT
     launch[(1,)](x, 3)
     assert len(kernel.jit_calls) == 5
     kernel.pre_run_hooks.append(lambda *a, **k: None)
-    monkeypatch.setenv(ft.LAUNCH_ENV, "cache")
+    monkeypatch.setenv(kl.LAUNCH_ENV, "cache")
     launch[(1,)](x, 3)
     launch[(1,)](x, 3)
     assert len(kernel.jit_calls) == 7
@@ -133,10 +134,10 @@ def test_cached_launches_give_the_jits_bits(shape, causal, monkeypatch):
         out.backward(torch.randn_like(out))
         return [out.detach(), q.grad, k.grad, v.grad]
 
-    monkeypatch.setenv(ft.LAUNCH_ENV, "jit")
+    monkeypatch.setenv(kl.LAUNCH_ENV, "jit")
     torch.manual_seed(1)
     want = run()
-    monkeypatch.setenv(ft.LAUNCH_ENV, "cache")
+    monkeypatch.setenv(kl.LAUNCH_ENV, "cache")
     for _ in range(3):  # the first call through the JIT, the others through the cache
         torch.manual_seed(1)
         got = run()

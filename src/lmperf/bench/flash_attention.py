@@ -219,7 +219,7 @@ def setup_bench(case: dict):
 # In a contender's process (bench/isolation.py keeps one a contender): its settings (provider,
 # group, dtype, causal, head dim, batch, heads) -> (N, seconds) of the first N whose one warm
 # forward+backward call took longer than the case's `call_budget_s`
-_OVER_BUDGET: dict[tuple, tuple[int, float]] = {}
+OVER_BUDGET: dict[tuple, tuple[int, float]] = {}
 
 
 def _budget_key(case: dict) -> tuple:
@@ -237,8 +237,8 @@ def within_budget(case: dict, fwd_bwd, context) -> None:
     if budget is None:
         return
     key = _budget_key(case)
-    if key in _OVER_BUDGET and case["seq_len"] >= _OVER_BUDGET[key][0]:
-        n, took = _OVER_BUDGET[key]
+    if key in OVER_BUDGET and case["seq_len"] >= OVER_BUDGET[key][0]:
+        n, took = OVER_BUDGET[key]
         raise failures.NotRun(f"not timed: one forward+backward call took {took:.1f} s at N = {n}, over the "
                             f"budget of {budget:g} s a call (config contender_call_budget_s)")
     for _ in range(2):
@@ -250,7 +250,7 @@ def within_budget(case: dict, fwd_bwd, context) -> None:
         took = time.perf_counter() - t0
         if took <= budget:
             return
-    _OVER_BUDGET[key] = (case["seq_len"], took)
+    OVER_BUDGET[key] = (case["seq_len"], took)
     raise failures.NotRun(f"not timed: one forward+backward call takes {took:.1f} s, over the budget of "
                         f"{budget:g} s a call (config contender_call_budget_s); larger N are not timed either")
 

@@ -54,6 +54,8 @@ import os
 
 import torch
 
+from lmperf.kernels import launch as kernel_launch
+
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
@@ -681,13 +683,6 @@ def _sm_count(device) -> int:
     return _SMS[idx]
 
 
-def _launch(kernel):
-    """kernel[grid] through the eager path's launch cache (flash_attention_triton.CachedLaunch: the
-    JIT once per specialisation, then the compiled kernel's launcher)."""
-    from lmperf.kernels.flash_attention_triton import plain_launch
-    return plain_launch(kernel)
-
-
 def config(d: int, causal: bool, variant: str = "ws") -> tuple:
     return CONFIGS[(variant, d, bool(causal))]
 
@@ -711,7 +706,7 @@ def launch_forward(q, k, v, out, lse, is_causal: bool, variant: str = "ws", cfg:
     common = dict(QK_SCALE=LOG2E / math.sqrt(d), GROUP=group, IS_CAUSAL=bool(is_causal), BLOCK_M=bm,
                   BLOCK_N=bn, D=d, STAGES=stages, num_warps=warps)
     if variant == "plain":
-        return _launch(_fwd_kernel)[(n_qt, nb * nh)](q_desc, k_desc, v_desc, o4, lse, n, nh, o4.stride(0), o4.stride(1),
+        return kernel_launch.plain_launch(_fwd_kernel)[(n_qt, nb * nh)](q_desc, k_desc, v_desc, o4, lse, n, nh, o4.stride(0), o4.stride(1),
                                      o4.stride(2), qrb, qrh, qch, krb, krh, kch, **common)
     elif variant == "pp":
         if bm != 128 or warps != 4:
@@ -719,13 +714,13 @@ def launch_forward(q, k, v, out, lse, is_causal: bool, variant: str = "ws", cfg:
         q_desc, _ = head_desc(q4, bm // 2)  # each warpgroup's half of the query tile
         total = n_qt * nb * nh
         grid = (min(total, _sm_count(q.device)),)
-        return _launch(_fwd_pp_kernel)[grid](q_desc, k_desc, v_desc, o4, lse, n, nh, total, o4.stride(0), o4.stride(1),
+        return kernel_launch.plain_launch(_fwd_pp_kernel)[grid](q_desc, k_desc, v_desc, o4, lse, n, nh, total, o4.stride(0), o4.stride(1),
                                     o4.stride(2), qrb, qrh, qch, krb, krh, kch, SNAKE=snake,
                                     CONSUMER_REGS=PP_REGS, **common)
     elif variant == "ws":
         total = n_qt * nb * nh
         grid = (min(total, _sm_count(q.device)),)
-        return _launch(_fwd_ws_kernel)[grid](q_desc, k_desc, v_desc, o4, lse, n, nh, total, o4.stride(0), o4.stride(1),
+        return kernel_launch.plain_launch(_fwd_ws_kernel)[grid](q_desc, k_desc, v_desc, o4, lse, n, nh, total, o4.stride(0), o4.stride(1),
                                     o4.stride(2), qrb, qrh, qch, krb, krh, kch, SNAKE=snake, **common)
     else:
         raise ValueError(f"unknown Gluon variant {variant!r}: 'pp', 'ws' or 'plain'")

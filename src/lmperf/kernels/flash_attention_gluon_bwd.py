@@ -59,6 +59,7 @@ import os
 import torch
 
 from lmperf.kernels import flash_attention_gluon as fg
+from lmperf.kernels import launch as kernel_launch
 
 LOG2E = 1.4426950408889634
 HEAD_DIMS = (64, 128)
@@ -562,7 +563,7 @@ def launch_dkdv(q, k, v, do, lse, delta, dk, dv, is_causal: bool, stages: int | 
     k_desc, (krb, krh, kch) = fg.head_desc(k4, BLOCK_N // 2)
     v_desc, _ = fg.head_desc(v4, BLOCK_N // 2)
     grid = (nb * h_kv, n // BLOCK_N)
-    kernel = _dkdv_kernel.warmup if compile_only else fg._launch(_dkdv_kernel)[grid]
+    kernel = _dkdv_kernel.warmup if compile_only else kernel_launch.plain_launch(_dkdv_kernel)[grid]
     return kernel(
         q_desc, do_desc, k_desc, v_desc, _row_desc(lse2, block_m), _row_desc(delta2, block_m), dk4, dv4, n, nh, h_kv,
         qrb, qrh, qch, drb, drh, dch, krb, krh, kch, dk4.stride(0), dk4.stride(1), dk4.stride(2),
@@ -609,7 +610,7 @@ def launch_dq(q, k, v, out, do, lse, delta, dq, is_causal: bool, stages: int | N
     k_desc, (krb, krh, kch) = fg.head_desc(k4, block_n)
     v_desc, _ = fg.head_desc(v4, block_n)
     grid = (nb * nh, n // DQ_BLOCK_M)
-    kernel = _dq_kernel.warmup if compile_only else fg._launch(_dq_kernel)[grid]
+    kernel = _dq_kernel.warmup if compile_only else kernel_launch.plain_launch(_dq_kernel)[grid]
     return kernel(
         q_desc, do_desc, k_desc, v_desc, o4, do4, lse2, delta2, dq4, n, nh, qrb, qrh, qch, drb, drh, dch,
         krb, krh, kch, o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0), do4.stride(1), do4.stride(2),
