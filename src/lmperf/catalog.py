@@ -149,7 +149,8 @@ SECTIONS = [
     Section(
         "memory", doc="peak memory and the snapshot timeline of one step",
         jobs=(Job("memory", "bench", "memory/memory.csv", "--spec {params.spec:q}",
-                  outputs={"html": "memory/html"}),),  # one snapshot page per case (not in git)
+                  # one snapshot page per case (not in git) and one picture of it (kept)
+                  outputs={"html": "memory/html", "snapshots": "memory/snapshots"}),),
         plan=_one_job("memory", specs.memory_spec), figures={"memory": "memory_timelines.png"}, model=True,
         subcategory="Memory"),
     Section(
