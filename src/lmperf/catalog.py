@@ -39,11 +39,16 @@ def _plan_env(ctx):
 
 
 def _plan_e2e(ctx):
+    """One job a study and size: a study's `sizes` in every run, its `deep_sizes` in the deep
+    target's alone."""
     if not ctx.runs("e2e"):
         return []
     e2e = ctx.grid("e2e")
+    jobs = [(study, size, deep) for study, spec in e2e["studies"].items()
+            for deep, sizes in ((False, spec.get("sizes", [])), (True, spec.get("deep_sizes", [])))
+            for size in sizes]
     return [Planned("e2e_study", study, specs.e2e_spec(ctx.config, e2e, study, size), size,
-                    {"study": study, "size": size}) for study, size in specs.e2e_jobs(e2e)]
+                    {"study": study, "size": size}, deep=deep) for study, size, deep in jobs]
 
 
 def _plan_ladder(ctx):
