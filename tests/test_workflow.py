@@ -496,7 +496,7 @@ echo "start $(date +%s.%N)" >> "$JOBS_LOG"
 [ -n "${ORDER_LOG:-}" ] && echo "$out" >> "$ORDER_LOG"
 sleep 1
 mkdir -p "$(dirname "$out")" && echo "fake" > "$out"
-case "$out" in */memory/memory.csv) mkdir -p "$(dirname "$out")/html";; esac
+case "$out" in */memory/memory.csv) mkdir -p "$(dirname "$out")/html" "$(dirname "$out")/snapshots";; esac
 echo "end $(date +%s.%N)" >> "$JOBS_LOG"
 """
 GPU_TARGETS = ("env", "e2e", "ladder", "precision", "attention", "profile", "memory", "flash_attention", "lrpe")
