@@ -71,7 +71,7 @@ def test_dry_run_plans_the_whole_dag(fresh_plan):
     assert jobs["report"] == 1 and jobs["env"] == 1
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     studies = config["e2e"]["smoke"]["studies"]
-    assert jobs["e2e_study"] == sum(len(s["sizes"]) for s in studies.values())
+    assert jobs["e2e_study"] == sum(len(s["sizes"]) + len(s.get("deep_sizes", [])) for s in studies.values())  # depth=deep
     assert jobs["ladder_size"] == len(config["ladder"]["smoke"]["sizes"])
 
 

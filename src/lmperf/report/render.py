@@ -88,9 +88,11 @@ def measured_contenders(config: dict, results: Path) -> dict:
 
 def promised_files(config: dict, results: Path, scale: str, distributed: list[str]) -> dict:
     """{normalised path: ResultFile} of every CSV a full run at `scale` writes, with the
-    contenders the folder was measured with (`measured_contenders`)."""
+    contenders the folder was measured with (`measured_contenders`). A file the deep target alone
+    writes in a section the standard run measures too (`deep`: the end-to-end sizes beyond the
+    standard run's) is promised where it is there: its section shows what the deep target added."""
     files = wf.result_files(measured_contenders(config, Path(results)), str(results), scale, distributed)
-    return {os.path.normpath(f.path): f for f in files}
+    return {os.path.normpath(f.path): f for f in files if not f.deep or Path(f.path).exists()}
 
 
 def missing(results: Path, promised: dict, sections: list[Section] = SECTIONS) -> dict[str, list[str]]:
