@@ -237,15 +237,17 @@ def stacked_bands(trace: list[dict], baseline: int, bands: int = PNG_BANDS, poin
 def timeline_png(trace: list[dict], baseline: int, path: Path, title: str) -> Path:
     """A PNG of the snapshot's allocations stacked over time (`stacked_bands`), each of the largest
     a band of its own, at most MAX_PNG_BYTES: written at a lower resolution until it fits."""
-    from lmperf.report.plot import plt
+    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display
     t, before, small, edges = stacked_bands(trace, baseline)
     mib = 2**20
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig = Figure(figsize=(9, 4))
+    ax = fig.subplots()
     if len(t):
         ax.fill_between(t, 0, before / mib, color="0.55", lw=0, label="allocated before the step")
         ax.fill_between(t, before / mib, (before + small) / mib, color="0.8", lw=0,
                         label=f"smaller allocations (all but the largest {len(edges)})")
-        colors = plt.get_cmap("tab20").colors
+        colors = matplotlib.colormaps["tab20"].colors
         for i, (lo, hi, _) in enumerate(edges):
             alive = hi > lo
             ax.fill_between(t, lo / mib, hi / mib, where=alive, color=colors[i % len(colors)], lw=0,
@@ -268,7 +270,6 @@ def timeline_png(trace: list[dict], baseline: int, path: Path, title: str) -> Pa
                 return path
         raise RuntimeError(f"{path}: the snapshot picture is over {MAX_PNG_BYTES:,} bytes at every resolution")
     finally:
-        plt.close(fig)
         part.unlink(missing_ok=True)
 
 
