@@ -97,11 +97,10 @@ def promised_files(config: dict, results: Path, scale: str, distributed: list[st
 
 def missing(results: Path, promised: dict, sections: list[Section] = SECTIONS) -> dict[str, list[str]]:
     """{section: the promised files that are not there, as results/<hw>/...}; `correctness`
-    gets the kernel sections' missing `check` files. A file the deep target alone measures in a
-    section the standard run measures too (`deep`) is not counted: its section says what it lacks."""
+    gets the kernel sections' missing `check` files."""
     out: dict[str, list[str]] = {name: [] for name in frame_names(sections)}
     for path, f in sorted(promised.items()):
-        if not Path(path).exists() and not f.deep:  # a deep file of a standard section: its view says
+        if not Path(path).exists():
             name = os.path.join(results.parent.name, os.path.relpath(path, results.parent))
             out.setdefault(f.section, []).append(name)
             if f.section in KERNEL_SECTIONS and f.study == "check":
@@ -219,8 +218,7 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
     # it says so under its heading, and its files are not counted missing.
     deep = deep_status(promised, absent)
     left_out = {name for name, state in deep.items() if state != "measured"}
-    promised_here = sum(1 for path, f in promised.items()  # less the deep target's files of a standard section not run
-                        if f.section not in left_out and not (f.deep and not Path(path).exists()))
+    promised_here = sum(1 for f in promised.values() if f.section not in left_out)
     absent = {name: ([] if name in left_out else files) for name, files in absent.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     figures_dir.mkdir(parents=True, exist_ok=True)
