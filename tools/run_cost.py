@@ -316,7 +316,7 @@ def plan(overrides: list[str], scale: str, depth: str, costs: Costs, folders=MEA
         mean = statistics.mean(found) if found else float("nan")
         cases_s = sum(found) + mean * (len(ids) - len(found)) if found else (0.0 if not ids else float("nan"))
         out.append({"job": job, "section": f.section, "cases": len(ids), "measured": measured,
-                    "cases_s": cases_s, "apart": job.startswith(APART) or f.deep})
+                    "cases_s": cases_s, "apart": job.startswith(APART)})
     js = pd.DataFrame(out)
     js["overhead_s"] = js.apply(lambda j: overhead(j, costs), axis=1)
     js["total_s"] = js["cases_s"] + js["overhead_s"]

@@ -88,11 +88,9 @@ def measured_contenders(config: dict, results: Path) -> dict:
 
 def promised_files(config: dict, results: Path, scale: str, distributed: list[str]) -> dict:
     """{normalised path: ResultFile} of every CSV a full run at `scale` writes, with the
-    contenders the folder was measured with (`measured_contenders`). A file the deep target alone
-    writes in a section the standard run measures too (`deep`: the end-to-end sizes beyond the
-    standard run's) is promised where it is there: its section shows what the deep target added."""
+    contenders the folder was measured with (`measured_contenders`)."""
     files = wf.result_files(measured_contenders(config, Path(results)), str(results), scale, distributed)
-    return {os.path.normpath(f.path): f for f in files if not f.deep or Path(f.path).exists()}
+    return {os.path.normpath(f.path): f for f in files}
 
 
 def missing(results: Path, promised: dict, sections: list[Section] = SECTIONS) -> dict[str, list[str]]:
@@ -117,6 +115,16 @@ def deep_status(promised: dict, absent: dict[str, list[str]]) -> dict[str, str]:
         files = [f for f in promised.values() if f.section == name]
         status[name] = "none" if not files else "not_measured" if len(absent[name]) == len(files) else "measured"
     return status
+
+
+def deep_grids_not_run(promised: dict) -> set[str]:
+    """The paths of the deep target's files in sections not declared deep (their deep grids:
+    lmperf.declare.Planned.deep), of each section none of whose such files is here."""
+    grids: dict[str, list[str]] = {}
+    for path, f in promised.items():
+        if getattr(f, "deep", False) and f.section not in DEEP:
+            grids.setdefault(f.section, []).append(path)
+    return {p for paths in grids.values() if not any(Path(p).exists() for p in paths) for p in paths}
 
 
 def environment(templates: Path, sections: list[Section] = ()) -> jinja2.Environment:
@@ -213,6 +221,10 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
         frames = named_contenders_only(frames, contenders_named)
     frames = contenders.wrong_everywhere(frames)  # a contender that failed a check is timed nowhere
     inputs = Inputs(results=results, frames=frames, bars=bars, out_dir=out.parent, scale=scale, models=models or {})
+    # a section's deep grid none of whose files is here (the deep target has not run): its view
+    # says so, and its files are not counted missing
+    not_run = deep_grids_not_run(promised)
+    promised = {path: f for path, f in promised.items() if path not in not_run}
     absent = missing(results, promised, sections)
     # A deep section none of whose files is here comes from the deep target, which has not run:
     # it says so under its heading, and its files are not counted missing.
