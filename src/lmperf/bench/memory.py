@@ -181,9 +181,9 @@ def measure(case: dict, dims: dict, html_dir: Path, png_dir: Path | None = None)
         rows.append(row)
     html_dir.mkdir(parents=True, exist_ok=True)
     (html_dir / f"{case['case_id']}.html").write_text(_memory_viz.trace_plot(snapshot))
-    if png_dir is not None:
-        title = f"{case['size']}, {case['mode']}, {case['dtype']}, context {case['context']:,}"
-        timeline_png(trace, baseline, png_dir / f"{case['case_id']}.png", title)
+    title = f"{case['size']}, {case['mode']}, {case['dtype']}, context {case['context']:,}"
+    png_dir = png_dir or html_dir.parent / SNAPSHOTS  # beside the HTML pages' folder, both beside the CSV
+    timeline_png(trace, baseline, png_dir / f"{case['case_id']}.png", title)
     return rows
 
 
@@ -275,9 +275,9 @@ def timeline_png(trace: list[dict], baseline: int, path: Path, title: str) -> Pa
 
 def main(argv=None):
     args = common.bench_args(__doc__, argv)  # spec: size, contexts, modes, dtypes and the model dims
-    html_dir, png_dir = args.out.parent / "html", args.out.parent / SNAPSHOTS
+    html_dir = args.out.parent / "html"
     common.run_cases(section="memory", study="memory", cases=cases(args.spec),
-                     measure=lambda case: measure(case, args.spec["model"], html_dir, png_dir), out_csv=args.out,
+                     measure=lambda case: measure(case, args.spec["model"], html_dir), out_csv=args.out,
                      hw=args.hw, log_path=args.log, fingerprint={"spec": args.spec})
 
 
