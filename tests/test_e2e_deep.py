@@ -157,3 +157,12 @@ def test_the_table_of_models_lists_every_size_the_report_names():
     # the model code's own count of xl agrees
     from lmperf.model import ModelConfig, count_parameters
     assert count_parameters(ModelConfig(**xl, context_length=256, vocab_size=int(vocab))) == table.loc["xl", "_parameters"]
+
+
+def test_the_section_names_the_rows_the_deep_target_measured():
+    """Rows marked `deep_target` (report/rows.py marks those of the files a plan marks deep) are
+    named per study and size; without the mark, none are."""
+    rows = with_compile_study(h100_rows(), speedup=1.25)
+    assert view_e2e.view(inputs({"e2e": rows}))["deep_target"] == {}
+    marked = rows.assign(deep_target=(rows["study"] == "compile") | ((rows["study"] == "variants") & (rows["size"] == "2.7B")))
+    assert view_e2e.view(inputs({"e2e": marked}))["deep_target"] == {"compile": ["small", "2.7B"], "variants": ["2.7B"]}

@@ -198,7 +198,18 @@ def view(inputs) -> dict:
     view["legends"] = {name: table_legend(view[name], view["host_bound"])
                        for name in ("variants_train", "variants_forward", "warmup", "context", "compile") if name in view}
     view["warmup_sizes"] = warmup_sizes(df)
+    view["deep_target"] = deep_target_cases(df)
     return view
+
+
+def deep_target_cases(df: pd.DataFrame) -> dict:
+    """Which rows the deep target measured (their `deep_target` mark, report/rows.py: the files a
+    plan marks deep): {study: its sizes measured so}, in size order; {} where none is marked."""
+    if "deep_target" not in df:
+        return {}
+    deep = df[df["deep_target"].eq(True)]
+    order = size_order(df)
+    return {study: [s for s in order if s in set(g["size"])] for study, g in deep.groupby("study", sort=True)}
 
 
 def warmup_sizes(df: pd.DataFrame) -> dict:
