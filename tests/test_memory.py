@@ -131,3 +131,109 @@ def test_without_contender_rungs_the_memory_section_has_no_contender_table():
     ladder = pd.read_csv(LADDER)
     assert view.contender_rungs(ladder[~ladder["name"].str.startswith("contender_")]).empty
     assert view.contender_rungs(pd.DataFrame()).empty
+
+
+TINY = {"d_model": 32, "d_ff": 64, "n_layers": 2, "n_heads": 2}
+
+
+def recorded(mode: str) -> tuple[list[dict], int]:
+    """The trace of one recorded step of `mode` on a CPU (after a warm-up step, as `measure`), and
+    the model's parameter bytes."""
+    from lmperf import train
+    case = {"size": "tiny", "context": 16, "mode": mode, "dtype": "fp32", "compile": False,
+            "attention": "plain", "batch_size": 2}
+    cfg, model, optimizer, inputs, targets, autocast = train.setup(case, TINY)
+    step = memory.step_of(case, model, optimizer, inputs, targets, autocast)
+    step()
+    trace = memory.device_trace(memory.record_snapshot(step, cuda=False))
+    assert all(p.grad is None for p in model.parameters())  # every mode ends with no gradient held
+    return trace, sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def allocated(trace: list[dict], category: str) -> int:
+    return sum(e["size"] for e in trace if e["action"] == "alloc" and e.get("category") == category)
+
+
+def test_forward_backward_allocates_the_gradients_and_no_optimizer_state():
+    """fwd_bwd records forward and backward without the optimizer step: a gradient for every
+    parameter, no optimizer state (a training step's has some), and a forward pass none of either."""
+    fwd_bwd, parameter_bytes = recorded("fwd_bwd")
+    assert allocated(fwd_bwd, "gradient") == parameter_bytes
+    assert allocated(fwd_bwd, "optimizer_state") == 0
+    step, _ = recorded("train")
+    assert allocated(step, "gradient") == parameter_bytes and allocated(step, "optimizer_state") > 0
+    forward, _ = recorded("forward")
+    assert allocated(forward, "gradient") == allocated(forward, "optimizer_state") == 0
+
+
+def test_an_unknown_mode_is_refused_by_name():
+    with pytest.raises(ValueError, match="backward"):
+        memory.step_of({"mode": "backward"}, None, None, None, None, None)
+
+
+def test_each_mode_is_a_case_and_its_snapshot_picture_is_written_under_1_mb(tmp_path):
+    """The three modes' rows, each case's PNG beside its HTML page, at most MAX_PNG_BYTES; the
+    forward+backward peak lies above the forward pass's (the gradients and the activations
+    backward needs)."""
+    spec = {"size": "tiny", "contexts": [16], "modes": list(memory.MODES), "dtypes": ["fp32"], "batch_size": 2,
+            "model": TINY}
+    peaks = {}
+    for case in memory.cases(spec):
+        rows = pd.DataFrame(memory.measure(case, spec["model"], tmp_path / "html", tmp_path / "png"))
+        peaks[case["mode"]] = rows.set_index("metric").loc["peak_allocated_mib", "mean"]
+        png = tmp_path / "png" / f"{case['case_id']}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert 0 < png.stat().st_size <= memory.MAX_PNG_BYTES
+    assert set(peaks) == {"forward", "fwd_bwd", "train"}
+    assert peaks["fwd_bwd"] > peaks["forward"]
+
+
+def test_the_stacked_bands_add_up_to_the_active_memory(snapshot):
+    """The picture's bands: the bottom ones and every large allocation's band stack to the
+    timeline's active bytes at each sampled event; each band is its allocation's size while it
+    lives and nothing otherwise; the peak's event is among the samples."""
+    import numpy as np
+    trace = memory.device_trace(snapshot)
+    active = np.array(memory.timeline(trace), dtype=float)
+    allocs, freed_before = memory.allocations(trace)
+    largest = sorted(a["size"] for a in allocs)[-10:]
+    baseline = freed_before[-1]  # none recorded: what the step frees of the memory before it
+    for points in (len(trace), 50):  # every event, then a sample of them
+        t, before, small, edges = memory.stacked_bands(trace, baseline=0, bands=10, points=points)
+        top = edges[-1][1]
+        assert np.allclose(top, active[t] + baseline)
+        assert int(active.argmax()) in set(t)
+        assert (small >= 0).all() and (before >= 0).all()
+        for lo, hi, _ in edges:
+            assert set(np.unique(hi - lo)) <= {0.0, float(max(hi - lo))}
+    t, before, small, edges = memory.stacked_bands(trace, baseline=0, bands=10, points=len(trace))
+    assert sorted(max(hi - lo) for lo, hi, _ in edges) == largest
+
+
+H100_MEMORY = Path(__file__).parents[1] / "results" / "h100-80gb-hbm3" / "memory" / "memory.csv"
+
+
+def test_the_section_shows_each_snapshot_picture_the_run_wrote_and_the_forward_backward_peaks(tmp_path, snapshot):
+    """The memory view on the committed H100 rows plus forward+backward ones (a copy of the forward
+    rows under mode fwd_bwd): its peaks per mode include fwd_bwd's, and `pictures` lists exactly
+    the cases whose PNG is in the results folder, each by a path that resolves from the report's
+    folder."""
+    from lmperf.report import memory as view
+    from lmperf.report.sections import Inputs
+    rows = pd.read_csv(H100_MEMORY)
+    extra = rows[rows["mode"] == "forward"].assign(mode="fwd_bwd")
+    extra["case_id"] = extra["case_id"].str.replace("-forward-", "-fwd_bwd-")
+    rows = pd.concat([rows, extra], ignore_index=True)
+    results, out = tmp_path / "results" / "h100", tmp_path / "report"
+    drawn = ["2.7B-ctx128-fwd_bwd-fp32", "2.7B-ctx512-train-bf16"]
+    for case in drawn:
+        memory.timeline_png(memory.device_trace(snapshot), 0, results / "memory" / "snapshots" / f"{case}.png", case)
+    v = view.view(Inputs(results=results, frames={"memory": rows}, bars={}, out_dir=out))
+    assert [p["case"] for p in v["pictures"]] == [c for c in dict.fromkeys(rows["case_id"]) if c in drawn]
+    for pic in v["pictures"]:
+        assert (out / pic["path"]).resolve() == (results / "memory" / "snapshots" / f"{pic['case']}.png").resolve()
+    peak = rows[(rows["metric"] == "peak_allocated_mib") & (rows["mode"] == "fwd_bwd")]["mean"]
+    assert v["peaks"]["fwd_bwd"]["n"] == len(peak) == 6
+    assert v["peaks"]["fwd_bwd"]["max"] == peak.max()
+    none = view.view(Inputs(results=tmp_path / "elsewhere", frames={"memory": rows}, bars={}, out_dir=out))
+    assert none["pictures"] == []

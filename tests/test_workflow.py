@@ -71,7 +71,7 @@ def test_dry_run_plans_the_whole_dag(fresh_plan):
     assert jobs["report"] == 1 and jobs["env"] == 1
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     studies = config["e2e"]["smoke"]["studies"]
-    assert jobs["e2e_study"] == sum(len(s["sizes"]) for s in studies.values())
+    assert jobs["e2e_study"] == sum(len(s["sizes"]) + len(s.get("deep_sizes", [])) for s in studies.values())  # depth=deep
     assert jobs["ladder_size"] == len(config["ladder"]["smoke"]["sizes"])
 
 
@@ -496,7 +496,7 @@ echo "start $(date +%s.%N)" >> "$JOBS_LOG"
 [ -n "${ORDER_LOG:-}" ] && echo "$out" >> "$ORDER_LOG"
 sleep 1
 mkdir -p "$(dirname "$out")" && echo "fake" > "$out"
-case "$out" in */memory/memory.csv) mkdir -p "$(dirname "$out")/html";; esac
+case "$out" in */memory/memory.csv) mkdir -p "$(dirname "$out")/html" "$(dirname "$out")/snapshots";; esac
 echo "end $(date +%s.%N)" >> "$JOBS_LOG"
 """
 GPU_TARGETS = ("env", "e2e", "ladder", "precision", "attention", "profile", "memory", "flash_attention", "lrpe")

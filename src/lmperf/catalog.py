@@ -39,11 +39,16 @@ def _plan_env(ctx):
 
 
 def _plan_e2e(ctx):
+    """One job a study and size: a study's `sizes` in every run, its `deep_sizes` in the deep
+    target's alone."""
     if not ctx.runs("e2e"):
         return []
     e2e = ctx.grid("e2e")
+    jobs = [(study, size, deep) for study, spec in e2e["studies"].items()
+            for deep, sizes in ((False, spec.get("sizes", [])), (True, spec.get("deep_sizes", [])))
+            for size in sizes]
     return [Planned("e2e_study", study, specs.e2e_spec(ctx.config, e2e, study, size), size,
-                    {"study": study, "size": size}) for study, size in specs.e2e_jobs(e2e)]
+                    {"study": study, "size": size}, deep=deep) for study, size, deep in jobs]
 
 
 def _plan_ladder(ctx):
@@ -149,7 +154,8 @@ SECTIONS = [
     Section(
         "memory", doc="peak memory and the snapshot timeline of one step",
         jobs=(Job("memory", "bench", "memory/memory.csv", "--spec {params.spec:q}",
-                  outputs={"html": "memory/html"}),),  # one snapshot page per case (not in git)
+                  # one snapshot page per case (not in git) and one picture of it (kept)
+                  outputs={"html": "memory/html", "snapshots": "memory/snapshots"}),),
         plan=_one_job("memory", specs.memory_spec), figures={"memory": "memory_timelines.png"}, model=True,
         subcategory="Memory"),
     Section(

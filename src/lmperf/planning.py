@@ -65,7 +65,8 @@ def _check_attention_head_dims(config: dict) -> None:
     for scale, e2e in config["e2e"].items():
         for study, spec in e2e.get("studies", {}).items():  # none where {run: false}
             if e2e_uses_our_attention(spec):
-                bad = [f"{s} ({head_dim(s)})" for s in spec["sizes"] if head_dim(s) not in dims]
+                bad = [f"{s} ({head_dim(s)})" for s in [*spec["sizes"], *spec.get("deep_sizes", [])]
+                       if head_dim(s) not in dims]
                 if bad:
                     raise ValueError(f"config: e2e.{scale}.studies.{study} runs our FlashAttention on "
                                      f"sizes {bad}, whose head dims are not ones {contract}")
@@ -88,6 +89,7 @@ def _named_sizes(config: dict):
     for scale, e2e in config["e2e"].items():
         for study, spec in e2e.get("studies", {}).items():  # none where {run: false}
             yield f"e2e.{scale}.studies.{study}.sizes", spec["sizes"]
+            yield f"e2e.{scale}.studies.{study}.deep_sizes", spec.get("deep_sizes", [])
     for scale, ladder in config["ladder"].items():
         yield f"ladder.{scale}.sizes", ladder["sizes"]
     for scale, adamw in config["adamw_master"].items():

@@ -52,6 +52,15 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return platform.processor() or platform.machine()
 
 
+def usable_cores() -> int | None:
+    """The CPU cores this process may run on (its affinity: what a container or a scheduler lent
+    the run, fewer than the machine's where it is shared); None where the OS does not say."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
 def facts(hw: str, scale: str) -> dict:
     import torch
     prov = provenance.provenance(hw)
@@ -73,6 +82,7 @@ def facts(hw: str, scale: str) -> dict:
         "cpu": platform.processor() or platform.machine(),
         "cpu_model": cpu_model(),
         "cpu_cores": str(os.cpu_count() or "?"),
+        "cpu_cores_usable": str(usable_cores() or "?"),
         "cpu_threads": str(torch.get_num_threads()),
         "os": platform.platform(),
         "commit": prov["commit"],

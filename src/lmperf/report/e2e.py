@@ -11,7 +11,7 @@ import pandas as pd
 
 from lmperf import hardware, stats
 from lmperf.report import energy
-from lmperf.report.format import HOST_BOUND, cell, host_bound, host_bound_legend, idle_text, ratio_range, stop_rule, unavailable
+from lmperf.report.format import HOST_BOUND, Spread, cell, host_bound, host_bound_legend, idle_text, ratio_range, stop_rule, unavailable
 from lmperf.report.context_growth import context_growth
 from lmperf.report.plot import plt, save
 
@@ -186,18 +186,30 @@ def view(inputs) -> dict:
     view["has_mfu"] = not mfu.empty
     view["peaks"] = peaks(mfu)
     view["best_mfu"] = best_mfu(df)
-    view["models"] = model_table(df, inputs.models)
+    view["models"] = model_table(df, inputs.models, named_sizes(inputs.frames))
     view["optimizers"] = sorted(set((df["optimizer"] if "optimizer" in df else pd.Series(dtype=str))
                                     .fillna("foreach")) or {"foreach"})
     df, view["mfu_columns"] = mfu_columns(df)
     view.update(variants(df[df["study"] == "variants"], view["mfu_columns"], threshold))
     view.update(warmup(study_rows(df, "warmup"), threshold))
     view.update(context(study_rows(df, "context"), view["mfu_columns"], threshold))
+    view.update(compile_study(df, threshold))
     # one legend per table: its count is the rows of that table marked host-bound
     view["legends"] = {name: table_legend(view[name], view["host_bound"])
-                       for name in ("variants_train", "variants_forward", "warmup", "context") if name in view}
+                       for name in ("variants_train", "variants_forward", "warmup", "context", "compile") if name in view}
     view["warmup_sizes"] = warmup_sizes(df)
+    view["deep_target"] = deep_target_cases(df)
     return view
+
+
+def deep_target_cases(df: pd.DataFrame) -> dict:
+    """Which rows the deep target measured (their `deep_target` mark, report/rows.py: the files a
+    plan marks deep): {study: its sizes measured so}, in size order; {} where none is marked."""
+    if "deep_target" not in df:
+        return {}
+    deep = df[df["deep_target"].eq(True)]
+    order = size_order(df)
+    return {study: [s for s in order if s in set(g["size"])] for study, g in deep.groupby("study", sort=True)}
 
 
 def warmup_sizes(df: pd.DataFrame) -> dict:
@@ -209,39 +221,76 @@ def warmup_sizes(df: pd.DataFrame) -> dict:
     return {"measured": measured, "missing": [s for s in every if s not in measured]}
 
 
-def model_table(df: pd.DataFrame, models: dict) -> pd.DataFrame:
-    """One row per model size in the rows: its dimensions as configured (`models`, from
-    config/config.yaml), the contexts it ran at, and its parameters as the benchmark counted
-    them, with and without the embeddings (the token embedding and the untied output head,
-    vocabulary x d_model each). The vocabulary is what the count implies: the count less the
-    Transformer blocks and the final norm that the dimensions give, over 2 x d_model. Every size
-    shares one vocabulary, so a size whose count implies another one (or none: not a positive
-    whole number) was measured with other dimensions than the configuration's: its row says so
-    instead of counting."""
+# The sections whose rows name model sizes (their `size` column), beside the end-to-end rows
+SIZED_SECTIONS = ("ladder", "profile", "memory", "convergence", "distributed")
+
+
+def named_sizes(frames: dict) -> list[str]:
+    """The model sizes the other sections' rows name (the profile's, the ladder's, ...): the
+    table of models lists each, so that every size the report names has its dimensions."""
+    out = []
+    for section in SIZED_SECTIONS:
+        df = frames.get(section)
+        if df is not None and not df.empty and "size" in df:
+            out += [str(s) for s in df["size"].dropna().unique()]
+    return list(dict.fromkeys(out))
+
+
+def body_parameters(m: dict) -> int:
+    """A size's parameters without the token embedding and the output head, from its dimensions:
+    q, o; k, v; SwiGLU; two norms a block, and the final norm."""
+    d, f, layers, heads = m["d_model"], m["d_ff"], m["n_layers"], m["n_heads"]
+    d_kv = d // heads * (m.get("n_kv_heads") or heads)
+    return layers * (2 * d * d + 2 * d * d_kv + 3 * d * f + 2 * d) + d
+
+
+def model_table(df: pd.DataFrame, models: dict, named: list[str] = ()) -> pd.DataFrame:
+    """One row per model size in the rows, then per size of `named` (the other sections') that
+    they lack: its dimensions as configured (`models`, from config/config.yaml), the contexts it
+    ran at end to end, and its parameters as the benchmark counted them, with and without the
+    embeddings (the token embedding and the untied output head, vocabulary x d_model each). The
+    vocabulary is what the count implies: the count less the Transformer blocks and the final
+    norm that the dimensions give, over 2 x d_model. Every size shares one vocabulary, so a size
+    whose count implies another one (or none: not a positive whole number) was measured with
+    other dimensions than the configuration's: its row says so instead of counting. A size not
+    timed end to end here is counted from its dimensions and the shared vocabulary (`counted`
+    says which)."""
     params = df[(df["metric"] == "parameters") & (df["status"] == "ok")].groupby("size")["median"].first()
     rows = []
     for size in size_order(df):
         if size not in models or size not in params.index:
             continue
         m = models[size]
-        d, f, layers, heads = m["d_model"], m["d_ff"], m["n_layers"], m["n_heads"]
-        d_kv = d // heads * (m.get("n_kv_heads") or heads)
-        body = layers * (2 * d * d + 2 * d * d_kv + 3 * d * f + 2 * d) + d  # q, o; k, v; SwiGLU; norms
-        total = int(params[size])
+        body, total = body_parameters(m), int(params[size])
         contexts = sorted(set(df[df["size"] == size]["context"].astype(int)))
-        rows.append({"model": size, "d_model": d, "layers": layers, "heads": heads, "d_ff": f,
-                     "contexts": ", ".join(f"{c:,}" for c in contexts), "parameters (B)": total / 1e9,
-                     "without embeddings (B)": body / 1e9, "vocabulary": (total - body) / (2 * d),
+        rows.append({"model": size, "d_model": m["d_model"], "layers": m["n_layers"], "heads": m["n_heads"],
+                     "d_ff": m["d_ff"], "contexts": ", ".join(f"{c:,}" for c in contexts),
+                     "parameters (B)": total / 1e9, "without embeddings (B)": body / 1e9,
+                     "vocabulary": (total - body) / (2 * m["d_model"]), "counted": "by the benchmark",
                      "_parameters": total, "_body": body})
     table = pd.DataFrame(rows)
-    if table.empty:
+    if not table.empty:
+        shared = table["vocabulary"].mode().iloc[0]
+        wrong = (table["vocabulary"] != shared) | (table["vocabulary"] <= 0) | (table["vocabulary"] % 1 != 0)
+        table["without embeddings (B)"] = table["without embeddings (B)"].astype(object).where(
+            ~wrong, "the configuration's dimensions do not give the measured count")
+        table["vocabulary"] = table["vocabulary"].where(~wrong)
+    vocab = table["vocabulary"].dropna() if not table.empty else pd.Series(dtype=float)
+    extra = [s for s in dict.fromkeys(named) if s in models and (table.empty or s not in set(table["model"]))]
+    more = []
+    for size in extra:
+        m = models[size]
+        body = body_parameters(m)
+        total = body + 2 * int(vocab.iloc[0]) * m["d_model"] if len(vocab) else None
+        more.append({"model": size, "d_model": m["d_model"], "layers": m["n_layers"], "heads": m["n_heads"],
+                     "d_ff": m["d_ff"], "contexts": "not timed end to end here",
+                     "parameters (B)": total / 1e9 if total else None, "without embeddings (B)": body / 1e9,
+                     "vocabulary": vocab.iloc[0] if len(vocab) else None, "counted": "from its dimensions",
+                     "_parameters": total, "_body": body})
+    if not more:
         return table
-    shared = table["vocabulary"].mode().iloc[0]
-    wrong = (table["vocabulary"] != shared) | (table["vocabulary"] <= 0) | (table["vocabulary"] % 1 != 0)
-    table["without embeddings (B)"] = table["without embeddings (B)"].astype(object).where(
-        ~wrong, "the configuration's dimensions do not give the measured count")
-    table["vocabulary"] = table["vocabulary"].where(~wrong)
-    return table
+    table = pd.concat([table, pd.DataFrame(more)], ignore_index=True) if not table.empty else pd.DataFrame(more)
+    return table.sort_values("_body", kind="stable", ignore_index=True)
 
 
 def best_mfu(df: pd.DataFrame) -> dict:
@@ -351,6 +400,47 @@ def context(df: pd.DataFrame, mfu: dict[str, str], threshold: float = math.inf) 
     out["context_growth"] = context_growth(df, lo, hi)
     out["context_oom"] = df.drop_duplicates("case_id").query("status == 'oom'")[["size", "context", "dtype"]]
     return out
+
+
+def compile_study(df: pd.DataFrame, threshold: float = math.inf) -> dict:
+    """torch.compile against eager across contexts (the compile study: compiled training steps
+    at every size): one row per size, context and dtype with the eager step (the context study's,
+    or at the variants' context theirs), the compiled one, and eager / compiled where both ran ok
+    without a host-bound side; a case that did not run shows its status (`oom`). {} without the
+    study's rows."""
+    own = df[df["study"] == "compile"]
+    if own.empty:
+        return {}
+    cases = own.drop_duplicates("case_id")
+    pool = df[df["mode"].isin(set(cases["mode"])) & df["dtype"].isin(set(cases["dtype"]))
+              & df["warmup"].isin(set(cases["warmup"])) & df["size"].isin(set(cases["size"]))]
+    pool = pool.drop_duplicates(["case_id", "metric"])
+    contexts = set(cases["context"]) | set(pool[pool["compile"] == "compiled"]["context"])
+    pool = pool[pool["context"].isin(contexts)]
+    rows, ratios = [], []
+    for (size, ctx, dtype), g in ordered_rows(pool).groupby(["size", "context", "dtype"], sort=False):
+        eager, compiled = g[g["compile"] == "eager"], g[g["compile"] == "compiled"]
+        e, c = (cell(x, "step_ms", spread=True, column="median") for x in (eager, compiled))
+        ratio = None
+        if isinstance(e, Spread) and isinstance(c, Spread) and eager["claimable"].all() and compiled["claimable"].all():
+            ratio = e.center / c.center
+            ratios.append({"size": size, "context": int(ctx), "dtype": dtype, "ratio": ratio})
+        idle = [v for x in (eager, compiled) if "gpu_idle_pct" in x
+                and isinstance(v := cell(x, "step_ms", column="gpu_idle_pct"), float) and math.isfinite(v)]
+        rows.append({"size": size, "context": int(ctx), "dtype": dtype,
+                     "eager step ms": "not measured" if e is None else e,
+                     "compiled step ms": "not measured" if c is None else c,
+                     "eager / compiled": ratio,
+                     "GPU idle %": idle_text(max(idle) if idle else None, threshold)})
+    table = pd.DataFrame(rows)
+    by = pd.DataFrame(ratios)
+    speedup = ratio_range(by["ratio"] if len(by) else pd.Series(dtype=float))
+    per_context = ({int(c): ratio_range(g["ratio"]) for c, g in by.groupby("context")} if len(by) else {})
+    failed = table[table["compiled step ms"].map(lambda v: isinstance(v, str) and v != "not measured")]
+    failed = failed[["size", "context", "dtype", "compiled step ms"]]
+    return {"compile": table, "compile_speedup_by_context": per_context, "compile_speedup_all": speedup,
+            "compile_failed": failed.rename(columns={"compiled step ms": "status"}),
+            "compile_sizes": [s for s in size_order(df) if s in set(cases["size"])]}
 
 
 def figures(inputs, paths: dict) -> dict[str, str]:

@@ -13,9 +13,38 @@ LABELS = {"gpu": "GPU", "gpu_memory_gib": "GPU memory (GiB)", "gpu_multiprocesso
           "driver": "NVIDIA driver", "cuda": "CUDA (torch build)", "cudnn": "cuDNN",
           "clocks": "GPU clocks", "torch": "torch",
           "triton": "triton", "python": "Python", "cpu": "CPU", "cpu_model": "CPU model",
-          "cpu_cores": "CPU cores (logical)", "cpu_threads": "CPU threads (torch)",
+          "cpu_cores": "CPU cores (logical)", "cpu_cores_usable": "CPU cores the run had",
+          "cpu_threads": "CPU threads (torch)",
           "os": "OS", "commit": "git commit (at measurement)", "measured_at": "measured at",
           "scale": "scale", "hw": "results folder"}
+
+
+# What the table names on every machine, each a row even where an environment file written
+# before it was recorded lacks it (its value then says so): the host CPU (many rows are
+# host-bound), the driver, cuDNN and the clocks policy.
+REQUIRED = ("gpu", "driver", "cuda", "cudnn", "clocks", "cpu_model", "cpu_cores", "cpu_cores_usable")
+NOT_RECORDED = "not recorded (the environment file predates it)"
+
+
+def table(facts: dict) -> pd.DataFrame:
+    """The environment table: one row a recorded fact, in the file's order, then a row for each
+    REQUIRED fact the file lacks, saying it was not recorded."""
+    rows = [*facts.items(), *((k, NOT_RECORDED) for k in REQUIRED if k not in facts)]
+    return pd.DataFrame([{"": LABELS.get(k, k), "value": v} for k, v in rows])
+
+
+def host(facts: dict) -> str | None:
+    """The host CPU in a phrase ('AMD EPYC 7763 64-Core Processor, 16 of 128 cores'), or None
+    where the environment file does not name its model."""
+    model = facts.get("cpu_model")
+    if not model:
+        return None
+    usable, cores = facts.get("cpu_cores_usable"), facts.get("cpu_cores")
+    known = lambda v: v not in (None, "?", "")
+    if known(usable) and known(cores) and usable != cores:
+        return f"{model}, {usable} of {cores} cores"
+    count = usable if known(usable) else cores
+    return f"{model}, {count} cores" if known(count) else model
 
 
 def device(facts: dict) -> str:
@@ -98,6 +127,5 @@ def view(inputs) -> dict:
     if env.empty:
         return unavailable(f"no {inputs.results}/env/env.csv", facts={}, timing=timing, code=code)
     facts = dict(zip(env["key"], env["value"].astype(str)))
-    table = pd.DataFrame([{"": LABELS.get(k, k), "value": v} for k, v in facts.items()])
-    return {"available": True, "facts": facts, "device": device(facts), "table": table, "timing": timing,
-            "code": code}
+    return {"available": True, "facts": facts, "device": device(facts), "host": host(facts),
+            "table": table(facts), "timing": timing, "code": code}

@@ -1,5 +1,6 @@
 """Memory of one step: peaks per case, the residual stream against the snapshot, links to each
-case's snapshot HTML (the memory rule's `html` output), largest allocations, the timelines figure,
+case's snapshot HTML (the memory rule's `html` output), each case's picture of its snapshot (the
+memory rule's `snapshots`, kept in git) beside the peaks, largest allocations, the timelines figure,
 why a bf16 forward pass peaks above an fp32 one (`bf16_forward`), and each contender's attention in a
 training step beside ours (`contender_rungs`, from the ladder's rows: no second measurement)."""
 from __future__ import annotations
@@ -20,7 +21,7 @@ def view(inputs) -> dict:
         return unavailable("no results (rule memory has not run)")
     cases = df.drop_duplicates("case_id")
     html_dir = inputs.results / "memory" / "html"
-    rows = []
+    rows, pictures = [], []
     for case_id, g in df.groupby("case_id", sort=False):
         first = g.iloc[0]
         residual = g[g["metric"] == "residual_stream_mib"]
@@ -31,6 +32,9 @@ def view(inputs) -> dict:
                      "residual stream (MiB)": cell(g, "residual_stream_mib"),
                      "allocations of that size": int(residual["matching_allocations"].iloc[0]) if len(residual) else None,
                      "snapshot": f"[html]({os.path.relpath(html, inputs.out_dir)})" if html.exists() else None})
+        if (png := snapshot_picture(inputs.results, case_id)) is not None:
+            pictures.append({"case": case_id, "mode": first["mode"], "dtype": first["dtype"],
+                             "context": int(first["context"]), "path": os.path.relpath(png, inputs.out_dir)})
     ok = df[df["status"] == "ok"]
     largest = [{"case": case_id, "table": pd.DataFrame({
         "rank": g["rank"].astype(int), "MiB": g["mean"], "made by": g["made_by"],
@@ -40,7 +44,7 @@ def view(inputs) -> dict:
     first = df.iloc[0]
     e2e = inputs.frames.get("e2e", pd.DataFrame())
     counted = e2e[(e2e["metric"] == "parameters") & (e2e["size"] == first["size"])]["median"] if not e2e.empty else []
-    return {"available": True, "table": pd.DataFrame(rows), "largest": largest,
+    return {"available": True, "table": pd.DataFrame(rows), "largest": largest, "pictures": pictures,
             "bf16_forward": bf16_forward(ok, e2e, inputs.models, first["size"]),
             "modes": list(dict.fromkeys(df["mode"])),
             # the parameters' state only where the peaks count it (a GPU's; a CPU's see the step's allocations)
@@ -51,6 +55,17 @@ def view(inputs) -> dict:
             "n_oom": int((cases["status"] == "oom").sum()),
             "largest_peak": (peak.loc[peak["mean"].idxmax(), ["mode", "dtype", "context", "mean"]].to_dict()
                              if len(peak) else None)}
+
+
+# The memory rule's pictures of its snapshots, beside its CSV (bench/memory.py's SNAPSHOTS)
+SNAPSHOTS = "snapshots"
+
+
+def snapshot_picture(results, case_id: str):
+    """The PNG of a case's snapshot (its allocations stacked over time), or None where the run
+    wrote none (results measured before the pictures were)."""
+    path = results / "memory" / SNAPSHOTS / f"{case_id}.png"
+    return path if path.is_file() else None
 
 
 # What a ladder rung is run on besides its attention: a contender's rung is the last carried rung's
