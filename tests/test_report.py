@@ -474,14 +474,35 @@ COMMITTED = REPO / "results" / "h100-80gb-hbm3"
 DISTRIBUTED = REPO / "results" / "h200-x4"  # the committed multi-GPU run the H100 report quotes
 
 
-@pytest.fixture(scope="module")
-def committed_render(tmp_path_factory) -> str:
-    """The committed H100 results rendered as the report rule renders them (references, models)."""
-    from lmperf.report import references
-    out = tmp_path_factory.mktemp("report") / "report.md"
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    return render.render(COMMITTED, REPO / "templates", out, out.parent / "figures", "full", BARS,
-                         references=references.load(), models=config["models"])
+@pytest.fixture
+def committed_render(h100_report) -> str:
+    """The committed H100 results rendered as the report rule renders them (tests/conftest.py's
+    h100_report, once a session)."""
+    return h100_report.text
+
+
+def lines_above_the_folds(text: str) -> int:
+    depth, n = 0, 0
+    for line in text.splitlines():
+        if line.startswith("<details"):
+            depth += 1
+        elif line.startswith("</details>"):
+            depth -= 1
+        elif depth == 0:
+            n += 1
+    return n
+
+
+def test_the_report_above_its_folds_is_short(committed_render):
+    """What a reader sees without opening a fold: at most half the 1,615 lines the report had
+    before its tables were folded."""
+    assert lines_above_the_folds(committed_render) <= 1615 // 2
+    assert committed_render.count("<details") == committed_render.count("</details>")
+
+
+def test_the_report_package_imports_nothing_from_bench():
+    for path in (REPO / "src" / "lmperf" / "report").glob("*.py"):
+        assert "lmperf.bench" not in path.read_text(), f"{path.name} imports from the bench side"
 
 
 def summary_rows(text: str) -> dict[str, list[str]]:
