@@ -162,11 +162,10 @@ def h100_report(tmp_path_factory) -> Rendered:
     if not H100.is_dir():
         pytest.skip(f"no committed H100 results at {H100}")
     out = tmp_path_factory.mktemp("h100_report") / "report.md"
-    with _providers_environment_kept():
-        return render_capturing(["--results", str(H100), "--scale", "full", "--templates", str(REPO / "templates"),
-                                 "--config", str(REPO / "config" / "config.yaml"),
-                                 "--references", str(REPO / "config" / "references.yaml"),
-                                 "--distributed", str(REPO / "results" / "h200-x4")], out)
+    with _providers_environment_kept(), contextlib.chdir(REPO):  # the page names the folders as the rule does
+        return render_capturing(["--results", "results/h100-80gb-hbm3", "--scale", "full", "--templates", "templates",
+                                 "--config", "config/config.yaml", "--references", "config/references.yaml",
+                                 "--distributed", "results/h200-x4"], out)
 
 
 PROVIDER_VARIABLES = ("LMPERF_CONTENDERS", "LMPERF_PROVIDER_MODULES")
