@@ -46,8 +46,11 @@ def test_a_report_of_end_to_end_environment_and_flash_attention_rows(tmp_path, m
     text, out = render_fixture(tmp_path, [FIXTURES / "h100-80gb-hbm3", FIXTURES / "h200"])
     assert str(tmp_path) not in text  # nothing of the machine it was rendered on
     golden(GOLDEN / "report_fixture.md", text)
-    figures = sorted(p.name for p in (out.parent / "figures").glob("*.png"))
-    assert figures == sorted(re.findall(r"\]\(figures/([\w.-]+\.png)\)", text))  # every figure drawn is shown
+    figures = sorted((out.parent / "figures").glob("*.png"))
+    assert [p.name for p in figures] == sorted(re.findall(r"\]\(figures/([\w.-]+\.png)\)", text))  # each one shown
+    assert {"e2e_step_vs_size.png", "e2e_step_vs_context.png"} <= {p.name for p in figures}
+    for png in figures:  # a real image, not a placeholder
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000, png.name
 
 
 def test_a_report_of_an_empty_results_folder(tmp_path, monkeypatch):
