@@ -224,19 +224,25 @@ def test_flash_attention_bars_follow_the_thresholds_in_the_config():
 
 
 def test_correctness_section_counts_checks_and_flags_failures(tmp_path):
+    from lmperf.report import correctness
     results = tmp_path / "results" / "x"
     shutil.copytree(FA_FIXTURE, results)
     check = results / "flash_attention" / "check.csv"
     df = pd.read_csv(check)
     n_triton_fp16 = int((df.impl.eq("triton") & df.dtype.eq("fp16")).sum())
-    text = run(results, tmp_path)
-    assert re.search(rf"flash_attention / triton \| fp16\s+\| \d+\s+\| {n_triton_fp16}/{n_triton_fp16}", text)
-    assert "Every check that ran passed." in text
+    view = correctness.view(inputs(results))
+    line = view["table"].set_index(["kernel", "dtype"]).loc[("flash_attention / triton", "fp16")]
+    assert (line["_passed"], line["_checks"], line["result"]) == (n_triton_fp16, n_triton_fp16, "pass")
+    assert view["all_pass"] and not view["failures"]
     bad = df.index[df.impl.eq("triton") & df.dtype.eq("fp16")][0]
     df.loc[bad, ["mean", "passed"]] = [1.0, False]
     df.to_csv(check, index=False)
-    text = run(results, tmp_path)
-    assert "**Failing checks:**" in text and "| FAIL" in text
+    view = correctness.view(inputs(results))
+    line = view["table"].set_index(["kernel", "dtype"]).loc[("flash_attention / triton", "fp16")]
+    assert (line["_passed"], line["result"]) == (n_triton_fp16 - 1, "FAIL")
+    assert not view["all_pass"] and [(f["case_id"], f["error"]) for f in view["failures"]] == [(df.loc[bad, "case_id"], 1.0)]
+    text = run(results, tmp_path)  # the failing line is named above the table
+    assert "**Failing checks:**" in text
 
 
 def test_report_lists_the_result_files_a_full_run_would_write_but_are_missing(tmp_path):
