@@ -98,6 +98,85 @@ def snakemake(repo: Path, *args: str, env: dict | None = None, check: bool = Tru
     return proc
 
 
+GOLDEN_VARIABLE = "LMPERF_REWRITE_GOLDEN"
+
+
+def golden(path: Path, text: str) -> None:
+    """Compare `text` whole with the golden file `path`; with LMPERF_REWRITE_GOLDEN=1 write it
+    instead and skip, saying so (review the rewrite with `git diff`, docs/testing.md)."""
+    if os.environ.get(GOLDEN_VARIABLE) == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        pytest.skip(f"{GOLDEN_VARIABLE}=1: rewrote {path.relative_to(REPO)}; review it with git diff")
+    assert path.is_file(), f"no golden file {path.relative_to(REPO)}: write it with {GOLDEN_VARIABLE}=1"
+    expected = path.read_text()
+    if text != expected:
+        import difflib
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True), "golden", "rendered",
+                                            n=1))
+        pytest.fail(f"{path.relative_to(REPO)} differs from the render (rewrite it with {GOLDEN_VARIABLE}=1 "
+                    f"after review):\n{diff[:6000]}", pytrace=False)
+
+
+class Rendered:
+    """A report rendered once: its text, where it was written, and the context its template
+    received ({section: view, "summary": ..., ...}), the structured values tests assert on."""
+
+    def __init__(self, text: str, out: Path, context: dict):
+        self.text, self.out, self.context = text, out, context
+
+    def __getitem__(self, name: str):
+        return self.context[name]
+
+
+def render_capturing(argv: list[str], out: Path) -> Rendered:
+    """`python -m lmperf.report.render` with `argv` (its --out `out`), keeping the context that
+    the report's template received."""
+    import jinja2
+
+    from lmperf.report import render
+    captured: dict = {}
+    original = jinja2.Template.render
+
+    def spy(self, *args, **kwargs):
+        if self.name == "report.md.j2":
+            captured.update(*args, **kwargs)
+        return original(self, *args, **kwargs)
+
+    jinja2.Template.render = spy
+    try:
+        render.main([*argv, "--out", str(out), "--figures", str(out.parent / "figures")])
+    finally:
+        jinja2.Template.render = original
+    assert captured, "the report's template was not rendered"
+    return Rendered(out.read_text(), out, captured)
+
+
+H100 = REPO / "results" / "h100-80gb-hbm3"
+
+
+@pytest.fixture(scope="session")
+def h100_report(tmp_path_factory) -> Rendered:
+    """The committed H100 results rendered once a session as the report rule renders them (the
+    configuration, the published references, the committed multi-GPU run it quotes)."""
+    if not H100.is_dir():
+        pytest.skip(f"no committed H100 results at {H100}")
+    # The renderer forgives a file the cases its job promises now only where git says the file was
+    # measured at older code: it needs the history of the commits the results name.
+    commit = next(line.split(",", 1)[1].strip() for line in (H100 / "env" / "env.csv").read_text().splitlines()
+                  if line.startswith("commit,"))
+    known = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"],
+                           capture_output=True, text=True)
+    if known.returncode != 0:
+        pytest.skip(f"renders the committed H100 results, measured at commit {commit}, which is not in this "
+                    f"checkout's history (or there is no git): the renderer could not tell older code from damage")
+    out = tmp_path_factory.mktemp("h100_report") / "report.md"
+    with _providers_environment_kept(), contextlib.chdir(REPO):  # the page names the folders as the rule does
+        return render_capturing(["--results", "results/h100-80gb-hbm3", "--scale", "full", "--templates", "templates",
+                                 "--config", "config/config.yaml", "--references", "config/references.yaml",
+                                 "--distributed", "results/h200-x4"], out)
+
+
 PROVIDER_VARIABLES = ("LMPERF_CONTENDERS", "LMPERF_PROVIDER_MODULES")
 
 

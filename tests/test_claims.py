@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import REPO
+from conftest import REPO, golden
 from lmperf.report import claims, readme, summary
 from lmperf.report.render import Inputs, bars_from_config, load_section
 
@@ -244,8 +244,7 @@ def test_golden_render_of_a_small_fixture(tmp_path):
     frames = {"flash_attention": load_section(results, "flash_attention")}
     table = claims.compute(frames, results, 10.0)
     text = readme.table_text([readme.row(c) for c in readme.rows_of(table)])
-    golden = GOLDEN / "readme_table.md"
-    assert text + "\n" == golden.read_text(), "rewrite tests/fixtures/claims/readme_table.md after review"
+    golden(GOLDEN / "readme_table.md", text + "\n")
     head = table.find("flash_attention/headline/bf16/causal/fwd_bwd/eager/do_bench/sdpa_cudnn")
     assert head.processes == 3 and head.band == pytest.approx((4.4 / (4.0 * 1.05), 4.4 / (4.0 * 0.97)))
     assert head.verdict == claims.FASTER  # 1.048 to 1.134: wholly beyond 1

@@ -120,8 +120,8 @@ def test_the_committed_report_tests_pass_after_a_report_run_and_skip_without_git
 
 
 # The test files that read the checkout's report/ or results/ folders (what `make report` writes).
-READ_THE_REPORT_FOLDER = ["tests/test_report.py", "tests/test_report_figures.py", "tests/test_hw_reports.py",
-                          "tests/test_planning.py", "tests/test_compare.py", "tests/test_validate.py", "tests/test_suite.py"]
+READ_THE_REPORT_FOLDER = ["tests/test_report.py", "tests/test_report_labels.py", "tests/test_report_figures.py",
+                          "tests/test_hw_reports.py", "tests/test_planning.py", "tests/test_compare.py", "tests/test_validate.py", "tests/test_suite.py"]
 
 
 @pytest.mark.slow
