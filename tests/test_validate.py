@@ -36,7 +36,10 @@ def rendered(tmp_path_factory) -> Path:
 
 
 def promised(results: Path) -> dict:
-    return render.promised_files(CONFIG, results, "full", render.distributed_folders(results))
+    """The files a full run promises, less a section's deep grid that has not run (its view says so)."""
+    files = render.promised_files(CONFIG, results, "full", render.distributed_folders(results))
+    not_run = render.deep_grids_not_run(files)
+    return {path: f for path, f in files.items() if path not in not_run}
 
 
 def not_there(results: Path) -> list[str]:

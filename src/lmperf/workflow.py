@@ -51,9 +51,10 @@ def runs(config: dict, section: str, scale: str) -> bool:
 
 def deep_files(files) -> list:
     """The deep target's result files among `files`: those of the sections declared deep
-    (lmperf.catalog: the repeats, the FP8 rung's convergence)."""
+    (lmperf.catalog: the repeats, the FP8 rung's convergence) and those a section plans for the
+    deep target alone (its deep grids: PyTorch attention's, FlashAttention's)."""
     deep = {s.name for s in catalog.load() if s.deep}
-    return [f for f in files if f.section in deep]
+    return [f for f in files if f.section in deep or f.deep]
 
 
 def run_files(files, depth: str) -> list:
@@ -211,6 +212,7 @@ class ResultFile:
     rule: str = ""
     wildcards: tuple[tuple[str, str], ...] = ()
     module: str | None = None
+    deep: bool = False  # the deep target's alone (declare.Planned.deep)
 
     def case_ids(self) -> list[str] | None:
         """The case ids its job writes rows for, from the benchmark's own case list over the
@@ -274,7 +276,7 @@ def planned_file(section, planned: declare.Planned, results: str, builtin: bool 
     job = next(j for j in section.jobs if j.rule == planned.rule)
     return ResultFile(f"{folder}/{job.layout}".format(**wildcards), section.name, planned.study, planned.spec,
                       planned.arg, cases=tuple(planned.cases), rule=planned.rule, wildcards=tuple(wildcards.items()),
-                      module=None if builtin else section.case_module(planned.study))
+                      module=None if builtin else section.case_module(planned.study), deep=planned.deep)
 
 
 def result_files(config: dict, results: str, scale: str, distributed: list[str],

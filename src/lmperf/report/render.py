@@ -117,6 +117,16 @@ def deep_status(promised: dict, absent: dict[str, list[str]]) -> dict[str, str]:
     return status
 
 
+def deep_grids_not_run(promised: dict) -> set[str]:
+    """The paths of the deep target's files in sections not declared deep (their deep grids:
+    lmperf.declare.Planned.deep), of each section none of whose such files is here."""
+    grids: dict[str, list[str]] = {}
+    for path, f in promised.items():
+        if getattr(f, "deep", False) and f.section not in DEEP:
+            grids.setdefault(f.section, []).append(path)
+    return {p for paths in grids.values() if not any(Path(p).exists() for p in paths) for p in paths}
+
+
 def environment(templates: Path, sections: list[Section] = ()) -> jinja2.Environment:
     """The templates' environment: `templates`, then the template folders sections outside the
     package declare; the filters of lmperf.report.format."""
@@ -211,6 +221,10 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
         frames = named_contenders_only(frames, contenders_named)
     frames = contenders.wrong_everywhere(frames)  # a contender that failed a check is timed nowhere
     inputs = Inputs(results=results, frames=frames, bars=bars, out_dir=out.parent, scale=scale, models=models or {})
+    # a section's deep grid none of whose files is here (the deep target has not run): its view
+    # says so, and its files are not counted missing
+    not_run = deep_grids_not_run(promised)
+    promised = {path: f for path, f in promised.items() if path not in not_run}
     absent = missing(results, promised, sections)
     # A deep section none of whose files is here comes from the deep target, which has not run:
     # it says so under its heading, and its files are not counted missing.
