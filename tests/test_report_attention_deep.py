@@ -96,3 +96,28 @@ def test_the_section_renders_the_edge_table_under_the_deep_targets_name():
     assert rows[1] == {"impl": "compiled", "dtype": "fp32", "d": "16", "largest N that ran": "16384",
                        "first N out of memory": "32768", "model's first N over memory": "65536", "agree": "no"}
     assert rows[3]["first N out of memory"] == "none"
+
+
+@pytest.mark.skipif(not H100.is_dir(), reason="no committed H100 results")
+def test_the_flashattention_deep_grid_is_a_table_of_its_own_and_makes_no_claims():
+    """The committed grid's rows again as the deep grid's (group grid_deep): tables per dtype and
+    head dim of their own; the configurations and the claims stay the standard run's."""
+    import yaml
+
+    from lmperf.report import claims, flash_attention
+    from lmperf.report.sections import SECTIONS, frame_names
+    bars = yaml.safe_load((REPO / "config/config.yaml").read_text())["report"]
+    frames = {name: render.load_section(H100, name) for name in frame_names(SECTIONS)}
+    fa = frames["flash_attention"]
+    grid = fa[fa["group"] == "grid"]
+    deep = grid.assign(group="grid_deep", case_id=grid["case_id"].str.replace("grid-", "grid_deep-", n=1))
+    standard_inputs = Inputs(results=H100, frames=frames, bars=bars, out_dir=Path("."))
+    deep_inputs = Inputs(results=H100, frames={**frames, "flash_attention": pd.concat([fa, deep])}, bars=bars,
+                         out_dir=Path("."))
+    before, after = flash_attention.view(standard_inputs), flash_attention.view(deep_inputs)
+    assert "grid_deep" not in before
+    assert [(g["dtype"], g["head_dim"]) for g in after["grid_deep"]] == [(g["dtype"], g["head_dim"]) for g in before["grid"]]
+    for mine, theirs in zip(after["grid_deep"], before["grid"]):
+        pd.testing.assert_frame_equal(mine["table"], theirs["table"])
+    assert [c["name"] for c in after["configs"]] == [c["name"] for c in before["configs"]]
+    assert len(claims.of(deep_inputs).claims) == len(claims.of(standard_inputs).claims)
