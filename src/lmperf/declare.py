@@ -84,8 +84,7 @@ class Planned:
     """One result file a section's plan promises at a scale: the job (rule) that writes it, its
     study, spec (the JSON its rule passes) and argument (a model size, a process count), its
     wildcards' values, the case patterns it alone runs, its results folder where that is not
-    results/<hw> (the multi-GPU section's), and whether the deep target alone measures it (a
-    section's deep grid: `make report-deep`)."""
+    results/<hw> (the multi-GPU section's), and whether the deep target alone measures it."""
     rule: str
     study: str
     spec: str | None = None
@@ -93,7 +92,7 @@ class Planned:
     wildcards: dict = field(default_factory=dict)
     cases: tuple[str, ...] = ()
     folder: str | None = None
-    deep: bool = False   # the deep target's alone (config `depth: deep`), in a section that is not
+    deep: bool = False   # the deep target's alone (config `depth: deep`) in a section both measure
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,8 @@ def runs(config: dict, section: str, scale: str) -> bool:
 
 def deep_files(files) -> list:
     """The deep target's result files among `files`: those of the sections declared deep
-    (lmperf.catalog: the repeats, the FP8 rung's convergence) and those a section plans for the
-    deep target alone (its deep grids: PyTorch attention's, FlashAttention's)."""
+    (lmperf.catalog: the repeats, the FP8 rung's convergence) and those a section's plan marks
+    deep (the end-to-end sizes beyond the standard run's)."""
     deep = {s.name for s in catalog.load() if s.deep}
     return [f for f in files if f.section in deep or f.deep]
 
@@ -212,7 +212,7 @@ class ResultFile:
     rule: str = ""
     wildcards: tuple[tuple[str, str], ...] = ()
     module: str | None = None
-    deep: bool = False  # the deep target's alone (declare.Planned.deep)
+    deep: bool = False  # the deep target's alone, in a section the standard run measures too
 
     def case_ids(self) -> list[str] | None:
         """The case ids its job writes rows for, from the benchmark's own case list over the
