@@ -4,7 +4,9 @@ target's job planned at depth deep only. On the CPU: the out-of-memory errors ar
 stand-in measurement."""
 from __future__ import annotations
 
+import functools
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -88,3 +90,43 @@ def test_a_run_of_the_deep_grid_on_the_cpu_writes_rows_of_both_dtypes(tmp_path):
     assert set(df["case_id"]) == {"eager-fp32-d8-n16", "eager-fp32-d8-n32", "eager-bf16-d8-n16", "eager-bf16-d8-n32"}
     predicted = df[df["metric"] == "predicted_peak_mib"].set_index("case_id")["mean"]
     assert predicted["eager-fp32-d8-n32"] == pytest.approx(2 * predicted["eager-bf16-d8-n32"])
+
+
+@functools.cache
+def run_cost():
+    """tools/run_cost.py, the run-cost model, as a module."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("lmperf_tools_run_cost", REPO / "tools" / "run_cost.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cost_model_ends_each_line_where_the_memory_model_runs_out():
+    """fp32 eager at batch 8: the memory model puts N = 32,768 over 79.2 GiB (three 32 GiB N x N
+    tensors), so that case costs the out-of-memory allowance and the longer N nothing; bf16's
+    line runs one N further."""
+    rc = run_cost()
+    spec = {"impls": ["eager"], "dtypes": ["fp32", "bf16"], "batch": 8, "head_dims": [64], "seq_lens": [8192, 16384],
+            "oom_max_seq_len": 131072, "iters": 100, "min_iters": 10, "window_s": 1}
+    passes = {("eager", 64, 8192): (7.5, 12.9)}
+    costs = rc.Costs()
+    walls = dict(zip([c["case_id"] for c in attention.cases(spec)], rc.attention_deep_walls(spec, passes, costs)))
+    assert walls["eager-fp32-d64-n32768"] == costs.oom_case_s and walls["eager-fp32-d64-n65536"] == 0
+    assert walls["eager-bf16-d64-n32768"] > walls["eager-bf16-d64-n16384"] > walls["eager-bf16-d64-n8192"] > 0
+    assert walls["eager-bf16-d64-n65536"] == costs.oom_case_s and walls["eager-bf16-d64-n131072"] == 0
+    # at 8,192 tokens: 4 untimed passes and the window's (1 s / 7.5 ms -> 134, at most 100) each way
+    assert walls["eager-fp32-d64-n8192"] == pytest.approx((4 + 100) * 0.0075 + (4 + 78) * 0.0129)
+
+
+@pytest.mark.skipif(not (REPO / "results" / "h100-80gb-hbm3").is_dir(), reason="no committed H100 results")
+def test_the_deep_plan_estimates_the_deep_grids_from_measured_shapes():
+    rc = run_cost()
+    js = rc.plan([], "full", "deep", rc.Costs()).set_index("job")
+    deep = js.loc[["attention/deep", *(f"flash_attention/bench/grid_deep_d{d}" for d in (16, 32, 64, 128))]]
+    assert (deep["cases_s"] > 0).all() and deep["cases_s"].notna().all() and deep["apart"].all()
+    assert deep.loc["attention/deep", "estimated"] == deep.loc["attention/deep", "cases"]
+    assert deep.loc["flash_attention/bench/grid_deep_d32", "measured"] == 0  # no d32 in the standard grid
+    assert 0 < deep.loc["flash_attention/bench/grid_deep_d64", "measured"] < deep.loc["flash_attention/bench/grid_deep_d64", "cases"]
+    assert not js.loc[["attention/attention", "flash_attention/bench/grid_d64"], "apart"].any()
