@@ -130,3 +130,14 @@ def test_the_deep_plan_estimates_the_deep_grids_from_measured_shapes():
     assert deep.loc["flash_attention/bench/grid_deep_d32", "measured"] == 0  # no d32 in the standard grid
     assert 0 < deep.loc["flash_attention/bench/grid_deep_d64", "measured"] < deep.loc["flash_attention/bench/grid_deep_d64", "cases"]
     assert not js.loc[["attention/attention", "flash_attention/bench/grid_d64"], "apart"].any()
+
+
+def test_the_workers_warm_the_standard_grids_compiled_cases_and_no_case_past_the_memory_bound():
+    config = render.load_config(REPO / "config/config.yaml", {})
+    grid = config["attention"]["full"]
+    standard = attention.cases({k: v for k, v in grid.items() if k != "deep"})
+    assert all(attention.warms_in_workers(c) for c in standard if c["impl"] == "compiled")
+    deep = attention.cases(grid["deep"])
+    warmed = {(c["dtype"], c["seq_len"]) for c in deep if attention.warms_in_workers(c)}
+    assert warmed and all(n <= 8192 for _, n in warmed) and not any(c["impl"] == "eager" for c in deep
+                                                                       if attention.warms_in_workers(c))

@@ -221,6 +221,20 @@ def measure(case: dict) -> list[dict]:
                                      [x / 2**20 for x in before_backward]))
     return rows
 
+# The most a compiled case warmed in a worker may need by the memory model: the workers share the
+# GPU with each other and with other jobs' checks (the standard grid's largest case needs 4.6 GB)
+WARM_MAX_BYTES = 8 * 2**30
+
+
+def warms_in_workers(case: dict) -> bool:
+    """Whether a case is compiled in the workers before the timed loop: a compiled case of the
+    grid (not N past it: its line may run out of memory first) whose peak by the memory model is
+    at most WARM_MAX_BYTES; a larger one compiles in its timed run."""
+    return (case["impl"] == "compiled" and not case["past_grid"]
+            and predicted_peak_bytes(case["impl"], case["batch"], case["seq_len"], case["head_dim"],
+                                     ELEMENT_BYTES[case["dtype"]]) <= WARM_MAX_BYTES)
+
+
 def warm(case: dict) -> list[dict]:
     """measure() up to its timed passes: the compiles a case's timed loop then loads."""
     return measure({**case, "warm_only": True})
@@ -240,8 +254,7 @@ def main(argv=None):
                  measure=StopAtOom(lambda case: isolated(case) if case["impl"] in rivals else measure(case)),
                  args=args, fingerprint={"spec": args.spec, **contenders.fingerprint(args.spec.get("contenders"))},
                  warm=warm,
-                 # not N past the grid: the line may run out of memory before it (and workers share the GPU)
-                 compiles=lambda case: case["impl"] == "compiled" and not case["past_grid"],
+                 compiles=warms_in_workers,
                  prepare=lambda todo, say: isolated.warm([c for c in todo if c["impl"] in rivals], say))
 
 if __name__ == "__main__":
