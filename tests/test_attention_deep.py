@@ -141,3 +141,29 @@ def test_the_workers_warm_the_standard_grids_compiled_cases_and_no_case_past_the
     warmed = {(c["dtype"], c["seq_len"]) for c in deep if attention.warms_in_workers(c)}
     assert warmed and all(n <= 8192 for _, n in warmed) and not any(c["impl"] == "eager" for c in deep
                                                                        if attention.warms_in_workers(c))
+
+
+def test_a_deep_grids_rows_count_in_the_deep_targets_wall_time_not_the_standard_runs():
+    """The attention section's deep-grid rows (marked by report/rows.py) run with the deep target,
+    after the standard run: its span ends with the standard rows, and theirs is the deep one's."""
+    from lmperf.report import env as env_view
+    job = lambda start, wall, **more: pd.DataFrame({"measured_at": [start], "study": ["s"], "case_id": ["x"],
+                                                   "wall_s": [wall], "commit": ["abc"], **more})
+    attention_rows = pd.concat([job("2026-11-23T10:10:00+00:00", 60.0),
+                                job("2026-11-23T11:00:00+00:00", 300.0, deep_target=[True])], ignore_index=True)
+    frames = {"ladder": job("2026-11-23T10:00:00+00:00", 60.0), "attention": attention_rows,
+              "repeats": job("2026-11-23T11:10:00+00:00", 120.0)}
+    assert env_view.run_minutes(frames) == 11.0                 # 10:00 to 10:11
+    assert env_view.run_minutes(frames, deep=True) == 12.0      # 11:00 to 11:12
+
+
+def test_the_rows_of_a_deep_file_are_marked_as_the_deep_targets(tmp_path):
+    from lmperf.report import rows as rows_module
+    folder = tmp_path / "attention"
+    folder.mkdir()
+    spec = {"impls": ["eager"], "dtypes": ["fp32"], "batch": 1, "head_dims": [8], "seq_lens": [16], "iters": 2}
+    for name, case_id in (("attention", "eager-d8-n16"), ("deep", "eager-fp32-d8-n16")):
+        pd.DataFrame({"case_id": [case_id], "metric": ["forward_ms"], "status": ["ok"]}).to_csv(folder / f"{name}.csv", index=False)
+    deep = workflow.ResultFile(str(folder / "deep.csv"), "attention", "attention_deep", json.dumps(spec), deep=True)
+    df = rows_module.load_section(tmp_path, "attention", {str(folder / "deep.csv"): deep})
+    assert df.set_index("case_id")["deep_target"].eq(True).to_dict() == {"eager-d8-n16": False, "eager-fp32-d8-n16": True}
