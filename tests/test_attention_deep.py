@@ -167,3 +167,19 @@ def test_the_rows_of_a_deep_file_are_marked_as_the_deep_targets(tmp_path):
     deep = workflow.ResultFile(str(folder / "deep.csv"), "attention", "attention_deep", json.dumps(spec), deep=True)
     df = rows_module.load_section(tmp_path, "attention", {str(folder / "deep.csv"): deep})
     assert df.set_index("case_id")["deep_target"].eq(True).to_dict() == {"eager-d8-n16": False, "eager-fp32-d8-n16": True}
+
+
+def test_a_model_size_not_measured_is_estimated_between_the_sizes_that_were():
+    """log-log in the sizes' parameters between the nearest measured sizes of the same study and
+    case; a case no size has is NaN (the plan then takes the mean of the others)."""
+    import math
+    rc = run_cost()
+    walls = {"e2e/variants/small": {"small-ctx256-bf16-eager-train-warmup5": 2.0},
+             "e2e/variants/2.7B": {"2.7B-ctx256-bf16-eager-train-warmup5": 8.0}}
+    ids = ["medium-ctx256-bf16-eager-train-warmup5", "medium-ctx512-bf16-eager-train-warmup5"]
+    found, same = rc.e2e_size_walls(None, "e2e/variants/medium", ids, walls, rc.Costs(), [])
+    models = render.load_config(REPO / "config/config.yaml", {})["models"]
+    p = {s: math.log(rc.model_parameters(models[s])) for s in ("small", "medium", "2.7B")}
+    share = (p["medium"] - p["small"]) / (p["2.7B"] - p["small"])
+    assert found[0] == pytest.approx(2.0 * 4.0 ** share) and 2.0 < found[0] < 8.0
+    assert math.isnan(found[1]) and same == 0

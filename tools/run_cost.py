@@ -21,8 +21,9 @@ grids have cases no run measured yet, estimated from those that were (DEEP_ESTIM
 PyTorch attention's from the standard grid's per-pass medians, N x N work scaled to each N and
 its stop rule applied, a line ending at the first N the memory model puts over the GPU's memory
 (GPU_MEMORY_GIB) and none after it; FlashAttention's from the standard grid's case at the nearest
-shape, less the do_bench windows its shorter windows leave out. Each such job's line counts its
-estimated cases apart (`estimated`).
+shape, less the do_bench windows its shorter windows leave out; an end-to-end model size no run
+has measured, from the same case at the measured sizes (log-log in their parameters). Each such
+job's line counts its estimated cases apart (`estimated`).
 """
 from __future__ import annotations
 
@@ -443,8 +444,49 @@ def deep_estimate(f, job: str, ids: list[str], walls: dict, costs: Costs, folder
     hook of each deep grid: DEEP_ESTIMATORS, by the job's path prefix."""
     for prefix, estimate in DEEP_ESTIMATORS.items():
         if job.startswith(prefix) and not all(c in walls.get(job, {}) for c in ids):
-            return estimate(f, job, ids, walls, costs, folders)
+            found, measured = estimate(f, job, ids, walls, costs, folders)
+            # an estimator with nothing to go on leaves the job to the section's median case
+            return (found, measured) if any(x == x for x in found) else None
     return None
+
+
+def model_parameters(model: dict, vocab: int = 10_000) -> float:
+    """A model size's parameters, about: its blocks' attention and SwiGLU weights and the
+    embedding and head."""
+    d, f, layers = model["d_model"], model["d_ff"], model["n_layers"]
+    return layers * (4 * d * d + 3 * d * f) + 2 * vocab * d
+
+
+def e2e_size_walls(f, job: str, ids: list[str], walls: dict, costs: Costs, folders) -> tuple[list[float], int]:
+    """Seconds of each case of an end-to-end job at a model size no run has measured: the same
+    case (its id less the size) of the same study at the measured sizes, log-log in the sizes'
+    parameters between the two nearest (beyond them, the nearest); NaN where no size has it."""
+    import math
+
+    import yaml
+    models = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["models"]
+    _, study, size = job.split("/")
+    measured = {j.split("/")[2]: cases for j, cases in walls.items()
+                if j.startswith(f"e2e/{study}/") and j.count("/") == 2 and j.split("/")[2] in models}
+    out, same = [], 0
+    for case_id in ids:
+        rest = case_id.removeprefix(f"{size}-")
+        points = sorted((math.log(model_parameters(models[s])), math.log(cases[f"{s}-{rest}"]))
+                        for s, cases in measured.items() if cases.get(f"{s}-{rest}", 0) > 0)
+        if case_id in walls.get(job, {}):
+            out.append(walls[job][case_id])
+            same += 1
+        elif not points:
+            out.append(float("nan"))
+        elif len(points) == 1:
+            out.append(math.exp(points[0][1]))
+        else:
+            x = math.log(model_parameters(models[size]))
+            below = [p for p in points if p[0] <= x] or points[:1]
+            above = [p for p in points if p[0] >= x] or points[-1:]
+            (x0, y0), (x1, y1) = below[-1], above[0]
+            out.append(math.exp(y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)))
+    return out, same
 
 
 DEEP_ESTIMATORS = {  # job path prefix -> estimate(file, job, ids, walls, costs, folders); a deep grid adds its own
@@ -452,6 +494,7 @@ DEEP_ESTIMATORS = {  # job path prefix -> estimate(file, job, ids, walls, costs,
         attention_deep_walls(json.loads(f.spec), attention_pass_ms(folders), costs), 0),
     "flash_attention/bench/grid_deep": lambda f, job, ids, walls, costs, folders: fa_deep_walls(
         job, json.loads(f.spec), ids, walls, folders),
+    "e2e/": e2e_size_walls,   # the deep target's model sizes (and any size not measured yet)
 }
 
 
