@@ -104,11 +104,12 @@ for SECTION, JOB in wf.jobs(SECTIONS, "study"):
             SHELLS[locals().get("rule", JOB.rule)]
 
 
-# A section's own target (`snakemake --cores 1 e2e`): all its result files at this scale.
+# A section's own target (`snakemake --cores 1 e2e`): all its result files at this scale, a
+# section's deep grid (a file the deep target alone measures) at depth deep only.
 for SECTION in wf.aggregates(SECTIONS):
 
     rule:
         name:
             SECTION.name
         input:
-            wf.paths(RESULT_FILES, SECTION.name),
+            wf.paths([f for f in RESULT_FILES if DEPTH == "deep" or not f.deep], SECTION.name),

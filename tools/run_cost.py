@@ -13,10 +13,22 @@ known (an upper bound of what shorter windows save); their medians cannot be che
 The overhead constants are the measured ones of tools/README.md ("What a full run costs"); pass
 others to see what they change. Repeats and the FP8 rung's convergence are listed apart: they
 are not part of the default run.
+
+    python tools/run_cost.py --plan --depth deep               # the deep target, before it is measured
+
+With --plan, a job's cases are looked up in the measured results (MEASURED). The deep target's
+grids have cases no run measured yet, estimated from those that were (DEEP_ESTIMATORS):
+PyTorch attention's from the standard grid's per-pass medians, N x N work scaled to each N and
+its stop rule applied, a line ending at the first N the memory model puts over the GPU's memory
+(GPU_MEMORY_GIB) and none after it; FlashAttention's from the standard grid's case at the nearest
+shape, less the do_bench windows its shorter windows leave out; an end-to-end model size no run
+has measured, from the same case at the measured sizes (log-log in their parameters). Each such
+job's line counts its estimated cases apart (`estimated`).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from dataclasses import dataclass
@@ -42,6 +54,8 @@ class Costs:
     freeze_model_s: float = 0.35  # ... of which the full collection, which frozen imports leave out
     warm_s: float = 20.0         # a FlashAttention bench job's compile warm-up in its workers
     warm_model_s: float = 40.0   # ... the model group's (FlexAttention and ours, 40 shapes)
+    warm_shape_s: float = 1.0    # ... a compiled shape of a deep grid's job, in its workers (the model group's per shape)
+    oom_case_s: float = 1.0      # a case that runs out of memory: its inputs allocated, its failure a row
     render_s: float = 60.0       # the report rule: an allowance, not measured
 
 
@@ -67,7 +81,9 @@ def overhead(job: pd.Series, costs: Costs) -> float:
     if job["job"] == "flash_attention/check" or job["job"].endswith("/check"):
         per_case = 0.0  # the parent of a check in workers has frozen its imports: milliseconds
     warm = 0.0
-    if job["job"].startswith("flash_attention/bench/grid"):
+    if job["job"].startswith("flash_attention/bench/grid_deep"):
+        warm = costs.warm_shape_s * job.get("compiled", 0)
+    elif job["job"].startswith("flash_attention/bench/grid"):
         warm = costs.warm_s
     elif job["job"] == "flash_attention/bench/model":
         warm = costs.warm_model_s
@@ -302,6 +318,186 @@ def case_walls(job: str, ids: list[str], walls: dict, factors: dict) -> tuple[li
     return found, measured
 
 
+# --- the deep target's grids: cases no run has measured yet, estimated from those that were ---
+
+GPU_MEMORY_GIB = 79.2   # an H100's, as env.csv records it: where the attention lines end
+SAMPLE_FLOOR = 8        # bench/timing.py's sample_until: the fewest passes its median rule stops at
+
+
+def attention_pass_ms(folders) -> dict[tuple[str, int, int], tuple[float, float]]:
+    """(impl, head dim, N) -> (forward, backward) median ms of the standard grid's fp32 rows in
+    the first of `folders` that has them (results/<hw>/attention/attention.csv)."""
+    for folder in folders:
+        path = folder / "attention" / "attention.csv"
+        if not path.exists():
+            continue
+        df = pd.read_csv(path, low_memory=False)
+        ok = df[(df["status"] == "ok") & df["metric"].isin(["forward_ms", "backward_ms"])]
+        out = {}
+        for (impl, d, n), g in ok.groupby(["impl", "head_dim", "seq_len"]):
+            m = g.set_index("metric")["median"]
+            if {"forward_ms", "backward_ms"} <= set(m.index):
+                out[(impl, int(d), int(n))] = (float(m["forward_ms"]), float(m["backward_ms"]))
+        if out:
+            return out
+    return {}
+
+
+def nearest(options, value: int) -> int:
+    """The option nearest `value` on a log scale (the smaller of two as near)."""
+    import math
+    return min(sorted(options), key=lambda o: abs(math.log2(o) - math.log2(value)))
+
+
+def attention_deep_walls(spec: dict, passes: dict, costs: Costs) -> list[float]:
+    """Seconds of each case of PyTorch attention's deep grid (bench/attention.py's cases), in
+    order: per direction, the standard grid's median pass at the nearest head dim and N (a bf16
+    case as its fp32 twin), scaled by (N / N')^2, timed until the stop rule's window (`window_s`,
+    at least `min_iters`, at most `iters` passes; at least SAMPLE_FLOOR), after 4 untimed passes
+    (warm-up, the idle and peak measurements); a case the memory model puts over GPU_MEMORY_GIB
+    `oom_case_s`, and the longer N of its line none."""
+    from lmperf.bench import attention
+    cases = attention.cases(spec)
+    ended: set = set()
+    out = []
+    for c in cases:
+        key = attention.line(c)
+        element = attention.ELEMENT_BYTES[c["dtype"]]
+        if key in ended:
+            out.append(0.0)
+            continue
+        if attention.predicted_peak_bytes(c["impl"], c["batch"], c["seq_len"], c["head_dim"], element) > GPU_MEMORY_GIB * 2**30:
+            ended.add(key)
+            out.append(costs.oom_case_s)
+            continue
+        mine = {(d, n): v for (impl, d, n), v in passes.items() if impl == c["impl"]}
+        if not mine:
+            out.append(float("nan"))
+            continue
+        d = nearest({d for d, _ in mine}, c["head_dim"])
+        n = nearest({n for dd, n in mine if dd == d}, c["seq_len"])
+        scale = (c["seq_len"] / n) ** 2
+        seconds = 0.0
+        for ms in mine[(d, n)]:
+            t = ms * scale / 1e3
+            window = c["window_s"] or float("inf")
+            timed = min(c["iters"], max(c["min_iters"], SAMPLE_FLOOR, int(window / t) + 1)) if t > 0 else c["iters"]
+            seconds += (4 + timed) * t
+        out.append(seconds)
+    return out
+
+
+def fa_deep_walls(job: str, spec: dict, ids: list[str], walls: dict, folders) -> tuple[list[float], int]:
+    """Seconds of each case of a FlashAttention deep grid job, in order of `ids`: the standard
+    grid's case of the same provider and dtype at the nearest N and head dim (of any grid job
+    measured; a provider the grid does not time, such as FlexAttention, the median of its cases
+    in the other groups), less what its shorter do_bench windows leave out of each timed metric;
+    (the seconds, how many are the same shape measured)."""
+    import re
+    deep_ms = sum(spec["groups"][0].get("timing_ms", [25, 100]))
+    grid = {}
+    metrics = {}
+    for folder in folders:
+        for path in sorted((folder / "flash_attention" / "bench").glob("grid_d*.csv")):
+            df = pd.read_csv(path, low_memory=False)
+            std_ms = sum(int(x) for x in str(df["timing_ms"].dropna().iloc[0]).split("/")) if "timing_ms" in df else 125
+            for case_id, g in df.groupby("case_id"):
+                m = re.match(r"grid-(\w+?)-(\w+)-causal-b1h1n(\d+)d(\d+)$", case_id)
+                if m and g["status"].iloc[0] == "ok":
+                    key = (m[1], m[2], int(m[3]), int(m[4]))
+                    grid.setdefault(key, float(g["wall_s"].iloc[0]))
+                    timed = int((g["metric"].astype(str).str.endswith("_ms") & (g["status"] == "ok")).sum())
+                    metrics.setdefault(key, timed * max(0, std_ms - deep_ms) / 1e3)
+    elsewhere: dict[str, list[float]] = {}
+    for j, cases in walls.items():
+        if j.startswith("flash_attention/bench/") and repeat_of(j) is None:
+            for case_id, wall in cases.items():
+                elsewhere.setdefault(case_id.split("-")[1], []).append(wall) if wall > 0 else None
+    out, same = [], 0
+    group = spec["groups"][0]
+    for case_id in ids:
+        m = re.match(r"\w+?-(\w+?)-(\w+)-causal-b1h1n(\d+)d(\d+)$", case_id)
+        provider, dtype, n, d = m[1], m[2], int(m[3]), int(m[4])
+        skipped = ((provider == "torch_tiled" and n > group.get("tiled_max_seq_len", 1024))
+                   or (provider.startswith("sdpa_") and dtype == "fp32"))
+        if skipped:
+            out.append(0.0)
+            continue
+        mine = {(dd, nn): v for (p, dt, nn, dd), v in grid.items() if p == provider and dt == dtype} or \
+               {(dd, nn): v for (p, dt, nn, dd), v in grid.items() if p == provider}
+        if not mine:
+            found = elsewhere.get(provider)
+            out.append(statistics.median(found) if found else float("nan"))
+            continue
+        dd = nearest({k[0] for k in mine}, d)
+        nn = nearest({k[1] for k in mine if k[0] == dd}, n)
+        same += (dd, nn) == (d, n)
+        key = next(k for k in grid if k[0] == provider and k[2] == nn and k[3] == dd and (k[1] == dtype or
+                   not any(kk[1] == dtype for kk in grid if kk[0] == provider)))
+        out.append(max(0.0, mine[(dd, nn)] - metrics.get(key, 0.0)))
+    return out, same
+
+
+def deep_estimate(f, job: str, ids: list[str], walls: dict, costs: Costs, folders) -> tuple[list[float], int] | None:
+    """(seconds of each case, how many were measured as they will run) of a deep grid's job no
+    run has measured whole, or None for a job of another kind (the lookup of case_walls). The
+    hook of each deep grid: DEEP_ESTIMATORS, by the job's path prefix."""
+    for prefix, estimate in DEEP_ESTIMATORS.items():
+        if job.startswith(prefix) and not all(c in walls.get(job, {}) for c in ids):
+            found, measured = estimate(f, job, ids, walls, costs, folders)
+            # an estimator with nothing to go on leaves the job to the section's median case
+            return (found, measured) if any(x == x for x in found) else None
+    return None
+
+
+def model_parameters(model: dict, vocab: int = 10_000) -> float:
+    """A model size's parameters, about: its blocks' attention and SwiGLU weights and the
+    embedding and head."""
+    d, f, layers = model["d_model"], model["d_ff"], model["n_layers"]
+    return layers * (4 * d * d + 3 * d * f) + 2 * vocab * d
+
+
+def e2e_size_walls(f, job: str, ids: list[str], walls: dict, costs: Costs, folders) -> tuple[list[float], int]:
+    """Seconds of each case of an end-to-end job at a model size no run has measured: the same
+    case (its id less the size) of the same study at the measured sizes, log-log in the sizes'
+    parameters between the two nearest (beyond them, the nearest); NaN where no size has it."""
+    import math
+
+    import yaml
+    models = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["models"]
+    _, study, size = job.split("/")
+    measured = {j.split("/")[2]: cases for j, cases in walls.items()
+                if j.startswith(f"e2e/{study}/") and j.count("/") == 2 and j.split("/")[2] in models}
+    out, same = [], 0
+    for case_id in ids:
+        rest = case_id.removeprefix(f"{size}-")
+        points = sorted((math.log(model_parameters(models[s])), math.log(cases[f"{s}-{rest}"]))
+                        for s, cases in measured.items() if cases.get(f"{s}-{rest}", 0) > 0)
+        if case_id in walls.get(job, {}):
+            out.append(walls[job][case_id])
+            same += 1
+        elif not points:
+            out.append(float("nan"))
+        elif len(points) == 1:
+            out.append(math.exp(points[0][1]))
+        else:
+            x = math.log(model_parameters(models[size]))
+            below = [p for p in points if p[0] <= x] or points[:1]
+            above = [p for p in points if p[0] >= x] or points[-1:]
+            (x0, y0), (x1, y1) = below[-1], above[0]
+            out.append(math.exp(y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)))
+    return out, same
+
+
+DEEP_ESTIMATORS = {  # job path prefix -> estimate(file, job, ids, walls, costs, folders); a deep grid adds its own
+    "attention/deep": lambda f, job, ids, walls, costs, folders: (
+        attention_deep_walls(json.loads(f.spec), attention_pass_ms(folders), costs), 0),
+    "flash_attention/bench/grid_deep": lambda f, job, ids, walls, costs, folders: fa_deep_walls(
+        job, json.loads(f.spec), ids, walls, folders),
+    "e2e/": e2e_size_walls,   # the deep target's model sizes (and any size not measured yet)
+}
+
+
 def plan(overrides: list[str], scale: str, depth: str, costs: Costs, folders=MEASURED) -> pd.DataFrame:
     """One line a planned job: its cases, how many were measured as they will run (a repeat's in
     a fresh process; case_walls), their seconds (the cases no measurement gives take the mean of
@@ -312,16 +508,27 @@ def plan(overrides: list[str], scale: str, depth: str, costs: Costs, folders=MEA
     for f in planned_files(overrides, scale, depth):
         job = f.path.removeprefix("results/plan/").removesuffix(".csv")
         ids = f.case_ids() or []
-        found, measured = case_walls(job, ids, walls, factors)
+        estimated = deep_estimate(f, job, ids, walls, costs, folders)
+        found, measured = estimated if estimated is not None else case_walls(job, ids, walls, factors)
+        found = [x for x in found if x == x]  # NaN: no measurement to estimate from
         mean = statistics.mean(found) if found else float("nan")
         cases_s = sum(found) + mean * (len(ids) - len(found)) if found else (0.0 if not ids else float("nan"))
+        compiled = sum(1 for c in ids if any(f"-{p}-" in c for p in ("triton", "plain_compiled", "flex")))
         out.append({"job": job, "section": f.section, "cases": len(ids), "measured": measured,
-                    "cases_s": cases_s, "apart": job.startswith(APART)})
+                    "estimated": (len(ids) - measured) if estimated is not None else 0,
+                    "cases_s": cases_s, "apart": job.startswith(APART) or getattr(f, "deep", False),
+                    "compiled": compiled if job.startswith("flash_attention/bench/grid_deep") else 0})
     js = pd.DataFrame(out)
     js["overhead_s"] = js.apply(lambda j: overhead(j, costs), axis=1)
     js["total_s"] = js["cases_s"] + js["overhead_s"]
     js.attrs["fresh_process_factors"] = factors
     return js
+
+
+def deep_part(job: str) -> str:
+    """The part of the deep target a job is: its deep grid's prefix (DEEP_ESTIMATORS), else its
+    section (repeats, convergence, a section's sizes)."""
+    return next((prefix for prefix in DEEP_ESTIMATORS if job.startswith(prefix)), job.split("/")[0])
 
 
 def main(argv=None) -> None:
@@ -347,8 +554,14 @@ def main(argv=None) -> None:
         sections.loc["(report)"] = [0, 0, 0.0, costs.render_s, costs.render_s]
         print(sections.sort_values("total_s", ascending=False).round(0).astype(int).to_markdown(), end="\n\n")
         total = float(sections["total_s"].sum())
-        print(f"{len(js)} jobs, {int(js['cases'].sum())} cases ({int(js['measured'].sum())} measured): "
+        print(f"{len(js)} jobs, {int(js['cases'].sum())} cases ({int(js['measured'].sum())} measured, "
+              f"{int(js['estimated'].sum())} estimated from other shapes): "
               f"{total:.0f} s, {total / 60:.1f} min one job after another")
+        apart = js[js["apart"]]
+        if len(apart):
+            parts = apart.groupby(apart["job"].map(deep_part))["total_s"].sum().sort_values(ascending=False)
+            print(f"of which the deep target's alone: {parts.sum():.0f} s ({parts.sum() / 60:.1f} min): "
+                  + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in parts.items()))
         factors = js.attrs["fresh_process_factors"]
         print("a repeat's case not yet measured in a fresh process: its job's own wall_s x "
               + ", ".join(f"{factor:.2f} ({section or 'other sections'})" for section, factor in factors.items()))

@@ -67,9 +67,27 @@ def _plan_convergence(ctx):
 
 def _plan_flash_attention(ctx):
     fa, config = ctx.grid("flash_attention"), ctx.config
-    return [Planned("flash_attention_check", "check", specs.fa_check_spec(fa, config)),
-            *(Planned("flash_attention_bench", "bench", specs.fa_bench_spec(fa, config["models"], job, config),
-                      wildcards={"job": job}) for job in specs.fa_bench_jobs(fa, config["models"]))]
+    planned = [Planned("flash_attention_check", "check", specs.fa_check_spec(fa, config)),
+               *(Planned("flash_attention_bench", "bench", specs.fa_bench_spec(fa, config["models"], job, config),
+                         wildcards={"job": job}) for job in specs.fa_bench_jobs(fa, config["models"]))]
+    if "deep" in fa:  # the deep target's grid (its `deep`), its jobs as the bench's
+        deep = {"bench": fa["deep"]}
+        planned += [Planned("flash_attention_bench", "bench", specs.fa_bench_spec(deep, config["models"], job, config),
+                            wildcards={"job": job}, deep=True) for job in specs.fa_bench_jobs(deep, config["models"])]
+    return planned
+
+
+def _plan_attention(ctx):
+    """The attention job at the scale's grid, and the deep target's (its `deep`: PyTorch's own
+    attention alone, dtypes and N to the first out-of-memory case) where the scale has one."""
+    if not ctx.runs("attention"):
+        return []
+    grid = ctx.grid("attention")
+    planned = [Planned("attention", "attention",
+                       specs.attention_spec(ctx.config, {k: v for k, v in grid.items() if k != "deep"}))]
+    if "deep" in grid:
+        planned.append(Planned("attention_deep", "attention_deep", specs.attention_spec({}, grid["deep"]), deep=True))
+    return planned
 
 
 def _plan_lrpe(ctx):
@@ -165,8 +183,10 @@ SECTIONS = [
     Section(
         "attention", doc="PyTorch attention, eager and compiled: time and memory",
         jobs=(Job("attention", "bench", "attention/attention.csv", "--spec {params.spec:q} --workers {params.workers}",
-                  workers=True, threads="warm", priority=PRIORITY_LONG_WARMS, providers=True),),
-        plan=_one_job("attention", specs.attention_spec), figures={"attention": "attention_vs_seq_len.png"},
+                  workers=True, threads="warm", priority=PRIORITY_LONG_WARMS, providers=True),
+              Job("attention_deep", "bench", "attention/deep.csv", "--spec {params.spec:q} --workers {params.workers}",
+                  grid="deep", workers=True, threads="warm", priority=PRIORITY_LONG_WARMS)),
+        plan=_plan_attention, figures={"attention": "attention_vs_seq_len.png"},
         model=True, subcategory="Attention in PyTorch"),
     Section(
         "flash_attention", doc="our FlashAttention-2 checked against float64 and timed against its peers",

@@ -314,7 +314,7 @@ def fa_config_claims(fa: pd.DataFrame, threshold: float, repeats: dict, older: b
     """The headline and throughput configurations: per pass, per harness and per timing, ours
     against every peer timed at the same harness and timing (or no peer)."""
     out = []
-    bench = fa[~fa["group"].isin(["grid", "model"]) & (fa["status"] == "ok")]
+    bench = fa[~fa["group"].isin(["grid", "grid_deep", "model"]) & (fa["status"] == "ok")]
     labels = fa_peers()
     ours_by = fa_ours()
     keys = ["group", "dtype", "causal", "batch", "heads", "seq_len", "head_dim"]

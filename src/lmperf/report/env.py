@@ -91,8 +91,15 @@ def run_minutes(frames: dict[str, pd.DataFrame], deep: bool = False) -> float | 
     """The standard run's wall time in minutes (`run_span_seconds` over every section's rows but
     the deep target's and env's), or with `deep` the deep target's: the two run apart (`make
     report`, `make report-deep`), so one span across both would count the time between them."""
-    span = run_span_seconds({s: df for s, df in frames.items() if s != "env" and (s in DEEP) == deep})
+    span = run_span_seconds({s: df[deep_target(s, df) == deep] for s, df in frames.items() if s != "env"})
     return None if span is None else span / 60
+
+
+def deep_target(section: str, df: pd.DataFrame) -> pd.Series:
+    """Which of a section's rows the deep target measured: all of a deep section's, and those of
+    a deep grid's files in another (report/rows.py marks them `deep_target`)."""
+    marked = df["deep_target"].eq(True) if "deep_target" in df else pd.Series(False, index=df.index)
+    return marked | (section in DEEP)
 
 
 def commits(frames: list[pd.DataFrame]) -> list[str]:

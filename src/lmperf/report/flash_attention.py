@@ -134,7 +134,7 @@ def view(inputs) -> dict:
     configs = []
     for (group, dtype, causal, b, h, kv, n, d), g in bench.groupby(
             ["group", "dtype", "causal", "batch", "heads", "kv_heads", "seq_len", "head_dim"], sort=False):
-        if group in ("grid", "model"):
+        if group in ("grid", "grid_deep", "model"):  # grids: tables of their own
             continue
         table, ratios, host, ours = config_table(g, inputs.bars.get("host_bound_idle_pct", math.inf))
         mode = "causal" if str(causal).lower() == "true" else "non-causal"
@@ -169,6 +169,11 @@ def view(inputs) -> dict:
         view["grid_head_dims"] = sorted(int(d) for d in grid["head_dim"].unique())
         left_out = grid[grid["status"].isin(["skipped", "unsupported"])].drop_duplicates(["provider", "message"])
         view["grid_left_out"] = [f"{r.provider} ({r.status}): {r.message}" for r in left_out.itertuples()]
+    deep = bench[bench["group"] == "grid_deep"]
+    if not deep.empty:  # the deep target's grid: the assignment's, whole
+        view["grid_deep"] = grid_tables(deep, threshold)
+        left_out = deep[deep["status"].isin(["skipped", "unsupported"])].drop_duplicates(["provider", "message"])
+        view["grid_deep_left_out"] = [f"{r.provider} ({r.status}): {r.message}" for r in left_out.itertuples()]
     return view
 
 
@@ -288,7 +293,7 @@ def ratio_table(table: claims.Claims, mark: str) -> pd.DataFrame:
     a speed-up with a host-bound side marked."""
     rows = {}
     for c in table.claims:
-        if c.section != "flash_attention" or c.setting("group") in ("grid", "model") \
+        if c.section != "flash_attention" or c.setting("group") in ("grid", "grid_deep", "model") \
                 or c.setting("timing") != "do_bench" or c.peer is None:
             continue
         key = (c.what, HARNESS.get(c.setting("harness"), c.setting("harness")))

@@ -48,6 +48,10 @@ def load_section(results: Path, section: str, promised: dict | None = None) -> p
         raise validate.DamagedResults(problems)
     frames = [pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in paths]
     frames = [df[df["case_id"].isin(keep[p])] if p in keep else df for p, df in zip(paths, frames)]
+    # the rows of a file the deep target alone measures, in a section the standard run measures
+    # too (a deep grid): marked, so that each run's wall time counts its own (report/env.py)
+    frames = [df.assign(deep_target=True) if getattr(promised.get(os.path.normpath(p)), "deep", False) else df
+              for p, df in zip(paths, frames)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
