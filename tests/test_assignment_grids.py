@@ -166,14 +166,6 @@ def test_the_deep_target_plans_every_flashattention_cell(deep_plan):
     assert FLASH <= planned, sorted(FLASH - planned)[:10]
 
 
-def _e2e_deep_declared() -> bool:
-    import yaml
-    studies = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["e2e"]["full"]["studies"]
-    return any("deep_sizes" in s for s in studies.values())
-
-
-@pytest.mark.xfail(not _e2e_deep_declared(), strict=True,
-                   reason="the end-to-end sizes beyond small and 2.7B are not planned yet (config e2e.full.studies.*.deep_sizes)")
 def test_the_deep_target_plans_every_model_size(deep_plan):
     planned = {f.arg for f in deep_plan if f.section == "e2e" and f.study == "variants"}
     assert E2E_SIZES <= planned, sorted(E2E_SIZES - planned)
