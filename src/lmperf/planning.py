@@ -118,6 +118,8 @@ def _named_providers(config: dict):
             if isinstance(group.get("gpu_time"), list):
                 yield f"{key} gpu_time", "attention", group["gpu_time"]
             yield f"{key} skip", "attention", [s["provider"] for s in group.get("skip", [])]
+    for scale, lrpe in config.get("lrpe", {}).items():
+        yield f"lrpe.{scale}.bench providers", "lrpe", lrpe["bench"].get("providers", [])
 
 
 def _check_providers(config: dict) -> None:

@@ -43,7 +43,9 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 ROLES = ("ours", "peer", "contender")
-CONTRACTS = ("attention",)  # later: "ddp", "fsdp", "sharded_optimizer"
+# "attention": FlashAttention-2 and its peers (q, k, v) -> o; "lrpe": LRPE-cosine (x, theta) -> y;
+# "model_attention": the model's attention (lmperf.model.ATTENTION, the config's `attention`).
+CONTRACTS = ("attention", "lrpe", "model_attention")  # later: "ddp", "fsdp", "sharded_optimizer"
 # What a provider may need, checked before its build: (exception class name in bench.failures,
 # message; {name} is the provider's).
 NEEDS = {
@@ -74,6 +76,16 @@ class Provider:
     cache_compiled: bool = True
     config: Callable[[dict], str] | None = None
     kernel: Callable[..., str] | None = None
+    record: bool = False
+    short: str | None = None
+    colour: str | None = None
+    reference: bool = False
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def says(self) -> str:
+        """The name a sentence gives it: `short`, else its label."""
+        return self.short or self.label
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -112,7 +124,7 @@ _MET = {"cuda": lambda case: _cuda(),
         "half": lambda case: case["dtype"] != "fp32",
         "cuda_for_bf16": lambda case: case["dtype"] != "bf16" or _cuda()}
 
-_REGISTRY: dict[str, Provider] = {}
+_REGISTRY: dict[tuple[str, str], Provider] = {}  # (contract, name) -> provider
 _LOADED: dict[str, str] = {}  # module (a resolved path or a module name) -> its file
 ENV = "LMPERF_PROVIDER_MODULES"  # JSON list of modules: what `share` passes to child processes
 
@@ -129,26 +141,64 @@ def _from_environment() -> None:
 
 
 def register(p: Provider) -> Provider:
-    """Add a provider; ValueError if another one has its name."""
-    old = _REGISTRY.get(p.name)
+    """Add a provider; ValueError if another one of its contract has its name or one of its
+    aliases."""
+    old = _REGISTRY.get((p.contract, p.name))
     if old is not None and old != p:
         raise ValueError(f"provider {p.name!r} is declared twice" + (f" (in {old.source} and {p.source})"
                                                                     if old.source or p.source else ""))
-    _REGISTRY[p.name] = p
+    taken = {n: q.name for q in _REGISTRY.values() if q.contract == p.contract and q.name != p.name
+             for n in (q.name, *q.aliases)}
+    if clash := [n for n in (p.name, *p.aliases) if n in taken]:
+        raise ValueError(f"provider {p.name!r}: the name {clash[0]!r} is {taken[clash[0]]!r}'s")
+    _REGISTRY[(p.contract, p.name)] = p
     return p
 
 
-def find(name: str) -> Provider | None:
-    """The provider of that name, or None (no lookup in the environment: for registering)."""
-    return _REGISTRY.get(name)
+def find(name: str, contract: str = "attention") -> Provider | None:
+    """The contract's provider of that name, or None (no lookup in the environment: for
+    registering)."""
+    return _REGISTRY.get((contract, name))
 
 
-def get(name: str) -> Provider:
+def get(name: str, contract: str = "attention") -> Provider:
     _from_environment()
     try:
-        return _REGISTRY[name]
+        return _REGISTRY[(contract, name)]
     except KeyError:
-        raise KeyError(f"unknown provider {name!r}; known: {', '.join(_REGISTRY)}") from None
+        raise KeyError(f"unknown {contract} provider {name!r}; known: {', '.join(names(contract))}") from None
+
+
+def canonical(contract: str) -> dict[str, str]:
+    """{old name: name} of the contract's aliases: what rows written under an old name read as."""
+    _from_environment()
+    return {a: p.name for p in providers(contract) for a in p.aliases}
+
+
+def of_record(contract: str = "attention") -> list[Provider]:
+    """The contract's peers of record, in declaration order: those the report's bars and the
+    summary name."""
+    return [p for p in providers(contract, "peer") if p.record]
+
+
+def ours(contract: str = "attention", harness: str | None = "eager") -> str:
+    """The name of our provider of the contract called as it is (`harness` None: the first
+    declared, whatever its harness)."""
+    mine = providers(contract, "ours")
+    return next((p.name for p in mine if harness is None or (p.harness or "eager") == harness), mine[0].name)
+
+
+def reference(contract: str = "attention") -> str | None:
+    """The peer a grid's speed-ups are read against, or None."""
+    return next((p.name for p in providers(contract, "peer") if p.reference), None)
+
+
+def colours(contract: str, present) -> dict[str, str]:
+    """{name: colour} of the providers `present`: each its declared colour, else one by its
+    place among them (matplotlib's cycle)."""
+    present = sorted(present)
+    declared = {p.name: p.colour for p in providers(contract) if p.colour}
+    return {n: declared.get(n, f"C{i}") for i, n in enumerate(present)}
 
 
 def providers(contract: str, role: str | None = None) -> list[Provider]:
@@ -366,12 +416,55 @@ for _p in (
     Provider("triton", "ours (Triton)", "ours", "attention", _triton, needs=("cuda_for_bf16",), compiles=True,
              config=_triton_config, kernel=_triton_kernels),
     Provider("sdpa_flash", "SDPA-flash", "peer", "attention", _sdpa("FLASH_ATTENTION"), needs=("half",),
-             cache_compiled=False),
+             cache_compiled=False, record=True),
     Provider("sdpa_cudnn", "SDPA-cuDNN", "peer", "attention", _sdpa("CUDNN_ATTENTION"), needs=("half",),
-             cache_compiled=False),
+             cache_compiled=False, record=True, short="cuDNN"),
     Provider("flex", "FlexAttention", "peer", "attention", _flex, needs=("cuda",), compiles=True),
-    Provider("plain_compiled", "torch.compile", "peer", "attention", _plain_compiled, compiles=True),
+    Provider("plain_compiled", "torch.compile", "peer", "attention", _plain_compiled, compiles=True,
+             reference=True),
     Provider("plain", "PyTorch", "peer", "attention", _plain),
     Provider("torch_tiled", "ours in PyTorch (tiled)", "peer", "attention", _torch_tiled),
+):
+    register(_p)
+
+
+# ---------------------------------------------------------------------------------------------
+# LRPE-cosine: ours (the bars' kernel and its cached-cosine variant), and PyTorch's
+
+
+def _lrpe(name: str):
+    def build(case: dict):
+        from lmperf.bench.lrpe import setup_bench
+        return setup_bench({**case, "provider": name})[0], contextlib.nullcontext
+    return build
+
+
+for _p in (
+    Provider("triton", "ours (Triton)", "ours", "lrpe", _lrpe("triton"), needs=("cuda",), compiles=True),
+    Provider("triton_cache", "ours (Triton), cached cosines", "ours", "lrpe", _lrpe("triton_cache"),
+             needs=("cuda",), compiles=True),
+    Provider("torch", "PyTorch", "peer", "lrpe", _lrpe("torch"), needs=("cuda",)),
+    Provider("torch_compile", "torch.compile", "peer", "lrpe", _lrpe("torch_compile"), needs=("cuda",),
+             compiles=True, record=True),
+):
+    register(_p)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model's attention (config `attention`, lmperf.model.ATTENTION: fn(q, k, v, is_causal))
+
+
+def _model_attention(name: str):
+    def build(case: dict):
+        from lmperf.model import ATTENTION
+        return ATTENTION[name], contextlib.nullcontext
+    return build
+
+
+for _p in (
+    Provider("flash-triton", "ours (Triton)", "ours", "model_attention", _model_attention("flash-triton"),
+             needs=("cuda_for_bf16",), compiles=True),
+    Provider("sdpa", "SDPA", "peer", "model_attention", _model_attention("sdpa")),
+    Provider("plain", "PyTorch", "peer", "model_attention", _model_attention("plain")),
 ):
     register(_p)

@@ -26,8 +26,6 @@ import random
 
 from lmperf.bench import common, jobs, timing
 
-PROVIDERS = ("triton", "triton_cache", "torch", "torch_compile")
-
 
 def check_cases(spec: dict) -> list[dict]:
     cases = []
