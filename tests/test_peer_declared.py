@@ -30,12 +30,13 @@ def registry(monkeypatch):
         yield providers
 
 
-def declare(record: bool = False) -> None:
+def declare(record: bool = False, aliases: tuple[str, ...] = ()) -> None:
     """The one declaration: PyTorch's plain attention under a name and label of its own."""
     def build(case):
         from lmperf.model import plain_attention
         return (lambda q, k, v: plain_attention(q, k, v, case["causal"])), contextlib.nullcontext
-    providers.register(providers.Provider("mine_fast", "Mine, fast", "peer", "attention", build, record=record))
+    providers.register(providers.Provider("mine_fast", "Mine, fast", "peer", "attention", build, record=record,
+                                          aliases=aliases))
 
 
 def spec() -> dict:
@@ -174,3 +175,21 @@ def test_an_alias_reads_old_rows_as_the_provider_that_now_has_the_name(registry)
     assert providers.canonical("attention")["plain_old"] == "plain_renamed"
     with pytest.raises(ValueError, match="plain_old"):
         providers.register(providers.Provider("again", "x", "peer", "attention", old.build, aliases=("plain_old",)))
+
+
+def test_rows_under_an_old_name_read_as_the_renamed_provider(registry, tmp_path, monkeypatch):
+    """A rename keeps the old name as an alias: the committed rows written under it reach the
+    claims, the section's tables and the README as the provider's, with no new measurement."""
+    declare(aliases=("mine_before",))
+    results = measured(tmp_path, monkeypatch)
+    csv = results / "flash_attention" / "bench" / "headline.csv"
+    rows = pd.read_csv(csv)
+    rows.assign(provider=rows["provider"].replace({"mine_fast": "mine_before"})).to_csv(csv, index=False)
+    assert "mine_fast" not in set(pd.read_csv(csv)["provider"])
+    table = claims.compute({"flash_attention": load_section(results, "flash_attention")}, results, 10.0)
+    best = table.best([c for c in table.claims if c.id.startswith("flash_attention/headline/bf16/causal/fwd_bwd/eager/")])
+    assert best.peer.provider == "mine_fast" and best.peer.label == "Mine, fast"
+    view = flash_attention.view(readme.inputs_of(results))
+    headline = next(c for c in view["configs"] if c["group"] == "headline")
+    assert "mine_fast" in list(headline["table"]["provider"]) and "mine_before" not in list(headline["table"]["provider"])
+    assert [x["claim"].peer.provider for x in readme.view(results)["rows"] if x["claim"].peer] == ["mine_fast"] * 3

@@ -98,6 +98,11 @@ class Provider:
         if self.harness not in (None, *HARNESSES):
             raise ValueError(f"provider {self.name!r}: harness {self.harness!r} is not one of {HARNESSES}")
 
+    def needs_cuda(self, dtype: str) -> bool:
+        """Whether it needs a CUDA device at `dtype` ('fp32' | 'fp16' | 'bf16'): a case of it is
+        "needs CUDA" on a machine without one."""
+        return "cuda" in self.needs or ("cuda_for_bf16" in self.needs and dtype == "bf16")
+
     def check_needs(self, case: dict) -> None:
         """Raise the Unsupported / NotRun of the first need the case or this machine does not
         meet."""
@@ -173,6 +178,15 @@ def canonical(contract: str) -> dict[str, str]:
     """{old name: name} of the contract's aliases: what rows written under an old name read as."""
     _from_environment()
     return {a: p.name for p in providers(contract) for a in p.aliases}
+
+
+def renamed(rows, contract: str, column: str = "provider"):
+    """`rows` (a DataFrame) with each alias in `column` read as the name of the provider that has
+    it now (`Provider.aliases`): rows written before a rename read on, unmeasured again."""
+    aliases = canonical(contract)
+    if not aliases or rows.empty or column not in rows or not rows[column].isin(list(aliases)).any():
+        return rows
+    return rows.assign(**{column: rows[column].replace(aliases)})
 
 
 def of_record(contract: str = "attention") -> list[Provider]:

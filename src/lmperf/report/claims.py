@@ -600,6 +600,7 @@ def compute(frames: dict, results: Path, threshold: float, older: set | frozense
     lrpe = with_jobs(lrpe[lrpe["study"] == "bench"], results, "lrpe") if not lrpe.empty else lrpe
     ladder = frames.get("ladder", pd.DataFrame())
     ladder = with_jobs(ladder, results, "ladder") if not ladder.empty else ladder
+    fa, lrpe = providers.renamed(fa, "attention"), providers.renamed(lrpe, "lrpe")
     if not fa.empty and "median" not in fa:
         fa = fa.assign(median=fa["mean"])
     if not fa.empty and "harness" not in fa:  # rows from before the bench recorded it: the provider's own

@@ -142,7 +142,7 @@ def same_kernel_note(b: str, a: str) -> str:
 
 
 def view(inputs) -> dict:
-    bench = inputs.rows("flash_attention", "bench")
+    bench = providers.renamed(inputs.rows("flash_attention", "bench"), "attention")
     if bench.empty:
         return unavailable("no benchmark results (rule flash_attention_bench has not run)")
     if (bench["status"] != "ok").all():
@@ -424,7 +424,7 @@ def figures(inputs, paths: dict) -> dict[str, str]:
     for the providers whose rows have it (ours and torch.compile'd PyTorch attention), one panel
     per dtype and head dim; and ours over each peer's time across shapes, GPU time on both sides
     (`ratio_figure`). {name: why} of a figure not drawn."""
-    bench = inputs.rows("flash_attention", "bench")
+    bench = providers.renamed(inputs.rows("flash_attention", "bench"), "attention")
     if not bench.empty and CENTER not in bench:  # rows with a mean only (one sample: the same number)
         bench = bench.assign(**{CENTER: bench["mean"]})
     model = model_table(bench[bench["group"] == "model"], "fwd_bwd_gpu_ms") if not bench.empty else pd.DataFrame()

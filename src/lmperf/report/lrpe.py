@@ -162,7 +162,7 @@ def kernel_timed(bench: pd.DataFrame) -> bool:
 
 
 def view(inputs) -> dict:
-    bench = inputs.rows("lrpe", "bench")
+    bench = providers.renamed(inputs.rows("lrpe", "bench"), "lrpe")
     if bench.empty:
         return unavailable("no benchmark results (rule lrpe_bench has not run)")
     if CENTER not in bench:  # rows with a mean only (one sample: the same number)
@@ -266,7 +266,7 @@ def figures(inputs, paths: dict) -> dict[str, str]:
     """Achieved GB/s against tokens, forward and backward, per provider (l = 0), by the time the
     bars use (kernel time where measured, else time per call); {name: why} of a figure not drawn."""
     path = paths["lrpe_bandwidth"]
-    bench = inputs.rows("lrpe", "bench")
+    bench = providers.renamed(inputs.rows("lrpe", "bench"), "lrpe")
     ok = bench[(bench["status"] == "ok") & (bench["l"] == 0)] if not bench.empty else bench
     if ok.empty:
         return {"lrpe_bandwidth": "no LRPE benchmark case ran ok here"}
