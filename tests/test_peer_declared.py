@@ -193,3 +193,22 @@ def test_rows_under_an_old_name_read_as_the_renamed_provider(registry, tmp_path,
     headline = next(c for c in view["configs"] if c["group"] == "headline")
     assert "mine_fast" in list(headline["table"]["provider"]) and "mine_before" not in list(headline["table"]["provider"])
     assert [x["claim"].peer.provider for x in readme.view(results)["rows"] if x["claim"].peer] == ["mine_fast"] * 3
+
+
+def test_lrpe_builds_from_the_registry_and_its_config_names_are_checked_against_it():
+    """LRPE-cosine's providers are the registry's: the bench builds each case's call from it
+    (bench/lrpe.py's setup_bench), and a config naming one it does not hold stops planning."""
+    import torch
+
+    from lmperf import planning
+    from lmperf.kernels.lrpe import lrpe_torch
+    from lmperf.report.render import CONFIG, load_config
+    case = {"dims": 1, "side": 8, "l": 0}
+    x, theta = torch.randn(1, 2, 8, 4), torch.rand(2, 4)
+    fn, _ = providers.get("torch", "lrpe").build(case)
+    assert torch.equal(fn(x, theta), lrpe_torch(x, theta, (8,), 0))
+    assert not providers.get("torch", "lrpe").needs_cuda("bf16") and providers.get("triton", "lrpe").needs_cuda("bf16")
+    config = load_config(CONFIG)
+    config["lrpe"]["smoke"]["bench"]["providers"] = ["triton", "nope"]
+    with pytest.raises(ValueError, match="lrpe.smoke.bench providers names \\['nope'\\]"):
+        planning.check_config(config)

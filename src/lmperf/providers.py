@@ -446,20 +446,34 @@ for _p in (
 # LRPE-cosine: ours (the bars' kernel and its cached-cosine variant), and PyTorch's
 
 
+@functools.cache
+def compiled_lrpe():
+    """PyTorch's LRPE-cosine under torch.compile (static shapes), made once: the torch.compile peer."""
+    import torch
+    from lmperf.kernels.lrpe import lrpe_torch
+    return torch.compile(lrpe_torch, dynamic=False)
+
+
 def _lrpe(name: str):
+    """Contract "lrpe": `build(case)` returns `(fn(x, theta) -> y, context)` for the case's grid
+    (`side` tokens along each of `dims` axes, `l` extra tokens)."""
     def build(case: dict):
-        from lmperf.bench.lrpe import setup_bench
-        return setup_bench({**case, "provider": name})[0], contextlib.nullcontext
+        from lmperf.kernels.lrpe import check_inputs, lrpe_cosine_md
+        shape, l = (case["side"],) * case["dims"], case["l"]
+        if name == "torch_compile":
+            fn = lambda x, theta: (check_inputs(x, theta, shape, l, "torch"), compiled_lrpe()(x, theta, shape, l))[1]
+        else:
+            fn = lambda x, theta: lrpe_cosine_md(x, theta, shape, l, name)
+        return fn, contextlib.nullcontext
     return build
 
 
 for _p in (
-    Provider("triton", "ours (Triton)", "ours", "lrpe", _lrpe("triton"), needs=("cuda",), compiles=True),
+    Provider("triton", "ours (Triton)", "ours", "lrpe", _lrpe("triton"), needs=("cuda_for_bf16",), compiles=True),
     Provider("triton_cache", "ours (Triton), cached cosines", "ours", "lrpe", _lrpe("triton_cache"),
-             needs=("cuda",), compiles=True),
-    Provider("torch", "PyTorch", "peer", "lrpe", _lrpe("torch"), needs=("cuda",)),
-    Provider("torch_compile", "torch.compile", "peer", "lrpe", _lrpe("torch_compile"), needs=("cuda",),
-             compiles=True, record=True),
+             needs=("cuda_for_bf16",), compiles=True),
+    Provider("torch", "PyTorch", "peer", "lrpe", _lrpe("torch")),
+    Provider("torch_compile", "torch.compile", "peer", "lrpe", _lrpe("torch_compile"), compiles=True, record=True),
 ):
     register(_p)
 

@@ -24,6 +24,7 @@ import itertools
 import math
 import random
 
+from lmperf import providers
 from lmperf.bench import common, jobs, timing
 
 
@@ -43,7 +44,7 @@ def measure_check(case: dict) -> list[dict]:
     from lmperf.kernels.lrpe import compare
 
     cuda = torch.cuda.is_available()
-    if case["impl"] != "torch" and case["dtype"] == "bf16" and not cuda:
+    if providers.get(case["impl"], "lrpe").needs_cuda(case["dtype"]) and not cuda:
         raise common.NotRun("needs CUDA: bf16 Triton kernels are checked on the GPU")
     device = "cuda" if cuda else "cpu"
     seed = random.randrange(2**31)
@@ -83,12 +84,10 @@ def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dic
     return {"check": check_cases, "bench": bench_cases}[study](spec)
 
 
-@functools.cache
 def compiled_torch():
-    """lrpe_torch under torch.compile (static shapes), made once: the torch.compile peer."""
-    import torch
-    from lmperf.kernels.lrpe import lrpe_torch
-    return torch.compile(lrpe_torch, dynamic=False)
+    """lrpe_torch under torch.compile (static shapes), made once: the torch.compile peer's
+    (lmperf.providers)."""
+    return providers.compiled_lrpe()
 
 
 # Timings are do_bench's quantiles over its repeats: 20%, median, 80%.
@@ -196,19 +195,12 @@ def setup_bench(case: dict):
     """(fn, (x, theta, grad)) of a bench case: the provider's call fn(x, theta) and its inputs
     (the same every run). Raises NotRun without CUDA."""
     import torch
-    from lmperf.kernels.lrpe import lrpe_cosine_md
 
     if not torch.cuda.is_available():
         raise common.NotRun("needs CUDA")
-    shape, l = (case["side"],) * case["dims"], case["l"]
     b, h, d, n = case["batch"], case["heads"], case["d"], case["tokens"]
     dtype = common.torch_dtype(case["dtype"])
-    provider = case["provider"]
-    if provider == "torch_compile":
-        from lmperf.kernels.lrpe import check_inputs
-        fn = lambda x, theta: (check_inputs(x, theta, shape, l, "torch"), compiled_torch()(x, theta, shape, l))[1]
-    else:
-        fn = lambda x, theta: lrpe_cosine_md(x, theta, shape, l, provider)
+    fn, _ = providers.get(case["provider"], "lrpe").build(case)  # the registry's (lmperf.providers)
     # A seeded generator of the case's own: the same inputs in every run.
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen, requires_grad=True)
@@ -220,7 +212,7 @@ def setup_bench(case: dict):
 def compiles(case: dict) -> bool:
     """Whether a bench case compiles (what the compile-cache warm-up of bench/workers.py can
     leave for its timed run): our Triton kernels and torch.compile; plain PyTorch does not."""
-    return case["provider"] != "torch"
+    return providers.get(case["provider"], "lrpe").compiles
 
 
 def warm_bench(case: dict) -> list[dict]:
@@ -305,7 +297,7 @@ def measure_bench(case: dict) -> list[dict]:
     rows.append(quantile_row("copy_gbs", "GB/s", *copy_bandwidth_quantiles(*copy_windows)))
     rows.append(one_value("x_elements", "count", x.numel()))
     config = ""
-    if provider.startswith("triton"):  # the tile it ran with, for the tuning notes
+    if providers.get(provider, "lrpe").role == "ours":  # the tile it ran with, for the tuning notes
         from lmperf.kernels import lrpe
         cfg = lrpe.launch_config(d)
         config = f"BLOCK_N={cfg['BLOCK_N']} warps={cfg['num_warps']} programs_per_sm={lrpe.PROGRAMS_PER_SM} min_batch={lrpe.MIN_BATCH_PER_PROGRAM}"
