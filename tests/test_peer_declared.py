@@ -1,18 +1,19 @@
 """A peer added by one declaration (lmperf.providers.register) reaches the bench's CSV, the
 FlashAttention-2 section's tables, the report's summary and the README's table; made the fastest,
 it is the best peer everywhere a best peer is named. The bench's own row code runs (case
-planning, measure_bench, run_cases writing the CSV); only the device is faked: the calls are
+planning, measure_bench, the job's loop writing the CSV); only the device is faked: the calls are
 timed by a fake clock, since this machine has no GPU. Also: the report's peers of record, ours
 and the grid's reference come from the registry, and rows under an old name read as the
 provider that now has it."""
 import contextlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
 from lmperf import contenders, providers
-from lmperf.bench import common, flash_attention as bench, timing
+from lmperf.bench import flash_attention as bench, jobs, timing
 from lmperf.report import claims, flash_attention, readme, summary
 from lmperf.report.render import load_section
 
@@ -83,8 +84,9 @@ def measured(tmp_path: Path, monkeypatch) -> Path:
     cases = bench.bench_cases(spec())
     assert [c["case_id"] for c in cases if c["provider"] == "mine_fast"] == \
         ["headline-mine_fast-bf16-causal-b1h2n64d16", "throughput-mine_fast-bf16-full-b1h2n64d16"]
-    common.run_cases(section="flash_attention", study="bench", cases=cases, measure=bench.measure_bench,
-                     out_csv=out, hw="cpu", log_path=None, fingerprint={})
+    args = SimpleNamespace(workers=1, cases=None, out=out, hw="cpu", log=None)  # the job's command line
+    jobs.run(section="flash_attention", study="bench", cases=cases, measure=bench.measure_bench, args=args,
+             fingerprint={})
     return results
 
 
