@@ -163,8 +163,9 @@ def _check_float8(config: dict) -> None:
 
 
 def e2e_uses_our_attention(spec: dict) -> bool:
-    """Whether an e2e study's model runs our FlashAttention kernel: a study with that attention."""
-    return spec.get("attention") == "flash-triton"
+    """Whether an e2e study's model runs our FlashAttention kernel: a study with our attention
+    (lmperf.providers, contract "model_attention")."""
+    return spec.get("attention") in providers.names("model_attention", "ours")
 
 
 def check_distributed_config(config: dict) -> None:
