@@ -1,9 +1,12 @@
 """Every implementation a benchmark runs, declared once: its name (the id in the config and the
 CSVs), the label the report and the README print, its role (ours, a peer, a user's contender),
 the contract it implements, how to build it for a case, what it needs, and whether it compiles.
-The config's provider lists are checked against this registry (lmperf.planning), the bench
-builds from it (bench/flash_attention.py), and the report's peer columns and the README's
-labels read it.
+The config's provider lists are checked against this registry (lmperf.planning), the benches
+build from it (bench/flash_attention.py, bench/lrpe.py), and the report reads from it which
+provider is ours, the peers and their labels, the peers of record its bars and summary name,
+the grid's reference, the figures' colours and the old names of renamed providers (`aliases`,
+`renamed`): no module of the report keeps a list of provider names. Each provider belongs to one
+contract ("attention", "lrpe", "model_attention"): one name may be a provider of two.
 
     providers.names("attention")              # ['triton_compiled', 'triton', 'sdpa_flash', ...]
     providers.names("attention", role="peer") # the report's peer columns, in this order
