@@ -190,7 +190,8 @@ def view(inputs) -> dict:
     shown = lambda key: pd.DataFrame(found[key]).rename(columns={"bar": "target"})
     return {"available": True, "tables": tables, "bars": pd.DataFrame(found["bars"]),
             "cache_lines": pd.DataFrame(found["cache"]), "per_call": pd.DataFrame(found["per_call"]),
-            "targets": {"triton": shown("bars"), "triton_cache": shown("cache"), "per_call": shown("per_call")},
+            "targets": {"bars": shown("bars"), "cache": shown("cache"), "per_call": shown("per_call")},
+            "ours": ours(), "cached": cached(),  # the providers the bars and the cache lines are of
             "threshold": threshold, "gpu_timed": gpu_timed,
             "host_bound_calls": host_bound_calls(ok, threshold),
             "published": published(val, PUBLISHED, idle_pivot(ok, threshold)),
