@@ -214,3 +214,20 @@ def test_lrpe_builds_from_the_registry_and_its_config_names_are_checked_against_
     config["lrpe"]["smoke"]["bench"]["providers"] = ["triton", "nope"]
     with pytest.raises(ValueError, match="lrpe.smoke.bench providers names \\['nope'\\]"):
         planning.check_config(config)
+
+
+def test_the_fused_kernels_are_the_registrys_and_the_ladder_names_its_peer_by_its_label():
+    """The ladder's `fused` kernels (ours, one a rung) and their peer (Liger-Kernel) are declared
+    under the contract "fused": planning checks the config's names against them, and the claims
+    name a peer rung by the registry's label."""
+    from lmperf import planning
+    from lmperf.report.render import CONFIG, load_config
+    assert providers.names("fused", "ours") == ["rmsnorm", "swiglu", "rope"]
+    assert providers.names("fused", "peer") == ["liger"]
+    rung = pd.Series({"change": "peer (on the last carried rung's settings; not carried up): ...", "name": "liger",
+                      "rung": 12})
+    assert claims.rung_label(rung) == f"{providers.get('liger', 'fused').label} (rung 12)"
+    config = load_config(CONFIG)
+    config["ladder"]["smoke"]["fused"] = ["rmsnorm", "mine"]
+    with pytest.raises(ValueError, match="ladder.smoke.fused names \\['mine'\\]"):
+        planning.check_config(config)

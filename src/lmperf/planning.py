@@ -118,6 +118,8 @@ def _named_providers(config: dict):
             if isinstance(group.get("gpu_time"), list):
                 yield f"{key} gpu_time", "attention", group["gpu_time"]
             yield f"{key} skip", "attention", [s["provider"] for s in group.get("skip", [])]
+    for scale, ladder in config.get("ladder", {}).items():
+        yield f"ladder.{scale}.fused", "fused", ladder.get("fused", [])
     for scale, lrpe in config.get("lrpe", {}).items():
         yield f"lrpe.{scale}.check.impls", "lrpe", lrpe["check"].get("impls", [])
         yield f"lrpe.{scale}.bench providers", "lrpe", lrpe["bench"].get("providers", [])

@@ -6,7 +6,7 @@ build from it (bench/flash_attention.py, bench/lrpe.py), and the report reads fr
 provider is ours, the peers and their labels, the peers of record its bars and summary name,
 the grid's reference, the figures' colours and the old names of renamed providers (`aliases`,
 `renamed`): no module of the report keeps a list of provider names. Each provider belongs to one
-contract ("attention", "lrpe", "model_attention"): one name may be a provider of two.
+contract ("attention", "lrpe", "model_attention", "fused"): one name may be a provider of two.
 
     providers.names("attention")              # ['triton_compiled', 'triton', 'sdpa_flash', ...]
     providers.names("attention", role="peer") # the report's peer columns, in this order
@@ -47,8 +47,9 @@ from typing import Callable, Iterable
 
 ROLES = ("ours", "peer", "contender")
 # "attention": FlashAttention-2 and its peers (q, k, v) -> o; "lrpe": LRPE-cosine (x, theta) -> y;
-# "model_attention": the model's attention (lmperf.model.ATTENTION, the config's `attention`).
-CONTRACTS = ("attention", "lrpe", "model_attention")  # later: "ddp", "fsdp", "sharded_optimizer"
+# "model_attention": the model's attention (lmperf.model.ATTENTION, the config's `attention`);
+# "fused": fused kernels patched into the model (lmperf.kernels.fused, the ladder's `fused`).
+CONTRACTS = ("attention", "lrpe", "model_attention", "fused")  # later: "ddp", "fsdp", "sharded_optimizer"
 # What a provider may need, checked before its build: (exception class name in bench.failures,
 # message; {name} is the provider's).
 NEEDS = {
@@ -497,5 +498,30 @@ for _p in (
              needs=("cuda_for_bf16",), compiles=True),
     Provider("sdpa", "SDPA", "peer", "model_attention", _model_attention("sdpa")),
     Provider("plain", "PyTorch", "peer", "model_attention", _model_attention("plain")),
+):
+    register(_p)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused kernels patched into the model (the ladder's `fused` rungs): ours one a part, Liger-Kernel's
+# all in one. Contract "fused": `build(case)` returns `(fn(model), context)`, fn patching the model
+# in place (lmperf.kernels.fused.apply).
+
+
+def _fused(impl: str, part: str | None = None):
+    def build(case: dict):
+        from lmperf.kernels import fused
+        parts = [part] if part else list(fused.PARTS)
+        return (lambda model: fused.apply(model, impl, parts)), contextlib.nullcontext
+    return build
+
+
+for _p in (
+    Provider("rmsnorm", "our fused RMSNorm (Triton)", "ours", "fused", _fused("ours", "rmsnorm"),
+             needs=("cuda_for_bf16",)),
+    Provider("swiglu", "our fused SwiGLU (Triton)", "ours", "fused", _fused("ours", "swiglu"),
+             needs=("cuda_for_bf16",)),
+    Provider("rope", "our RoPE (Triton)", "ours", "fused", _fused("ours", "rope"), needs=("cuda_for_bf16",)),
+    Provider("liger", "Liger-Kernel", "peer", "fused", _fused("liger"), needs=("cuda",)),
 ):
     register(_p)

@@ -449,7 +449,9 @@ def lrpe_claims(lrpe: pd.DataFrame, threshold: float, repeats: dict, older: bool
 # ---------------------------------------------------------------------------------------------
 # Training: the ladder
 
-LADDER_PEERS = {"liger": "Liger-Kernel", "float8_tensorwise": "torchao float8, tensorwise",
+# The ladder's peer rungs by name: the fused kernels' peers by the registry's labels (contract
+# "fused"), torchao's float8 recipes
+LADDER_PEERS = {"float8_tensorwise": "torchao float8, tensorwise",
                 "float8_rowwise": "torchao float8, rowwise"}
 
 
@@ -470,7 +472,8 @@ def rung_kind(rungs: pd.DataFrame) -> pd.Series:
 def rung_label(r: pd.Series) -> str:
     """A rung as a claim names it: the library, or PyTorch's settings, with its rung number."""
     if str(r["change"]).startswith("peer"):
-        return f"{LADDER_PEERS.get(r['name'], r['name'])} (rung {int(r['rung'])})"
+        labels = {**{p.name: p.label for p in providers.providers("fused", "peer")}, **LADDER_PEERS}
+        return f"{labels.get(r['name'], r['name'])} (rung {int(r['rung'])})"
     if r.get("kind") == "ours":
         return f"ours: rung {int(r['rung'])}, `{r['name']}`"
     parts = [p for p, on in (("torch.compile", str(r["compile"]).lower() == "true"),
