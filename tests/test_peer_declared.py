@@ -198,8 +198,9 @@ def test_rows_under_an_old_name_read_as_the_renamed_provider(registry, tmp_path,
 
 
 def test_lrpe_builds_from_the_registry_and_its_config_names_are_checked_against_it():
-    """LRPE-cosine's providers are the registry's: the bench builds each case's call from it
-    (bench/lrpe.py's setup_bench), and a config naming one it does not hold stops planning."""
+    """LRPE-cosine's providers are declared in the registry: its torch build computes PyTorch's
+    LRPE-cosine, the needs say which need CUDA, and a config naming one it does not hold stops
+    planning."""
     import torch
 
     from lmperf import planning

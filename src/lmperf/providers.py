@@ -1,8 +1,8 @@
 """Every implementation a benchmark runs, declared once: its name (the id in the config and the
 CSVs), the label the report and the README print, its role (ours, a peer, a user's contender),
 the contract it implements, how to build it for a case, what it needs, and whether it compiles.
-The config's provider lists are checked against this registry (lmperf.planning), the benches
-build from it (bench/flash_attention.py, bench/lrpe.py), and the report reads from it which
+The config's provider lists are checked against this registry (lmperf.planning), the
+FlashAttention-2 benchmark builds from it (bench/flash_attention.py), and the report reads from it which
 provider is ours, the peers and their labels, the peers of record its bars and summary name,
 the grid's reference, the figures' colours and the old names of renamed providers (`aliases`,
 `renamed`): no module of the report keeps a list of provider names. Each provider belongs to one
@@ -450,24 +450,32 @@ for _p in (
 # LRPE-cosine: ours (the bars' kernel and its cached-cosine variant), and PyTorch's
 
 
+def _kernels(module: str):
+    """A kernels module that a build of a contract other than the attention's runs, imported when
+    the build is called. By name, not by an import statement: lmperf.sources makes a job's code
+    inputs from the import statements of what it imports, and every job that reads this registry
+    (the FlashAttention-2 benchmark's, for one) would otherwise rerun on an edit to these kernels.
+    The benchmark that runs them imports them itself (bench/lrpe.py, bench/ladder.py)."""
+    return importlib.import_module(module)
+
+
 @functools.cache
 def compiled_lrpe():
     """PyTorch's LRPE-cosine under torch.compile (static shapes), made once: the torch.compile peer."""
     import torch
-    from lmperf.kernels.lrpe import lrpe_torch
-    return torch.compile(lrpe_torch, dynamic=False)
+    return torch.compile(_kernels("lmperf.kernels.lrpe").lrpe_torch, dynamic=False)
 
 
 def _lrpe(name: str):
     """Contract "lrpe": `build(case)` returns `(fn(x, theta) -> y, context)` for the case's grid
     (`side` tokens along each of `dims` axes, `l` extra tokens)."""
     def build(case: dict):
-        from lmperf.kernels.lrpe import check_inputs, lrpe_cosine_md
+        lrpe = _kernels("lmperf.kernels.lrpe")
         shape, l = (case["side"],) * case["dims"], case["l"]
         if name == "torch_compile":
-            fn = lambda x, theta: (check_inputs(x, theta, shape, l, "torch"), compiled_lrpe()(x, theta, shape, l))[1]
+            fn = lambda x, theta: (lrpe.check_inputs(x, theta, shape, l, "torch"), compiled_lrpe()(x, theta, shape, l))[1]
         else:
-            fn = lambda x, theta: lrpe_cosine_md(x, theta, shape, l, name)
+            fn = lambda x, theta: lrpe.lrpe_cosine_md(x, theta, shape, l, name)
         return fn, contextlib.nullcontext
     return build
 
@@ -510,7 +518,7 @@ for _p in (
 
 def _fused(impl: str, part: str | None = None):
     def build(case: dict):
-        from lmperf.kernels import fused
+        fused = _kernels("lmperf.kernels.fused")
         parts = [part] if part else list(fused.PARTS)
         return (lambda model: fused.apply(model, impl, parts)), contextlib.nullcontext
     return build

@@ -24,8 +24,10 @@ import itertools
 import math
 import random
 
-from lmperf import providers
-from lmperf.bench import common, jobs, timing
+from lmperf import csv_schema, dtypes, failures, stats
+from lmperf.bench import cli, jobs, timing
+
+PROVIDERS = ("triton", "triton_cache", "torch", "torch_compile")
 
 
 def check_cases(spec: dict) -> list[dict]:
@@ -44,14 +46,14 @@ def measure_check(case: dict) -> list[dict]:
     from lmperf.kernels.lrpe import compare
 
     cuda = torch.cuda.is_available()
-    if providers.get(case["impl"], "lrpe").needs_cuda(case["dtype"]) and not cuda:
-        raise common.NotRun("needs CUDA: bf16 Triton kernels are checked on the GPU")
+    if case["impl"] != "torch" and case["dtype"] == "bf16" and not cuda:
+        raise failures.NotRun("needs CUDA: bf16 Triton kernels are checked on the GPU")
     device = "cuda" if cuda else "cpu"
     seed = random.randrange(2**31)
     gen = torch.Generator(device=device).manual_seed(seed)
     shape = tuple(int(s) for s in case["grid"].split("x"))
     n = case["l"] + math.prod(shape)
-    dtype = common.torch_dtype(case["dtype"])
+    dtype = dtypes.torch_dtype(case["dtype"])
     x = torch.randn(case["batch"], case["heads"], n, case["d"], generator=gen, device=device).to(dtype)
     theta = torch.rand(case["heads"], case["e"], generator=gen, device=device)
     grad = torch.randn(*x.shape[:-1], 2 * case["d"], generator=gen, device=device).to(dtype)
@@ -84,10 +86,12 @@ def job_cases(study: str, spec: dict | None, arg: str | None = None) -> list[dic
     return {"check": check_cases, "bench": bench_cases}[study](spec)
 
 
+@functools.cache
 def compiled_torch():
-    """lrpe_torch under torch.compile (static shapes), made once: the torch.compile peer's
-    (lmperf.providers)."""
-    return providers.compiled_lrpe()
+    """lrpe_torch under torch.compile (static shapes), made once: the torch.compile peer."""
+    import torch
+    from lmperf.kernels.lrpe import lrpe_torch
+    return torch.compile(lrpe_torch, dynamic=False)
 
 
 # Timings are do_bench's quantiles over its repeats: 20%, median, 80%.
@@ -97,7 +101,7 @@ QUANTILES = (0.2, 0.5, 0.8)
 def one_value(metric: str, unit: str, value: float) -> dict:
     """A row for one measured number: no spread to claim, so std is empty (summarize writes 0
     for a single sample)."""
-    return dict(common.summarize(metric, unit, [value]), std=math.nan)
+    return dict(stats.summarize(metric, unit, [value]), std=math.nan)
 
 
 def quantile_row(metric: str, unit: str, q20: float, median: float, q80: float) -> dict:
@@ -137,7 +141,7 @@ def device_us(key_averages, calls: int, flush_kernels: dict) -> float:
     launches per flush). Raises if the flushes cannot be told apart (not `calls` of each)."""
     total, flushes = 0.0, {}
     for e in key_averages:
-        if not common.is_device_work(e):
+        if not timing.is_device_work(e):
             continue
         if e.key in flush_kernels:
             flushes[e.key] = flushes.get(e.key, 0) + e.count
@@ -164,7 +168,7 @@ def _flush_kernels() -> dict:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         buf.bitwise_not_()
         torch.cuda.synchronize()
-    kernels = {e.key: e.count for e in prof.key_averages() if common.is_device_work(e)}
+    kernels = {e.key: e.count for e in prof.key_averages() if timing.is_device_work(e)}
     if not kernels:
         raise RuntimeError("the profiler recorded no GPU work (CUPTI unavailable?)")
     return kernels
@@ -195,12 +199,19 @@ def setup_bench(case: dict):
     """(fn, (x, theta, grad)) of a bench case: the provider's call fn(x, theta) and its inputs
     (the same every run). Raises NotRun without CUDA."""
     import torch
+    from lmperf.kernels.lrpe import lrpe_cosine_md
 
     if not torch.cuda.is_available():
-        raise common.NotRun("needs CUDA")
+        raise failures.NotRun("needs CUDA")
+    shape, l = (case["side"],) * case["dims"], case["l"]
     b, h, d, n = case["batch"], case["heads"], case["d"], case["tokens"]
-    dtype = common.torch_dtype(case["dtype"])
-    fn, _ = providers.get(case["provider"], "lrpe").build(case)  # the registry's (lmperf.providers)
+    dtype = dtypes.torch_dtype(case["dtype"])
+    provider = case["provider"]
+    if provider == "torch_compile":
+        from lmperf.kernels.lrpe import check_inputs
+        fn = lambda x, theta: (check_inputs(x, theta, shape, l, "torch"), compiled_torch()(x, theta, shape, l))[1]
+    else:
+        fn = lambda x, theta: lrpe_cosine_md(x, theta, shape, l, provider)
     # A seeded generator of the case's own: the same inputs in every run.
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen, requires_grad=True)
@@ -212,7 +223,7 @@ def setup_bench(case: dict):
 def compiles(case: dict) -> bool:
     """Whether a bench case compiles (what the compile-cache warm-up of bench/workers.py can
     leave for its timed run): our Triton kernels and torch.compile; plain PyTorch does not."""
-    return providers.get(case["provider"], "lrpe").compiles
+    return case["provider"] != "torch"
 
 
 def warm_bench(case: dict) -> list[dict]:
@@ -223,7 +234,7 @@ def warm_bench(case: dict) -> list[dict]:
     fn, (x, theta, grad) = setup_bench(case)
     fn(x, theta).backward(grad)
     torch.cuda.synchronize()
-    return [{**common.failure_row("ok", ""), "metric": "compiled"}]
+    return [{**csv_schema.failure_row("ok", ""), "metric": "compiled"}]
 
 
 def measure_bench(case: dict) -> list[dict]:
@@ -297,7 +308,7 @@ def measure_bench(case: dict) -> list[dict]:
     rows.append(quantile_row("copy_gbs", "GB/s", *copy_bandwidth_quantiles(*copy_windows)))
     rows.append(one_value("x_elements", "count", x.numel()))
     config = ""
-    if providers.get(provider, "lrpe").role == "ours":  # the tile it ran with, for the tuning notes
+    if provider.startswith("triton"):  # the tile it ran with, for the tuning notes
         from lmperf.kernels import lrpe
         cfg = lrpe.launch_config(d)
         config = f"BLOCK_N={cfg['BLOCK_N']} warps={cfg['num_warps']} programs_per_sm={lrpe.PROGRAMS_PER_SM} min_batch={lrpe.MIN_BATCH_PER_PROGRAM}"
@@ -323,8 +334,8 @@ def graph_rows(fn, x, theta, grad, rep_ms: int, gbs, copy: float, within: float 
             timed = timing.bench_graph(call, rep_ms=rep_ms, median_within=within)
             ms[name], q20, q80 = timed
         except Exception as exc:  # noqa: BLE001  (the other timings stand without it)
-            status, message = common.classify_failure(exc)
-            rows.append({**common.failure_row(status, ("CUDA graph: " + message)[:300]),
+            status, message = failures.classify_failure(exc)
+            rows.append({**csv_schema.failure_row(status, ("CUDA graph: " + message)[:300]),
                          "metric": f"{name}_gpu_ms", "unit": "ms"})
             continue
         rows.append({**quantile_row(f"{name}_gpu_ms", "ms", q20, ms[name], q80), **timed.fields()})
@@ -341,7 +352,7 @@ def graph_rows(fn, x, theta, grad, rep_ms: int, gbs, copy: float, within: float 
 
 def main(argv=None):
     studies = {"check": (check_cases, measure_check), "bench": (bench_cases, measure_bench)}
-    args = common.bench_args(__doc__, argv, studies=studies, options=jobs.options)
+    args = cli.bench_args(__doc__, argv, studies=studies, options=jobs.options)
     cases, measure = studies[args.study]
     # a check's cases run side by side in the workers; a timing job's compiles are warmed in them
     jobs.run(section="lrpe", study=args.study, cases=cases(args.spec), measure=measure, args=args,
