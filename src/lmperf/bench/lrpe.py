@@ -24,8 +24,7 @@ import itertools
 import math
 import random
 
-from lmperf import csv_schema, dtypes, failures, stats
-from lmperf.bench import cli, jobs, timing
+from lmperf.bench import common, jobs, timing
 
 PROVIDERS = ("triton", "triton_cache", "torch", "torch_compile")
 
@@ -47,13 +46,13 @@ def measure_check(case: dict) -> list[dict]:
 
     cuda = torch.cuda.is_available()
     if case["impl"] != "torch" and case["dtype"] == "bf16" and not cuda:
-        raise failures.NotRun("needs CUDA: bf16 Triton kernels are checked on the GPU")
+        raise common.NotRun("needs CUDA: bf16 Triton kernels are checked on the GPU")
     device = "cuda" if cuda else "cpu"
     seed = random.randrange(2**31)
     gen = torch.Generator(device=device).manual_seed(seed)
     shape = tuple(int(s) for s in case["grid"].split("x"))
     n = case["l"] + math.prod(shape)
-    dtype = dtypes.torch_dtype(case["dtype"])
+    dtype = common.torch_dtype(case["dtype"])
     x = torch.randn(case["batch"], case["heads"], n, case["d"], generator=gen, device=device).to(dtype)
     theta = torch.rand(case["heads"], case["e"], generator=gen, device=device)
     grad = torch.randn(*x.shape[:-1], 2 * case["d"], generator=gen, device=device).to(dtype)
@@ -101,7 +100,7 @@ QUANTILES = (0.2, 0.5, 0.8)
 def one_value(metric: str, unit: str, value: float) -> dict:
     """A row for one measured number: no spread to claim, so std is empty (summarize writes 0
     for a single sample)."""
-    return dict(stats.summarize(metric, unit, [value]), std=math.nan)
+    return dict(common.summarize(metric, unit, [value]), std=math.nan)
 
 
 def quantile_row(metric: str, unit: str, q20: float, median: float, q80: float) -> dict:
@@ -141,7 +140,7 @@ def device_us(key_averages, calls: int, flush_kernels: dict) -> float:
     launches per flush). Raises if the flushes cannot be told apart (not `calls` of each)."""
     total, flushes = 0.0, {}
     for e in key_averages:
-        if not timing.is_device_work(e):
+        if not common.is_device_work(e):
             continue
         if e.key in flush_kernels:
             flushes[e.key] = flushes.get(e.key, 0) + e.count
@@ -168,7 +167,7 @@ def _flush_kernels() -> dict:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         buf.bitwise_not_()
         torch.cuda.synchronize()
-    kernels = {e.key: e.count for e in prof.key_averages() if timing.is_device_work(e)}
+    kernels = {e.key: e.count for e in prof.key_averages() if common.is_device_work(e)}
     if not kernels:
         raise RuntimeError("the profiler recorded no GPU work (CUPTI unavailable?)")
     return kernels
@@ -202,10 +201,10 @@ def setup_bench(case: dict):
     from lmperf.kernels.lrpe import lrpe_cosine_md
 
     if not torch.cuda.is_available():
-        raise failures.NotRun("needs CUDA")
+        raise common.NotRun("needs CUDA")
     shape, l = (case["side"],) * case["dims"], case["l"]
     b, h, d, n = case["batch"], case["heads"], case["d"], case["tokens"]
-    dtype = dtypes.torch_dtype(case["dtype"])
+    dtype = common.torch_dtype(case["dtype"])
     provider = case["provider"]
     if provider == "torch_compile":
         from lmperf.kernels.lrpe import check_inputs
@@ -234,7 +233,7 @@ def warm_bench(case: dict) -> list[dict]:
     fn, (x, theta, grad) = setup_bench(case)
     fn(x, theta).backward(grad)
     torch.cuda.synchronize()
-    return [{**csv_schema.failure_row("ok", ""), "metric": "compiled"}]
+    return [{**common.failure_row("ok", ""), "metric": "compiled"}]
 
 
 def measure_bench(case: dict) -> list[dict]:
@@ -334,8 +333,8 @@ def graph_rows(fn, x, theta, grad, rep_ms: int, gbs, copy: float, within: float 
             timed = timing.bench_graph(call, rep_ms=rep_ms, median_within=within)
             ms[name], q20, q80 = timed
         except Exception as exc:  # noqa: BLE001  (the other timings stand without it)
-            status, message = failures.classify_failure(exc)
-            rows.append({**csv_schema.failure_row(status, ("CUDA graph: " + message)[:300]),
+            status, message = common.classify_failure(exc)
+            rows.append({**common.failure_row(status, ("CUDA graph: " + message)[:300]),
                          "metric": f"{name}_gpu_ms", "unit": "ms"})
             continue
         rows.append({**quantile_row(f"{name}_gpu_ms", "ms", q20, ms[name], q80), **timed.fields()})
@@ -352,7 +351,7 @@ def graph_rows(fn, x, theta, grad, rep_ms: int, gbs, copy: float, within: float 
 
 def main(argv=None):
     studies = {"check": (check_cases, measure_check), "bench": (bench_cases, measure_bench)}
-    args = cli.bench_args(__doc__, argv, studies=studies, options=jobs.options)
+    args = common.bench_args(__doc__, argv, studies=studies, options=jobs.options)
     cases, measure = studies[args.study]
     # a check's cases run side by side in the workers; a timing job's compiles are warmed in them
     jobs.run(section="lrpe", study=args.study, cases=cases(args.spec), measure=measure, args=args,
