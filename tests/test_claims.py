@@ -200,10 +200,10 @@ def test_every_readme_row_is_one_claim(inputs, table):
 
 def test_every_summary_comparison_is_a_claim(table):
     s = summary.view({"flash_attention": {"available": True}, "ladder": {"available": True}}, [], "h100", table)
-    for key in ("leaderboard", "vs_flash", "vs_cudnn"):
-        assert s["flash_attention"][key]["claim"] in table.claims
-    for key in ("vs_flash", "vs_cudnn", "fwd_bwd"):
-        assert s["throughput"][key]["claim"] in table.claims
+    assert s["flash_attention"]["leaderboard"]["claim"] in table.claims
+    assert set(s["flash_attention"]["vs"]) == set(s["throughput"]["vs"]) == {"sdpa_flash", "sdpa_cudnn"}
+    for row in [*s["flash_attention"]["vs"].values(), *s["throughput"]["vs"].values(), s["throughput"]["fwd_bwd"]]:
+        assert row["claim"] in table.claims
     assert s["training"]["assignment"] in table.claims and s["training"]["fp8"]["claim"] in table.claims
     assert s["training"]["assignment"].peer.rung_name == "compiled"  # the assignment's setting, same context
 

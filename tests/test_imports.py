@@ -60,7 +60,9 @@ def loaded_by_importlib() -> dict[str, set[str]]:
             "lmperf": lazy_modules(),
             # a user's modules only: config `sections`, contenders, provider modules, Liger-Kernel,
             # the course's cs336_basics
-            "lmperf.catalog": set(), "lmperf.contenders": set(), "lmperf.providers": set(),
+            "lmperf.catalog": set(), "lmperf.contenders": set(),
+            # the registry: the kernels its LRPE-cosine and fused-kernel builds run, by name
+            "lmperf.providers": {"lmperf.kernels.lrpe", "lmperf.kernels.fused"},
             "lmperf.kernels.fused": set(), "lmperf.bench.contender_distributed": set(),
             # a worker process loads the module of the measure function its parent hands it: the
             # parent's own module, which imports it (no edge of its own)

@@ -45,24 +45,27 @@ def provider_lists(tree: ast.AST, names: set[str]) -> list[tuple[int, list[str]]
 
 
 def test_each_provider_is_declared_once_and_listed_nowhere_else():
-    """Each attention provider's name is declared in one place, src/lmperf/providers.py: no other
-    module of the bench, workflow or planning side keeps a list of them, and neither the schema
-    nor a rule spells them. (config/config.yaml names the providers each grid runs: that is the
-    grid, as data. The report's bars name the peer each compares with, e.g. SDPA-flash for the
-    headline, whose thresholds are named after it.)"""
+    """Each provider's name is declared in one place, src/lmperf/providers.py (the attention's,
+    LRPE-cosine's and the model's attention's, each under its contract): no other module, of the
+    bench, the workflow, planning or the report, keeps a list of the attention's, and neither the
+    schema nor a rule spells them. (config/config.yaml names the providers each grid runs: that is
+    the grid, as data. The report reads ours, the peers of record and their short names from the
+    registry.)"""
     names = set(providers.names("attention", "ours")) | set(providers.names("attention", "peer"))
     declared = {}
     for path in sorted((REPO / "src").rglob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Provider" and node.args:
-                first = node.args[0]
-                if isinstance(first, ast.Constant):
-                    declared.setdefault(first.value, []).append(str(path.relative_to(REPO)))
-        if path.parent.name != "report" and path.name != "providers.py":
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Provider" and len(node.args) > 3:
+                first, contract = node.args[0], node.args[3]
+                if isinstance(first, ast.Constant) and isinstance(contract, ast.Constant):
+                    declared.setdefault((contract.value, first.value), []).append(str(path.relative_to(REPO)))
+        if path.name != "providers.py":
             assert not provider_lists(tree, names), f"{path.relative_to(REPO)} keeps a list of providers"
-    assert {n: where for n, where in declared.items() if n in names} == \
-        {n: ["src/lmperf/providers.py"] for n in names}
+    every = {(c, n) for c in providers.CONTRACTS for n in providers.names(c) if providers.get(n, c).source is None}
+    assert {key: where for key, where in declared.items() if key in every} == \
+        {key: ["src/lmperf/providers.py"] for key in every}
+    assert {"lrpe", "model_attention"} <= {c for c, _ in every}  # LRPE's and the model's attention's too
     for path in [REPO / "config" / "schema.yaml", REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk"))]:
         for i, line in enumerate(path.read_text().splitlines()):
             for items in re.findall(r"\[([^\[\]]*)\]", line.split("#")[0]):
@@ -114,7 +117,7 @@ def test_needs_become_rows_that_name_them(registry):
         registry.get("no_gqa").make({**case, "kv_heads": 1})
     with pytest.raises(ValueError, match="declared twice"):
         registry.register(registry.Provider("plain", "again", "peer", "attention", registry.get("plain").build))
-    with pytest.raises(KeyError, match="unknown provider 'nope'; known: triton_compiled"):
+    with pytest.raises(KeyError, match="unknown attention provider 'nope'; known: triton_compiled"):
         registry.get("nope")
 
 

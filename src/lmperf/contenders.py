@@ -753,15 +753,27 @@ def register(value) -> list[str]:
                     raise ContenderError(f"contender {name!r}: provider name {provider!r} is taken by "
                                          f"{existing.source or 'lmperf'}; choose another contender name")
                 continue
+            needs = ("cuda_for_bf16",) if kind == "triton" else ()
             providers.register(providers.Provider(
                 provider, f"{name} ({kind}, contender)", "contender", "attention", _build(name, source, kind),
-                needs=("cuda_for_bf16",) if kind == "triton" else (),
-                source=source_file))
+                needs=needs, source=source_file))
             if provider not in model.ATTENTION:
                 model.register_attention(provider, Deferred(name, source, kind))
+            providers.register(providers.Provider(  # the model's attention in place of ours (the ladder's rung)
+                provider, f"{name} ({kind}, contender)", "contender", "model_attention",
+                _model_build(provider), needs=needs, source=source_file))
     os.environ[ENV] = json.dumps(items)
     providers.load([__name__])  # a process this one starts imports this module: it registers them (below)
     return names
+
+
+def _model_build(provider: str) -> Callable:
+    def build(case: dict):
+        import contextlib
+
+        from lmperf import model
+        return model.ATTENTION[provider], contextlib.nullcontext
+    return build
 
 
 def _build(name: str, source, kind: str) -> Callable:
@@ -787,9 +799,11 @@ def register_or_exit(value) -> list[str]:
 def ladder_rungs(value) -> list[tuple[str, str, dict, bool]]:
     """The ladder's rungs of a user's attention in place of ours (bench/ladder.py), one a
     provider, on the last carried rung's settings and not carried up: (name, change, the case
-    keys it sets, whether it needs CUDA)."""
+    keys it sets, whether it needs CUDA: its provider's needs at bf16, lmperf.providers)."""
+    from lmperf import providers
     return [(f"contender_{p}", f"contender (on the last carried rung's settings; not carried up): {p}'s "
-             f"attention in place of ours", {"attention": p}, p.endswith("_triton")) for p in provider_names(value)]
+             f"attention in place of ours", {"attention": p}, providers.get(p, "model_attention").needs_cuda("bf16"))
+            for p in register(value)]
 
 
 def register_from_environment() -> None:

@@ -120,6 +120,11 @@ def _named_providers(config: dict):
             if isinstance(group.get("gpu_time"), list):
                 yield f"{key} gpu_time", "attention", group["gpu_time"]
             yield f"{key} skip", "attention", [s["provider"] for s in group.get("skip", [])]
+    for scale, ladder in config.get("ladder", {}).items():
+        yield f"ladder.{scale}.fused", "fused", ladder.get("fused", [])
+    for scale, lrpe in config.get("lrpe", {}).items():
+        yield f"lrpe.{scale}.check.impls", "lrpe", lrpe["check"].get("impls", [])
+        yield f"lrpe.{scale}.bench providers", "lrpe", lrpe["bench"].get("providers", [])
 
 
 def _check_providers(config: dict) -> None:
@@ -162,8 +167,9 @@ def _check_float8(config: dict) -> None:
 
 
 def e2e_uses_our_attention(spec: dict) -> bool:
-    """Whether an e2e study's model runs our FlashAttention kernel: a study with that attention."""
-    return spec.get("attention") == "flash-triton"
+    """Whether an e2e study's model runs our FlashAttention kernel: a study with our attention
+    (lmperf.providers, contract "model_attention")."""
+    return spec.get("attention") in providers.names("model_attention", "ours")
 
 
 def check_distributed_config(config: dict) -> None:

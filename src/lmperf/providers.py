@@ -1,9 +1,12 @@
 """Every implementation a benchmark runs, declared once: its name (the id in the config and the
 CSVs), the label the report and the README print, its role (ours, a peer, a user's contender),
 the contract it implements, how to build it for a case, what it needs, and whether it compiles.
-The config's provider lists are checked against this registry (lmperf.planning), the bench
-builds from it (bench/flash_attention.py), and the report's peer columns and the README's
-labels read it.
+The config's provider lists are checked against this registry (lmperf.planning), the
+FlashAttention-2 benchmark builds from it (bench/flash_attention.py), and the report reads from it which
+provider is ours, the peers and their labels, the peers of record its bars and summary name,
+the grid's reference, the figures' colours and the old names of renamed providers (`aliases`,
+`renamed`): no module of the report keeps a list of provider names. Each provider belongs to one
+contract ("attention", "lrpe", "model_attention", "fused"): one name may be a provider of two.
 
     providers.names("attention")              # ['triton_compiled', 'triton', 'sdpa_flash', ...]
     providers.names("attention", role="peer") # the report's peer columns, in this order
@@ -43,7 +46,10 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 ROLES = ("ours", "peer", "contender")
-CONTRACTS = ("attention",)  # later: "ddp", "fsdp", "sharded_optimizer"
+# "attention": FlashAttention-2 and its peers (q, k, v) -> o; "lrpe": LRPE-cosine (x, theta) -> y;
+# "model_attention": the model's attention (lmperf.model.ATTENTION, the config's `attention`);
+# "fused": fused kernels patched into the model (lmperf.kernels.fused, the ladder's `fused`).
+CONTRACTS = ("attention", "lrpe", "model_attention", "fused")  # later: "ddp", "fsdp", "sharded_optimizer"
 # What a provider may need, checked before its build: (exception class name in lmperf.failures,
 # message; {name} is the provider's).
 NEEDS = {
@@ -74,6 +80,16 @@ class Provider:
     cache_compiled: bool = True
     config: Callable[[dict], str] | None = None
     kernel: Callable[..., str] | None = None
+    record: bool = False
+    short: str | None = None
+    colour: str | None = None
+    reference: bool = False
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def says(self) -> str:
+        """The name a sentence gives it: `short`, else its label."""
+        return self.short or self.label
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -85,6 +101,11 @@ class Provider:
             raise ValueError(f"provider {self.name!r}: needs {unknown} are not among {sorted(NEEDS)}")
         if self.harness not in (None, *HARNESSES):
             raise ValueError(f"provider {self.name!r}: harness {self.harness!r} is not one of {HARNESSES}")
+
+    def needs_cuda(self, dtype: str) -> bool:
+        """Whether it needs a CUDA device at `dtype` ('fp32' | 'fp16' | 'bf16'): a case of it is
+        "needs CUDA" on a machine without one."""
+        return "cuda" in self.needs or ("cuda_for_bf16" in self.needs and dtype == "bf16")
 
     def check_needs(self, case: dict) -> None:
         """Raise the Unsupported / NotRun of the first need the case or this machine does not
@@ -112,7 +133,7 @@ _MET = {"cuda": lambda case: _cuda(),
         "half": lambda case: case["dtype"] != "fp32",
         "cuda_for_bf16": lambda case: case["dtype"] != "bf16" or _cuda()}
 
-_REGISTRY: dict[str, Provider] = {}
+_REGISTRY: dict[tuple[str, str], Provider] = {}  # (contract, name) -> provider
 _LOADED: dict[str, str] = {}  # module (a resolved path or a module name) -> its file
 ENV = "LMPERF_PROVIDER_MODULES"  # JSON list of modules: what `share` passes to child processes
 
@@ -129,26 +150,73 @@ def _from_environment() -> None:
 
 
 def register(p: Provider) -> Provider:
-    """Add a provider; ValueError if another one has its name."""
-    old = _REGISTRY.get(p.name)
+    """Add a provider; ValueError if another one of its contract has its name or one of its
+    aliases."""
+    old = _REGISTRY.get((p.contract, p.name))
     if old is not None and old != p:
         raise ValueError(f"provider {p.name!r} is declared twice" + (f" (in {old.source} and {p.source})"
                                                                     if old.source or p.source else ""))
-    _REGISTRY[p.name] = p
+    taken = {n: q.name for q in _REGISTRY.values() if q.contract == p.contract and q.name != p.name
+             for n in (q.name, *q.aliases)}
+    if clash := [n for n in (p.name, *p.aliases) if n in taken]:
+        raise ValueError(f"provider {p.name!r}: the name {clash[0]!r} is {taken[clash[0]]!r}'s")
+    _REGISTRY[(p.contract, p.name)] = p
     return p
 
 
-def find(name: str) -> Provider | None:
-    """The provider of that name, or None (no lookup in the environment: for registering)."""
-    return _REGISTRY.get(name)
+def find(name: str, contract: str = "attention") -> Provider | None:
+    """The contract's provider of that name, or None (no lookup in the environment: for
+    registering)."""
+    return _REGISTRY.get((contract, name))
 
 
-def get(name: str) -> Provider:
+def get(name: str, contract: str = "attention") -> Provider:
     _from_environment()
     try:
-        return _REGISTRY[name]
+        return _REGISTRY[(contract, name)]
     except KeyError:
-        raise KeyError(f"unknown provider {name!r}; known: {', '.join(_REGISTRY)}") from None
+        raise KeyError(f"unknown {contract} provider {name!r}; known: {', '.join(names(contract))}") from None
+
+
+def canonical(contract: str) -> dict[str, str]:
+    """{old name: name} of the contract's aliases: what rows written under an old name read as."""
+    _from_environment()
+    return {a: p.name for p in providers(contract) for a in p.aliases}
+
+
+def renamed(rows, contract: str, column: str = "provider"):
+    """`rows` (a DataFrame) with each alias in `column` read as the name of the provider that has
+    it now (`Provider.aliases`): rows written before a rename read on, unmeasured again."""
+    aliases = canonical(contract)
+    if not aliases or rows.empty or column not in rows or not rows[column].isin(list(aliases)).any():
+        return rows
+    return rows.assign(**{column: rows[column].replace(aliases)})
+
+
+def of_record(contract: str = "attention") -> list[Provider]:
+    """The contract's peers of record, in declaration order: those the report's bars and the
+    summary name."""
+    return [p for p in providers(contract, "peer") if p.record]
+
+
+def ours(contract: str = "attention", harness: str | None = "eager") -> str:
+    """The name of our provider of the contract called as it is (`harness` None: the first
+    declared, whatever its harness)."""
+    mine = providers(contract, "ours")
+    return next((p.name for p in mine if harness is None or (p.harness or "eager") == harness), mine[0].name)
+
+
+def reference(contract: str = "attention") -> str | None:
+    """The peer a grid's speed-ups are read against, or None."""
+    return next((p.name for p in providers(contract, "peer") if p.reference), None)
+
+
+def colours(contract: str, present) -> dict[str, str]:
+    """{name: colour} of the providers `present`: each its declared colour, else one by its
+    place among them (matplotlib's cycle)."""
+    present = sorted(present)
+    declared = {p.name: p.colour for p in providers(contract) if p.colour}
+    return {n: declared.get(n, f"C{i}") for i, n in enumerate(present)}
 
 
 def providers(contract: str, role: str | None = None) -> list[Provider]:
@@ -366,12 +434,102 @@ for _p in (
     Provider("triton", "ours (Triton)", "ours", "attention", _triton, needs=("cuda_for_bf16",), compiles=True,
              config=_triton_config, kernel=_triton_kernels),
     Provider("sdpa_flash", "SDPA-flash", "peer", "attention", _sdpa("FLASH_ATTENTION"), needs=("half",),
-             cache_compiled=False),
+             cache_compiled=False, record=True),
     Provider("sdpa_cudnn", "SDPA-cuDNN", "peer", "attention", _sdpa("CUDNN_ATTENTION"), needs=("half",),
-             cache_compiled=False),
+             cache_compiled=False, record=True, short="cuDNN"),
     Provider("flex", "FlexAttention", "peer", "attention", _flex, needs=("cuda",), compiles=True),
-    Provider("plain_compiled", "torch.compile", "peer", "attention", _plain_compiled, compiles=True),
+    Provider("plain_compiled", "torch.compile", "peer", "attention", _plain_compiled, compiles=True,
+             reference=True),
     Provider("plain", "PyTorch", "peer", "attention", _plain),
     Provider("torch_tiled", "ours in PyTorch (tiled)", "peer", "attention", _torch_tiled),
+):
+    register(_p)
+
+
+# ---------------------------------------------------------------------------------------------
+# LRPE-cosine: ours (the bars' kernel and its cached-cosine variant), and PyTorch's
+
+
+def _kernels(module: str):
+    """A kernels module that a build of a contract other than the attention's runs, imported when
+    the build is called. By name, not by an import statement: lmperf.sources makes a job's code
+    inputs from the import statements of what it imports, and every job that reads this registry
+    (the FlashAttention-2 benchmark's, for one) would otherwise rerun on an edit to these kernels.
+    The benchmark that runs them imports them itself (bench/lrpe.py, bench/ladder.py)."""
+    return importlib.import_module(module)
+
+
+@functools.cache
+def compiled_lrpe():
+    """PyTorch's LRPE-cosine under torch.compile (static shapes), made once: the torch.compile peer."""
+    import torch
+    return torch.compile(_kernels("lmperf.kernels.lrpe").lrpe_torch, dynamic=False)
+
+
+def _lrpe(name: str):
+    """Contract "lrpe": `build(case)` returns `(fn(x, theta) -> y, context)` for the case's grid
+    (`side` tokens along each of `dims` axes, `l` extra tokens)."""
+    def build(case: dict):
+        lrpe = _kernels("lmperf.kernels.lrpe")
+        shape, l = (case["side"],) * case["dims"], case["l"]
+        if name == "torch_compile":
+            fn = lambda x, theta: (lrpe.check_inputs(x, theta, shape, l, "torch"), compiled_lrpe()(x, theta, shape, l))[1]
+        else:
+            fn = lambda x, theta: lrpe.lrpe_cosine_md(x, theta, shape, l, name)
+        return fn, contextlib.nullcontext
+    return build
+
+
+for _p in (
+    Provider("triton", "ours (Triton)", "ours", "lrpe", _lrpe("triton"), needs=("cuda_for_bf16",), compiles=True),
+    Provider("triton_cache", "ours (Triton), cached cosines", "ours", "lrpe", _lrpe("triton_cache"),
+             needs=("cuda_for_bf16",), compiles=True),
+    Provider("torch", "PyTorch", "peer", "lrpe", _lrpe("torch")),
+    Provider("torch_compile", "torch.compile", "peer", "lrpe", _lrpe("torch_compile"), compiles=True, record=True),
+):
+    register(_p)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model's attention (config `attention`, lmperf.model.ATTENTION: fn(q, k, v, is_causal))
+
+
+def _model_attention(name: str):
+    def build(case: dict):
+        from lmperf.model import ATTENTION
+        return ATTENTION[name], contextlib.nullcontext
+    return build
+
+
+for _p in (
+    Provider("flash-triton", "ours (Triton)", "ours", "model_attention", _model_attention("flash-triton"),
+             needs=("cuda_for_bf16",), compiles=True),
+    Provider("sdpa", "SDPA", "peer", "model_attention", _model_attention("sdpa")),
+    Provider("plain", "PyTorch", "peer", "model_attention", _model_attention("plain")),
+):
+    register(_p)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused kernels patched into the model (the ladder's `fused` rungs): ours one a part, Liger-Kernel's
+# all in one. Contract "fused": `build(case)` returns `(fn(model), context)`, fn patching the model
+# in place (lmperf.kernels.fused.apply).
+
+
+def _fused(impl: str, part: str | None = None):
+    def build(case: dict):
+        fused = _kernels("lmperf.kernels.fused")
+        parts = [part] if part else list(fused.PARTS)
+        return (lambda model: fused.apply(model, impl, parts)), contextlib.nullcontext
+    return build
+
+
+for _p in (
+    Provider("rmsnorm", "our fused RMSNorm (Triton)", "ours", "fused", _fused("ours", "rmsnorm"),
+             needs=("cuda_for_bf16",)),
+    Provider("swiglu", "our fused SwiGLU (Triton)", "ours", "fused", _fused("ours", "swiglu"),
+             needs=("cuda_for_bf16",)),
+    Provider("rope", "our RoPE (Triton)", "ours", "fused", _fused("ours", "rope"), needs=("cuda_for_bf16",)),
+    Provider("liger", "Liger-Kernel", "peer", "fused", _fused("liger"), needs=("cuda",)),
 ):
     register(_p)

@@ -371,7 +371,7 @@ def fa_grid_verdicts(fa: pd.DataFrame, threshold: float, repeats: dict, older: b
                 claims = []
                 peers_seen = set()
                 for harness in sorted(harnesses):
-                    ours_name = "triton"  # the provider every grid and model row of ours is
+                    ours_name = providers.ours()  # the provider every grid and model row of ours is
                     for shape, s in rows[rows["harness"] == harness].groupby(["batch", "heads", "seq_len", "head_dim"],
                                                                              sort=False):
                         mine = s[s["provider"] == ours_name]
@@ -409,20 +409,13 @@ def fa_grid_verdicts(fa: pd.DataFrame, threshold: float, repeats: dict, older: b
     return verdicts, all_claims
 
 
-def fa_cudnn_losses(table: Claims) -> dict:
-    """Shape and pass pairs where cuDNN is faster than ours, out of those with a cuDNN side
-    (the configurations' claims and the grids' best-peer claims where cuDNN is the best)."""
-    pairs = [c for c in table.claims if c.section == "flash_attention" and c.peer is not None
-             and c.peer.provider == "sdpa_cudnn" and c.speedup is not None]
-    slower = [c for c in pairs if c.speedup < 1]
-    return {"n": len(pairs), "slower": len(slower), "claims": slower}
-
-
 # ---------------------------------------------------------------------------------------------
 # LRPE-cosine
 
-LRPE_OURS = "triton"
-LRPE_PEERS = {"torch_compile": "torch.compile", "torch": "PyTorch"}
+def lrpe_peers() -> dict[str, str]:
+    """{name: label} of LRPE-cosine's peers (the registry's), the peer of record first."""
+    peers = providers.providers("lrpe", "peer")
+    return {p.name: p.label for p in sorted(peers, key=lambda p: not p.record)}
 
 
 def lrpe_claims(lrpe: pd.DataFrame, threshold: float, repeats: dict, older: bool) -> list[Claim]:
@@ -439,13 +432,13 @@ def lrpe_claims(lrpe: pd.DataFrame, threshold: float, repeats: dict, older: bool
     out = []
     for direction in ("forward", "backward"):
         metric = direction + suffix
-        mine = big[(big["provider"] == LRPE_OURS) & (big["metric"] == metric)]
+        mine = big[(big["provider"] == providers.ours("lrpe")) & (big["metric"] == metric)]
         if mine.empty:
             continue
         ours = side(big, mine.iloc[0], "lrpe", "ours", "eager", TIMINGS[timing], threshold)
         settings = {"shape": shape, "dtype": first["dtype"], "dims": 1, "pass": direction, "timing": timing}
         what = f"LRPE-cosine 1-D {direction}, {shape}, {first['dtype']}"
-        for name, label in LRPE_PEERS.items():
+        for name, label in lrpe_peers().items():
             p = big[(big["provider"] == name) & (big["metric"] == metric)]
             peer = side(big, p.iloc[0], "lrpe", label, "eager", TIMINGS[timing], threshold) if len(p) else None
             out.append(make(f"lrpe/1d/{direction}/{name}", "lrpe", what, settings, False, ours, peer, big, repeats,
@@ -456,7 +449,9 @@ def lrpe_claims(lrpe: pd.DataFrame, threshold: float, repeats: dict, older: bool
 # ---------------------------------------------------------------------------------------------
 # Training: the ladder
 
-LADDER_PEERS = {"liger": "Liger-Kernel", "float8_tensorwise": "torchao float8, tensorwise",
+# The ladder's peer rungs by name: the fused kernels' peers by the registry's labels (contract
+# "fused"), torchao's float8 recipes
+LADDER_PEERS = {"float8_tensorwise": "torchao float8, tensorwise",
                 "float8_rowwise": "torchao float8, rowwise"}
 
 
@@ -467,7 +462,8 @@ def rung_kind(rungs: pd.DataFrame) -> pd.Series:
     from lmperf.report.ladder import is_contender, is_peer
     none = lambda col: rungs[col].fillna("none").astype(str).eq("none") if col in rungs else True
     peer, contender = is_peer(rungs), is_contender(rungs)
-    pytorch = ~peer & (rungs["attention"] != "flash-triton") & (rungs["optimizer"] != "master") \
+    ours = providers.names("model_attention", "ours")
+    pytorch = ~peer & ~rungs["attention"].isin(ours) & (rungs["optimizer"] != "master") \
         & none("fused") & none("float8")
     return (pd.Series("ours", index=rungs.index).mask(pytorch, "pytorch").mask(peer, "peer")
             .mask(contender, "contender"))
@@ -476,7 +472,8 @@ def rung_kind(rungs: pd.DataFrame) -> pd.Series:
 def rung_label(r: pd.Series) -> str:
     """A rung as a claim names it: the library, or PyTorch's settings, with its rung number."""
     if str(r["change"]).startswith("peer"):
-        return f"{LADDER_PEERS.get(r['name'], r['name'])} (rung {int(r['rung'])})"
+        labels = {**{p.name: p.label for p in providers.providers("fused", "peer")}, **LADDER_PEERS}
+        return f"{labels.get(r['name'], r['name'])} (rung {int(r['rung'])})"
     if r.get("kind") == "ours":
         return f"ours: rung {int(r['rung'])}, `{r['name']}`"
     parts = [p for p, on in (("torch.compile", str(r["compile"]).lower() == "true"),
@@ -606,6 +603,7 @@ def compute(frames: dict, results: Path, threshold: float, older: set | frozense
     lrpe = with_jobs(lrpe[lrpe["study"] == "bench"], results, "lrpe") if not lrpe.empty else lrpe
     ladder = frames.get("ladder", pd.DataFrame())
     ladder = with_jobs(ladder, results, "ladder") if not ladder.empty else ladder
+    fa, lrpe = providers.renamed(fa, "attention"), providers.renamed(lrpe, "lrpe")
     if not fa.empty and "median" not in fa:
         fa = fa.assign(median=fa["mean"])
     if not fa.empty and "harness" not in fa:  # rows from before the bench recorded it: the provider's own

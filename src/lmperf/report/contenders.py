@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from lmperf import stats
+from lmperf import providers, stats
 from lmperf.report.contender_contract import (LABELS, LEGACY, NAMED_BY, PROPERTIES, SCOPE, Verdict, grouped,
                                               shape_class, text_of, verdicts)
 from lmperf.report.format import HOST_BOUND, fmt
@@ -25,9 +25,15 @@ from lmperf.report.format import HOST_BOUND, fmt
 # The timing a provider is compared on, in order of preference: GPU time (CUDA graphs) where
 # the case has it, else do_bench's; one method for a row's ratios (never mixed within a row).
 TIMINGS = ("fwd_bwd_gpu_ms", "fwd_bwd_ms")
-OURS = "triton"
-# The peers a contender's page sets it beside, by name (lmperf.providers), with ours
-PAGE_PEERS = ("sdpa_flash", "sdpa_cudnn")
+# Ours called as it is, and the peers a contender's page sets it beside (the peers of record),
+# from the registry (lmperf.providers)
+ours_name = providers.ours
+
+
+def page_peers() -> list[str]:
+    return [p.name for p in providers.of_record()]
+
+
 # The FlashAttention benchmark's groups a contender's page shows first, in this order: the
 # headline, then the assignment's own benchmark (CS336 assignment 2 times FlashAttention-2 at
 # batch 1, causal, powers of two in N and D, bf16 and fp32: the `grid` group)
@@ -110,7 +116,7 @@ def _time(g: pd.DataFrame, provider: str, metric: str, column: str = "median"):
 
 def timings(fa: pd.DataFrame, table: pd.DataFrame, idle: float = math.inf) -> pd.DataFrame:
     """Per FlashAttention bench case and contender provider: its time, ours, the best peer's,
-    SDPA-flash's and cuDNN's (PAGE_PEERS), the ratios (one timing method a row), or 'wrong' /
+    each peer of record's (`page_peers`), the ratios (one timing method a row), or 'wrong' /
     'unchecked' where the contender may not be shown (wrong on the course's contract, or its row's
     shape class failed or was not checked: `wrong_everywhere`, which the renderer applies first). A
     do_bench time whose GPU sat idle more than `idle` % (the contender's or ours) is the host's:
@@ -119,13 +125,14 @@ def timings(fa: pd.DataFrame, table: pd.DataFrame, idle: float = math.inf) -> pd
         return pd.DataFrame()
     bench = fa[fa["study"] == "bench"]
     result = dict(zip(table["provider"], table["result"]))
-    peers = [p for p in bench["provider"].unique() if p not in result and p != OURS and p != "triton_compiled"]
+    me, record, ours_all = ours_name(), page_peers(), providers.names("attention", "ours")
+    peers = [p for p in bench["provider"].unique() if p not in result and p not in ours_all]
     keys = ["group", "dtype", "causal", "batch", "heads", "kv_heads", "seq_len", "head_dim"]
     out = []
     for key, g in bench.groupby([k for k in keys if k in bench], sort=False, dropna=False):
         shape = dict(zip([k for k in keys if k in bench], key))
         for provider in [p for p in g["provider"].unique() if p in result]:
-            metric = next((m for m in TIMINGS if _time(g, provider, m) is not None and _time(g, OURS, m) is not None),
+            metric = next((m for m in TIMINGS if _time(g, provider, m) is not None and _time(g, me, m) is not None),
                           None)
             line = {"contender": provider, "group": shape.get("group"),
                     "shape": " ".join(f"{k}{int(shape[c])}" for k, c in (("b", "batch"), ("h", "heads"),
@@ -134,7 +141,7 @@ def timings(fa: pd.DataFrame, table: pd.DataFrame, idle: float = math.inf) -> pd
                     "causal": shape.get("causal"), "dtype": shape.get("dtype")}
             mine_rows = g[g["provider"] == provider]
             hidden = mine_rows[mine_rows["status"].isin(["wrong", "unchecked"])]
-            empty = {"vs ours": None, "vs best peer": None, **{f"vs {p}": None for p in PAGE_PEERS}}
+            empty = {"vs ours": None, "vs best peer": None, **{f"vs {p}": None for p in record}}
             if result[provider] == "WRONG" or not hidden.empty:
                 status = "wrong" if result[provider] == "WRONG" else str(hidden["status"].iloc[0])
                 line.update({"ms": status, **{k: status for k in empty},
@@ -143,12 +150,12 @@ def timings(fa: pd.DataFrame, table: pd.DataFrame, idle: float = math.inf) -> pd
                 line.update({"ms": None, **empty,
                              "timing": f"not measured: {text_of(mine_rows['message'].iloc[0]) if len(mine_rows) else 'no row'}"})
             else:
-                mine, ours = _time(g, provider, metric), _time(g, OURS, metric)
+                mine, ours = _time(g, provider, metric), _time(g, me, metric)
                 best = min((t for p in peers if (t := _time(g, p, metric)) is not None), default=None)
                 line.update({"ms": mine, "vs ours": ours / mine, "vs best peer": best / mine if best else None,
-                             **{f"vs {p}": (t / mine if (t := _time(g, p, metric)) else None) for p in PAGE_PEERS},
+                             **{f"vs {p}": (t / mine if (t := _time(g, p, metric)) else None) for p in record},
                              "timing": "GPU time (CUDA graph)" if metric.endswith("gpu_ms") else "do_bench"})
-                idles = {who: _time(g, p, metric, "gpu_idle_pct") for who, p in (("its", provider), ("ours", OURS))}
+                idles = {who: _time(g, p, metric, "gpu_idle_pct") for who, p in (("its", provider), ("ours", me))}
                 if not metric.endswith("gpu_ms") and any(v is not None and v > idle for v in idles.values()):
                     line.update({**empty,
                                  "timing": f"do_bench, host-bound {HOST_BOUND}: the GPU idle "

@@ -42,7 +42,7 @@ def config_table(df: pd.DataFrame, threshold: float = math.inf) -> tuple[pd.Data
             row[f"{label} TFLOP/s"] = cell(g, f"{d}_tflops", column=CENTER)
         rows.append(row)
     ms = df[df["metric"].str.endswith("_ms") & (df["status"] == "ok")].set_index(["provider", "metric"])[CENTER]
-    ours = next((p for p in OURS if (p, "fwd_bwd_ms") in ms.index), "triton")
+    ours = next((p for p in OURS if (p, "fwd_bwd_ms") in ms.index), providers.ours())
     ratios = {(peer, d): ms[(ours, f"{d}_ms")] / ms[(peer, f"{d}_ms")]
               for peer in peers() for d in DIRECTIONS
               if (ours, f"{d}_ms") in ms.index and (peer, f"{d}_ms") in ms.index}
@@ -55,10 +55,14 @@ def config_table(df: pd.DataFrame, threshold: float = math.inf) -> tuple[pd.Data
 
 
 def bars(table: claims.Claims, model: pd.DataFrame, limits: dict) -> list[dict]:
-    """The section's bars, read off the claims (lmperf.report.claims) and the model group;
-    thresholds from config/config.yaml's report (a time ratio's limit is read as the speed-up
-    1 / limit)."""
+    """The section's bars, read off the claims (lmperf.report.claims) and the model group: ours
+    against each peer of record (lmperf.providers.of_record; the first one's bars plain, the
+    others' "further"); thresholds from config/config.yaml's report, named after the peer (a
+    time ratio's limit is read as the speed-up 1 / limit; a peer with no threshold there has no
+    bar of that kind)."""
     out = []
+    record = providers.of_record()
+    further = lambda i: "further: " if i else ""
 
     def claim_bar(prefix: str, peer: str, text: str, limit: float) -> None:
         c = next((c for c in table.claims if c.id == prefix + peer), None) or table.find(prefix + "none")
@@ -76,29 +80,31 @@ def bars(table: claims.Claims, model: pd.DataFrame, limits: dict) -> list[dict]:
     head = next((h for h in heads if any(c.id.startswith(h) for c in table.claims)), None)
     if head is not None:
         harness = "leaderboard harness" if "/leaderboard/" in head else "called as it is"
-        limit = 1 / limits["headline_vs_sdpa_flash"]
-        claim_bar(head, "sdpa_flash", f"headline forward+backward speed-up over SDPA-flash >= {fmt(limit)}x "
-                  f"({harness}, both sides)", limit)
-        ours = next(c for c in table.claims if c.id.startswith(head)).ours.value
-        out.append(bar(f"headline forward+backward <= {limits['headline_ms']:g} ms ({harness})", ours,
-                       f"{fmt(ours)} ms", ours <= limits["headline_ms"]))
-        limit = 1 / limits["headline_vs_sdpa_cudnn"]
-        claim_bar(head, "sdpa_cudnn", f"further: headline forward+backward speed-up over cuDNN >= {fmt(limit)}x "
-                  f"({harness}, both sides)", limit)
+        for p in record[:1] + [None] + record[1:]:
+            if p is None:  # our time, after the first peer of record's bar
+                ours = next(c for c in table.claims if c.id.startswith(head)).ours.value
+                out.append(bar(f"headline forward+backward <= {limits['headline_ms']:g} ms ({harness})", ours,
+                               f"{fmt(ours)} ms", ours <= limits["headline_ms"]))
+            elif f"headline_vs_{p.name}" in limits:
+                limit = 1 / limits[f"headline_vs_{p.name}"]
+                claim_bar(head, p.name, f"{further(record.index(p))}headline forward+backward speed-up over "
+                          f"{p.says} >= {fmt(limit)}x ({harness}, both sides)", limit)
     for causal, d, label in (("full", "forward", "forward (non-causal)"), ("causal", "fwd_bwd", "forward+backward (causal)")):
         prefix = f"flash_attention/throughput/bf16/{causal}/{d}/eager/do_bench/"
         if any(c.id.startswith(prefix) for c in table.claims):
-            claim_bar(prefix, "sdpa_flash", f"throughput {label} >= {limits['throughput_vs_sdpa_flash']:g}x SDPA-flash "
-                      "TFLOP/s", limits["throughput_vs_sdpa_flash"])
-            claim_bar(prefix, "sdpa_cudnn", f"further: throughput {label} >= {limits['throughput_vs_sdpa_cudnn']:g}x "
-                      "cuDNN TFLOP/s", limits["throughput_vs_sdpa_cudnn"])
+            for i, p in enumerate(record):
+                if f"throughput_vs_{p.name}" in limits:
+                    limit = limits[f"throughput_vs_{p.name}"]
+                    claim_bar(prefix, p.name, f"{further(i)}throughput {label} >= {limit:g}x {p.says} TFLOP/s", limit)
     if not model.empty:
         gpu = model.attrs.get("metric") == "fwd_bwd_gpu_ms"
         how = "GPU time (CUDA graph)" if gpu else "time"
-        for peer, label in (("sdpa_flash", ""), ("sdpa_cudnn", "further: ")):
-            if peer == "sdpa_cudnn" and same_kernel(model, "sdpa_flash", "sdpa_cudnn"):
+        twins = same_kernels(model)
+        for i, p in enumerate(record):
+            peer, label = p.name, further(i)
+            if peer in twins:
                 out.append(bar(f"{label}model group: forward+backward {how} no slower than {peer} at every shape",
-                               float("nan"), "not measured: " + SAME_KERNEL, False))
+                               float("nan"), "not measured: " + same_kernel_note(*twins[peer]), False))
             elif f"speed-up over {peer}" in model:
                 ratio = model[f"speed-up over {peer}"].dropna()
                 slower = int((ratio < 1).sum())
@@ -114,13 +120,29 @@ def bars(table: claims.Claims, model: pd.DataFrame, limits: dict) -> list[dict]:
     return out
 
 
-SAME_KERNEL = ("sdpa_cudnn's times equal sdpa_flash's at every shape: under torch.compile, Inductor's graph "
-               "cache does not key on the SDPA backend (pytorch/pytorch#185449), so one ran the graph compiled "
-               "for the other (most likely sdpa_cudnn ran sdpa_flash's: they run in that order)")
+def same_kernels(model: pd.DataFrame) -> dict[str, tuple[str, str]]:
+    """{peer of record: (it, the earlier peer of record)} where its times in the model group
+    equal the earlier one's at every shape (`same_kernel`): its column is not its own
+    measurement."""
+    record = [p.name for p in providers.of_record()]
+    out = {}
+    for i, b in enumerate(record):
+        a = next((a for a in record[:i] if same_kernel(model, a, b)), None)
+        if a is not None:
+            out[b] = (b, a)
+    return out
+
+
+def same_kernel_note(b: str, a: str) -> str:
+    """Why provider b's times equal a's (b declared after a), where neither caches its compiled
+    graphs apart (lmperf.providers: `cache_compiled`)."""
+    return (f"{b}'s times equal {a}'s at every shape: under torch.compile, Inductor's graph "
+            "cache does not key on the SDPA backend (pytorch/pytorch#185449), so one ran the graph compiled "
+            f"for the other (most likely {b} ran {a}'s: they run in that order)")
 
 
 def view(inputs) -> dict:
-    bench = inputs.rows("flash_attention", "bench")
+    bench = providers.renamed(inputs.rows("flash_attention", "bench"), "attention")
     if bench.empty:
         return unavailable("no benchmark results (rule flash_attention_bench has not run)")
     if (bench["status"] != "ok").all():
@@ -156,7 +178,8 @@ def view(inputs) -> dict:
     view = {"available": True, "configs": configs,
             "host_bound": host_bound_legend(timed, inputs.bars.get("host_bound_idle_pct", math.inf)), "model": model, "model_host": model_host,
             "model_backward": model_backward, "gqa": gqa_table(bench[bench["group"] == "gqa"]),
-            "model_same_kernel": SAME_KERNEL if same_kernel(model, "sdpa_flash", "sdpa_cudnn") else "",
+            "model_same_kernel": [{"provider": b, "says": providers.get(b).says, "note": same_kernel_note(b, a)}
+                                  for b, a in same_kernels(model).values()],
             "bars": pd.DataFrame(bars(claimed, model, inputs.bars["flash_attention"]))}
     view["ratios"] = ratio_table(claimed, view["host_bound"]["mark"])
     view["losses"] = losses(claimed)
@@ -245,14 +268,15 @@ def marked(table: pd.DataFrame, rows: pd.DataFrame, metric: str, threshold: floa
     keys = set(zip(bound["model"], bound["batch"].astype(int), bound["heads"].astype(int),
                    bound["head_dim"].astype(int), bound["seq_len"].astype(int), bound["provider"]))
     out = table.astype(object)
-    names = {"ours (triton)": "triton"}
+    ours = providers.ours()
+    names = {f"ours ({ours})": ours}
     for i, r in table.iterrows():
         key = (r["model"], int(r["batch"]), int(r["heads"]), int(r["D"]), int(r["N"]))
         for column in table.columns:
             provider = names.get(column, column)
             if (*key, provider) in keys:
                 out.at[i, column] = f"{fmt(r[column])} {HOST_BOUND}"
-            if str(column).startswith("speed-up over ") and ({(*key, "triton"), (*key, column[len("speed-up over "):])} & keys) \
+            if str(column).startswith("speed-up over ") and ({(*key, ours), (*key, column[len("speed-up over "):])} & keys) \
                     and pd.notna(r[column]):
                 out.at[i, column] = f"{fmt(r[column])} {HOST_BOUND}"
     out.attrs.update(table.attrs)
@@ -261,7 +285,7 @@ def marked(table: pd.DataFrame, rows: pd.DataFrame, metric: str, threshold: floa
 
 def model_table(model: pd.DataFrame, metric: str | None = None) -> pd.DataFrame:
     """The model group: one row per model size and context, forward+backward ms of every
-    provider (the leaderboard's harness), and our speed-up over each SDPA backend (its time over ours). By `metric`, else the
+    provider (the leaderboard's harness), and our speed-up over each peer of record (its time over ours). By `metric`, else the
     GPU time (CUDA graph) where it was measured, else do_bench's; `.attrs["metric"]` says which."""
     if metric is None:
         metric = "fwd_bwd_gpu_ms" if not model.empty and (model["metric"] == "fwd_bwd_gpu_ms").any() else "fwd_bwd_ms"
@@ -276,10 +300,11 @@ def model_table(model: pd.DataFrame, metric: str | None = None) -> pd.DataFrame:
     out = wide_ms.reset_index()
     for key in keys[1:]:  # batch, heads, head dim, N: integers
         out[key] = out[key].astype(int)
-    for peer in ("sdpa_flash", "sdpa_cudnn"):
-        if {"triton", peer} <= set(wide_ms.columns):
-            out[f"speed-up over {peer}"] = (wide_ms[peer] / wide_ms["triton"]).to_numpy()
-    out = out.rename(columns={"seq_len": "N", "head_dim": "D", "triton": "ours (triton)"})
+    ours = providers.ours()
+    for peer in (p.name for p in providers.of_record()):
+        if {ours, peer} <= set(wide_ms.columns):
+            out[f"speed-up over {peer}"] = (wide_ms[peer] / wide_ms[ours]).to_numpy()
+    out = out.rename(columns={"seq_len": "N", "head_dim": "D", ours: f"ours ({ours})"})
     out.attrs["metric"] = metric
     return out
 
@@ -324,7 +349,7 @@ def losses(table: claims.Claims) -> dict:
 
 
 def gqa_table(gqa: pd.DataFrame) -> pd.DataFrame:
-    """Grouped-query attention: one row per shape, ours and each SDPA backend (enable_gqa) by
+    """Grouped-query attention: one row per shape, ours and each peer of record (enable_gqa) by
     GPU time (CUDA graph) where measured, else do_bench: forward and forward+backward ms, and
     our speed-up over each (its time over ours)."""
     if gqa.empty:
@@ -333,25 +358,26 @@ def gqa_table(gqa: pd.DataFrame) -> pd.DataFrame:
     metrics = {"forward": "forward_gpu_ms" if gpu else "forward_ms", "fwd+bwd": "fwd_bwd_gpu_ms" if gpu else "fwd_bwd_ms"}
     keys = ["batch", "heads", "kv_heads", "head_dim", "seq_len"]
     rows = []
+    ours, record = providers.ours(), [p.name for p in providers.of_record()]
     for shape, g in gqa[gqa["status"] == "ok"].groupby(keys, sort=False):
         row = dict(zip(["B", "H", "H_kv", "D", "N"], (int(x) for x in shape)))
         ms = g.set_index(["provider", "metric"])[CENTER]
         for label, metric in metrics.items():
-            for provider in ("triton", "sdpa_flash", "sdpa_cudnn"):
+            for provider in (ours, *record):
                 if (provider, metric) in ms.index:
-                    row[f"{label} ms, {'ours' if provider == 'triton' else provider}"] = ms[(provider, metric)]
-            for peer in ("sdpa_flash", "sdpa_cudnn"):
-                if ("triton", metric) in ms.index and (peer, metric) in ms.index:
-                    row[f"{label}: speed-up over {peer}"] = ms[(peer, metric)] / ms[("triton", metric)]
+                    row[f"{label} ms, {'ours' if provider == ours else provider}"] = ms[(provider, metric)]
+            for peer in record:
+                if (ours, metric) in ms.index and (peer, metric) in ms.index:
+                    row[f"{label}: speed-up over {peer}"] = ms[(peer, metric)] / ms[(ours, metric)]
         rows.append(row)
     out = pd.DataFrame(rows)
     out.attrs["metric"] = "GPU time (CUDA graph)" if gpu else "do_bench"
     return out
 
 
-# The grid's reference for speed-ups: PyTorch attention under torch.compile, the one peer whose
-# grid rows have GPU time beside ours (the others are timed by do_bench alone).
-GRID_REFERENCE = "plain_compiled"
+# The grid's reference for speed-ups (lmperf.providers.reference): PyTorch attention under
+# torch.compile, the one peer whose grid rows have GPU time beside ours (the others are timed by
+# do_bench alone).
 PASSES = {"forward": "forward_gpu_ms", "backward": "backward_gpu_ms", "forward+backward": "fwd_bwd_gpu_ms"}
 
 
@@ -364,12 +390,13 @@ def grid_speedups(grid: pd.DataFrame) -> list[dict]:
         return []
     wide = ok.pivot_table(index=["dtype", "head_dim", "seq_len"], columns=["metric", "provider"], values=CENTER)
     out = []
+    mine, reference = providers.ours(), providers.reference()
     for dtype, g in wide.groupby(level="dtype", sort=False):
         rows = []
         for (_, d, n), r in g.iterrows():
             row = {"D": int(d), "N": int(n)}
             for label, metric in PASSES.items():
-                ours, ref = r.get((metric, "triton")), r.get((metric, GRID_REFERENCE))
+                ours, ref = r.get((metric, mine)), r.get((metric, reference))
                 row[f"{label}: ours ms"], row[f"{label}: compiled ms"] = ours, ref
                 row[f"{label}: speed-up"] = ref / ours if pd.notna(ours) and pd.notna(ref) else None
             rows.append(row)
@@ -402,8 +429,8 @@ def figures(inputs, paths: dict) -> dict[str, str]:
     for the providers whose rows have it (ours and torch.compile'd PyTorch attention), one panel
     per dtype and head dim; and ours over each peer's time across shapes, GPU time on both sides
     (`ratio_figure`). {name: why} of a figure not drawn."""
-    bench = inputs.rows("flash_attention", "bench")
+    bench = providers.renamed(inputs.rows("flash_attention", "bench"), "attention")
     if not bench.empty and CENTER not in bench:  # rows with a mean only (one sample: the same number)
         bench = bench.assign(**{CENTER: bench["mean"]})
     model = model_table(bench[bench["group"] == "model"], "fwd_bwd_gpu_ms") if not bench.empty else pd.DataFrame()
-    return {**tflops_figure(bench, paths["fa_tflops"]), **ratio_figure(bench, model, GRID_REFERENCE, paths["fa_ratio"])}
+    return {**tflops_figure(bench, paths["fa_tflops"]), **ratio_figure(bench, model, providers.reference(), paths["fa_ratio"])}

@@ -6,6 +6,7 @@ import itertools
 
 import pandas as pd
 
+from lmperf import providers
 from lmperf.report.plot import plt, save
 
 CENTER = "median"
@@ -33,7 +34,7 @@ def tflops_figure(bench: pd.DataFrame, path) -> dict[str, str]:
     dtypes, dims = sorted(grid["dtype"].unique()), sorted(grid["head_dim"].unique())
     fig, axes = plt.subplots(len(dtypes), len(dims), figsize=(4.2 * len(dims), 3.4 * len(dtypes)),
                              squeeze=False)
-    colours = {p: f"C{i}" for i, p in enumerate(sorted(grid["provider"].unique()))}
+    colours, ours = providers.colours("attention", grid["provider"].unique()), providers.ours()
     for (i, dtype), (j, d) in itertools.product(enumerate(dtypes), enumerate(dims)):
         ax, g = axes[i, j], grid[(grid["dtype"] == dtype) & (grid["head_dim"] == d)]
         if g.empty:  # no panel for a dtype and head dim without rows
@@ -41,7 +42,7 @@ def tflops_figure(bench: pd.DataFrame, path) -> dict[str, str]:
             continue
         for provider, p in g.groupby("provider"):
             p = p.sort_values("seq_len")
-            ax.plot(p["seq_len"], p[CENTER], "-", marker="o", ms=3, lw=2.5 if provider == "triton" else 1,
+            ax.plot(p["seq_len"], p[CENTER], "-", marker="o", ms=3, lw=2.5 if provider == ours else 1,
                     color=colours[provider], label=provider)
         ax.set_xscale("log", base=2)
         ax.set_title(f"{dtype}, D={int(d)}")
@@ -57,7 +58,8 @@ def tflops_figure(bench: pd.DataFrame, path) -> dict[str, str]:
 def ratio_figure(bench: pd.DataFrame, model: pd.DataFrame, reference: str, path) -> dict[str, str]:
     """Our speed-up over a peer (its time over ours) across shapes, GPU time (CUDA graph) on both sides: the grid against
     torch.compile'd attention (forward+backward, per dtype and head dim, against N), and the model
-    group against SDPA's backends (a backend whose times are another's, `same_kernel`, left out).
+    group against the peers of record (lmperf.providers.of_record; one whose times are an
+    earlier one's, `same_kernel`, left out).
     `model`: the model group's table of GPU times (report/flash_attention.py's model_table);
     `reference`: the grid's peer (torch.compile'd PyTorch attention)."""
     if bench.empty:
@@ -65,15 +67,16 @@ def ratio_figure(bench: pd.DataFrame, model: pd.DataFrame, reference: str, path)
     grid = bench[(bench["group"] == "grid") & (bench["status"] == "ok") & (bench["metric"] == "fwd_bwd_gpu_ms")]
     wide = grid.pivot_table(index=["dtype", "head_dim", "seq_len"], columns="provider", values=CENTER) \
         if not grid.empty else pd.DataFrame()
-    has_grid = {"triton", reference} <= set(wide.columns)
-    peers = [p for p in ("sdpa_flash", "sdpa_cudnn") if f"speed-up over {p}" in model
-             and not (p == "sdpa_cudnn" and same_kernel(model, "sdpa_flash", "sdpa_cudnn"))]
+    ours, record = providers.ours(), [p.name for p in providers.of_record()]
+    has_grid = {ours, reference} <= set(wide.columns)
+    peers = [p for i, p in enumerate(record) if f"speed-up over {p}" in model
+             and not any(same_kernel(model, a, p) for a in record[:i])]
     if not has_grid and not peers:
         return {"fa_ratio": "no shape has GPU time (CUDA graph) for ours and a peer here"}
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), squeeze=False)
     left, right = axes[0]
     if has_grid:
-        for (dtype, d), g in (wide[reference] / wide["triton"]).dropna().groupby(level=["dtype", "head_dim"]):
+        for (dtype, d), g in (wide[reference] / wide[ours]).dropna().groupby(level=["dtype", "head_dim"]):
             left.plot(g.index.get_level_values("seq_len"), g.values, marker="o", ms=3, label=f"{dtype}, D={int(d)}")
         left.set_xscale("log", base=2)
         left.set_xlabel("sequence length (batch 1, causal)")

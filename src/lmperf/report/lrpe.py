@@ -15,10 +15,27 @@ from pathlib import Path
 
 import pandas as pd
 
+from lmperf import providers
 from lmperf.report.format import HOST_BOUND, bar, cell, fmt, idle_text, unavailable
 from lmperf.report.plot import plt, save
 
-PROVIDERS = ["triton", "triton_cache", "torch", "torch_compile"]
+
+
+def ours() -> str:
+    """Our LRPE-cosine kernel, the bars' (lmperf.providers, contract "lrpe")."""
+    return providers.ours("lrpe")
+
+
+def cached() -> str | None:
+    """Our other LRPE-cosine provider (the cached cosines), or None."""
+    return next(iter(providers.names("lrpe", "ours")[1:]), None)
+
+
+def compiled() -> providers.Provider:
+    """The peer of record the bars set ours against (torch.compile of PyTorch's LRPE-cosine)."""
+    return providers.of_record("lrpe")[0]
+
+
 CENTER = "median"  # do_bench medians (the 20%/80% quantiles too, in newer rows)
 # Columns of the per-dimension tables, per direction: (metric suffix, label). The wall-time
 # columns (a call, host included) carry the host-bound mark; the GPU-time columns do not need it.
@@ -36,7 +53,8 @@ def faster_than_compile(val: pd.DataFrame, impl: str, direction: str, timing: st
     """The line "impl faster than torch.compile everywhere" from the pivoted bench rows, on
     `{direction}{timing}_ms`; a config where either side has no time of that kind counts against
     it. kernels_of_slower: name the longest kernel time among the configs that are not faster."""
-    a, b = (impl, f"{direction}{timing}_ms"), ("torch_compile", f"{direction}{timing}_ms")
+    peer = compiled()
+    a, b = (impl, f"{direction}{timing}_ms"), (peer.name, f"{direction}{timing}_ms")
     if a not in val or b not in val:
         return None
     ratio = val[a] / val[b]
@@ -48,17 +66,18 @@ def faster_than_compile(val: pd.DataFrame, impl: str, direction: str, timing: st
         detail += f"; {missing} configs without both times"
     if kernels_of_slower and len(slower):
         detail += f"; their kernels take at most {fmt(1e3 * val.loc[slower, (impl, f'{direction}_kernel_ms')].max())} us"
-    return bar(f"{impl} {direction} faster than torch.compile everywhere ({how})", ratio.max(),
+    return bar(f"{impl} {direction} faster than {peer.says} everywhere ({how})", ratio.max(),
                f"slowest ratio {fmt(ratio.max())}x ({detail})", (ratio < 1).all() and not missing)
 
 
 def peak_line(val: pd.DataFrame, impl: str, direction: str) -> dict | None:
-    a, b = (impl, f"{direction}_peak_mib"), ("torch_compile", f"{direction}_peak_mib")
+    peer = compiled()
+    a, b = (impl, f"{direction}_peak_mib"), (peer.name, f"{direction}_peak_mib")
     if a not in val or b not in val:
         return None
     over = (val[a] - val[b]).dropna()
     excess = max(over.max(), 0)
-    return bar(f"{impl} {direction} peak memory <= torch.compile everywhere", excess,
+    return bar(f"{impl} {direction} peak memory <= {peer.says} everywhere", excess,
                f"largest excess {fmt(excess)} MiB", (over <= 0).all())
 
 
@@ -69,30 +88,31 @@ def lines(val: pd.DataFrame, limits: dict, kernel: bool) -> dict:
     bandwidth over the large configs and its slowest time against torch.compile's (the bars'
     timing), with the number of large configs}."""
     timing, how = ("_kernel", "kernel time") if kernel else ("", "time per call")
-    elements = val[("triton", "x_elements")] if ("triton", "x_elements") in val else pd.Series(dtype=float)
+    mine = ours()
+    elements = val[(mine, "x_elements")] if (mine, "x_elements") in val else pd.Series(dtype=float)
     big = elements[elements >= limits["large_elements"]].index
     out = {"bars": [], "cache": [], "per_call": [],
            "answer": {"large": len(big), "large_elements": limits["large_elements"], "how": how}}
     for direction in ("forward", "backward"):
-        key = ("triton", f"{direction}{timing}_copy_fraction")
+        key = (mine, f"{direction}{timing}_copy_fraction")
         if key in val and len(big):
             worst = val.loc[big, key].min()
             out["answer"][direction] = {"copy_share": float(worst)}
             out["bars"].append(bar(
-                f"triton {direction} >= {100 * limits['copy_fraction']:g}% of copy bandwidth "
+                f"{mine} {direction} >= {100 * limits['copy_fraction']:g}% of copy bandwidth "
                 f"(x >= {limits['large_elements'] / 2**20:g}M elements, {len(big)} configs; {how})",
                 worst, f"worst {fmt(100 * worst)}%", worst >= limits["copy_fraction"]))
-    for impl, name in (("triton", "bars"), ("triton_cache", "cache")):
+    for impl, name in ((mine, "bars"), (cached(), "cache")):
         for direction in ("forward", "backward"):
             faster = faster_than_compile(val, impl, direction, timing, how)
-            if faster and impl == "triton" and direction in out["answer"]:
+            if faster and impl == mine and direction in out["answer"]:
                 out["answer"][direction]["vs_compile"] = faster["_value"]
             out[name] += [x for x in (faster, peak_line(val, impl, direction)) if x]
     # With kernel times the bars use them; the same comparison per call (host included) is shown
     # beside them, since at small sizes it measures the host path of each op, not its kernels.
     if kernel:
         out["per_call"] = [x for d in ("forward", "backward") if (x := faster_than_compile(
-            val, "triton", d, "", "time per call, host included", kernels_of_slower=True))]
+            val, mine, d, "", "time per call, host included", kernels_of_slower=True))]
     return out
 
 
@@ -116,9 +136,10 @@ def dims_table(g: pd.DataFrame, metrics: list[tuple[str, str]], threshold: float
     that direction it reads "host" instead of a number (the host's time, not the kernel's).
     `_host_bound` counts the row's host-bound directions (for the legend and tests)."""
     rows = []
+    order = {p: k for k, p in enumerate(providers.names("lrpe"))}
     for (l, n, provider), c in g.groupby(["l", "side", "provider"], sort=True):
         row = {"l": int(l), "n": int(n), "provider": provider,
-               "_order": PROVIDERS.index(provider) if provider in PROVIDERS else 99, "_host_bound": 0}
+               "_order": order.get(provider, 99), "_host_bound": 0}
         for direction, short in (("forward", "fwd"), ("backward", "bwd")):
             gpu_idle = idle(c, direction)
             bound = gpu_idle is not None and gpu_idle > threshold
@@ -141,7 +162,7 @@ def kernel_timed(bench: pd.DataFrame) -> bool:
 
 
 def view(inputs) -> dict:
-    bench = inputs.rows("lrpe", "bench")
+    bench = providers.renamed(inputs.rows("lrpe", "bench"), "lrpe")
     if bench.empty:
         return unavailable("no benchmark results (rule lrpe_bench has not run)")
     if CENTER not in bench:  # rows with a mean only (one sample: the same number)
@@ -169,7 +190,8 @@ def view(inputs) -> dict:
     shown = lambda key: pd.DataFrame(found[key]).rename(columns={"bar": "target"})
     return {"available": True, "tables": tables, "bars": pd.DataFrame(found["bars"]),
             "cache_lines": pd.DataFrame(found["cache"]), "per_call": pd.DataFrame(found["per_call"]),
-            "targets": {"triton": shown("bars"), "triton_cache": shown("cache"), "per_call": shown("per_call")},
+            "targets": {"bars": shown("bars"), "cache": shown("cache"), "per_call": shown("per_call")},
+            "ours": ours(), "cached": cached(),  # the providers the bars and the cache lines are of
             "threshold": threshold, "gpu_timed": gpu_timed,
             "host_bound_calls": host_bound_calls(ok, threshold),
             "published": published(val, PUBLISHED, idle_pivot(ok, threshold)),
@@ -208,11 +230,12 @@ def published(val: pd.DataFrame, path: Path, bound: pd.DataFrame | None = None) 
     if not path.exists():
         return {}
     theirs = pd.read_csv(path, comment="#")
+    mine, peer = providers.ours("lrpe"), compiled().name
     rows = []
     for r in theirs.itertuples(index=False):
         key = (r.dims, r.n, r.l)
-        ours = lambda metric: (float(val.loc[key, ("triton", metric)] / val.loc[key, ("torch_compile", metric)])
-                               if key in val.index and ("triton", metric) in val and ("torch_compile", metric) in val
+        ours = lambda metric: (float(val.loc[key, (mine, metric)] / val.loc[key, (peer, metric)])
+                               if key in val.index and (mine, metric) in val and (peer, metric) in val
                                else math.nan)
         rows.append({"dims": r.dims, "l": r.l, "n": r.n, "direction": r.direction,
                      "A800 (published): triton / torch.compile, per call": r.triton / r.torch_compile,
@@ -234,7 +257,7 @@ def published(val: pd.DataFrame, path: Path, bound: pd.DataFrame | None = None) 
 
 def per_call(ratio: float, bound: pd.DataFrame | None, key: tuple, direction: str):
     """A per-call ratio as the published table shows it: marked host-bound where either call is."""
-    cols = [(p, f"{direction}_ms") for p in ("triton", "torch_compile")]
+    cols = [(p, f"{direction}_ms") for p in (ours(), compiled().name)]
     if bound is None or bound.empty or key not in bound.index or not all(c in bound for c in cols):
         return ratio
     return f"{fmt(ratio)} {HOST_BOUND}" if any(bool(bound.loc[key, c]) for c in cols) else ratio
@@ -244,13 +267,13 @@ def figures(inputs, paths: dict) -> dict[str, str]:
     """Achieved GB/s against tokens, forward and backward, per provider (l = 0), by the time the
     bars use (kernel time where measured, else time per call); {name: why} of a figure not drawn."""
     path = paths["lrpe_bandwidth"]
-    bench = inputs.rows("lrpe", "bench")
+    bench = providers.renamed(inputs.rows("lrpe", "bench"), "lrpe")
     ok = bench[(bench["status"] == "ok") & (bench["l"] == 0)] if not bench.empty else bench
     if ok.empty:
         return {"lrpe_bandwidth": "no LRPE benchmark case ran ok here"}
     timing, how = ("_kernel", "kernel time") if kernel_timed(ok) else ("", "time per call")
     copy = ok[ok["metric"] == "copy_gbs"][CENTER].median()
-    colours = {p: f"C{i}" for i, p in enumerate(sorted(ok["provider"].unique()))}  # provider: colour
+    colours = providers.colours("lrpe", ok["provider"].unique())  # provider: colour
     styles = ["-.", "-", "--"]                                                       # dims: line
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), squeeze=False)
     for ax, direction in zip(axes.flat, ("forward", "backward")):

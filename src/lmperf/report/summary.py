@@ -10,6 +10,7 @@ import math
 
 import pandas as pd
 
+from lmperf import providers
 from lmperf.report import claims, ladder_fp8, references as published
 from lmperf.report.distributed_rows import GPU_WORDS
 from lmperf.report.format import ratio_range, unavailable
@@ -62,17 +63,18 @@ def claim_row(table: claims.Claims, prefix: str, peer: str | None = None) -> dic
 def flash_attention(v: dict, refs: dict, table: claims.Claims | None = None) -> dict:
     """The headline configuration's forward+backward (causal): under the leaderboard's harness
     (the CS336 leaderboard's call) against its best peer timed in that harness, and called as it
-    is against its best peer called as it is and SDPA's two backends (same run); the leaderboard's
-    record beside it (published, other settings: no ratio). Every number is a claim's."""
+    is against its best peer called as it is and each peer of record (lmperf.providers.of_record,
+    `vs`: {peer: its row}; same run); the leaderboard's record beside it (published, other
+    settings: no ratio). Every number is a claim's."""
     if not v["available"]:
         return unavailable(v["why"])
     if table is None:
         return unavailable("no claims computed")
     leader = claim_row(table, FA.format(group="headline", causal="causal", d="fwd_bwd", harness="leaderboard"))
     eager = FA.format(group="headline", causal="causal", d="fwd_bwd", harness="eager")
-    rows = {"leaderboard": leader, "best": claim_row(table, eager), "vs_flash": claim_row(table, eager, "sdpa_flash"),
-            "vs_cudnn": claim_row(table, eager, "sdpa_cudnn")}
-    if not any(rows.values()):
+    rows = {"leaderboard": leader, "best": claim_row(table, eager),
+            "vs": {p.name: claim_row(table, eager, p.name) for p in providers.of_record()}}
+    if not (leader or rows["best"] or any(rows["vs"].values())):
         return unavailable("no headline configuration in the benchmark's rows")
     record = [r for r in claims.references(table, refs) if r["id"] == "cs336_leaderboard_record"]
     return {"available": True, **rows, "record": [{**r, "short": QUOTED[r["id"]]} for r in record]}
@@ -80,17 +82,17 @@ def flash_attention(v: dict, refs: dict, table: claims.Claims | None = None) -> 
 
 def throughput(v: dict, refs: dict, table: claims.Claims | None = None) -> dict:
     """The throughput configuration (non-causal): the forward's TFLOP/s against the best peer's,
-    SDPA-flash's and cuDNN's (same run), its forward+backward against the best peer, and FlashAttention-3's and
+    each peer of record's (`vs`, same run), its forward+backward against the best peer, and FlashAttention-3's and
     cuDNN's forward in the FlashAttention-3 paper beside it (published, other settings: no ratio)."""
     if not v["available"]:
         return unavailable(v["why"])
     if table is None:
         return unavailable("no claims computed")
     forward = FA.format(group="throughput", causal="full", d="forward", harness="eager")
-    rows = {"best": claim_row(table, forward), "vs_flash": claim_row(table, forward, "sdpa_flash"),
-            "vs_cudnn": claim_row(table, forward, "sdpa_cudnn"),
+    rows = {"best": claim_row(table, forward),
+            "vs": {p.name: claim_row(table, forward, p.name) for p in providers.of_record()},
             "fwd_bwd": claim_row(table, FA.format(group="throughput", causal="full", d="fwd_bwd", harness="eager"))}
-    if not any(rows.values()):
+    if not (rows["best"] or rows["fwd_bwd"] or any(rows["vs"].values())):
         return unavailable("no non-causal throughput configuration in the benchmark's rows")
     published = [{**r, "short": QUOTED[r["id"]]} for r in claims.references(table, refs)
                  if r["id"].startswith("fa3_paper")]
