@@ -362,7 +362,16 @@ def test_a_cpu_run_counts_processes_where_a_gpu_run_counts_gpus(tmp_path):
 
     cpu, gpu = R.view(_inputs(cpu_frame(), tmp_path)), R.view(_inputs(gpu_frame(), tmp_path))
     assert cpu["gpu"] == "the CPU (Gloo)" and cpu["words"]["each"] == "a process"
-    assert gpu["words"] == {"unit": "GPUs", "one": "one GPU", "each": "a GPU"}
+    assert gpu["words"] == {"unit": "GPUs", "one": "one GPU", "each": "a GPU", "noun": "GPU"}
+    assert cpu["words"]["unit"] == "processes" and cpu["words"]["noun"] == "process"
+    # the section's heading (its anchor in the report's links) counts what the run counts
+    import jinja2
+    from lmperf.report import format as fmt
+    heading = jinja2.Environment().from_string(
+        (REPO / "templates" / "distributed.md.j2").read_text().splitlines()[0])
+    assert fmt.anchor(heading.render(distributed=cpu)) == "scaling-across-processes"
+    assert fmt.anchor(heading.render(distributed=gpu)) == "scaling-across-gpus"
+    assert fmt.anchor(heading.render(distributed={"available": False})) == "scaling-across-gpus"
     (answer,) = cpu["answers"]
     assert (answer["gpus"], answer["unit"], answer["one"], answer["machine"]) == (2, "processes", "one process", "cpu")
     assert (gpu["answers"][0]["unit"], gpu["answers"][0]["one"]) == ("GPUs", "one GPU")

@@ -325,8 +325,8 @@ def memory_bar(text: str, fsdp: pd.DataFrame, ddp: pd.Series | None, limit: floa
 
 
 def figures(inputs, paths: dict) -> dict[str, str]:
-    """Bus bandwidth against message size; training step time against GPU count; {name: why}
-    of a figure not drawn."""
+    """Bus bandwidth against message size; training step time against GPU (or, on a CPU, process)
+    count; {name: why} of a figure not drawn."""
     df = inputs.rows("distributed")
     ar, ddp = frames(df)
     ar = ar[ar["busbw_gbps"].notna()] if not ar.empty else ar
@@ -365,10 +365,11 @@ def figures(inputs, paths: dict) -> dict[str, str]:
                     + (" (best bucket)" if variant in BUCKETED else ""))
         if not one.empty:
             ax.axhline(one["step_ms"].iloc[0], linestyle=":", color="gray")
+    w = words(df)
     ax.set_xticks(sorted(ddp["processes"].unique()))
-    ax.set_xlabel("GPUs (same batch per GPU; dotted: one GPU's step, the ideal)")
+    ax.set_xlabel(f"{w['unit']} (same batch per {w['noun']}; dotted: {w['one']}'s step, the ideal)")
     ax.set_ylabel("training step (ms, median)")
-    ax.set_title("Data-parallel training step vs GPU count")
+    ax.set_title(f"Data-parallel training step vs {w['noun']} count")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     save(fig, paths["dist_step_vs_gpus"])

@@ -30,8 +30,8 @@ def ok_metric(df: pd.DataFrame, study: str, metric: str, stat: str = "median") -
     return rows.drop_duplicates(KEY).set_index(KEY)[stat] if stat in rows else pd.Series(dtype=float)
 
 
-GPU_WORDS = {"unit": "GPUs", "one": "one GPU", "each": "a GPU"}
-PROCESS_WORDS = {"unit": "processes", "one": "one process", "each": "a process"}
+GPU_WORDS = {"unit": "GPUs", "one": "one GPU", "each": "a GPU", "noun": "GPU"}
+PROCESS_WORDS = {"unit": "processes", "one": "one process", "each": "a process", "noun": "process"}
 
 
 def words(df: pd.DataFrame) -> dict:
