@@ -97,7 +97,8 @@ LAYERS = {
     "kernels": ("lmperf.kernels", "lmperf"),
     # the model and its training step, FLOP counts, and the two modules that rewrite a built model
     # with kernels (the fused sublayers, the float8 linear layers): they patch lmperf.model's classes
-    "model": ("lmperf.model", "lmperf.train", "lmperf.flops", "lmperf.kernels.fused", "lmperf.kernels.float8_delayed"),
+    "model": ("lmperf.model", "lmperf.train", "lmperf.flops", "lmperf.attention_memory", "lmperf.kernels.fused",
+              "lmperf.kernels.float8_delayed"),
     # the implementations a benchmark runs: ours and the peers (providers), a user's (contenders)
     "implementations": ("lmperf.providers", "lmperf.contenders"),
     # the benchmarks, the sections' declarations and the workflow that plans them

@@ -90,7 +90,12 @@ def test_the_environment_section_holds_the_environment_file():
     facts = pd.read_csv(FIXTURE / "env" / "env.csv")
     view = env_view.view(inputs(FIXTURE))
     assert view["facts"] == dict(zip(facts["key"], facts["value"].astype(str)))
-    assert list(view["table"]["value"]) == list(facts["value"].astype(str))
+    # the file's facts in its order, then a row for each fact the table always has that this
+    # (older) file lacks, saying so
+    from lmperf.report.env import NOT_RECORDED, REQUIRED
+    lacking = [k for k in REQUIRED if k not in set(facts["key"])]
+    assert lacking, "the fixture's environment file predates the CPU, cuDNN and clock columns"
+    assert list(view["table"]["value"]) == list(facts["value"].astype(str)) + [NOT_RECORDED] * len(lacking)
     assert view["facts"]["gpu"] == "NVIDIA H100 80GB HBM3" and view["facts"]["torch"] == "2.11.0+cu130"
 
 

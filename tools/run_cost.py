@@ -356,17 +356,18 @@ def attention_deep_walls(spec: dict, passes: dict, costs: Costs) -> list[float]:
     at least `min_iters`, at most `iters` passes; at least SAMPLE_FLOOR), after 4 untimed passes
     (warm-up, the idle and peak measurements); a case the memory model puts over GPU_MEMORY_GIB
     `oom_case_s`, and the longer N of its line none."""
+    from lmperf import attention_memory
     from lmperf.bench import attention
     cases = attention.cases(spec)
     ended: set = set()
     out = []
     for c in cases:
         key = attention.line(c)
-        element = attention.ELEMENT_BYTES[c["dtype"]]
+        element = attention_memory.ELEMENT_BYTES[c["dtype"]]
         if key in ended:
             out.append(0.0)
             continue
-        if attention.predicted_peak_bytes(c["impl"], c["batch"], c["seq_len"], c["head_dim"], element) > GPU_MEMORY_GIB * 2**30:
+        if attention_memory.predicted_peak_bytes(c["impl"], c["batch"], c["seq_len"], c["head_dim"], element) > GPU_MEMORY_GIB * 2**30:
             ended.add(key)
             out.append(costs.oom_case_s)
             continue

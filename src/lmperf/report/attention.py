@@ -83,12 +83,12 @@ def deep_view(df: pd.DataFrame, memory_gib: float | None) -> dict:
     """The deep target's grid: {"measured", "table": a row a case (its status, times, the peak
     measured and the memory model's), "edge": a row a line (implementation, dtype, head dim) with
     the smallest N that ran out of memory, the largest that ran, and the smallest the memory
-    model (bench/attention.py's predicted_peak_bytes) puts over the GPU's memory, and whether
+    model (lmperf.attention_memory's predicted_peak_bytes) puts over the GPU's memory, and whether
     the two agree; "disagree": the lines where they do not; "peak_ratio": the measured peak over
     the model's, {n, min, max, mean} over the cases that ran}."""
     if df.empty:
         return {"measured": False}
-    from lmperf.bench.attention import ELEMENT_BYTES, predicted_peak_bytes
+    from lmperf.attention_memory import ELEMENT_BYTES, predicted_peak_bytes
     center = "median" if "median" in df and df["median"].notna().any() else "mean"
     rows, edges = [], []
     for case_id, g in df.groupby("case_id", sort=False):

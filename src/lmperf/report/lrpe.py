@@ -190,7 +190,7 @@ def view(inputs) -> dict:
     shown = lambda key: pd.DataFrame(found[key]).rename(columns={"bar": "target"})
     return {"available": True, "tables": tables, "bars": pd.DataFrame(found["bars"]),
             "cache_lines": pd.DataFrame(found["cache"]), "per_call": pd.DataFrame(found["per_call"]),
-            "targets": {"bars": shown("bars"), "cache": shown("cache"), "per_call": shown("per_call")},
+            "targets": {"ours": shown("bars"), "cache": shown("cache"), "per_call": shown("per_call")},
             "ours": ours(), "cached": cached(),  # the providers the bars and the cache lines are of
             "threshold": threshold, "gpu_timed": gpu_timed,
             "host_bound_calls": host_bound_calls(ok, threshold),
