@@ -41,7 +41,7 @@ def test_each_rung_changes_one_thing_on_a_gpu():
 
 def test_without_cuda_a_rung_that_needs_it_is_kept_but_changes_nothing_after_it():
     cases = {c["name"]: c for c in ladder.cases(SPEC, "tiny", cuda=False)}
-    assert cases["tf32"]["needs_cuda"] and cases["flash_triton"]["needs_cuda"] and cases["floors"]["needs_cuda"]
+    assert cases["tf32"]["needs_cuda"] and cases["flash-triton"]["needs_cuda"] and cases["floors"]["needs_cuda"]
     assert all(not cases[n]["tf32"] for n in ("bf16", "compiled", "checkpoint"))
     assert cases["ctx64"]["attention"] == "sdpa"  # flash-triton was skipped: SDPA stays
     with pytest.raises(failures.NotRun, match="needs CUDA"):
@@ -546,7 +546,7 @@ def test_ladder_section_renders_the_committed_rungs_with_or_without_energy(tmp_p
 def test_the_rungs_warmed_in_workers_are_those_whose_compiled_shapes_are_known_before_they_run():
     cases = {c["name"]: c for c in ladder.cases({**SPEC, "models": {"tiny": DIMS}}, "tiny", cuda=True)}
     warmed = [name for name, c in cases.items() if ladder.compiles(c)]
-    assert warmed[:4] == ["compiled", "fused_adamw", "sdpa", "flash_triton"] and "bf16" not in warmed
+    assert warmed[:4] == ["compiled", "fused_adamw", "sdpa", "flash-triton"] and "bf16" not in warmed
     assert "checkpoint" not in warmed and "floors" not in warmed
     assert all({k: cases[n][k] for k in DIMS} == DIMS for n in warmed)  # warm builds the model from the case
 

@@ -232,3 +232,43 @@ def test_the_fused_kernels_are_the_registrys_and_the_ladder_names_its_peer_by_it
     config["ladder"]["smoke"]["fused"] = ["rmsnorm", "mine"]
     with pytest.raises(ValueError, match="ladder.smoke.fused names \\['mine'\\]"):
         planning.check_config(config)
+
+
+def test_the_ladder_rung_of_our_attention_reads_under_its_old_spelling(tmp_path):
+    """The model's attention, its ladder rung and the rung's case ids are spelled flash-triton;
+    rows written as flash_triton read in that spelling (the report's, the claims' and the
+    comparison's readers), check as the cases the ladder's job promises, and a case pattern of
+    the config in the old spelling still selects the rung."""
+    from lmperf import compare
+    from lmperf.bench import ladder
+    from lmperf.report import validate
+    assert "flash-triton" in [name for name, *_ in ladder.RUNGS]
+    assert providers.canonical("model_attention") == {"flash_triton": "flash-triton"}
+    old = {"section": "ladder", "study": "ladder", "case_id": "2.7B-rung07-flash_triton", "name": "flash_triton",
+           "attention": "flash-triton", "metric": "step_ms", "unit": "ms", "median": 1.0, "status": "ok"}
+    other = {**old, "case_id": "2.7B-rung06-sdpa", "name": "sdpa", "attention": "sdpa"}
+    csv = tmp_path / "ladder" / "2.7B.csv"
+    csv.parent.mkdir()
+    pd.DataFrame([old, other]).to_csv(csv, index=False)
+    promised = ["2.7B-rung06-sdpa", "2.7B-rung07-flash-triton"]
+    assert validate.problem(csv, promised) is None
+    assert validate.problem(csv, ["2.7B-rung06-sdpa"]) is not None  # a case it does not promise still counts
+    for rows in (load_section(tmp_path, "ladder"), claims.load(tmp_path, "ladder")):
+        assert list(rows["case_id"]) == ["2.7B-rung07-flash-triton", "2.7B-rung06-sdpa"]
+        assert list(rows["name"]) == ["flash-triton", "sdpa"]
+    # a config's case patterns in the old spelling are accepted, read in the new one
+    from lmperf import planning
+    config = {"ladder": {"quick": {"cases": ["2.7B-rung*-flash_triton", "2.7B-rung*-sdpa"]}},
+              "repeats": {"full": {"jobs": [{"job": "ladder/2.7B", "cases": ["2.7B-rung*-flash_triton"]}]}}}
+    planning.in_todays_names(config)
+    assert config["ladder"]["quick"]["cases"] == ["2.7B-rung*-flash-triton", "2.7B-rung*-sdpa"]
+    assert config["repeats"]["full"]["jobs"][0]["cases"] == ["2.7B-rung*-flash-triton"]
+    cases = [{"case_id": c} for c in promised]
+    assert jobs.select(cases, config["repeats"]["full"]["jobs"][0]["cases"]) == [cases[1]]
+    # two runs: both before the rename compare as written; one on each side pair up in the new name
+    before = pd.DataFrame([old, other])
+    after = pd.DataFrame([{**old, "case_id": "2.7B-rung07-flash-triton", "name": "flash-triton"}, other])
+    a, b = compare.in_one_spelling(before, before)
+    assert a is before and b is before
+    a, b = compare.in_one_spelling(before, after)
+    assert set(a["case_id"]) == set(b["case_id"]) == set(promised)

@@ -50,7 +50,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lmperf import stats
+from lmperf import providers, stats
 from lmperf.csv_schema import CLOCK_COLUMNS, METRIC_COLUMNS, PROVENANCE_COLUMNS
 from lmperf.compare_page import DIFFERS, EQUAL, gpus, pct, render, summary
 from lmperf.report.format import Spread
@@ -87,6 +87,15 @@ def load(folder) -> pd.DataFrame:
         raise ValueError(f"{folder}: no results CSVs with section, study, case_id, metric and "
                          "status columns under it")
     return pd.concat(frames, ignore_index=True)
+
+
+def in_one_spelling(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Both runs' rows in today's provider names (`providers.read_renamed`) where that pairs rows
+    that a rename between the runs kept apart; else as written (two runs of before a rename
+    compare under the names they were measured with)."""
+    new_a, new_b = providers.read_renamed(a), providers.read_renamed(b)
+    ids = lambda x, y: len(set(x["case_id"]) & set(y["case_id"]))
+    return (new_a, new_b) if ids(new_a, new_b) > ids(a, b) else (a, b)
 
 
 def kind(metric, unit) -> str:
@@ -255,7 +264,7 @@ def main(argv=None) -> int:
                    help="exit 0 whatever the verdict (the workflow rule: the page is the product)")
     args = p.parse_args(argv)
     try:
-        a, b = load(args.a), load(args.b)
+        a, b = in_one_spelling(load(args.a), load(args.b))
         result = compare(a, b, args.threshold, args.host_bound_pct)
     except ValueError as e:
         p.error(str(e))

@@ -139,7 +139,9 @@ def _check_providers(config: dict) -> None:
 
 
 def check_config(config: dict) -> None:
-    """Cross-field checks the JSON schema cannot express; raise ValueError naming the key."""
+    """Cross-field checks the JSON schema cannot express; raise ValueError naming the key. First
+    reads the config in today's names (`in_todays_names`)."""
+    in_todays_names(config)
     _check_providers(config)
     _check_sizes(config, _named_sizes(config))
     for scale, lrpe in config["lrpe"].items():
@@ -150,6 +152,21 @@ def check_config(config: dict) -> None:
     _check_models(config)
     _check_attention_head_dims(config)
     _check_float8(config)
+
+
+def in_todays_names(config: dict) -> dict:
+    """`config`, in place, with a renamed provider's old name in its case patterns (the ladder's
+    `cases`, the repeats' `cases`) read as today's (`providers.renamed_id`): a config written
+    before a rename selects the same cases, with no error. The case ids hold the model's
+    attention's name (the ladder rung named after it)."""
+    new = lambda patterns: [providers.renamed_id(p, "model_attention") for p in patterns]
+    for ladder in config.get("ladder", {}).values():
+        if "cases" in ladder:
+            ladder["cases"] = new(ladder["cases"])
+    for repeats in config.get("repeats", {}).values():
+        for entry in (repeats or {}).get("jobs", []):
+            entry["cases"] = new(entry["cases"])
+    return config
 
 
 def _check_float8(config: dict) -> None:

@@ -40,6 +40,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -191,6 +192,36 @@ def renamed(rows, contract: str, column: str = "provider"):
     if not aliases or rows.empty or column not in rows or not rows[column].isin(list(aliases)).any():
         return rows
     return rows.assign(**{column: rows[column].replace(aliases)})
+
+
+def renamed_id(case_id: str, contract: str) -> str:
+    """A case id (or a shell-style pattern of one) with each of its '-'-separated parts that is an
+    alias read as the name of the provider that has it now: "2.7B-rung07-flash_triton" ->
+    "2.7B-rung07-flash-triton"."""
+    aliases = canonical(contract)
+    if not aliases:
+        return case_id
+    return re.sub(r"(?<![^-])(" + "|".join(map(re.escape, aliases)) + r")(?![^-])",
+                  lambda m: aliases[m.group(1)], case_id)
+
+
+def renamed_ids(rows, contract: str, column: str = "case_id"):
+    """`rows` (a DataFrame) with `renamed_id` applied to `column`, the rows untouched where no id
+    holds an alias."""
+    if rows.empty or column not in rows or not canonical(contract):
+        return rows
+    ids = rows[column].map(lambda v: renamed_id(v, contract) if isinstance(v, str) else v)
+    return rows if ids.equals(rows[column]) else rows.assign(**{column: ids})
+
+
+def read_renamed(rows, contract: str = "model_attention"):
+    """Rows as written, read in today's names of the contract's providers: `renamed` on the
+    columns that hold one (the model's `attention`, a ladder rung's `name`: the rung named after
+    the attention it sets) and `renamed_ids` on `case_id`. What the readers of committed results
+    (the report's, the claims', the comparison's) apply to every row first."""
+    for column in ("attention", "name"):
+        rows = renamed(rows, contract, column)
+    return renamed_ids(rows, contract)
 
 
 def of_record(contract: str = "attention") -> list[Provider]:
@@ -502,8 +533,9 @@ def _model_attention(name: str):
 
 
 for _p in (
+    # its ladder rung and that rung's case ids were spelled flash_triton
     Provider("flash-triton", "ours (Triton)", "ours", "model_attention", _model_attention("flash-triton"),
-             needs=("cuda_for_bf16",), compiles=True),
+             needs=("cuda_for_bf16",), compiles=True, aliases=("flash_triton",)),
     Provider("sdpa", "SDPA", "peer", "model_attention", _model_attention("sdpa")),
     Provider("plain", "PyTorch", "peer", "model_attention", _model_attention("plain")),
 ):

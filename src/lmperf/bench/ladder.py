@@ -64,7 +64,7 @@ RUNGS = [
     ("compiled", "torch.compile, regional (= the assignment's setting, bf16 compiled)", {"compile": True}, False),
     ("fused_adamw", "AdamW(fused=True)", {"optimizer": "fused"}, False),
     ("sdpa", "attention: SDPA", {"attention": "sdpa"}, False),
-    ("flash_triton", "attention: our FlashAttention-2 (Triton, bf16)", {"attention": "flash-triton"}, True),
+    ("flash-triton", "attention: our FlashAttention-2 (Triton, bf16)", {"attention": "flash-triton"}, True),
     ("bf16_weights", "AdamW on fp32 master weights writing bf16 Linear weights: no autocast casts "
      "(the same math; kernels/adamw_master.py)", {"optimizer": "master"}, True),
 ]

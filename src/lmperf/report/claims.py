@@ -662,7 +662,7 @@ def load(results: Path, section: str) -> pd.DataFrame:
     """A section's CSVs under `results` as they are (journals of unfinished runs left out): what
     the command line reads; the report's renderer checks them first (report/render.py)."""
     paths = [p for p in sorted((Path(results) / section).rglob("*.csv")) if ".journal" not in p.parts]
-    frames = [pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in paths]
+    frames = [providers.read_renamed(pd.read_csv(p, keep_default_na=False, na_values=[""])) for p in paths]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 

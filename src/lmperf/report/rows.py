@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lmperf import providers
 from lmperf.report import validate
 from lmperf.report.sections import result_dirs
 
@@ -46,7 +47,7 @@ def load_section(results: Path, section: str, promised: dict | None = None) -> p
             keep[p] = set(ids)
     if problems:
         raise validate.DamagedResults(problems)
-    frames = [pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in paths]
+    frames = [providers.read_renamed(pd.read_csv(p, keep_default_na=False, na_values=[""])) for p in paths]
     frames = [df[df["case_id"].isin(keep[p])] if p in keep else df for p, df in zip(paths, frames)]
     # the rows of a file the deep target alone measures, in a section the standard run measures
     # too (a deep grid): marked, so that each run's wall time counts its own (report/env.py)

@@ -12,6 +12,7 @@ import csv
 import io
 from pathlib import Path
 
+from lmperf import providers
 from lmperf.hardware import CLOCK_COLUMNS
 
 # Every results row has these (bench/common.py writes them); env.csv is a key/value table
@@ -95,7 +96,8 @@ def problem(path: str | Path, case_ids: list[str] | None = None, env: bool = Fal
                 return f"has non-numbers in column {name} (line {bad[0][0]}: {bad[0][1][:40]!r})"
     if case_ids is None:
         return None
-    got, want = {r[col["case_id"]] for r in body}, set(case_ids)
+    new = lambda case_id: providers.renamed_id(case_id, "model_attention")  # rows written before a rename
+    got, want = {new(r[col["case_id"]]) for r in body}, {new(c) for c in case_ids}
     if want - got and not older_code:
         return (f"holds {len(want & got)} of the {len(want)} cases its job promises (missing: "
                 f"{_few(want - got)})")
