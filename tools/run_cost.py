@@ -38,7 +38,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-from lmperf import catalog  # noqa: E402
+from lmperf import catalog, providers  # noqa: E402
 from lmperf.bench import timing  # noqa: E402
 
 APART = tuple(f"{s.name}/" for s in catalog.SECTIONS if s.deep)   # the deep target's: not in the default full run
@@ -246,7 +246,7 @@ def measured_walls(folders) -> dict[str, dict[str, float]]:
     for folder in folders:
         for path in sorted(folder.rglob("*.csv")):
             job = path.relative_to(folder).as_posix().removesuffix(".csv")
-            df = pd.read_csv(path, low_memory=False)
+            df = providers.read_renamed(pd.read_csv(path, low_memory=False))  # rows written before a rename
             if "wall_s" not in df or "case_id" not in df:
                 continue
             when = df["measured_at"].astype(str) if "measured_at" in df else pd.Series("", index=df.index)
