@@ -181,9 +181,16 @@ def test_smoke_workflow_through_slurm_every_job_completed_in_sacct(slurm, built_
     assert sorted(re.search(r"gres/gpu=(\d+)", row["AllocTRES"])[1] for row in dist) == ["1", "2", "2"]
 
     # built_repo's run is the deep one (tests/conftest.py's SMOKE); the documented command runs the
-    # standard depth, which leaves the deep target's sections (repeats, convergence) out
+    # standard depth, which leaves the deep target's files out: its sections (repeats, convergence)
+    # and the files other sections' plans mark deep (the end-to-end compile study's)
     local, on_slurm = built_repo / "results" / "cpu", repo / "results" / "cpu"
-    standard = {k: v for k, v in case_rows(local).items() if k.split("/")[0] not in DEEP}
+    from lmperf import workflow
+    from lmperf.report import render
+    files = workflow.result_files(render.load_config(REPO / "config" / "config.yaml"), "results/cpu", "smoke",
+                                  ["results/cpu"])
+    deep = {os.path.relpath(f.path, "results/cpu") for f in workflow.deep_files(files)}
+    assert set(DEEP) <= {k.split("/")[0] for k in deep} and "e2e/compile/tiny.csv" in deep
+    standard = {k: v for k, v in case_rows(local).items() if k not in deep}
     assert case_rows(on_slurm) == standard
     headings = [[line for line in (r / "report" / "report.md").read_text().splitlines() if line.startswith("#")]
                 for r in (repo, built_repo)]
