@@ -133,8 +133,8 @@ def test_cpu_run_produces_the_report(built_repo):
     assert re.search(r"\| eager\s+\| 16\s+\| 64\s+\| [0-9.]+ \[[0-9.]+, [0-9.]+\]", report), "attention timings"
     assert re.search(r"\| forward\s+\| [0-9.,]+\s+\| [0-9.]+\s", report), "profile shares"
     assert "## Memory" in report and "![Active memory over one step]" in report
-    # Scaling across GPUs from the CPU's Gloo smoke run (results/cpu/distributed/)
-    assert "## Scaling across GPUs" in report and "Measured on the CPU (Gloo)" in report
+    # the distributed section from the CPU's Gloo smoke run (results/cpu/distributed/), in processes
+    assert "\n## Scaling across processes\n" in report and "Measured on the CPU (Gloo)" in report
     assert re.search(r"\| gloo\s+\| 2\s+\| 1\.00\s+\| [0-9.]+", report), "Gloo all-reduce rows"
     assert "(allreduce): skipped, needs 2 GPUs" in report  # NCCL without GPUs
     assert re.search(r"\| tiny\s+\| 64\s+\| fp32\s+\| eager\s+\| \d", report), "CPU numbers in the tables"
