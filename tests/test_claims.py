@@ -11,6 +11,7 @@ import pytest
 
 from conftest import REPO, golden
 from lmperf.report import claims, readme, summary
+from lmperf.report import render
 from lmperf.report.render import Inputs, bars_from_config, load_section
 
 H100 = REPO / "results" / "h100-80gb-hbm3"
@@ -237,6 +238,38 @@ def fixture_results(root: Path) -> Path:
     for k, scale in ((1, 1.05), (2, 0.97)):
         pd.DataFrame(rows(scale)).to_csv(rep / f"run{k}.csv", index=False)
     return results
+
+
+def test_the_headlines_peers_are_timed_in_ours_harness(tmp_path):
+    """The full configuration's headline job times ours under the leaderboard's harness and SDPA's
+    backends under that harness too (their own case ids), so the README's headline claim sets
+    ours against a peer of the same harness, not against an eager row."""
+    import json
+    from lmperf import specs
+    from lmperf.bench import flash_attention as fa_bench
+    config = render.load_config(REPO / "config" / "config.yaml")
+    spec = json.loads(specs.fa_bench_spec(config["flash_attention"]["full"], config["models"], "headline_d64", config))
+    cases = fa_bench.bench_cases(spec)
+    assert len({c["case_id"] for c in cases}) == len(cases)
+    timed = {(c["provider"], c["harness"]) for c in cases}
+    assert {("triton_compiled", "leaderboard"), ("sdpa_flash", "leaderboard"), ("sdpa_cudnn", "leaderboard"),
+            ("triton", "eager"), ("sdpa_cudnn", "eager")} <= timed
+    results = tmp_path / "results" / "fixture"
+    job = results / "flash_attention" / "bench"
+    job.mkdir(parents=True)
+    ms = {"triton_compiled": 4.2, "sdpa_flash": 6.0, "sdpa_cudnn": 4.4, "triton": 4.0, "plain": 30.0, "flex": 7.0}
+    rows = [{"section": "flash_attention", "study": "bench", "group": c["group"], "dtype": c["dtype"],
+             "causal": c["causal"], "batch": c["batch"], "heads": c["heads"], "kv_heads": c["kv_heads"],
+             "seq_len": c["seq_len"], "head_dim": c["head_dim"], "status": "ok", "commit": "abc", "unit": "ms",
+             "gpu_time": False, "gpu_idle_pct": 1.0, "case_id": c["case_id"], "provider": c["provider"],
+             "harness": c["harness"], "metric": "fwd_bwd_ms",
+             "median": ms[c["provider"]] * (1.1 if c["harness"] == "leaderboard" and c["provider"] != "triton_compiled" else 1)}
+            for c in cases]
+    pd.DataFrame(rows).to_csv(job / "headline_d64.csv", index=False)
+    table = claims.compute({"flash_attention": load_section(results, "flash_attention")}, results, 10.0)
+    head = table.find("flash_attention/headline/bf16/causal/fwd_bwd/leaderboard/do_bench/sdpa_cudnn")
+    assert head.ours.value == pytest.approx(4.2) and head.peer.value == pytest.approx(4.4 * 1.1)
+    assert head.ours.harness == head.peer.harness == "leaderboard"
 
 
 def test_golden_render_of_a_small_fixture(tmp_path):

@@ -153,7 +153,10 @@ def bench_cases(spec: dict) -> list[dict]:
                     if (s["provider"], s["dtype"]) == (provider, dtype)]
             if skip:
                 case["skip_reason"] = skip[0]
-            case["case_id"] = (f"{group['name']}-{provider}-{dtype}-{'causal' if causal else 'full'}"
+            # a provider timed under a harness not its own (a peer under the leaderboard's) says
+            # which: one group name may time a provider under both harnesses
+            via = "" if harness == (providers.get(provider).harness or "eager") else f"-{harness}"
+            case["case_id"] = (f"{group['name']}-{provider}{via}-{dtype}-{'causal' if causal else 'full'}"
                                f"-b{group['batch']}h{heads}{f'kv{kv}' if kv != heads else ''}n{n}d{d}")
             cases.append(case)
     return cases
