@@ -132,6 +132,19 @@ def test_the_deep_plan_estimates_the_deep_grids_from_measured_shapes():
     assert not js.loc[["attention/attention", "flash_attention/bench/grid_d64"], "apart"].any()
 
 
+@pytest.mark.skipif(not (REPO / "results" / "h100-80gb-hbm3").is_dir(), reason="no committed H100 results")
+def test_the_deep_target_is_planned_inside_its_45_minutes_and_the_standard_run_inside_its_30():
+    """The budgets, estimated from the committed H100 rows before a run: the deep target's own
+    jobs (its repeats included) at most 45 minutes, the standard run at most 30."""
+    rc = run_cost()
+    costs = rc.Costs()
+    deep = rc.plan([], "full", "deep", costs)
+    standard = rc.plan([], "full", "standard", costs)
+    assert deep["apart"].any() and not standard["apart"].any()
+    assert deep[deep["apart"]]["total_s"].sum() <= 45 * 60
+    assert standard["total_s"].sum() + costs.render_s <= 30 * 60
+
+
 def test_the_workers_warm_the_standard_grids_compiled_cases_and_no_case_past_the_memory_bound():
     config = render.load_config(REPO / "config/config.yaml", {})
     grid = config["attention"]["full"]

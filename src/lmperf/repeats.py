@@ -3,7 +3,7 @@ time in a fresh process, with the job's own command and spec and `--cases` (benc
 
     repeats:                       # config/config.yaml
       full:
-        processes: 2               # fresh processes, beyond the job's own
+        processes: 2               # fresh processes, beyond the job's own (a job may set its own)
         jobs:
           - {job: lrpe/bench_1d, cases: [1d-n32768-l0-*]}
 
@@ -48,7 +48,7 @@ def repeat_files(config: dict, results: str, scale: str, files: list, sections: 
                              f"of this configuration whose cases can run alone: {', '.join(timing)}")
         out += [dataclasses.replace(job, path=f"{folder(job, results)}/repeats/{entry['job']}/run{k}.csv",
                                     section="repeats", repeat_of=job, cases=tuple(entry["cases"]))
-                for k in range(1, repeats["processes"] + 1)]
+                for k in range(1, entry.get("processes", repeats["processes"]) + 1)]
     return out
 
 
