@@ -18,9 +18,10 @@ try:
     SECTIONS = catalog.load(config)
 except ValueError as e:
     raise WorkflowError(f"lmperf: {e}") from None
-# The schema checks the built-in sections' keys and fills their defaults; a section outside the
-# package brings its own defaults (lmperf.catalog.with_defaults).
-SCHEMA_PART = catalog.schema_part(config, SECTIONS)
+# Each section's defaults (a built-in one's config/sections/<name>.yaml, another's declaration:
+# lmperf.catalog.with_defaults) under what config/config.yaml, --configfile and --config set; the
+# schema checks the built-in sections' keys and fills the defaults of the keys they leave out.
+SCHEMA_PART = catalog.schema_part(config, SECTIONS, Path(workflow.basedir) / "config")
 try:
     validate(SCHEMA_PART, "../config/schema.yaml")
 except WorkflowError as e:  # --config key=value parses nested values as strings

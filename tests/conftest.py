@@ -74,6 +74,16 @@ def committed_files(folder: str, root: Path = REPO) -> list[str]:
 SMOKE = ("--config", "scale=smoke", "depth=deep")
 
 
+def config_yaml(repo: Path = REPO) -> dict:
+    """A repository's config/config.yaml set on its sections' defaults (config/sections/): the
+    config as Snakemake has it before the schema fills the keys left out."""
+    import yaml
+    from lmperf import catalog
+    config_dir = repo / "config"
+    return catalog.with_defaults(yaml.safe_load((config_dir / "config.yaml").read_text()), list(catalog.SECTIONS),
+                                 config_dir)
+
+
 def copy_repo(dest: Path) -> Path:
     shutil.copytree(REPO, dest, ignore=_ignore)
     (dest / "report").mkdir()

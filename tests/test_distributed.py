@@ -19,6 +19,7 @@ import torch.multiprocessing as mp
 from lmperf import hardware
 from lmperf.bench.distributed import allreduce, comm, ddp
 from lmperf.model import ModelConfig
+from conftest import config_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 CFG = ModelConfig(d_model=32, d_ff=64, n_layers=2, n_heads=2, vocab_size=256, context_length=16)
@@ -497,10 +498,8 @@ def test_gpu_script_runs_every_job_and_renders_the_section_on_a_cpu(tmp_path):
 
 
 def test_workflow_helpers_name_jobs_specs_and_bad_sizes():
-    import yaml
-
     from lmperf import hardware, planning, workflow
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config = config_yaml()
     smoke = config["distributed"]["smoke"]
     from lmperf.report import render
     files = workflow.result_files(render.load_config(REPO / "config" / "config.yaml"), "results/cpu", "smoke",

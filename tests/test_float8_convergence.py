@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
 from lmperf import planning, workflow as wf
 from lmperf.bench import convergence, float8, ladder
 from lmperf.report import convergence as report_convergence, render
 from tests.test_ladder import SPEC, changed, ladder_frame
+from conftest import config_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = render.load_config(REPO / "config" / "config.yaml")  # validated: the defaults filled
@@ -78,7 +78,7 @@ def test_config_errors_name_the_key():
     from snakemake.utils import validate
 
     def config(**edits):
-        c = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+        c = config_yaml()
         for scale, ladder_edit in edits.items():
             c["ladder"][scale].update(ladder_edit)
         return c

@@ -15,9 +15,10 @@ import pytest
 import yaml
 
 from lmperf import contenders, planning, providers, workflow as wf
+from conftest import config_yaml
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+CONFIG = config_yaml()
 
 
 @pytest.fixture

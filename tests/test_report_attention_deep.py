@@ -12,6 +12,7 @@ import pytest
 from lmperf.bench import attention as bench
 from lmperf.report import attention, render
 from lmperf.report.sections import Inputs
+from conftest import config_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 H100 = REPO / "results" / "h100-80gb-hbm3"
@@ -102,11 +103,10 @@ def test_the_section_renders_the_edge_table_under_the_deep_targets_name():
 def test_the_flashattention_deep_grid_is_a_table_of_its_own_and_makes_no_claims():
     """The committed grid's rows again as the deep grid's (group grid_deep): tables per dtype and
     head dim of their own; the configurations and the claims stay the standard run's."""
-    import yaml
 
     from lmperf.report import claims, flash_attention
     from lmperf.report.sections import SECTIONS, frame_names
-    bars = yaml.safe_load((REPO / "config/config.yaml").read_text())["report"]
+    bars = config_yaml()["report"]
     frames = {name: render.load_section(H100, name) for name in frame_names(SECTIONS)}
     fa = frames["flash_attention"]
     grid = fa[fa["group"] == "grid"]

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
 from lmperf.report import lrpe, precision, render
 from lmperf.report.format import HOST_BOUND, fmt
 from lmperf.report.sections import Inputs
+from conftest import config_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 H100 = REPO / "results" / "h100-80gb-hbm3"
-CONFIG = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+CONFIG = config_yaml()
 BARS = CONFIG["report"]
 THRESHOLD = BARS["host_bound_idle_pct"]
 # the sections this file covers, by their headings in the report

@@ -8,9 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import copy_repo, snakemake
+from conftest import config_yaml, copy_repo, snakemake
 from lmperf import workflow as wf
 from lmperf.report import render, summary
 from lmperf.report.sections import DEEP
@@ -74,7 +73,7 @@ def test_the_quick_scale_plans_the_summarys_jobs_and_only_those(repo):
     assert outputs and all(o.startswith(("results/h100-80gb-hbm3-quick/", "report/quick/")) for o in outputs)
     # the ladder runs the summary's rungs alone, numbered as in the full grid
     ladder = next(line for line in out.splitlines() if "lmperf.bench.ladder" in line)
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config = config_yaml()
     assert all(f"'{p}'" in ladder for p in config["ladder"]["quick"]["cases"])
 
 

@@ -224,3 +224,35 @@ def test_the_docs_table_of_sections_is_the_declarations():
     text = (REPO / "docs" / "architecture.md").read_text()
     assert declare.table(catalog.SECTIONS) in text, ("docs/architecture.md: its table of sections is not "
                                                     "lmperf.declare.table(lmperf.catalog.SECTIONS)")
+
+
+def test_each_section_owns_its_config_and_a_users_override_merges_over_it(tmp_path):
+    """config/config.yaml sets no section's grid: each built-in section's is its own file,
+    config/sections/<name>.yaml, holding only its keys and its bars; a user's file that sets one
+    value of a grid keeps every other value of it, and a list it sets replaces the section's."""
+    import yaml
+    config_dir = REPO / "config"
+    user = yaml.safe_load((config_dir / "config.yaml").read_text())
+    names = {s.name for s in catalog.SECTIONS}
+    files = {p.stem: yaml.safe_load(p.read_text()) for p in (config_dir / "sections").glob("*.yaml")}
+    assert set(files) <= names
+    for name, keys in files.items():
+        assert set(keys) - {"report"} and set(keys.get("report", {})) <= {name}
+        # config/config.yaml sets none of a section's keys, nor its bars
+        assert not (set(keys) - {"report"}) & set(user) and not set(keys.get("report", {})) & set(user["report"])
+    # a user's file: one value of the FlashAttention grid, one list of the ladder's
+    mine = tmp_path / "config"
+    (mine / "sections").mkdir(parents=True)
+    for p in (config_dir / "sections").glob("*.yaml"):
+        (mine / "sections" / p.name).write_text(p.read_text())
+    (mine / "config.yaml").write_text(yaml.safe_dump({**user, "flash_attention": {"full": {"bench": {"workers": 2}}},
+                                                      "ladder": {"smoke": {"sizes": ["mini"]}}}))
+    (mine / "schema.yaml").write_text((config_dir / "schema.yaml").read_text())
+    default, overridden = render.load_config(config_dir / "config.yaml"), render.load_config(mine / "config.yaml")
+    fa, fa0 = overridden["flash_attention"]["full"]["bench"], default["flash_attention"]["full"]["bench"]
+    assert fa["workers"] == 2 and fa0["workers"] != 2 and fa["groups"] == fa0["groups"]
+    assert overridden["ladder"]["smoke"]["sizes"] == ["mini"] != default["ladder"]["smoke"]["sizes"]
+    assert {k: v for k, v in overridden["ladder"]["smoke"].items() if k != "sizes"} == \
+        {k: v for k, v in default["ladder"]["smoke"].items() if k != "sizes"}
+    assert render.bars_from_config(config_dir / "config.yaml") == default["report"]
+    assert set(default["report"]) >= {"host_bound_idle_pct", "flash_attention", "ladder"}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, SMOKE, copy_repo, snakemake, workflow_env
+from conftest import REPO, SMOKE, config_yaml, copy_repo, snakemake, workflow_env
 from lmperf import failures
 
 def planned(repo: Path, *args: str, env: dict | None = None) -> dict[str, int]:
@@ -69,7 +69,7 @@ def edit(path: Path, text: str) -> None:
 def test_dry_run_plans_the_whole_dag(fresh_plan):
     jobs = fresh_plan
     assert jobs["report"] == 1 and jobs["env"] == 1
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config = config_yaml()
     studies = config["e2e"]["smoke"]["studies"]
     assert jobs["e2e_study"] == sum(len(s["sizes"]) + len(s.get("deep_sizes", [])) for s in studies.values())  # depth=deep
     assert jobs["ladder_size"] == len(config["ladder"]["smoke"]["sizes"])
@@ -93,7 +93,7 @@ def test_bad_config_stops_at_once_naming_it(fresh_copy, override, message):
 
 def test_unknown_model_size_in_a_study_is_named(fresh_copy):
     path = fresh_copy / "config" / "config.yaml"
-    config = yaml.safe_load(path.read_text())
+    config = config_yaml(fresh_copy)
     config["e2e"]["smoke"]["studies"]["warmup"]["sizes"] = ["tiny", "gigantic"]
     path.write_text(yaml.safe_dump(config))
     proc = snakemake(fresh_copy, "-n", check=False)
@@ -103,7 +103,7 @@ def test_unknown_model_size_in_a_study_is_named(fresh_copy):
 
 def test_unknown_model_size_in_the_ladder_is_named(fresh_copy):
     path = fresh_copy / "config" / "config.yaml"
-    config = yaml.safe_load(path.read_text())
+    config = config_yaml(fresh_copy)
     config["ladder"]["full"]["sizes"] = ["xl", "colossal"]
     path.write_text(yaml.safe_dump(config))
     proc = snakemake(fresh_copy, "-n", check=False)
@@ -113,7 +113,7 @@ def test_unknown_model_size_in_the_ladder_is_named(fresh_copy):
 
 def test_wrong_type_in_the_grid_is_named(fresh_copy):
     path = fresh_copy / "config" / "config.yaml"
-    config = yaml.safe_load(path.read_text())
+    config = config_yaml(fresh_copy)
     config["e2e"]["smoke"]["studies"]["context"]["grid"]["dtypes"] = ["fp8"]
     path.write_text(yaml.safe_dump(config))
     proc = snakemake(fresh_copy, "-n", check=False)
@@ -316,7 +316,7 @@ def test_a_repeat_is_its_jobs_command_with_its_cases_into_its_own_file(fresh_dry
     library checks), only with --cases and its own output and log."""
     commands = shell_commands(fresh_dry_run)
     repeats = {out: cmd for out, cmd in commands.items() if "/repeats/" in out}
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["repeats"]["smoke"]
+    config = config_yaml()["repeats"]["smoke"]
     assert len(repeats) == config["processes"] * len(config["jobs"])
     for out, cmd in repeats.items():
         job = re.fullmatch(r"results/([^/]+)/repeats/(.+)/run\d+\.csv", out)

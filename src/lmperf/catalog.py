@@ -1,5 +1,7 @@
 """The built-in report sections, each declared once (lmperf.declare): its jobs, how it plans them
-from config/config.yaml at a scale (each job's spec from lmperf.specs), and its report side. In
+from the config at a scale (each job's spec from lmperf.specs), its config defaults
+(config/sections/<name>.yaml: its grids and its bars, under what config/config.yaml and the
+command line set: `with_defaults`), and its report side. In
 report order: the report shows them so, and the workflow plans their result files so. `load`
 gives the whole list: these, then those of the modules config `sections` names.
 Imports neither torch nor triton, nor any benchmark or report module: the Snakefile reads it.
@@ -7,10 +9,14 @@ Imports neither torch nor triton, nor any benchmark or report module: the Snakef
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 from lmperf import declare, specs
 from lmperf.declare import (PRIORITY_CHECK, PRIORITY_LONG_WARMS, PRIORITY_WARMS, Job, PlanContext, Planned,
                             Section)
+
+# config/: config.yaml (what a user sets) and sections/<name>.yaml (each built-in section's defaults)
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
 
 # Scaling across GPUs: one torchrun job per study and process count
 DISTRIBUTED_STUDIES = ("allreduce", "ddp")
@@ -267,22 +273,41 @@ def extra_section(module: str) -> Section:
     return section
 
 
-def schema_part(config: dict, sections: list[Section]) -> dict:
+def schema_part(config: dict, sections: list[Section], config_dir: Path = CONFIG_DIR) -> dict:
     """`config` less the keys of the sections outside the package (config/schema.yaml knows the
-    built-in ones only), after filling theirs with their declared defaults (`with_defaults`)."""
+    built-in ones only), after filling every section's with its defaults (`with_defaults`)."""
     own = {s.name for s in sections} - builtin_names()
-    with_defaults(config, sections)
+    with_defaults(config, sections, config_dir)
     return {k: v for k, v in config.items() if k not in own}
 
 
-def with_defaults(config: dict, sections: list[Section]) -> dict:
-    """`config` with each section outside the package's defaults where it sets none: scale by
-    scale, a key the config sets wins."""
+def merged(base: dict, over: dict) -> dict:
+    """`over` set on `base`: mappings merged key by key, anything else (a list, a value) replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def section_defaults(sections: list[Section], config_dir: Path = CONFIG_DIR) -> dict:
+    """The config the sections declare: a built-in section's file config/sections/<name>.yaml (its
+    keys, and its bars under `report`), another's `defaults` ({scale: grid}) under its name."""
+    import yaml
+    out: dict = {}
     for s in sections:
-        if s.defaults and s.name not in builtin_names():
-            mine = config.get(s.name, {})
-            config[s.name] = {scale: {**grid, **mine.get(scale, {})} for scale, grid in s.defaults.items()} | \
-                {scale: grid for scale, grid in mine.items() if scale not in s.defaults}
+        path = Path(config_dir) / "sections" / f"{s.name}.yaml"
+        if s.name in builtin_names() and path.is_file():
+            out = merged(out, yaml.safe_load(path.read_text()) or {})
+        elif s.defaults:
+            out = merged(out, {s.name: s.defaults})
+    return out
+
+
+def with_defaults(config: dict, sections: list[Section], config_dir: Path = CONFIG_DIR) -> dict:
+    """`config` (in place) set on its sections' defaults (`section_defaults`, `merged`): a key the
+    config sets wins, a mapping it sets in part keeps the defaults' other keys."""
+    for key, value in merged(section_defaults(sections, config_dir), dict(config)).items():
+        config[key] = value
     return config
 
 

@@ -138,8 +138,9 @@ class Section:
     caption: str | None = None       # `snakemake --report`'s caption, from rules/ (default captions/<name>.rst where it exists)
     subcategory: str = ""            # its results' heading in `snakemake --report`
     doc: str = ""                    # what it holds, in a line (the docs' table of sections)
-    # a section outside the package: its config at each scale where config.yaml has none
-    # (the built-in sections' defaults are config/config.yaml's, checked by config/schema.yaml)
+    # its config at each scale ({scale: grid}), under what the user's config sets (lmperf.catalog.
+    # with_defaults); a built-in section's is its file config/sections/<name>.yaml instead (its
+    # keys, its bars under `report`), checked by config/schema.yaml
     defaults: dict = field(default_factory=dict)
 
     @property

@@ -40,20 +40,23 @@ SCHEMA = Path("config/schema.yaml")
 
 
 def bars_from_config(path: Path = CONFIG) -> dict:
-    """The `report` mapping of a config file: {section: {bar: threshold}}."""
+    """The `report` mapping of a config file set on the built-in sections' own bars (their files
+    config/sections/<name>.yaml, beside it): {section: {bar: threshold}}."""
     import yaml
-    return yaml.safe_load(Path(path).read_text())["report"]
+    config = yaml.safe_load(Path(path).read_text())
+    return catalog.with_defaults(config, list(catalog.SECTIONS), Path(path).parent)["report"]
 
 
 def load_config(path: Path = CONFIG, overrides: dict | None = None) -> dict:
     """A config file as the workflow sees it: with `overrides` (top-level keys, as `--config
-    KEY=VALUE` gives them), validated against config/schema.yaml (which fills the defaults; a
-    section outside the package, config `sections`, brings its own: lmperf.catalog.schema_part)
+    KEY=VALUE` gives them), set on its sections' defaults (config/sections/<name>.yaml beside it;
+    a section outside the package, config `sections`, brings its own: lmperf.catalog.with_defaults),
+    validated against config/schema.yaml (which fills the defaults of the keys a file leaves out)
     and cross-checked (`lmperf.planning.check_config`)."""
     import yaml
     from snakemake.utils import validate as validate_schema
     config = {**yaml.safe_load(Path(path).read_text()), **(overrides or {})}
-    part = catalog.schema_part(config, catalog.load(config))
+    part = catalog.schema_part(config, catalog.load(config), Path(path).parent)
     validate_schema(part, str(Path(path).parent / SCHEMA.name))
     config.update(part)
     planning.check_config(config)
