@@ -1,6 +1,6 @@
 """The built-in report sections, each declared once (lmperf.declare): its jobs, how it plans them
 from the config at a scale (each job's spec from lmperf.specs), its config defaults
-(config/sections/<name>.yaml: its grids and its bars, under what config/config.yaml and the
+(config/sections/<name>.yaml: its grids and its thresholds, under what config/config.yaml and the
 command line set: `with_defaults`), and its report side. In
 report order: the report shows them so, and the workflow plans their result files so. `load`
 gives the whole list: these, then those of the modules config `sections` names.
@@ -291,13 +291,14 @@ def merged(base: dict, over: dict) -> dict:
 
 def section_defaults(sections: list[Section], config_dir: Path = CONFIG_DIR) -> dict:
     """The config the sections declare: a built-in section's file config/sections/<name>.yaml (its
-    keys, and its bars under `report`), another's `defaults` ({scale: grid}) under its name."""
+    keys, and its thresholds under `report`), another's `defaults` ({scale: grid}) under its name."""
     import yaml
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, where PyYAML has it: 8x faster
     out: dict = {}
     for s in sections:
         path = Path(config_dir) / "sections" / f"{s.name}.yaml"
         if s.name in builtin_names() and path.is_file():
-            out = merged(out, yaml.safe_load(path.read_text()) or {})
+            out = merged(out, yaml.load(path.read_text(), Loader=loader) or {})
         elif s.defaults:
             out = merged(out, {s.name: s.defaults})
     return out

@@ -140,7 +140,7 @@ class Section:
     doc: str = ""                    # what it holds, in a line (the docs' table of sections)
     # its config at each scale ({scale: grid}), under what the user's config sets (lmperf.catalog.
     # with_defaults); a built-in section's is its file config/sections/<name>.yaml instead (its
-    # keys, its bars under `report`), checked by config/schema.yaml
+    # keys, its thresholds under `report`), checked by config/schema.yaml
     defaults: dict = field(default_factory=dict)
 
     @property

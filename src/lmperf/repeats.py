@@ -1,7 +1,7 @@
 """The workflow's repeats (rules/repeats.smk): some cases of a timing job measured again, each
 time in a fresh process, with the job's own command and spec and `--cases` (bench/jobs.py).
 
-    repeats:                       # config/config.yaml
+    repeats:                       # config/sections/repeats.yaml
       full:
         processes: 2               # fresh processes, beyond the job's own (a job may set its own)
         jobs:

@@ -58,7 +58,7 @@ def bench_args(doc: str, argv=None, *, studies: Iterable[str] = (), spec: bool =
     them until jobs.run has warmed them; else alone."""
     def add(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         if spec:
-            p.add_argument("--spec", required=True, type=_json, help="the grid as JSON (see config/config.yaml)")
+            p.add_argument("--spec", required=True, type=_json, help="the grid as JSON (see config/sections/)")
         if size:
             p.add_argument("--size", required=True, help="model size: one of the spec's `models`")
         if options:

@@ -5,7 +5,7 @@ ladder (bench/ladder.py) times its rungs with the same `time_steps`.
 A case runs its warm-up steps, then timed steps until the stop rule (bench/timing.py's
 sample_until) stops it: once the 99% interval of the median step lies within `median_within`
 (±1%) of it, after at least 8 steps; at `timed_steps` at most; or, after at least
-`min_timed_steps`, once the timed steps add up to `timed_window_s` seconds (config/config.yaml).
+`min_timed_steps`, once the timed steps add up to `timed_window_s` seconds (config/sections/e2e.yaml).
 Every row of a case says why it stopped (`stop`) and after how many timed steps (`stop_after`).
 Rows keep every
 step's value and give its median and 20% / 80% quantiles; tokens/s, TFLOP/s and MFU are the

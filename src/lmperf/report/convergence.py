@@ -1,8 +1,9 @@
 """The FP8 rung's convergence (results/<hw>/convergence/, bench/convergence.py): the held-out loss
 of bf16 (the settings of the ladder rung the FP8 rung follows), of bf16 from other initial weights
 (the noise), and of the FP8 rung's settings, all trained on the same text, at the same steps; and
-whether the FP8 run's held-out loss stays within the tolerance of bf16's (config/config.yaml's
-`report.convergence`) at every step compared (those from `compare_from` of the run on):
+whether the FP8 run's held-out loss stays within the tolerance of bf16's
+(config/sections/convergence.yaml's `report.convergence`) at every step compared (those from
+`compare_from` of the run on):
 
     |fp8 - bf16| <= max(noise_multiple x the largest |bf16_init1 - bf16| there, min_relative x bf16's last)
 

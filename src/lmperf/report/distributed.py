@@ -2,7 +2,7 @@
 (time per phase, communication, scaling, memory per rank) and the section's bars, read from
 the rows of the multi-GPU results folder(s) of the report's machine (see `sections.result_dirs`:
 results/<hw>-x<N>/distributed/, or results/<hw>/distributed/ for the CPU's Gloo run) with the
-thresholds of config/config.yaml's `report.distributed`; and its two figures.
+thresholds of config/sections/distributed.yaml's `report.distributed`; and its two figures.
 
     python -m lmperf.report.section distributed --results results/h200-x2 --out report/distributed/h200-x2/distributed.md
 

@@ -164,7 +164,7 @@ def ratio_range(ratios: pd.Series) -> dict:
 
 
 def bar(text: str, value: float, measured: str, met: bool) -> dict:
-    """One line of a section's targets (config/config.yaml's `report`): what is asked, the
+    """One line of a section's targets (the config's `report`): what is asked, the
     measured value (kept as a number for tests, `_value`), how the report states it, and whether
     it holds. Its `bar` column is headed "target" in the report (`HEADERS`)."""
     return {"bar": text, "measured": measured, "met": bool(met), "_value": float(value)}

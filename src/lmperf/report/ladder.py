@@ -1,7 +1,7 @@
 """The ladder: from the assignment's setting to the GPU's limit, one change a rung (the rows of
 `results/<hw>/ladder/`, one CSV a model size; medians over the timed steps, as the end-to-end
 section's): the rungs with their phase times, MFU, energy per token and GPU busy share, the best rung of each size, its phases against the floors measured in the same job,
-FlopCounterMode's count beside the closed form MFU uses, the section's bars (config/config.yaml's
+FlopCounterMode's count beside the closed form MFU uses, the section's bars (config/sections/ladder.yaml's
 `report.ladder`), and its figure."""
 from __future__ import annotations
 

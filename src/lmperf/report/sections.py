@@ -70,7 +70,7 @@ def figure_paths(figures_dir: str | Path, sections: list[Section] | None = None)
 
 @dataclass
 class Inputs:
-    """What a view reads: every section's rows, the bars (thresholds, from config/config.yaml's
+    """What a view reads: every section's rows, the bars (thresholds, from the config's
     `report`), the results folder and the folder the report is written to, and the model sizes
     the grids ran (config/config.yaml's `models`: their dimensions are not in the rows)."""
     results: Path
