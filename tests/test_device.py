@@ -38,14 +38,25 @@ def _start(tmp_path: Path, mode: str, hold_s: float, lock: Path | None) -> subpr
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def _holding(proc: subprocess.Popen) -> list[str]:
-    """Wait until `proc` holds the device; the lines it printed until then."""
+def _until(proc: subprocess.Popen, text: str) -> list[str]:
+    """Wait until `proc` prints a line that starts with `text`; the lines it printed until then."""
     lines = []
-    while not lines or not lines[-1].startswith("held"):
+    while not lines or not lines[-1].startswith(text):
         line = proc.stdout.readline()
-        assert line, f"exited without holding the device: {proc.stderr.read()}"
+        assert line, f"exited before printing {text!r}: {proc.stderr.read()}"
         lines.append(line.strip())
     return lines
+
+
+def _holding(proc: subprocess.Popen) -> list[str]:
+    """Wait until `proc` holds the device; the lines it printed until then."""
+    return _until(proc, "held")
+
+
+def _release(proc: subprocess.Popen) -> None:
+    """Tell a process that holds the device until told (hold_s < 0) to let it go."""
+    proc.stdin.write("done\n")
+    proc.stdin.flush()
 
 
 def _times(proc: subprocess.Popen, before: list[str] = ()) -> tuple[float, float, str]:
@@ -62,22 +73,26 @@ def _times(proc: subprocess.Popen, before: list[str] = ()) -> tuple[float, float
 @pytest.mark.parametrize("second", ["exclusive", "shared"])
 def test_a_timing_job_has_the_device_to_itself(tmp_path, second):
     lock = tmp_path / ".cache" / "device.lock"
-    first = _start(tmp_path, "exclusive", 10.0, lock)  # longer than the second's imports under load
+    first = _start(tmp_path, "exclusive", -1, lock)  # holds it until told
     before = _holding(first)
     other = _start(tmp_path, second, 0.1, lock)
+    waited = _until(other, "waiting for the device")
+    _release(first)
     held1, released1, _ = _times(first, before)
-    held2, _, out2 = _times(other)
+    held2, _, _ = _times(other, waited)
     assert held2 >= released1 - 0.05, (held1, released1, held2)
-    assert "waiting for the device" in out2
 
 
 def test_checks_share_the_device_and_a_timing_job_waits_for_them(tmp_path):
     lock = tmp_path / "device.lock"
-    a = _start(tmp_path, "shared", 6.0, lock)
-    b = _start(tmp_path, "shared", 6.0, lock)
+    a = _start(tmp_path, "shared", -1, lock)
+    b = _start(tmp_path, "shared", -1, lock)
     before_a, before_b = _holding(a), _holding(b)  # both at once: b holds it while a does
     timing = _start(tmp_path, "exclusive", 0.1, lock)
-    (ha, ra, _), (hb, rb, _), (ht, _, _) = _times(a, before_a), _times(b, before_b), _times(timing)
+    waited = _until(timing, "waiting for the device")
+    _release(a)
+    _release(b)
+    (ha, ra, _), (hb, rb, _), (ht, _, _) = _times(a, before_a), _times(b, before_b), _times(timing, waited)
     assert hb < ra and ha < rb, "two checks held the device at once"
     assert ht >= max(ra, rb) - 0.05
 
@@ -104,25 +119,31 @@ def test_a_timing_job_warms_beside_the_checks_and_times_alone(tmp_path):
 
 
 def test_without_the_variable_nothing_waits(tmp_path):
-    first = _start(tmp_path, "exclusive", 8.0, None)
-    before = _holding(first)
+    first = _start(tmp_path, "exclusive", -1, None)  # holds it until told
+    before1 = _holding(first)
     second = _start(tmp_path, "exclusive", 0.1, None)
-    held1, released1, _ = _times(first, before)
-    held2, _, out2 = _times(second)
+    before2 = _holding(second)  # while the first holds it
+    _release(first)
+    held1, released1, _ = _times(first, before1)
+    held2, _, out2 = _times(second, before2)
     assert held2 < released1 and "waiting" not in out2
 
 
 def test_a_command_run_through_the_module_holds_the_device_until_it_ends(tmp_path):
     lock = tmp_path / "device.lock"
     env = {**os.environ, "PYTHONPATH": SRC, "LMPERF_DEVICE_LOCK": str(lock)}
-    child = ("import os, time; print('inherited', os.environ.get('LMPERF_DEVICE_LOCK'), flush=True); "
-             "print('held', time.monotonic(), flush=True); time.sleep(10); print('released', time.monotonic(), flush=True)")
+    child = ("import os, sys, time; print('inherited', os.environ.get('LMPERF_DEVICE_LOCK'), flush=True); "
+             "print('held', time.monotonic(), flush=True); sys.stdin.readline(); "
+             "print('released', time.monotonic(), flush=True)")
     wrapped = subprocess.Popen([sys.executable, "-m", "lmperf.bench.device", "--", sys.executable, "-c", child],
-                               env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                               env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
     before = _holding(wrapped)
     timing = _start(tmp_path, "exclusive", 0.1, lock)
+    waited = _until(timing, "waiting for the device")  # the command holds it until told
+    _release(wrapped)
     held1, released1, out1 = _times(wrapped, before)
-    held2, _, _ = _times(timing)
+    held2, _, _ = _times(timing, waited)
     assert "inherited None" in out1  # its ranks do not wait for the lock their launcher holds
     assert held2 >= released1 - 0.05
 

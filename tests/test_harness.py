@@ -383,6 +383,7 @@ def test_a_long_message_keeps_its_head_and_its_end():
     assert message.endswith("x.cpp:9: error: 'at::vec' has not been declared")
 
 
+@pytest.mark.slow  # three compiles on a CPU: half a minute
 def test_a_compile_cache_cut_short_by_an_interrupt_is_retried_in_a_fresh_one(tmp_path):
     """What Ctrl-C during torch.compile leaves behind: compiled libraries of 0 bytes in the compile
     cache, which fail every later compile that reads them. The case is tried once more in a fresh

@@ -94,6 +94,7 @@ def test_the_committed_report_is_the_one_at_head():
     assert committed("report/report.md").startswith("# ")
 
 
+@pytest.mark.slow
 def test_the_committed_report_tests_pass_after_a_report_run_and_skip_without_git(tmp_path):
     """In a checkout whose report/report.md and figures were rewritten as `make report` does on
     a machine with no results (every answer "not measured here", every figure gone), the tests
