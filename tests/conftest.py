@@ -75,13 +75,9 @@ SMOKE = ("--config", "scale=smoke", "depth=deep")
 
 
 def config_yaml(repo: Path = REPO) -> dict:
-    """A repository's config/config.yaml set on its sections' defaults (config/sections/): the
-    config as Snakemake has it before the schema fills the keys left out."""
-    import yaml
+    """A repository's config/config.yaml set on its sections' defaults (lmperf.catalog.read_config)."""
     from lmperf import catalog
-    config_dir = repo / "config"
-    return catalog.with_defaults(yaml.safe_load((config_dir / "config.yaml").read_text()), list(catalog.SECTIONS),
-                                 config_dir)
+    return catalog.read_config(repo / "config" / "config.yaml")
 
 
 def copy_repo(dest: Path) -> Path:

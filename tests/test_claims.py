@@ -10,8 +10,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO, golden
-from lmperf.report import claims, readme, summary
-from lmperf.report import render
+from lmperf.report import claims, readme, render, summary
 from lmperf.report.render import Inputs, bars_from_config, load_section
 
 H100 = REPO / "results" / "h100-80gb-hbm3"

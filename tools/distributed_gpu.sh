@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The "Scaling across GPUs" study on a multi-GPU machine, without Snakemake: every job of
 # the distributed section's jobs (rule distributed_study: all-reduce, data-parallel step; one torchrun per study and process
-# count, grids from config/sections/distributed.yaml under config/config.yaml) into results/<gpu>-x<count>/distributed/ (e.g.
+# count, grids from config/sections/distributed.yaml) into results/<gpu>-x<count>/distributed/ (e.g.
 # results/h200-x2/), then the section rendered alone into report/distributed/<gpu>-x<count>/.
 #   tools/distributed_gpu.sh [--scale full|smoke] [--limit SECONDS] [--wheels DIR] [--pack FILE] [--force]
 # Jobs the machine has GPUs for run first; those that need more GPUs run last and write their
@@ -34,9 +34,9 @@ python3 -c 'import pandas, yaml' 2>/dev/null \
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 # one line per job: study, processes, spec (JSON), those this machine has GPUs for first
 plan=$(python3 - "$scale" <<'PY'
-import sys, yaml
+import sys
 from lmperf import catalog, hardware, workflow
-config = catalog.with_defaults(yaml.safe_load(open("config/config.yaml")), list(catalog.SECTIONS), "config")
+config = catalog.read_config("config/config.yaml")
 config.setdefault("hw", "auto")
 dist, gpus = config["distributed"][sys.argv[1]], hardware.gpu_count()
 jobs = [(s, n) for s in workflow.DISTRIBUTED_STUDIES for n in dist[s]["procs"]]

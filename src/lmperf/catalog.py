@@ -304,6 +304,15 @@ def section_defaults(sections: list[Section], config_dir: Path = CONFIG_DIR) -> 
     return out
 
 
+def read_config(path: Path = CONFIG_DIR / "config.yaml") -> dict:
+    """A config file set on the built-in sections' defaults (config/sections/ beside it): the config
+    as Snakemake has it before the schema fills the keys left out and the sections of config
+    `sections` add theirs (lmperf.report.render.load_config does both)."""
+    import yaml
+    path = Path(path)
+    return with_defaults(yaml.safe_load(path.read_text()), list(SECTIONS), path.parent)
+
+
 def with_defaults(config: dict, sections: list[Section], config_dir: Path = CONFIG_DIR) -> dict:
     """`config` (in place) set on its sections' defaults (`section_defaults`, `merged`): a key the
     config sets wins, a mapping it sets in part keeps the defaults' other keys."""

@@ -57,9 +57,9 @@ def config_table(df: pd.DataFrame, threshold: float = math.inf) -> tuple[pd.Data
 def bars(table: claims.Claims, model: pd.DataFrame, limits: dict) -> list[dict]:
     """The section's bars, read off the claims (lmperf.report.claims) and the model group: ours
     against each peer of record (lmperf.providers.of_record; the first one's bars plain, the
-    others' "further"); thresholds from config/sections/flash_attention.yaml's report, named after the peer (a
-    time ratio's limit is read as the speed-up 1 / limit; a peer with no threshold there has no
-    bar of that kind)."""
+    others' "further"); thresholds from config/sections/flash_attention.yaml's report, named
+    after the peer (a time ratio's limit is read as the speed-up 1 / limit; a peer with no
+    threshold there has no bar of that kind)."""
     out = []
     record = providers.of_record()
     further = lambda i: "further: " if i else ""

@@ -42,9 +42,7 @@ SCHEMA = Path("config/schema.yaml")
 def bars_from_config(path: Path = CONFIG) -> dict:
     """The `report` mapping of a config file set on the built-in sections' own bars (their files
     config/sections/<name>.yaml, beside it): {section: {bar: threshold}}."""
-    import yaml
-    config = yaml.safe_load(Path(path).read_text())
-    return catalog.with_defaults(config, list(catalog.SECTIONS), Path(path).parent)["report"]
+    return catalog.read_config(path)["report"]
 
 
 def load_config(path: Path = CONFIG, overrides: dict | None = None) -> dict:
