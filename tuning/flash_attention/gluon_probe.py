@@ -46,6 +46,9 @@ SHAPES = {
     "d64_full": (4, 16, 16, 8192, 64, False),
     "d128_full_2048": (4, 16, 16, 2048, 128, False),
     "gqa_d64_1024": (8, 16, 4, 1024, 64, True),
+    "d80_2048": (4, 32, 32, 2048, 80, True),  # the 2.7B model's attention (head dim 80)
+    "d80_full": (4, 16, 16, 8192, 80, False),
+    "d80_causal": (4, 16, 16, 8192, 80, True),
 }
 # (variant, (BLOCK_M, BLOCK_N, num_warps, STAGES)) candidates by (D, causal); causal tiles square
 CANDIDATES = {  # "pp_snake"/"pp_nosnake": pp with the causal schedule forced (else by head dim)
@@ -53,6 +56,8 @@ CANDIDATES = {  # "pp_snake"/"pp_nosnake": pp with the causal schedule forced (e
     (128, True): [("pp", (128, 128, 4, 3)), ("pp_snake", (128, 128, 4, 3))],
     (64, False): [("plain", (128, 128, 8, 3)), ("pp", (128, 128, 4, 2))],
     (64, True): [("pp", (128, 128, 4, 3)), ("pp_nosnake", (128, 128, 4, 3))],
+    (80, False): [("pp", (128, 128, 4, 3)), ("pp", (128, 128, 4, 4)), ("pp", (128, 128, 4, 2))],
+    (80, True): [("pp", (128, 128, 4, 3)), ("pp_nosnake", (128, 128, 4, 3)), ("pp", (128, 128, 4, 4))],
 }
 
 
@@ -65,13 +70,15 @@ def make(b, h, hk, n, d, dtype, layout, seed):
     return one(h), one(hk), one(hk)
 
 
-def check(variants, log, override=None) -> list[dict]:
+def check(variants, log, override=None, dims=(64, 128)) -> list[dict]:
     from lmperf.kernels import flash_attention_gluon as fg
     from lmperf.kernels.attention_contract import reference, tolerance
     rows = []
     cases = []
     for variant in variants:
-        for d in (64, 128):
+        for d in dims:
+            if d not in (64, 128) and variant != "pp":
+                continue  # other head dims: the ping-pong variant only
             for causal in (False, True):
                 for n in (1, 17, 128, 1000, 4099):
                     cases += [(variant, d, causal, n, BF16, "bhnd", 2, 3, 3),
@@ -166,7 +173,7 @@ def flops(b, h, n, d, causal):
     return f / 2 if causal else f
 
 
-def bench(names, variants, log, out_csv=None, passes=1) -> list[dict]:
+def bench(names, variants, log, out_csv=None, passes=1, graph=False) -> list[dict]:
     import torch.nn.functional as F
     import triton.testing
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -215,6 +222,12 @@ def bench(names, variants, log, out_csv=None, passes=1) -> list[dict]:
                 q20, q50, q80 = triton.testing.do_bench(fn, warmup=25, rep=200, quantiles=[0.2, 0.5, 0.8])
                 row.update(ms_p20=q20, ms_median=q50, ms_p80=q80, tflops=fl / (q50 * 1e-3) / 1e12,
                            max_diff_vs_tile=diff, error="")
+                if graph:  # GPU time: the calls replayed from a CUDA graph (no host in the loop)
+                    _knobs(fg, label if label.startswith("gluon") else "")
+                    try:
+                        row["graph_ms"] = triton.testing.do_bench_cudagraph(fn, rep=100)
+                    finally:
+                        _knobs(fg, "")
                 if label.startswith("gluon"):  # this config's compiled kernel
                     _knobs(fg, label)
                     kk = fg.launch_forward(q, k, v, outb, lseb, causal, label.split("_")[1], cfg)
@@ -613,6 +626,8 @@ def main(argv=None) -> int:
     ap.add_argument("--host", action="store_true", help="--bwd: where a small backward's host time goes")
     ap.add_argument("--impls", default="", help="--bwd: only these implementations (labels of bwd_bench)")
     ap.add_argument("--dq-sweep", action="store_true", help="--bwd: the dQ kernel's stages and key tiles")
+    ap.add_argument("--dims", default="64,128", help="the forward check's head dims (80: the ping-pong variant)")
+    ap.add_argument("--graph", action="store_true", help="the forward bench: also each call's GPU time, from a CUDA graph")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     import triton
@@ -650,7 +665,7 @@ def main(argv=None) -> int:
             for item in filter(None, args.check_cfg.split(";")):
                 dd, cc = item.split(":")
                 override[int(dd)] = tuple(int(x) for x in cc.split(","))
-            rows = check(variants, log, override)
+            rows = check(variants, log, override, tuple(int(x) for x in args.dims.split(",")))
             write(args.out / "gluon_check.csv", rows)
             bad = [r for r in rows if not r["passed"]]
             print(f"check: {len(rows) - len(bad)}/{len(rows)} passed in {time.time() - t0:.0f} s", flush=True)
@@ -658,7 +673,8 @@ def main(argv=None) -> int:
                 vr = [r for r in rows if r["variant"] == variant]
                 print(f"  {variant}: {sum(r['passed'] for r in vr)}/{len(vr)} passed", flush=True)
         if not args.skip_bench:
-            rows = bench((args.only or ",".join(SHAPES)).split(","), variants, log, args.out / "gluon_bench.csv", args.passes)
+            rows = bench((args.only or ",".join(SHAPES)).split(","), variants, log, args.out / "gluon_bench.csv", args.passes,
+                         args.graph)
             write(args.out / "gluon_bench.csv", rows)
             print("\nshape       impl              cfg                  ms      TFLOP/s")
             for r in rows:

@@ -5,7 +5,8 @@ on mbarriers, asynchronous warpgroup matrix multiplies (wgmma).
 It computes what flash_attention_triton's forward computes, in the same layouts: O (B, N, H, D)
 in memory like SDPA's flash and cuDNN backends, L = the fp32 logsumexp in natural log, (B*H, N);
 so the tile-language backward runs on its output unchanged. Covered: CUDA tensors on a GPU of
-compute capability 9.x, bf16 or fp16, head dims 64 and 128, k/v heads dividing q's (grouped-query
+compute capability 9.x, bf16 or fp16, head dims 64 and 128 (and 80 in the ping-pong kernel, as two
+column slices of 64 and 16: Gluon's tiles are powers of two), k/v heads dividing q's (grouped-query
 attention), q/k/v read in place where each head is a dense run of rows (B, H, N, D) contiguous,
 or the (B, N, H, D) memory of a transposed projection); `unsupported(...)` says why anything
 else is refused, and the dispatch in flash_attention_triton then keeps the tile-language kernel.
@@ -71,7 +72,7 @@ except Exception as exc:  # noqa: BLE001 - any failure means: no Gluon here
     gluon = None
     IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 80, 128)  # 80: the ping-pong variant only, in two column slices (64 + 16)
 DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -166,7 +167,7 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bo
 # H100, the tile-fastest order at D = 128, where it was); True/False forces one (the probe).
 # Snake: heads fastest, longest tiles first, every odd round reversed; else tile-fastest.
 SNAKE_CAUSAL = None
-SNAKE_BY_HEAD_DIM = {64: True, 128: False}  # measured: notes steps 39 and 41
+SNAKE_BY_HEAD_DIM = {64: True, 80: False, 128: False}  # measured: notes steps 39, 41 and 45
 DEFAULT_VARIANT = "pp"  # the variant `forward` (and the dispatch) runs unless asked: the fastest measured
 PP_REGS = 232  # registers per thread of the second consumer warpgroup (the producer warp gets 24)
 
@@ -175,6 +176,8 @@ CONFIGS = {
     ("pp", 64, True): (128, 128, 4, 3),  # 3 stages: 432 TFLOP/s against 2 stages' 416 (headline)
     ("pp", 128, False): (128, 128, 4, 3),  # 3 stages (224 KB of shared memory): 598-628 TFLOP/s against
     ("pp", 128, True): (128, 128, 4, 3),   # 2 stages' 532-576 at 4 x 16 x 8,192 non-causal
+    ("pp", 80, False): (128, 128, 4, 3),
+    ("pp", 80, True): (128, 128, 4, 3),
     ("plain", 64, False): (128, 128, 8, 3),
     ("plain", 64, True): (128, 128, 8, 3),
     ("plain", 128, False): (128, 128, 8, 2),
@@ -283,6 +286,23 @@ if gluon is not None:
         gl.store(ptrs, o.to(O.dtype.element_ty), mask=rows2 < N)
         rows_l = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         gl.store(L + bh64 * N + rows_l, lse, mask=rows_l < N)
+
+    @gluon.jit
+    def _store_cols(o, l_i, O, bh, row0, N, H, stride_ob, stride_oh, stride_on, BLOCK_M: gl.constexpr,
+                    COL0: gl.constexpr, DC: gl.constexpr, o_layout: gl.constexpr):
+        """O's columns [COL0, COL0 + DC) = acc / l (rows < N): the second slice of a split head dim
+        (_epilogue writes the first, and L)."""
+        inv = gl.convert_layout(1.0 / l_i, gl.SliceLayout(1, o_layout))
+        o = o * gl.expand_dims(inv, 1)
+        bh64 = bh.to(gl.int64)
+        b = bh64 // H
+        h = bh64 % H
+        rows_o = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        cols_o = COL0 + gl.arange(0, DC, layout=gl.SliceLayout(0, o_layout))
+        rows2 = gl.expand_dims(rows_o, 1) + gl.expand_dims(cols_o, 0) * 0
+        ptrs = O + b * stride_ob + h * stride_oh + gl.expand_dims(rows_o.to(gl.int64) * stride_on, 1) \
+            + gl.expand_dims(cols_o, 0)
+        gl.store(ptrs, o.to(O.dtype.element_ty), mask=rows2 < N)
 
     # -----------------------------------------------------------------------------------------
     # One program per tile, all warps computing, loads issued ahead by the same warps
@@ -494,10 +514,14 @@ if gluon is not None:
     # while the other's QK^T and PV are in the tensor cores (FlashAttention-3's ping-pong)
 
     @gluon.jit
-    def _pp_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, N, H, total, n_qt,
-                     QRB, QRH, QCH, KRB, KRH, KCH, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    def _pp_producer(q_desc, k_desc, v_desc, qb_desc, kb_desc, vb_desc, q_smem, k_smem, v_smem, qb_smem,
+                     kb_smem, vb_smem, bars, N, H, total, n_qt, QRB, QRH, QCH, KRB, KRH, KCH,
+                     GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                     BLOCK_N: gl.constexpr, DA: gl.constexpr, DB: gl.constexpr, STAGES: gl.constexpr,
                      SNAKE: gl.constexpr):
+        """Loads Q (two 64-row halves) and the K/V ring. DB > 0: a head's columns are two slices,
+        [0, DA) through the *_desc descriptors and [DA, DA + DB) through the *b_desc ones (Gluon's
+        tiles are powers of two), each slice's tile landing on the same barrier."""
         q_ready, q_empty, k_ready, v_ready, kv_empty, turn0, turn1 = bars
         HALF: gl.constexpr = BLOCK_M // 2
         c = 0
@@ -508,17 +532,31 @@ if gluon is not None:
                 t, N, H, GROUP, n_qt, QRB, QRH, QCH, KRB, KRH, KCH, BLOCK_M, BLOCK_N, IS_CAUSAL,
                 IS_CAUSAL and SNAKE, total)
             mbarrier.wait(q_empty, (tc & 1) ^ 1)
-            mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+            if DB > 0:
+                mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes + 2 * qb_desc.block_type.nbytes)
+            else:
+                mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
             _tma_load(q_desc, [q_row, q_col], q_ready, q_smem.index(0))
             _tma_load(q_desc, [q_row + HALF, q_col], q_ready, q_smem.index(1))
+            if DB > 0:
+                _tma_load(qb_desc, [q_row, q_col + DA], q_ready, qb_smem.index(0))
+                _tma_load(qb_desc, [q_row + HALF, q_col + DA], q_ready, qb_smem.index(1))
             for i in range(n_tiles):
                 slot = c % STAGES
                 mbarrier.wait(kv_empty.index(slot), ((c // STAGES) & 1) ^ 1)
                 row = k_row + (n_tiles - 1 - i) * BLOCK_N
-                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-                _tma_load(k_desc, [row, k_col], k_ready.index(slot), k_smem.index(slot))
-                mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-                _tma_load(v_desc, [row, k_col], v_ready.index(slot), v_smem.index(slot))
+                if DB > 0:
+                    mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes + kb_desc.block_type.nbytes)
+                    _tma_load(k_desc, [row, k_col], k_ready.index(slot), k_smem.index(slot))
+                    _tma_load(kb_desc, [row, k_col + DA], k_ready.index(slot), kb_smem.index(slot))
+                    mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes + vb_desc.block_type.nbytes)
+                    _tma_load(v_desc, [row, k_col], v_ready.index(slot), v_smem.index(slot))
+                    _tma_load(vb_desc, [row, k_col + DA], v_ready.index(slot), vb_smem.index(slot))
+                else:
+                    mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+                    _tma_load(k_desc, [row, k_col], k_ready.index(slot), k_smem.index(slot))
+                    mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+                    _tma_load(v_desc, [row, k_col], v_ready.index(slot), v_smem.index(slot))
                 c += 1
             tc += 1
 
@@ -541,21 +579,28 @@ if gluon is not None:
             mbarrier.arrive(turn0, count=1)
 
     @gluon.jit
-    def _pp_consumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, N, H, total, n_qt,
-                     QRB, QRH, QCH, KRB, KRH, KCH, O, L, stride_ob, stride_oh, stride_on,
+    def _pp_consumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, qb_smem, kb_smem, vb_smem, bars, N, H,
+                     total, n_qt, QRB, QRH, QCH, KRB, KRH, KCH, O, L, stride_ob, stride_oh, stride_on,
                      QK_SCALE: gl.constexpr, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DA: gl.constexpr, DB: gl.constexpr,
                      STAGES: gl.constexpr, SNAKE: gl.constexpr, WG: gl.constexpr):
+        """One warpgroup's 64 rows of each query tile. DB > 0: S = Q_a K_a^T + Q_b K_b^T over the
+        head's two column slices, and O in two accumulators, O_a = P V_a and O_b = P V_b."""
         q_ready, q_empty, k_ready, v_ready, kv_empty, turn0, turn1 = bars
         HALF: gl.constexpr = BLOCK_M // 2
+        PV: gl.constexpr = 1 + (DB > 0)  # PV products in flight while the softmax runs
         dtype: gl.constexpr = q_desc.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, D, 16])
+                                                           instr_shape=[16, DA, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        ob_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, DB + (DB == 0) * 8, 16])
+        pb_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ob_layout, k_width=2)
         zero_s = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
         q_mine = q_smem.index(WG)
+        qb_mine = qb_smem.index(WG)
         c = 0
         tc = 0
         r = 0  # turns taken at the tensor cores
@@ -570,13 +615,18 @@ if gluon is not None:
             mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
             _pp_turn(bars, r, WG)
             s = warpgroup_mma(q_mine, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            if DB > 0:
+                s = warpgroup_mma(qb_mine, kb_smem.index(slot).permute((1, 0)), s, is_async=True)
             _pp_pass(bars, WG)
             r += 1
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
             p, m_i, l_i = _first_tile_softmax(s, row0, n_tiles, N, QK_SCALE, HALF, BLOCK_N, IS_CAUSAL,
                                               s_layout)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-            o = gl.zeros([HALF, D], gl.float32, o_layout)
+            o = gl.zeros([HALF, DA], gl.float32, o_layout)
+            if DB > 0:
+                pb_op = gl.convert_layout(p_op, pb_layout)
+                ob = gl.zeros([HALF, DB], gl.float32, ob_layout)
             for i in range(1, n_tiles):
                 cur = c + i
                 slot = cur % STAGES
@@ -586,42 +636,70 @@ if gluon is not None:
                 _pp_turn(bars, r, WG)
                 s = warpgroup_mma(q_mine, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
                                   is_async=True)
+                if DB > 0:
+                    s = warpgroup_mma(qb_mine, kb_smem.index(slot).permute((1, 0)), s, is_async=True)
                 o = warpgroup_mma(p_op, v_smem.index(prev), o, is_async=True)
+                if DB > 0:
+                    ob = warpgroup_mma(pb_op, vb_smem.index(prev), ob, is_async=True)
                 _pp_pass(bars, WG)
                 r += 1
-                s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+                s = warpgroup_mma_wait(num_outstanding=PV, deps=(s, ))
                 p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, QK_SCALE)
-                o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
+                if DB > 0:
+                    o, ob = warpgroup_mma_wait(num_outstanding=0, deps=(o, ob))
+                    ob = ob * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, ob_layout)), 1)
+                else:
+                    o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
                 mbarrier.arrive(kv_empty.index(prev), count=1)
                 o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
+                if DB > 0:
+                    pb_op = gl.convert_layout(p_op, pb_layout)
             mbarrier.arrive(q_empty, count=1)
             cur = c + n_tiles - 1
             last = cur % STAGES
             mbarrier.wait(v_ready.index(last), (cur // STAGES) & 1)
             _pp_turn(bars, r, WG)
             o = warpgroup_mma(p_op, v_smem.index(last), o, is_async=True)
+            if DB > 0:
+                ob = warpgroup_mma(pb_op, vb_smem.index(last), ob, is_async=True)
             _pp_pass(bars, WG)
             r += 1
-            o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
+            if DB > 0:
+                o, ob = warpgroup_mma_wait(num_outstanding=0, deps=(o, ob))
+            else:
+                o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
             mbarrier.arrive(kv_empty.index(last), count=1)
-            _epilogue(o, m_i, l_i, O, L, bh, row0, N, H, stride_ob, stride_oh, stride_on, HALF, D,
+            _epilogue(o, m_i, l_i, O, L, bh, row0, N, H, stride_ob, stride_oh, stride_on, HALF, DA,
                       s_layout, o_layout)
+            if DB > 0:
+                _store_cols(ob, l_i, O, bh, row0, N, H, stride_ob, stride_oh, stride_on, HALF, DA, DB, ob_layout)
             c += n_tiles
             tc += 1
 
     @gluon.jit
-    def _fwd_pp_kernel(q_desc, k_desc, v_desc, O, L, N, H, total, stride_ob, stride_oh, stride_on,
-                       QRB, QRH, QCH, KRB, KRH, KCH, QK_SCALE: gl.constexpr, GROUP: gl.constexpr,
-                       IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                       D: gl.constexpr, STAGES: gl.constexpr, SNAKE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                       num_warps: gl.constexpr):
+    def _fwd_pp_kernel(q_desc, k_desc, v_desc, qb_desc, kb_desc, vb_desc, O, L, N, H, total, stride_ob,
+                       stride_oh, stride_on, QRB, QRH, QCH, KRB, KRH, KCH, QK_SCALE: gl.constexpr,
+                       GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                       BLOCK_N: gl.constexpr, D: gl.constexpr, DB: gl.constexpr, STAGES: gl.constexpr,
+                       SNAKE: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        """DB = 0: a head's D columns in one tile (q/k/v_desc); DB > 0: in two, the first D - DB
+        columns and the last DB (qb/kb/vb_desc), both powers of two (head dim 80 = 64 + 16)."""
         gl.static_assert(num_warps == 4, "one consumer warpgroup in the default partition")
         HALF: gl.constexpr = BLOCK_M // 2
+        DA: gl.constexpr = D - DB
         dtype: gl.constexpr = q_desc.dtype
-        q_smem = gl.allocate_shared_memory(dtype, [2, HALF, D], q_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], v_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [2, HALF, DA], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, DA], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, DA], v_desc.layout)
+        if DB > 0:
+            qb_smem = gl.allocate_shared_memory(dtype, [2, HALF, DB], qb_desc.layout)
+            kb_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, DB], kb_desc.layout)
+            vb_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, DB], vb_desc.layout)
+        else:  # not read
+            qb_smem = q_smem
+            kb_smem = k_smem
+            vb_smem = v_smem
         q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         turn0 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -640,14 +718,15 @@ if gluon is not None:
         bars = (q_ready, q_empty, k_ready, v_ready, kv_empty, turn0, turn1)
         n_qt = (N + BLOCK_M - 1) // BLOCK_M
         gl.warp_specialize([
-            (_pp_consumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, N, H, total, n_qt,
-                            QRB, QRH, QCH, KRB, KRH, KCH, O, L, stride_ob, stride_oh, stride_on,
-                            QK_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, SNAKE, 0)),
-            (_pp_consumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, N, H, total, n_qt,
-                            QRB, QRH, QCH, KRB, KRH, KCH, O, L, stride_ob, stride_oh, stride_on,
-                            QK_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, SNAKE, 1)),
-            (_pp_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, N, H, total, n_qt,
-                            QRB, QRH, QCH, KRB, KRH, KCH, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, SNAKE)),
+            (_pp_consumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, qb_smem, kb_smem, vb_smem, bars, N, H,
+                            total, n_qt, QRB, QRH, QCH, KRB, KRH, KCH, O, L, stride_ob, stride_oh, stride_on,
+                            QK_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, DA, DB, STAGES, SNAKE, 0)),
+            (_pp_consumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, qb_smem, kb_smem, vb_smem, bars, N, H,
+                            total, n_qt, QRB, QRH, QCH, KRB, KRH, KCH, O, L, stride_ob, stride_oh, stride_on,
+                            QK_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, DA, DB, STAGES, SNAKE, 1)),
+            (_pp_producer, (q_desc, k_desc, v_desc, qb_desc, kb_desc, vb_desc, q_smem, k_smem, v_smem, qb_smem,
+                            kb_smem, vb_smem, bars, N, H, total, n_qt, QRB, QRH, QCH, KRB, KRH, KCH, GROUP,
+                            IS_CAUSAL, BLOCK_M, BLOCK_N, DA, DB, STAGES, SNAKE)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -655,15 +734,26 @@ if gluon is not None:
 # Launchers
 
 
-def head_desc(t4: torch.Tensor, block_rows: int):
+def head_desc(t4: torch.Tensor, block_rows: int, block_cols: int | None = None):
     """A 2-D TMA descriptor over t4's rows (see head_rows) and the (row-per-batch, row-per-head,
-    column-per-head) offsets of its heads."""
+    column-per-head) offsets of its heads. Its tiles are [block_rows, block_cols] (default: the
+    head dim; fewer columns for one slice of a split head dim, loaded at the slice's column)."""
     b, h, n, d = t4.shape
     stride, rb, rh, ch = head_rows(t4)
     rows = (b - 1) * rb + (h - 1) * rh + n
     cols = (h - 1) * ch + d
-    layout = _smem_layout(block_rows, d, t4.dtype == torch.bfloat16)
-    return TensorDescriptor(t4, [rows, cols], [stride, 1], [block_rows, d], layout), (rb, rh, ch)
+    block_cols = block_cols or d
+    layout = _smem_layout(block_rows, block_cols, t4.dtype == torch.bfloat16)
+    return TensorDescriptor(t4, [rows, cols], [stride, 1], [block_rows, block_cols], layout), (rb, rh, ch)
+
+
+def split_head_dim(d: int) -> tuple[int, int]:
+    """(DA, DB): the column slices a head dim is computed in, each a power of two (Gluon's tiles):
+    (d, 0) for 64 and 128, (64, 16) for 80."""
+    if d & (d - 1) == 0:
+        return d, 0
+    da = 1 << (d.bit_length() - 1)
+    return da, d - da
 
 
 @functools.cache
@@ -684,22 +774,31 @@ def _sm_count(device) -> int:
 
 
 def config(d: int, causal: bool, variant: str = "ws") -> tuple:
-    return CONFIGS[(variant, d, bool(causal))]
+    key = (variant, d, bool(causal))
+    if key not in CONFIGS:
+        heads = sorted({k[1] for k in CONFIGS if k[0] == variant})
+        raise ValueError(f"the Gluon {variant!r} forward covers head dims {heads}; got {d}")
+    return CONFIGS[key]
 
 
-def launch_forward(q, k, v, out, lse, is_causal: bool, variant: str = "ws", cfg: tuple | None = None) -> None:
+def launch_forward(q, k, v, out, lse, is_causal: bool, variant: str = "ws", cfg: tuple | None = None,
+                   compile_only: bool = False):
     """Write O into out ((B, H, N, D) view, any row/head/batch strides) and L into lse ((B*H, N)
-    fp32) for q, k, v that `unsupported` accepts. variant: "ws" (persistent, warp-specialised)
-    or "plain" (a program per tile); cfg: (BLOCK_M, BLOCK_N, num_warps, STAGES), else the
-    table's."""
+    fp32) for q, k, v that `unsupported` accepts. variant: "pp" (ping-pong), "ws" (persistent,
+    warp-specialised) or "plain" (a program per tile); cfg: (BLOCK_M, BLOCK_N, num_warps, STAGES),
+    else the table's. compile_only ("pp"): compile for the active driver's target and launch
+    nothing (the CPU's sm_90 compile check); returns the compiled kernel."""
     q4, k4, v4, o4 = heads(q), heads(k), heads(v), heads(out)
     nb, nh, n, d = q4.shape
     bm, bn, warps, stages = cfg or config(d, is_causal, variant)
     if is_causal and bm != bn:
         raise ValueError(f"causal Gluon tiles are square; got BLOCK_M={bm}, BLOCK_N={bn}")
-    q_desc, (qrb, qrh, qch) = head_desc(q4, bm)
-    k_desc, (krb, krh, kch) = head_desc(k4, bn)
-    v_desc, _ = head_desc(v4, bn)
+    da, db = split_head_dim(d)
+    if db and variant != "pp":
+        raise ValueError(f"head dim {d} runs in the Gluon ping-pong forward only (variant 'pp'); got {variant!r}")
+    q_desc, (qrb, qrh, qch) = head_desc(q4, bm, da)
+    k_desc, (krb, krh, kch) = head_desc(k4, bn, da)
+    v_desc, _ = head_desc(v4, bn, da)
     group = nh // k4.shape[1]
     n_qt = (n + bm - 1) // bm
     snake = SNAKE_BY_HEAD_DIM[d] if SNAKE_CAUSAL is None else bool(SNAKE_CAUSAL)
@@ -711,12 +810,17 @@ def launch_forward(q, k, v, out, lse, is_causal: bool, variant: str = "ws", cfg:
     elif variant == "pp":
         if bm != 128 or warps != 4:
             raise ValueError(f"the ping-pong forward takes 128-row tiles and 4 warps per warpgroup; got {cfg}")
-        q_desc, _ = head_desc(q4, bm // 2)  # each warpgroup's half of the query tile
+        q_desc, _ = head_desc(q4, bm // 2, da)  # each warpgroup's half of the query tile
+        if db:  # the head's last db columns: a second tile of each
+            qb_desc, kb_desc, vb_desc = head_desc(q4, bm // 2, db)[0], head_desc(k4, bn, db)[0], head_desc(v4, bn, db)[0]
+        else:
+            qb_desc, kb_desc, vb_desc = q_desc, k_desc, v_desc  # not read
         total = n_qt * nb * nh
-        grid = (min(total, _sm_count(q.device)),)
-        return kernel_launch.plain_launch(_fwd_pp_kernel)[grid](q_desc, k_desc, v_desc, o4, lse, n, nh, total, o4.stride(0), o4.stride(1),
-                                    o4.stride(2), qrb, qrh, qch, krb, krh, kch, SNAKE=snake,
-                                    CONSUMER_REGS=PP_REGS, **common)
+        grid = (min(total, _sm_count(q.device) if not compile_only else 132),)
+        kernel = _fwd_pp_kernel.warmup if compile_only else kernel_launch.plain_launch(_fwd_pp_kernel)[grid]
+        return kernel(q_desc, k_desc, v_desc, qb_desc, kb_desc, vb_desc, o4, lse, n, nh, total, o4.stride(0),
+                      o4.stride(1), o4.stride(2), qrb, qrh, qch, krb, krh, kch, SNAKE=snake, DB=db,
+                      CONSUMER_REGS=PP_REGS, **common, **(dict(grid=grid) if compile_only else {}))
     elif variant == "ws":
         total = n_qt * nb * nh
         grid = (min(total, _sm_count(q.device)),)
@@ -757,13 +861,13 @@ def prefers_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
     measured faster than the tile-language kernel on the H100 (tuning/flash_attention/NOTES.md,
     steps 37-41): head dim 128 from 2,048 rows, causal or not, grouped-query or not; head dim 64
     causal from 16,384 rows in at most 16 sequences (the headline; with 256 sequences its causal
-    schedule loses). N a multiple of 128 (no tile past a sequence's end: see the module's note).
+    schedule loses); head dim 80 from 2,048 rows, causal or not (measured on the H200, step 45). N a multiple of 128 (no tile past a sequence's end: see the module's note).
     Elsewhere (shorter or ragged sequences, head dim 64 otherwise, every shape not measured) the
     tile-language kernel stays."""
     if q.dim() < 2 or q.shape[-2] % 128:
         return False
     n, d = q.shape[-2], q.shape[-1]
-    if d == 128:
+    if d in (80, 128):
         return n >= 2048
     return d == 64 and is_causal and n >= 16384 and math.prod(q.shape[:-2]) <= 16
 
