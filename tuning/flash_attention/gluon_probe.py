@@ -260,6 +260,9 @@ BWD_SHAPES = {  # name: (batch, q heads, kv heads, N, D, causal)
     "gqa_2048": (4, 32, 8, 2048, 128, True),
     "gqa_64q_8192": (1, 64, 8, 8192, 128, True),
     "xl_2048": (4, 25, 25, 2048, 64, True),
+    "d80_2048": (4, 32, 32, 2048, 80, True),  # the 2.7B model's attention
+    "d80_causal": (4, 16, 16, 8192, 80, True),
+    "d80_full": (4, 16, 16, 8192, 80, False),
 }
 
 
@@ -277,7 +280,7 @@ def _bwd_inputs(q, k, v, causal):
     return out, lse2, do, delta, cfg
 
 
-def bwd_check(log, ns=(128, 384, 1152, 4096)) -> list[dict]:
+def bwd_check(log, ns=(128, 384, 1152, 4096), dims=(64, 128)) -> list[dict]:
     """dQ (and Delta) of the Gluon dQ kernel, then dK, dV of the Gluon dK/dV kernel from that Delta,
     against float64 (autograd of the float64 reference), beside plain PyTorch in the same dtype;
     outputs NaN-poisoned before each run, two runs compared bit for bit."""
@@ -285,7 +288,7 @@ def bwd_check(log, ns=(128, 384, 1152, 4096)) -> list[dict]:
     from lmperf.kernels.attention_contract import reference, tolerance
     rows = []
     cases = []
-    for d in (64, 128):
+    for d in dims:
         for causal in (False, True):
             for n in ns:
                 cases += [(d, causal, n, BF16, "bhnd", 2, 3, 3), (d, causal, n, BF16, "bnhd", 2, 8, 2),
@@ -442,7 +445,8 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
 
 
 BWD_SWEEP = {64: [(3, 232, 64), (3, 240, 128), (3, 232, 128), (2, 240, 128), (4, 240, 128)],
-             128: [(3, 232, 64), (2, 232, 64), (4, 232, 64), (3, 240, 64)]}  # (STAGES, registers, BLOCK_M)
+             128: [(3, 232, 64), (2, 232, 64), (4, 232, 64), (3, 240, 64)],
+             80: [(3, 240, 64), (4, 240, 64), (2, 240, 64)]}  # (STAGES, registers, BLOCK_M)
 
 
 def bwd_sweep(names, log, out_csv=None, tag="") -> list[dict]:
@@ -626,7 +630,7 @@ def main(argv=None) -> int:
     ap.add_argument("--host", action="store_true", help="--bwd: where a small backward's host time goes")
     ap.add_argument("--impls", default="", help="--bwd: only these implementations (labels of bwd_bench)")
     ap.add_argument("--dq-sweep", action="store_true", help="--bwd: the dQ kernel's stages and key tiles")
-    ap.add_argument("--dims", default="64,128", help="the forward check's head dims (80: the ping-pong variant)")
+    ap.add_argument("--dims", default="64,128", help="the check's head dims (forward: 80 in the ping-pong variant)")
     ap.add_argument("--graph", action="store_true", help="the forward bench: also each call's GPU time, from a CUDA graph")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -636,7 +640,8 @@ def main(argv=None) -> int:
     if args.bwd:
         with (args.out / "gluon_bwd_traces.txt").open("a") as log:
             if not args.skip_check:
-                rows = bwd_check(log, tuple(int(x) for x in args.check_n.split(",")))
+                rows = bwd_check(log, tuple(int(x) for x in args.check_n.split(",")),
+                                 tuple(int(x) for x in args.dims.split(",")))
                 write(args.out / "gluon_bwd_check.csv", rows)
                 print(f"bwd check: {sum(r['passed'] for r in rows)}/{len(rows)} passed", flush=True)
             if args.host:

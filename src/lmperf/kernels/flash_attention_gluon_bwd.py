@@ -46,7 +46,9 @@ GROUP query heads of its K/V head in order (a fixed order: the same bits every r
 the same dK and dV, written once. No atomics.
 
 Both cover (`unsupported` says why anything else is refused): a Hopper GPU, bf16 or fp16, head dims
-64 and 128, N a multiple of 128 (no tile runs past a sequence's end), q, k, v in the layouts the
+64, 80 and 128 (80 in two column slices, 64 and 16, as the forward computes it: every product over
+the head dim is two wgmma summed in one accumulator, every [rows, D] result two accumulators; "auto"
+does not pick head dim 80 yet), N a multiple of 128 (no tile runs past a sequence's end), q, k, v in the layouts the
 Gluon forward reads in place (flash_attention_gluon.head_rows); dO of any layout (copied to
 contiguous where TMA cannot read it).
 """
@@ -62,7 +64,8 @@ from lmperf.kernels import flash_attention_gluon as fg
 from lmperf.kernels import launch as kernel_launch
 
 LOG2E = 1.4426950408889634
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 80, 128)  # 80: two column slices, 64 and 16 (fg.split_head_dim)
+AUTO_HEAD_DIMS = (64, 128)  # where "auto" may pick these kernels (80: forced only, not yet measured)
 DTYPES = (torch.float16, torch.bfloat16)
 BLOCK_N = 128  # keys a program: two warpgroups of 64
 BWD_BACKEND_ENV = "LMPERF_FA_BWD_BACKEND"
@@ -71,10 +74,10 @@ AUTO_MIN_N = 4096  # "auto": the Gluon backward from this many rows (prefers_glu
 
 # (STAGES, consumer registers, BLOCK_M query rows a step) by head dim; shared memory at 3 stages:
 # 134 KB (D 64, BLOCK_M 128; 84 KB at 64), 166 KB (D 128)
-CONFIGS = {64: (3, 240, 128), 128: (3, 232, 64)}
+CONFIGS = {64: (3, 240, 128), 80: (3, 240, 64), 128: (3, 232, 64)}
 # the dQ kernel: (STAGES, consumer registers, BLOCK_N keys a step) by head dim; 128 query rows a
 # program (two warpgroups of 64); shared memory at 3 stages: 128 KB (D 64), 160 KB (D 128)
-DQ_CONFIGS = {64: (3, 240, 128), 128: (3, 240, 64)}
+DQ_CONFIGS = {64: (3, 240, 128), 80: (3, 240, 128), 128: (3, 240, 64)}
 DQ_BLOCK_M = 128
 
 try:
@@ -153,7 +156,7 @@ def prefers_gluon(q, k, v, is_causal: bool) -> bool:
     and 128 (grouped-query or not), non-causal at head dim 64 (at 128 non-causal the two overlap
     across processes). Elsewhere, and wherever `unsupported` refuses the call, the tile-language
     backward (no error)."""
-    if q.dtype != torch.bfloat16 or q.dim() < 2 or q.shape[-2] < AUTO_MIN_N:
+    if q.dtype != torch.bfloat16 or q.dim() < 2 or q.shape[-2] < AUTO_MIN_N or q.shape[-1] not in AUTO_HEAD_DIMS:
         return False
     if not (is_causal or q.shape[-1] == 64):
         return False
@@ -195,7 +198,10 @@ if gluon is not None:
     def _dkdv_producer(q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
                        l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
                        GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc,
+                       qb_smem, dob_smem, kb_smem, vb_smem, DA: gl.constexpr, DB: gl.constexpr):
+        """DB > 0: each tile in two column slices, [0, DA) (q/do/k/v_desc) and [DA, DA + DB)
+        (the *b_desc), landing on the same barrier."""
         kv_ready, q_ready, do_ready, qdo_empty = bars
         HALF: gl.constexpr = BLOCK_N // 2
         bkv = gl.program_id(0)
@@ -205,11 +211,20 @@ if gluon is not None:
         k0 = kt * BLOCK_N
         k_row = b * KRB + hk * KRH + k0
         k_col = hk * KCH
-        mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
+        if DB > 0:
+            mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
+                            + 2 * kb_desc.block_type.nbytes + 2 * vb_desc.block_type.nbytes)
+        else:
+            mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
         _tma_load(k_desc, [k_row, k_col], kv_ready, k_smem.index(0))
         _tma_load(k_desc, [k_row + HALF, k_col], kv_ready, k_smem.index(1))
         _tma_load(v_desc, [k_row, k_col], kv_ready, v_smem.index(0))
         _tma_load(v_desc, [k_row + HALF, k_col], kv_ready, v_smem.index(1))
+        if DB > 0:
+            _tma_load(kb_desc, [k_row, k_col + DA], kv_ready, kb_smem.index(0))
+            _tma_load(kb_desc, [k_row + HALF, k_col + DA], kv_ready, kb_smem.index(1))
+            _tma_load(vb_desc, [k_row, k_col + DA], kv_ready, vb_smem.index(0))
+            _tma_load(vb_desc, [k_row + HALF, k_col + DA], kv_ready, vb_smem.index(1))
         n_qt = N // BLOCK_M
         first = 0
         if IS_CAUSAL:
@@ -222,11 +237,23 @@ if gluon is not None:
                 s = c % STAGES
                 mbarrier.wait(qdo_empty.index(s), ((c // STAGES) & 1) ^ 1)
                 q0 = it * BLOCK_M
-                mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + l_desc.block_type.nbytes)
+                if DB > 0:
+                    mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + l_desc.block_type.nbytes
+                                    + qb_desc.block_type.nbytes)
+                else:
+                    mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + l_desc.block_type.nbytes)
                 _tma_load(q_desc, [b * QRB + h * QRH + q0, h * QCH], q_ready.index(s), q_smem.index(s))
+                if DB > 0:
+                    _tma_load(qb_desc, [b * QRB + h * QRH + q0, h * QCH + DA], q_ready.index(s), qb_smem.index(s))
                 _tma_load(l_desc, [bh, q0], q_ready.index(s), l_smem.index(s))
-                mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes + dl_desc.block_type.nbytes)
+                if DB > 0:
+                    mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes + dl_desc.block_type.nbytes
+                                    + dob_desc.block_type.nbytes)
+                else:
+                    mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes + dl_desc.block_type.nbytes)
                 _tma_load(do_desc, [b * DRB + h * DRH + q0, h * DCH], do_ready.index(s), do_smem.index(s))
+                if DB > 0:
+                    _tma_load(dob_desc, [b * DRB + h * DRH + q0, h * DCH + DA], do_ready.index(s), dob_smem.index(s))
                 _tma_load(dl_desc, [bh, q0], do_ready.index(s), dl_smem.index(s))
                 c += 1
 
@@ -240,57 +267,82 @@ if gluon is not None:
         return gl.expand_dims(x, 0) + gl.zeros([HALF, BLOCK_M], gl.float32, s_layout)
 
     @gluon.jit
-    def _dkdv_step(dk, dv, c, q0, key0, k_mine, v_mine, q_smem, do_smem, l_smem, dl_smem, bars,
-                   QK_SCALE: gl.constexpr, MASK: gl.constexpr, BLOCK_M: gl.constexpr, HALF: gl.constexpr,
-                   STAGES: gl.constexpr, s_layout: gl.constexpr, a_layout: gl.constexpr):
+    def _dkdv_step(dk, dv, dkb, dvb, c, q0, key0, k_mine, v_mine, kb_mine, vb_mine, q_smem, do_smem, qb_smem,
+                   dob_smem, l_smem, dl_smem, bars, QK_SCALE: gl.constexpr, MASK: gl.constexpr,
+                   BLOCK_M: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr, DB: gl.constexpr,
+                   s_layout: gl.constexpr, a_layout: gl.constexpr, ab_layout: gl.constexpr):
         """One query tile (rows [q0, q0 + BLOCK_M)) into this warpgroup's dK, dV (keys [key0,
-        key0 + HALF)). MASK: the tile crosses the causal diagonal."""
+        key0 + HALF)). MASK: the tile crosses the causal diagonal. DB > 0: the products over the
+        head's second column slice too (S^T and dP^T summed over both; dK, dV of that slice in
+        dkb, dvb)."""
         kv_ready, q_ready, do_ready, qdo_empty = bars
         dtype: gl.constexpr = q_smem.dtype
+        PAIR: gl.constexpr = 1 + (DB > 0)  # wgmma groups a product takes
         s = c % STAGES
         ph = (c // STAGES) & 1
         mbarrier.wait(q_ready.index(s), ph)
         # S^T * QK_SCALE - L log2(e) = (S^T - L sqrt(D)) * QK_SCALE: start S^T from -L sqrt(D)
         st = _row_init(l_smem.index(s), -1.4426950408889634 / QK_SCALE, HALF, BLOCK_M, s_layout)
         st = warpgroup_mma(k_mine, q_smem.index(s).permute((1, 0)), st, is_async=True)
+        if DB > 0:
+            st = warpgroup_mma(kb_mine, qb_smem.index(s).permute((1, 0)), st, is_async=True)
         mbarrier.wait(do_ready.index(s), ph)
         dpt = _row_init(dl_smem.index(s), -1.0, HALF, BLOCK_M, s_layout)
         dpt = warpgroup_mma(v_mine, do_smem.index(s).permute((1, 0)), dpt, is_async=True)
-        st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+        if DB > 0:
+            dpt = warpgroup_mma(vb_mine, dob_smem.index(s).permute((1, 0)), dpt, is_async=True)
+        st = warpgroup_mma_wait(num_outstanding=PAIR, deps=(st, ))
         pt = gl.exp2(st * QK_SCALE)
         if MASK:
             rows = q0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
             keys = key0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
             pt = gl.where(gl.expand_dims(rows, 0) >= gl.expand_dims(keys, 1), pt, 0.0)
-        dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_smem.index(s), dv, is_async=True)
-        dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))  # S^T, dP^T done; dV may run on
+        pt_op = gl.convert_layout(pt.to(dtype), a_layout)
+        dv = warpgroup_mma(pt_op, do_smem.index(s), dv, is_async=True)
+        if DB > 0:
+            dvb = warpgroup_mma(gl.convert_layout(pt_op, ab_layout), dob_smem.index(s), dvb, is_async=True)
+        dpt = warpgroup_mma_wait(num_outstanding=PAIR, deps=(dpt, ))  # S^T, dP^T done; dV may run on
         dst = pt * dpt  # dS^T = P^T (dP^T - Delta)
-        dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), a_layout), q_smem.index(s), dk, is_async=True)
-        dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
+        dst_op = gl.convert_layout(dst.to(dtype), a_layout)
+        dk = warpgroup_mma(dst_op, q_smem.index(s), dk, is_async=True)
+        if DB > 0:
+            dkb = warpgroup_mma(gl.convert_layout(dst_op, ab_layout), qb_smem.index(s), dkb, is_async=True)
+            dk, dv, dkb, dvb = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dkb, dvb))
+        else:
+            dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
         mbarrier.arrive(qdo_empty.index(s), count=1)
-        return dk, dv
+        return dk, dv, dkb, dvb
 
     @gluon.jit
     def _dkdv_consumer(q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, bars, DK, DV, N, H_KV,
                        stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                        QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr, GROUP: gl.constexpr,
                        IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                       D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr):
+                       D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, qb_smem, dob_smem,
+                       kb_smem, vb_smem, DB: gl.constexpr):
         kv_ready, q_ready, do_ready, qdo_empty = bars
         HALF: gl.constexpr = BLOCK_N // 2
+        DA: gl.constexpr = D - DB
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_M, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, D, 16])
+                                                           instr_shape=[16, DA, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        ob_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, DB + (DB == 0) * 8, 16])
+        ab_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ob_layout, k_width=2)
         bkv = gl.program_id(0)
         kt = gl.program_id(1)
         k0 = kt * BLOCK_N
         key0 = k0 + WG * HALF
         k_mine = k_smem.index(WG)
         v_mine = v_smem.index(WG)
-        dk = gl.zeros([HALF, D], gl.float32, o_layout)
-        dv = gl.zeros([HALF, D], gl.float32, o_layout)
+        kb_mine = kb_smem.index(WG)
+        vb_mine = vb_smem.index(WG)
+        dk = gl.zeros([HALF, DA], gl.float32, o_layout)
+        dv = gl.zeros([HALF, DA], gl.float32, o_layout)
+        dkb = gl.zeros([HALF, DB + (DB == 0) * 8], gl.float32, ob_layout)  # not used where DB = 0
+        dvb = gl.zeros([HALF, DB + (DB == 0) * 8], gl.float32, ob_layout)
         n_qt = N // BLOCK_M
         mbarrier.wait(kv_ready, 0)
         c = 0
@@ -299,26 +351,36 @@ if gluon is not None:
             if IS_CAUSAL:  # the query tiles that cross the diagonal, masked; then the rest, unmasked
                 first = k0 // BLOCK_M
                 for j in gl.static_range(BLOCK_N // BLOCK_M):
-                    dk, dv = _dkdv_step(dk, dv, c, k0 + j * BLOCK_M, key0, k_mine, v_mine, q_smem, do_smem,
-                                        l_smem, dl_smem, bars, QK_SCALE, True, BLOCK_M, HALF, STAGES, s_layout,
-                                        a_layout)
+                    dk, dv, dkb, dvb = _dkdv_step(dk, dv, dkb, dvb, c, k0 + j * BLOCK_M, key0, k_mine, v_mine,
+                                                  kb_mine, vb_mine, q_smem, do_smem, qb_smem, dob_smem, l_smem,
+                                                  dl_smem, bars, QK_SCALE, True, BLOCK_M, HALF, STAGES, DB,
+                                                  s_layout, a_layout, ab_layout)
                     c += 1
                 first += BLOCK_N // BLOCK_M
             for it in range(first, n_qt):
-                dk, dv = _dkdv_step(dk, dv, c, it * BLOCK_M, key0, k_mine, v_mine, q_smem, do_smem, l_smem,
-                                    dl_smem, bars, QK_SCALE, False, BLOCK_M, HALF, STAGES, s_layout, a_layout)
+                dk, dv, dkb, dvb = _dkdv_step(dk, dv, dkb, dvb, c, it * BLOCK_M, key0, k_mine, v_mine, kb_mine,
+                                              vb_mine, q_smem, do_smem, qb_smem, dob_smem, l_smem, dl_smem, bars,
+                                              QK_SCALE, False, BLOCK_M, HALF, STAGES, DB, s_layout, a_layout,
+                                              ab_layout)
                 c += 1
         # dK, dV of keys [key0, key0 + HALF): every row < N (N is a multiple of BLOCK_N)
         b = (bkv // H_KV).to(gl.int64)
         hk = (bkv % H_KV).to(gl.int64)
         rows = (key0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, o_layout))).to(gl.int64)
-        cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        cols = gl.arange(0, DA, layout=gl.SliceLayout(0, o_layout))
         dk_out = (dk * SM_SCALE).to(DK.dtype.element_ty)
         gl.store(DK + b * stride_dkb + hk * stride_dkh + gl.expand_dims(rows * stride_dkn, 1)
                  + gl.expand_dims(cols, 0), dk_out)
         dv_out = dv.to(DV.dtype.element_ty)
         gl.store(DV + b * stride_dvb + hk * stride_dvh + gl.expand_dims(rows * stride_dvn, 1)
                  + gl.expand_dims(cols, 0), dv_out)
+        if DB > 0:  # the second column slice
+            rows_b = (key0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, ob_layout))).to(gl.int64)
+            cols_b = DA + gl.arange(0, DB, layout=gl.SliceLayout(0, ob_layout))
+            gl.store(DK + b * stride_dkb + hk * stride_dkh + gl.expand_dims(rows_b * stride_dkn, 1)
+                     + gl.expand_dims(cols_b, 0), (dkb * SM_SCALE).to(DK.dtype.element_ty))
+            gl.store(DV + b * stride_dvb + hk * stride_dvh + gl.expand_dims(rows_b * stride_dvn, 1)
+                     + gl.expand_dims(cols_b, 0), dvb.to(DV.dtype.element_ty))
 
     @gluon.jit
     def _dkdv_kernel(q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, DK, DV, N, H, H_KV,
@@ -327,14 +389,27 @@ if gluon is not None:
                      QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr, GROUP: gl.constexpr,
                      IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                      D: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                     num_warps: gl.constexpr):
+                     num_warps: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc, DB: gl.constexpr):
+        """DB = 0: a head's D columns in one tile; DB > 0: in two, the first D - DB columns (q/do/
+        k/v_desc) and the last DB (the *b_desc), both powers of two (head dim 80 = 64 + 16)."""
         gl.static_assert(num_warps == 4, "one consumer warpgroup in the default partition")
         HALF: gl.constexpr = BLOCK_N // 2
+        DA: gl.constexpr = D - DB
         dtype: gl.constexpr = q_desc.dtype
-        q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, D], q_desc.layout)
-        do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, D], do_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [2, HALF, D], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [2, HALF, D], v_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, DA], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, DA], do_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [2, HALF, DA], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [2, HALF, DA], v_desc.layout)
+        if DB > 0:
+            qb_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, DB], qb_desc.layout)
+            dob_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, DB], dob_desc.layout)
+            kb_smem = gl.allocate_shared_memory(dtype, [2, HALF, DB], kb_desc.layout)
+            vb_smem = gl.allocate_shared_memory(dtype, [2, HALF, DB], vb_desc.layout)
+        else:  # not read
+            qb_smem = q_smem
+            dob_smem = do_smem
+            kb_smem = k_smem
+            vb_smem = v_smem
         l_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], l_desc.layout)
         dl_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], dl_desc.layout)
         kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -352,13 +427,16 @@ if gluon is not None:
         gl.warp_specialize([
             (_dkdv_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, bars, DK, DV, N, H_KV,
                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                              QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 0)),
+                              QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 0, qb_smem,
+                              dob_smem, kb_smem, vb_smem, DB)),
             (_dkdv_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, bars, DK, DV, N, H_KV,
                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                              QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1)),
+                              QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1, qb_smem,
+                              dob_smem, kb_smem, vb_smem, DB)),
             (_dkdv_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
                               l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
-                              GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES)),
+                              GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
+                              qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -382,17 +460,28 @@ if gluon is not None:
     def _dq_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, bars, N, H,
                      QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH, GROUP: gl.constexpr,
                      IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                     STAGES: gl.constexpr):
+                     STAGES: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc, qb_smem, dob_smem, kb_smem,
+                     vb_smem, DA: gl.constexpr, DB: gl.constexpr):
+        """DB > 0: each tile in two column slices, as in _dkdv_producer."""
         qdo_ready, k_ready, v_ready, kv_empty = bars
         HALF: gl.constexpr = BLOCK_M // 2
         bh, b, h, hk, q0 = _dq_coords(N, H, GROUP, IS_CAUSAL, BLOCK_M)
         q_row = b * QRB + h * QRH + q0
         d_row = b * DRB + h * DRH + q0
-        mbarrier.expect(qdo_ready, 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes)
+        if DB > 0:
+            mbarrier.expect(qdo_ready, 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes
+                            + 2 * qb_desc.block_type.nbytes + 2 * dob_desc.block_type.nbytes)
+        else:
+            mbarrier.expect(qdo_ready, 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes)
         _tma_load(q_desc, [q_row, h * QCH], qdo_ready, q_smem.index(0))
         _tma_load(q_desc, [q_row + HALF, h * QCH], qdo_ready, q_smem.index(1))
         _tma_load(do_desc, [d_row, h * DCH], qdo_ready, do_smem.index(0))
         _tma_load(do_desc, [d_row + HALF, h * DCH], qdo_ready, do_smem.index(1))
+        if DB > 0:
+            _tma_load(qb_desc, [q_row, h * QCH + DA], qdo_ready, qb_smem.index(0))
+            _tma_load(qb_desc, [q_row + HALF, h * QCH + DA], qdo_ready, qb_smem.index(1))
+            _tma_load(dob_desc, [d_row, h * DCH + DA], qdo_ready, dob_smem.index(0))
+            _tma_load(dob_desc, [d_row + HALF, h * DCH + DA], qdo_ready, dob_smem.index(1))
         k_row = b * KRB + hk * KRH
         k_col = hk * KCH
         # the consumers' order: causal, the key tiles on the diagonal ([q0, q0 + BLOCK_M)) first,
@@ -406,26 +495,41 @@ if gluon is not None:
             kt = (i + shift) % n_kt
             slot = i % STAGES
             mbarrier.wait(kv_empty.index(slot), ((i // STAGES) & 1) ^ 1)
-            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [k_row + kt * BLOCK_N, k_col], k_ready.index(slot), k_smem.index(slot))
-            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [k_row + kt * BLOCK_N, k_col], v_ready.index(slot), v_smem.index(slot))
+            if DB > 0:
+                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes + kb_desc.block_type.nbytes)
+                _tma_load(k_desc, [k_row + kt * BLOCK_N, k_col], k_ready.index(slot), k_smem.index(slot))
+                _tma_load(kb_desc, [k_row + kt * BLOCK_N, k_col + DA], k_ready.index(slot), kb_smem.index(slot))
+                mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes + vb_desc.block_type.nbytes)
+                _tma_load(v_desc, [k_row + kt * BLOCK_N, k_col], v_ready.index(slot), v_smem.index(slot))
+                _tma_load(vb_desc, [k_row + kt * BLOCK_N, k_col + DA], v_ready.index(slot), vb_smem.index(slot))
+            else:
+                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+                _tma_load(k_desc, [k_row + kt * BLOCK_N, k_col], k_ready.index(slot), k_smem.index(slot))
+                mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+                _tma_load(v_desc, [k_row + kt * BLOCK_N, k_col], v_ready.index(slot), v_smem.index(slot))
 
     @gluon.jit
-    def _dq_step(dq, c, row0, key0, lse2, delta, q_mine, do_mine, k_smem, v_smem, bars, zero_s,
-                 QK_SCALE: gl.constexpr, MASK: gl.constexpr, HALF: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, s_layout: gl.constexpr, a_layout: gl.constexpr):
+    def _dq_step(dq, dqb, c, row0, key0, lse2, delta, q_mine, do_mine, qb_mine, dob_mine, k_smem, v_smem,
+                 kb_smem, vb_smem, bars, zero_s, QK_SCALE: gl.constexpr, MASK: gl.constexpr, HALF: gl.constexpr,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DB: gl.constexpr, s_layout: gl.constexpr,
+                 a_layout: gl.constexpr, ab_layout: gl.constexpr):
         """One key tile (keys [key0, key0 + BLOCK_N)) into this warpgroup's dQ (rows [row0, row0 +
-        HALF)). MASK: the tile crosses the causal diagonal."""
+        HALF)). MASK: the tile crosses the causal diagonal. DB > 0: S and dP summed over both column
+        slices, dQ's second slice in dqb."""
         qdo_ready, k_ready, v_ready, kv_empty = bars
         dtype: gl.constexpr = q_mine.dtype
+        PAIR: gl.constexpr = 1 + (DB > 0)  # wgmma groups a product takes
         slot = c % STAGES
         ph = (c // STAGES) & 1
         mbarrier.wait(k_ready.index(slot), ph)
         s = warpgroup_mma(q_mine, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        if DB > 0:
+            s = warpgroup_mma(qb_mine, kb_smem.index(slot).permute((1, 0)), s, is_async=True)
         mbarrier.wait(v_ready.index(slot), ph)
         dp = warpgroup_mma(do_mine, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+        if DB > 0:
+            dp = warpgroup_mma(dob_mine, vb_smem.index(slot).permute((1, 0)), dp, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=PAIR, deps=(s, ))
         p = gl.exp2(s * QK_SCALE - gl.expand_dims(lse2, 1))
         if MASK:
             rows = row0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
@@ -433,60 +537,88 @@ if gluon is not None:
             p = gl.where(gl.expand_dims(rows, 1) >= gl.expand_dims(keys, 0), p, 0.0)
         dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
         ds = p * (dp - gl.expand_dims(delta, 1))
-        dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), a_layout), k_smem.index(slot), dq, is_async=True)
-        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+        ds_op = gl.convert_layout(ds.to(dtype), a_layout)
+        dq = warpgroup_mma(ds_op, k_smem.index(slot), dq, is_async=True)
+        if DB > 0:
+            dqb = warpgroup_mma(gl.convert_layout(ds_op, ab_layout), kb_smem.index(slot), dqb, is_async=True)
+            dq, dqb = warpgroup_mma_wait(num_outstanding=0, deps=(dq, dqb))
+        else:
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
         mbarrier.arrive(kv_empty.index(slot), count=1)
-        return dq
+        return dq, dqb
 
     @gluon.jit
     def _dq_consumer(q_smem, do_smem, k_smem, v_smem, bars, O, DO, L, DELTA, DQ, N, H,
                      stride_ob, stride_oh, stride_on, stride_dob, stride_doh, stride_don,
                      stride_dqb, stride_dqh, stride_dqn, QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr,
                      GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-                     BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr):
+                     BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
+                     qb_smem, dob_smem, kb_smem, vb_smem, DB: gl.constexpr):
         qdo_ready, k_ready, v_ready, kv_empty = bars
         HALF: gl.constexpr = BLOCK_M // 2
+        DA: gl.constexpr = D - DB
+        DBP: gl.constexpr = DB + (DB == 0) * 8  # the second slice's width (a placeholder where DB = 0)
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, D, 16])
+                                                           instr_shape=[16, DA, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        ob_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, DBP, 16])
+        ab_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ob_layout, k_width=2)
         bh, b, h, hk, q0 = _dq_coords(N, H, GROUP, IS_CAUSAL, BLOCK_M)
         row0 = q0 + WG * HALF
         b64 = b.to(gl.int64)
         h64 = h.to(gl.int64)
         # Delta = rowsum(O * dO) of this warpgroup's rows, in fp32; written for the dK/dV kernel
         rows_o = (row0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, o_layout))).to(gl.int64)
-        cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        cols = gl.arange(0, DA, layout=gl.SliceLayout(0, o_layout))
         o = gl.load(O + b64 * stride_ob + h64 * stride_oh + gl.expand_dims(rows_o * stride_on, 1)
                     + gl.expand_dims(cols, 0))
         do = gl.load(DO + b64 * stride_dob + h64 * stride_doh + gl.expand_dims(rows_o * stride_don, 1)
                      + gl.expand_dims(cols, 0))
         delta_o = gl.sum(o.to(gl.float32) * do.to(gl.float32), axis=1)
+        rows_b = (row0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, ob_layout))).to(gl.int64)
+        cols_b = DA + gl.arange(0, DBP, layout=gl.SliceLayout(0, ob_layout))
+        if DB > 0:  # the second column slice's share of the row sums
+            o_b = gl.load(O + b64 * stride_ob + h64 * stride_oh + gl.expand_dims(rows_b * stride_on, 1)
+                          + gl.expand_dims(cols_b, 0))
+            do_b = gl.load(DO + b64 * stride_dob + h64 * stride_doh + gl.expand_dims(rows_b * stride_don, 1)
+                           + gl.expand_dims(cols_b, 0))
+            delta_o += gl.convert_layout(gl.sum(o_b.to(gl.float32) * do_b.to(gl.float32), axis=1),
+                                         gl.SliceLayout(1, o_layout))
         gl.store(DELTA + bh.to(gl.int64) * N + rows_o, delta_o)
         delta = gl.convert_layout(delta_o, gl.SliceLayout(1, s_layout))
         rows_s = row0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
         lse2 = gl.load(L + bh.to(gl.int64) * N + rows_s) * 1.4426950408889634
         zero_s = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
-        dq = gl.zeros([HALF, D], gl.float32, o_layout)
+        dq = gl.zeros([HALF, DA], gl.float32, o_layout)
+        dqb = gl.zeros([HALF, DBP], gl.float32, ob_layout)  # not used where DB = 0
         q_mine = q_smem.index(WG)
         do_mine = do_smem.index(WG)
+        qb_mine = qb_smem.index(WG)
+        dob_mine = dob_smem.index(WG)
         mbarrier.wait(qdo_ready, 0)
         c = 0
         n_kt = N // BLOCK_N
         if IS_CAUSAL:  # the key tiles on the diagonal, masked; then those before it, unmasked
             for j in gl.static_range(BLOCK_M // BLOCK_N):
-                dq = _dq_step(dq, c, row0, q0 + j * BLOCK_N, lse2, delta, q_mine, do_mine, k_smem, v_smem, bars,
-                              zero_s, QK_SCALE, True, HALF, BLOCK_N, STAGES, s_layout, a_layout)
+                dq, dqb = _dq_step(dq, dqb, c, row0, q0 + j * BLOCK_N, lse2, delta, q_mine, do_mine, qb_mine,
+                                   dob_mine, k_smem, v_smem, kb_smem, vb_smem, bars, zero_s, QK_SCALE, True, HALF,
+                                   BLOCK_N, STAGES, DB, s_layout, a_layout, ab_layout)
                 c += 1
             n_kt = q0 // BLOCK_N
         for kt in range(n_kt):
-            dq = _dq_step(dq, c, row0, kt * BLOCK_N, lse2, delta, q_mine, do_mine, k_smem, v_smem, bars,
-                          zero_s, QK_SCALE, False, HALF, BLOCK_N, STAGES, s_layout, a_layout)
+            dq, dqb = _dq_step(dq, dqb, c, row0, kt * BLOCK_N, lse2, delta, q_mine, do_mine, qb_mine, dob_mine,
+                               k_smem, v_smem, kb_smem, vb_smem, bars, zero_s, QK_SCALE, False, HALF, BLOCK_N,
+                               STAGES, DB, s_layout, a_layout, ab_layout)
             c += 1
         dq_out = (dq * SM_SCALE).to(DQ.dtype.element_ty)
         gl.store(DQ + b64 * stride_dqb + h64 * stride_dqh + gl.expand_dims(rows_o * stride_dqn, 1)
                  + gl.expand_dims(cols, 0), dq_out)
+        if DB > 0:
+            gl.store(DQ + b64 * stride_dqb + h64 * stride_dqh + gl.expand_dims(rows_b * stride_dqn, 1)
+                     + gl.expand_dims(cols_b, 0), (dqb * SM_SCALE).to(DQ.dtype.element_ty))
 
     @gluon.jit
     def _dq_kernel(q_desc, do_desc, k_desc, v_desc, O, DO, L, DELTA, DQ, N, H,
@@ -495,14 +627,27 @@ if gluon is not None:
                    stride_dqb, stride_dqh, stride_dqn, QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr,
                    GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                    BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-                   CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                   CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc,
+                   DB: gl.constexpr):
+        """DB > 0: a head's columns in two slices, as in _dkdv_kernel."""
         gl.static_assert(num_warps == 4, "one consumer warpgroup in the default partition")
         HALF: gl.constexpr = BLOCK_M // 2
+        DA: gl.constexpr = D - DB
         dtype: gl.constexpr = q_desc.dtype
-        q_smem = gl.allocate_shared_memory(dtype, [2, HALF, D], q_desc.layout)
-        do_smem = gl.allocate_shared_memory(dtype, [2, HALF, D], do_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], v_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [2, HALF, DA], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [2, HALF, DA], do_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, DA], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, DA], v_desc.layout)
+        if DB > 0:
+            qb_smem = gl.allocate_shared_memory(dtype, [2, HALF, DB], qb_desc.layout)
+            dob_smem = gl.allocate_shared_memory(dtype, [2, HALF, DB], dob_desc.layout)
+            kb_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, DB], kb_desc.layout)
+            vb_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, DB], vb_desc.layout)
+        else:  # not read
+            qb_smem = q_smem
+            dob_smem = do_smem
+            kb_smem = k_smem
+            vb_smem = v_smem
         qdo_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -517,14 +662,15 @@ if gluon is not None:
             (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, bars, O, DO, L, DELTA, DQ, N, H,
                             stride_ob, stride_oh, stride_on, stride_dob, stride_doh, stride_don,
                             stride_dqb, stride_dqh, stride_dqn, QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL,
-                            BLOCK_M, BLOCK_N, D, STAGES, 0)),
+                            BLOCK_M, BLOCK_N, D, STAGES, 0, qb_smem, dob_smem, kb_smem, vb_smem, DB)),
             (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, bars, O, DO, L, DELTA, DQ, N, H,
                             stride_ob, stride_oh, stride_on, stride_dob, stride_doh, stride_don,
                             stride_dqb, stride_dqh, stride_dqn, QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL,
-                            BLOCK_M, BLOCK_N, D, STAGES, 1)),
+                            BLOCK_M, BLOCK_N, D, STAGES, 1, qb_smem, dob_smem, kb_smem, vb_smem, DB)),
             (_dq_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, bars, N, H,
                             QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH, GROUP, IS_CAUSAL, BLOCK_M,
-                            BLOCK_N, STAGES)),
+                            BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc, qb_smem, dob_smem, kb_smem,
+                            vb_smem, D - DB, DB)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -558,10 +704,10 @@ def launch_dkdv(q, k, v, do, lse, delta, dk, dv, is_causal: bool, stages: int | 
     lse2, delta2 = lse.reshape(nb * nh, n), delta.reshape(nb * nh, n)
     lse2 = lse2 if lse2.is_contiguous() and lse2.data_ptr() % 16 == 0 else lse2.contiguous()
     delta2 = delta2 if delta2.is_contiguous() and delta2.data_ptr() % 16 == 0 else delta2.contiguous()
-    q_desc, (qrb, qrh, qch) = fg.head_desc(q4, block_m)
-    do_desc, (drb, drh, dch) = fg.head_desc(do4, block_m)
-    k_desc, (krb, krh, kch) = fg.head_desc(k4, BLOCK_N // 2)
-    v_desc, _ = fg.head_desc(v4, BLOCK_N // 2)
+    (q_desc, qb_desc), (qrb, qrh, qch) = _slices(q4, block_m)
+    (do_desc, dob_desc), (drb, drh, dch) = _slices(do4, block_m)
+    (k_desc, kb_desc), (krb, krh, kch) = _slices(k4, BLOCK_N // 2)
+    (v_desc, vb_desc), _ = _slices(v4, BLOCK_N // 2)
     grid = (nb * h_kv, n // BLOCK_N)
     kernel = _dkdv_kernel.warmup if compile_only else kernel_launch.plain_launch(_dkdv_kernel)[grid]
     return kernel(
@@ -569,7 +715,16 @@ def launch_dkdv(q, k, v, do, lse, delta, dk, dv, is_causal: bool, stages: int | 
         qrb, qrh, qch, drb, drh, dch, krb, krh, kch, dk4.stride(0), dk4.stride(1), dk4.stride(2),
         dv4.stride(0), dv4.stride(1), dv4.stride(2), QK_SCALE=LOG2E / math.sqrt(d), SM_SCALE=1.0 / math.sqrt(d),
         GROUP=nh // h_kv, IS_CAUSAL=bool(is_causal), BLOCK_M=block_m, BLOCK_N=BLOCK_N, D=d, STAGES=stages,
-        CONSUMER_REGS=consumer_regs, num_warps=4, **(dict(grid=grid) if compile_only else {}))
+        CONSUMER_REGS=consumer_regs, num_warps=4, qb_desc=qb_desc, dob_desc=dob_desc, kb_desc=kb_desc,
+        vb_desc=vb_desc, DB=fg.split_head_dim(d)[1], **(dict(grid=grid) if compile_only else {}))
+
+
+def _slices(t4: torch.Tensor, block_rows: int):
+    """((descriptor of a head's first column slice, of its second), the head offsets): the second is
+    the first where the head dim is one slice (not read then; fg.split_head_dim)."""
+    da, db = fg.split_head_dim(t4.shape[-1])
+    first, offsets = fg.head_desc(t4, block_rows, da)
+    return (first, fg.head_desc(t4, block_rows, db)[0] if db else first), offsets
 
 
 @torch.library.custom_op("lmperf::flash_attention_dkdv_gluon", mutates_args=("dk", "dv"))
@@ -605,10 +760,10 @@ def launch_dq(q, k, v, out, do, lse, delta, dq, is_causal: bool, stages: int | N
     delta2 = delta.view(nb * nh, n)  # written: a view, never a copy
     if not delta2.is_contiguous():
         raise ValueError("delta must be a contiguous (B*H, N) fp32 tensor")
-    q_desc, (qrb, qrh, qch) = fg.head_desc(q4, DQ_BLOCK_M // 2)
-    do_desc, (drb, drh, dch) = fg.head_desc(do4, DQ_BLOCK_M // 2)
-    k_desc, (krb, krh, kch) = fg.head_desc(k4, block_n)
-    v_desc, _ = fg.head_desc(v4, block_n)
+    (q_desc, qb_desc), (qrb, qrh, qch) = _slices(q4, DQ_BLOCK_M // 2)
+    (do_desc, dob_desc), (drb, drh, dch) = _slices(do4, DQ_BLOCK_M // 2)
+    (k_desc, kb_desc), (krb, krh, kch) = _slices(k4, block_n)
+    (v_desc, vb_desc), _ = _slices(v4, block_n)
     grid = (nb * nh, n // DQ_BLOCK_M)
     kernel = _dq_kernel.warmup if compile_only else kernel_launch.plain_launch(_dq_kernel)[grid]
     return kernel(
@@ -616,7 +771,8 @@ def launch_dq(q, k, v, out, do, lse, delta, dq, is_causal: bool, stages: int | N
         krb, krh, kch, o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0), do4.stride(1), do4.stride(2),
         dq4.stride(0), dq4.stride(1), dq4.stride(2), QK_SCALE=LOG2E / math.sqrt(d), SM_SCALE=1.0 / math.sqrt(d),
         GROUP=nh // k4.shape[1], IS_CAUSAL=bool(is_causal), BLOCK_M=DQ_BLOCK_M, BLOCK_N=block_n, D=d,
-        STAGES=stages, CONSUMER_REGS=consumer_regs, num_warps=4, **(dict(grid=grid) if compile_only else {}))
+        STAGES=stages, CONSUMER_REGS=consumer_regs, num_warps=4, qb_desc=qb_desc, dob_desc=dob_desc,
+        kb_desc=kb_desc, vb_desc=vb_desc, DB=fg.split_head_dim(d)[1], **(dict(grid=grid) if compile_only else {}))
 
 
 @torch.library.custom_op("lmperf::flash_attention_dq_gluon", mutates_args=("delta", "dq"))
