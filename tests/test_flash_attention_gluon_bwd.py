@@ -72,7 +72,9 @@ def test_below_the_rule_the_default_is_the_tile_backward_bit_for_bit(monkeypatch
     (8192, 128, False, None, torch.bfloat16, False),  # measured faster, not outside the noise
     (2048, 128, True, 2, torch.bfloat16, False),     # the host's cost of a call decides below 4,096
     (4096, 64, True, None, torch.float16, False),    # not timed
-    (8192, 80, True, None, torch.bfloat16, False),    # head dim 80: forced only (not yet measured against the tile)
+    (8192, 80, True, None, torch.bfloat16, True),     # head dim 80 (the 2.7B model's), causal or not
+    (8192, 80, False, None, torch.bfloat16, True),
+    (2048, 80, True, None, torch.bfloat16, False),    # below 4,096 rows, as at 64 and 128
 ])
 def test_auto_picks_the_gluon_backward_where_it_was_measured_faster(monkeypatch, n, d, causal, kv_heads, dtype,
                                                                    want):

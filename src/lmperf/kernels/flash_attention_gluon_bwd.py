@@ -47,8 +47,8 @@ the same dK and dV, written once. No atomics.
 
 Both cover (`unsupported` says why anything else is refused): a Hopper GPU, bf16 or fp16, head dims
 64, 80 and 128 (80 in two column slices, 64 and 16, as the forward computes it: every product over
-the head dim is two wgmma summed in one accumulator, every [rows, D] result two accumulators; "auto"
-does not pick head dim 80 yet), N a multiple of 128 (no tile runs past a sequence's end), q, k, v in the layouts the
+the head dim is two wgmma summed in one accumulator, every [rows, D] result two accumulators), N a
+multiple of 128 (no tile runs past a sequence's end), q, k, v in the layouts the
 Gluon forward reads in place (flash_attention_gluon.head_rows); dO of any layout (copied to
 contiguous where TMA cannot read it).
 """
@@ -65,7 +65,7 @@ from lmperf.kernels import launch as kernel_launch
 
 LOG2E = 1.4426950408889634
 HEAD_DIMS = (64, 80, 128)  # 80: two column slices, 64 and 16 (fg.split_head_dim)
-AUTO_HEAD_DIMS = (64, 128)  # where "auto" may pick these kernels (80: forced only, not yet measured)
+AUTO_HEAD_DIMS = (64, 80, 128)  # where "auto" may pick these kernels (prefers_gluon)
 DTYPES = (torch.float16, torch.bfloat16)
 BLOCK_N = 128  # keys a program: two warpgroups of 64
 BWD_BACKEND_ENV = "LMPERF_FA_BWD_BACKEND"
@@ -154,11 +154,11 @@ def prefers_gluon(q, k, v, is_causal: bool) -> bool:
     and faster than the tile-language backward outside the noise of fresh processes on an H100
     (tuning/flash_attention/NOTES.md, step 43): bf16, N from AUTO_MIN_N, causal at head dims 64
     and 128 (grouped-query or not), non-causal at head dim 64 (at 128 non-causal the two overlap
-    across processes). Elsewhere, and wherever `unsupported` refuses the call, the tile-language
-    backward (no error)."""
+    across processes); head dim 80 causal or not (step 46, on an H200). Elsewhere, and wherever
+    `unsupported` refuses the call, the tile-language backward (no error)."""
     if q.dtype != torch.bfloat16 or q.dim() < 2 or q.shape[-2] < AUTO_MIN_N or q.shape[-1] not in AUTO_HEAD_DIMS:
         return False
-    if not (is_causal or q.shape[-1] == 64):
+    if not (is_causal or q.shape[-1] in (64, 80)):
         return False
     return unsupported(q, k, v, is_causal) is None
 
