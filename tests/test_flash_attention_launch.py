@@ -2,6 +2,10 @@
 specialisation, then the compiled kernel's own launcher with the same arguments; on the CPU with a
 stand-in kernel (what is launched, with which arguments, and when the JIT is asked again), on a
 GPU with the real kernels (the same bits as launching through the JIT every time)."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -143,3 +147,192 @@ def test_cached_launches_give_the_jits_bits(shape, causal, monkeypatch):
         got = run()
         for a, b in zip(got, want):
             assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans (LMPERF_FA_LAUNCH=plan): a call's launches recorded once per call signature, then replayed
+
+
+def _seen(a):
+    """A launch argument as the log keeps it: a tensor or a descriptor by the address and dtype of
+    its data (no reference to it: autograd reuses a gradient only nothing else holds)."""
+    if isinstance(a, torch.Tensor):
+        return ("tensor", a.data_ptr(), a.dtype)
+    if type(a).__name__ == "TensorDescriptor":
+        return ("desc", a.base.data_ptr(), a.base.dtype, list(a.shape), list(a.strides), list(a.block_shape))
+    return a
+
+
+class _Launches:
+    """Stands in for CachedLaunch: records every launch (kernel name, grid, arguments) and runs
+    nothing."""
+
+    def __init__(self):
+        self.log = []
+
+    def __call__(self, kernel):
+        log = self.log
+
+        class One:
+            def __getitem__(self, grid):
+                return lambda *args, **kwargs: log.append((getattr(kernel, "__name__", str(kernel)), grid,
+                                                          [_seen(a) for a in args],
+                                                          {k: _seen(v) for k, v in kwargs.items()}))
+        return One()
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Eager launches go through plain_launch's compiled path (not the interpreter's kernels) into a
+    _Launches; plans on; every plan forgotten."""
+    rec = _Launches()
+    monkeypatch.setattr(kl, "CachedLaunch", rec)
+    monkeypatch.setattr(kl, "_CACHED_LAUNCHES", {})
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # plain_launch's choice, read at each call
+    monkeypatch.setenv(kl.LAUNCH_ENV, "plan")
+    monkeypatch.setattr(ft, "_PLANS", kl.Plans())
+    return rec
+
+
+def _roles(log, tensors):
+    """Each launch as (kernel, grid, its arguments with every tensor or descriptor named by the
+    index of the call's tensor whose data it is, descriptors with their shape, strides and block)."""
+    where = {(t.data_ptr(), t.dtype): i for i, t in reversed(list(enumerate(tensors)))}
+
+    def name(a):
+        if isinstance(a, tuple) and a[0] in ("tensor", "desc"):
+            return (a[0], where.get(a[1:3], "other"), *a[3:])
+        return a
+    return [(k, g, [name(a) for a in args], {x: name(y) for x, y in kw.items()}) for k, g, args, kw in log]
+
+
+def _step(shape, causal, layout, seed, dtype=torch.float32):
+    torch.manual_seed(seed)
+    make = (lambda: torch.randn(shape[0], shape[2], shape[1], shape[3], dtype=dtype).transpose(1, 2)) \
+        if layout == "model" else (lambda: torch.randn(shape, dtype=dtype))
+    q, k, v = (make().requires_grad_() for _ in range(3))
+    out = ft.FlashAttention2Triton.apply(q, k, v, causal)
+    g = torch.randn_like(out)
+    out.backward(g)
+    return q, k, v, out, g
+
+
+@pytest.mark.parametrize("shape, causal, layout, gluon", [
+    ((2, 4, 256, 64), True, "heads", False), ((1, 3, 384, 80), False, "model", False),
+    ((2, 4, 64, 32), True, "heads", False),
+    ((2, 4, 256, 64), True, "heads", True), ((1, 4, 384, 80), False, "model", True)],
+    ids=["tile-64", "tile-80-model", "tile-32", "gluon-64", "gluon-80-model"])
+def test_a_plan_replays_the_launches_of_the_full_path(launches, shape, causal, layout, gluon, monkeypatch, request):
+    """The second call of a signature is replayed from its plan: the same kernels, grids and
+    constants as the full path's launches, each tensor argument (and each TMA descriptor's data,
+    shape, strides and block) the same role of the call (q, k, v, the outputs, dO), without the full
+    path's dispatch (counted here). Gluon: its forward and backward forced, made to run here (its
+    kernels are never launched)."""
+    dtype = torch.float32
+    if gluon:
+        from lmperf.kernels import flash_attention_gluon as fg
+        from lmperf.kernels import flash_attention_gluon_bwd as gb
+        if fg.IMPORT_ERROR is not None:  # Triton's interpreter has no Gluon: this case in a process without it
+            pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                                   request.node.nodeid],
+                                  env={**os.environ, "TRITON_INTERPRET": "0"}, capture_output=True, text=True,
+                                  timeout=300)
+            assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+            return
+        monkeypatch.setattr(ft, "_check_device", lambda q: None)
+        monkeypatch.setattr(fg, "available", lambda: None)
+        monkeypatch.setattr(fg, "_sm_count", lambda device: 132)
+        monkeypatch.setattr(fg, "unsupported", lambda *a: None)
+        monkeypatch.setattr(gb, "unsupported", gb.shape_unsupported)
+        monkeypatch.setenv("LMPERF_FA_BACKEND", "gluon")
+        monkeypatch.setenv("LMPERF_FA_BWD_BACKEND", "gluon")
+        dtype = torch.bfloat16
+    calls = []
+    real = ft._eager_forward
+    monkeypatch.setattr(ft, "_eager_forward", lambda *a: calls.append(1) or real(*a))
+    first = _step(shape, causal, layout, 0, dtype)
+    n_first = len(launches.log)
+    second = _step(shape, causal, layout, 1, dtype)
+    if gluon:
+        assert [launch[0] for launch in launches.log[:n_first]] == ["_fwd_pp_kernel", "_dq_kernel", "_dkdv_kernel"]
+        assert sum(isinstance(a, tuple) and a[0] == "desc" for launch in launches.log for a in launch[2]) > 10
+    assert calls == [1], "the second call ran the full forward"
+    assert n_first > 0 and len(launches.log) == 2 * n_first
+    plans = [p for p in ft._PLANS.plans.values()]
+    assert len(plans) == 2 and all(plans), "a forward and a backward plan"
+
+    def named(log, step):
+        q, k, v, out, g = step
+        return _roles(log, (q, k, v, out, g, q.grad, k.grad, v.grad))
+    a, b = named(launches.log[:n_first], first), named(launches.log[n_first:], second)
+    assert a == b
+
+
+def test_a_new_signature_gets_its_own_plan_and_a_call_with_buffers_of_its_own_none(launches, monkeypatch):
+    """Another shape, stride or flag is another signature (its own recording); a call whose
+    launches read a buffer it makes itself (a split forward's partial results) has no plan and runs
+    its full path every time."""
+    _step((2, 4, 256, 64), True, "heads", 0)
+    _step((2, 4, 256, 64), False, "heads", 0)
+    _step((2, 4, 384, 64), True, "heads", 0)
+    assert len(ft._PLANS.plans) == 6 and all(ft._PLANS.plans.values())
+    real_cfg = ft.launch_fwd_config
+    monkeypatch.setattr(ft, "launch_fwd_config", lambda *a: {**real_cfg(*a), "SPLIT": 2})
+    calls = []
+    real = ft._eager_forward
+    monkeypatch.setattr(ft, "_eager_forward", lambda *a: calls.append(1) or real(*a))
+    for seed in range(3):
+        _step((1, 2, 512, 64), True, "heads", seed)
+    assert calls == [1, 1, 1]
+    assert ft._PLANS.get(kl.signature(_qkv_like((1, 2, 512, 64)), ("forward", True))) is kl.Plans.NO_PLAN
+
+
+def _qkv_like(shape):
+    return tuple(torch.empty(shape) for _ in range(3))
+
+
+def test_a_plan_holds_no_tensor(launches):
+    _step((2, 4, 256, 64), True, "heads", 0)
+
+    def leaves(x):
+        if isinstance(x, (tuple, list)):
+            for y in x:
+                yield from leaves(y)
+        elif isinstance(x, dict):
+            for y in x.values():
+                yield from leaves(y)
+        else:
+            yield x
+    for plan in ft._PLANS.plans.values():
+        assert not any(isinstance(x, torch.Tensor) for x in leaves([list(l[1:]) for l in plan.launches]))
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA: the kernels")
+@pytest.mark.parametrize("shape,causal,layout", [((2, 4, 384, 64), True, "heads"), ((3, 256, 128), False, "assign"),
+                                                 ((2, 8, 4096, 80), True, "model"), ((1, 16, 2048, 128), True, "model"),
+                                                 ((1, 2, 200, 80), True, "heads")])
+def test_planned_calls_give_the_full_paths_bits(shape, causal, layout, monkeypatch):
+    """LMPERF_FA_LAUNCH=plan against =jit: the same output and gradients bit for bit, at the first
+    call of a signature (recorded) and at the next two (replayed), on the tile and the Gluon paths."""
+    def run():
+        torch.manual_seed(1)
+        if layout == "model":
+            b, h, n, d = shape
+            q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+                       for _ in range(3))
+        else:
+            q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        out = ft.FlashAttention2Triton.apply(q, k, v, causal)
+        out.sum().backward()
+        return [out.detach(), q.grad, k.grad, v.grad]
+
+    monkeypatch.setenv(kl.LAUNCH_ENV, "jit")
+    want = run()
+    monkeypatch.setenv(kl.LAUNCH_ENV, "plan")
+    monkeypatch.setattr(ft, "_PLANS", kl.Plans())
+    for _ in range(3):
+        got = run()
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+    assert any(ft._PLANS.plans.values()) or shape[-2] == 200

@@ -1,8 +1,9 @@
 """The host's cost of one FlashAttention forward+backward on a GPU: do_bench with the host included
 against the kernels' GPU time, ours (FlashAttention2Triton) beside SDPA-cuDNN and SDPA-flash,
 eager and torch.compile'd, bf16 (ours_jit: ours with every eager launch through Triton's JIT,
-LMPERF_FA_LAUNCH=jit); where ours spends its host time (cProfile); and what one Triton
-launch costs through the JIT against the compiled kernel's own launcher.
+LMPERF_FA_LAUNCH=jit; ours_plan: with plans, LMPERF_FA_LAUNCH=plan); where ours spends its host
+time (cProfile); and what one Triton launch costs through the JIT against the compiled kernel's own
+launcher.
 
     python tuning/flash_attention/fa_host_cost.py --out DIR [--only model64,assign64]
         [--impls ours,ours_jit,cudnn,flash] [--modes eager,compiled] [--profile] [--launch] [--tag TAG]
@@ -39,6 +40,7 @@ CASES = {
     "model128": (4, 16, 1024, 128, "model"),
     "assign128": (16, 1, 1024, 128, "assign"),
     "grid4096": (1, 1, 4096, 128, "assign"),
+    "model80": (4, 32, 2048, 80, "model"),  # the 2.7B model's attention
 }
 
 
@@ -54,7 +56,7 @@ def attention(impl, layout):
     from torch.nn.functional import scaled_dot_product_attention as sdpa
     from lmperf.kernels.flash_attention_triton import FlashAttention2Triton
     view = (lambda t: t.transpose(1, 2)) if layout == "model" else (lambda t: t)
-    if impl in ("ours", "ours_jit"):  # ours_jit: every eager launch through Triton's JIT (the cache off)
+    if impl in ("ours", "ours_jit", "ours_plan"):  # ours_jit: every eager launch through Triton's JIT (the cache off)
         return lambda q, k, v: FlashAttention2Triton.apply(view(q), view(k), view(v), True)
     backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[impl]
     heads = (lambda t: t.transpose(1, 2)) if layout == "model" else (lambda t: t.unsqueeze(1))
@@ -105,10 +107,10 @@ def bench(cases, impls, modes, out_csv, log):
             for impl in impls:
                 row = dict(case=case, shape="x".join(map(str, CASES[case][:4])), layout=layout, impl=impl, mode=mode,
                            gpu=torch.cuda.get_device_name())
-                if impl == "ours_jit":
+                if impl in ("ours_jit", "ours_plan"):
                     if mode != "eager":
                         continue
-                    os.environ[LAUNCH_ENV] = "jit"
+                    os.environ[LAUNCH_ENV] = impl[len("ours_"):]
                 elif impl == "ours":  # the launch cache on (LMPERF_FA_LAUNCH=cache; off by default since)
                     os.environ[LAUNCH_ENV] = "cache"
                 try:

@@ -56,6 +56,7 @@ import triton.language as tl
 from torch.library import custom_op, triton_op, wrap_triton
 
 from lmperf.kernels.attention_contract import check_causal, check_qkv
+from lmperf.kernels import launch as kernel_launch
 from lmperf.kernels.launch import plain_launch
 
 LOG2E = 1.4426950408889634
@@ -921,16 +922,18 @@ def launch_backward_fused(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool,
 
 
 def launch_backward(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool, cfg: dict,
-                    launch=lambda k: k) -> None:
+                    launch=lambda k: k, delta=None) -> None:
     """The backward with config cfg (bwd_config): one fused launch when cfg["fused"], else the
-    dQ kernel (which writes Delta) and then the dK/dV kernel: the tile-language ones, or the Gluon
-    ones where LMPERF_FA_BWD_BACKEND's rule (auto, the default) or =gluon picks them (=gluon-dkdv:
-    the Gluon dK/dV after the tile dQ; flash_attention_gluon_bwd)."""
+    dQ kernel (which writes Delta, into `delta` where given: fp32, lse's shape) and then the dK/dV
+    kernel: the tile-language ones, or the Gluon ones where LMPERF_FA_BWD_BACKEND's rule (auto, the
+    default) or =gluon picks them (=gluon-dkdv: the Gluon dK/dV after the tile dQ;
+    flash_attention_gluon_bwd)."""
     gluon_bwd = _gluon_dkdv(q3, k3, v3, is_causal)
     if cfg.get("fused") and gluon_bwd is None:
         launch_backward_fused(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal, cfg, launch)
         return
-    delta = torch.empty(lse.shape, dtype=torch.float32, device=q3.device)
+    if delta is None:
+        delta = torch.empty(lse.shape, dtype=torch.float32, device=q3.device)
     # the Gluon kernels: their launchers in eager mode (launch is plain_launch), else their opaque ops,
     # which launch the same kernels under torch.compile (the same bits); an op's wrapper costs
     # 0.1-0.2 ms of host time a call (tuning/flash_attention/NOTES.md, step 43)
@@ -1021,7 +1024,7 @@ def kernels(q, k, v, is_causal: bool) -> str:
     return f"forward: {fwd}; backward: {bwd}"
 
 
-def _backward_kernels(q, k, v, out, lse, grad_out, is_causal: bool, launch):
+def _backward_kernels(q, k, v, out, lse, grad_out, is_causal: bool, launch, with_delta: bool = False):
     nb, nh, n, d = _heads_shape(q.shape)
     bh = nb * nh
     lse3 = lse.reshape(bh, n)
@@ -1029,8 +1032,10 @@ def _backward_kernels(q, k, v, out, lse, grad_out, is_causal: bool, launch):
     cfg = launch_bwd_config(n, d, q.dtype, is_causal, bh, int(nh // _heads_shape(k.shape)[1]))
     grad_out = _heads(grad_out)  # once for both kernels: e.g. the expanded ones of out.sum().backward() copied once
     dq, dk, dv = _like(q), _like(k), _like(v)  # fresh (B, H, N, D) and (B, H_kv, N, D), written by the kernels
-    launch_backward(q, k, v, out, grad_out, lse3, dq, dk, dv, is_causal, cfg, launch)
-    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+    delta = torch.empty(lse3.shape, dtype=torch.float32, device=q.device)  # Delta, where the dQ kernel writes it
+    launch_backward(q, k, v, out, grad_out, lse3, dq, dk, dv, is_causal, cfg, launch, delta)
+    grads = dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+    return (*grads, delta) if with_delta else grads
 
 
 @_register("lmperf::flash_attention_forward", _forward_fake)
@@ -1061,7 +1066,12 @@ def _backward(ctx, grad_out, *_, direct: bool = False):
     kernels without the op's dispatch (FlashAttention2Triton in eager mode). The op's own
     autograd always takes the op, so that every trace (Dynamo, AOTAutograd, opcheck) sees it."""
     q, k, v, out, lse = ctx.saved_tensors
-    if direct:
+    if direct and kernel_launch.planning():
+        g = _heads(grad_out)  # the copy the kernels may need, outside the plan (it is the call's data)
+        dq, dk, dv = _planned(("backward", ctx.is_causal), (q, k, v, out, lse, g),
+                              lambda: _backward_kernels(q, k, v, out, lse, g, ctx.is_causal, plain_launch,
+                                                        with_delta=True))[:3]
+    elif direct:
         dq, dk, dv = _backward_kernels(q, k, v, out, lse, grad_out, ctx.is_causal, plain_launch)
     else:
         dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, ctx.is_causal)
@@ -1093,6 +1103,37 @@ def _gluon_forward(q, k, v, is_causal: bool, check: bool = False) -> bool:
     return flash_attention_gluon.use_gluon(q, k, v, is_causal, validate=validate if check else None)
 
 
+def _eager_forward(q, k, v, is_causal: bool):
+    """(O, L) in eager mode: the Gluon forward where _gluon_forward picks it, else the tile kernels
+    without the op's dispatch (tens of us a call); both check q, k, v."""
+    if _gluon_forward(q, k, v, is_causal, check=True):
+        from lmperf.kernels import flash_attention_gluon
+        return flash_attention_gluon.forward(q, k, v, is_causal)
+    return _forward(q, k, v, is_causal, plain_launch)
+
+
+_PLANS = kernel_launch.Plans()
+
+
+def _planned(kind: tuple, inputs: tuple, run) -> tuple:
+    """run()'s outputs, the kernels it launches for these inputs replayed from the plan of their call
+    signature (kernel_launch.signature) where there is one: the dispatch, its checks and descriptors
+    were done at the signature's first call, which run() made and recorded. A signature whose call
+    makes a buffer of its own (a split's partial sums, a copy) has no plan and runs run() every time."""
+    key = kernel_launch.signature(inputs, kind)
+    plan = _PLANS.get(key)
+    if plan:
+        outs = plan.allocate(inputs[0].device)
+        plan.replay((*inputs, *outs))
+        return tuple(outs)
+    if plan is None:  # the signature's first call: the full path, recorded
+        with kernel_launch.recording() as launches:
+            outs = run()
+        _PLANS.put(key, kernel_launch.Plan.build(launches, inputs, outs))
+        return outs
+    return run()
+
+
 class FlashAttention2Triton(torch.autograd.Function):
     """apply(q, k, v, is_causal=False) -> softmax(q k^T / sqrt(D)) v for (..., N, D) inputs.
     k and v may have fewer heads (dim -3) than q, dividing them: grouped-query attention, query
@@ -1113,11 +1154,10 @@ class FlashAttention2Triton(torch.autograd.Function):
             else:
                 _check_device(q)
                 out, lse = flash_attention_forward(q, k, v, is_causal)
-        elif _gluon_forward(q, k, v, is_causal, check=True):
-            from lmperf.kernels import flash_attention_gluon
-            out, lse = flash_attention_gluon.forward(q, k, v, is_causal)
-        else:  # eager: the same kernels without the op's dispatch (tens of us a call); checks q, k, v
-            out, lse = _forward(q, k, v, is_causal, plain_launch)
+        elif kernel_launch.planning():  # LMPERF_FA_LAUNCH=plan: the call's launches replayed (kernel_launch.Plan)
+            out, lse = _planned(("forward", is_causal), (q, k, v), lambda: _eager_forward(q, k, v, is_causal))
+        else:
+            out, lse = _eager_forward(q, k, v, is_causal)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.is_causal = is_causal
         return out

@@ -1,17 +1,21 @@
 """How the FlashAttention kernels are launched in eager mode, without their ops' dispatch
 (flash_attention_triton.py's and the Gluon kernels'): `plain_launch(kernel)[grid](*args)`, through
 Triton's JIT, or with LMPERF_FA_LAUNCH=cache through a cache of the compiled kernels' launchers
-(CachedLaunch), which skips the JIT's per-call work."""
+(CachedLaunch), which skips the JIT's per-call work. LMPERF_FA_LAUNCH=plan adds plans (Plan): a
+call's launches recorded once per call signature and replayed, which skips the dispatch's checks,
+rules and descriptor building as well."""
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 
 import torch
 
-LAUNCH_ENV = "LMPERF_FA_LAUNCH"  # "cache": eager launches through CachedLaunch; else (the default) Triton's JIT
-# (off by default: its saving, 0.1-0.25 ms a forward+backward, is inside the host's noise across processes so
-# far, and it calls the compiled kernel's launcher, an interface of Triton's that is not public)
+LAUNCH_ENV = "LMPERF_FA_LAUNCH"  # "cache": eager launches through CachedLaunch; "plan": plans too (Plan);
+# else (the default) Triton's JIT. Off by default: the launch cache's saving, 0.1-0.25 ms a forward+backward,
+# was inside the host's noise across processes (tuning/flash_attention/NOTES.md, step 44), and it calls the
+# compiled kernel's launcher, an interface of Triton's that is not public
 
 
 def current_stream():
@@ -84,7 +88,7 @@ class CachedLaunch:
         return bound
 
     def run(self, grid, args, kwargs):
-        if self.kernel.pre_run_hooks or callable(grid) or os.environ.get(LAUNCH_ENV) != "cache":
+        if self.kernel.pre_run_hooks or callable(grid) or os.environ.get(LAUNCH_ENV) not in ("cache", "plan"):
             return self.kernel[grid](*args, **kwargs)
         device, stream = current_stream()
         try:
@@ -124,10 +128,151 @@ _PLAIN = frozenset((int, bool, float, str, type(None)))  # argument types keyed 
 
 def plain_launch(kernel):
     """How the eager path launches a kernel, without the op's dispatch: a CachedLaunch of it (the
-    interpreter's kernels as they are)."""
+    interpreter's kernels as they are); while a plan is recorded, one that also records the launch."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return kernel
     launch = _CACHED_LAUNCHES.get(kernel)
     if launch is None:
         launch = _CACHED_LAUNCHES[kernel] = CachedLaunch(kernel)
+    if _RECORDING:
+        return _Recorded(launch, _RECORDING[-1])
     return launch
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans: a call's launches recorded once per call signature, then replayed
+
+_RECORDING: list = []  # the launch lists of the calls being recorded (innermost last)
+
+
+class _Recorded:
+    def __init__(self, launch, into: list):
+        self.launch, self.into = launch, into
+
+    def __getitem__(self, grid):
+        def go(*args, **kwargs):
+            self.into.append((self.launch, grid, args, kwargs))
+            return self.launch[grid](*args, **kwargs)
+        return go
+
+
+@contextlib.contextmanager
+def recording():
+    """The launches made through plain_launch inside the block, as (launch, grid, args, kwargs)."""
+    launches: list = []
+    _RECORDING.append(launches)
+    try:
+        yield launches
+    finally:
+        _RECORDING.pop()
+
+
+def planning() -> bool:
+    """Whether eager calls go through plans (LMPERF_FA_LAUNCH=plan; not in Triton's interpreter)."""
+    return os.environ.get(LAUNCH_ENV) == "plan" and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def signature(tensors, extra=()) -> tuple:
+    """What a call's dispatch depends on: each tensor's shape, strides, dtype, device and 16-byte
+    alignment, which of them share their data (the first tensor with the same address), the
+    variables that steer the dispatch, and `extra` (the call's flags)."""
+    ptrs = [t.data_ptr() for t in tensors]
+    return (tuple((t.shape, t.stride(), t.dtype, t.device, p % 16 == 0) for t, p in zip(tensors, ptrs)),
+            tuple(ptrs.index(p) for p in ptrs), tuple(extra),
+            os.environ.get("LMPERF_FA_BACKEND"), os.environ.get("LMPERF_FA_BWD_BACKEND"))
+
+
+class Plan:
+    """The launches of one call, replayable for any call of the same signature (`signature`): the
+    kernels and grids as recorded; each argument a constant, a role (the i-th tensor of the call:
+    its inputs, then its outputs), or a TMA descriptor of a role's data (shape, strides, block and
+    layout as recorded, built without Triton's checks, which it passed at the recording); and the
+    outputs to allocate (shape, strides, dtype). A call whose launches read a tensor that is none of
+    its roles (a copy or a buffer made inside) gets no plan (`build` returns None)."""
+
+    def __init__(self, launches, outputs):
+        self.launches, self.outputs = launches, outputs
+
+    @classmethod
+    def build(cls, launches, inputs, outputs):
+        roles = [*inputs, *outputs]
+        where = {}
+        for i, t in enumerate(roles):
+            if t is not None:  # an output the call did not make (None)
+                where.setdefault((t.data_ptr(), t.dtype), i)
+
+        def template(a):
+            if isinstance(a, torch.Tensor):
+                i = where.get((a.data_ptr(), a.dtype))
+                if i is None:
+                    raise LookupError
+                return (_ROLE, i)
+            if type(a).__name__ == "TensorDescriptor":
+                i = where.get((a.base.data_ptr(), a.base.dtype))
+                if i is None or a.padding != "zero":
+                    raise LookupError
+                return (_DESC, (i, type(a), tuple(a.shape), tuple(a.strides), tuple(a.block_shape), a.layout))
+            if a is None or isinstance(a, (bool, int, float, str, torch.dtype)):
+                return (_CONST, a)
+            raise LookupError
+
+        recorded = []
+        try:
+            for launch, grid, args, kwargs in launches:
+                if callable(grid):
+                    return None
+                args, kwargs = [template(a) for a in args], {k: template(v) for k, v in kwargs.items()}
+                # the constants as they are, and where the call's tensors and descriptors go
+                recorded.append((launch[grid], [x if kind == _CONST else None for kind, x in args],
+                                 [(i, kind, x) for i, (kind, x) in enumerate(args) if kind != _CONST],
+                                 {k: x for k, (kind, x) in kwargs.items() if kind == _CONST},
+                                 [(k, kind, x) for k, (kind, x) in kwargs.items() if kind != _CONST]))
+        except LookupError:
+            return None
+        return cls(recorded, [None if t is None else (tuple(t.shape), t.stride(), t.dtype) for t in outputs])
+
+    def allocate(self, device) -> list:
+        return [None if o is None else torch.empty_strided(o[0], o[1], dtype=o[2], device=device)
+                for o in self.outputs]
+
+    def replay(self, roles) -> None:
+        for go, args, fills, kwargs, kw_fills in self.launches:
+            args = args.copy()
+            for i, kind, x in fills:
+                args[i] = roles[x] if kind == _ROLE else _desc(x, roles)
+            if kw_fills:
+                kwargs = kwargs.copy()
+                for k, kind, x in kw_fills:
+                    kwargs[k] = roles[x] if kind == _ROLE else _desc(x, roles)
+            go(*args, **kwargs)
+
+
+_CONST, _ROLE, _DESC = 0, 1, 2
+_new = object.__new__
+
+
+def _desc(x, roles):
+    i, cls, shape, strides, block, layout = x
+    d = _new(cls)  # the recording's descriptor, on this call's data (its checks passed then)
+    d.base, d.shape, d.strides, d.block_shape, d.layout, d.padding = \
+        roles[i], list(shape), list(strides), list(block), layout, "zero"
+    return d
+
+
+class Plans:
+    """Plans by call signature, at most MAX_ENTRIES (then cleared); a signature that got no plan is
+    remembered as such (NO_PLAN) and runs its full path every call."""
+
+    MAX_ENTRIES = 256
+    NO_PLAN = False
+
+    def __init__(self):
+        self.plans: dict = {}
+
+    def get(self, key):
+        return self.plans.get(key)
+
+    def put(self, key, plan) -> None:
+        if len(self.plans) >= self.MAX_ENTRIES:
+            self.plans.clear()
+        self.plans[key] = self.NO_PLAN if plan is None else plan
