@@ -191,6 +191,7 @@ def launches(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # plain_launch's choice, read at each call
     monkeypatch.setenv(kl.LAUNCH_ENV, "plan")
     monkeypatch.setattr(ft, "_PLANS", kl.Plans())
+    monkeypatch.setattr(ft, "_check_device", lambda q: None)  # CPU tensors, on any machine: nothing runs
     return rec
 
 
@@ -240,7 +241,6 @@ def test_a_plan_replays_the_launches_of_the_full_path(launches, shape, causal, l
                                   timeout=300)
             assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
             return
-        monkeypatch.setattr(ft, "_check_device", lambda q: None)
         monkeypatch.setattr(fg, "available", lambda: None)
         monkeypatch.setattr(fg, "_sm_count", lambda device: 132)
         monkeypatch.setattr(fg, "unsupported", lambda *a: None)
@@ -269,16 +269,15 @@ def test_a_plan_replays_the_launches_of_the_full_path(launches, shape, causal, l
     assert a == b
 
 
-def test_a_new_signature_gets_its_own_plan_and_a_call_with_buffers_of_its_own_none(launches, monkeypatch):
+def test_a_new_signature_gets_its_own_plan_and_a_call_that_copies_its_data_none(launches, monkeypatch):
     """Another shape, stride or flag is another signature (its own recording); a call whose
-    launches read a buffer it makes itself (a split forward's partial results) has no plan and runs
-    its full path every time."""
+    launches read a copy it made of its data has no plan and runs its full path every time."""
     _step((2, 4, 256, 64), True, "heads", 0)
     _step((2, 4, 256, 64), False, "heads", 0)
     _step((2, 4, 384, 64), True, "heads", 0)
     assert len(ft._PLANS.plans) == 6 and all(ft._PLANS.plans.values())
-    real_cfg = ft.launch_fwd_config
-    monkeypatch.setattr(ft, "launch_fwd_config", lambda *a: {**real_cfg(*a), "SPLIT": 2})
+    real_launch = ft.launch_forward
+    monkeypatch.setattr(ft, "launch_forward", lambda q3, *a, **kw: real_launch(q3.clone(), *a, **kw))
     calls = []
     real = ft._eager_forward
     monkeypatch.setattr(ft, "_eager_forward", lambda *a: calls.append(1) or real(*a))
@@ -286,6 +285,29 @@ def test_a_new_signature_gets_its_own_plan_and_a_call_with_buffers_of_its_own_no
         _step((1, 2, 512, 64), True, "heads", seed)
     assert calls == [1, 1, 1]
     assert ft._PLANS.get(kl.signature(_qkv_like((1, 2, 512, 64)), ("forward", True))) is kl.Plans.NO_PLAN
+
+
+def test_a_split_calls_partial_sums_are_fresh_scratch_at_each_replay(launches, monkeypatch):
+    """A split forward and backward (partial results in fp32 buffers, then summed): planned, the
+    buffers allocated afresh at each replay (never the recorded call's), the same launches."""
+    real_fwd, real_bwd = ft.launch_fwd_config, ft.launch_bwd_config
+    monkeypatch.setattr(ft, "launch_fwd_config", lambda *a: {**real_fwd(*a), "SPLIT": 2})
+    monkeypatch.setattr(ft, "launch_bwd_config", lambda *a: {
+        **real_bwd(*a), "fused": False, "dq": {**real_bwd(*a)["dq"], "SPLIT": 2}})
+    first = _step((1, 2, 512, 64), True, "heads", 0)
+    n_first = len(launches.log)
+    second = _step((1, 2, 512, 64), True, "heads", 1)
+    plans = list(ft._PLANS.plans.values())
+    assert len(plans) == 2 and all(plans)
+    assert [p.n_outputs for p in plans] == [2, 4] and [len(p.outputs) for p in plans] == [4, 5]
+    kernels = [launch[0] for launch in launches.log]
+    assert kernels[:n_first] == kernels[n_first:] and "_fwd_combine_kernel" in kernels and "_sum_parts_kernel" in kernels
+
+    def scratch_ptrs(log):
+        return {a[1] for launch in log for a in launch[2] if isinstance(a, tuple) and a[0] == "tensor"
+                and a[2] == torch.float32}
+    calls = [set(t.data_ptr() for t in (*step[:5], step[0].grad, step[1].grad, step[2].grad)) for step in (first, second)]
+    assert scratch_ptrs(launches.log[:n_first]) - calls[0] and scratch_ptrs(launches.log[n_first:]) - calls[1]
 
 
 def _qkv_like(shape):
@@ -311,7 +333,7 @@ def test_a_plan_holds_no_tensor(launches):
 @pytest.mark.skipif(not CUDA, reason="needs CUDA: the kernels")
 @pytest.mark.parametrize("shape,causal,layout", [((2, 4, 384, 64), True, "heads"), ((3, 256, 128), False, "assign"),
                                                  ((2, 8, 4096, 80), True, "model"), ((1, 16, 2048, 128), True, "model"),
-                                                 ((1, 2, 200, 80), True, "heads")])
+                                                 ((1, 2, 200, 80), True, "heads"), ((16, 1024, 64), True, "assign")])
 def test_planned_calls_give_the_full_paths_bits(shape, causal, layout, monkeypatch):
     """LMPERF_FA_LAUNCH=plan against =jit: the same output and gradients bit for bit, at the first
     call of a signature (recorded) and at the next two (replayed), on the tile and the Gluon paths."""

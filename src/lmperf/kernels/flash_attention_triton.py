@@ -799,7 +799,8 @@ def _partials(out: torch.Tensor, split: int) -> torch.Tensor:
     slices like out (one buffer per output, never views of a shared one: Inductor's
     functionalization of a kernel writing two views of one buffer fails under dynamic shapes,
     torch 2.11, H100)."""
-    return out if split == 1 else torch.empty((split, *out.shape), dtype=torch.float32, device=out.device)
+    return out if split == 1 else kernel_launch.scratch(
+        torch.empty((split, *out.shape), dtype=torch.float32, device=out.device))
 
 
 @triton.jit
@@ -846,8 +847,8 @@ def launch_forward(q3, k3, v3, out, lse, is_causal: bool, cfg: dict, launch=lamb
     split = c["SPLIT"]
     o_p, l_p = out, lse
     if split > 1:
-        o_p = torch.empty((split, nb, nh, n, d), dtype=torch.float32, device=q3.device)
-        l_p = torch.empty((split, bh, n), dtype=torch.float32, device=q3.device)
+        o_p = kernel_launch.scratch(torch.empty((split, nb, nh, n, d), dtype=torch.float32, device=q3.device))
+        l_p = kernel_launch.scratch(torch.empty((split, bh, n), dtype=torch.float32, device=q3.device))
     launch(_fwd_kernel)[(cdiv(n, c["BLOCK_Q"]) * split, bh)](
         q3, k3, v3, o_p, l_p, nh, *_bhn(q3), *_bhn(k3), *_bhn(v3), *_strides(o_p),
         l_p.stride(0) if split > 1 else 0, n, **_scales(d),
@@ -1119,13 +1120,14 @@ def _planned(kind: tuple, inputs: tuple, run) -> tuple:
     """run()'s outputs, the kernels it launches for these inputs replayed from the plan of their call
     signature (kernel_launch.signature) where there is one: the dispatch, its checks and descriptors
     were done at the signature's first call, which run() made and recorded. A signature whose call
-    makes a buffer of its own (a split's partial sums, a copy) has no plan and runs run() every time."""
+    makes a copy of its own has no plan and runs run() every time; its scratch buffers (a split's
+    partial sums: kernel_launch.scratch) are allocated afresh at each replay."""
     key = kernel_launch.signature(inputs, kind)
     plan = _PLANS.get(key)
     if plan:
         outs = plan.allocate(inputs[0].device)
         plan.replay((*inputs, *outs))
-        return tuple(outs)
+        return tuple(outs[:plan.n_outputs])
     if plan is None:  # the signature's first call: the full path, recorded
         with kernel_launch.recording() as launches:
             outs = run()

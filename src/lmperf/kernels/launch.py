@@ -135,14 +135,32 @@ def plain_launch(kernel):
     if launch is None:
         launch = _CACHED_LAUNCHES[kernel] = CachedLaunch(kernel)
     if _RECORDING:
-        return _Recorded(launch, _RECORDING[-1])
+        return _Recorded(launch, _RECORDING[-1].launches)
     return launch
 
 
 # ---------------------------------------------------------------------------------------------
 # Plans: a call's launches recorded once per call signature, then replayed
 
-_RECORDING: list = []  # the launch lists of the calls being recorded (innermost last)
+_RECORDING: list = []  # the Recordings of the calls being recorded (innermost last)
+
+
+class Recording:
+    """What plain_launch saw during a call: its launches (launch, grid, args, kwargs), and the
+    scratch buffers the call made (`scratch`)."""
+
+    def __init__(self):
+        self.launches: list = []
+        self.scratch: list = []
+
+
+def scratch(t: torch.Tensor) -> torch.Tensor:
+    """t, a buffer the call makes for its kernels, which write it before they read it (a split's
+    partial results): a plan allocates a fresh one like it at each replay. Any other tensor a call
+    makes (a copy of its data) keeps the call's full path."""
+    if _RECORDING:
+        _RECORDING[-1].scratch.append(t)
+    return t
 
 
 class _Recorded:
@@ -158,11 +176,11 @@ class _Recorded:
 
 @contextlib.contextmanager
 def recording():
-    """The launches made through plain_launch inside the block, as (launch, grid, args, kwargs)."""
-    launches: list = []
-    _RECORDING.append(launches)
+    """The block's Recording: the launches made through plain_launch inside it, and its scratch."""
+    rec = Recording()
+    _RECORDING.append(rec)
     try:
-        yield launches
+        yield rec
     finally:
         _RECORDING.pop()
 
@@ -187,14 +205,16 @@ class Plan:
     kernels and grids as recorded; each argument a constant, a role (the i-th tensor of the call:
     its inputs, then its outputs), or a TMA descriptor of a role's data (shape, strides, block and
     layout as recorded, built without Triton's checks, which it passed at the recording); and the
-    outputs to allocate (shape, strides, dtype). A call whose launches read a tensor that is none of
-    its roles (a copy or a buffer made inside) gets no plan (`build` returns None)."""
+    outputs and scratch buffers to allocate (shape, strides, dtype). A call whose launches read a
+    tensor that is none of its roles (a copy made inside) gets no plan (`build` returns None)."""
 
-    def __init__(self, launches, outputs):
-        self.launches, self.outputs = launches, outputs
+    def __init__(self, launches, outputs, n_outputs):
+        self.launches, self.outputs, self.n_outputs = launches, outputs, n_outputs
 
     @classmethod
-    def build(cls, launches, inputs, outputs):
+    def build(cls, rec: Recording, inputs, outputs):
+        launches = rec.launches
+        outputs = [*outputs, *rec.scratch]
         roles = [*inputs, *outputs]
         where = {}
         for i, t in enumerate(roles):
@@ -229,9 +249,11 @@ class Plan:
                                  [(k, kind, x) for k, (kind, x) in kwargs.items() if kind != _CONST]))
         except LookupError:
             return None
-        return cls(recorded, [None if t is None else (tuple(t.shape), t.stride(), t.dtype) for t in outputs])
+        return cls(recorded, [None if t is None else (tuple(t.shape), t.stride(), t.dtype) for t in outputs],
+                   len(outputs) - len(rec.scratch))
 
     def allocate(self, device) -> list:
+        """The call's outputs, then its scratch buffers: fresh, uninitialised."""
         return [None if o is None else torch.empty_strided(o[0], o[1], dtype=o[2], device=device)
                 for o in self.outputs]
 
