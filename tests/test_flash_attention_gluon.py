@@ -2,10 +2,6 @@
 FlashAttention2Triton runs (the dispatch), on any machine; and on a Hopper GPU the Gluon
 kernels themselves against float64 (head dims, causal, grouped-query, the model's layout),
 bitwise determinism, and torch.compile against eager mode bit for bit."""
-import json
-import os
-import subprocess
-import sys
 import zlib
 
 import pytest
@@ -14,6 +10,7 @@ import torch
 from lmperf.kernels import flash_attention_gluon as fg
 from lmperf.kernels import flash_attention_triton as ft
 from lmperf.kernels.attention_contract import compare
+from tests.sm90 import compile_specs
 
 GLUON = fg.available() is None
 NEEDS_HOPPER = pytest.mark.skipif(not GLUON, reason="needs a Hopper GPU: Gluon does not run in the Triton "
@@ -146,47 +143,18 @@ def test_the_gluon_op_has_the_tile_kernels_output_layout():
 # A compile of the ping-pong kernel for sm_90 on this machine (no GPU needed)
 
 COMPILE = r'''
-import json, os, re, subprocess, sys, tempfile
-import torch, triton, triton.runtime
-from triton.backends.compiler import GPUTarget
-
-
-class Hopper:  # compile for an H100 (sm_90) whatever this machine has; launch nothing
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-
-triton.runtime.driver.set_active(Hopper())
 from lmperf.kernels import flash_attention_gluon as fg
-cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-out = {}
-for spec in sys.argv[1:]:
+
+
+def compile_spec(spec):
     d, causal, group, dt, layout = spec.split(",")
     d, causal, group, dtype = int(d), causal == "1", int(group), getattr(torch, dt)
     if layout == "model":  # (B, H, N, D) views of (B, N, H, D) memory
         q, k, v = (torch.empty(1, 256, heads, d, dtype=dtype).transpose(1, 2) for heads in (2 * group, 2, 2))
     else:
         q, k, v = (torch.empty(1, heads, 256, d, dtype=dtype) for heads in (2 * group, 2, 2))
-    kern = fg.launch_forward(q, k, v, torch.empty_like(q), torch.empty(2 * group, 256), causal, "pp",
+    return fg.launch_forward(q, k, v, torch.empty_like(q), torch.empty(2 * group, 256), causal, "pp",
                              compile_only=True)
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kern.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True,
-                               check=True).stdout
-        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    res = {k: int(v) for k, v in re.findall(r"\b(REG|STACK|LOCAL|SHARED):(\d+)", usage)}
-    for op in ("STL", "LDL", "HGMMA", "WARPGROUP.DEPBAR", "UTMALDG"):
-        res[op] = len(re.findall(r"\b" + re.escape(op) + r"\b", sass))
-    res["shared_bytes"] = kern.metadata.shared
-    out[spec] = res
-print("RESULT " + json.dumps(out))
 '''
 SPECS = ["64,1,1,bfloat16,heads", "80,1,1,bfloat16,heads", "80,0,4,float16,model"]
 
@@ -194,12 +162,7 @@ SPECS = ["64,1,1,bfloat16,heads", "80,1,1,bfloat16,heads", "80,0,4,float16,model
 @pytest.fixture(scope="module")
 def sm90():
     pytest.importorskip("triton.experimental.gluon")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", COMPILE, *SPECS], capture_output=True, text=True, env=env,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return compile_specs(COMPILE, SPECS)
 
 
 def test_head_dim_80_compiles_for_sm90_as_two_slices_without_spills(sm90):

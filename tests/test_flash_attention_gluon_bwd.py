@@ -6,10 +6,6 @@ the contract (which calls they take) and a compile of each kernel for sm_90 (the
 cubin is read for spills; on a Hopper GPU the kernels themselves against float64 (head dims 64
 and 128, causal or not, grouped-query, the model's layout), bitwise determinism, and
 torch.compile against eager mode bit for bit."""
-import json
-import os
-import subprocess
-import sys
 import zlib
 
 import pytest
@@ -19,6 +15,7 @@ from lmperf.kernels import flash_attention_gluon as fg
 from lmperf.kernels import flash_attention_gluon_bwd as gb
 from lmperf.kernels import flash_attention_triton as ft
 from lmperf.kernels.attention_contract import compare
+from tests.sm90 import compile_specs
 
 GLUON = fg.available() is None
 NEEDS_HOPPER = pytest.mark.skipif(not GLUON, reason=f"needs a Hopper GPU ({fg.available()})")
@@ -274,28 +271,10 @@ def test_the_op_is_opaque_to_a_trace():
 # A compile for sm_90 on this machine (no GPU needed): frontend, layouts, ptxas, and spills
 
 COMPILE = r'''
-import json, os, re, subprocess, sys, tempfile
-import torch, triton, triton.runtime
-from triton.backends.compiler import GPUTarget
-
-
-class Hopper:  # compile for an H100 (sm_90) whatever this machine has; launch nothing
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-
-triton.runtime.driver.set_active(Hopper())
 from lmperf.kernels import flash_attention_gluon_bwd as gb
-cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-out = {}
-for spec in sys.argv[1:]:
-    kind, rest = spec.split(":")
+
+
+def compile_spec(kind, rest):
     d, causal, group, dt = rest.split(",")
     d, causal, group = int(d), causal == "1", int(group)
     dtype = getattr(torch, dt)
@@ -303,24 +282,10 @@ for spec in sys.argv[1:]:
     k, v = torch.empty(1, 2, 256, d, dtype=dtype), torch.empty(1, 2, 256, d, dtype=dtype)
     lse = torch.empty(2 * group, 256)
     if kind == "dkdv":
-        kern = gb.launch_dkdv(q, k, v, torch.empty_like(q), lse, lse, torch.empty_like(k), torch.empty_like(v),
+        return gb.launch_dkdv(q, k, v, torch.empty_like(q), lse, lse, torch.empty_like(k), torch.empty_like(v),
                               causal, compile_only=True)
-    else:
-        kern = gb.launch_dq(q, k, v, torch.empty_like(q), torch.empty_like(q), lse, torch.empty_like(lse),
-                            torch.empty_like(q), causal, compile_only=True)
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kern.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True,
-                               check=True).stdout
-        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    res = dict(re.findall(r"\b(REG|STACK|LOCAL|SHARED):(\d+)", usage))
-    res = {k: int(v) for k, v in res.items()}
-    for op in ("STL", "LDL", "HGMMA", "USETMAXREG", "WARPGROUP.DEPBAR"):
-        res[op] = len(re.findall(r"\b" + re.escape(op) + r"\b", sass))
-    res["shared_bytes"] = kern.metadata.shared
-    out[spec] = res
-print("RESULT " + json.dumps(out))
+    return gb.launch_dq(q, k, v, torch.empty_like(q), torch.empty_like(q), lse, torch.empty_like(lse),
+                        torch.empty_like(q), causal, compile_only=True)
 '''
 
 CONFIGS = ["64,0,1,bfloat16", "64,1,1,bfloat16", "128,0,1,bfloat16", "128,1,1,bfloat16", "128,1,1,float16",
@@ -331,12 +296,7 @@ SPECS = [f"{kind}:{c}" for kind in ("dkdv", "dq") for c in CONFIGS]
 @pytest.fixture(scope="module")
 def sm90():
     pytest.importorskip("triton.experimental.gluon")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", COMPILE, *SPECS], capture_output=True, text=True, env=env,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return compile_specs(COMPILE, SPECS)
 
 
 @pytest.mark.parametrize("spec", SPECS)

@@ -187,11 +187,11 @@ def launches(monkeypatch):
     _Launches; plans on; every plan forgotten."""
     rec = _Launches()
     monkeypatch.setattr(kl, "CachedLaunch", rec)
-    monkeypatch.setattr(kl, "_CACHED_LAUNCHES", {})
+    monkeypatch.setattr(kl, "LAUNCHES", {})
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # plain_launch's choice, read at each call
     monkeypatch.setenv(kl.LAUNCH_ENV, "plan")
-    monkeypatch.setattr(ft, "_PLANS", kl.Plans())
-    monkeypatch.setattr(ft, "_check_device", lambda q: None)  # CPU tensors, on any machine: nothing runs
+    monkeypatch.setattr(ft, "PLANS", kl.Plans())
+    monkeypatch.setattr(ft, "check_device", lambda q: None)  # CPU tensors, on any machine: nothing runs
     return rec
 
 
@@ -242,7 +242,7 @@ def test_a_plan_replays_the_launches_of_the_full_path(launches, shape, causal, l
             assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
             return
         monkeypatch.setattr(fg, "available", lambda: None)
-        monkeypatch.setattr(fg, "_sm_count", lambda device: 132)
+        monkeypatch.setattr(fg, "sm_count", lambda device: 132)
         monkeypatch.setattr(fg, "unsupported", lambda *a: None)
         monkeypatch.setattr(gb, "unsupported", gb.shape_unsupported)
         monkeypatch.setenv("LMPERF_FA_BACKEND", "gluon")
@@ -254,8 +254,8 @@ def test_a_plan_replays_the_launches_of_the_full_path(launches, shape, causal, l
         monkeypatch.setattr(ft, "launch_bwd_config", lambda *a: {
             **real_bwd(*a), "dq": {**real_bwd(*a)["dq"], "SPLIT": 1}, "dkdv": {**real_bwd(*a)["dkdv"], "SPLIT": 1}})
     calls = []
-    real = ft._eager_forward
-    monkeypatch.setattr(ft, "_eager_forward", lambda *a: calls.append(1) or real(*a))
+    real = ft.eager_forward
+    monkeypatch.setattr(ft, "eager_forward", lambda *a: calls.append(1) or real(*a))
     first = _step(shape, causal, layout, 0, dtype)
     n_first = len(launches.log)
     second = _step(shape, causal, layout, 1, dtype)
@@ -264,7 +264,7 @@ def test_a_plan_replays_the_launches_of_the_full_path(launches, shape, causal, l
         assert sum(isinstance(a, tuple) and a[0] == "desc" for launch in launches.log for a in launch[2]) > 10
     assert calls == [1], "the second call ran the full forward"
     assert n_first > 0 and len(launches.log) == 2 * n_first
-    plans = [p for p in ft._PLANS.plans.values()]
+    plans = [p for p in ft.PLANS.plans.values()]
     assert len(plans) == 2 and all(plans), "a forward and a backward plan"
 
     def named(log, step):
@@ -280,16 +280,16 @@ def test_a_new_signature_gets_its_own_plan_and_a_call_that_copies_its_data_none(
     _step((2, 4, 256, 64), True, "heads", 0)
     _step((2, 4, 256, 64), False, "heads", 0)
     _step((2, 4, 384, 64), True, "heads", 0)
-    assert len(ft._PLANS.plans) == 6 and all(ft._PLANS.plans.values())
+    assert len(ft.PLANS.plans) == 6 and all(ft.PLANS.plans.values())
     real_launch = ft.launch_forward
     monkeypatch.setattr(ft, "launch_forward", lambda q3, *a, **kw: real_launch(q3.clone(), *a, **kw))
     calls = []
-    real = ft._eager_forward
-    monkeypatch.setattr(ft, "_eager_forward", lambda *a: calls.append(1) or real(*a))
+    real = ft.eager_forward
+    monkeypatch.setattr(ft, "eager_forward", lambda *a: calls.append(1) or real(*a))
     for seed in range(3):
         _step((1, 2, 512, 64), True, "heads", seed)
     assert calls == [1, 1, 1]
-    assert ft._PLANS.get(kl.signature(_qkv_like((1, 2, 512, 64)), ("forward", True))) is kl.Plans.NO_PLAN
+    assert ft.PLANS.get(kl.signature(_qkv_like((1, 2, 512, 64)), ("forward", True))) is kl.Plans.NO_PLAN
 
 
 def test_a_split_calls_partial_sums_are_fresh_scratch_at_each_replay(launches, monkeypatch):
@@ -302,7 +302,7 @@ def test_a_split_calls_partial_sums_are_fresh_scratch_at_each_replay(launches, m
     first = _step((1, 2, 512, 64), True, "heads", 0)
     n_first = len(launches.log)
     second = _step((1, 2, 512, 64), True, "heads", 1)
-    plans = list(ft._PLANS.plans.values())
+    plans = list(ft.PLANS.plans.values())
     assert len(plans) == 2 and all(plans)
     assert [p.n_outputs for p in plans] == [2, 4] and all(len(p.outputs) > p.n_outputs for p in plans)
     kernels = [launch[0] for launch in launches.log]
@@ -330,7 +330,7 @@ def test_a_plan_holds_no_tensor(launches):
                 yield from leaves(y)
         else:
             yield x
-    for plan in ft._PLANS.plans.values():
+    for plan in ft.PLANS.plans.values():
         assert not any(isinstance(x, torch.Tensor) for x in leaves([list(l[1:]) for l in plan.launches]))
 
 
@@ -356,9 +356,9 @@ def test_planned_calls_give_the_full_paths_bits(shape, causal, layout, monkeypat
     monkeypatch.setenv(kl.LAUNCH_ENV, "jit")
     want = run()
     monkeypatch.setenv(kl.LAUNCH_ENV, "plan")
-    monkeypatch.setattr(ft, "_PLANS", kl.Plans())
+    monkeypatch.setattr(ft, "PLANS", kl.Plans())
     for _ in range(3):
         got = run()
         for a, b in zip(got, want):
             assert torch.equal(a, b)
-    assert any(ft._PLANS.plans.values()) or shape[-2] == 200
+    assert any(ft.PLANS.plans.values()) or shape[-2] == 200

@@ -766,7 +766,7 @@ def _smem_layout(block_rows: int, d: int, bf16: bool):
 _SMS: dict = {}
 
 
-def _sm_count(device) -> int:
+def sm_count(device) -> int:
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _SMS:
         _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
@@ -816,14 +816,14 @@ def launch_forward(q, k, v, out, lse, is_causal: bool, variant: str = "ws", cfg:
         else:
             qb_desc, kb_desc, vb_desc = q_desc, k_desc, v_desc  # not read
         total = n_qt * nb * nh
-        grid = (min(total, _sm_count(q.device) if not compile_only else 132),)
+        grid = (min(total, sm_count(q.device) if not compile_only else 132),)
         kernel = _fwd_pp_kernel.warmup if compile_only else kernel_launch.plain_launch(_fwd_pp_kernel)[grid]
         return kernel(q_desc, k_desc, v_desc, qb_desc, kb_desc, vb_desc, o4, lse, n, nh, total, o4.stride(0),
                       o4.stride(1), o4.stride(2), qrb, qrh, qch, krb, krh, kch, SNAKE=snake, DB=db,
                       CONSUMER_REGS=PP_REGS, **common, **(dict(grid=grid) if compile_only else {}))
     elif variant == "ws":
         total = n_qt * nb * nh
-        grid = (min(total, _sm_count(q.device)),)
+        grid = (min(total, sm_count(q.device)),)
         return kernel_launch.plain_launch(_fwd_ws_kernel)[grid](q_desc, k_desc, v_desc, o4, lse, n, nh, total, o4.stride(0), o4.stride(1),
                                     o4.stride(2), qrb, qrh, qch, krb, krh, kch, SNAKE=snake, **common)
     else:

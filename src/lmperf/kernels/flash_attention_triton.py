@@ -988,7 +988,7 @@ def _check_heads(bh: int) -> None:
         raise ValueError(f"at most 65,535 (batch x heads) sequences per call; got {bh}: split the batch")
 
 
-def _check_device(q: torch.Tensor) -> None:
+def check_device(q: torch.Tensor) -> None:
     """Triton kernels run on CUDA tensors, or on CPU tensors in Triton's interpreter."""
     if q.device.type != "cuda" and not INTERPRET:
         raise RuntimeError(f"FlashAttention2Triton got {q.device.type} tensors: its Triton kernels run on CUDA "
@@ -999,7 +999,7 @@ def _check_device(q: torch.Tensor) -> None:
 def _forward(q, k, v, is_causal: bool, launch):
     check_qkv(q, k, v)
     check_causal(is_causal)
-    _check_device(q)
+    check_device(q)
     nb, nh, n, d = _heads_shape(q.shape)
     bh = nb * nh
     _check_heads(bh)
@@ -1086,7 +1086,7 @@ def forward_with_lse(q, k, v, is_causal: bool = False):
     """(O, L) without autograd: O like q, L fp32 of shape q.shape[:-1]."""
     check_qkv(q, k, v)
     check_causal(is_causal)
-    _check_device(q)
+    check_device(q)
     with torch.no_grad():
         return flash_attention_forward(q, k, v, is_causal)
 
@@ -1104,7 +1104,7 @@ def _gluon_forward(q, k, v, is_causal: bool, check: bool = False) -> bool:
     return flash_attention_gluon.use_gluon(q, k, v, is_causal, validate=validate if check else None)
 
 
-def _eager_forward(q, k, v, is_causal: bool):
+def eager_forward(q, k, v, is_causal: bool):
     """(O, L) in eager mode: the Gluon forward where _gluon_forward picks it, else the tile kernels
     without the op's dispatch (tens of us a call); both check q, k, v."""
     if _gluon_forward(q, k, v, is_causal, check=True):
@@ -1113,7 +1113,7 @@ def _eager_forward(q, k, v, is_causal: bool):
     return _forward(q, k, v, is_causal, plain_launch)
 
 
-_PLANS = kernel_launch.Plans()
+PLANS = kernel_launch.Plans()  # the eager calls' plans (LMPERF_FA_LAUNCH=plan), by call signature
 
 
 def _planned(kind: tuple, inputs: tuple, run) -> tuple:
@@ -1123,7 +1123,7 @@ def _planned(kind: tuple, inputs: tuple, run) -> tuple:
     makes a copy of its own has no plan and runs run() every time; its scratch buffers (a split's
     partial sums: kernel_launch.scratch) are allocated afresh at each replay."""
     key = kernel_launch.signature(inputs, kind)
-    plan = _PLANS.get(key)
+    plan = PLANS.get(key)
     if plan:
         outs = plan.allocate(inputs[0].device)
         plan.replay((*inputs, *outs))
@@ -1131,7 +1131,7 @@ def _planned(kind: tuple, inputs: tuple, run) -> tuple:
     if plan is None:  # the signature's first call: the full path, recorded
         with kernel_launch.recording() as launches:
             outs = run()
-        _PLANS.put(key, kernel_launch.Plan.build(launches, inputs, outs))
+        PLANS.put(key, kernel_launch.Plan.build(launches, inputs, outs))
         return outs
     return run()
 
@@ -1154,12 +1154,12 @@ class FlashAttention2Triton(torch.autograd.Function):
             if _gluon_forward(q, k, v, is_causal):  # an opaque op: the same kernel as eager mode
                 out, lse = torch.ops.lmperf.flash_attention_forward_gluon(q, k, v, is_causal)
             else:
-                _check_device(q)
+                check_device(q)
                 out, lse = flash_attention_forward(q, k, v, is_causal)
         elif kernel_launch.planning():  # LMPERF_FA_LAUNCH=plan: the call's launches replayed (kernel_launch.Plan)
-            out, lse = _planned(("forward", is_causal), (q, k, v), lambda: _eager_forward(q, k, v, is_causal))
+            out, lse = _planned(("forward", is_causal), (q, k, v), lambda: eager_forward(q, k, v, is_causal))
         else:
-            out, lse = _eager_forward(q, k, v, is_causal)
+            out, lse = eager_forward(q, k, v, is_causal)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.is_causal = is_causal
         return out

@@ -122,7 +122,7 @@ def _picker(idx: list):
     return operator.itemgetter(*idx)
 
 
-_CACHED_LAUNCHES: dict = {}
+LAUNCHES: dict = {}  # kernel -> its CachedLaunch (plain_launch's)
 _PLAIN = frozenset((int, bool, float, str, type(None)))  # argument types keyed by value
 
 
@@ -131,9 +131,9 @@ def plain_launch(kernel):
     interpreter's kernels as they are); while a plan is recorded, one that also records the launch."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return kernel
-    launch = _CACHED_LAUNCHES.get(kernel)
+    launch = LAUNCHES.get(kernel)
     if launch is None:
-        launch = _CACHED_LAUNCHES[kernel] = CachedLaunch(kernel)
+        launch = LAUNCHES[kernel] = CachedLaunch(kernel)
     if _RECORDING:
         return _Recorded(launch, _RECORDING[-1].launches)
     return launch

@@ -1,0 +1,64 @@
+"""Gluon kernels compiled for sm_90 (the H100) on any machine, launching nothing: a subprocess with
+Triton's driver replaced by a stand-in for a Hopper GPU (Gluon compiles without one, and outside
+Triton's interpreter), then each compiled kernel's resources as cuobjdump reads them from its
+cubin (registers, stack, local and shared memory) and a count of some SASS instructions."""
+import json
+import os
+import subprocess
+import sys
+
+PRELUDE = r'''
+import json, os, re, subprocess, sys, tempfile
+import torch, triton, triton.runtime
+from triton.backends.compiler import GPUTarget
+
+
+class Hopper:  # compile for an H100 (sm_90) whatever this machine has; launch nothing
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+
+triton.runtime.driver.set_active(Hopper())
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+OPS = ("STL", "LDL", "HGMMA", "USETMAXREG", "WARPGROUP.DEPBAR", "UTMALDG")
+
+
+def resources(kern):
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kern.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout
+        sass = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    res = {k: int(v) for k, v in re.findall(r"\b(REG|STACK|LOCAL|SHARED):(\d+)", usage)}
+    for op in OPS:
+        res[op] = len(re.findall(r"\b" + re.escape(op) + r"\b", sass))
+    res["shared_bytes"] = kern.metadata.shared
+    return res
+
+
+out = {}
+for spec in sys.argv[1:]:
+    out[spec] = resources(compile_spec(*spec.split(":")))
+print("RESULT " + json.dumps(out))
+'''
+
+
+def compile_specs(compile_spec: str, specs: list, timeout: int = 900) -> dict:
+    """{spec: resources} for each spec, compiled in one subprocess. `compile_spec` is Python source
+    defining compile_spec(*parts) -> the compiled kernel, parts being the spec split at ":" (it may
+    import lmperf; torch, triton, os and sys are imported)."""
+    head, tail = PRELUDE.split("\nout = {}\n")
+    script = head + "\n" + compile_spec + "\n\nout = {}\n" + tail
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", script, *specs], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
