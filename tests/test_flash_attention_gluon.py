@@ -188,17 +188,18 @@ def gluon_apply(monkeypatch):
     return ft.FlashAttention2Triton.apply
 
 
+# (variant, head dim) pairs each variant covers: head dim 80 only in the ping-pong variant (the
+# others refuse it: test_head_dim_80_is_two_column_slices_in_the_ping_pong_variant_only)
+VARIANT_DIMS = [(variant, d) for variant in ("plain", "ws", "pp") for d in (64, 80, 128) if d != 80 or variant == "pp"]
+
+
 @NEEDS_HOPPER
-@pytest.mark.parametrize("variant", ["plain", "ws", "pp"])
-@pytest.mark.parametrize("d", [64, 80, 128])
+@pytest.mark.parametrize("variant, d", VARIANT_DIMS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("n", [1, 17, 1000, 4099])
 def test_every_variant_matches_float64(monkeypatch, variant, d, causal, n):
     """O and L of each kernel (its table config) against float64, within the contract's tolerance
-    (twice plain PyTorch's error in the same dtype); dQ, dK, dV through the tile backward. Head
-    dim 80: the ping-pong variant (the others refuse it)."""
-    if d == 80 and variant != "pp":
-        pytest.skip("head dim 80 runs in the ping-pong variant only")
+    (twice plain PyTorch's error in the same dtype); dQ, dK, dV through the tile backward."""
     monkeypatch.setattr(fg, "DEFAULT_VARIANT", variant)
     apply = gluon_apply(monkeypatch)
     for dtype, shape, kv in ((torch.bfloat16, (2, 3, n, d), None), (torch.float16, (1, 4, n, d), 2)):
@@ -225,11 +226,8 @@ def test_the_models_layout_and_grouped_query(monkeypatch, causal, d):
 
 
 @NEEDS_HOPPER
-@pytest.mark.parametrize("variant", ["plain", "ws", "pp"])
-@pytest.mark.parametrize("d", [128, 80])
+@pytest.mark.parametrize("variant, d", [(variant, d) for variant, d in VARIANT_DIMS if d != 64])
 def test_bitwise_deterministic(variant, d):
-    if d == 80 and variant != "pp":
-        pytest.skip("head dim 80 runs in the ping-pong variant only")
     q, k, v = qkv((2, 8, 3000, d))
     first = fg.forward(q, k, v, True, variant)
     for _ in range(3):

@@ -289,7 +289,7 @@ def test_a_new_signature_gets_its_own_plan_and_a_call_that_copies_its_data_none(
     for seed in range(3):
         _step((1, 2, 512, 64), True, "heads", seed)
     assert calls == [1, 1, 1]
-    assert ft.PLANS.get(kl.signature(_qkv_like((1, 2, 512, 64)), ("forward", True))) is kl.Plans.NO_PLAN
+    assert ft.PLANS.get(ft.plan_key(("forward", True), _qkv_like((1, 2, 512, 64)))) is kl.Plans.NO_PLAN
 
 
 def test_a_split_calls_partial_sums_are_fresh_scratch_at_each_replay(launches, monkeypatch):
@@ -312,6 +312,21 @@ def test_a_split_calls_partial_sums_are_fresh_scratch_at_each_replay(launches, m
         return [(k, g, [a for a in args if not isinstance(a, tuple)], kw) for k, g, args, kw in log]
     assert constants(launches.log[:n_first]) == constants(launches.log[n_first:])
     assert first[3].shape == second[3].shape
+
+
+def test_a_plan_key_holds_the_dispatchs_variables(monkeypatch):
+    """The variables the dispatch reads are the backends' own, and each value is another key (a plan
+    recorded under one backend is never replayed under another)."""
+    from lmperf.kernels import flash_attention_gluon as fg
+    from lmperf.kernels import flash_attention_gluon_bwd as gb
+    assert ft.DISPATCH_ENV == (fg.BACKEND_ENV, gb.BWD_BACKEND_ENV)
+    qkv = _qkv_like((1, 2, 128, 64))
+    keys = set()
+    for fwd, bwd in (("auto", "auto"), ("triton", "auto"), ("auto", "triton")):
+        monkeypatch.setenv(fg.BACKEND_ENV, fwd)
+        monkeypatch.setenv(gb.BWD_BACKEND_ENV, bwd)
+        keys.add(ft.plan_key(("forward", True), qkv))
+    assert len(keys) == 3
 
 
 def _qkv_like(shape):

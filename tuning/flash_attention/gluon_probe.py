@@ -223,11 +223,7 @@ def bench(names, variants, log, out_csv=None, passes=1, graph=False) -> list[dic
                 row.update(ms_p20=q20, ms_median=q50, ms_p80=q80, tflops=fl / (q50 * 1e-3) / 1e12,
                            max_diff_vs_tile=diff, error="")
                 if graph:  # GPU time: the calls replayed from a CUDA graph (no host in the loop)
-                    _knobs(fg, label if label.startswith("gluon") else "")
-                    try:
-                        row["graph_ms"] = triton.testing.do_bench_cudagraph(fn, rep=100)
-                    finally:
-                        _knobs(fg, "")
+                    row["graph_ms"] = triton.testing.do_bench_cudagraph(fn, rep=100)
                 if label.startswith("gluon"):  # this config's compiled kernel
                     _knobs(fg, label)
                     kk = fg.launch_forward(q, k, v, outb, lseb, causal, label.split("_")[1], cfg)

@@ -1113,7 +1113,15 @@ def eager_forward(q, k, v, is_causal: bool):
     return _forward(q, k, v, is_causal, plain_launch)
 
 
-PLANS = kernel_launch.Plans()  # the eager calls' plans (LMPERF_FA_LAUNCH=plan), by call signature
+PLANS = kernel_launch.Plans()  # the eager calls' plans (LMPERF_FA_LAUNCH=plan), by plan_key
+# the variables the dispatch reads: the forward's backend (flash_attention_gluon.BACKEND_ENV) and the backward's
+DISPATCH_ENV = ("LMPERF_FA_BACKEND", "LMPERF_FA_BWD_BACKEND")
+
+
+def plan_key(kind: tuple, inputs: tuple) -> tuple:
+    """A call's plan key: its tensors' signature (kernel_launch.signature), its kind and flags, and
+    the dispatch's variables."""
+    return kernel_launch.signature(inputs, (*kind, *map(os.environ.get, DISPATCH_ENV)))
 
 
 def _planned(kind: tuple, inputs: tuple, run) -> tuple:
@@ -1122,7 +1130,7 @@ def _planned(kind: tuple, inputs: tuple, run) -> tuple:
     were done at the signature's first call, which run() made and recorded. A signature whose call
     makes a copy of its own has no plan and runs run() every time; its scratch buffers (a split's
     partial sums: kernel_launch.scratch) are allocated afresh at each replay."""
-    key = kernel_launch.signature(inputs, kind)
+    key = plan_key(kind, inputs)
     plan = PLANS.get(key)
     if plan:
         outs = plan.allocate(inputs[0].device)

@@ -191,13 +191,12 @@ def planning() -> bool:
 
 
 def signature(tensors, extra=()) -> tuple:
-    """What a call's dispatch depends on: each tensor's shape, strides, dtype, device and 16-byte
-    alignment, which of them share their data (the first tensor with the same address), the
-    variables that steer the dispatch, and `extra` (the call's flags)."""
+    """What a call's launches depend on in its tensors: each one's shape, strides, dtype, device and
+    16-byte alignment, and which of them share their data (the first tensor with the same address);
+    then `extra`, the rest the caller's dispatch reads (its flags, its settings)."""
     ptrs = [t.data_ptr() for t in tensors]
     return (tuple((t.shape, t.stride(), t.dtype, t.device, p % 16 == 0) for t, p in zip(tensors, ptrs)),
-            tuple(ptrs.index(p) for p in ptrs), tuple(extra),
-            os.environ.get("LMPERF_FA_BACKEND"), os.environ.get("LMPERF_FA_BWD_BACKEND"))
+            tuple(ptrs.index(p) for p in ptrs), tuple(extra))
 
 
 class Plan:
