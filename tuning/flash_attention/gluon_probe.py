@@ -276,11 +276,13 @@ def _bwd_inputs(q, k, v, causal):
     return out, lse2, do, delta, cfg
 
 
-def bwd_check(log, ns=(128, 384, 1152, 4096), dims=(64, 128)) -> list[dict]:
-    """dQ (and Delta) of the Gluon dQ kernel, then dK, dV of the Gluon dK/dV kernel from that Delta,
-    against float64 (autograd of the float64 reference), beside plain PyTorch in the same dtype;
-    outputs NaN-poisoned before each run, two runs compared bit for bit."""
+def bwd_check(log, ns=(128, 384, 1152, 4096), dims=(64, 128), fused=False) -> list[dict]:
+    """dQ (and Delta) of the Gluon dQ kernel, then dK, dV of the Gluon dK/dV kernel from that Delta
+    (fused: dQ, dK, dV of the fused kernel, three runs), against float64 (autograd of the float64
+    reference), beside plain PyTorch in the same dtype; outputs NaN-poisoned before each run, the
+    runs compared bit for bit."""
     from lmperf.kernels import flash_attention_gluon_bwd as gb
+    from lmperf.kernels import flash_attention_gluon_fused as gf
     from lmperf.kernels.attention_contract import reference, tolerance
     rows = []
     cases = []
@@ -293,11 +295,16 @@ def bwd_check(log, ns=(128, 384, 1152, 4096), dims=(64, 128)) -> list[dict]:
         row = dict(d=d, causal=causal, n=n, dtype=str(dtype).replace("torch.", ""), layout=layout, b=b, h=h, hk=hk)
         try:
             q, k, v = make(b, h, hk, n, d, dtype, layout, seed=2000 + i)
-            if (why := gb.unsupported(q, k, v, causal)) is not None:
+            if (why := (gf if fused else gb).unsupported(q, k, v, causal)) is not None:
                 raise RuntimeError(f"refused: {why}")
             out, lse, do, delta, _ = _bwd_inputs(q, k, v, causal)
             res = []
-            for _ in range(2):
+            for _ in range(3 if fused else 2):
+                if fused:
+                    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+                    gf.launch(q, k, v, out, do, lse, dq, dk, dv, causal)
+                    res.append((dq, dk, dv, delta))
+                    continue
                 dq = torch.full_like(q, float("nan"))
                 delta_g = torch.full_like(delta, float("nan"))
                 gb.launch_dq(q, k, v, out, do, lse, delta_g, dq, causal)
@@ -322,7 +329,7 @@ def bwd_check(log, ns=(128, 384, 1152, 4096), dims=(64, 128)) -> list[dict]:
             want_delta = (out.double() * do.double()).sum(-1).reshape(delta.shape)
             row["delta_rel_err"] = err(res[0][3], want_delta) / float(want_delta.abs().max())
             ok &= row["delta_rel_err"] <= 1e-4
-            same = all(torch.equal(a, b2) for a, b2 in zip(res[0], res[1]))
+            same = all(torch.equal(a, b2) for r in res[1:] for a, b2 in zip(res[0], r))
             row.update(deterministic=same, passed=bool(ok and same), error="")
         except Exception as exc:  # noqa: BLE001 - a failure is a row
             row.update(passed=False, error=f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -392,6 +399,7 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ("ours_tile", lambda: grad_of(ours, "triton")),
             ("ours_gluon", lambda: grad_of(ours, "gluon")),
             ("ours_gluon_dkdv", lambda: grad_of(ours, "gluon-dkdv")),
+            ("ours_gluon_fused", lambda: grad_of(ours, "gluon-fused")),
             ("sdpa_cudnn", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
             ("sdpa_flash", lambda: grad_of(lambda: sdpa(SDPBackend.FLASH_ATTENTION))),
             ("dq_gluon_alone", lambda: (lambda: gb.launch_dq(q, k, v, out_t, do_, lse, delta_g, dq_g, causal))),
@@ -400,6 +408,7 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ("dkdv_gluon_alone", lambda: (lambda: gb.launch_dkdv(q, k, v, do_, lse, delta, dk_g, dv_g, causal))),
             ("fb_ours_gluon", lambda: fwd_bwd(ours, "gluon")),
             ("fb_ours_tile", lambda: fwd_bwd(ours, "triton")),
+            ("fb_ours_gluon_fused", lambda: fwd_bwd(ours, "gluon-fused")),
             ("fb_sdpa_cudnn", lambda: fwd_bwd(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
             ("fb_sdpa_flash", lambda: fwd_bwd(lambda: sdpa(SDPBackend.FLASH_ATTENTION))),
             ("ours_gluon_again", lambda: grad_of(ours, "gluon")),
@@ -626,6 +635,7 @@ def main(argv=None) -> int:
     ap.add_argument("--host", action="store_true", help="--bwd: where a small backward's host time goes")
     ap.add_argument("--impls", default="", help="--bwd: only these implementations (labels of bwd_bench)")
     ap.add_argument("--dq-sweep", action="store_true", help="--bwd: the dQ kernel's stages and key tiles")
+    ap.add_argument("--fused", action="store_true", help="--bwd: the check runs the fused kernel")
     ap.add_argument("--dims", default="64,128", help="the check's head dims (forward: 80 in the ping-pong variant)")
     ap.add_argument("--graph", action="store_true", help="the forward bench: also each call's GPU time, from a CUDA graph")
     args = ap.parse_args(argv)
@@ -637,8 +647,8 @@ def main(argv=None) -> int:
         with (args.out / "gluon_bwd_traces.txt").open("a") as log:
             if not args.skip_check:
                 rows = bwd_check(log, tuple(int(x) for x in args.check_n.split(",")),
-                                 tuple(int(x) for x in args.dims.split(",")))
-                write(args.out / "gluon_bwd_check.csv", rows)
+                                 tuple(int(x) for x in args.dims.split(",")), fused=args.fused)
+                write(args.out / f"gluon_bwd_check{args.tag}.csv", rows)
                 print(f"bwd check: {sum(r['passed'] for r in rows)}/{len(rows)} passed", flush=True)
             if args.host:
                 host_cost((args.only or "gqa_d64_1024").split(","), log, args.out / "gluon_bwd_host.csv")

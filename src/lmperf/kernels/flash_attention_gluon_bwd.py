@@ -7,7 +7,8 @@ The dQ kernel runs first and also writes Delta = rowsum(O * dO) ((B*H, N) fp32),
 kernel reads. The switch, LMPERF_FA_BWD_BACKEND (`use_gluon_dkdv`, `use_gluon_dq`): "auto" (the
 default) runs both Gluon kernels where `prefers_gluon`'s rule, measured on an H100, says they are
 faster, else the tile-language backward; "gluon" forces both (a ValueError saying why where they
-cannot run the call); "gluon-dkdv" the Gluon dK/dV after the tile-language dQ; "triton" the
+cannot run the call); "gluon-dkdv" the Gluon dK/dV after the tile-language dQ; "gluon-fused" the
+fused kernel of flash_attention_gluon_fused (dQ, dK and dV in one kernel, opt-in); "triton" the
 tile-language backward, never importing this module.
 
 The dQ kernel (`_dq_kernel`): one program per (query tile of 128 rows, batch x query head), heads
@@ -69,7 +70,7 @@ AUTO_HEAD_DIMS = (64, 80, 128)  # where "auto" may pick these kernels (prefers_g
 DTYPES = (torch.float16, torch.bfloat16)
 BLOCK_N = 128  # keys a program: two warpgroups of 64
 BWD_BACKEND_ENV = "LMPERF_FA_BWD_BACKEND"
-BWD_BACKENDS = ("auto", "triton", "gluon", "gluon-dkdv")
+BWD_BACKENDS = ("auto", "triton", "gluon", "gluon-dkdv", "gluon-fused")
 AUTO_MIN_N = 4096  # "auto": the Gluon backward from this many rows (prefers_gluon)
 
 # (STAGES, consumer registers, BLOCK_M query rows a step) by head dim; shared memory at 3 stages:
@@ -173,11 +174,22 @@ def use_gluon_dkdv(q, k, v, is_causal: bool, backend_name: str | None = None) ->
         return False
     if name == "auto":
         return prefers_gluon(q, k, v, is_causal)
-    if (why := unsupported(q, k, v, is_causal)) is not None:
+    if name == "gluon-fused":
+        from lmperf.kernels import flash_attention_gluon_fused as gf
+        why = gf.unsupported(q, k, v, is_causal)
+    else:
+        why = unsupported(q, k, v, is_causal)
+    if why is not None:
         raise ValueError(f"{BWD_BACKEND_ENV}={name} asks for the Gluon FlashAttention backward, which "
                          f"cannot run this call: {why}. Unset it (or set it to 'triton') for the "
                          "tile-language backward")
     return True
+
+
+def use_fused(backend_name: str | None = None) -> bool:
+    """Whether the backward is the fused kernel (flash_attention_gluon_fused), where use_gluon_dkdv
+    said yes: the backend is "gluon-fused"."""
+    return backend(backend_name) == "gluon-fused"
 
 
 def use_gluon_dq(backend_name: str | None = None) -> bool:
@@ -199,13 +211,16 @@ if gluon is not None:
                        l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
                        GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc,
-                       qb_smem, dob_smem, kb_smem, vb_smem, DA: gl.constexpr, DB: gl.constexpr):
-        """DB > 0: each tile in two column slices, [0, DA) (q/do/k/v_desc) and [DA, DA + DB)
+                       qb_smem, dob_smem, kb_smem, vb_smem, DA: gl.constexpr, DB: gl.constexpr,
+                       FROM_GRID: gl.constexpr, bkv, kt):
+        """The loads of key tile kt of batch x K/V head bkv (FROM_GRID: the program's ids, (bkv, kt)
+        not read). DB > 0: each tile in two column slices, [0, DA) (q/do/k/v_desc) and [DA, DA + DB)
         (the *b_desc), landing on the same barrier."""
         kv_ready, q_ready, do_ready, qdo_empty = bars
         HALF: gl.constexpr = BLOCK_N // 2
-        bkv = gl.program_id(0)
-        kt = gl.program_id(1)
+        if FROM_GRID:
+            bkv = gl.program_id(0)
+            kt = gl.program_id(1)
         b = bkv // H_KV
         hk = bkv % H_KV
         k0 = kt * BLOCK_N
@@ -436,7 +451,7 @@ if gluon is not None:
             (_dkdv_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
                               l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
                               GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
-                              qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB)),
+                              qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB, True, 0, 0)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 

@@ -939,6 +939,10 @@ def launch_backward(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool, cfg: 
     # which launch the same kernels under torch.compile (the same bits); an op's wrapper costs
     # 0.1-0.2 ms of host time a call (tuning/flash_attention/NOTES.md, step 43)
     direct = launch is plain_launch
+    if gluon_bwd is not None and gluon_bwd.use_fused():  # dQ, dK, dV in one Gluon kernel (its own Delta)
+        from lmperf.kernels import flash_attention_gluon_fused as gf
+        (gf.launch if direct else gf.flash_attention_bwd_gluon_fused)(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal)
+        return
     if gluon_bwd is not None and gluon_bwd.use_gluon_dq():
         (gluon_bwd.launch_dq if direct else gluon_bwd.flash_attention_dq_gluon)(
             q3, k3, v3, o3, do3, lse, delta, dq, is_causal)
@@ -1017,7 +1021,9 @@ def kernels(q, k, v, is_causal: bool) -> str:
     nb, nh, n, d = _heads_shape(q.shape)
     fwd = "gluon" if _gluon_forward(q, k, v, is_causal) else "tile"
     gluon_bwd = _gluon_dkdv(q, k, v, is_causal)
-    if gluon_bwd is not None:
+    if gluon_bwd is not None and gluon_bwd.use_fused():
+        bwd = "gluon fused"
+    elif gluon_bwd is not None:
         bwd = f"{'gluon' if gluon_bwd.use_gluon_dq() else 'tile'} dq + gluon dkdv"
     else:
         fused = launch_bwd_config(n, d, q.dtype, is_causal, nb * nh, int(nh // _heads_shape(k.shape)[1])).get("fused")

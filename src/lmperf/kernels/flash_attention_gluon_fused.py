@@ -1,0 +1,469 @@
+"""FlashAttention backward on Hopper GPUs (H100, H200) in Gluon, fused: dQ, dK and dV in one kernel,
+dQ summed in a fixed order without atomic adds (design: tuning/flash_attention/research_gluon_backward.md,
+section 4 (c)). Opt-in: LMPERF_FA_BWD_BACKEND=gluon-fused (flash_attention_gluon_bwd.backend).
+
+The two-kernel backward (flash_attention_gluon_bwd) computes S and dP twice, once for dQ and once for
+dK/dV: seven matrix products a pair of tiles. This kernel computes them once (five products): it is
+the dK/dV kernel (`_dkdv_kernel`'s program: a key tile of 128 keys, two consumer warpgroups of 64
+keys each, a one-warp TMA producer streaming the Q and dO tiles) that also multiplies each step's
+dS by its K tile, giving that query tile's share of dQ from this key tile. The shares of a query tile
+from its key tiles are added in the order of the key tiles, first to last, in a fp32 buffer (dQacc):
+
+- each step the two consumer warpgroups store their halves of dS (bf16, transposed) into shared
+  memory; each then computes half of the step's dQ share (dS [BLOCK_M, 128] times K [128, D]: at head
+  dim 128 the columns [0, 64) or [64, 128) of it, K being loaded as two column slices; at 64 the
+  query rows [0, 64) or [64, 128) of a 128-row tile) and hands it to the writer through shared memory;
+- a writer partition (4 warps) waits for its turn at that query tile (a per-tile counter in global
+  memory: key tile kt adds after key tiles 0..kt-1 did), adds the share to dQacc (the first key tile
+  stores it, the last writes dQ itself, scaled and cast), and passes the turn on (a release after
+  its stores). The consumers run up to two steps ahead of it (two buffers).
+
+Programs take their key tile in the order they start (a ticket from a global counter), heads fastest
+and key tile 0 (causal: the one with the most query tiles) first, so that a program only ever waits
+for programs that started before it: no deadlock whatever order the GPU starts them in. The same
+bits every run: every sum is in a fixed order.
+
+A small kernel runs first: Delta = rowsum(O * dO) (fp32, what the consumers read as the two-kernel
+path's dQ kernel writes it), and the turn counters and the ticket set to zero.
+
+Covers what flash_attention_gluon_bwd covers (`unsupported`), at head dims 64 and 128 (HEAD_DIMS).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from lmperf.kernels import flash_attention_gluon as fg
+from lmperf.kernels import flash_attention_gluon_bwd as gb
+from lmperf.kernels import launch as kernel_launch
+
+HEAD_DIMS = (64, 128)
+BLOCK_N = gb.BLOCK_N  # keys a program: two warpgroups of 64
+# (STAGES, consumer registers, BLOCK_M query rows a step, writer registers, writer warps) by head dim
+CONFIGS = {64: (2, 240, 128, 48, 2), 128: (2, 240, 64, 48, 2)}
+
+if gb.gluon is not None:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
+    _tma_load = gb._tma_load
+else:
+    gluon = None
+
+
+def unsupported(q, k, v, is_causal: bool) -> str | None:
+    """None where the fused kernel can run the call on this process's GPU, else the reason."""
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"the fused Gluon backward covers head dims {HEAD_DIMS}; got {q.shape[-1]}"
+    return gb.unsupported(q, k, v, is_causal)
+
+
+def split(d: int) -> tuple[int, int]:
+    """(DA, DB): the column slices the kernel loads a head in: head dim 128 in two of 64 (so that each
+    warpgroup's half of a dQ share reads its own K slice), 64 in one."""
+    return (64, 64) if d == 128 else (d, 0)
+
+
+if gluon is not None:
+
+    @gluon.jit
+    def _delta_kernel(O, DO, DELTA, SEM, N, H, stride_ob, stride_oh, stride_on, stride_dob, stride_doh, stride_don,
+                      D: gl.constexpr, ROWS: gl.constexpr, num_warps: gl.constexpr):
+        """Delta of rows [i ROWS, (i + 1) ROWS) of head bh, and that query tile's turn counter set to
+        zero (program (0, 0) also the ticket, which follows the counters)."""
+        bh = gl.program_id(0)
+        i = gl.program_id(1)
+        n_qt = N // ROWS
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [num_warps, 1], [1, 0])
+        b = (bh // H).to(gl.int64)
+        h = (bh % H).to(gl.int64)
+        rows = (i * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))).to(gl.int64)
+        cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+        o = gl.load(O + b * stride_ob + h * stride_oh + gl.expand_dims(rows * stride_on, 1) + gl.expand_dims(cols, 0))
+        do = gl.load(DO + b * stride_dob + h * stride_doh + gl.expand_dims(rows * stride_don, 1)
+                     + gl.expand_dims(cols, 0))
+        gl.store(DELTA + bh.to(gl.int64) * N + rows, gl.sum(o.to(gl.float32) * do.to(gl.float32), axis=1))
+        gl.store(SEM + bh * n_qt + i, 0)
+        if (bh == 0) & (i == 0):
+            gl.store(SEM + gl.num_programs(0) * n_qt, 0)
+
+    @gluon.jit
+    def _fused_step(dk, dv, dkb, dvb, c, q0, key0, k_mine, v_mine, kb_mine, vb_mine, k_smem, kb_smem, q_smem,
+                    do_smem, qb_smem, dob_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars,
+                    QK_SCALE: gl.constexpr, MASK: gl.constexpr, BLOCK_M: gl.constexpr, HALF: gl.constexpr,
+                    STAGES: gl.constexpr, DB: gl.constexpr, WG: gl.constexpr, s_layout: gl.constexpr,
+                    a_layout: gl.constexpr, ab_layout: gl.constexpr, q_layout: gl.constexpr):
+        """_dkdv_step's products for one query tile (rows [q0, q0 + BLOCK_M)) into this warpgroup's
+        dK, dV (keys [key0, key0 + HALF)), then this warpgroup's half of the tile's dQ share, handed
+        to the writer (dq_smem)."""
+        kv_ready, q_ready, do_ready, qdo_empty = bars
+        ds_ready, ds_free, dq_ready, dq_empty = fbars
+        dtype: gl.constexpr = q_smem.dtype
+        PAIR: gl.constexpr = 1 + (DB > 0)
+        s = c % STAGES
+        ph = (c // STAGES) & 1
+        buf = c % 2
+        bph = (c // 2) & 1
+        mbarrier.wait(q_ready.index(s), ph)
+        st = gb._row_init(l_smem.index(s), -1.4426950408889634 / QK_SCALE, HALF, BLOCK_M, s_layout)
+        st = warpgroup_mma(k_mine, q_smem.index(s).permute((1, 0)), st, is_async=True)
+        if DB > 0:
+            st = warpgroup_mma(kb_mine, qb_smem.index(s).permute((1, 0)), st, is_async=True)
+        mbarrier.wait(do_ready.index(s), ph)
+        dpt = gb._row_init(dl_smem.index(s), -1.0, HALF, BLOCK_M, s_layout)
+        dpt = warpgroup_mma(v_mine, do_smem.index(s).permute((1, 0)), dpt, is_async=True)
+        if DB > 0:
+            dpt = warpgroup_mma(vb_mine, dob_smem.index(s).permute((1, 0)), dpt, is_async=True)
+        st = warpgroup_mma_wait(num_outstanding=PAIR, deps=(st, ))
+        pt = gl.exp2(st * QK_SCALE)
+        if MASK:
+            rows = q0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+            keys = key0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
+            pt = gl.where(gl.expand_dims(rows, 0) >= gl.expand_dims(keys, 1), pt, 0.0)
+        pt_op = gl.convert_layout(pt.to(dtype), a_layout)
+        dv = warpgroup_mma(pt_op, do_smem.index(s), dv, is_async=True)
+        if DB > 0:
+            dvb = warpgroup_mma(gl.convert_layout(pt_op, ab_layout), dob_smem.index(s), dvb, is_async=True)
+        dpt = warpgroup_mma_wait(num_outstanding=PAIR, deps=(dpt, ))
+        ds16 = (pt * dpt).to(dtype)  # dS^T of this warpgroup's keys
+        # dS^T into shared memory as dS ([BLOCK_M, HALF] of keys [WG HALF, (WG + 1) HALF)) once both
+        # warpgroups have read its previous contents (the last step's)
+        mbarrier.wait(ds_free, (c & 1) ^ 1)
+        ds_smem.index(WG).permute((1, 0)).store(ds16)
+        fence_async_shared()
+        mbarrier.arrive(ds_ready, count=1)
+        ds_op = gl.convert_layout(ds16, a_layout)
+        dk = warpgroup_mma(ds_op, q_smem.index(s), dk, is_async=True)
+        if DB > 0:
+            dkb = warpgroup_mma(gl.convert_layout(ds_op, ab_layout), qb_smem.index(s), dkb, is_async=True)
+        # dK and dV done before the dQ share is issued: the registers of P^T and dS^T are free then
+        if DB > 0:
+            dk, dv, dkb, dvb = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dkb, dvb))
+        else:
+            dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
+        mbarrier.arrive(qdo_empty.index(s), count=1)
+        # this warpgroup's half of dS K: head dim 128, the columns of its K slice (k_smem: [0, 64),
+        # kb_smem: [64, 128)); head dim 64, the query rows [WG 64, WG 64 + 64) of the tile
+        mbarrier.wait(ds_ready, c & 1)
+        if DB > 0:
+            a0 = ds_smem.index(0)
+            a1 = ds_smem.index(1)
+        else:
+            a0 = ds_smem.index(0).slice(WG * 64, 64, dim=0)
+            a1 = ds_smem.index(1).slice(WG * 64, 64, dim=0)
+        if DB > 0 and WG == 1:
+            b0 = kb_smem.index(0)
+            b1 = kb_smem.index(1)
+        else:
+            b0 = k_smem.index(0)
+            b1 = k_smem.index(1)
+        dq = gl.zeros([64, 64], gl.float32, q_layout)
+        dq = warpgroup_mma(a0, b0, dq, use_acc=False, is_async=True)
+        dq = warpgroup_mma(a1, b1, dq, is_async=True)
+        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+        mbarrier.arrive(ds_free, count=1)
+        mbarrier.wait(dq_empty.index(buf), bph ^ 1)
+        dq_smem.index(buf * 2 + WG).store(dq)
+        mbarrier.arrive(dq_ready.index(buf), count=1)
+        return dk, dv, dkb, dvb
+
+    @gluon.jit
+    def _fused_consumer(q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK, DV,
+                        N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                        QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr, GROUP: gl.constexpr,
+                        IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, qb_smem, dob_smem,
+                        kb_smem, vb_smem, DB: gl.constexpr, bkv, kt):
+        kv_ready, q_ready, do_ready, qdo_empty = bars
+        HALF: gl.constexpr = BLOCK_N // 2
+        DA: gl.constexpr = D - DB
+        DBP: gl.constexpr = DB + (DB == 0) * 8
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_M, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, DA, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        ob_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, DBP, 16])
+        ab_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ob_layout, k_width=2)
+        q_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, 64, 16])
+        k0 = kt * BLOCK_N
+        key0 = k0 + WG * HALF
+        k_mine = k_smem.index(WG)
+        v_mine = v_smem.index(WG)
+        kb_mine = kb_smem.index(WG)
+        vb_mine = vb_smem.index(WG)
+        dk = gl.zeros([HALF, DA], gl.float32, o_layout)
+        dv = gl.zeros([HALF, DA], gl.float32, o_layout)
+        dkb = gl.zeros([HALF, DBP], gl.float32, ob_layout)
+        dvb = gl.zeros([HALF, DBP], gl.float32, ob_layout)
+        n_qt = N // BLOCK_M
+        mbarrier.wait(kv_ready, 0)
+        c = 0
+        for g in range(GROUP):
+            first = 0
+            if IS_CAUSAL:
+                first = k0 // BLOCK_M
+                for j in gl.static_range(BLOCK_N // BLOCK_M):
+                    dk, dv, dkb, dvb = _fused_step(dk, dv, dkb, dvb, c, k0 + j * BLOCK_M, key0, k_mine, v_mine,
+                                                   kb_mine, vb_mine, k_smem, kb_smem, q_smem, do_smem, qb_smem,
+                                                   dob_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars,
+                                                   QK_SCALE, True, BLOCK_M, HALF, STAGES, DB, WG, s_layout,
+                                                   a_layout, ab_layout, q_layout)
+                    c += 1
+                first += BLOCK_N // BLOCK_M
+            for it in range(first, n_qt):
+                dk, dv, dkb, dvb = _fused_step(dk, dv, dkb, dvb, c, it * BLOCK_M, key0, k_mine, v_mine, kb_mine,
+                                               vb_mine, k_smem, kb_smem, q_smem, do_smem, qb_smem, dob_smem, l_smem,
+                                               dl_smem, ds_smem, dq_smem, bars, fbars, QK_SCALE, False, BLOCK_M,
+                                               HALF, STAGES, DB, WG, s_layout, a_layout, ab_layout, q_layout)
+                c += 1
+        b = (bkv // H_KV).to(gl.int64)
+        hk = (bkv % H_KV).to(gl.int64)
+        rows = (key0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, o_layout))).to(gl.int64)
+        cols = gl.arange(0, DA, layout=gl.SliceLayout(0, o_layout))
+        gl.store(DK + b * stride_dkb + hk * stride_dkh + gl.expand_dims(rows * stride_dkn, 1)
+                 + gl.expand_dims(cols, 0), (dk * SM_SCALE).to(DK.dtype.element_ty))
+        gl.store(DV + b * stride_dvb + hk * stride_dvh + gl.expand_dims(rows * stride_dvn, 1)
+                 + gl.expand_dims(cols, 0), dv.to(DV.dtype.element_ty))
+        if DB > 0:
+            rows_b = (key0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, ob_layout))).to(gl.int64)
+            cols_b = DA + gl.arange(0, DBP, layout=gl.SliceLayout(0, ob_layout))
+            gl.store(DK + b * stride_dkb + hk * stride_dkh + gl.expand_dims(rows_b * stride_dkn, 1)
+                     + gl.expand_dims(cols_b, 0), (dkb * SM_SCALE).to(DK.dtype.element_ty))
+            gl.store(DV + b * stride_dvb + hk * stride_dvh + gl.expand_dims(rows_b * stride_dvn, 1)
+                     + gl.expand_dims(cols_b, 0), dvb.to(DV.dtype.element_ty))
+
+    @gluon.jit
+    def _proxy_fence(x):
+        """fence.proxy.async.global: order this thread's generic-proxy accesses to global memory
+        with its later TMA (async-proxy) ones (x: any scalar, returned)."""
+        return gl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, $1;", "=r,r", [x], dtype=gl.int32,
+                                         is_pure=False, pack=1)
+
+    @gluon.jit
+    def _fused_writer(dq_smem, st_smem, fbars, st_bar, acc_desc, DQACC, DQ, SEM, N, H, H_KV, stride_dqb,
+                      stride_dqh, stride_dqn, SM_SCALE: gl.constexpr, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, DB: gl.constexpr,
+                      WARPS: gl.constexpr, bkv, kt):
+        """Each step's dQ share (two [64, 64] halves in dq_smem) added to its query tile's sum in key
+        tile order: the first key tile stores it into dQacc, a later one waits for its turn
+        (SEM[bh, tile] == kt), reads the sum so far by TMA into st_smem (one half at a time), adds
+        and stores; the last one writes dQ (scaled, cast) instead of the sum."""
+        ds_ready, ds_free, dq_ready, dq_empty = fbars
+        CH: gl.constexpr = 4 * WARPS  # rows a chunk: 8 values a thread
+        layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [WARPS, 1], [1, 0])
+        b = bkv // H_KV
+        hk = bkv % H_KV
+        k0 = kt * BLOCK_N
+        n_qt = N // BLOCK_M
+        last_nc = N // BLOCK_N - 1
+        first = 0
+        if IS_CAUSAL:
+            first = k0 // BLOCK_M
+        c = 0
+        ld = 0  # TMA reads so far (st_bar's phase)
+        for g in range(GROUP):
+            h = hk * GROUP + g
+            bh = b * H + h
+            for it in range(first, n_qt):
+                q0 = it * BLOCK_M
+                last = last_nc
+                if IS_CAUSAL:
+                    last = (q0 + BLOCK_M - 1) // BLOCK_N
+                buf = c % 2
+                sem = SEM + bh * n_qt + it
+                acc_tile = DQACC + (bh.to(gl.int64) * N + q0) * D
+                dq_tile = DQ + b.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh + q0.to(gl.int64) * stride_dqn
+                mbarrier.wait(dq_ready.index(buf), (c // 2) & 1)
+                if kt > 0:  # the turn of this key tile at this query tile
+                    while gl.atomic_add(sem, 0, sem="acquire") != kt:
+                        pass
+                    _proxy_fence(kt)  # the sum's stores, seen by the acquire, before the TMA reads
+                for w in gl.static_range(2):
+                    # the warpgroups' halves: column halves at head dim 128 (DB > 0), else row halves
+                    if kt > 0:
+                        mbarrier.expect(st_bar, acc_desc.block_type.nbytes)
+                        _tma_load(acc_desc, [bh * N + q0 + (DB == 0) * w * 64, (DB > 0) * w * 64], st_bar, st_smem)
+                        mbarrier.wait(st_bar, ld & 1)
+                        ld += 1
+                    for ch in gl.static_range(64 // CH):
+                        row0 = ch * CH + (DB == 0) * w * 64
+                        col0 = (DB > 0) * w * 64
+                        x = dq_smem.index(buf * 2 + w).slice(ch * CH, CH, dim=0).load(layout)
+                        if kt > 0:
+                            x = x + st_smem.slice(ch * CH, CH, dim=0).load(layout)
+                        r = gl.arange(0, CH, layout=gl.SliceLayout(1, layout))
+                        cc = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
+                        if kt == last:
+                            offs_dq = gl.expand_dims(r * stride_dqn, 1) + gl.expand_dims(cc, 0)
+                            gl.store(dq_tile + (row0 * stride_dqn + col0) + offs_dq, (x * SM_SCALE).to(DQ.dtype.element_ty))
+                        else:
+                            offs_acc = gl.expand_dims(r * D, 1) + gl.expand_dims(cc, 0)
+                            gl.store(acc_tile + (row0 * D + col0) + offs_acc, x)
+                    if kt > 0:  # every read of st_smem done before the next TMA write into it
+                        gl.thread_barrier()
+                        fence_async_shared()
+                mbarrier.arrive(dq_empty.index(buf), count=1)  # after a barrier of the partition's warps
+                if kt != last:  # every store above is before this release (the barrier in the arrive)
+                    _proxy_fence(kt)
+                    gl.atomic_add(sem, 1, sem="release")
+                c += 1
+
+    @gluon.jit
+    def _fused_kernel(q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, acc_desc, DK, DV, DQ, DQACC, SEM, N, H, H_KV,
+                      QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
+                      stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                      stride_dqb, stride_dqh, stride_dqn,
+                      QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr, GROUP: gl.constexpr,
+                      IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      D: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                      WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr, num_warps: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc,
+                      DB: gl.constexpr):
+        gl.static_assert(num_warps == 4, "one consumer warpgroup in the default partition")
+        gl.static_assert(D - DB == 64, "dQ halves of 64 columns")
+        HALF: gl.constexpr = BLOCK_N // 2
+        DA: gl.constexpr = D - DB
+        dtype: gl.constexpr = q_desc.dtype
+        # the ticket: programs take key tiles in the order they start, heads fastest
+        n_bkv = gl.num_programs(0) // (N // BLOCK_N)
+        ticket = gl.atomic_add(SEM + n_bkv * GROUP * (N // BLOCK_M), 1)
+        bkv = ticket % n_bkv
+        kt = ticket // n_bkv
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, DA], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, DA], do_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [2, HALF, DA], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [2, HALF, DA], v_desc.layout)
+        if DB > 0:
+            qb_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, DB], qb_desc.layout)
+            dob_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, DB], dob_desc.layout)
+            kb_smem = gl.allocate_shared_memory(dtype, [2, HALF, DB], kb_desc.layout)
+            vb_smem = gl.allocate_shared_memory(dtype, [2, HALF, DB], vb_desc.layout)
+        else:
+            qb_smem = q_smem
+            dob_smem = do_smem
+            kb_smem = k_smem
+            vb_smem = v_smem
+        l_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], l_desc.layout)
+        dl_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], dl_desc.layout)
+        # dS ([BLOCK_M, HALF] a warpgroup), the dQ shares ([64, 64] fp32 a warpgroup, two buffers)
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], dtype)
+        ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HALF], ds_layout)
+        dq_layout: gl.constexpr = gl.SwizzledSharedLayout(2, 1, 8, order=[1, 0])
+        dq_smem = gl.allocate_shared_memory(gl.float32, [4, 64, 64], dq_layout)
+        st_smem = gl.allocate_shared_memory(gl.float32, [64, 64], acc_desc.layout)  # the writer's TMA reads
+        kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        ds_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ds_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        dq_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        dq_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        st_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_ready, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(do_ready.index(i), count=1)
+            mbarrier.init(qdo_empty.index(i), count=2)
+        mbarrier.init(ds_ready, count=2)
+        mbarrier.init(ds_free, count=2)
+        for i in gl.static_range(2):
+            mbarrier.init(dq_ready.index(i), count=2)
+            mbarrier.init(dq_empty.index(i), count=1)
+        mbarrier.init(st_bar, count=1)
+        bars = (kv_ready, q_ready, do_ready, qdo_empty)
+        fbars = (ds_ready, ds_free, dq_ready, dq_empty)
+        gl.warp_specialize([
+            (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
+                               DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                               QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 0, qb_smem,
+                               dob_smem, kb_smem, vb_smem, DB, bkv, kt)),
+            (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
+                               DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                               QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1, qb_smem,
+                               dob_smem, kb_smem, vb_smem, DB, bkv, kt)),
+            (gb._dkdv_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
+                                 l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
+                                 GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
+                                 qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB, False, bkv, kt)),
+            (_fused_writer, (dq_smem, st_smem, fbars, st_bar, acc_desc, DQACC, DQ, SEM, N, H, H_KV, stride_dqb, stride_dqh, stride_dqn,
+                             SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, DB, WRITER_WARPS, bkv, kt)),
+        ], [4, 1, WRITER_WARPS], [CONSUMER_REGS, 24, WRITER_REGS])
+
+
+def _acc_desc(dqacc: torch.Tensor):
+    """A TMA descriptor over dQacc ((B*H, N, D) fp32) as rows of D, in [64, 64] tiles, unswizzled (the
+    writer reads it in slices of rows)."""
+    rows, d = dqacc.shape[0] * dqacc.shape[1], dqacc.shape[2]
+    return gb.TensorDescriptor(dqacc.view(rows, d), [rows, d], [d, 1], [64, 64], _acc_layout())
+
+
+@functools.cache
+def _acc_layout():
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
+def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | None = None,
+           consumer_regs: int | None = None, writer_regs: int | None = None, writer_warps: int | None = None,
+           compile_only: bool = False):
+    """dQ, dK, dV into dq, dk, dv ((B, H, N, D) and (B, H_kv, N, D) views, unit stride along D) for
+    q, k, v that `unsupported` accepts, from the forward's O (out) and L (lse, (B*H, N) fp32) and dO.
+    Returns the compiled fused kernel; compile_only: compile both kernels for the active driver's
+    target and launch nothing."""
+    q4, k4, v4, o4, do4, dq4, dk4, dv4 = (fg.heads(t) for t in (q, k, v, out, do, dq, dk, dv))
+    if fg.head_rows(do4) is None or do4.data_ptr() % 16:
+        do4 = do4.contiguous()
+    if o4.stride(-1) != 1:
+        o4 = o4.contiguous()
+    nb, nh, n, d = q4.shape
+    h_kv = k4.shape[1]
+    st, regs, bm, wregs, wwarps = CONFIGS[d]
+    stages, consumer_regs, writer_regs = stages or st, consumer_regs or regs, writer_regs or wregs
+    writer_warps = writer_warps or wwarps
+    da, db = split(d)
+    dev = q4.device
+    lse2 = lse.reshape(nb * nh, n)
+    lse2 = lse2 if lse2.is_contiguous() and lse2.data_ptr() % 16 == 0 else lse2.contiguous()
+    # scratch, written before it is read: Delta, the turn counters and the ticket (zeroed by the
+    # delta kernel), dQ's fp32 sums (the first key tile of a query tile stores, not adds)
+    delta = kernel_launch.scratch(torch.empty((nb * nh, n), dtype=torch.float32, device=dev))
+    sem = kernel_launch.scratch(torch.empty(nb * nh * (n // bm) + 1, dtype=torch.int32, device=dev))
+    dqacc = kernel_launch.scratch(torch.empty((nb * nh, n, d), dtype=torch.float32, device=dev))
+    q_desc, (qrb, qrh, qch) = fg.head_desc(q4, bm, da)
+    do_desc, (drb, drh, dch) = fg.head_desc(do4, bm, da)
+    k_desc, (krb, krh, kch) = fg.head_desc(k4, BLOCK_N // 2, da)
+    v_desc, _ = fg.head_desc(v4, BLOCK_N // 2, da)
+    delta_grid = (nb * nh, n // bm)
+    grid = (nb * h_kv * (n // BLOCK_N),)
+    pre = _delta_kernel.warmup if compile_only else kernel_launch.plain_launch(_delta_kernel)[delta_grid]
+    pre(o4, do4, delta, sem, n, nh, o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0), do4.stride(1),
+        do4.stride(2), D=d, ROWS=bm, num_warps=4, **(dict(grid=delta_grid) if compile_only else {}))
+    kernel = _fused_kernel.warmup if compile_only else kernel_launch.plain_launch(_fused_kernel)[grid]
+    return kernel(
+        q_desc, do_desc, k_desc, v_desc, gb._row_desc(lse2, bm), gb._row_desc(delta, bm), _acc_desc(dqacc), dk4, dv4,
+        dq4, dqacc, sem,
+        n, nh, h_kv, qrb, qrh, qch, drb, drh, dch, krb, krh, kch, dk4.stride(0), dk4.stride(1), dk4.stride(2),
+        dv4.stride(0), dv4.stride(1), dv4.stride(2), dq4.stride(0), dq4.stride(1), dq4.stride(2),
+        QK_SCALE=gb.LOG2E / math.sqrt(d), SM_SCALE=1.0 / math.sqrt(d), GROUP=nh // h_kv, IS_CAUSAL=bool(is_causal),
+        BLOCK_M=bm, BLOCK_N=BLOCK_N, D=d, STAGES=stages, CONSUMER_REGS=consumer_regs, WRITER_REGS=writer_regs,
+        WRITER_WARPS=writer_warps,        num_warps=4, qb_desc=q_desc, dob_desc=do_desc, kb_desc=k_desc, vb_desc=v_desc, DB=db,
+        **(dict(grid=grid) if compile_only else {}))
+
+
+@torch.library.custom_op("lmperf::flash_attention_bwd_gluon_fused", mutates_args=("dq", "dk", "dv"))
+def flash_attention_bwd_gluon_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                                    do: torch.Tensor, lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor,
+                                    dv: torch.Tensor, is_causal: bool) -> None:
+    """dQ, dK, dV into dq, dk, dv, as a PyTorch op opaque to torch.compile (a compiled backward launches
+    the same kernels as eager mode: the same bits)."""
+    launch(q, k, v, out, do, lse, dq, dk, dv, is_causal)
+
+
+@flash_attention_bwd_gluon_fused.register_fake
+def _fused_fake(q, k, v, out, do, lse, dq, dk, dv, is_causal):
+    return None
