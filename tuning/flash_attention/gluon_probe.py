@@ -449,6 +449,46 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
     return rows
 
 
+def fused_ladder(names, log, out_csv=None, tag="", configs=("",)) -> list[dict]:
+    """The fused backward kernel alone against the two Gluon kernels (dQ then dK/dV) at each shape,
+    do_bench's median: the fused kernel as shipped (probe 0), without its turns (1: the sums race,
+    a bound on the writer's traffic) and with its dQ shares dropped (2: a bound on the rest);
+    configs: "STAGES,consumer regs,writer regs,writer warps" overrides ("" the table's)."""
+    import triton.testing
+    from lmperf.kernels import flash_attention_gluon_bwd as gb
+    from lmperf.kernels import flash_attention_gluon_fused as gf
+    rows = []
+    for name in names:
+        b, h, hk, n, d, causal = BWD_SHAPES[name]
+        fl = 2.5 * flops(b, h, n, d, causal)
+        q, k, v = make(b, h, hk, n, d, BF16, "bhnd", seed=11)
+        out, lse, do, delta, _ = _bwd_inputs(q, k, v, causal)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        impls = [("two_kernels", lambda: (gb.launch_dq(q, k, v, out, do, lse, delta, dq, causal),
+                                          gb.launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal)))]
+        for cfg in configs:
+            kw = dict(zip(("stages", "consumer_regs", "writer_regs", "writer_warps"), map(int, cfg.split(",")))) if cfg else {}
+            for probe in (0, 1, 2):
+                impls.append((f"fused_p{probe}{'_' + cfg if cfg else ''}",
+                              lambda probe=probe, kw=kw: gf.launch(q, k, v, out, do, lse, dq, dk, dv, causal, probe=probe, **kw)))
+        for label, fn in impls:
+            row = dict(shape=name, b=b, h=h, hk=hk, n=n, d=d, causal=causal, impl=label, tag=tag)
+            try:
+                fn()
+                torch.cuda.synchronize()
+                q20, q50, q80 = triton.testing.do_bench(fn, warmup=10, rep=REP_MS, quantiles=[0.2, 0.5, 0.8])
+                row.update(ms_p20=q20, ms_median=q50, ms_p80=q80, tflops=fl / (q50 * 1e-3) / 1e12, error="")
+            except Exception as exc:  # noqa: BLE001
+                row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}")
+                log.write(traceback.format_exc() + "\n")
+            rows.append(row)
+            print(f"{name:10s} {label:28s} " + (f"{row['ms_median']:.3f} ms {row['tflops']:.0f} TFLOP/s"
+                                                if not row["error"] else row["error"][:200]), flush=True)
+        if out_csv is not None:
+            write(out_csv, rows)
+    return rows
+
+
 BWD_SWEEP = {64: [(3, 232, 64), (3, 240, 128), (3, 232, 128), (2, 240, 128), (4, 240, 128)],
              128: [(3, 232, 64), (2, 232, 64), (4, 232, 64), (3, 240, 64)],
              80: [(3, 240, 64), (4, 240, 64), (2, 240, 64)]}  # (STAGES, registers, BLOCK_M)
@@ -636,6 +676,8 @@ def main(argv=None) -> int:
     ap.add_argument("--impls", default="", help="--bwd: only these implementations (labels of bwd_bench)")
     ap.add_argument("--dq-sweep", action="store_true", help="--bwd: the dQ kernel's stages and key tiles")
     ap.add_argument("--fused", action="store_true", help="--bwd: the check runs the fused kernel")
+    ap.add_argument("--ladder", action="store_true", help="--bwd: the fused kernel's ladder (fused_ladder)")
+    ap.add_argument("--fused-cfgs", default="", help="--ladder: configs, ';'-separated")
     ap.add_argument("--dims", default="64,128", help="the check's head dims (forward: 80 in the ping-pong variant)")
     ap.add_argument("--graph", action="store_true", help="the forward bench: also each call's GPU time, from a CUDA graph")
     args = ap.parse_args(argv)
@@ -652,6 +694,11 @@ def main(argv=None) -> int:
                 print(f"bwd check: {sum(r['passed'] for r in rows)}/{len(rows)} passed", flush=True)
             if args.host:
                 host_cost((args.only or "gqa_d64_1024").split(","), log, args.out / "gluon_bwd_host.csv")
+                return 0
+            if args.ladder:
+                only = args.only.split(",") if args.only else ["headline", "thr_full", "thr_causal", "d128_2048"]
+                fused_ladder(only, log, args.out / f"gluon_fused_ladder{args.tag}.csv", args.tag,
+                             tuple(args.fused_cfgs.split(";")) if args.fused_cfgs else ("",))
                 return 0
             if args.dq_sweep:
                 only = args.only.split(",") if args.only else ["headline", "thr_full", "thr_causal", "gqa_4096"]

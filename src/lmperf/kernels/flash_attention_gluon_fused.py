@@ -249,11 +249,12 @@ if gluon is not None:
     def _fused_writer(dq_smem, st_smem, fbars, st_bar, acc_desc, DQACC, DQ, SEM, N, H, H_KV, stride_dqb,
                       stride_dqh, stride_dqn, SM_SCALE: gl.constexpr, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, DB: gl.constexpr,
-                      WARPS: gl.constexpr, bkv, kt):
+                      WARPS: gl.constexpr, PROBE: gl.constexpr, bkv, kt):
         """Each step's dQ share (two [64, 64] halves in dq_smem) added to its query tile's sum in key
         tile order: the first key tile stores it into dQacc, a later one waits for its turn
         (SEM[bh, tile] == kt), reads the sum so far by TMA into st_smem (one half at a time), adds
-        and stores; the last one writes dQ (scaled, cast) instead of the sum."""
+        and stores; the last one writes dQ (scaled, cast) instead of the sum. PROBE (timing only,
+        wrong results): 1 skips the turns (the sums race), 2 writes nothing (the shares dropped)."""
         ds_ready, ds_free, dq_ready, dq_empty = fbars
         CH: gl.constexpr = 4 * WARPS  # rows a chunk: 8 values a thread
         layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [WARPS, 1], [1, 0])
@@ -280,36 +281,37 @@ if gluon is not None:
                 acc_tile = DQACC + (bh.to(gl.int64) * N + q0) * D
                 dq_tile = DQ + b.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh + q0.to(gl.int64) * stride_dqn
                 mbarrier.wait(dq_ready.index(buf), (c // 2) & 1)
-                if kt > 0:  # the turn of this key tile at this query tile
-                    while gl.atomic_add(sem, 0, sem="acquire") != kt:
-                        pass
-                    _proxy_fence(kt)  # the sum's stores, seen by the acquire, before the TMA reads
-                for w in gl.static_range(2):
-                    # the warpgroups' halves: column halves at head dim 128 (DB > 0), else row halves
-                    if kt > 0:
-                        mbarrier.expect(st_bar, acc_desc.block_type.nbytes)
-                        _tma_load(acc_desc, [bh * N + q0 + (DB == 0) * w * 64, (DB > 0) * w * 64], st_bar, st_smem)
-                        mbarrier.wait(st_bar, ld & 1)
-                        ld += 1
-                    for ch in gl.static_range(64 // CH):
-                        row0 = ch * CH + (DB == 0) * w * 64
-                        col0 = (DB > 0) * w * 64
-                        x = dq_smem.index(buf * 2 + w).slice(ch * CH, CH, dim=0).load(layout)
+                if PROBE != 2:
+                    if kt > 0 and PROBE == 0:  # the turn of this key tile at this query tile
+                        while gl.atomic_add(sem, 0, sem="acquire") != kt:
+                            pass
+                        _proxy_fence(kt)  # the sum's stores, seen by the acquire, before the TMA reads
+                    for w in gl.static_range(2):
+                        # the warpgroups' halves: column halves at head dim 128 (DB > 0), else row halves
                         if kt > 0:
-                            x = x + st_smem.slice(ch * CH, CH, dim=0).load(layout)
-                        r = gl.arange(0, CH, layout=gl.SliceLayout(1, layout))
-                        cc = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
-                        if kt == last:
-                            offs_dq = gl.expand_dims(r * stride_dqn, 1) + gl.expand_dims(cc, 0)
-                            gl.store(dq_tile + (row0 * stride_dqn + col0) + offs_dq, (x * SM_SCALE).to(DQ.dtype.element_ty))
-                        else:
-                            offs_acc = gl.expand_dims(r * D, 1) + gl.expand_dims(cc, 0)
-                            gl.store(acc_tile + (row0 * D + col0) + offs_acc, x)
-                    if kt > 0:  # every read of st_smem done before the next TMA write into it
-                        gl.thread_barrier()
-                        fence_async_shared()
+                            mbarrier.expect(st_bar, acc_desc.block_type.nbytes)
+                            _tma_load(acc_desc, [bh * N + q0 + (DB == 0) * w * 64, (DB > 0) * w * 64], st_bar, st_smem)
+                            mbarrier.wait(st_bar, ld & 1)
+                            ld += 1
+                        for ch in gl.static_range(64 // CH):
+                            row0 = ch * CH + (DB == 0) * w * 64
+                            col0 = (DB > 0) * w * 64
+                            x = dq_smem.index(buf * 2 + w).slice(ch * CH, CH, dim=0).load(layout)
+                            if kt > 0:
+                                x = x + st_smem.slice(ch * CH, CH, dim=0).load(layout)
+                            r = gl.arange(0, CH, layout=gl.SliceLayout(1, layout))
+                            cc = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
+                            if kt == last:
+                                offs_dq = gl.expand_dims(r * stride_dqn, 1) + gl.expand_dims(cc, 0)
+                                gl.store(dq_tile + (row0 * stride_dqn + col0) + offs_dq, (x * SM_SCALE).to(DQ.dtype.element_ty))
+                            else:
+                                offs_acc = gl.expand_dims(r * D, 1) + gl.expand_dims(cc, 0)
+                                gl.store(acc_tile + (row0 * D + col0) + offs_acc, x)
+                        if kt > 0:  # every read of st_smem done before the next TMA write into it
+                            gl.thread_barrier()
+                            fence_async_shared()
                 mbarrier.arrive(dq_empty.index(buf), count=1)  # after a barrier of the partition's warps
-                if kt != last:  # every store above is before this release (the barrier in the arrive)
+                if kt != last and PROBE == 0:  # every store above is before this release (the arrive's barrier)
                     _proxy_fence(kt)
                     gl.atomic_add(sem, 1, sem="release")
                 c += 1
@@ -322,7 +324,7 @@ if gluon is not None:
                       QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr, GROUP: gl.constexpr,
                       IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       D: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                      WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr, num_warps: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc,
+                      WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr, PROBE: gl.constexpr, num_warps: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc,
                       DB: gl.constexpr):
         gl.static_assert(num_warps == 4, "one consumer warpgroup in the default partition")
         gl.static_assert(D - DB == 64, "dQ halves of 64 columns")
@@ -392,7 +394,7 @@ if gluon is not None:
                                  GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
                                  qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB, False, bkv, kt)),
             (_fused_writer, (dq_smem, st_smem, fbars, st_bar, acc_desc, DQACC, DQ, SEM, N, H, H_KV, stride_dqb, stride_dqh, stride_dqn,
-                             SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, DB, WRITER_WARPS, bkv, kt)),
+                             SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, DB, WRITER_WARPS, PROBE, bkv, kt)),
         ], [4, 1, WRITER_WARPS], [CONSUMER_REGS, 24, WRITER_REGS])
 
 
@@ -410,11 +412,11 @@ def _acc_layout():
 
 def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | None = None,
            consumer_regs: int | None = None, writer_regs: int | None = None, writer_warps: int | None = None,
-           compile_only: bool = False):
+           compile_only: bool = False, probe: int = 0):
     """dQ, dK, dV into dq, dk, dv ((B, H, N, D) and (B, H_kv, N, D) views, unit stride along D) for
     q, k, v that `unsupported` accepts, from the forward's O (out) and L (lse, (B*H, N) fp32) and dO.
     Returns the compiled fused kernel; compile_only: compile both kernels for the active driver's
-    target and launch nothing."""
+    target and launch nothing. probe (timing only): the writer's PROBE."""
     q4, k4, v4, o4, do4, dq4, dk4, dv4 = (fg.heads(t) for t in (q, k, v, out, do, dq, dk, dv))
     if fg.head_rows(do4) is None or do4.data_ptr() % 16:
         do4 = do4.contiguous()
@@ -451,7 +453,7 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
         dv4.stride(0), dv4.stride(1), dv4.stride(2), dq4.stride(0), dq4.stride(1), dq4.stride(2),
         QK_SCALE=gb.LOG2E / math.sqrt(d), SM_SCALE=1.0 / math.sqrt(d), GROUP=nh // h_kv, IS_CAUSAL=bool(is_causal),
         BLOCK_M=bm, BLOCK_N=BLOCK_N, D=d, STAGES=stages, CONSUMER_REGS=consumer_regs, WRITER_REGS=writer_regs,
-        WRITER_WARPS=writer_warps,        num_warps=4, qb_desc=q_desc, dob_desc=do_desc, kb_desc=k_desc, vb_desc=v_desc, DB=db,
+        WRITER_WARPS=writer_warps, PROBE=probe,        num_warps=4, qb_desc=q_desc, dob_desc=do_desc, kb_desc=k_desc, vb_desc=v_desc, DB=db,
         **(dict(grid=grid) if compile_only else {}))
 
 
