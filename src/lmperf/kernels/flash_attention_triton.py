@@ -1121,7 +1121,7 @@ DISPATCH_ENV = ("LMPERF_FA_BACKEND", "LMPERF_FA_BWD_BACKEND")
 def plan_key(kind: tuple, inputs: tuple) -> tuple:
     """A call's plan key: its tensors' signature (kernel_launch.signature), its kind and flags, and
     the dispatch's variables."""
-    return kernel_launch.signature(inputs, (*kind, *map(os.environ.get, DISPATCH_ENV)))
+    return kernel_launch.signature(inputs, (*kind, *map(kernel_launch.getenv, DISPATCH_ENV)))
 
 
 def _planned(kind: tuple, inputs: tuple, run) -> tuple:
@@ -1133,7 +1133,7 @@ def _planned(kind: tuple, inputs: tuple, run) -> tuple:
     key = plan_key(kind, inputs)
     plan = PLANS.get(key)
     if plan:
-        outs = plan.allocate(inputs[0].device)
+        outs = plan.allocate()
         plan.replay((*inputs, *outs))
         return tuple(outs[:plan.n_outputs])
     if plan is None:  # the signature's first call: the full path, recorded
