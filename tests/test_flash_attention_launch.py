@@ -550,6 +550,28 @@ def test_a_plan_whose_launcher_is_refused_or_missing_replays_through_the_jit(mis
     assert all(launch.jit_only or not launch.compiled for launch in kl.LAUNCHES.values())
 
 
+def test_clear_plans_forgets_them(launches, monkeypatch):
+    """clear_plans(): every plan forgotten; the next call of a signature runs its full path again,
+    recorded under the rules of now (a rule patched, as tests do), and its replays follow them."""
+    calls = []
+    real = ft.eager_forward
+    monkeypatch.setattr(ft, "eager_forward", lambda *a: calls.append(1) or real(*a))
+    _step((2, 4, 256, 64), True, "heads", 0)
+    _step((2, 4, 256, 64), True, "heads", 1)
+    assert calls == [1] and len(ft.PLANS.plans) == 2
+    real_fwd = ft.launch_fwd_config
+    monkeypatch.setattr(ft, "launch_fwd_config", lambda *a: {**real_fwd(*a), "BLOCK_Q": 16})
+    ft.clear_plans()
+    assert not ft.PLANS.plans
+    start = len(launches.log)
+    for seed in (2, 3):
+        _step((2, 4, 256, 64), True, "heads", seed)
+    assert calls == [1, 1] and len(ft.PLANS.plans) == 2
+    forwards = [kw["BLOCK_Q"] for name, _, _, kw in launches.log if name == "_fwd_kernel"]
+    assert forwards[0] != 16 and forwards[-2:] == [16, 16]
+    assert len(launches.log) - start == start
+
+
 def test_getenv_reads_what_os_environ_holds(monkeypatch):
     monkeypatch.setenv("LMPERF_TEST_GETENV", "a")
     assert kl.getenv("LMPERF_TEST_GETENV") == "a"

@@ -1124,6 +1124,15 @@ def plan_key(kind: tuple, inputs: tuple) -> tuple:
     return kernel_launch.signature(inputs, (*kind, *map(kernel_launch.getenv, DISPATCH_ENV)))
 
 
+def clear_plans() -> None:
+    """Forget every plan (PLANS) and the memoised tile configs: for whatever changes the dispatch's
+    rules within a process (a rule, a threshold or a config table patched, as tests do): a plan
+    replays the launches the rules chose when it was recorded."""
+    PLANS.clear()
+    _fwd_memo.cache_clear()
+    _bwd_memo.cache_clear()
+
+
 def _planned(kind: tuple, inputs: tuple, run) -> tuple:
     """run()'s outputs, the kernels it launches for these inputs replayed from the plan of their call
     signature (kernel_launch.signature) where there is one: the dispatch, its checks and descriptors
