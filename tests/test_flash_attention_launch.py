@@ -486,7 +486,11 @@ def _named(log, step, roles=8):
     call (q, k, v, O, dO, dQ, dK, dV: the first `roles` of them; "other" for the rest and the call's
     own buffers)."""
     q, k, v, out, g = step
-    tensors = (q, k, v, out, g, q.grad, k.grad, v.grad)[:roles]
+    return _by_role(log, (q, k, v, out, g, q.grad, k.grad, v.grad)[:roles])
+
+
+def _by_role(log, tensors):
+    """The log's launches with each tensor (or descriptor's data) named by its index in `tensors`."""
     where = {(t.data_ptr(), t.dtype): i for i, t in reversed(list(enumerate(tensors)))}
 
     def name(a):
@@ -548,6 +552,31 @@ def test_a_plan_whose_launcher_is_refused_or_missing_replays_through_the_jit(mis
     for step, launches in replays:
         assert _named(launches, step) == _named(full, first)
     assert all(launch.jit_only or not launch.compiled for launch in kl.LAUNCHES.values())
+
+
+def test_the_gluon_ops_replay_their_first_calls_launches(monkeypatch, request):
+    """The Gluon kernels' ops (what torch.compile's graphs call) with plans on: a later call of a
+    signature replays the first call's launches to the launchers, each tensor and descriptor the
+    same role of the call."""
+    if not _force_gluon(monkeypatch, request):
+        return
+    log = _stand_in_kernels(monkeypatch)
+    ops = torch.ops.lmperf
+
+    def call(seed):
+        torch.manual_seed(seed)
+        q, k, v, out, do = (torch.randn(1, 2, 256, 64, dtype=torch.bfloat16) for _ in range(5))
+        lse, delta = torch.randn(2, 256), torch.empty(2, 256)
+        dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+        start = len(log)
+        o, l = ops.flash_attention_forward_gluon(q, k, v, True)
+        ops.flash_attention_dq_gluon(q, k, v, out, do, lse, delta, dq, True)
+        ops.flash_attention_dkdv_gluon(q, k, v, do, lse, delta, dk, dv, True)
+        return [kind for kind, *_ in log[start:]], _by_role(log[start:], (q, k, v, out, do, lse, delta, dq, dk, dv, o, l))
+    (kinds0, first), (kinds1, second), (kinds2, third) = call(0), call(1), call(2)
+    assert kinds0 == ["jit"] * 3 and kinds1 == kinds2 == ["launcher"] * 3
+    assert first == second == third
+    assert len(ft.PLANS.plans) == 3 and all(ft.PLANS.plans.values())
 
 
 def test_clear_plans_forgets_them(launches, monkeypatch):

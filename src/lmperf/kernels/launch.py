@@ -259,6 +259,11 @@ def recording():
         _RECORDING.pop()
 
 
+def recording_now() -> bool:
+    """Whether a call is being recorded (inside `recording()`)."""
+    return bool(_RECORDING)
+
+
 def planning() -> bool:
     """Whether eager calls go through plans (LMPERF_FA_LAUNCH=plan; not in Triton's interpreter)."""
     return getenv(LAUNCH_ENV) == "plan" and getenv("TRITON_INTERPRET") != "1"
