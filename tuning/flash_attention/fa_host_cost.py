@@ -405,6 +405,52 @@ def stub_cost(cases, out_csv, log, reps=300, rounds=7, profile_txt=None):
     return rows
 
 
+def stub_op_cost(out_csv, log, reps=2000, rounds=5):
+    """us a call of each Gluon kernel's op (torch.compile's graphs call them: lmperf::
+    flash_attention_forward_gluon, _dq_gluon, _dkdv_gluon) against its launcher called directly,
+    launches stubbed, at (1, 1, 128, 128) bf16, through the JIT, the launch cache and plans (stub_cost's
+    set-up; the ops' plans replay to the launchers)."""
+    import statistics
+    os.environ.pop("TRITON_INTERPRET", None)
+    import lmperf.kernels.flash_attention_gluon as fg
+    if fg.IMPORT_ERROR is not None:
+        return []
+    import lmperf.kernels.flash_attention_gluon_bwd as gb
+    stub_out_launches()
+    q, k, v, out, do, dq, dk, dv = (torch.randn(1, 1, 128, 128, dtype=torch.bfloat16) for _ in range(8))
+    lse, delta = torch.randn(1, 128), torch.randn(1, 128)
+    ops = torch.ops.lmperf
+    calls = {
+        ("forward", "direct"): lambda: fg.forward(q, k, v, True),
+        ("forward", "op"): lambda: ops.flash_attention_forward_gluon(q, k, v, True),
+        ("dq", "direct"): lambda: gb.launch_dq(q, k, v, out, do, lse, delta, dq, True),
+        ("dq", "op"): lambda: ops.flash_attention_dq_gluon(q, k, v, out, do, lse, delta, dq, True),
+        ("dkdv", "direct"): lambda: gb.launch_dkdv(q, k, v, do, lse, delta, dk, dv, True),
+        ("dkdv", "op"): lambda: ops.flash_attention_dkdv_gluon(q, k, v, do, lse, delta, dk, dv, True),
+    }
+    rows = []
+    for mode in ("jit", "cache", "plan"):
+        os.environ[LAUNCH_ENV] = mode
+        for (kernel, how), call in calls.items():
+            if how == "direct" and mode == "plan":
+                continue  # a plan is the op's (or FlashAttention2Triton's), not the launcher's
+            for _ in range(20):
+                call()
+            times = []
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    call()
+                times.append((time.perf_counter() - t0) / reps * 1e6)
+            row = dict(case="gluon ops", kernel=kernel, call=how, launch=mode, us_per_call=statistics.median(times),
+                       min_us=min(times), rounds=rounds, reps=reps)
+            rows.append(row)
+            log(row)
+    os.environ.pop(LAUNCH_ENV, None)
+    write(out_csv, rows)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -425,6 +471,7 @@ def main():
         cases = a.only.split(",") if a.only != ap.get_default("only") else list(STUB_CASES)
         stub_cost(cases, a.out / f"fa_host_stub{a.tag}.csv", log, a.reps, a.rounds,
                   a.out / f"fa_host_stub_profile{a.tag}.txt" if a.profile else None)
+        stub_op_cost(a.out / f"fa_host_stub_ops{a.tag}.csv", log)
         return 0
     cases = a.only.split(",")
     if a.launch:
