@@ -54,6 +54,17 @@ def git_head(root: Path, *args: str) -> str:
     return proc.stdout
 
 
+@pytest.fixture(autouse=True)
+def _fresh_flash_attention_plans():
+    """FlashAttention's plans (LMPERF_FA_LAUNCH=plan) and memoised configs replay what the dispatch's
+    rules chose when they were made: forgotten after every test, so that none made under a rule a
+    test patched (monkeypatch) outlives it, and no test finds another's."""
+    yield
+    ft = sys.modules.get("lmperf.kernels.flash_attention_triton")
+    if ft is not None:
+        ft.clear_plans()
+
+
 def committed(path: str, root: Path = REPO) -> str:
     """The text of `path` (from the repository root) as committed at HEAD, whatever the working
     tree holds: `make report` rewrites report/report.md and its figures for the machine it runs

@@ -2,6 +2,7 @@
 specialisation, then the compiled kernel's own launcher with the same arguments; on the CPU with a
 stand-in kernel (what is launched, with which arguments, and when the JIT is asked again), on a
 GPU with the real kernels (the same bits as launching through the JIT every time)."""
+import inspect
 import os
 import subprocess
 import sys
@@ -69,9 +70,16 @@ def test_second_call_goes_to_the_compiled_launcher_with_the_kernels_arguments(ke
     launch[(5,)](x, 7, num_warps=4)
     assert len(kernel.jit_calls) == 1, "the same specialisation went through the JIT again"
     (run,) = kernel.made[0].runs
-    assert run[:7] == (5, 1, 1, 1234, "function", "packed", ("meta", (5,), 1234))
+    assert run[:7] == (5, 1, 1, 1234, "function", "packed", None)  # no launch hook: no metadata for it
     assert run[7] is knobs.runtime.launch_enter_hook and run[8] is knobs.runtime.launch_exit_hook
     assert run[9] is x and run[10:] == (7, 16)  # parameter order, the default filled in
+    seen = []
+    knobs.runtime.launch_enter_hook.add(seen.append)  # a hook (a profiler's): the launch's metadata for it
+    try:
+        launch[(5,)](x, 7, num_warps=4)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(seen.append)
+    assert kernel.made[0].runs[1][6] == ("meta", (5,), 1234)
 
 
 def test_a_new_specialisation_takes_the_jit(kernel):
@@ -125,6 +133,58 @@ def test_the_jit_every_time_where_asked_or_not_keyed(kernel, monkeypatch):
     launch[(1,)](x, 3)
     assert len(kernel.jit_calls) == 7
     assert all(not c.runs for c in kernel.made)
+
+
+@pytest.mark.parametrize("missing", kl.LAUNCHER_ATTRS)
+def test_a_compiled_kernel_without_the_launcher_is_launched_through_the_jit(kernel, missing):
+    """A compiled kernel lacking what the cache calls (Triton's launcher is no public interface):
+    every launch through the JIT, with the call's arguments."""
+    class Partial:
+        pass
+    for name in set(kl.LAUNCHER_ATTRS) - {missing}:
+        setattr(Partial, name, staticmethod(lambda *a: None) if name in ("run", "launch_metadata") else name)
+    jit_calls = []
+
+    class Kernel(_Kernel):
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: jit_calls.append((grid, args, kwargs)) or Partial()
+    launch = kl.CachedLaunch(Kernel())
+    x = torch.zeros(64)
+    for n in range(3):
+        launch[(n + 1,)](x, 7, BLOCK=32)
+    assert jit_calls == [((n + 1,), (x, 7), {"BLOCK": 32}) for n in range(3)]
+    assert not launch.compiled
+
+
+@pytest.mark.parametrize("error", [TypeError, AttributeError])
+def test_a_launcher_that_refuses_its_first_call_turns_the_cache_off_for_its_kernel(kernel, error):
+    """The launcher raising TypeError or AttributeError at its first call (an argument list it does
+    not take): that launch and every later one of the kernel through the JIT."""
+    tried = []
+
+    def refuse(*args):
+        tried.append(args)
+        raise error("launcher")
+    launch = kl.CachedLaunch(kernel)
+    x = torch.zeros(64)
+    launch[(1,)](x, 7)  # the JIT: compiles
+    kernel.made[0].run = refuse
+    launch[(2,)](x, 7)  # the launcher refuses: the JIT again
+    launch[(3,)](x, 7)
+    assert len(tried) == 1 and launch.jit_only
+    assert [c[0] for c in kernel.jit_calls] == [(1,), (2,), (3,)]
+    assert all(c[1] == (x, 7) for c in kernel.jit_calls)
+
+
+def test_a_launcher_error_after_its_first_call_is_raised(kernel):
+    """Once the launcher has taken a call, its errors are the launch's (not hidden by the JIT)."""
+    launch = kl.CachedLaunch(kernel)
+    x = torch.zeros(64)
+    launch[(1,)](x, 7)
+    launch[(1,)](x, 7)  # the launcher: taken
+    kernel.made[0].run = lambda *a: (_ for _ in ()).throw(TypeError("launcher"))
+    with pytest.raises(TypeError, match="launcher"):
+        launch[(1,)](x, 7)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA: the compiled kernels' launchers")
@@ -231,22 +291,8 @@ def test_a_plan_replays_the_launches_of_the_full_path(launches, shape, causal, l
     kernels are never launched)."""
     dtype = torch.float32
     if gluon:
-        from lmperf.kernels import flash_attention_gluon as fg
-        from lmperf.kernels import flash_attention_gluon_bwd as gb
-        if fg.IMPORT_ERROR is not None:  # Triton's interpreter has no Gluon: this case in a process without it
-            pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
-            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                                   request.node.nodeid],
-                                  env={**os.environ, "TRITON_INTERPRET": "0"}, capture_output=True, text=True,
-                                  timeout=300)
-            assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+        if not _force_gluon(monkeypatch, request):
             return
-        monkeypatch.setattr(fg, "available", lambda: None)
-        monkeypatch.setattr(fg, "sm_count", lambda device: 132)
-        monkeypatch.setattr(fg, "unsupported", lambda *a: None)
-        monkeypatch.setattr(gb, "unsupported", gb.shape_unsupported)
-        monkeypatch.setenv("LMPERF_FA_BACKEND", "gluon")
-        monkeypatch.setenv("LMPERF_FA_BWD_BACKEND", "gluon")
         dtype = torch.bfloat16
     else:  # unsplit (a split's scratch is the next test's): every tensor a launch reads is one of the call's
         real_fwd, real_bwd = ft.launch_fwd_config, ft.launch_bwd_config
@@ -347,6 +393,216 @@ def test_a_plan_holds_no_tensor(launches):
             yield x
     for plan in ft.PLANS.plans.values():
         assert not any(isinstance(x, torch.Tensor) for x in leaves([list(l[1:]) for l in plan.launches]))
+
+
+class _StandInCompiled:
+    """A compiled kernel's stand-in: its launcher records each launch's arguments."""
+    function = "function"
+    packed_metadata = "packed"
+
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def launch_metadata(self, grid, stream, *args):
+        return ("meta", grid)
+
+    def run(self, g0, g1, g2, stream, function, packed, meta, enter, leave, *bound):
+        assert (stream, function, packed) == (1234, "function", "packed")
+        self.log.append(("launcher", self.name, (g0, g1, g2), [_seen(a) for a in bound]))
+
+
+class _StandInKernel:
+    """A Triton kernel's stand-in with its parameters: kernel[grid](...) (the JIT) records the launch
+    with its arguments bound in the kernel's parameter order, as the JIT passes them to the
+    launcher, and returns the kernel's _StandInCompiled (or what `compiled` makes)."""
+
+    def __init__(self, kernel, log, compiled=_StandInCompiled):
+        params = inspect.signature(kernel.fn).parameters.values()  # (a JITFunction's or the interpreter's)
+        self.params = [_Param(p.name, None if p.default is p.empty else p.default) for p in params]
+        self.arg_names, self.pre_run_hooks = [p.name for p in self.params], []
+        self.name, self.log = kernel.fn.__name__, log
+        self.compiled = compiled(log, self.name)
+
+    def __getitem__(self, grid):
+        def jit(*args, **kwargs):
+            bound = [*args, *[kwargs.get(p.name, p.default) for p in self.params[len(args):]]]
+            self.log.append(("jit", self.name, (*grid, 1, 1)[:3], [_seen(a) for a in bound]))
+            return self.compiled
+        return jit
+
+
+def _stand_in_kernels(monkeypatch, compiled=_StandInCompiled) -> list:
+    """Every kernel of ft (and the Gluon modules where importable) launched by plain_launch through a
+    CachedLaunch of a _StandInKernel; plans on; returns the log of launches ("jit" or "launcher",
+    kernel, grid, bound arguments)."""
+    from lmperf.kernels import flash_attention_gluon as fg
+    log = []
+    monkeypatch.setattr(kl, "LAUNCHES", {})
+    modules = [ft]
+    if fg.IMPORT_ERROR is None:
+        from lmperf.kernels import flash_attention_gluon_bwd as gb
+        modules += [fg, gb]
+    for module in modules:
+        for value in vars(module).values():
+            if hasattr(value, "fn") and hasattr(value, "arg_names") and value.fn.__name__.endswith("kernel"):
+                kl.LAUNCHES[value] = kl.CachedLaunch(_StandInKernel(value, log, compiled))
+    monkeypatch.setattr(kl, "current_stream", lambda: (0, 1234))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv(kl.LAUNCH_ENV, "plan")
+    monkeypatch.setattr(ft, "PLANS", kl.Plans())
+    monkeypatch.setattr(ft, "check_device", lambda q: None)
+    return log
+
+
+def _force_gluon(monkeypatch, request) -> bool:
+    """Both Gluon kernels forced and made to run on the CPU (never launched); False where this
+    process has no Gluon (Triton's interpreter): the test then ran in a process without it."""
+    from lmperf.kernels import flash_attention_gluon as fg
+    from lmperf.kernels import flash_attention_gluon_bwd as gb
+    if fg.IMPORT_ERROR is not None:
+        pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                               request.node.nodeid],
+                              env={**os.environ, "TRITON_INTERPRET": "0"}, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+        return False
+    monkeypatch.setattr(fg, "available", lambda: None)
+    monkeypatch.setattr(fg, "sm_count", lambda device: 132)
+    monkeypatch.setattr(fg, "unsupported", lambda *a: None)
+    monkeypatch.setattr(gb, "unsupported", gb.shape_unsupported)
+    monkeypatch.setenv("LMPERF_FA_BACKEND", "gluon")
+    monkeypatch.setenv("LMPERF_FA_BWD_BACKEND", "gluon")
+    return True
+
+
+def _named(log, step, roles=8):
+    """The log's launches with each tensor (or descriptor's data) named by the role it is in the
+    call (q, k, v, O, dO, dQ, dK, dV: the first `roles` of them; "other" for the rest and the call's
+    own buffers)."""
+    q, k, v, out, g = step
+    return _by_role(log, (q, k, v, out, g, q.grad, k.grad, v.grad)[:roles])
+
+
+def _by_role(log, tensors):
+    """The log's launches with each tensor (or descriptor's data) named by its index in `tensors`."""
+    where = {(t.data_ptr(), t.dtype): i for i, t in reversed(list(enumerate(tensors)))}
+
+    def name(a):
+        if isinstance(a, tuple) and a[0] in ("tensor", "desc"):
+            return (a[0], where.get(a[1:3], "other"), *a[3:])
+        return a
+    return [(kernel, grid, [name(a) for a in args]) for _, kernel, grid, args in log]
+
+
+@pytest.mark.parametrize("case", ["tile", "tile-split", "gluon"])
+def test_a_plan_replays_to_the_compiled_launchers_with_the_jits_arguments(case, monkeypatch, request):
+    """A replayed call goes straight to each compiled kernel's launcher (no JIT, no CachedLaunch key),
+    with the arguments the JIT passed at the full path's call: the same kernels, grids, constants,
+    and every tensor and TMA descriptor the same role of the call; at the plan's first replay (each
+    launcher tried) and at later ones."""
+    dtype = torch.float32
+    if case == "gluon":
+        if not _force_gluon(monkeypatch, request):
+            return
+        dtype = torch.bfloat16
+    log = _stand_in_kernels(monkeypatch)
+    split = 2 if case == "tile-split" else 1  # pinned: the GPU's rules split these CPU shapes
+    real_fwd, real_bwd = ft.launch_fwd_config, ft.launch_bwd_config
+    monkeypatch.setattr(ft, "launch_fwd_config", lambda *a: {**real_fwd(*a), "SPLIT": split})
+    monkeypatch.setattr(ft, "launch_bwd_config", lambda *a: {
+        **real_bwd(*a), "fused": False, "dq": {**real_bwd(*a)["dq"], "SPLIT": split},
+        "dkdv": {**real_bwd(*a)["dkdv"], "SPLIT": 1}})
+    shape = (2, 4, 256, 64)
+    calls = []
+    for seed in range(3):
+        start = len(log)
+        calls.append((_step(shape, True, "model", seed, dtype), log[start:]))
+    (first, full), (_, second), (third_step, third) = calls
+    assert full and full[0][0] == "jit"  # (a kernel launched twice a call takes the cache at its second)
+    assert all(kind == "launcher" for kind, *_ in second + third)
+    # split: the partial sums are freed within the call and their memory reused by the next tensor
+    # made (dO, the gradients): only the inputs are named there
+    roles = 3 if case == "tile-split" else 8
+    assert _named(second, calls[1][0], roles) == _named(full, first, roles) == _named(third, third_step, roles)
+    assert any(a[1] != "other" for _, _, args in _named(full, first) for a in args if isinstance(a, tuple))
+
+
+@pytest.mark.parametrize("missing", [None, "launch_metadata"])
+def test_a_plan_whose_launcher_is_refused_or_missing_replays_through_the_jit(missing, monkeypatch):
+    """A compiled kernel without the launcher's attributes, or whose launcher refuses the plan's first
+    replay (TypeError): the plan's launches of it through the JIT, with the full path's arguments."""
+    class Compiled(_StandInCompiled):
+        def run(self, *args):
+            raise TypeError("launcher")
+    if missing:
+        Compiled = type("Compiled", (), {k: v for k, v in vars(_StandInCompiled).items() if k != missing})
+    log = _stand_in_kernels(monkeypatch, Compiled)
+    calls = []
+    for seed in range(3):
+        start = len(log)
+        calls.append((_step((2, 4, 256, 64), True, "model", seed), log[start:]))
+    (first, full), *replays = calls
+    assert all(kind == "jit" for _, log_ in calls for kind, *_ in log_)
+    for step, launches in replays:
+        assert _named(launches, step) == _named(full, first)
+    assert all(launch.jit_only or not launch.compiled for launch in kl.LAUNCHES.values())
+
+
+def test_the_gluon_ops_replay_their_first_calls_launches(monkeypatch, request):
+    """The Gluon kernels' ops (what torch.compile's graphs call) with plans on: a later call of a
+    signature replays the first call's launches to the launchers, each tensor and descriptor the
+    same role of the call."""
+    if not _force_gluon(monkeypatch, request):
+        return
+    log = _stand_in_kernels(monkeypatch)
+    ops = torch.ops.lmperf
+
+    def call(seed):
+        torch.manual_seed(seed)
+        q, k, v, out, do = (torch.randn(1, 2, 256, 64, dtype=torch.bfloat16) for _ in range(5))
+        lse, delta = torch.randn(2, 256), torch.empty(2, 256)
+        dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+        start = len(log)
+        o, l = ops.flash_attention_forward_gluon(q, k, v, True)
+        ops.flash_attention_dq_gluon(q, k, v, out, do, lse, delta, dq, True)
+        ops.flash_attention_dkdv_gluon(q, k, v, do, lse, delta, dk, dv, True)
+        return [kind for kind, *_ in log[start:]], _by_role(log[start:], (q, k, v, out, do, lse, delta, dq, dk, dv, o, l))
+    (kinds0, first), (kinds1, second), (kinds2, third) = call(0), call(1), call(2)
+    assert kinds0 == ["jit"] * 3 and kinds1 == kinds2 == ["launcher"] * 3
+    assert first == second == third
+    assert len(ft.PLANS.plans) == 3 and all(ft.PLANS.plans.values())
+
+
+def test_clear_plans_forgets_them(launches, monkeypatch):
+    """clear_plans(): every plan forgotten; the next call of a signature runs its full path again,
+    recorded under the rules of now (a rule patched, as tests do), and its replays follow them."""
+    calls = []
+    real = ft.eager_forward
+    monkeypatch.setattr(ft, "eager_forward", lambda *a: calls.append(1) or real(*a))
+    _step((2, 4, 256, 64), True, "heads", 0)
+    _step((2, 4, 256, 64), True, "heads", 1)
+    assert calls == [1] and len(ft.PLANS.plans) == 2
+    real_fwd = ft.launch_fwd_config
+    monkeypatch.setattr(ft, "launch_fwd_config", lambda *a: {**real_fwd(*a), "BLOCK_Q": 16})
+    ft.clear_plans()
+    assert not ft.PLANS.plans
+    start = len(launches.log)
+    for seed in (2, 3):
+        _step((2, 4, 256, 64), True, "heads", seed)
+    assert calls == [1, 1] and len(ft.PLANS.plans) == 2
+    forwards = [kw["BLOCK_Q"] for name, _, _, kw in launches.log if name == "_fwd_kernel"]
+    assert forwards[0] != 16 and forwards[-2:] == [16, 16]
+    assert len(launches.log) - start == start
+
+
+def test_getenv_reads_what_os_environ_holds(monkeypatch):
+    monkeypatch.setenv("LMPERF_TEST_GETENV", "a")
+    assert kl.getenv("LMPERF_TEST_GETENV") == "a"
+    monkeypatch.setenv("LMPERF_TEST_GETENV", "b")
+    assert kl.getenv("LMPERF_TEST_GETENV") == "b"
+    monkeypatch.delenv("LMPERF_TEST_GETENV")
+    assert kl.getenv("LMPERF_TEST_GETENV") is None
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA: the kernels")

@@ -229,6 +229,228 @@ def launch_cost(case, out_csv, log):
     write(out_csv, rows)
 
 
+# ---------------------------------------------------------------------------------------------
+# --stub: the Python cost of ours on the CPU, kernel launches stubbed out
+
+# name: (the case, the tiny CPU shape (batch, heads, N, D) taking its dispatch's branches, the
+# backends forced (LMPERF_FA_BACKEND, LMPERF_FA_BWD_BACKEND) or None)
+STUB_CASES = {
+    "model64": ("model64", (2, 2, 64, 64), None),
+    "assign64": ("assign64", (2, 1, 64, 64), None),
+    "model128": ("model128", (2, 2, 64, 128), None),
+    "grid4096": ("grid4096", (1, 1, 128, 128), ("gluon", "gluon")),  # both Gluon kernels (N a multiple of 128)
+}
+STUB_IMPLS = ("trivial", "bare", "jit", "cache", "plan")
+
+
+class StubCompiled:
+    """Stands in for a compiled Triton kernel: its launcher (run) launches nothing; it counts."""
+    function = None
+    packed_metadata = None
+
+    def __init__(self):
+        self.runs = 0
+
+    def launch_metadata(self, grid, stream, *args):
+        return None
+
+    def run(self, *args):
+        self.runs += 1
+
+
+class StubKernel:
+    """Stands in for a Triton JITFunction in CachedLaunch: the kernel's parameters; kernel[grid](...)
+    (the JIT) returns the StubCompiled without launching anything, and counts."""
+
+    def __init__(self, kernel):
+        self.arg_names, self.params, self.pre_run_hooks = kernel.arg_names, kernel.params, []
+        self.compiled = StubCompiled()
+        self.jit_calls = 0
+
+    def __getitem__(self, grid):
+        return self.jit
+
+    def jit(self, *args, **kwargs):
+        self.jit_calls += 1
+        return self.compiled
+
+
+def stub_out_launches():
+    """Every kernel of ours launched through a CachedLaunch of a StubKernel (the JIT and the
+    launcher stubbed); the CUDA-only checks answered as on a Hopper GPU; returns the StubKernels.
+    Needs a process whose TRITON_INTERPRET is not 1 (plain_launch's compiled path)."""
+    import triton.runtime.jit as triton_jit
+    from lmperf.kernels import flash_attention_gluon as fg
+    from lmperf.kernels import flash_attention_gluon_bwd as gb
+    from lmperf.kernels import flash_attention_triton as ft
+    from lmperf.kernels import launch as kernel_launch
+    stubs = []
+    for module in (ft, fg, gb):
+        for value in vars(module).values():
+            if isinstance(value, triton_jit.JITFunction) and value.arg_names and value.__name__.endswith("kernel"):
+                stubs.append(StubKernel(value))
+                kernel_launch.LAUNCHES[value] = kernel_launch.CachedLaunch(stubs[-1])
+    kernel_launch.current_stream = lambda: (0, 0)
+    ft.check_device = lambda q: None
+    fg.available = lambda: None
+    fg.sm_count = lambda device: 132
+    fg.unsupported = lambda *a: None  # its CUDA-only checks; gb's shape checks run as they are
+    gb.unsupported = gb.shape_unsupported
+    return stubs
+
+
+def pin_configs(case):
+    """The tile configs (ft's rule memos) of the case's real shape, whatever the shape called."""
+    import functools
+    from lmperf.kernels import flash_attention_triton as ft
+    b, h, n, _, _ = CASES[case]
+    ft._fwd_memo = functools.lru_cache(maxsize=64)(lambda _n, d, dtype, causal, _bh: ft.fwd_config(
+        n, d, dtype, causal, b * h))
+    ft._bwd_memo = functools.lru_cache(maxsize=64)(lambda _n, d, dtype, causal, _bh, group: ft.bwd_config(
+        n, d, dtype, causal, b * h, group))
+
+
+def stub_step(impl, shape, layout):
+    """A forward + `.sum().backward()` of `impl` on fresh CPU bf16 leaves of the tiny shape."""
+    from lmperf.kernels.flash_attention_triton import FlashAttention2Triton
+    b, h, n, d = shape
+    leaf_shape = (b, n, h, d) if layout == "model" else (b * h, n, d)
+    q, k, v = (torch.randn(leaf_shape, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    view = (lambda t: t.transpose(1, 2)) if layout == "model" else (lambda t: t)
+    if impl == "trivial":
+        fn = lambda q, k, v: q * 1  # noqa: E731
+    elif impl == "bare":
+        fn = lambda q, k, v: Bare.apply(q, k, v, True)  # noqa: E731
+    else:
+        fn = lambda q, k, v: FlashAttention2Triton.apply(q, k, v, True)  # noqa: E731
+
+    def step():
+        fn(view(q), view(k), view(v)).sum().backward()
+        q.grad = k.grad = v.grad = None
+    return step
+
+
+class Bare(torch.autograd.Function):
+    """The floor of an autograd Function with ours' allocations and saved tensors, no kernels."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False):
+        out, lse = torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.is_causal = is_causal
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
+
+
+def stub_cost(cases, out_csv, log, reps=300, rounds=7, profile_txt=None):
+    """us a call of each STUB_IMPLS at each case: rounds interleaved across impls, the median of
+    the rounds' means; the launches a call (JIT and launcher) counted in one extra call."""
+    import statistics
+    os.environ.pop("TRITON_INTERPRET", None)
+    import lmperf.kernels.flash_attention_gluon as fg
+    stubs = stub_out_launches()
+    rows = []
+    for case in cases:
+        real, shape, backends = STUB_CASES[case]
+        layout = CASES[real][4]
+        if backends and fg.IMPORT_ERROR is not None:
+            continue
+        pin_configs(real)
+        for name, value in zip(("LMPERF_FA_BACKEND", "LMPERF_FA_BWD_BACKEND"), backends or (None, None)):
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+        steps = {impl: stub_step(impl, shape, layout) for impl in STUB_IMPLS}
+        times = {impl: [] for impl in STUB_IMPLS}
+        launches = {}
+        for impl in STUB_IMPLS:
+            os.environ[LAUNCH_ENV] = impl
+            for _ in range(20):
+                steps[impl]()
+            before = [(s.jit_calls, s.compiled.runs) for s in stubs]
+            steps[impl]()
+            after = [(s.jit_calls, s.compiled.runs) for s in stubs]
+            launches[impl] = tuple(sum(a[i] - b[i] for a, b in zip(after, before)) for i in (0, 1))
+        for _ in range(rounds):
+            for impl in STUB_IMPLS:
+                os.environ[LAUNCH_ENV] = impl
+                step = steps[impl]
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    step()
+                times[impl].append((time.perf_counter() - t0) / reps * 1e6)
+        if profile_txt and case == cases[0]:
+            os.environ[LAUNCH_ENV] = "plan"
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(reps):
+                steps["plan"]()
+            pr.disable()
+            s = io.StringIO()
+            st = pstats.Stats(pr, stream=s)
+            st.sort_stats("tottime").print_stats(40)
+            st.sort_stats("cumulative").print_stats(50)
+            Path(profile_txt).write_text(s.getvalue())
+        for impl in STUB_IMPLS:
+            row = dict(case=case, real_shape="x".join(map(str, CASES[real][:4])), cpu_shape="x".join(map(str, shape)),
+                       layout=layout, impl=impl, us_per_call=statistics.median(times[impl]),
+                       min_us=min(times[impl]), max_us=max(times[impl]), jit_launches=launches[impl][0],
+                       launcher_launches=launches[impl][1], rounds=rounds, reps=reps)
+            rows.append(row)
+            log(row)
+    os.environ.pop(LAUNCH_ENV, None)
+    write(out_csv, rows)
+    return rows
+
+
+def stub_op_cost(out_csv, log, reps=2000, rounds=5):
+    """us a call of each Gluon kernel's op (torch.compile's graphs call them: lmperf::
+    flash_attention_forward_gluon, _dq_gluon, _dkdv_gluon) against its launcher called directly,
+    launches stubbed, at (1, 1, 128, 128) bf16, through the JIT, the launch cache and plans (stub_cost's
+    set-up; the ops' plans replay to the launchers)."""
+    import statistics
+    os.environ.pop("TRITON_INTERPRET", None)
+    import lmperf.kernels.flash_attention_gluon as fg
+    if fg.IMPORT_ERROR is not None:
+        return []
+    import lmperf.kernels.flash_attention_gluon_bwd as gb
+    stub_out_launches()
+    q, k, v, out, do, dq, dk, dv = (torch.randn(1, 1, 128, 128, dtype=torch.bfloat16) for _ in range(8))
+    lse, delta = torch.randn(1, 128), torch.randn(1, 128)
+    ops = torch.ops.lmperf
+    calls = {
+        ("forward", "direct"): lambda: fg.forward(q, k, v, True),
+        ("forward", "op"): lambda: ops.flash_attention_forward_gluon(q, k, v, True),
+        ("dq", "direct"): lambda: gb.launch_dq(q, k, v, out, do, lse, delta, dq, True),
+        ("dq", "op"): lambda: ops.flash_attention_dq_gluon(q, k, v, out, do, lse, delta, dq, True),
+        ("dkdv", "direct"): lambda: gb.launch_dkdv(q, k, v, do, lse, delta, dk, dv, True),
+        ("dkdv", "op"): lambda: ops.flash_attention_dkdv_gluon(q, k, v, do, lse, delta, dk, dv, True),
+    }
+    rows = []
+    for mode in ("jit", "cache", "plan"):
+        os.environ[LAUNCH_ENV] = mode
+        for (kernel, how), call in calls.items():
+            if how == "direct" and mode == "plan":
+                continue  # a plan is the op's (or FlashAttention2Triton's), not the launcher's
+            for _ in range(20):
+                call()
+            times = []
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    call()
+                times.append((time.perf_counter() - t0) / reps * 1e6)
+            row = dict(case="gluon ops", kernel=kernel, call=how, launch=mode, us_per_call=statistics.median(times),
+                       min_us=min(times), rounds=rounds, reps=reps)
+            rows.append(row)
+            log(row)
+    os.environ.pop(LAUNCH_ENV, None)
+    write(out_csv, rows)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -239,10 +461,19 @@ def main():
     ap.add_argument("--launch", action="store_true")
     ap.add_argument("--skip-bench", action="store_true")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--stub", action="store_true", help="the CPU's measure of our Python, launches stubbed")
+    ap.add_argument("--reps", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=7)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
-    cases = a.only.split(",")
     log = lambda r: print(r, flush=True)  # noqa: E731
+    if a.stub:
+        cases = a.only.split(",") if a.only != ap.get_default("only") else list(STUB_CASES)
+        stub_cost(cases, a.out / f"fa_host_stub{a.tag}.csv", log, a.reps, a.rounds,
+                  a.out / f"fa_host_stub_profile{a.tag}.txt" if a.profile else None)
+        stub_op_cost(a.out / f"fa_host_stub_ops{a.tag}.csv", log)
+        return 0
+    cases = a.only.split(",")
     if a.launch:
         launch_cost(cases[0], a.out / f"fa_host_launch{a.tag}.csv", log)
     if a.profile:

@@ -163,9 +163,11 @@ def compile_check(log) -> list[dict]:
 def _knobs(fg, label: str) -> None:
     """A variant label's suffix sets the module's knobs: _snake/_nosnake the causal schedule,
     _regs240 the second consumer warpgroup's registers; none: the defaults."""
+    from lmperf.kernels import flash_attention_triton as ft
     suffix = label.split("_")[-1]
     fg.SNAKE_CAUSAL = {"snake": True, "nosnake": False}.get(suffix)
     fg.PP_REGS = 240 if suffix == "regs240" else 232
+    ft.clear_plans()  # plans (LMPERF_FA_LAUNCH=plan) replay the knobs they were recorded under
 
 
 def flops(b, h, n, d, causal):

@@ -747,8 +747,14 @@ def flash_attention_dkdv_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                lse: torch.Tensor, delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
                                is_causal: bool) -> None:
     """dK, dV into dk, dv, as a PyTorch op opaque to torch.compile (a compiled backward launches
-    the same kernel as eager mode: the same bits)."""
-    launch_dkdv(q, k, v, do, lse, delta, dk, dv, is_causal)
+    the same kernel as eager mode: the same bits). With plans on (LMPERF_FA_LAUNCH=plan), a call's
+    launch is replayed from the plan of its signature, as in eager mode."""
+    if kernel_launch.planning():
+        from lmperf.kernels import flash_attention_triton as ft
+        inputs = (q, k, v, do, lse, delta, dk, dv)
+        ft.planned(("gluon dkdv", is_causal), inputs, lambda: (launch_dkdv(*inputs, is_causal), ())[1])
+    else:
+        launch_dkdv(q, k, v, do, lse, delta, dk, dv, is_causal)
 
 
 @flash_attention_dkdv_gluon.register_fake
@@ -795,8 +801,14 @@ def flash_attention_dq_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                              do: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor, dq: torch.Tensor,
                              is_causal: bool) -> None:
     """dQ into dq and Delta into delta, as a PyTorch op opaque to torch.compile (a compiled
-    backward launches the same kernel as eager mode: the same bits)."""
-    launch_dq(q, k, v, out, do, lse, delta, dq, is_causal)
+    backward launches the same kernel as eager mode: the same bits). With plans on
+    (LMPERF_FA_LAUNCH=plan), a call's launch is replayed from the plan of its signature."""
+    if kernel_launch.planning():
+        from lmperf.kernels import flash_attention_triton as ft
+        inputs = (q, k, v, out, do, lse, delta, dq)
+        ft.planned(("gluon dq", is_causal), inputs, lambda: (launch_dq(*inputs, is_causal), ())[1])
+    else:
+        launch_dq(q, k, v, out, do, lse, delta, dq, is_causal)
 
 
 @flash_attention_dq_gluon.register_fake

@@ -1075,7 +1075,7 @@ def _backward(ctx, grad_out, *_, direct: bool = False):
     q, k, v, out, lse = ctx.saved_tensors
     if direct and kernel_launch.planning():
         g = _heads(grad_out)  # the copy the kernels may need, outside the plan (it is the call's data)
-        dq, dk, dv = _planned(("backward", ctx.is_causal), (q, k, v, out, lse, g),
+        dq, dk, dv = planned(("backward", ctx.is_causal), (q, k, v, out, lse, g),
                               lambda: _backward_kernels(q, k, v, out, lse, g, ctx.is_causal, plain_launch,
                                                         with_delta=True))[:3]
     elif direct:
@@ -1127,19 +1127,33 @@ DISPATCH_ENV = ("LMPERF_FA_BACKEND", "LMPERF_FA_BWD_BACKEND")
 def plan_key(kind: tuple, inputs: tuple) -> tuple:
     """A call's plan key: its tensors' signature (kernel_launch.signature), its kind and flags, and
     the dispatch's variables."""
-    return kernel_launch.signature(inputs, (*kind, *map(os.environ.get, DISPATCH_ENV)))
+    return kernel_launch.signature(inputs, (*kind, *map(kernel_launch.getenv, DISPATCH_ENV)))
 
 
-def _planned(kind: tuple, inputs: tuple, run) -> tuple:
+def clear_plans() -> None:
+    """Forget every plan (PLANS) and the memoised tile configs: for whatever changes the dispatch's
+    rules within a process (a rule, a threshold or a config table patched, as tests do): a plan
+    replays the launches the rules chose when it was recorded."""
+    PLANS.clear()
+    _fwd_memo.cache_clear()
+    _bwd_memo.cache_clear()
+
+
+def planned(kind: tuple, inputs: tuple, run) -> tuple:
     """run()'s outputs, the kernels it launches for these inputs replayed from the plan of their call
     signature (kernel_launch.signature) where there is one: the dispatch, its checks and descriptors
     were done at the signature's first call, which run() made and recorded. A signature whose call
     makes a copy of its own has no plan and runs run() every time; its scratch buffers (a split's
-    partial sums: kernel_launch.scratch) are allocated afresh at each replay."""
+    partial sums: kernel_launch.scratch) are allocated afresh at each replay. Tensors the call
+    writes in place are inputs (a role like any other); inside another call's recording, run()
+    itself (a replay would not be recorded). Callers: FlashAttention2Triton's eager forward and
+    backward, and the Gluon kernels' ops (what torch.compile's graphs call)."""
+    if kernel_launch.recording_now():
+        return run()
     key = plan_key(kind, inputs)
     plan = PLANS.get(key)
     if plan:
-        outs = plan.allocate(inputs[0].device)
+        outs = plan.allocate()
         plan.replay((*inputs, *outs))
         return tuple(outs[:plan.n_outputs])
     if plan is None:  # the signature's first call: the full path, recorded
@@ -1171,7 +1185,7 @@ class FlashAttention2Triton(torch.autograd.Function):
                 check_device(q)
                 out, lse = flash_attention_forward(q, k, v, is_causal)
         elif kernel_launch.planning():  # LMPERF_FA_LAUNCH=plan: the call's launches replayed (kernel_launch.Plan)
-            out, lse = _planned(("forward", is_causal), (q, k, v), lambda: eager_forward(q, k, v, is_causal))
+            out, lse = planned(("forward", is_causal), (q, k, v), lambda: eager_forward(q, k, v, is_causal))
         else:
             out, lse = eager_forward(q, k, v, is_causal)
         ctx.save_for_backward(q, k, v, out, lse)

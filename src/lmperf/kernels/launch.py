@@ -3,10 +3,14 @@
 Triton's JIT, or with LMPERF_FA_LAUNCH=cache through a cache of the compiled kernels' launchers
 (CachedLaunch), which skips the JIT's per-call work. LMPERF_FA_LAUNCH=plan adds plans (Plan): a
 call's launches recorded once per call signature and replayed, which skips the dispatch's checks,
-rules and descriptor building as well."""
+rules and descriptor building as well; a plan calls each compiled kernel's launcher itself.
+The launcher is not a public interface of Triton's: a compiled kernel that lacks what is called
+(LAUNCHER_ATTRS), or whose launcher refuses its first call (TypeError, AttributeError), is launched
+through the JIT from then on."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 import os
 
@@ -16,6 +20,25 @@ LAUNCH_ENV = "LMPERF_FA_LAUNCH"  # "cache": eager launches through CachedLaunch;
 # else (the default) Triton's JIT. Off by default: the launch cache's saving, 0.1-0.25 ms a forward+backward,
 # was inside the host's noise across processes (tuning/flash_attention/NOTES.md, step 44), and it calls the
 # compiled kernel's launcher, an interface of Triton's that is not public
+
+
+def getenv(name: str):
+    """os.environ.get(name), read from the environment's own dict where CPython's os.environ keeps
+    one (`_data`, keys encoded): an unset name costs no KeyError (about 0.03 us against 0.7 us a
+    read), and a change made through os.environ (monkeypatch.setenv) is seen at once, as with
+    os.environ.get."""
+    env = os.environ
+    try:
+        value = env._data.get(_ENV_KEYS[name])
+    except KeyError:
+        _ENV_KEYS[name] = env.encodekey(name)
+        return getenv(name)
+    except AttributeError:  # not CPython's os._Environ
+        return env.get(name)
+    return None if value is None else env.decodevalue(value)
+
+
+_ENV_KEYS: dict = {}  # name -> os.environ's key for it (encoded)
 
 
 def current_stream():
@@ -37,7 +60,10 @@ class CachedLaunch:
     exactly: a shape or stride that changes is a new key, never a wrong kernel), the options
     (num_warps, num_stages) and the device. Kernels with pre-run hooks, and arguments of any other
     type, always take the JIT. Gluon's TMA descriptors are keyed by their dtype, alignment, shape,
-    strides, block and layout; the launcher fills each one afresh at every launch, as the JIT's does."""
+    strides, block and layout; the launcher fills each one afresh at every launch, as the JIT's does.
+    Fail-safe: a compiled kernel without LAUNCHER_ATTRS is never cached, and a launcher whose first
+    call raises TypeError or AttributeError (before it launches: the arguments it was given) turns
+    the cache off for this kernel (`jit_only`), that launch and every later one going through the JIT."""
 
     MAX_ENTRIES = 512
 
@@ -47,6 +73,13 @@ class CachedLaunch:
         self.defaults = {p.name: p.default for p in kernel.params}
         self.compiled: dict = {}
         self.picks: dict = {}
+        self.jit_only = False  # the launcher refused its first call: the JIT from then on
+        self.checked = False  # the launcher took a call
+
+    def refused(self) -> None:
+        """The launcher refused its first call: every launch of this kernel through the JIT."""
+        self.jit_only = True
+        self.compiled.clear()
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.run(grid, args, kwargs)
@@ -88,7 +121,8 @@ class CachedLaunch:
         return bound
 
     def run(self, grid, args, kwargs):
-        if self.kernel.pre_run_hooks or callable(grid) or os.environ.get(LAUNCH_ENV) not in ("cache", "plan"):
+        if self.jit_only or self.kernel.pre_run_hooks or callable(grid) or \
+                getenv(LAUNCH_ENV) not in ("cache", "plan"):
             return self.kernel[grid](*args, **kwargs)
         device, stream = current_stream()
         try:
@@ -98,18 +132,57 @@ class CachedLaunch:
         compiled = self.compiled.get(key)
         if compiled is None:
             compiled = self.kernel[grid](*args, **kwargs)
-            if hasattr(compiled, "packed_metadata"):
+            if launchable(compiled):
                 if len(self.compiled) >= self.MAX_ENTRIES:
                     self.compiled.clear()
                 self.compiled[key] = compiled
             return compiled
-        from triton import knobs
         bound = self.bound(args, kwargs)
         g0, g1, g2 = (*grid, 1, 1)[:3]
-        compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata,
-                     compiled.launch_metadata(grid, stream, *bound), knobs.runtime.launch_enter_hook,
-                     knobs.runtime.launch_exit_hook, *bound)
+        if self.checked:
+            _launch(compiled, grid, g0, g1, g2, stream, bound)
+            return compiled
+        try:
+            _launch(compiled, grid, g0, g1, g2, stream, bound)
+        except (TypeError, AttributeError):
+            self.refused()
+            return self.kernel[grid](*args, **kwargs)
+        self.checked = True
         return compiled
+
+
+LAUNCHER_ATTRS = ("run", "function", "packed_metadata", "launch_metadata")  # what a direct launch calls
+
+
+def launchable(compiled) -> bool:
+    """Whether a compiled kernel has what a direct launch calls (LAUNCHER_ATTRS)."""
+    return compiled is not None and all(hasattr(compiled, a) for a in LAUNCHER_ATTRS)
+
+
+def _launch(compiled, grid, g0, g1, g2, stream, bound) -> None:
+    """The compiled kernel's launcher with the JIT's arguments (triton.runtime.jit's JITFunction.run)."""
+    hooks = _knobs().runtime
+    enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
+    meta = None if _idle(enter) and _idle(leave) else compiled.launch_metadata(grid, stream, *bound)
+    compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, meta, enter, leave, *bound)
+
+
+def _idle(hook) -> bool:
+    """A launch hook that calls nothing (None, or Triton's HookChain with no calls): the launch's
+    metadata, built for the hooks only, is not needed."""
+    return hook is None or (type(hook).__name__ == "HookChain" and not getattr(hook, "calls", True))
+
+
+def _knobs():
+    """triton.knobs (imported at the first launch: this module imports without Triton)."""
+    global _KNOBS
+    if _KNOBS is None:
+        from triton import knobs
+        _KNOBS = knobs
+    return _KNOBS
+
+
+_KNOBS = None
 
 
 def _picker(idx: list):
@@ -129,7 +202,7 @@ _PLAIN = frozenset((int, bool, float, str, type(None)))  # argument types keyed 
 def plain_launch(kernel):
     """How the eager path launches a kernel, without the op's dispatch: a CachedLaunch of it (the
     interpreter's kernels as they are); while a plan is recorded, one that also records the launch."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if getenv("TRITON_INTERPRET") == "1":
         return kernel
     launch = LAUNCHES.get(kernel)
     if launch is None:
@@ -146,8 +219,8 @@ _RECORDING: list = []  # the Recordings of the calls being recorded (innermost l
 
 
 class Recording:
-    """What plain_launch saw during a call: its launches (launch, grid, args, kwargs), and the
-    scratch buffers the call made (`scratch`)."""
+    """What plain_launch saw during a call: its launches (launch, grid, args, kwargs, what the launch
+    returned: the compiled kernel), and the scratch buffers the call made (`scratch`)."""
 
     def __init__(self):
         self.launches: list = []
@@ -169,8 +242,9 @@ class _Recorded:
 
     def __getitem__(self, grid):
         def go(*args, **kwargs):
-            self.into.append((self.launch, grid, args, kwargs))
-            return self.launch[grid](*args, **kwargs)
+            compiled = self.launch[grid](*args, **kwargs)
+            self.into.append((self.launch, grid, args, kwargs, compiled))
+            return compiled
         return go
 
 
@@ -185,18 +259,23 @@ def recording():
         _RECORDING.pop()
 
 
+def recording_now() -> bool:
+    """Whether a call is being recorded (inside `recording()`)."""
+    return bool(_RECORDING)
+
+
 def planning() -> bool:
     """Whether eager calls go through plans (LMPERF_FA_LAUNCH=plan; not in Triton's interpreter)."""
-    return os.environ.get(LAUNCH_ENV) == "plan" and os.environ.get("TRITON_INTERPRET") != "1"
+    return getenv(LAUNCH_ENV) == "plan" and getenv("TRITON_INTERPRET") != "1"
 
 
-def signature(tensors, extra=()) -> tuple:
-    """What a call's launches depend on in its tensors: each one's shape, strides, dtype, device and
-    16-byte alignment, and which of them share their data (the first tensor with the same address);
-    then `extra`, the rest the caller's dispatch reads (its flags, its settings)."""
+def signature(tensors, extra: tuple = ()) -> tuple:
+    """What a call's launches depend on in its tensors: each one's shape, strides, dtype and device,
+    its 16-byte alignment, and which of them share their data (the first tensor with the same
+    address); then `extra`, the rest the caller's dispatch reads (its flags, its settings)."""
     ptrs = [t.data_ptr() for t in tensors]
-    return (tuple((t.shape, t.stride(), t.dtype, t.device, p % 16 == 0) for t, p in zip(tensors, ptrs)),
-            tuple(ptrs.index(p) for p in ptrs), tuple(extra))
+    return (*[(t.shape, t.stride(), t.dtype, t.device, p % 16 == 0, ptrs.index(p)) for t, p in zip(tensors, ptrs)],
+            extra)
 
 
 class Plan:
@@ -204,15 +283,22 @@ class Plan:
     kernels and grids as recorded; each argument a constant, a role (the i-th tensor of the call:
     its inputs, then its outputs), or a TMA descriptor of a role's data (shape, strides, block and
     layout as recorded, built without Triton's checks, which it passed at the recording); and the
-    outputs and scratch buffers to allocate (shape, strides, dtype). A call whose launches read a
-    tensor that is none of its roles (a copy made inside) gets no plan (`build` returns None)."""
+    outputs and scratch buffers to allocate (shape, strides, dtype, device). A call whose launches
+    read a tensor that is none of its roles (a copy made inside) gets no plan (`build` returns None).
+    A launch the cache made (CachedLaunch, compiled kernel with LAUNCHER_ATTRS, no pre-run hooks)
+    replays straight to its compiled kernel's launcher: its arguments in the kernel's parameter
+    order (defaults filled in) as the JIT passes them, the stream read once a replay. The first
+    replay tries each launcher (a TypeError or AttributeError: that kernel through the JIT from
+    then on, CachedLaunch.refused); a replay on another device than the recording's goes through
+    the cache's keyed path (CachedLaunch.run)."""
 
-    def __init__(self, launches, outputs, n_outputs):
-        self.launches, self.outputs, self.n_outputs = launches, outputs, n_outputs
+    def __init__(self, launches, outputs, n_outputs, device=None):
+        self.launches, self.outputs, self.n_outputs, self.device = launches, outputs, n_outputs, device
+        self.direct = any(entry[0] is not None for entry in launches)
+        self.checked = False  # every direct launch has taken a call (the first replay's tries)
 
     @classmethod
     def build(cls, rec: Recording, inputs, outputs):
-        launches = rec.launches
         outputs = [*outputs, *rec.scratch]
         roles = [*inputs, *outputs]
         where = {}
@@ -237,35 +323,97 @@ class Plan:
 
         recorded = []
         try:
-            for launch, grid, args, kwargs in launches:
+            for launch, grid, args, kwargs, compiled in rec.launches:
                 if callable(grid):
                     return None
                 args, kwargs = [template(a) for a in args], {k: template(v) for k, v in kwargs.items()}
                 # the constants as they are, and where the call's tensors and descriptors go
-                recorded.append((launch[grid], [x if kind == _CONST else None for kind, x in args],
-                                 [(i, kind, x) for i, (kind, x) in enumerate(args) if kind != _CONST],
-                                 {k: x for k, (kind, x) in kwargs.items() if kind == _CONST},
-                                 [(k, kind, x) for k, (kind, x) in kwargs.items() if kind != _CONST]))
+                jit = (launch[grid], *_fill_template(args),
+                       {k: x for k, (kind, x) in kwargs.items() if kind == _CONST},
+                       [(k, kind, x) for k, (kind, x) in kwargs.items() if kind != _CONST])
+                recorded.append((*_direct(launch, grid, compiled, args, kwargs), jit, launch))
         except LookupError:
             return None
-        return cls(recorded, [None if t is None else (tuple(t.shape), t.stride(), t.dtype) for t in outputs],
-                   len(outputs) - len(rec.scratch))
+        device = current_stream()[0] if any(entry[0] is not None for entry in recorded) else None
+        return cls(recorded, [None if t is None else functools.partial(
+                       torch.empty_strided, tuple(t.shape), t.stride(), dtype=t.dtype, device=t.device)
+                       for t in outputs],
+                   len(outputs) - len(rec.scratch), device)
 
-    def allocate(self, device) -> list:
+    def allocate(self) -> list:
         """The call's outputs, then its scratch buffers: fresh, uninitialised."""
-        return [None if o is None else torch.empty_strided(o[0], o[1], dtype=o[2], device=device)
-                for o in self.outputs]
+        return [None if new is None else new() for new in self.outputs]
 
     def replay(self, roles) -> None:
-        for go, args, fills, kwargs, kw_fills in self.launches:
+        if self.direct:
+            device, stream = current_stream()
+            if device != self.device or not self.checked:
+                return self._replay_checked(roles, device == self.device, stream)
+            hooks = _knobs().runtime
+            enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
+            meta = not (_idle(enter) and _idle(leave))
+        for run, function, packed, compiled, grid, g0, g1, g2, args, fills, jit, _ in self.launches:
+            if run is None:
+                _replay_jit(jit, roles)
+                continue
             args = args.copy()
             for i, kind, x in fills:
                 args[i] = roles[x] if kind == _ROLE else _desc(x, roles)
-            if kw_fills:
-                kwargs = kwargs.copy()
-                for k, kind, x in kw_fills:
-                    kwargs[k] = roles[x] if kind == _ROLE else _desc(x, roles)
-            go(*args, **kwargs)
+            run(g0, g1, g2, stream, function, packed, compiled.launch_metadata(grid, stream, *args) if meta else None,
+                enter, leave, *args)
+
+    def _replay_checked(self, roles, same_device: bool, stream) -> None:
+        """A replay that tries each direct launch (the plan's first), or one on another device than
+        the recording's (every launch through the cache's keyed path)."""
+        for n, (run, function, packed, compiled, grid, g0, g1, g2, args, fills, jit, launch) in enumerate(self.launches):
+            if run is None or not same_device:
+                _replay_jit(jit, roles)
+                continue
+            args = args.copy()
+            for i, kind, x in fills:
+                args[i] = roles[x] if kind == _ROLE else _desc(x, roles)
+            try:
+                _launch(compiled, grid, g0, g1, g2, stream, args)
+            except (TypeError, AttributeError):
+                launch.refused()
+                self.launches[n] = (None,) * 10 + (jit, launch)
+                _replay_jit(jit, roles)
+                continue
+            launch.checked = True
+        self.direct = any(entry[0] is not None for entry in self.launches)
+        self.checked = same_device
+
+
+def _fill_template(args: list) -> tuple:
+    """(the argument list with the constants in place and None where a role goes, [(position, kind,
+    what) of each role or descriptor])."""
+    return ([x if kind == _CONST else None for kind, x in args],
+            [(i, kind, x) for i, (kind, x) in enumerate(args) if kind != _CONST])
+
+
+def _direct(launch, grid, compiled, args: list, kwargs: dict) -> tuple:
+    """(run, function, packed_metadata, compiled, grid, g0, g1, g2, bound template, its fills) of a
+    launch that can go straight to its compiled kernel's launcher, else ten Nones."""
+    names, defaults = getattr(launch, "names", None), getattr(launch, "defaults", None)
+    if names is None or getattr(launch, "jit_only", True) or launch.kernel.pre_run_hooks or not launchable(compiled):
+        return (None,) * 10
+    bound = [*args, *[kwargs[name] if name in kwargs else (_CONST, defaults[name]) for name in names[len(args):]]]
+    g0, g1, g2 = (*grid, 1, 1)[:3]
+    return (compiled.run, compiled.function, compiled.packed_metadata, compiled, grid, g0, g1, g2,
+            *_fill_template(bound))
+
+
+def _replay_jit(jit, roles) -> None:
+    """One recorded launch through its CachedLaunch (`launch[grid]`), the call's roles filled in."""
+    go, args, fills, kwargs, kw_fills = jit
+    args = args.copy()
+    for i, kind, x in fills:
+        args[i] = roles[x] if kind == _ROLE else _desc(x, roles)
+    if kw_fills:
+        kwargs = kwargs.copy()
+        for k, kind, x in kw_fills:
+            kwargs[k] = roles[x] if kind == _ROLE else _desc(x, roles)
+    go(*args, **kwargs)
 
 
 _CONST, _ROLE, _DESC = 0, 1, 2
@@ -292,6 +440,10 @@ class Plans:
 
     def get(self, key):
         return self.plans.get(key)
+
+    def clear(self) -> None:
+        """Forget every plan: the next call of each signature runs its full path (recorded)."""
+        self.plans.clear()
 
     def put(self, key, plan) -> None:
         if len(self.plans) >= self.MAX_ENTRIES:
