@@ -42,7 +42,7 @@ from lmperf.kernels import launch as kernel_launch
 HEAD_DIMS = (64, 128)
 BLOCK_N = gb.BLOCK_N  # keys a program: two warpgroups of 64
 # (STAGES, consumer registers, BLOCK_M query rows a step, writer registers, writer warps) by head dim
-CONFIGS = {64: (2, 240, 128, 48, 2), 128: (2, 240, 64, 48, 2)}
+CONFIGS = {64: (2, 240, 128, 32, 2), 128: (2, 240, 64, 32, 2)}
 
 if gb.gluon is not None:
     from triton.experimental import gluon

@@ -1,0 +1,183 @@
+"""The fused Gluon backward (lmperf.kernels.flash_attention_gluon_fused: dQ, dK and dV in one kernel,
+dQ summed in key-tile order), opt-in behind LMPERF_FA_BWD_BACKEND=gluon-fused: on any machine the
+switch (what runs, what it refuses and why) and a compile of the kernel for sm_90 (the H100) whose
+cubin is read; on a Hopper GPU the kernel against float64 (head dims 64 and 128, causal or not,
+grouped-query, the model's layout), the same bits every run, and torch.compile against eager mode
+bit for bit."""
+import pytest
+import torch
+
+from lmperf.kernels import flash_attention_gluon_bwd as gb
+from lmperf.kernels import flash_attention_gluon_fused as gf
+from lmperf.kernels import flash_attention_triton as ft
+from lmperf.kernels.attention_contract import compare
+from tests.sm90 import compile_specs
+from tests.test_flash_attention_gluon_bwd import ENV, GLUON, NEEDS_HOPPER, grads, qkv
+
+
+def test_it_is_off_by_default(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    assert not gb.use_fused()
+    monkeypatch.setenv(ENV, "gluon")
+    assert not gb.use_fused()
+    monkeypatch.setenv(ENV, "gluon-fused")
+    assert gb.use_fused()
+
+
+def test_forcing_it_where_it_cannot_run_says_why(monkeypatch):
+    """Head dim 80 (the two-kernel Gluon backward covers it, the fused kernel does not): a ValueError
+    naming the variable and the head dims it covers, on any machine."""
+    monkeypatch.setenv(ENV, "gluon-fused")
+    q, k, v = qkv((1, 2, 128, 80), device="cpu")
+    with pytest.raises(ValueError, match=r"LMPERF_FA_BWD_BACKEND=gluon-fused .*head dims \(64, 128\); got 80"):
+        gb.use_gluon_dkdv(q, k, v, True)
+
+
+def test_forced_it_runs_the_fused_launcher_alone(monkeypatch):
+    """gluon-fused (the kernel able to run, stubbed here off a GPU by the tile kernels, so the
+    gradients must be the default's): one call of the fused launcher in eager mode, no other
+    backward kernel, and the rows' kernel column says so."""
+    dtype = torch.bfloat16 if GLUON else torch.float32
+    q, k, v = qkv((1, 4, 256, 64), dtype, kv_heads=2)
+    monkeypatch.delenv(ENV, raising=False)
+    ref = grads(q, k, v, True)
+    cfg = ft.launch_bwd_config(256, 64, dtype, True, 4, 2)
+    tile_dq, tile_dkdv = ft.launch_backward_dq, ft.launch_backward_dkdv
+    calls = []
+
+    def fused_stub(path):
+        def stub(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal):
+            calls.append(path)
+            delta = torch.empty(lse.shape, dtype=torch.float32, device=q3.device)
+            tile_dq(q3, k3, v3, o3, do3, lse, delta, dq, is_causal, {"dq": {**cfg["dq"], "SPLIT": 1}})
+            tile_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal, {"dkdv": {**cfg["dkdv"], "SPLIT": 1}})
+        return stub
+    monkeypatch.setattr(gf, "launch", fused_stub("launcher"))
+    monkeypatch.setattr(gf, "flash_attention_bwd_gluon_fused", fused_stub("op"))
+    monkeypatch.setattr(gb, "unsupported", lambda *a: None)
+    monkeypatch.setattr(gb, "launch_dq", lambda *a, **kw: calls.append("gluon dq"))
+    monkeypatch.setattr(gb, "launch_dkdv", lambda *a, **kw: calls.append("gluon dkdv"))
+    monkeypatch.setenv(ENV, "gluon-fused")
+    assert ft.kernels(q, k, v, True).endswith("backward: gluon fused")
+    got = grads(q, k, v, True)
+    assert calls == ["launcher"]
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b)
+
+
+def test_the_op_is_opaque_to_a_trace():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        q, k, v, out, do = (torch.empty(1, 2, 128, 64, dtype=torch.bfloat16) for _ in range(5))
+        lse = torch.empty(2, 128)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        assert torch.ops.lmperf.flash_attention_bwd_gluon_fused(q, k, v, out, do, lse, dq, dk, dv, True) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# A compile for sm_90 on this machine (no GPU needed)
+
+COMPILE = r'''
+from lmperf.kernels import flash_attention_gluon_fused as gf
+
+
+def compile_spec(kind, rest):
+    d, causal, group, dt = rest.split(",")
+    d, causal, group = int(d), causal == "1", int(group)
+    dtype = getattr(torch, dt)
+    q = torch.empty(1, 2 * group, 256, d, dtype=dtype)
+    k, v = torch.empty(1, 2, 256, d, dtype=dtype), torch.empty(1, 2, 256, d, dtype=dtype)
+    lse = torch.empty(2 * group, 256)
+    return gf.launch(q, k, v, torch.empty_like(q), torch.empty_like(q), lse, torch.empty_like(q),
+                     torch.empty_like(k), torch.empty_like(v), causal, compile_only=True)
+'''
+
+SPECS = [f"fused:{c}" for c in ("64,0,1,bfloat16", "64,1,4,bfloat16", "128,0,1,bfloat16", "128,1,2,float16")]
+SHARED_MAX = 232448  # bytes of shared memory a program may use on an H100
+
+
+@pytest.fixture(scope="module")
+def sm90():
+    pytest.importorskip("triton.experimental.gluon")
+    return compile_specs(COMPILE, SPECS)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_compiles_for_sm90_with_its_products_in_flight(sm90, spec):
+    """wgmma and TMA in the cubin, the shared memory within an H100's, and the products not
+    serialised for want of registers (ptxas then waits after every wgmma: as many waits as
+    products)."""
+    r = sm90[spec]
+    assert r["HGMMA"] > 0 and r["UTMALDG"] > 0, r
+    assert r["shared_bytes"] <= SHARED_MAX, r
+    assert r["WARPGROUP.DEPBAR"] < r["HGMMA"] // 2, r
+
+
+# ---------------------------------------------------------------------------------------------
+# On a Hopper GPU
+
+
+@NEEDS_HOPPER
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("n", [128, 1152])
+def test_matches_float64(monkeypatch, d, causal, n):
+    """dQ, dK, dV against float64 within the contract's tolerance, bf16 with one head a K/V head
+    and fp16 with 2 query heads a K/V head."""
+    monkeypatch.setenv(ENV, "gluon-fused")
+    for dtype, shape, kv in ((torch.bfloat16, (2, 3, n, d), None), (torch.float16, (1, 4, n, d), 2)):
+        q, k, v = qkv(shape, dtype, kv, seed=n)
+        rows = compare(ft.FlashAttention2Triton.apply, q, k, v, causal)
+        assert all(r["passed"] for r in rows), (dtype, rows)
+
+
+@NEEDS_HOPPER
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_models_layout_and_grouped_query(monkeypatch, causal):
+    """(B, H, N, D) views of (B, N, H, D) projections, 8 query heads on 2 K/V heads: right against
+    float64, and the same bits as contiguous inputs."""
+    monkeypatch.setenv(ENV, "gluon-fused")
+    q = torch.randn(2, 512, 8, 128, dtype=torch.bfloat16, device="cuda").transpose(1, 2)
+    k, v = (torch.randn(2, 512, 2, 128, dtype=torch.bfloat16, device="cuda").transpose(1, 2) for _ in range(2))
+    rows = compare(ft.FlashAttention2Triton.apply, q, k, v, causal)
+    assert all(r["passed"] for r in rows), rows
+    g = torch.randn_like(q)
+    for x, y in zip(grads(q, k, v, causal, g), grads(q.contiguous(), k.contiguous(), v.contiguous(), causal, g)):
+        assert torch.equal(x, y)
+
+
+@NEEDS_HOPPER
+@pytest.mark.parametrize("d", [64, 128])
+def test_bitwise_deterministic(monkeypatch, d):
+    """The same bits every run: dQ's shares added in key-tile order whatever order the programs run
+    in, many programs waiting on their turns at once (8 heads on 2, 2,048 rows)."""
+    monkeypatch.setenv(ENV, "gluon-fused")
+    q, k, v = qkv((2, 8, 2048, d), kv_heads=2)
+    g = torch.randn_like(q)
+    first = grads(q, k, v, True, g)
+    for _ in range(4):
+        for a, b in zip(first, grads(q, k, v, True, g)):
+            assert torch.equal(a, b)
+
+
+@NEEDS_HOPPER
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_compiled_matches_eager_bitwise(monkeypatch, causal):
+    """torch.compile (fullgraph, Inductor): no graph break, and the eager output and gradients bit
+    for bit (the backward an opaque op launching the same kernels)."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    monkeypatch.setenv(ENV, "gluon-fused")
+    apply = ft.FlashAttention2Triton.apply
+    compiled = torch.compile(apply, fullgraph=True)
+    xs = [t.requires_grad_() for t in qkv((4, 8, 2048, 64), kv_heads=4)]
+    cfg = ft.bwd_config(2048, 64, torch.bfloat16, causal, 32, 2)
+    assert cfg["dq"]["SPLIT"] == 1
+    out = compiled(*xs, causal)
+    out.sum().backward()
+    ys = [t.detach().clone().requires_grad_() for t in xs]
+    ref = apply(*ys, causal)
+    ref.sum().backward()
+    assert torch.equal(out, ref)
+    for a, b in zip(xs, ys):
+        assert torch.equal(a.grad, b.grad)
