@@ -45,11 +45,22 @@ BLOCK_N = gb.BLOCK_N  # keys a program: two warpgroups of 64
 CONFIGS = {64: (2, 240, 128, 32, 2), 128: (2, 240, 64, 32, 2)}
 
 if gb.gluon is not None:
+    from triton._C.libtriton import ir as _ir
     from triton.experimental import gluon
+    from triton.experimental.gluon.language._core import builtin as _builtin
+    from triton.experimental.gluon.language.nvidia.hopper import tma
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                   warpgroup_mma_wait)
     _tma_load = gb._tma_load
+
+    @_builtin
+    def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+        """Add the shared-memory tile src into the global tile of tensor_desc at coord, in L2 (a TMA
+        reduce, cp.reduce.async.bulk.tensor .add): Gluon's builder has it, its language not yet."""
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
+                                                  src.handle)
 else:
     gluon = None
 
@@ -167,6 +178,7 @@ if gluon is not None:
         mbarrier.arrive(ds_free, count=1)
         mbarrier.wait(dq_empty.index(buf), bph ^ 1)
         dq_smem.index(buf * 2 + WG).store(dq)
+        fence_async_shared()  # the writer's TMA reads it
         mbarrier.arrive(dq_ready.index(buf), count=1)
         return dk, dv, dkb, dvb
 
@@ -246,15 +258,23 @@ if gluon is not None:
                                          is_pure=False, pack=1)
 
     @gluon.jit
-    def _fused_writer(dq_smem, st_smem, fbars, st_bar, acc_desc, DQACC, DQ, SEM, N, H, H_KV, stride_dqb,
+    def _bulk_wait(x):
+        """cp.async.bulk.wait_group 0: this thread's bulk copies and reductions complete, their
+        writes performed (not only their reads of shared memory, which is all .read waits for)."""
+        return gl.inline_asm_elementwise("cp.async.bulk.wait_group 0; mov.u32 $0, $1;", "=r,r", [x],
+                                         dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _fused_writer(dq_smem, st_smem, fbars, st_bar, acc_desc, DQ, SEM, N, H, H_KV, stride_dqb,
                       stride_dqh, stride_dqn, SM_SCALE: gl.constexpr, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, DB: gl.constexpr,
                       WARPS: gl.constexpr, PROBE: gl.constexpr, bkv, kt):
-        """Each step's dQ share (two [64, 64] halves in dq_smem) added to its query tile's sum in key
-        tile order: the first key tile stores it into dQacc, a later one waits for its turn
-        (SEM[bh, tile] == kt), reads the sum so far by TMA into st_smem (one half at a time), adds
-        and stores; the last one writes dQ (scaled, cast) instead of the sum. PROBE (timing only,
-        wrong results): 1 skips the turns (the sums race), 2 writes nothing (the shares dropped)."""
+        """Each step's dQ share (two [64, 64] fp32 halves in dq_smem) added to its query tile's sum
+        (dQacc, tile-major: (B*H, N / BLOCK_M, 2, 64, 64)) in key tile order, by TMA from shared
+        memory: the first key tile stores it, a later one waits for its turn (SEM[bh, tile] == kt)
+        and adds it in L2 (a TMA reduce), then passes the turn on once its writes are performed;
+        the last one reads the sum (TMA, into st_smem, a half at a time), adds its share and writes
+        dQ (scaled, cast). PROBE (timing only, wrong results): 1 skips the turns, 2 writes nothing."""
         ds_ready, ds_free, dq_ready, dq_empty = fbars
         CH: gl.constexpr = 4 * WARPS  # rows a chunk: 8 values a thread
         layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [WARPS, 1], [1, 0])
@@ -278,46 +298,53 @@ if gluon is not None:
                     last = (q0 + BLOCK_M - 1) // BLOCK_N
                 buf = c % 2
                 sem = SEM + bh * n_qt + it
-                acc_tile = DQACC + (bh.to(gl.int64) * N + q0) * D
-                dq_tile = DQ + b.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh + q0.to(gl.int64) * stride_dqn
+                row = (bh * n_qt + it) * 128  # the tile's first row in dQacc's 2-D view (two halves of 64)
                 mbarrier.wait(dq_ready.index(buf), (c // 2) & 1)
                 if PROBE != 2:
                     if kt > 0 and PROBE == 0:  # the turn of this key tile at this query tile
                         while gl.atomic_add(sem, 0, sem="acquire") != kt:
                             pass
-                        _proxy_fence(kt)  # the sum's stores, seen by the acquire, before the TMA reads
-                    for w in gl.static_range(2):
-                        # the warpgroups' halves: column halves at head dim 128 (DB > 0), else row halves
-                        if kt > 0:
-                            mbarrier.expect(st_bar, acc_desc.block_type.nbytes)
-                            _tma_load(acc_desc, [bh * N + q0 + (DB == 0) * w * 64, (DB > 0) * w * 64], st_bar, st_smem)
-                            mbarrier.wait(st_bar, ld & 1)
-                            ld += 1
-                        for ch in gl.static_range(64 // CH):
-                            row0 = ch * CH + (DB == 0) * w * 64
-                            col0 = (DB > 0) * w * 64
-                            x = dq_smem.index(buf * 2 + w).slice(ch * CH, CH, dim=0).load(layout)
+                        _proxy_fence(kt)  # the sum's writes, seen by the acquire, before the TMA
+                    if kt == last:  # dQ = (the sum so far + this share) / sqrt(D), in dQ's dtype and layout
+                        dq_tile = (DQ + b.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh
+                                   + q0.to(gl.int64) * stride_dqn)
+                        for w in gl.static_range(2):
+                            # the warpgroups' halves: column halves at head dim 128 (DB > 0), else row halves
                             if kt > 0:
-                                x = x + st_smem.slice(ch * CH, CH, dim=0).load(layout)
-                            r = gl.arange(0, CH, layout=gl.SliceLayout(1, layout))
-                            cc = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
-                            if kt == last:
+                                mbarrier.expect(st_bar, acc_desc.block_type.nbytes)
+                                _tma_load(acc_desc, [row + w * 64, 0], st_bar, st_smem)
+                                mbarrier.wait(st_bar, ld & 1)
+                                ld += 1
+                            for ch in gl.static_range(64 // CH):
+                                row0 = ch * CH + (DB == 0) * w * 64
+                                col0 = (DB > 0) * w * 64
+                                x = dq_smem.index(buf * 2 + w).slice(ch * CH, CH, dim=0).load(layout)
+                                if kt > 0:
+                                    x = x + st_smem.slice(ch * CH, CH, dim=0).load(layout)
+                                r = gl.arange(0, CH, layout=gl.SliceLayout(1, layout))
+                                cc = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
                                 offs_dq = gl.expand_dims(r * stride_dqn, 1) + gl.expand_dims(cc, 0)
-                                gl.store(dq_tile + (row0 * stride_dqn + col0) + offs_dq, (x * SM_SCALE).to(DQ.dtype.element_ty))
+                                gl.store(dq_tile + (row0 * stride_dqn + col0) + offs_dq,
+                                         (x * SM_SCALE).to(DQ.dtype.element_ty))
+                            if kt > 0:  # every read of st_smem done before the next TMA write into it
+                                gl.thread_barrier()
+                                fence_async_shared()
+                    else:
+                        for w in gl.static_range(2):
+                            if kt == 0:
+                                tma.async_copy_shared_to_global(acc_desc, [row + w * 64, 0], dq_smem.index(buf * 2 + w))
                             else:
-                                offs_acc = gl.expand_dims(r * D, 1) + gl.expand_dims(cc, 0)
-                                gl.store(acc_tile + (row0 * D + col0) + offs_acc, x)
-                        if kt > 0:  # every read of st_smem done before the next TMA write into it
-                            gl.thread_barrier()
-                            fence_async_shared()
+                                _tma_reduce_add(acc_desc, [row + w * 64, 0], dq_smem.index(buf * 2 + w))
+                        tma.store_wait(0)  # dq_smem read: the consumers may refill it
                 mbarrier.arrive(dq_empty.index(buf), count=1)  # after a barrier of the partition's warps
-                if kt != last and PROBE == 0:  # every store above is before this release (the arrive's barrier)
+                if kt != last and PROBE == 0:  # the writes above performed before this release
+                    _bulk_wait(kt)
                     _proxy_fence(kt)
                     gl.atomic_add(sem, 1, sem="release")
                 c += 1
 
     @gluon.jit
-    def _fused_kernel(q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, acc_desc, DK, DV, DQ, DQACC, SEM, N, H, H_KV,
+    def _fused_kernel(q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, acc_desc, DK, DV, DQ, SEM, N, H, H_KV,
                       QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
                       stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                       stride_dqb, stride_dqh, stride_dqn,
@@ -355,8 +382,7 @@ if gluon is not None:
         # dS ([BLOCK_M, HALF] a warpgroup), the dQ shares ([64, 64] fp32 a warpgroup, two buffers)
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], dtype)
         ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HALF], ds_layout)
-        dq_layout: gl.constexpr = gl.SwizzledSharedLayout(2, 1, 8, order=[1, 0])
-        dq_smem = gl.allocate_shared_memory(gl.float32, [4, 64, 64], dq_layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [4, 64, 64], acc_desc.layout)  # TMA's source
         st_smem = gl.allocate_shared_memory(gl.float32, [64, 64], acc_desc.layout)  # the writer's TMA reads
         kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -393,16 +419,17 @@ if gluon is not None:
                                  l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
                                  GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
                                  qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB, False, bkv, kt)),
-            (_fused_writer, (dq_smem, st_smem, fbars, st_bar, acc_desc, DQACC, DQ, SEM, N, H, H_KV, stride_dqb, stride_dqh, stride_dqn,
+            (_fused_writer, (dq_smem, st_smem, fbars, st_bar, acc_desc, DQ, SEM, N, H, H_KV, stride_dqb, stride_dqh, stride_dqn,
                              SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, DB, WRITER_WARPS, PROBE, bkv, kt)),
         ], [4, 1, WRITER_WARPS], [CONSUMER_REGS, 24, WRITER_REGS])
 
 
 def _acc_desc(dqacc: torch.Tensor):
-    """A TMA descriptor over dQacc ((B*H, N, D) fp32) as rows of D, in [64, 64] tiles, unswizzled (the
-    writer reads it in slices of rows)."""
-    rows, d = dqacc.shape[0] * dqacc.shape[1], dqacc.shape[2]
-    return gb.TensorDescriptor(dqacc.view(rows, d), [rows, d], [d, 1], [64, 64], _acc_layout())
+    """A TMA descriptor over dQacc (fp32, tile-major: (B*H, N / BLOCK_M, 2, 64, 64), each query tile's
+    two halves a contiguous [64, 64] block) as rows of 64, in [64, 64] tiles, unswizzled (the writer
+    reads it in slices of rows)."""
+    rows = dqacc.numel() // 64
+    return gb.TensorDescriptor(dqacc.view(rows, 64), [rows, 64], [64, 1], [64, 64], _acc_layout())
 
 
 @functools.cache
@@ -435,7 +462,7 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
     # delta kernel), dQ's fp32 sums (the first key tile of a query tile stores, not adds)
     delta = kernel_launch.scratch(torch.empty((nb * nh, n), dtype=torch.float32, device=dev))
     sem = kernel_launch.scratch(torch.empty(nb * nh * (n // bm) + 1, dtype=torch.int32, device=dev))
-    dqacc = kernel_launch.scratch(torch.empty((nb * nh, n, d), dtype=torch.float32, device=dev))
+    dqacc = kernel_launch.scratch(torch.empty((nb * nh, n // bm, 2, 64, 64), dtype=torch.float32, device=dev))
     q_desc, (qrb, qrh, qch) = fg.head_desc(q4, bm, da)
     do_desc, (drb, drh, dch) = fg.head_desc(do4, bm, da)
     k_desc, (krb, krh, kch) = fg.head_desc(k4, BLOCK_N // 2, da)
@@ -448,7 +475,7 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
     kernel = _fused_kernel.warmup if compile_only else kernel_launch.plain_launch(_fused_kernel)[grid]
     return kernel(
         q_desc, do_desc, k_desc, v_desc, gb._row_desc(lse2, bm), gb._row_desc(delta, bm), _acc_desc(dqacc), dk4, dv4,
-        dq4, dqacc, sem,
+        dq4, sem,
         n, nh, h_kv, qrb, qrh, qch, drb, drh, dch, krb, krh, kch, dk4.stride(0), dk4.stride(1), dk4.stride(2),
         dv4.stride(0), dv4.stride(1), dv4.stride(2), dq4.stride(0), dq4.stride(1), dq4.stride(2),
         QK_SCALE=gb.LOG2E / math.sqrt(d), SM_SCALE=1.0 / math.sqrt(d), GROUP=nh // h_kv, IS_CAUSAL=bool(is_causal),
