@@ -454,7 +454,8 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
 def fused_ladder(names, log, out_csv=None, tag="", configs=("",)) -> list[dict]:
     """The fused backward kernel alone against the two Gluon kernels (dQ then dK/dV) at each shape,
     do_bench's median: the fused kernel as shipped (probe 0), without its turns (1: the sums race,
-    a bound on the writer's traffic) and with its dQ shares dropped (2: a bound on the rest);
+    a bound on the writer's traffic), with its dQ shares dropped (2: a bound on the rest), and
+    with the programs of all sequences interleaved (schedule 0);
     configs: "STAGES,consumer regs,writer regs,writer warps" overrides ("" the table's)."""
     import triton.testing
     from lmperf.kernels import flash_attention_gluon_bwd as gb
@@ -473,6 +474,8 @@ def fused_ladder(names, log, out_csv=None, tag="", configs=("",)) -> list[dict]:
             for probe in (0, 1, 2):
                 impls.append((f"fused_p{probe}{'_' + cfg if cfg else ''}",
                               lambda probe=probe, kw=kw: gf.launch(q, k, v, out, do, lse, dq, dk, dv, causal, probe=probe, **kw)))
+            impls.append((f"fused_p0_schedule0{'_' + cfg if cfg else ''}",  # the programs of all sequences interleaved
+                          lambda kw=kw: gf.launch(q, k, v, out, do, lse, dq, dk, dv, causal, schedule=0, **kw)))
         for label, fn in impls:
             row = dict(shape=name, b=b, h=h, hk=hk, n=n, d=d, causal=causal, impl=label, tag=tag)
             try:

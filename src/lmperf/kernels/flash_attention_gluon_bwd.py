@@ -212,10 +212,11 @@ if gluon is not None:
                        GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc,
                        qb_smem, dob_smem, kb_smem, vb_smem, DA: gl.constexpr, DB: gl.constexpr,
-                       FROM_GRID: gl.constexpr, bkv, kt):
+                       FROM_GRID: gl.constexpr, bkv, kt, ROTATE: gl.constexpr = False):
         """The loads of key tile kt of batch x K/V head bkv (FROM_GRID: the program's ids, (bkv, kt)
         not read). DB > 0: each tile in two column slices, [0, DA) (q/do/k/v_desc) and [DA, DA + DB)
-        (the *b_desc), landing on the same barrier."""
+        (the *b_desc), landing on the same barrier. ROTATE (not causal): the query tiles from tile
+        kt BLOCK_N / BLOCK_M on, wrapping round (flash_attention_gluon_fused's schedule)."""
         kv_ready, q_ready, do_ready, qdo_empty = bars
         HALF: gl.constexpr = BLOCK_N // 2
         if FROM_GRID:
@@ -251,7 +252,10 @@ if gluon is not None:
             for it in range(first, n_qt):
                 s = c % STAGES
                 mbarrier.wait(qdo_empty.index(s), ((c // STAGES) & 1) ^ 1)
-                q0 = it * BLOCK_M
+                if ROTATE:
+                    q0 = ((it + kt * (BLOCK_N // BLOCK_M)) % n_qt) * BLOCK_M
+                else:
+                    q0 = it * BLOCK_M
                 if DB > 0:
                     mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + l_desc.block_type.nbytes
                                     + qb_desc.block_type.nbytes)

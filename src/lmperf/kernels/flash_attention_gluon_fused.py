@@ -258,6 +258,27 @@ if gluon is not None:
                                          is_pure=False, pack=1)
 
     @gluon.jit
+    def _turns(it, kt, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
+               SCHEDULE: gl.constexpr):
+        """(query tile, turn, key tiles adding into it) of key tile kt's step `it`. SCHEDULE 0 (the
+        programs of all sequences interleaved): step it is tile it, turns in key tile order. SCHEDULE 1
+        (a sequence's key tiles run together): causal, turns from the last key tile seeing the tile to
+        the first (the order the programs reach it in: key tile kt starts at its diagonal); not causal,
+        key tile kt starts at tile kt BLOCK_N / BLOCK_M and wraps round, and the turns follow (the
+        step it, in units of BLOCK_N / BLOCK_M): programs in step never wait."""
+        R: gl.constexpr = BLOCK_N // BLOCK_M
+        n_kt = N // BLOCK_N
+        if IS_CAUSAL:
+            n_add = (it * BLOCK_M + BLOCK_M - 1) // BLOCK_N + 1  # key tiles 0 .. n_add - 1 see query tile it
+            turn = kt
+            if SCHEDULE == 1:
+                turn = n_add - 1 - kt
+            return it, turn, n_add
+        if SCHEDULE == 1:
+            return (it + kt * R) % (N // BLOCK_M), it // R, n_kt
+        return it, kt, n_kt
+
+    @gluon.jit
     def _bulk_wait(x):
         """cp.async.bulk.wait_group 0: this thread's bulk copies and reductions complete, their
         writes performed (not only their reads of shared memory, which is all .read waits for)."""
@@ -268,7 +289,7 @@ if gluon is not None:
     def _fused_writer(dq_smem, st_smem, fbars, st_bar, acc_desc, DQ, SEM, N, H, H_KV, stride_dqb,
                       stride_dqh, stride_dqn, SM_SCALE: gl.constexpr, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, DB: gl.constexpr,
-                      WARPS: gl.constexpr, PROBE: gl.constexpr, bkv, kt):
+                      WARPS: gl.constexpr, PROBE: gl.constexpr, SCHEDULE: gl.constexpr, bkv, kt):
         """Each step's dQ share (two [64, 64] fp32 halves in dq_smem) added to its query tile's sum
         (dQacc, tile-major: (B*H, N / BLOCK_M, 2, 64, 64)) in key tile order, by TMA from shared
         memory: the first key tile stores it, a later one waits for its turn (SEM[bh, tile] == kt)
@@ -280,37 +301,35 @@ if gluon is not None:
         layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [WARPS, 1], [1, 0])
         b = bkv // H_KV
         hk = bkv % H_KV
-        k0 = kt * BLOCK_N
         n_qt = N // BLOCK_M
-        last_nc = N // BLOCK_N - 1
         first = 0
         if IS_CAUSAL:
-            first = k0 // BLOCK_M
+            first = kt * BLOCK_N // BLOCK_M
         c = 0
         ld = 0  # TMA reads so far (st_bar's phase)
         for g in range(GROUP):
             h = hk * GROUP + g
             bh = b * H + h
             for it in range(first, n_qt):
-                q0 = it * BLOCK_M
-                last = last_nc
-                if IS_CAUSAL:
-                    last = (q0 + BLOCK_M - 1) // BLOCK_N
+                # this step's query tile (tq), this key tile's turn there and how many key tiles add
+                # into it (_turns)
+                tq, turn, n_add = _turns(it, kt, N, BLOCK_M, BLOCK_N, IS_CAUSAL, SCHEDULE)
+                q0 = tq * BLOCK_M
                 buf = c % 2
-                sem = SEM + bh * n_qt + it
-                row = (bh * n_qt + it) * 128  # the tile's first row in dQacc's 2-D view (two halves of 64)
+                sem = SEM + bh * n_qt + tq
+                row = (bh * n_qt + tq) * 128  # the tile's first row in dQacc's 2-D view (two halves of 64)
                 mbarrier.wait(dq_ready.index(buf), (c // 2) & 1)
                 if PROBE != 2:
-                    if kt > 0 and PROBE == 0:  # the turn of this key tile at this query tile
-                        while gl.atomic_add(sem, 0, sem="acquire") != kt:
+                    if turn > 0 and PROBE == 0:  # this key tile's turn at this query tile
+                        while gl.atomic_add(sem, 0, sem="acquire") != turn:
                             pass
-                        _proxy_fence(kt)  # the sum's writes, seen by the acquire, before the TMA
-                    if kt == last:  # dQ = (the sum so far + this share) / sqrt(D), in dQ's dtype and layout
+                        _proxy_fence(turn)  # the sum's writes, seen by the acquire, before the TMA
+                    if turn == n_add - 1:  # dQ = (the sum so far + this share) / sqrt(D), in dQ's dtype and layout
                         dq_tile = (DQ + b.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh
                                    + q0.to(gl.int64) * stride_dqn)
                         for w in gl.static_range(2):
                             # the warpgroups' halves: column halves at head dim 128 (DB > 0), else row halves
-                            if kt > 0:
+                            if turn > 0:
                                 mbarrier.expect(st_bar, acc_desc.block_type.nbytes)
                                 _tma_load(acc_desc, [row + w * 64, 0], st_bar, st_smem)
                                 mbarrier.wait(st_bar, ld & 1)
@@ -319,27 +338,27 @@ if gluon is not None:
                                 row0 = ch * CH + (DB == 0) * w * 64
                                 col0 = (DB > 0) * w * 64
                                 x = dq_smem.index(buf * 2 + w).slice(ch * CH, CH, dim=0).load(layout)
-                                if kt > 0:
+                                if turn > 0:
                                     x = x + st_smem.slice(ch * CH, CH, dim=0).load(layout)
                                 r = gl.arange(0, CH, layout=gl.SliceLayout(1, layout))
                                 cc = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
                                 offs_dq = gl.expand_dims(r * stride_dqn, 1) + gl.expand_dims(cc, 0)
                                 gl.store(dq_tile + (row0 * stride_dqn + col0) + offs_dq,
                                          (x * SM_SCALE).to(DQ.dtype.element_ty))
-                            if kt > 0:  # every read of st_smem done before the next TMA write into it
+                            if turn > 0:  # every read of st_smem done before the next TMA write into it
                                 gl.thread_barrier()
                                 fence_async_shared()
                     else:
                         for w in gl.static_range(2):
-                            if kt == 0:
+                            if turn == 0:
                                 tma.async_copy_shared_to_global(acc_desc, [row + w * 64, 0], dq_smem.index(buf * 2 + w))
                             else:
                                 _tma_reduce_add(acc_desc, [row + w * 64, 0], dq_smem.index(buf * 2 + w))
                         tma.store_wait(0)  # dq_smem read: the consumers may refill it
                 mbarrier.arrive(dq_empty.index(buf), count=1)  # after a barrier of the partition's warps
-                if kt != last and PROBE == 0:  # the writes above performed before this release
-                    _bulk_wait(kt)
-                    _proxy_fence(kt)
+                if turn != n_add - 1 and PROBE == 0:  # the writes above performed before this release
+                    _bulk_wait(turn)
+                    _proxy_fence(turn)
                     gl.atomic_add(sem, 1, sem="release")
                 c += 1
 
@@ -351,7 +370,8 @@ if gluon is not None:
                       QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr, GROUP: gl.constexpr,
                       IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       D: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                      WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr, PROBE: gl.constexpr, num_warps: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc,
+                      WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr, PROBE: gl.constexpr, SCHEDULE: gl.constexpr,
+                      num_warps: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc,
                       DB: gl.constexpr):
         gl.static_assert(num_warps == 4, "one consumer warpgroup in the default partition")
         gl.static_assert(D - DB == 64, "dQ halves of 64 columns")
@@ -361,8 +381,12 @@ if gluon is not None:
         # the ticket: programs take key tiles in the order they start, heads fastest
         n_bkv = gl.num_programs(0) // (N // BLOCK_N)
         ticket = gl.atomic_add(SEM + n_bkv * GROUP * (N // BLOCK_M), 1)
-        bkv = ticket % n_bkv
-        kt = ticket // n_bkv
+        if SCHEDULE == 1:  # a sequence's key tiles together (_turns)
+            bkv = ticket // (N // BLOCK_N)
+            kt = ticket % (N // BLOCK_N)
+        else:
+            bkv = ticket % n_bkv
+            kt = ticket // n_bkv
         q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, DA], q_desc.layout)
         do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, DA], do_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [2, HALF, DA], k_desc.layout)
@@ -418,9 +442,10 @@ if gluon is not None:
             (gb._dkdv_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
                                  l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
                                  GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
-                                 qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB, False, bkv, kt)),
+                                 qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB, False, bkv, kt,
+                                 SCHEDULE == 1 and not IS_CAUSAL)),
             (_fused_writer, (dq_smem, st_smem, fbars, st_bar, acc_desc, DQ, SEM, N, H, H_KV, stride_dqb, stride_dqh, stride_dqn,
-                             SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, DB, WRITER_WARPS, PROBE, bkv, kt)),
+                             SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, DB, WRITER_WARPS, PROBE, SCHEDULE, bkv, kt)),
         ], [4, 1, WRITER_WARPS], [CONSUMER_REGS, 24, WRITER_REGS])
 
 
@@ -439,11 +464,15 @@ def _acc_layout():
 
 def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | None = None,
            consumer_regs: int | None = None, writer_regs: int | None = None, writer_warps: int | None = None,
-           compile_only: bool = False, probe: int = 0):
+           compile_only: bool = False, probe: int = 0, schedule: int | None = None):
     """dQ, dK, dV into dq, dk, dv ((B, H, N, D) and (B, H_kv, N, D) views, unit stride along D) for
     q, k, v that `unsupported` accepts, from the forward's O (out) and L (lse, (B*H, N) fp32) and dO.
     Returns the compiled fused kernel; compile_only: compile both kernels for the active driver's
-    target and launch nothing. probe (timing only): the writer's PROBE."""
+    target and launch nothing. probe (timing only): the writer's PROBE. schedule: _turns' SCHEDULE.
+    1 needs a sequence's key tiles to fit on the GPU at once (one program an SM: then the sequence
+    whose programs started first can always finish, so no program waits for ever); by default it is
+    taken at head dim 128 without grouped-query, where it was measured faster than 0 (H200,
+    tuning/flash_attention/NOTES.md step 48), else 0."""
     q4, k4, v4, o4, do4, dq4, dk4, dv4 = (fg.heads(t) for t in (q, k, v, out, do, dq, dk, dv))
     if fg.head_rows(do4) is None or do4.data_ptr() % 16:
         do4 = do4.contiguous()
@@ -467,6 +496,8 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
     do_desc, (drb, drh, dch) = fg.head_desc(do4, bm, da)
     k_desc, (krb, krh, kch) = fg.head_desc(k4, BLOCK_N // 2, da)
     v_desc, _ = fg.head_desc(v4, BLOCK_N // 2, da)
+    if schedule is None:
+        schedule = int(compile_only or (d == 128 and h_kv == nh and n // BLOCK_N <= fg.sm_count(dev)))
     delta_grid = (nb * nh, n // bm)
     grid = (nb * h_kv * (n // BLOCK_N),)
     pre = _delta_kernel.warmup if compile_only else kernel_launch.plain_launch(_delta_kernel)[delta_grid]
@@ -480,7 +511,7 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
         dv4.stride(0), dv4.stride(1), dv4.stride(2), dq4.stride(0), dq4.stride(1), dq4.stride(2),
         QK_SCALE=gb.LOG2E / math.sqrt(d), SM_SCALE=1.0 / math.sqrt(d), GROUP=nh // h_kv, IS_CAUSAL=bool(is_causal),
         BLOCK_M=bm, BLOCK_N=BLOCK_N, D=d, STAGES=stages, CONSUMER_REGS=consumer_regs, WRITER_REGS=writer_regs,
-        WRITER_WARPS=writer_warps, PROBE=probe,        num_warps=4, qb_desc=q_desc, dob_desc=do_desc, kb_desc=k_desc, vb_desc=v_desc, DB=db,
+        WRITER_WARPS=writer_warps, PROBE=probe, SCHEDULE=schedule,        num_warps=4, qb_desc=q_desc, dob_desc=do_desc, kb_desc=k_desc, vb_desc=v_desc, DB=db,
         **(dict(grid=grid) if compile_only else {}))
 
 
