@@ -124,15 +124,36 @@ def test_the_jit_every_time_where_asked_or_not_keyed(kernel, monkeypatch):
     launch[(1,)](x, 3)
     launch[(1,)](x, 3)
     assert len(kernel.jit_calls) == 4
-    monkeypatch.delenv(kl.LAUNCH_ENV)  # the default: the JIT
+    monkeypatch.setenv(kl.LAUNCH_ENV, "")  # unset: the JIT on a Triton whose launcher was not checked
+    monkeypatch.setattr(kl, "VERIFIED_TRITON", ("0.0.",))
+    kl._default_mode.cache_clear()
     launch[(1,)](x, 3)
     assert len(kernel.jit_calls) == 5
+    kl._default_mode.cache_clear()
     kernel.pre_run_hooks.append(lambda *a, **k: None)
     monkeypatch.setenv(kl.LAUNCH_ENV, "cache")
     launch[(1,)](x, 3)
     launch[(1,)](x, 3)
     assert len(kernel.jit_calls) == 7
     assert all(not c.runs for c in kernel.made)
+
+
+def test_plans_are_the_default_on_a_checked_triton_only(monkeypatch):
+    import triton
+    monkeypatch.delenv(kl.LAUNCH_ENV, raising=False)
+    kl._default_mode.cache_clear()
+    try:
+        assert kl.launch_mode() == ("plan" if triton.__version__.startswith(kl.VERIFIED_TRITON) else "jit")
+        monkeypatch.setattr(kl, "VERIFIED_TRITON", (triton.__version__,))
+        kl._default_mode.cache_clear()
+        assert kl.launch_mode() == "plan"
+        monkeypatch.setattr(kl, "VERIFIED_TRITON", ("0.0.",))
+        kl._default_mode.cache_clear()
+        assert kl.launch_mode() == "jit"
+        monkeypatch.setenv(kl.LAUNCH_ENV, "cache")  # the variable wins
+        assert kl.launch_mode() == "cache"
+    finally:
+        kl._default_mode.cache_clear()
 
 
 @pytest.mark.parametrize("missing", kl.LAUNCHER_ATTRS)
@@ -544,8 +565,10 @@ def test_a_plan_whose_launcher_is_refused_or_missing_replays_through_the_jit(mis
         calls.append((_step((2, 4, 256, 64), True, "model", seed), log[start:]))
     (first, full), *replays = calls
     assert all(kind == "jit" for _, log_ in calls for kind, *_ in log_)
+    # the forward splits at this shape: its partial sums are freed within the call and their memory
+    # reused by the gradients, so only the inputs are named (as in the split case above)
     for step, launches in replays:
-        assert _named(launches, step) == _named(full, first)
+        assert _named(launches, step, 3) == _named(full, first, 3)
     assert all(launch.jit_only or not launch.compiled for launch in kl.LAUNCHES.values())
 
 

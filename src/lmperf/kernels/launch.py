@@ -16,10 +16,26 @@ import os
 
 import torch
 
-LAUNCH_ENV = "LMPERF_FA_LAUNCH"  # "cache": eager launches through CachedLaunch; "plan": plans too (Plan);
-# else (the default) Triton's JIT. Off by default: the launch cache's saving, 0.1-0.25 ms a forward+backward,
-# was inside the host's noise across processes (tuning/flash_attention/NOTES.md, step 44), and it calls the
-# compiled kernel's launcher, an interface of Triton's that is not public
+LAUNCH_ENV = "LMPERF_FA_LAUNCH"  # "jit": every eager launch through Triton's JIT; "cache": through CachedLaunch;
+# "plan": plans too (Plan). Unset: launch_mode's default
+# Triton releases whose compiled-kernel launcher the launch cache and plans were checked against on a GPU (the
+# launcher is not a public interface of Triton's; tuning/flash_attention/NOTES.md, steps 47-48): plans are the
+# default there, the JIT elsewhere
+VERIFIED_TRITON = ("3.6.",)
+
+
+@functools.cache
+def _default_mode() -> str:
+    import triton
+    return "plan" if triton.__version__.startswith(VERIFIED_TRITON) else "jit"
+
+
+def launch_mode() -> str:
+    """How eager FlashAttention calls launch their kernels: $LMPERF_FA_LAUNCH ("jit", "cache" or
+    "plan"), else "plan" on a Triton in VERIFIED_TRITON (plans were measured faster than the JIT
+    outside the noise of fresh processes, and their launches checked bit for bit against it), else
+    "jit"."""
+    return getenv(LAUNCH_ENV) or _default_mode()
 
 
 def getenv(name: str):
@@ -122,7 +138,7 @@ class CachedLaunch:
 
     def run(self, grid, args, kwargs):
         if self.jit_only or self.kernel.pre_run_hooks or callable(grid) or \
-                getenv(LAUNCH_ENV) not in ("cache", "plan"):
+                launch_mode() not in ("cache", "plan"):
             return self.kernel[grid](*args, **kwargs)
         device, stream = current_stream()
         try:
@@ -265,8 +281,8 @@ def recording_now() -> bool:
 
 
 def planning() -> bool:
-    """Whether eager calls go through plans (LMPERF_FA_LAUNCH=plan; not in Triton's interpreter)."""
-    return getenv(LAUNCH_ENV) == "plan" and getenv("TRITON_INTERPRET") != "1"
+    """Whether eager calls go through plans (launch_mode "plan"; not in Triton's interpreter)."""
+    return getenv("TRITON_INTERPRET") != "1" and launch_mode() == "plan"
 
 
 def signature(tensors, extra: tuple = ()) -> tuple:
