@@ -125,6 +125,7 @@ def test_the_jit_every_time_where_asked_or_not_keyed(kernel, monkeypatch):
     launch[(1,)](x, 3)
     assert len(kernel.jit_calls) == 4
     monkeypatch.setenv(kl.LAUNCH_ENV, "")  # unset: the JIT on a Triton whose launcher was not checked
+    monkeypatch.setattr(kl, "DEFAULT_MODE", "plan")
     monkeypatch.setattr(kl, "VERIFIED_TRITON", ("0.0.",))
     kl._default_mode.cache_clear()
     launch[(1,)](x, 3)
@@ -138,12 +139,14 @@ def test_the_jit_every_time_where_asked_or_not_keyed(kernel, monkeypatch):
     assert all(not c.runs for c in kernel.made)
 
 
-def test_plans_are_the_default_on_a_checked_triton_only(monkeypatch):
+def test_the_default_mode_holds_on_a_checked_triton_only(monkeypatch):
     import triton
     monkeypatch.delenv(kl.LAUNCH_ENV, raising=False)
     kl._default_mode.cache_clear()
     try:
-        assert kl.launch_mode() == ("plan" if triton.__version__.startswith(kl.VERIFIED_TRITON) else "jit")
+        want = kl.DEFAULT_MODE if triton.__version__.startswith(kl.VERIFIED_TRITON) else "jit"
+        assert kl.launch_mode() == want
+        monkeypatch.setattr(kl, "DEFAULT_MODE", "plan")
         monkeypatch.setattr(kl, "VERIFIED_TRITON", (triton.__version__,))
         kl._default_mode.cache_clear()
         assert kl.launch_mode() == "plan"
