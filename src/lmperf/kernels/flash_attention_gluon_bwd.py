@@ -286,14 +286,14 @@ if gluon is not None:
         return gl.expand_dims(x, 0) + gl.zeros([HALF, BLOCK_M], gl.float32, s_layout)
 
     @gluon.jit
-    def _dkdv_step(dk, dv, dkb, dvb, c, q0, key0, k_mine, v_mine, kb_mine, vb_mine, q_smem, do_smem, qb_smem,
-                   dob_smem, l_smem, dl_smem, bars, QK_SCALE: gl.constexpr, MASK: gl.constexpr,
-                   BLOCK_M: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr, DB: gl.constexpr,
-                   s_layout: gl.constexpr, a_layout: gl.constexpr, ab_layout: gl.constexpr):
-        """One query tile (rows [q0, q0 + BLOCK_M)) into this warpgroup's dK, dV (keys [key0,
-        key0 + HALF)). MASK: the tile crosses the causal diagonal. DB > 0: the products over the
-        head's second column slice too (S^T and dP^T summed over both; dK, dV of that slice in
-        dkb, dvb)."""
+    def _dkdv_products(dv, dvb, c, q0, key0, k_mine, v_mine, kb_mine, vb_mine, q_smem, do_smem, qb_smem, dob_smem,
+                       l_smem, dl_smem, bars, QK_SCALE: gl.constexpr, MASK: gl.constexpr, BLOCK_M: gl.constexpr,
+                       HALF: gl.constexpr, STAGES: gl.constexpr, DB: gl.constexpr, s_layout: gl.constexpr,
+                       a_layout: gl.constexpr, ab_layout: gl.constexpr):
+        """A step's products up to dS^T (query rows [q0, q0 + BLOCK_M), this warpgroup's keys [key0,
+        key0 + HALF)): S^T and dP^T, P^T, dV += P^T dO issued (not waited for); (dv, dvb, dS^T in
+        fp32, the slot). MASK: the tile crosses the causal diagonal. DB > 0: over both column
+        slices."""
         kv_ready, q_ready, do_ready, qdo_empty = bars
         dtype: gl.constexpr = q_smem.dtype
         PAIR: gl.constexpr = 1 + (DB > 0)  # wgmma groups a product takes
@@ -322,6 +322,22 @@ if gluon is not None:
             dvb = warpgroup_mma(gl.convert_layout(pt_op, ab_layout), dob_smem.index(s), dvb, is_async=True)
         dpt = warpgroup_mma_wait(num_outstanding=PAIR, deps=(dpt, ))  # S^T, dP^T done; dV may run on
         dst = pt * dpt  # dS^T = P^T (dP^T - Delta)
+        return dv, dvb, dst, s
+
+    @gluon.jit
+    def _dkdv_step(dk, dv, dkb, dvb, c, q0, key0, k_mine, v_mine, kb_mine, vb_mine, q_smem, do_smem, qb_smem,
+                   dob_smem, l_smem, dl_smem, bars, QK_SCALE: gl.constexpr, MASK: gl.constexpr,
+                   BLOCK_M: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr, DB: gl.constexpr,
+                   s_layout: gl.constexpr, a_layout: gl.constexpr, ab_layout: gl.constexpr):
+        """One query tile (rows [q0, q0 + BLOCK_M)) into this warpgroup's dK, dV (keys [key0,
+        key0 + HALF)). MASK: the tile crosses the causal diagonal. DB > 0: the products over the
+        head's second column slice too (S^T and dP^T summed over both; dK, dV of that slice in
+        dkb, dvb)."""
+        dtype: gl.constexpr = q_smem.dtype
+        kv_ready, q_ready, do_ready, qdo_empty = bars
+        dv, dvb, dst, s = _dkdv_products(dv, dvb, c, q0, key0, k_mine, v_mine, kb_mine, vb_mine, q_smem, do_smem,
+                                         qb_smem, dob_smem, l_smem, dl_smem, bars, QK_SCALE, MASK, BLOCK_M, HALF,
+                                         STAGES, DB, s_layout, a_layout, ab_layout)
         dst_op = gl.convert_layout(dst.to(dtype), a_layout)
         dk = warpgroup_mma(dst_op, q_smem.index(s), dk, is_async=True)
         if DB > 0:
@@ -382,7 +398,15 @@ if gluon is not None:
                                               QK_SCALE, False, BLOCK_M, HALF, STAGES, DB, s_layout, a_layout,
                                               ab_layout)
                 c += 1
-        # dK, dV of keys [key0, key0 + HALF): every row < N (N is a multiple of BLOCK_N)
+        _store_dkdv(dk, dv, dkb, dvb, DK, DV, bkv, H_KV, key0, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
+                    stride_dvh, stride_dvn, SM_SCALE, HALF, DA, DB, o_layout, ob_layout)
+
+    @gluon.jit
+    def _store_dkdv(dk, dv, dkb, dvb, DK, DV, bkv, H_KV, key0, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
+                    stride_dvh, stride_dvn, SM_SCALE: gl.constexpr, HALF: gl.constexpr, DA: gl.constexpr,
+                    DB: gl.constexpr, o_layout: gl.constexpr, ob_layout: gl.constexpr):
+        """dK (scaled by SM_SCALE), dV of keys [key0, key0 + HALF) of batch x K/V head bkv: every row
+        < N (N is a multiple of BLOCK_N); DB > 0: the second column slice's from dkb, dvb."""
         b = (bkv // H_KV).to(gl.int64)
         hk = (bkv % H_KV).to(gl.int64)
         rows = (key0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, o_layout))).to(gl.int64)

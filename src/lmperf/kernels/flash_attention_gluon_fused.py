@@ -107,39 +107,18 @@ if gluon is not None:
                     QK_SCALE: gl.constexpr, MASK: gl.constexpr, BLOCK_M: gl.constexpr, HALF: gl.constexpr,
                     STAGES: gl.constexpr, DB: gl.constexpr, WG: gl.constexpr, s_layout: gl.constexpr,
                     a_layout: gl.constexpr, ab_layout: gl.constexpr, q_layout: gl.constexpr):
-        """_dkdv_step's products for one query tile (rows [q0, q0 + BLOCK_M)) into this warpgroup's
+        """flash_attention_gluon_bwd's step for one query tile (rows [q0, q0 + BLOCK_M)) into this warpgroup's
         dK, dV (keys [key0, key0 + HALF)), then this warpgroup's half of the tile's dQ share, handed
         to the writer (dq_smem)."""
         kv_ready, q_ready, do_ready, qdo_empty = bars
         ds_ready, ds_free, dq_ready, dq_empty = fbars
         dtype: gl.constexpr = q_smem.dtype
-        PAIR: gl.constexpr = 1 + (DB > 0)
-        s = c % STAGES
-        ph = (c // STAGES) & 1
-        buf = c % 2
+        dv, dvb, dst, s = gb._dkdv_products(dv, dvb, c, q0, key0, k_mine, v_mine, kb_mine, vb_mine, q_smem, do_smem,
+                                            qb_smem, dob_smem, l_smem, dl_smem, bars, QK_SCALE, MASK, BLOCK_M, HALF,
+                                            STAGES, DB, s_layout, a_layout, ab_layout)
+        buf = c % 2  # the dQ share's buffer
         bph = (c // 2) & 1
-        mbarrier.wait(q_ready.index(s), ph)
-        st = gb._row_init(l_smem.index(s), -1.4426950408889634 / QK_SCALE, HALF, BLOCK_M, s_layout)
-        st = warpgroup_mma(k_mine, q_smem.index(s).permute((1, 0)), st, is_async=True)
-        if DB > 0:
-            st = warpgroup_mma(kb_mine, qb_smem.index(s).permute((1, 0)), st, is_async=True)
-        mbarrier.wait(do_ready.index(s), ph)
-        dpt = gb._row_init(dl_smem.index(s), -1.0, HALF, BLOCK_M, s_layout)
-        dpt = warpgroup_mma(v_mine, do_smem.index(s).permute((1, 0)), dpt, is_async=True)
-        if DB > 0:
-            dpt = warpgroup_mma(vb_mine, dob_smem.index(s).permute((1, 0)), dpt, is_async=True)
-        st = warpgroup_mma_wait(num_outstanding=PAIR, deps=(st, ))
-        pt = gl.exp2(st * QK_SCALE)
-        if MASK:
-            rows = q0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-            keys = key0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
-            pt = gl.where(gl.expand_dims(rows, 0) >= gl.expand_dims(keys, 1), pt, 0.0)
-        pt_op = gl.convert_layout(pt.to(dtype), a_layout)
-        dv = warpgroup_mma(pt_op, do_smem.index(s), dv, is_async=True)
-        if DB > 0:
-            dvb = warpgroup_mma(gl.convert_layout(pt_op, ab_layout), dob_smem.index(s), dvb, is_async=True)
-        dpt = warpgroup_mma_wait(num_outstanding=PAIR, deps=(dpt, ))
-        ds16 = (pt * dpt).to(dtype)  # dS^T of this warpgroup's keys
+        ds16 = dst.to(dtype)  # dS^T of this warpgroup's keys
         # dS^T into shared memory as dS ([BLOCK_M, HALF] of keys [WG HALF, (WG + 1) HALF)) once both
         # warpgroups have read its previous contents (the last step's)
         mbarrier.wait(ds_free, (c & 1) ^ 1)
@@ -234,21 +213,8 @@ if gluon is not None:
                                                dl_smem, ds_smem, dq_smem, bars, fbars, QK_SCALE, False, BLOCK_M,
                                                HALF, STAGES, DB, WG, s_layout, a_layout, ab_layout, q_layout)
                 c += 1
-        b = (bkv // H_KV).to(gl.int64)
-        hk = (bkv % H_KV).to(gl.int64)
-        rows = (key0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, o_layout))).to(gl.int64)
-        cols = gl.arange(0, DA, layout=gl.SliceLayout(0, o_layout))
-        gl.store(DK + b * stride_dkb + hk * stride_dkh + gl.expand_dims(rows * stride_dkn, 1)
-                 + gl.expand_dims(cols, 0), (dk * SM_SCALE).to(DK.dtype.element_ty))
-        gl.store(DV + b * stride_dvb + hk * stride_dvh + gl.expand_dims(rows * stride_dvn, 1)
-                 + gl.expand_dims(cols, 0), dv.to(DV.dtype.element_ty))
-        if DB > 0:
-            rows_b = (key0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, ob_layout))).to(gl.int64)
-            cols_b = DA + gl.arange(0, DBP, layout=gl.SliceLayout(0, ob_layout))
-            gl.store(DK + b * stride_dkb + hk * stride_dkh + gl.expand_dims(rows_b * stride_dkn, 1)
-                     + gl.expand_dims(cols_b, 0), (dkb * SM_SCALE).to(DK.dtype.element_ty))
-            gl.store(DV + b * stride_dvb + hk * stride_dvh + gl.expand_dims(rows_b * stride_dvn, 1)
-                     + gl.expand_dims(cols_b, 0), dvb.to(DV.dtype.element_ty))
+        gb._store_dkdv(dk, dv, dkb, dvb, DK, DV, bkv, H_KV, key0, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
+                       stride_dvh, stride_dvn, SM_SCALE, HALF, DA, DB, o_layout, ob_layout)
 
     @gluon.jit
     def _proxy_fence(x):
