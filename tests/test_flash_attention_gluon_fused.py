@@ -33,6 +33,18 @@ def test_forcing_it_where_it_cannot_run_says_why(monkeypatch):
         gb.use_gluon_dkdv(q, k, v, True)
 
 
+def test_a_triton_without_the_tma_reduce_is_refused_with_the_reason(monkeypatch):
+    """The kernel adds dQ's shares by a TMA reduce that Gluon's builder has and its language lacks: a
+    Triton without it is refused by name (a ValueError where forced), never a compile error."""
+    monkeypatch.setattr(gb, "unsupported", lambda *a: None)
+    monkeypatch.setattr(gf, "TMA_REDUCE_ERROR", "this Triton's Gluon has no TMA reduce (test)")
+    monkeypatch.setenv(ENV, "gluon-fused")
+    q, k, v = qkv((1, 2, 128, 64), device="cpu")
+    assert gf.unsupported(q, k, v, True) == "this Triton's Gluon has no TMA reduce (test)"
+    with pytest.raises(ValueError, match="no TMA reduce"):
+        gb.use_gluon_dkdv(q, k, v, True)
+
+
 def test_forced_it_runs_the_fused_launcher_alone(monkeypatch):
     """gluon-fused (the kernel able to run, stubbed here off a GPU by the tile kernels, so the
     gradients must be the default's): one call of the fused launcher in eager mode, no other
@@ -55,6 +67,7 @@ def test_forced_it_runs_the_fused_launcher_alone(monkeypatch):
     monkeypatch.setattr(gf, "launch", fused_stub("launcher"))
     monkeypatch.setattr(gf, "flash_attention_bwd_gluon_fused", fused_stub("op"))
     monkeypatch.setattr(gb, "unsupported", lambda *a: None)
+    monkeypatch.setattr(gf, "TMA_REDUCE_ERROR", None)
     monkeypatch.setattr(gb, "launch_dq", lambda *a, **kw: calls.append("gluon dq"))
     monkeypatch.setattr(gb, "launch_dkdv", lambda *a, **kw: calls.append("gluon dkdv"))
     monkeypatch.setenv(ENV, "gluon-fused")

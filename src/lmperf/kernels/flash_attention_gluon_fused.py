@@ -44,32 +44,41 @@ BLOCK_N = gb.BLOCK_N  # keys a program: two warpgroups of 64
 # (STAGES, consumer registers, BLOCK_M query rows a step, writer registers, writer warps) by head dim
 CONFIGS = {64: (2, 240, 128, 32, 2), 128: (2, 240, 64, 32, 2)}
 
+gluon = None
+TMA_REDUCE_ERROR = "Gluon is not importable"  # why this Triton cannot build the kernel, or None
 if gb.gluon is not None:
-    from triton._C.libtriton import ir as _ir
     from triton.experimental import gluon
-    from triton.experimental.gluon.language._core import builtin as _builtin
-    from triton.experimental.gluon.language.nvidia.hopper import tma
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                   warpgroup_mma_wait)
     _tma_load = gb._tma_load
+    try:  # the TMA reduce: in Gluon's builder (Triton 3.6), not in its language
+        from triton._C.libtriton import ir as _ir
+        from triton._C.libtriton.gluon_ir import GluonOpBuilder as _Builder
+        from triton.experimental.gluon.language._core import builtin as _builtin
+        _ADD = _ir.DESCRIPTOR_REDUCE_KIND.ADD
+        if not hasattr(_Builder, "create_async_tma_reduce"):
+            raise AttributeError("GluonOpBuilder.create_async_tma_reduce")
+        TMA_REDUCE_ERROR = None
+    except (ImportError, AttributeError) as exc:
+        TMA_REDUCE_ERROR = f"this Triton's Gluon has no TMA reduce ({type(exc).__name__}: {exc})"
+        _builtin = lambda fn: fn  # noqa: E731 - never called: `unsupported` refuses every call
 
     @_builtin
     def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
         """Add the shared-memory tile src into the global tile of tensor_desc at coord, in L2 (a TMA
         reduce, cp.reduce.async.bulk.tensor .add): Gluon's builder has it, its language not yet."""
         coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-        _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
-                                                  src.handle)
-else:
-    gluon = None
+        _semantic.builder.create_async_tma_reduce(_ADD, tensor_desc.handle, coord, src.handle)
 
 
 def unsupported(q, k, v, is_causal: bool) -> str | None:
     """None where the fused kernel can run the call on this process's GPU, else the reason."""
     if q.shape[-1] not in HEAD_DIMS:
         return f"the fused Gluon backward covers head dims {HEAD_DIMS}; got {q.shape[-1]}"
-    return gb.unsupported(q, k, v, is_causal)
+    if (why := gb.unsupported(q, k, v, is_causal)) is not None:
+        return why
+    return TMA_REDUCE_ERROR
 
 
 def split(d: int) -> tuple[int, int]:
