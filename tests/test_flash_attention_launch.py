@@ -127,10 +127,10 @@ def test_the_jit_every_time_where_asked_or_not_keyed(kernel, monkeypatch):
     monkeypatch.setenv(kl.LAUNCH_ENV, "")  # unset: the JIT on a Triton whose launcher was not checked
     monkeypatch.setattr(kl, "DEFAULT_MODE", "plan")
     monkeypatch.setattr(kl, "VERIFIED_TRITON", ("0.0.",))
-    kl._default_mode.cache_clear()
+    kl.default_mode.cache_clear()
     launch[(1,)](x, 3)
     assert len(kernel.jit_calls) == 5
-    kl._default_mode.cache_clear()
+    kl.default_mode.cache_clear()
     kernel.pre_run_hooks.append(lambda *a, **k: None)
     monkeypatch.setenv(kl.LAUNCH_ENV, "cache")
     launch[(1,)](x, 3)
@@ -142,21 +142,21 @@ def test_the_jit_every_time_where_asked_or_not_keyed(kernel, monkeypatch):
 def test_the_default_mode_holds_on_a_checked_triton_only(monkeypatch):
     import triton
     monkeypatch.delenv(kl.LAUNCH_ENV, raising=False)
-    kl._default_mode.cache_clear()
+    kl.default_mode.cache_clear()
     try:
         want = kl.DEFAULT_MODE if triton.__version__.startswith(kl.VERIFIED_TRITON) else "jit"
         assert kl.launch_mode() == want
         monkeypatch.setattr(kl, "DEFAULT_MODE", "plan")
         monkeypatch.setattr(kl, "VERIFIED_TRITON", (triton.__version__,))
-        kl._default_mode.cache_clear()
+        kl.default_mode.cache_clear()
         assert kl.launch_mode() == "plan"
         monkeypatch.setattr(kl, "VERIFIED_TRITON", ("0.0.",))
-        kl._default_mode.cache_clear()
+        kl.default_mode.cache_clear()
         assert kl.launch_mode() == "jit"
         monkeypatch.setenv(kl.LAUNCH_ENV, "cache")  # the variable wins
         assert kl.launch_mode() == "cache"
     finally:
-        kl._default_mode.cache_clear()
+        kl.default_mode.cache_clear()
 
 
 @pytest.mark.parametrize("missing", kl.LAUNCHER_ATTRS)
@@ -274,7 +274,7 @@ def launches(monkeypatch):
     monkeypatch.setattr(kl, "LAUNCHES", {})
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # plain_launch's choice, read at each call
     monkeypatch.setenv(kl.LAUNCH_ENV, "plan")
-    monkeypatch.setattr(ft, "PLANS", kl.Plans())
+    monkeypatch.setattr(kl, "PLANS", kl.Plans())
     monkeypatch.setattr(ft, "check_device", lambda q: None)  # CPU tensors, on any machine: nothing runs
     return rec
 
@@ -334,7 +334,7 @@ def test_a_plan_replays_the_launches_of_the_full_path(launches, shape, causal, l
         assert sum(isinstance(a, tuple) and a[0] == "desc" for launch in launches.log for a in launch[2]) > 10
     assert calls == [1], "the second call ran the full forward"
     assert n_first > 0 and len(launches.log) == 2 * n_first
-    plans = [p for p in ft.PLANS.plans.values()]
+    plans = [p for p in kl.PLANS.plans.values()]
     assert len(plans) == 2 and all(plans), "a forward and a backward plan"
 
     def named(log, step):
@@ -350,7 +350,7 @@ def test_a_new_signature_gets_its_own_plan_and_a_call_that_copies_its_data_none(
     _step((2, 4, 256, 64), True, "heads", 0)
     _step((2, 4, 256, 64), False, "heads", 0)
     _step((2, 4, 384, 64), True, "heads", 0)
-    assert len(ft.PLANS.plans) == 6 and all(ft.PLANS.plans.values())
+    assert len(kl.PLANS.plans) == 6 and all(kl.PLANS.plans.values())
     real_launch = ft.launch_forward
     monkeypatch.setattr(ft, "launch_forward", lambda q3, *a, **kw: real_launch(q3.clone(), *a, **kw))
     calls = []
@@ -359,7 +359,7 @@ def test_a_new_signature_gets_its_own_plan_and_a_call_that_copies_its_data_none(
     for seed in range(3):
         _step((1, 2, 512, 64), True, "heads", seed)
     assert calls == [1, 1, 1]
-    assert ft.PLANS.get(ft.plan_key(("forward", True), _qkv_like((1, 2, 512, 64)))) is kl.Plans.NO_PLAN
+    assert kl.PLANS.get(kl.plan_key(("forward", True), _qkv_like((1, 2, 512, 64)))) is kl.Plans.NO_PLAN
 
 
 def test_a_split_calls_partial_sums_are_fresh_scratch_at_each_replay(launches, monkeypatch):
@@ -372,7 +372,7 @@ def test_a_split_calls_partial_sums_are_fresh_scratch_at_each_replay(launches, m
     first = _step((1, 2, 512, 64), True, "heads", 0)
     n_first = len(launches.log)
     second = _step((1, 2, 512, 64), True, "heads", 1)
-    plans = list(ft.PLANS.plans.values())
+    plans = list(kl.PLANS.plans.values())
     assert len(plans) == 2 and all(plans)
     assert [p.n_outputs for p in plans] == [2, 4] and all(len(p.outputs) > p.n_outputs for p in plans)
     kernels = [launch[0] for launch in launches.log]
@@ -389,13 +389,13 @@ def test_a_plan_key_holds_the_dispatchs_variables(monkeypatch):
     recorded under one backend is never replayed under another)."""
     from lmperf.kernels import flash_attention_gluon as fg
     from lmperf.kernels import flash_attention_gluon_bwd as gb
-    assert ft.DISPATCH_ENV == (fg.BACKEND_ENV, gb.BWD_BACKEND_ENV)
+    assert kl.DISPATCH_ENV == (fg.BACKEND_ENV, gb.BWD_BACKEND_ENV)
     qkv = _qkv_like((1, 2, 128, 64))
     keys = set()
     for fwd, bwd in (("auto", "auto"), ("triton", "auto"), ("auto", "triton")):
         monkeypatch.setenv(fg.BACKEND_ENV, fwd)
         monkeypatch.setenv(gb.BWD_BACKEND_ENV, bwd)
-        keys.add(ft.plan_key(("forward", True), qkv))
+        keys.add(kl.plan_key(("forward", True), qkv))
     assert len(keys) == 3
 
 
@@ -415,7 +415,7 @@ def test_a_plan_holds_no_tensor(launches):
                 yield from leaves(y)
         else:
             yield x
-    for plan in ft.PLANS.plans.values():
+    for plan in kl.PLANS.plans.values():
         assert not any(isinstance(x, torch.Tensor) for x in leaves([list(l[1:]) for l in plan.launches]))
 
 
@@ -473,7 +473,7 @@ def _stand_in_kernels(monkeypatch, compiled=_StandInCompiled) -> list:
     monkeypatch.setattr(kl, "current_stream", lambda: (0, 1234))
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setenv(kl.LAUNCH_ENV, "plan")
-    monkeypatch.setattr(ft, "PLANS", kl.Plans())
+    monkeypatch.setattr(kl, "PLANS", kl.Plans())
     monkeypatch.setattr(ft, "check_device", lambda q: None)
     return log
 
@@ -597,7 +597,7 @@ def test_the_gluon_ops_replay_their_first_calls_launches(monkeypatch, request):
     (kinds0, first), (kinds1, second), (kinds2, third) = call(0), call(1), call(2)
     assert kinds0 == ["jit"] * 3 and kinds1 == kinds2 == ["launcher"] * 3
     assert first == second == third
-    assert len(ft.PLANS.plans) == 3 and all(ft.PLANS.plans.values())
+    assert len(kl.PLANS.plans) == 3 and all(kl.PLANS.plans.values())
 
 
 def test_clear_plans_forgets_them(launches, monkeypatch):
@@ -608,15 +608,15 @@ def test_clear_plans_forgets_them(launches, monkeypatch):
     monkeypatch.setattr(ft, "eager_forward", lambda *a: calls.append(1) or real(*a))
     _step((2, 4, 256, 64), True, "heads", 0)
     _step((2, 4, 256, 64), True, "heads", 1)
-    assert calls == [1] and len(ft.PLANS.plans) == 2
+    assert calls == [1] and len(kl.PLANS.plans) == 2
     real_fwd = ft.launch_fwd_config
     monkeypatch.setattr(ft, "launch_fwd_config", lambda *a: {**real_fwd(*a), "BLOCK_Q": 16})
     ft.clear_plans()
-    assert not ft.PLANS.plans
+    assert not kl.PLANS.plans
     start = len(launches.log)
     for seed in (2, 3):
         _step((2, 4, 256, 64), True, "heads", seed)
-    assert calls == [1, 1] and len(ft.PLANS.plans) == 2
+    assert calls == [1, 1] and len(kl.PLANS.plans) == 2
     forwards = [kw["BLOCK_Q"] for name, _, _, kw in launches.log if name == "_fwd_kernel"]
     assert forwards[0] != 16 and forwards[-2:] == [16, 16]
     assert len(launches.log) - start == start
@@ -653,9 +653,9 @@ def test_planned_calls_give_the_full_paths_bits(shape, causal, layout, monkeypat
     monkeypatch.setenv(kl.LAUNCH_ENV, "jit")
     want = run()
     monkeypatch.setenv(kl.LAUNCH_ENV, "plan")
-    monkeypatch.setattr(ft, "PLANS", kl.Plans())
+    monkeypatch.setattr(kl, "PLANS", kl.Plans())
     for _ in range(3):
         got = run()
         for a, b in zip(got, want):
             assert torch.equal(a, b)
-    assert any(ft.PLANS.plans.values()) or shape[-2] == 200
+    assert any(kl.PLANS.plans.values()) or shape[-2] == 200

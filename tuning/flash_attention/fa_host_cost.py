@@ -304,9 +304,9 @@ def pin_configs(case):
     import functools
     from lmperf.kernels import flash_attention_triton as ft
     b, h, n, _, _ = CASES[case]
-    ft._fwd_memo = functools.lru_cache(maxsize=64)(lambda _n, d, dtype, causal, _bh: ft.fwd_config(
+    ft.fwd_config_memo = functools.lru_cache(maxsize=64)(lambda _n, d, dtype, causal, _bh: ft.fwd_config(
         n, d, dtype, causal, b * h))
-    ft._bwd_memo = functools.lru_cache(maxsize=64)(lambda _n, d, dtype, causal, _bh, group: ft.bwd_config(
+    ft.bwd_config_memo = functools.lru_cache(maxsize=64)(lambda _n, d, dtype, causal, _bh, group: ft.bwd_config(
         n, d, dtype, causal, b * h, group))
 
 

@@ -914,8 +914,7 @@ def flash_attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     launches the same kernel as eager mode: the same bits). With plans on (LMPERF_FA_LAUNCH=plan),
     a call's launch is replayed from the plan of its signature, as in eager mode."""
     if kernel_launch.planning():
-        from lmperf.kernels import flash_attention_triton as ft
-        out, lse = ft.planned(("gluon forward", is_causal), (q, k, v), lambda: forward(q, k, v, is_causal))
+        out, lse = kernel_launch.planned(("gluon forward", is_causal), (q, k, v), lambda: forward(q, k, v, is_causal))
     else:
         out, lse = forward(q, k, v, is_causal)
     return out, lse

@@ -174,12 +174,7 @@ def use_gluon_dkdv(q, k, v, is_causal: bool, backend_name: str | None = None) ->
         return False
     if name == "auto":
         return prefers_gluon(q, k, v, is_causal)
-    if name == "gluon-fused":
-        from lmperf.kernels import flash_attention_gluon_fused as gf
-        why = gf.unsupported(q, k, v, is_causal)
-    else:
-        why = unsupported(q, k, v, is_causal)
-    if why is not None:
+    if (why := unsupported(q, k, v, is_causal)) is not None:
         raise ValueError(f"{BWD_BACKEND_ENV}={name} asks for the Gluon FlashAttention backward, which "
                          f"cannot run this call: {why}. Unset it (or set it to 'triton') for the "
                          "tile-language backward")
@@ -188,7 +183,8 @@ def use_gluon_dkdv(q, k, v, is_causal: bool, backend_name: str | None = None) ->
 
 def use_fused(backend_name: str | None = None) -> bool:
     """Whether the backward is the fused kernel (flash_attention_gluon_fused), where use_gluon_dkdv
-    said yes: the backend is "gluon-fused"."""
+    said yes: the backend is "gluon-fused" (whose own limits, flash_attention_gluon_fused.unsupported,
+    the caller checks: that module builds on this one)."""
     return backend(backend_name) == "gluon-fused"
 
 
@@ -204,10 +200,10 @@ def use_gluon_dq(backend_name: str | None = None) -> bool:
 
 if gluon is not None:
 
-    _tma_load = getattr(tma, "async_copy_global_to_shared", None) or tma.async_load
+    tma_load = getattr(tma, "async_copy_global_to_shared", None) or tma.async_load
 
     @gluon.jit
-    def _dkdv_producer(q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
+    def dkdv_producer(q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
                        l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
                        GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc,
@@ -232,15 +228,15 @@ if gluon is not None:
                             + 2 * kb_desc.block_type.nbytes + 2 * vb_desc.block_type.nbytes)
         else:
             mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
-        _tma_load(k_desc, [k_row, k_col], kv_ready, k_smem.index(0))
-        _tma_load(k_desc, [k_row + HALF, k_col], kv_ready, k_smem.index(1))
-        _tma_load(v_desc, [k_row, k_col], kv_ready, v_smem.index(0))
-        _tma_load(v_desc, [k_row + HALF, k_col], kv_ready, v_smem.index(1))
+        tma_load(k_desc, [k_row, k_col], kv_ready, k_smem.index(0))
+        tma_load(k_desc, [k_row + HALF, k_col], kv_ready, k_smem.index(1))
+        tma_load(v_desc, [k_row, k_col], kv_ready, v_smem.index(0))
+        tma_load(v_desc, [k_row + HALF, k_col], kv_ready, v_smem.index(1))
         if DB > 0:
-            _tma_load(kb_desc, [k_row, k_col + DA], kv_ready, kb_smem.index(0))
-            _tma_load(kb_desc, [k_row + HALF, k_col + DA], kv_ready, kb_smem.index(1))
-            _tma_load(vb_desc, [k_row, k_col + DA], kv_ready, vb_smem.index(0))
-            _tma_load(vb_desc, [k_row + HALF, k_col + DA], kv_ready, vb_smem.index(1))
+            tma_load(kb_desc, [k_row, k_col + DA], kv_ready, kb_smem.index(0))
+            tma_load(kb_desc, [k_row + HALF, k_col + DA], kv_ready, kb_smem.index(1))
+            tma_load(vb_desc, [k_row, k_col + DA], kv_ready, vb_smem.index(0))
+            tma_load(vb_desc, [k_row + HALF, k_col + DA], kv_ready, vb_smem.index(1))
         n_qt = N // BLOCK_M
         first = 0
         if IS_CAUSAL:
@@ -261,19 +257,19 @@ if gluon is not None:
                                     + qb_desc.block_type.nbytes)
                 else:
                     mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + l_desc.block_type.nbytes)
-                _tma_load(q_desc, [b * QRB + h * QRH + q0, h * QCH], q_ready.index(s), q_smem.index(s))
+                tma_load(q_desc, [b * QRB + h * QRH + q0, h * QCH], q_ready.index(s), q_smem.index(s))
                 if DB > 0:
-                    _tma_load(qb_desc, [b * QRB + h * QRH + q0, h * QCH + DA], q_ready.index(s), qb_smem.index(s))
-                _tma_load(l_desc, [bh, q0], q_ready.index(s), l_smem.index(s))
+                    tma_load(qb_desc, [b * QRB + h * QRH + q0, h * QCH + DA], q_ready.index(s), qb_smem.index(s))
+                tma_load(l_desc, [bh, q0], q_ready.index(s), l_smem.index(s))
                 if DB > 0:
                     mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes + dl_desc.block_type.nbytes
                                     + dob_desc.block_type.nbytes)
                 else:
                     mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes + dl_desc.block_type.nbytes)
-                _tma_load(do_desc, [b * DRB + h * DRH + q0, h * DCH], do_ready.index(s), do_smem.index(s))
+                tma_load(do_desc, [b * DRB + h * DRH + q0, h * DCH], do_ready.index(s), do_smem.index(s))
                 if DB > 0:
-                    _tma_load(dob_desc, [b * DRB + h * DRH + q0, h * DCH + DA], do_ready.index(s), dob_smem.index(s))
-                _tma_load(dl_desc, [bh, q0], do_ready.index(s), dl_smem.index(s))
+                    tma_load(dob_desc, [b * DRB + h * DRH + q0, h * DCH + DA], do_ready.index(s), dob_smem.index(s))
+                tma_load(dl_desc, [bh, q0], do_ready.index(s), dl_smem.index(s))
                 c += 1
 
     @gluon.jit
@@ -286,7 +282,7 @@ if gluon is not None:
         return gl.expand_dims(x, 0) + gl.zeros([HALF, BLOCK_M], gl.float32, s_layout)
 
     @gluon.jit
-    def _dkdv_products(dv, dvb, c, q0, key0, k_mine, v_mine, kb_mine, vb_mine, q_smem, do_smem, qb_smem, dob_smem,
+    def dkdv_products(dv, dvb, c, q0, key0, k_mine, v_mine, kb_mine, vb_mine, q_smem, do_smem, qb_smem, dob_smem,
                        l_smem, dl_smem, bars, QK_SCALE: gl.constexpr, MASK: gl.constexpr, BLOCK_M: gl.constexpr,
                        HALF: gl.constexpr, STAGES: gl.constexpr, DB: gl.constexpr, s_layout: gl.constexpr,
                        a_layout: gl.constexpr, ab_layout: gl.constexpr):
@@ -335,7 +331,7 @@ if gluon is not None:
         dkb, dvb)."""
         dtype: gl.constexpr = q_smem.dtype
         kv_ready, q_ready, do_ready, qdo_empty = bars
-        dv, dvb, dst, s = _dkdv_products(dv, dvb, c, q0, key0, k_mine, v_mine, kb_mine, vb_mine, q_smem, do_smem,
+        dv, dvb, dst, s = dkdv_products(dv, dvb, c, q0, key0, k_mine, v_mine, kb_mine, vb_mine, q_smem, do_smem,
                                          qb_smem, dob_smem, l_smem, dl_smem, bars, QK_SCALE, MASK, BLOCK_M, HALF,
                                          STAGES, DB, s_layout, a_layout, ab_layout)
         dst_op = gl.convert_layout(dst.to(dtype), a_layout)
@@ -398,11 +394,11 @@ if gluon is not None:
                                               QK_SCALE, False, BLOCK_M, HALF, STAGES, DB, s_layout, a_layout,
                                               ab_layout)
                 c += 1
-        _store_dkdv(dk, dv, dkb, dvb, DK, DV, bkv, H_KV, key0, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
+        store_dkdv(dk, dv, dkb, dvb, DK, DV, bkv, H_KV, key0, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
                     stride_dvh, stride_dvn, SM_SCALE, HALF, DA, DB, o_layout, ob_layout)
 
     @gluon.jit
-    def _store_dkdv(dk, dv, dkb, dvb, DK, DV, bkv, H_KV, key0, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
+    def store_dkdv(dk, dv, dkb, dvb, DK, DV, bkv, H_KV, key0, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
                     stride_dvh, stride_dvn, SM_SCALE: gl.constexpr, HALF: gl.constexpr, DA: gl.constexpr,
                     DB: gl.constexpr, o_layout: gl.constexpr, ob_layout: gl.constexpr):
         """dK (scaled by SM_SCALE), dV of keys [key0, key0 + HALF) of batch x K/V head bkv: every row
@@ -476,7 +472,7 @@ if gluon is not None:
                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                               QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1, qb_smem,
                               dob_smem, kb_smem, vb_smem, DB)),
-            (_dkdv_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
+            (dkdv_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
                               l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
                               GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
                               qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB, True, 0, 0)),
@@ -505,7 +501,7 @@ if gluon is not None:
                      IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                      STAGES: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc, qb_smem, dob_smem, kb_smem,
                      vb_smem, DA: gl.constexpr, DB: gl.constexpr):
-        """DB > 0: each tile in two column slices, as in _dkdv_producer."""
+        """DB > 0: each tile in two column slices, as in dkdv_producer."""
         qdo_ready, k_ready, v_ready, kv_empty = bars
         HALF: gl.constexpr = BLOCK_M // 2
         bh, b, h, hk, q0 = _dq_coords(N, H, GROUP, IS_CAUSAL, BLOCK_M)
@@ -516,15 +512,15 @@ if gluon is not None:
                             + 2 * qb_desc.block_type.nbytes + 2 * dob_desc.block_type.nbytes)
         else:
             mbarrier.expect(qdo_ready, 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes)
-        _tma_load(q_desc, [q_row, h * QCH], qdo_ready, q_smem.index(0))
-        _tma_load(q_desc, [q_row + HALF, h * QCH], qdo_ready, q_smem.index(1))
-        _tma_load(do_desc, [d_row, h * DCH], qdo_ready, do_smem.index(0))
-        _tma_load(do_desc, [d_row + HALF, h * DCH], qdo_ready, do_smem.index(1))
+        tma_load(q_desc, [q_row, h * QCH], qdo_ready, q_smem.index(0))
+        tma_load(q_desc, [q_row + HALF, h * QCH], qdo_ready, q_smem.index(1))
+        tma_load(do_desc, [d_row, h * DCH], qdo_ready, do_smem.index(0))
+        tma_load(do_desc, [d_row + HALF, h * DCH], qdo_ready, do_smem.index(1))
         if DB > 0:
-            _tma_load(qb_desc, [q_row, h * QCH + DA], qdo_ready, qb_smem.index(0))
-            _tma_load(qb_desc, [q_row + HALF, h * QCH + DA], qdo_ready, qb_smem.index(1))
-            _tma_load(dob_desc, [d_row, h * DCH + DA], qdo_ready, dob_smem.index(0))
-            _tma_load(dob_desc, [d_row + HALF, h * DCH + DA], qdo_ready, dob_smem.index(1))
+            tma_load(qb_desc, [q_row, h * QCH + DA], qdo_ready, qb_smem.index(0))
+            tma_load(qb_desc, [q_row + HALF, h * QCH + DA], qdo_ready, qb_smem.index(1))
+            tma_load(dob_desc, [d_row, h * DCH + DA], qdo_ready, dob_smem.index(0))
+            tma_load(dob_desc, [d_row + HALF, h * DCH + DA], qdo_ready, dob_smem.index(1))
         k_row = b * KRB + hk * KRH
         k_col = hk * KCH
         # the consumers' order: causal, the key tiles on the diagonal ([q0, q0 + BLOCK_M)) first,
@@ -540,16 +536,16 @@ if gluon is not None:
             mbarrier.wait(kv_empty.index(slot), ((i // STAGES) & 1) ^ 1)
             if DB > 0:
                 mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes + kb_desc.block_type.nbytes)
-                _tma_load(k_desc, [k_row + kt * BLOCK_N, k_col], k_ready.index(slot), k_smem.index(slot))
-                _tma_load(kb_desc, [k_row + kt * BLOCK_N, k_col + DA], k_ready.index(slot), kb_smem.index(slot))
+                tma_load(k_desc, [k_row + kt * BLOCK_N, k_col], k_ready.index(slot), k_smem.index(slot))
+                tma_load(kb_desc, [k_row + kt * BLOCK_N, k_col + DA], k_ready.index(slot), kb_smem.index(slot))
                 mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes + vb_desc.block_type.nbytes)
-                _tma_load(v_desc, [k_row + kt * BLOCK_N, k_col], v_ready.index(slot), v_smem.index(slot))
-                _tma_load(vb_desc, [k_row + kt * BLOCK_N, k_col + DA], v_ready.index(slot), vb_smem.index(slot))
+                tma_load(v_desc, [k_row + kt * BLOCK_N, k_col], v_ready.index(slot), v_smem.index(slot))
+                tma_load(vb_desc, [k_row + kt * BLOCK_N, k_col + DA], v_ready.index(slot), vb_smem.index(slot))
             else:
                 mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-                _tma_load(k_desc, [k_row + kt * BLOCK_N, k_col], k_ready.index(slot), k_smem.index(slot))
+                tma_load(k_desc, [k_row + kt * BLOCK_N, k_col], k_ready.index(slot), k_smem.index(slot))
                 mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-                _tma_load(v_desc, [k_row + kt * BLOCK_N, k_col], v_ready.index(slot), v_smem.index(slot))
+                tma_load(v_desc, [k_row + kt * BLOCK_N, k_col], v_ready.index(slot), v_smem.index(slot))
 
     @gluon.jit
     def _dq_step(dq, dqb, c, row0, key0, lse2, delta, q_mine, do_mine, qb_mine, dob_mine, k_smem, v_smem,
@@ -721,7 +717,7 @@ if gluon is not None:
 # Launchers
 
 
-def _row_desc(t2: torch.Tensor, block_m: int):
+def row_desc(t2: torch.Tensor, block_m: int):
     """A TMA descriptor over a (rows, N) fp32 tensor (L or Delta), a block of one row of block_m."""
     return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [1, block_m], _row_layout())
 
@@ -754,7 +750,7 @@ def launch_dkdv(q, k, v, do, lse, delta, dk, dv, is_causal: bool, stages: int | 
     grid = (nb * h_kv, n // BLOCK_N)
     kernel = _dkdv_kernel.warmup if compile_only else kernel_launch.plain_launch(_dkdv_kernel)[grid]
     return kernel(
-        q_desc, do_desc, k_desc, v_desc, _row_desc(lse2, block_m), _row_desc(delta2, block_m), dk4, dv4, n, nh, h_kv,
+        q_desc, do_desc, k_desc, v_desc, row_desc(lse2, block_m), row_desc(delta2, block_m), dk4, dv4, n, nh, h_kv,
         qrb, qrh, qch, drb, drh, dch, krb, krh, kch, dk4.stride(0), dk4.stride(1), dk4.stride(2),
         dv4.stride(0), dv4.stride(1), dv4.stride(2), QK_SCALE=LOG2E / math.sqrt(d), SM_SCALE=1.0 / math.sqrt(d),
         GROUP=nh // h_kv, IS_CAUSAL=bool(is_causal), BLOCK_M=block_m, BLOCK_N=BLOCK_N, D=d, STAGES=stages,
@@ -778,9 +774,8 @@ def flash_attention_dkdv_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     the same kernel as eager mode: the same bits). With plans on (LMPERF_FA_LAUNCH=plan), a call's
     launch is replayed from the plan of its signature, as in eager mode."""
     if kernel_launch.planning():
-        from lmperf.kernels import flash_attention_triton as ft
         inputs = (q, k, v, do, lse, delta, dk, dv)
-        ft.planned(("gluon dkdv", is_causal), inputs, lambda: (launch_dkdv(*inputs, is_causal), ())[1])
+        kernel_launch.planned(("gluon dkdv", is_causal), inputs, lambda: (launch_dkdv(*inputs, is_causal), ())[1])
     else:
         launch_dkdv(q, k, v, do, lse, delta, dk, dv, is_causal)
 
@@ -832,9 +827,8 @@ def flash_attention_dq_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     backward launches the same kernel as eager mode: the same bits). With plans on
     (LMPERF_FA_LAUNCH=plan), a call's launch is replayed from the plan of its signature."""
     if kernel_launch.planning():
-        from lmperf.kernels import flash_attention_triton as ft
         inputs = (q, k, v, out, do, lse, delta, dq)
-        ft.planned(("gluon dq", is_causal), inputs, lambda: (launch_dq(*inputs, is_causal), ())[1])
+        kernel_launch.planned(("gluon dq", is_causal), inputs, lambda: (launch_dq(*inputs, is_causal), ())[1])
     else:
         launch_dq(q, k, v, out, do, lse, delta, dq, is_causal)
 

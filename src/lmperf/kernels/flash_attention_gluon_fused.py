@@ -51,7 +51,7 @@ if gb.gluon is not None:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                   warpgroup_mma_wait)
-    _tma_load = gb._tma_load
+    tma_load = gb.tma_load
     try:  # the TMA reduce: in Gluon's builder (Triton 3.6), not in its language
         from triton._C.libtriton import ir as _ir
         from triton._C.libtriton.gluon_ir import GluonOpBuilder as _Builder
@@ -122,7 +122,7 @@ if gluon is not None:
         kv_ready, q_ready, do_ready, qdo_empty = bars
         ds_ready, ds_free, dq_ready, dq_empty = fbars
         dtype: gl.constexpr = q_smem.dtype
-        dv, dvb, dst, s = gb._dkdv_products(dv, dvb, c, q0, key0, k_mine, v_mine, kb_mine, vb_mine, q_smem, do_smem,
+        dv, dvb, dst, s = gb.dkdv_products(dv, dvb, c, q0, key0, k_mine, v_mine, kb_mine, vb_mine, q_smem, do_smem,
                                             qb_smem, dob_smem, l_smem, dl_smem, bars, QK_SCALE, MASK, BLOCK_M, HALF,
                                             STAGES, DB, s_layout, a_layout, ab_layout)
         buf = c % 2  # the dQ share's buffer
@@ -222,7 +222,7 @@ if gluon is not None:
                                                dl_smem, ds_smem, dq_smem, bars, fbars, QK_SCALE, False, BLOCK_M,
                                                HALF, STAGES, DB, WG, s_layout, a_layout, ab_layout, q_layout)
                 c += 1
-        gb._store_dkdv(dk, dv, dkb, dvb, DK, DV, bkv, H_KV, key0, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
+        gb.store_dkdv(dk, dv, dkb, dvb, DK, DV, bkv, H_KV, key0, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
                        stride_dvh, stride_dvn, SM_SCALE, HALF, DA, DB, o_layout, ob_layout)
 
     @gluon.jit
@@ -306,7 +306,7 @@ if gluon is not None:
                             # the warpgroups' halves: column halves at head dim 128 (DB > 0), else row halves
                             if turn > 0:
                                 mbarrier.expect(st_bar, acc_desc.block_type.nbytes)
-                                _tma_load(acc_desc, [row + w * 64, 0], st_bar, st_smem)
+                                tma_load(acc_desc, [row + w * 64, 0], st_bar, st_smem)
                                 mbarrier.wait(st_bar, ld & 1)
                                 ld += 1
                             for ch in gl.static_range(64 // CH):
@@ -414,7 +414,7 @@ if gluon is not None:
                                DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1, qb_smem,
                                dob_smem, kb_smem, vb_smem, DB, bkv, kt)),
-            (gb._dkdv_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
+            (gb.dkdv_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
                                  l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
                                  GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
                                  qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB, False, bkv, kt,
@@ -480,7 +480,7 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
         do4.stride(2), D=d, ROWS=bm, num_warps=4, **(dict(grid=delta_grid) if compile_only else {}))
     kernel = _fused_kernel.warmup if compile_only else kernel_launch.plain_launch(_fused_kernel)[grid]
     return kernel(
-        q_desc, do_desc, k_desc, v_desc, gb._row_desc(lse2, bm), gb._row_desc(delta, bm), _acc_desc(dqacc), dk4, dv4,
+        q_desc, do_desc, k_desc, v_desc, gb.row_desc(lse2, bm), gb.row_desc(delta, bm), _acc_desc(dqacc), dk4, dv4,
         dq4, sem,
         n, nh, h_kv, qrb, qrh, qch, drb, drh, dch, krb, krh, kch, dk4.stride(0), dk4.stride(1), dk4.stride(2),
         dv4.stride(0), dv4.stride(1), dv4.stride(2), dq4.stride(0), dq4.stride(1), dq4.stride(2),

@@ -208,19 +208,19 @@ def _fused(cfg: dict, n: int, dtype: torch.dtype, bh: int, group: int = 1) -> bo
     return programs <= 4 * SM_COUNT_H100 and (n <= 1024 or (n <= 2048 and dtype != torch.float32))
 
 
-_fwd_memo = functools.lru_cache(maxsize=1024)(fwd_config)
-_bwd_memo = functools.lru_cache(maxsize=1024)(bwd_config)
+fwd_config_memo = functools.lru_cache(maxsize=1024)(fwd_config)
+bwd_config_memo = functools.lru_cache(maxsize=1024)(bwd_config)
 
 
 def launch_fwd_config(n, d, dtype, causal, bh):
     """The config a launch uses: the rule (fwd_config), memoised (its dicts are only read);
     traced symbolic sizes (SymInt, unhashable) go to the rule itself."""
-    return (_fwd_memo if type(n) is type(d) is type(bh) is int else fwd_config)(n, d, dtype, causal, bh)
+    return (fwd_config_memo if type(n) is type(d) is type(bh) is int else fwd_config)(n, d, dtype, causal, bh)
 
 
 def launch_bwd_config(n, d, dtype, causal, bh, group=1):
     """The config a backward launch uses: bwd_config, memoised like launch_fwd_config."""
-    return (_bwd_memo if type(n) is type(d) is type(bh) is int else bwd_config)(n, d, dtype, causal, bh, group)
+    return (bwd_config_memo if type(n) is type(d) is type(bh) is int else bwd_config)(n, d, dtype, causal, bh, group)
 
 
 def fit_tiles(cfg: dict, n: int, outer: str, inner: str) -> dict:
@@ -961,8 +961,16 @@ def _gluon_dkdv(q3, k3, v3, is_causal: bool):
     ValueError where a forced one cannot run it), else None; =triton never imports it."""
     if os.environ.get("LMPERF_FA_BWD_BACKEND") == "triton":
         return None
-    from lmperf.kernels import flash_attention_gluon_bwd
-    return flash_attention_gluon_bwd if flash_attention_gluon_bwd.use_gluon_dkdv(q3, k3, v3, is_causal) else None
+    from lmperf.kernels import flash_attention_gluon_bwd as gb
+    if not gb.use_gluon_dkdv(q3, k3, v3, is_causal):
+        return None
+    if gb.use_fused():  # the fused kernel's own limits (head dims, Gluon's TMA reduce)
+        from lmperf.kernels import flash_attention_gluon_fused as gf
+        if (why := gf.unsupported(q3, k3, v3, is_causal)) is not None:
+            raise ValueError(f"{gb.BWD_BACKEND_ENV}=gluon-fused asks for the fused Gluon FlashAttention backward, "
+                             f"which cannot run this call: {why}. Unset it (or set it to 'gluon' or 'triton') "
+                             "for another backward")
+    return gb
 
 
 def _register(name: str, fake):
@@ -1075,7 +1083,7 @@ def _backward(ctx, grad_out, *_, direct: bool = False):
     q, k, v, out, lse = ctx.saved_tensors
     if direct and kernel_launch.planning():
         g = _heads(grad_out)  # the copy the kernels may need, outside the plan (it is the call's data)
-        dq, dk, dv = planned(("backward", ctx.is_causal), (q, k, v, out, lse, g),
+        dq, dk, dv = kernel_launch.planned(("backward", ctx.is_causal), (q, k, v, out, lse, g),
                               lambda: _backward_kernels(q, k, v, out, lse, g, ctx.is_causal, plain_launch,
                                                         with_delta=True))[:3]
     elif direct:
@@ -1119,49 +1127,13 @@ def eager_forward(q, k, v, is_causal: bool):
     return _forward(q, k, v, is_causal, plain_launch)
 
 
-PLANS = kernel_launch.Plans()  # the eager calls' plans (LMPERF_FA_LAUNCH=plan), by plan_key
-# the variables the dispatch reads: the forward's backend (flash_attention_gluon.BACKEND_ENV) and the backward's
-DISPATCH_ENV = ("LMPERF_FA_BACKEND", "LMPERF_FA_BWD_BACKEND")
-
-
-def plan_key(kind: tuple, inputs: tuple) -> tuple:
-    """A call's plan key: its tensors' signature (kernel_launch.signature), its kind and flags, and
-    the dispatch's variables."""
-    return kernel_launch.signature(inputs, (*kind, *map(kernel_launch.getenv, DISPATCH_ENV)))
-
-
 def clear_plans() -> None:
-    """Forget every plan (PLANS) and the memoised tile configs: for whatever changes the dispatch's
-    rules within a process (a rule, a threshold or a config table patched, as tests do): a plan
-    replays the launches the rules chose when it was recorded."""
-    PLANS.clear()
-    _fwd_memo.cache_clear()
-    _bwd_memo.cache_clear()
-
-
-def planned(kind: tuple, inputs: tuple, run) -> tuple:
-    """run()'s outputs, the kernels it launches for these inputs replayed from the plan of their call
-    signature (kernel_launch.signature) where there is one: the dispatch, its checks and descriptors
-    were done at the signature's first call, which run() made and recorded. A signature whose call
-    makes a copy of its own has no plan and runs run() every time; its scratch buffers (a split's
-    partial sums: kernel_launch.scratch) are allocated afresh at each replay. Tensors the call
-    writes in place are inputs (a role like any other); inside another call's recording, run()
-    itself (a replay would not be recorded). Callers: FlashAttention2Triton's eager forward and
-    backward, and the Gluon kernels' ops (what torch.compile's graphs call)."""
-    if kernel_launch.recording_now():
-        return run()
-    key = plan_key(kind, inputs)
-    plan = PLANS.get(key)
-    if plan:
-        outs = plan.allocate()
-        plan.replay((*inputs, *outs))
-        return tuple(outs[:plan.n_outputs])
-    if plan is None:  # the signature's first call: the full path, recorded
-        with kernel_launch.recording() as launches:
-            outs = run()
-        PLANS.put(key, kernel_launch.Plan.build(launches, inputs, outs))
-        return outs
-    return run()
+    """Forget every plan (kernel_launch.PLANS) and the memoised tile configs: for whatever changes the
+    dispatch's rules within a process (a rule, a threshold or a config table patched, as tests do): a
+    plan replays the launches the rules chose when it was recorded."""
+    kernel_launch.PLANS.clear()
+    fwd_config_memo.cache_clear()
+    bwd_config_memo.cache_clear()
 
 
 class FlashAttention2Triton(torch.autograd.Function):
@@ -1185,7 +1157,7 @@ class FlashAttention2Triton(torch.autograd.Function):
                 check_device(q)
                 out, lse = flash_attention_forward(q, k, v, is_causal)
         elif kernel_launch.planning():  # LMPERF_FA_LAUNCH=plan: the call's launches replayed (kernel_launch.Plan)
-            out, lse = planned(("forward", is_causal), (q, k, v), lambda: eager_forward(q, k, v, is_causal))
+            out, lse = kernel_launch.planned(("forward", is_causal), (q, k, v), lambda: eager_forward(q, k, v, is_causal))
         else:
             out, lse = eager_forward(q, k, v, is_causal)
         ctx.save_for_backward(q, k, v, out, lse)

@@ -28,7 +28,7 @@ DEFAULT_MODE = "jit"
 
 
 @functools.cache
-def _default_mode() -> str:
+def default_mode() -> str:
     import triton
     return DEFAULT_MODE if triton.__version__.startswith(VERIFIED_TRITON) else "jit"
 
@@ -36,7 +36,7 @@ def _default_mode() -> str:
 def launch_mode() -> str:
     """How eager FlashAttention calls launch their kernels: $LMPERF_FA_LAUNCH ("jit", "cache" or
     "plan"), else DEFAULT_MODE on a Triton in VERIFIED_TRITON, else "jit"."""
-    return getenv(LAUNCH_ENV) or _default_mode()
+    return getenv(LAUNCH_ENV) or default_mode()
 
 
 def getenv(name: str):
@@ -466,3 +466,42 @@ class Plans:
         if len(self.plans) >= self.MAX_ENTRIES:
             self.plans.clear()
         self.plans[key] = self.NO_PLAN if plan is None else plan
+
+
+# ---------------------------------------------------------------------------------------------
+# FlashAttention's plans: the eager calls' (flash_attention_triton) and the Gluon ops'
+
+PLANS = Plans()  # the eager calls' plans (launch mode "plan"), by plan_key
+# the variables the dispatch reads: the forward's backend (flash_attention_gluon.BACKEND_ENV) and the backward's
+DISPATCH_ENV = ("LMPERF_FA_BACKEND", "LMPERF_FA_BWD_BACKEND")
+
+
+def plan_key(kind: tuple, inputs: tuple) -> tuple:
+    """A call's plan key: its tensors' `signature`, its kind and flags, and
+    the dispatch's variables."""
+    return signature(inputs, (*kind, *map(getenv, DISPATCH_ENV)))
+
+
+def planned(kind: tuple, inputs: tuple, run) -> tuple:
+    """run()'s outputs, the kernels it launches for these inputs replayed from the plan of their call
+    signature (signature) where there is one: the dispatch, its checks and descriptors
+    were done at the signature's first call, which run() made and recorded. A signature whose call
+    makes a copy of its own has no plan and runs run() every time; its scratch buffers (a split's
+    partial sums: scratch) are allocated afresh at each replay. Tensors the call
+    writes in place are inputs (a role like any other); inside another call's recording, run()
+    itself (a replay would not be recorded). Callers: FlashAttention2Triton's eager forward and
+    backward, and the Gluon kernels' ops (what torch.compile's graphs call)."""
+    if recording_now():
+        return run()
+    key = plan_key(kind, inputs)
+    plan = PLANS.get(key)
+    if plan:
+        outs = plan.allocate()
+        plan.replay((*inputs, *outs))
+        return tuple(outs[:plan.n_outputs])
+    if plan is None:  # the signature's first call: the full path, recorded
+        with recording() as launches:
+            outs = run()
+        PLANS.put(key, Plan.build(launches, inputs, outs))
+        return outs
+    return run()
