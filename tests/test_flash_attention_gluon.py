@@ -10,6 +10,7 @@ import torch
 from lmperf.kernels import flash_attention_gluon as fg
 from lmperf.kernels import flash_attention_triton as ft
 from lmperf.kernels.attention_contract import compare
+from tests.compiled_eager import assert_compiled_matches_eager
 from tests.sm90 import compile_specs
 
 GLUON = fg.available() is None
@@ -243,21 +244,11 @@ def test_compiled_matches_eager_bitwise(monkeypatch, causal):
     tile backward does not split (its split's fp32 partial sums are added by Inductor in another
     order than eager mode's, so a split backward's bf16 dK can differ in the last bit, whichever
     forward ran: tuning/flash_attention/NOTES.md step 40)."""
-    import torch._dynamo
-    torch._dynamo.reset()
     apply = gluon_apply(monkeypatch)
-    compiled = torch.compile(apply, fullgraph=True)
     xs = [t.requires_grad_() for t in qkv((4, 8, 2048, 64), kv_heads=4)]
     cfg = ft.bwd_config(2048, 64, torch.bfloat16, causal, 32, 2)
     assert cfg["dq"]["SPLIT"] == 1 and cfg["dkdv"]["SPLIT"] == 1 and not cfg["fused"]
-    out = compiled(*xs, causal)
-    out.sum().backward()
-    ys = [t.detach().clone().requires_grad_() for t in xs]
-    ref = apply(*ys, causal)
-    ref.sum().backward()
-    assert torch.equal(out, ref)
-    for a, b in zip(xs, ys):
-        assert torch.equal(a.grad, b.grad)
+    assert_compiled_matches_eager(apply, xs, causal)
 
 
 @NEEDS_HOPPER

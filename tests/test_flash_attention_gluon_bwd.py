@@ -15,6 +15,7 @@ from lmperf.kernels import flash_attention_gluon as fg
 from lmperf.kernels import flash_attention_gluon_bwd as gb
 from lmperf.kernels import flash_attention_triton as ft
 from lmperf.kernels.attention_contract import compare
+from tests.compiled_eager import assert_compiled_matches_eager
 from tests.sm90 import compile_specs
 
 GLUON = fg.available() is None
@@ -284,6 +285,10 @@ def compile_spec(kind, rest):
     if kind == "dkdv":
         return gb.launch_dkdv(q, k, v, torch.empty_like(q), lse, lse, torch.empty_like(k), torch.empty_like(v),
                               causal, compile_only=True)
+    if kind == "fused":  # flash_attention_gluon_fused's one kernel (tests/test_flash_attention_gluon_fused.py)
+        from lmperf.kernels import flash_attention_gluon_fused as gf
+        return gf.launch(q, k, v, torch.empty_like(q), torch.empty_like(q), lse, torch.empty_like(q),
+                         torch.empty_like(k), torch.empty_like(v), causal, compile_only=True)
     return gb.launch_dq(q, k, v, torch.empty_like(q), torch.empty_like(q), lse, torch.empty_like(lse),
                         torch.empty_like(q), causal, compile_only=True)
 '''
@@ -449,18 +454,8 @@ def test_compiled_matches_eager_bitwise(monkeypatch, causal):
     """torch.compile (fullgraph, Inductor) with the Gluon dK/dV forced: no graph break, and the
     eager output and gradients bit for bit. The shape fills the H100 so that the tile dQ kernel
     does not split (tuning/flash_attention/NOTES.md step 40)."""
-    import torch._dynamo
-    torch._dynamo.reset()
     apply = gluon_grads(monkeypatch)
-    compiled = torch.compile(apply, fullgraph=True)
     xs = [t.requires_grad_() for t in qkv((4, 8, 2048, 64), kv_heads=4)]
     cfg = ft.bwd_config(2048, 64, torch.bfloat16, causal, 32, 2)
     assert cfg["dq"]["SPLIT"] == 1
-    out = compiled(*xs, causal)
-    out.sum().backward()
-    ys = [t.detach().clone().requires_grad_() for t in xs]
-    ref = apply(*ys, causal)
-    ref.sum().backward()
-    assert torch.equal(out, ref)
-    for a, b in zip(xs, ys):
-        assert torch.equal(a.grad, b.grad)
+    assert_compiled_matches_eager(apply, xs, causal)

@@ -11,8 +11,9 @@ from lmperf.kernels import flash_attention_gluon_bwd as gb
 from lmperf.kernels import flash_attention_gluon_fused as gf
 from lmperf.kernels import flash_attention_triton as ft
 from lmperf.kernels.attention_contract import compare
+from tests.compiled_eager import assert_compiled_matches_eager
 from tests.sm90 import compile_specs
-from tests.test_flash_attention_gluon_bwd import ENV, GLUON, NEEDS_HOPPER, grads, qkv
+from tests.test_flash_attention_gluon_bwd import COMPILE, ENV, GLUON, NEEDS_HOPPER, grads, qkv
 
 
 def test_it_is_off_by_default(monkeypatch):
@@ -91,21 +92,6 @@ def test_the_op_is_opaque_to_a_trace():
 # ---------------------------------------------------------------------------------------------
 # A compile for sm_90 on this machine (no GPU needed)
 
-COMPILE = r'''
-from lmperf.kernels import flash_attention_gluon_fused as gf
-
-
-def compile_spec(kind, rest):
-    d, causal, group, dt = rest.split(",")
-    d, causal, group = int(d), causal == "1", int(group)
-    dtype = getattr(torch, dt)
-    q = torch.empty(1, 2 * group, 256, d, dtype=dtype)
-    k, v = torch.empty(1, 2, 256, d, dtype=dtype), torch.empty(1, 2, 256, d, dtype=dtype)
-    lse = torch.empty(2 * group, 256)
-    return gf.launch(q, k, v, torch.empty_like(q), torch.empty_like(q), lse, torch.empty_like(q),
-                     torch.empty_like(k), torch.empty_like(v), causal, compile_only=True)
-'''
-
 SPECS = [f"fused:{c}" for c in ("64,0,1,bfloat16", "64,1,4,bfloat16", "128,0,1,bfloat16", "128,1,2,float16")]
 SHARED_MAX = 232448  # bytes of shared memory a program may use on an H100
 
@@ -179,19 +165,9 @@ def test_bitwise_deterministic(monkeypatch, d):
 def test_compiled_matches_eager_bitwise(monkeypatch, causal):
     """torch.compile (fullgraph, Inductor): no graph break, and the eager output and gradients bit
     for bit (the backward an opaque op launching the same kernels)."""
-    import torch._dynamo
-    torch._dynamo.reset()
     monkeypatch.setenv(ENV, "gluon-fused")
     apply = ft.FlashAttention2Triton.apply
-    compiled = torch.compile(apply, fullgraph=True)
     xs = [t.requires_grad_() for t in qkv((4, 8, 2048, 64), kv_heads=4)]
     cfg = ft.bwd_config(2048, 64, torch.bfloat16, causal, 32, 2)
     assert cfg["dq"]["SPLIT"] == 1
-    out = compiled(*xs, causal)
-    out.sum().backward()
-    ys = [t.detach().clone().requires_grad_() for t in xs]
-    ref = apply(*ys, causal)
-    ref.sum().backward()
-    assert torch.equal(out, ref)
-    for a, b in zip(xs, ys):
-        assert torch.equal(a.grad, b.grad)
+    assert_compiled_matches_eager(apply, xs, causal)

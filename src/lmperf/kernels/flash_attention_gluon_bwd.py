@@ -719,11 +719,13 @@ if gluon is not None:
 
 def row_desc(t2: torch.Tensor, block_m: int):
     """A TMA descriptor over a (rows, N) fp32 tensor (L or Delta), a block of one row of block_m."""
-    return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [1, block_m], _row_layout())
+    return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [1, block_m], fp32_layout())
 
 
 @functools.cache
-def _row_layout():
+def fp32_layout():
+    """The shared-memory layout of an fp32 tile that TMA loads or stores unswizzled (its rows can be
+    sliced): L and Delta's rows here, the fused backward's dQ sums."""
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 

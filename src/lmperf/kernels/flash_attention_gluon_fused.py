@@ -7,21 +7,23 @@ dK/dV: seven matrix products a pair of tiles. This kernel computes them once (fi
 the dK/dV kernel (`_dkdv_kernel`'s program: a key tile of 128 keys, two consumer warpgroups of 64
 keys each, a one-warp TMA producer streaming the Q and dO tiles) that also multiplies each step's
 dS by its K tile, giving that query tile's share of dQ from this key tile. The shares of a query tile
-from its key tiles are added in the order of the key tiles, first to last, in a fp32 buffer (dQacc):
+from its key tiles are added in a fixed order of the key tiles, in a fp32 buffer (dQacc, tile-major):
 
 - each step the two consumer warpgroups store their halves of dS (bf16, transposed) into shared
   memory; each then computes half of the step's dQ share (dS [BLOCK_M, 128] times K [128, D]: at head
   dim 128 the columns [0, 64) or [64, 128) of it, K being loaded as two column slices; at 64 the
   query rows [0, 64) or [64, 128) of a 128-row tile) and hands it to the writer through shared memory;
-- a writer partition (4 warps) waits for its turn at that query tile (a per-tile counter in global
-  memory: key tile kt adds after key tiles 0..kt-1 did), adds the share to dQacc (the first key tile
-  stores it, the last writes dQ itself, scaled and cast), and passes the turn on (a release after
-  its stores). The consumers run up to two steps ahead of it (two buffers).
+- a writer partition (two warps) waits for its key tile's turn at that query tile (a per-tile
+  counter in global memory, `_turns`), then the first in turn stores the share into dQacc by TMA,
+  a later one adds it there in L2 (a TMA reduce), and the last reads the sum, adds its share and
+  writes dQ itself (scaled, cast); each passes the turn on once its writes are performed. The
+  consumers run up to two steps ahead of it (two buffers).
 
-Programs take their key tile in the order they start (a ticket from a global counter), heads fastest
-and key tile 0 (causal: the one with the most query tiles) first, so that a program only ever waits
-for programs that started before it: no deadlock whatever order the GPU starts them in. The same
-bits every run: every sum is in a fixed order.
+Programs take their key tile in the order they start (a ticket from a global counter), so that a
+program only ever waits for programs that started before it (or, where a sequence's key tiles run
+together, `_turns`' SCHEDULE 1, for programs of its own sequence, all of which fit on the GPU at
+once): no deadlock whatever order the GPU starts them in. The same bits every run: every sum is in
+a fixed order.
 
 A small kernel runs first: Delta = rowsum(O * dO) (fp32, what the consumers read as the two-kernel
 path's dQ kernel writes it), and the turn counters and the ticket set to zero.
@@ -30,7 +32,6 @@ Covers what flash_attention_gluon_bwd covers (`unsupported`), at head dims 64 an
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -429,12 +430,7 @@ def _acc_desc(dqacc: torch.Tensor):
     two halves a contiguous [64, 64] block) as rows of 64, in [64, 64] tiles, unswizzled (the writer
     reads it in slices of rows)."""
     rows = dqacc.numel() // 64
-    return gb.TensorDescriptor(dqacc.view(rows, 64), [rows, 64], [64, 1], [64, 64], _acc_layout())
-
-
-@functools.cache
-def _acc_layout():
-    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    return gb.TensorDescriptor(dqacc.view(rows, 64), [rows, 64], [64, 1], [64, 64], gb.fp32_layout())
 
 
 def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | None = None,
@@ -480,14 +476,14 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
         do4.stride(2), D=d, ROWS=bm, num_warps=4, **(dict(grid=delta_grid) if compile_only else {}))
     kernel = _fused_kernel.warmup if compile_only else kernel_launch.plain_launch(_fused_kernel)[grid]
     return kernel(
-        q_desc, do_desc, k_desc, v_desc, gb.row_desc(lse2, bm), gb.row_desc(delta, bm), _acc_desc(dqacc), dk4, dv4,
-        dq4, sem,
-        n, nh, h_kv, qrb, qrh, qch, drb, drh, dch, krb, krh, kch, dk4.stride(0), dk4.stride(1), dk4.stride(2),
-        dv4.stride(0), dv4.stride(1), dv4.stride(2), dq4.stride(0), dq4.stride(1), dq4.stride(2),
+        q_desc, do_desc, k_desc, v_desc, gb.row_desc(lse2, bm), gb.row_desc(delta, bm), _acc_desc(dqacc),
+        dk4, dv4, dq4, sem, n, nh, h_kv, qrb, qrh, qch, drb, drh, dch, krb, krh, kch,
+        dk4.stride(0), dk4.stride(1), dk4.stride(2), dv4.stride(0), dv4.stride(1), dv4.stride(2),
+        dq4.stride(0), dq4.stride(1), dq4.stride(2),
         QK_SCALE=gb.LOG2E / math.sqrt(d), SM_SCALE=1.0 / math.sqrt(d), GROUP=nh // h_kv, IS_CAUSAL=bool(is_causal),
         BLOCK_M=bm, BLOCK_N=BLOCK_N, D=d, STAGES=stages, CONSUMER_REGS=consumer_regs, WRITER_REGS=writer_regs,
-        WRITER_WARPS=writer_warps, PROBE=probe, SCHEDULE=schedule,        num_warps=4, qb_desc=q_desc, dob_desc=do_desc, kb_desc=k_desc, vb_desc=v_desc, DB=db,
-        **(dict(grid=grid) if compile_only else {}))
+        WRITER_WARPS=writer_warps, PROBE=probe, SCHEDULE=schedule, num_warps=4, qb_desc=q_desc, dob_desc=do_desc,
+        kb_desc=k_desc, vb_desc=v_desc, DB=db, **(dict(grid=grid) if compile_only else {}))
 
 
 @torch.library.custom_op("lmperf::flash_attention_bwd_gluon_fused", mutates_args=("dq", "dk", "dv"))

@@ -373,9 +373,7 @@ class Plan:
             if run is None:
                 _replay_jit(jit, roles)
                 continue
-            args = args.copy()
-            for i, kind, x in fills:
-                args[i] = roles[x] if kind == _ROLE else _desc(x, roles)
+            args = _filled(args, fills, roles)
             run(g0, g1, g2, stream, function, packed, compiled.launch_metadata(grid, stream, *args) if meta else None,
                 enter, leave, *args)
 
@@ -386,9 +384,7 @@ class Plan:
             if run is None or not same_device:
                 _replay_jit(jit, roles)
                 continue
-            args = args.copy()
-            for i, kind, x in fills:
-                args[i] = roles[x] if kind == _ROLE else _desc(x, roles)
+            args = _filled(args, fills, roles)
             try:
                 _launch(compiled, grid, g0, g1, g2, stream, args)
             except (TypeError, AttributeError):
@@ -423,14 +419,16 @@ def _direct(launch, grid, compiled, args: list, kwargs: dict) -> tuple:
 def _replay_jit(jit, roles) -> None:
     """One recorded launch through its CachedLaunch (`launch[grid]`), the call's roles filled in."""
     go, args, fills, kwargs, kw_fills = jit
-    args = args.copy()
+    go(*_filled(args, fills, roles), **(_filled(kwargs, kw_fills, roles) if kw_fills else kwargs))
+
+
+def _filled(template, fills, roles):
+    """A copy of an argument list's (or keyword dict's) template with this call's tensors and
+    descriptors put where the recording had its roles ([(position or name, kind, what)])."""
+    args = template.copy()
     for i, kind, x in fills:
         args[i] = roles[x] if kind == _ROLE else _desc(x, roles)
-    if kw_fills:
-        kwargs = kwargs.copy()
-        for k, kind, x in kw_fills:
-            kwargs[k] = roles[x] if kind == _ROLE else _desc(x, roles)
-    go(*args, **kwargs)
+    return args
 
 
 _CONST, _ROLE, _DESC = 0, 1, 2
