@@ -384,6 +384,25 @@ def test_a_split_calls_partial_sums_are_fresh_scratch_at_each_replay(launches, m
     assert first[3].shape == second[3].shape
 
 
+def test_a_backward_whose_do_is_the_output_gets_its_own_plan(launches):
+    """The backward's plan key is its forward's and dO's (kernel_launch.then_key): a dO that is the
+    output's own memory is another signature than a fresh dO of the same layout, in either order, and
+    each replay's launches read this call's dO where the recording read its own."""
+    def step(seed, alias: bool):
+        torch.manual_seed(seed)
+        q, k, v = (torch.randn(2, 4, 256, 64).requires_grad_() for _ in range(3))
+        out = ft.FlashAttention2Triton.apply(q, k, v, True)
+        g = out.detach() if alias else torch.randn_like(out)
+        start = len(launches.log)
+        out.backward(g)
+        return _roles(launches.log[start:], (q, k, v, out, g, q.grad, k.grad, v.grad))
+    fresh, aliased = step(0, False), step(1, True)
+    assert fresh != aliased  # the aliased call's dO is read as O (role 3), the fresh one's as dO (role 4)
+    assert step(2, False) == fresh and step(3, True) == aliased and step(4, False) == fresh
+    backward_plans = [key for key, plan in kl.PLANS.plans.items() if plan and key[1:2] == ("backward",)]
+    assert len(backward_plans) == 2
+
+
 def test_a_plan_key_holds_the_dispatchs_variables(monkeypatch):
     """The variables the dispatch reads are the backends' own, and each value is another key (a plan
     recorded under one backend is never replayed under another)."""

@@ -1,9 +1,9 @@
 """The host's cost of one FlashAttention forward+backward on a GPU: do_bench with the host included
-against the kernels' GPU time, ours (FlashAttention2Triton) beside SDPA-cuDNN and SDPA-flash,
-eager and torch.compile'd, bf16 (ours_jit: ours with every eager launch through Triton's JIT,
-LMPERF_FA_LAUNCH=jit; ours_plan: with plans, LMPERF_FA_LAUNCH=plan); where ours spends its host
-time (cProfile); and what one Triton launch costs through the JIT against the compiled kernel's own
-launcher.
+against the kernels' GPU time, ours (FlashAttention2Triton, its default launch mode) beside
+SDPA-cuDNN and SDPA-flash, eager and torch.compile'd, bf16 (ours_jit, ours_cache, ours_plan: ours
+with LMPERF_FA_LAUNCH=jit, =cache or =plan); where ours spends its host time (cProfile), and where
+ours and SDPA-cuDNN spend it by op (torch.profiler's CPU time); and what one Triton launch costs
+through the JIT against the compiled kernel's own launcher.
 
     python tuning/flash_attention/fa_host_cost.py --out DIR [--only model64,assign64]
         [--impls ours,ours_jit,cudnn,flash] [--modes eager,compiled] [--profile] [--launch] [--tag TAG]
@@ -12,7 +12,8 @@ Writes DIR/fa_host_cost{TAG}.csv: one row per case x implementation x mode: do_b
 20/80% quantiles (ms, host included: a call that the host cannot keep ahead of shows its host
 time), the GPU time of the kernels per call (profiler), the host's time per call in a loop of 200
 calls synchronised only at its end, and the kernels per call; a failure is a row with its error.
---profile: DIR/fa_host_profile{TAG}.txt, cProfile of 300 eager calls of ours at the first case.
+--profile: DIR/fa_host_profile{TAG}.txt, cProfile of 300 eager calls of ours at the first case,
+then torch.profiler's table of the host's time by op of 100 eager calls of ours and of SDPA-cuDNN.
 --launch: DIR/fa_host_launch{TAG}.csv, each kernel of ours at the first case launched 500 times
 through Triton's JIT and through the compiled kernel's launcher (mean wall time a launch).
 """
@@ -56,7 +57,7 @@ def attention(impl, layout):
     from torch.nn.functional import scaled_dot_product_attention as sdpa
     from lmperf.kernels.flash_attention_triton import FlashAttention2Triton
     view = (lambda t: t.transpose(1, 2)) if layout == "model" else (lambda t: t)
-    if impl in ("ours", "ours_jit", "ours_plan"):  # ours_jit: every eager launch through Triton's JIT (the cache off)
+    if impl in ("ours", "ours_jit", "ours_cache", "ours_plan"):  # ours: the default launch mode; the others force one
         return lambda q, k, v: FlashAttention2Triton.apply(view(q), view(k), view(v), True)
     backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[impl]
     heads = (lambda t: t.transpose(1, 2)) if layout == "model" else (lambda t: t.unsqueeze(1))
@@ -107,12 +108,10 @@ def bench(cases, impls, modes, out_csv, log):
             for impl in impls:
                 row = dict(case=case, shape="x".join(map(str, CASES[case][:4])), layout=layout, impl=impl, mode=mode,
                            gpu=torch.cuda.get_device_name())
-                if impl in ("ours_jit", "ours_plan"):
+                if impl in ("ours_jit", "ours_cache", "ours_plan"):
                     if mode != "eager":
                         continue
                     os.environ[LAUNCH_ENV] = impl[len("ours_"):]
-                elif impl == "ours":  # the launch cache on (LMPERF_FA_LAUNCH=cache; off by default since)
-                    os.environ[LAUNCH_ENV] = "cache"
                 try:
                     torch._dynamo.reset()
                     q, k, v = leaves(case)
@@ -164,6 +163,19 @@ def profile_ours(case, out_txt):
     st = pstats.Stats(pr, stream=s)
     st.sort_stats("tottime").print_stats(45)
     st.sort_stats("cumulative").print_stats(60)
+    from torch.profiler import ProfilerActivity, profile
+    for impl in ("ours", "cudnn"):
+        step = step_fn(attention(impl, CASES[case][4]), q, k, v)
+        for _ in range(20):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(100):
+                step()
+                q.grad = k.grad = v.grad = None
+            torch.cuda.synchronize()
+        s.write(f"\n\n# torch.profiler, {impl}, {case}: 100 eager forward + backward calls, the host's time by op\n")
+        s.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=35, max_name_column_width=60))
     Path(out_txt).write_text(s.getvalue())
 
 

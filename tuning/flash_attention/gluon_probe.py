@@ -258,6 +258,7 @@ BWD_SHAPES = {  # name: (batch, q heads, kv heads, N, D, causal)
     "gqa_2048": (4, 32, 8, 2048, 128, True),
     "gqa_64q_8192": (1, 64, 8, 8192, 128, True),
     "xl_2048": (4, 25, 25, 2048, 64, True),
+    "d64_1024": (4, 16, 16, 1024, 64, True),  # the model group's 1,024-row shape at head dim 64
     "d80_2048": (4, 32, 32, 2048, 80, True),  # the 2.7B model's attention
     "d80_causal": (4, 16, 16, 8192, 80, True),
     "d80_full": (4, 16, 16, 8192, 80, False),

@@ -1083,9 +1083,12 @@ def _backward(ctx, grad_out, *_, direct: bool = False):
     q, k, v, out, lse = ctx.saved_tensors
     if direct and kernel_launch.planning():
         g = _heads(grad_out)  # the copy the kernels may need, outside the plan (it is the call's data)
-        dq, dk, dv = kernel_launch.planned(("backward", ctx.is_causal), (q, k, v, out, lse, g),
+        first = getattr(ctx, "plan_key", None)  # the forward's, where it was planned: only dO is new
+        known = (q, k, v, out, lse)
+        dq, dk, dv = kernel_launch.planned(("backward", ctx.is_causal), (*known, g),
                               lambda: _backward_kernels(q, k, v, out, lse, g, ctx.is_causal, plain_launch,
-                                                        with_delta=True))[:3]
+                                                        with_delta=True),
+                              None if first is None else kernel_launch.then_key(first, ("backward",), known, g))[:3]
     elif direct:
         dq, dk, dv = _backward_kernels(q, k, v, out, lse, grad_out, ctx.is_causal, plain_launch)
     else:
@@ -1157,7 +1160,8 @@ class FlashAttention2Triton(torch.autograd.Function):
                 check_device(q)
                 out, lse = flash_attention_forward(q, k, v, is_causal)
         elif kernel_launch.planning():  # LMPERF_FA_LAUNCH=plan: the call's launches replayed (kernel_launch.Plan)
-            out, lse = kernel_launch.planned(("forward", is_causal), (q, k, v), lambda: eager_forward(q, k, v, is_causal))
+            ctx.plan_key = kernel_launch.plan_key(("forward", is_causal), (q, k, v))  # the backward's starts from it
+            out, lse = kernel_launch.planned(None, (q, k, v), lambda: eager_forward(q, k, v, is_causal), ctx.plan_key)
         else:
             out, lse = eager_forward(q, k, v, is_causal)
         ctx.save_for_backward(q, k, v, out, lse)

@@ -480,18 +480,30 @@ def plan_key(kind: tuple, inputs: tuple) -> tuple:
     return signature(inputs, (*kind, *map(getenv, DISPATCH_ENV)))
 
 
-def planned(kind: tuple, inputs: tuple, run) -> tuple:
+def then_key(first: tuple, kind: tuple, known: tuple, new: torch.Tensor) -> tuple:
+    """The plan key of a call whose tensors are `known`, then `new`, where `known` are the tensors of
+    the call whose key is `first` and what that call made (the backward's q, k, v, O and L after its
+    forward): only the new tensor is read (its `signature`, its aliasing with the known ones); the
+    dispatch's variables as plan_key reads them."""
+    p = new.data_ptr()
+    alias = next((i for i, t in enumerate(known) if t.data_ptr() == p), len(known))
+    return (first, *kind, (new.shape, new.stride(), new.dtype, new.device, p % 16 == 0, alias),
+            *map(getenv, DISPATCH_ENV))
+
+
+def planned(kind: tuple, inputs: tuple, run, key: tuple | None = None) -> tuple:
     """run()'s outputs, the kernels it launches for these inputs replayed from the plan of their call
     signature (signature) where there is one: the dispatch, its checks and descriptors
     were done at the signature's first call, which run() made and recorded. A signature whose call
     makes a copy of its own has no plan and runs run() every time; its scratch buffers (a split's
     partial sums: scratch) are allocated afresh at each replay. Tensors the call
     writes in place are inputs (a role like any other); inside another call's recording, run()
-    itself (a replay would not be recorded). Callers: FlashAttention2Triton's eager forward and
-    backward, and the Gluon kernels' ops (what torch.compile's graphs call)."""
+    itself (a replay would not be recorded). `key`: the plan key where the caller has it (then_key),
+    else plan_key(kind, inputs). Callers: FlashAttention2Triton's eager forward and backward, and
+    the Gluon kernels' ops (what torch.compile's graphs call)."""
     if recording_now():
         return run()
-    key = plan_key(kind, inputs)
+    key = plan_key(kind, inputs) if key is None else key
     plan = PLANS.get(key)
     if plan:
         outs = plan.allocate()
