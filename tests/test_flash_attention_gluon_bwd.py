@@ -68,11 +68,16 @@ def test_below_the_rule_the_default_is_the_tile_backward_bit_for_bit(monkeypatch
     (8192, 64, False, None, torch.bfloat16, True),
     (4096, 128, True, 2, torch.bfloat16, True),      # grouped-query
     (8192, 128, False, None, torch.bfloat16, False),  # measured faster, not outside the noise
-    (2048, 128, True, 2, torch.bfloat16, False),     # the host's cost of a call decides below 4,096
+    (2048, 128, True, 2, torch.bfloat16, True),      # causal at 128 and 80 from 2,048 rows (with plans)
+    (2048, 128, True, None, torch.bfloat16, True),
+    (1024, 128, True, 2, torch.bfloat16, False),     # not measured faster
+    (2048, 64, True, None, torch.bfloat16, False),   # the same within the noise at 2,048 rows
+    (1024, 64, True, 4, torch.bfloat16, False),      # faster on the GPU, slower with the host
     (4096, 64, True, None, torch.float16, False),    # not timed
     (8192, 80, True, None, torch.bfloat16, True),     # head dim 80 (the 2.7B model's), causal or not
     (8192, 80, False, None, torch.bfloat16, True),
-    (2048, 80, True, None, torch.bfloat16, False),    # below 4,096 rows, as at 64 and 128
+    (2048, 80, True, None, torch.bfloat16, True),
+    (2048, 80, False, None, torch.bfloat16, False),   # non-causal from 4,096 rows only (not timed below)
 ])
 def test_auto_picks_the_gluon_backward_where_it_was_measured_faster(monkeypatch, n, d, causal, kv_heads, dtype,
                                                                    want):

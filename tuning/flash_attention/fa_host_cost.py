@@ -6,11 +6,13 @@ ours and SDPA-cuDNN spend it by op (torch.profiler's CPU time); and what one Tri
 through the JIT against the compiled kernel's own launcher.
 
     python tuning/flash_attention/fa_host_cost.py --out DIR [--only model64,assign64]
-        [--impls ours,ours_jit,cudnn,flash] [--modes eager,compiled] [--profile] [--launch] [--tag TAG]
+        [--impls ours,ours_jit,cudnn,flash] [--modes eager,compiled] [--bench-rounds R] [--rep-ms MS]
+        [--profile] [--launch] [--tag TAG]
 
 Writes DIR/fa_host_cost{TAG}.csv: one row per case x implementation x mode: do_bench's median and
 20/80% quantiles (ms, host included: a call that the host cannot keep ahead of shows its host
-time), the GPU time of the kernels per call (profiler), the host's time per call in a loop of 200
+time; with --bench-rounds R, the median of R rounds that time the implementations in turn, and
+the rounds' min and max), the GPU time of the kernels per call (profiler), the host's time per call in a loop of 200
 calls synchronised only at its end, and the kernels per call; a failure is a row with its error.
 --profile: DIR/fa_host_profile{TAG}.txt, cProfile of 300 eager calls of ours at the first case,
 then torch.profiler's table of the host's time by op of 100 eager calls of ours and of SDPA-cuDNN.
@@ -42,6 +44,9 @@ CASES = {
     "assign128": (16, 1, 1024, 128, "assign"),
     "grid4096": (1, 1, 4096, 128, "assign"),
     "model80": (4, 32, 2048, 80, "model"),  # the 2.7B model's attention
+    "grid1024_64": (1, 1, 1024, 64, "assign"),  # the assignment's grid (batch 1) from 1,024 rows
+    "grid1024_128": (1, 1, 1024, 128, "assign"),
+    "grid4096_64": (1, 1, 4096, 64, "assign"),
 }
 
 
@@ -99,21 +104,28 @@ def host_ms(step, reps=200):
     return (t1 - t0) / reps * 1e3
 
 
-def bench(cases, impls, modes, out_csv, log):
+def bench(cases, impls, modes, out_csv, log, rounds=1, rep_ms=200):
+    """Each case x mode: every implementation set up (compiled, warmed), then `rounds` rounds, each
+    timing every implementation in turn by do_bench (rep_ms each), so that a host that drifts
+    while the process runs weighs on all of them alike; a row's do_bench_ms is the median of its
+    rounds' medians (with one round: do_bench's median and its 20/80% quantiles)."""
+    import statistics
     import triton
     rows = []
     for case in cases:
         layout = CASES[case][4]
         for mode in modes:
+            torch._dynamo.reset()
+            setups = []
             for impl in impls:
                 row = dict(case=case, shape="x".join(map(str, CASES[case][:4])), layout=layout, impl=impl, mode=mode,
                            gpu=torch.cuda.get_device_name())
                 if impl in ("ours_jit", "ours_cache", "ours_plan"):
                     if mode != "eager":
                         continue
-                    os.environ[LAUNCH_ENV] = impl[len("ours_"):]
+                env = impl[len("ours_"):] if impl in ("ours_jit", "ours_cache", "ours_plan") else None
                 try:
-                    torch._dynamo.reset()
+                    _launch_env(env)
                     q, k, v = leaves(case)
                     fn = attention(impl, layout)
                     if mode == "compiled":
@@ -121,19 +133,46 @@ def bench(cases, impls, modes, out_csv, log):
                     step = step_fn(fn, q, k, v)
                     for _ in range(3):
                         step()
-                    ms = triton.testing.do_bench(step, warmup=25, rep=200, grad_to_none=[q, k, v],
-                                                 quantiles=[0.5, 0.2, 0.8])
-                    g, kernels = gpu_ms(step)
-                    row.update(do_bench_ms=ms[0], p20_ms=ms[1], p80_ms=ms[2], gpu_ms=g, kernels_per_call=kernels,
-                               host_loop_ms=host_ms(step), error="")
+                    setups.append((row, env, step, (q, k, v), []))
                 except Exception as exc:  # noqa: BLE001 - a failure is a row
                     traceback.print_exc()
                     row.update(error=f"{type(exc).__name__}: {exc}"[:300])
-                os.environ.pop(LAUNCH_ENV, None)
+                    rows.append(row)
+                    log(row)
+            for _ in range(rounds):
+                for row, env, step, leaves_, times in setups:
+                    try:
+                        _launch_env(env)
+                        times.append(triton.testing.do_bench(step, warmup=25, rep=rep_ms, grad_to_none=list(leaves_),
+                                                             quantiles=[0.5, 0.2, 0.8]))
+                    except Exception as exc:  # noqa: BLE001
+                        traceback.print_exc()
+                        row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            for row, env, step, leaves_, times in setups:
+                if times and not row.get("error"):
+                    try:
+                        _launch_env(env)
+                        g, kernels = gpu_ms(step)
+                        medians = [t[0] for t in times]
+                        lo, hi = (min(medians), max(medians)) if rounds > 1 else times[0][1:]
+                        row.update(do_bench_ms=statistics.median(medians), p20_ms=lo, p80_ms=hi, rounds=len(times),
+                                   gpu_ms=g, kernels_per_call=kernels, host_loop_ms=host_ms(step), error="")
+                    except Exception as exc:  # noqa: BLE001
+                        traceback.print_exc()
+                        row["error"] = f"{type(exc).__name__}: {exc}"[:300]
                 rows.append(row)
                 log(row)
                 write(out_csv, rows)  # after every row: a run cut short keeps what it measured
+            _launch_env(None)
     return rows
+
+
+def _launch_env(mode):
+    """LMPERF_FA_LAUNCH=mode, or unset (the default launch mode) for None."""
+    if mode is None:
+        os.environ.pop(LAUNCH_ENV, None)
+    else:
+        os.environ[LAUNCH_ENV] = mode
 
 
 def write(path, rows):
@@ -475,7 +514,10 @@ def main():
     ap.add_argument("--tag", default="")
     ap.add_argument("--stub", action="store_true", help="the CPU's measure of our Python, launches stubbed")
     ap.add_argument("--reps", type=int, default=300)
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=7, help="--stub: rounds")
+    ap.add_argument("--bench-rounds", type=int, default=1,
+                    help="rounds of do_bench, the implementations in turn (p20_ms/p80_ms: the rounds' min/max)")
+    ap.add_argument("--rep-ms", type=int, default=200, help="do_bench's rep (ms) a round")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     log = lambda r: print(r, flush=True)  # noqa: E731
@@ -491,7 +533,8 @@ def main():
     if a.profile:
         profile_ours(cases[0], a.out / f"fa_host_profile{a.tag}.txt")
     if not a.skip_bench:
-        bench(cases, a.impls.split(","), a.modes.split(","), a.out / f"fa_host_cost{a.tag}.csv", log)
+        bench(cases, a.impls.split(","), a.modes.split(","), a.out / f"fa_host_cost{a.tag}.csv", log,
+              a.bench_rounds, a.rep_ms)
     return 0
 
 

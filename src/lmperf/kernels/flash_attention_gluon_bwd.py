@@ -72,6 +72,9 @@ BLOCK_N = 128  # keys a program: two warpgroups of 64
 BWD_BACKEND_ENV = "LMPERF_FA_BWD_BACKEND"
 BWD_BACKENDS = ("auto", "triton", "gluon", "gluon-dkdv", "gluon-fused")
 AUTO_MIN_N = 4096  # "auto": the Gluon backward from this many rows (prefers_gluon)
+# ... and causal at these head dims from these many rows: faster than the tile backward outside the noise,
+# GPU time and host included, once plans cut the host's cost of a call (tuning/flash_attention/NOTES.md, step 50)
+AUTO_MIN_N_CAUSAL = {80: 2048, 128: 2048}
 
 # (STAGES, consumer registers, BLOCK_M query rows a step) by head dim; shared memory at 3 stages:
 # 134 KB (D 64, BLOCK_M 128; 84 KB at 64), 166 KB (D 128)
@@ -155,9 +158,12 @@ def prefers_gluon(q, k, v, is_causal: bool) -> bool:
     and faster than the tile-language backward outside the noise of fresh processes on an H100
     (tuning/flash_attention/NOTES.md, step 43): bf16, N from AUTO_MIN_N, causal at head dims 64
     and 128 (grouped-query or not), non-causal at head dim 64 (at 128 non-causal the two overlap
-    across processes); head dim 80 causal or not (step 46, on an H200). Elsewhere, and wherever
+    across processes); head dim 80 causal or not (step 46, on an H200); causal at head dims 80 and
+    128 from 2,048 rows (AUTO_MIN_N_CAUSAL; step 50, on an H200). Elsewhere, and wherever
     `unsupported` refuses the call, the tile-language backward (no error)."""
-    if q.dtype != torch.bfloat16 or q.dim() < 2 or q.shape[-2] < AUTO_MIN_N or q.shape[-1] not in AUTO_HEAD_DIMS:
+    if q.dtype != torch.bfloat16 or q.dim() < 2 or q.shape[-1] not in AUTO_HEAD_DIMS:
+        return False
+    if q.shape[-2] < (AUTO_MIN_N_CAUSAL.get(q.shape[-1], AUTO_MIN_N) if is_causal else AUTO_MIN_N):
         return False
     if not (is_causal or q.shape[-1] in (64, 80)):
         return False
