@@ -71,7 +71,7 @@ def test_second_call_goes_to_the_compiled_launcher_with_the_kernels_arguments(ke
     assert len(kernel.jit_calls) == 1, "the same specialisation went through the JIT again"
     (run,) = kernel.made[0].runs
     assert run[:7] == (5, 1, 1, 1234, "function", "packed", None)  # no launch hook: no metadata for it
-    assert run[7] is knobs.runtime.launch_enter_hook and run[8] is knobs.runtime.launch_exit_hook
+    assert run[7] is None and run[8] is None  # idle hooks: none for the launcher to call
     assert run[9] is x and run[10:] == (7, 16)  # parameter order, the default filled in
     seen = []
     knobs.runtime.launch_enter_hook.add(seen.append)  # a hook (a profiler's): the launch's metadata for it
@@ -80,6 +80,7 @@ def test_second_call_goes_to_the_compiled_launcher_with_the_kernels_arguments(ke
     finally:
         knobs.runtime.launch_enter_hook.remove(seen.append)
     assert kernel.made[0].runs[1][6] == ("meta", (5,), 1234)
+    assert kernel.made[0].runs[1][7] is knobs.runtime.launch_enter_hook and kernel.made[0].runs[1][8] is None
 
 
 def test_a_new_specialisation_takes_the_jit(kernel):
@@ -569,6 +570,51 @@ def test_a_plan_replays_to_the_compiled_launchers_with_the_jits_arguments(case, 
     roles = 3 if case == "tile-split" else 8
     assert _named(second, calls[1][0], roles) == _named(full, first, roles) == _named(third, third_step, roles)
     assert any(a[1] != "other" for _, _, args in _named(full, first) for a in args if isinstance(a, tuple))
+
+
+class CudaLauncher:
+    """Stands in for Triton's CudaLauncher (its class name is what the plans check): calling it is the
+    launcher ("launcher" in the log); `launch` its C launch function ("raw")."""
+    launch_cooperative_grid, launch_pdl = False, True
+
+    def __init__(self, log, name, scratch):
+        self.log, self.name = log, name
+        self.global_scratch_size = self.profile_scratch_size = scratch
+
+    def __call__(self, g0, g1, g2, stream, function, packed, meta, enter, leave, *bound):
+        assert (stream, function, packed) == (1234, "function", "packed")
+        self.log.append(("launcher", self.name, (g0, g1, g2), [_seen(a) for a in bound]))
+
+    def launch(self, g0, g1, g2, stream, function, coop, pdl, global_scratch, profile_scratch, packed, meta,
+               enter, leave, *bound):
+        assert (stream, function, coop, pdl, global_scratch, profile_scratch, packed, meta, enter, leave) == \
+            (1234, "function", False, True, None, None, "packed", None, None, None)
+        self.log.append(("raw", self.name, (g0, g1, g2), [_seen(a) for a in bound]))
+
+
+@pytest.mark.parametrize("scratch, verified, want", [(0, True, "raw"), (256, True, "launcher"),
+                                                     (0, False, "launcher")])
+def test_a_plan_calls_the_c_launch_function_where_the_launcher_adds_nothing(scratch, verified, want, monkeypatch):
+    """Where Triton's launcher would only pass the call on (no scratch to allocate) on a checked Triton
+    release, replays call its C launch function with the arguments the launcher would give it
+    (cooperative grid and PDL flags, no scratch, idle hooks as None), each tensor the same role as the
+    full path's; else the launcher itself."""
+    import triton
+
+    class Compiled(_StandInCompiled):
+        def __init__(self, log, name):
+            super().__init__(log, name)
+            self.run = CudaLauncher(log, name, scratch)
+    monkeypatch.setattr(kl, "VERIFIED_TRITON", (triton.__version__,) if verified else ("0.0.",))
+    log = _stand_in_kernels(monkeypatch, Compiled)
+    calls = []
+    for seed in range(3):
+        start = len(log)
+        calls.append((_step((2, 4, 256, 64), True, "model", seed), log[start:]))
+    (first, full), *replays = calls
+    for step, launches in replays:
+        assert {kind for kind, *_ in launches} == {want}
+        assert _named(launches, step, 3) == _named(full, first, 3)
 
 
 @pytest.mark.parametrize("missing", [None, "launch_metadata"])

@@ -16,6 +16,9 @@ the rounds' min and max), the GPU time of the kernels per call (profiler), the h
 calls synchronised only at its end, and the kernels per call; a failure is a row with its error.
 --profile: DIR/fa_host_profile{TAG}.txt, cProfile of 300 eager calls of ours at the first case,
 then torch.profiler's table of the host's time by op of 100 eager calls of ours and of SDPA-cuDNN.
+--anatomy: DIR/fa_host_anatomy{TAG}.csv, do_bench's loop taken apart: the host's time of the
+forward and of the backward and the events' time, with the L2 flush and the garbage collector on
+and off (anatomy).
 --launch: DIR/fa_host_launch{TAG}.csv, each kernel of ours at the first case launched 500 times
 through Triton's JIT and through the compiled kernel's launcher (mean wall time a launch).
 """
@@ -216,6 +219,62 @@ def profile_ours(case, out_txt):
         s.write(f"\n\n# torch.profiler, {impl}, {case}: 100 eager forward + backward calls, the host's time by op\n")
         s.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=35, max_name_column_width=60))
     Path(out_txt).write_text(s.getvalue())
+
+
+def anatomy(cases, impls, out_csv, log, reps=300):
+    """do_bench's loop taken apart (eager): each rep sets the gradients to None, clears the L2 cache
+    (do_bench's buffer zeroed) or not, records a start event, runs the forward, then `.sum().backward()`,
+    and records an end event; the host's time of the forward, of the backward and of both (perf_counter),
+    and the events' time, medians over `reps`, with Python's garbage collector on and off. The
+    implementations take turns rep by rep, so that a host that drifts weighs on all alike."""
+    import gc
+    import statistics
+    import triton
+    cache = triton.runtime.driver.active.get_empty_cache_for_benchmark()
+    rows = []
+    for case in cases:
+        layout = CASES[case][4]
+        runs = []
+        for impl in impls:
+            q, k, v = leaves(case)
+            fn = attention(impl, layout)
+            for _ in range(20):
+                fn(q, k, v).sum().backward()
+            runs.append((impl, fn, (q, k, v)))
+        for flush in (True, False):
+            for collect in (True, False):
+                gc.enable() if collect else gc.disable()
+                seen = {impl: [] for impl in impls}
+                torch.cuda.synchronize()
+                for _ in range(reps):
+                    for impl, fn, (q, k, v) in runs:
+                        q.grad = k.grad = v.grad = None
+                        if flush:
+                            cache.zero_()
+                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        t0 = time.perf_counter()
+                        start.record()
+                        out = fn(q, k, v)
+                        t1 = time.perf_counter()
+                        out.sum().backward()
+                        end.record()
+                        t2 = time.perf_counter()
+                        seen[impl].append((t1 - t0, t2 - t1, t2 - t0, start, end))
+                torch.cuda.synchronize()
+                gc.enable()
+                for impl in impls:
+                    xs = seen[impl]
+                    row = dict(case=case, impl=impl, flush=flush, gc=collect, reps=reps,
+                               host_fwd_ms=statistics.median(x[0] for x in xs) * 1e3,
+                               host_bwd_ms=statistics.median(x[1] for x in xs) * 1e3,
+                               host_ms=statistics.median(x[2] for x in xs) * 1e3,
+                               host_p80_ms=sorted(x[2] for x in xs)[int(0.8 * len(xs))] * 1e3,
+                               event_ms=statistics.median(x[3].elapsed_time(x[4]) for x in xs),
+                               gpu=torch.cuda.get_device_name())
+                    rows.append(row)
+                    log(row)
+                    write(out_csv, rows)
+    return rows
 
 
 def launch_cost(case, out_csv, log):
@@ -511,6 +570,7 @@ def main():
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--launch", action="store_true")
     ap.add_argument("--skip-bench", action="store_true")
+    ap.add_argument("--anatomy", action="store_true", help="do_bench's loop taken apart (fa_host_anatomy.csv)")
     ap.add_argument("--tag", default="")
     ap.add_argument("--stub", action="store_true", help="the CPU's measure of our Python, launches stubbed")
     ap.add_argument("--reps", type=int, default=300)
@@ -532,6 +592,8 @@ def main():
         launch_cost(cases[0], a.out / f"fa_host_launch{a.tag}.csv", log)
     if a.profile:
         profile_ours(cases[0], a.out / f"fa_host_profile{a.tag}.txt")
+    if a.anatomy:
+        anatomy(cases, a.impls.split(","), a.out / f"fa_host_anatomy{a.tag}.csv", log)
     if not a.skip_bench:
         bench(cases, a.impls.split(","), a.modes.split(","), a.out / f"fa_host_cost{a.tag}.csv", log,
               a.bench_rounds, a.rep_ms)

@@ -29,8 +29,13 @@ DEFAULT_MODE = "plan"
 
 @functools.cache
 def default_mode() -> str:
+    return DEFAULT_MODE if verified_triton() else "jit"
+
+
+def verified_triton() -> bool:
+    """Whether this Triton's release is one in VERIFIED_TRITON."""
     import triton
-    return DEFAULT_MODE if triton.__version__.startswith(VERIFIED_TRITON) else "jit"
+    return triton.__version__.startswith(VERIFIED_TRITON)
 
 
 def launch_mode() -> str:
@@ -60,10 +65,20 @@ _ENV_KEYS: dict = {}  # name -> os.environ's key for it (encoded)
 
 def current_stream():
     """(device index, raw stream) where a launch goes now: the current CUDA device's current stream
-    (a capture's, under torch.cuda.graph), as Triton's JIT takes it."""
-    from triton.runtime import driver
-    device = driver.active.get_current_device()
-    return device, driver.active.get_current_stream(device)
+    (a capture's, under torch.cuda.graph), as Triton's JIT takes it (its CUDA driver calls the same
+    two functions of torch's, through Python wrappers: a few us a call on a slow host)."""
+    if _DEVICE is None:
+        from triton.runtime import driver
+        device = driver.active.get_current_device()
+        return device, driver.active.get_current_stream(device)
+    device = _DEVICE()
+    return device, _STREAM(device)
+
+
+try:
+    from torch._C import _cuda_getCurrentRawStream as _STREAM, _cuda_getDevice as _DEVICE
+except ImportError:  # a build without CUDA: Triton's driver says
+    _STREAM = _DEVICE = None
 
 
 class CachedLaunch:
@@ -178,16 +193,44 @@ def launchable(compiled) -> bool:
 
 def _launch(compiled, grid, g0, g1, g2, stream, bound) -> None:
     """The compiled kernel's launcher with the JIT's arguments (triton.runtime.jit's JITFunction.run)."""
+    enter, leave = _hooks()
+    meta = None if enter is None and leave is None else compiled.launch_metadata(grid, stream, *bound)
+    compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, meta, enter, leave, *bound)
+
+
+def _hooks() -> tuple:
+    """Triton's launch enter and exit hooks as a launcher takes them, an idle one as None (the
+    launcher calls a hook that is not None at every launch: an empty HookChain is a Python call
+    that does nothing, twice a launch)."""
     hooks = _knobs().runtime
     enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
-    meta = None if _idle(enter) and _idle(leave) else compiled.launch_metadata(grid, stream, *bound)
-    compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, meta, enter, leave, *bound)
+    return (None if _idle(enter) else enter), (None if _idle(leave) else leave)
 
 
 def _idle(hook) -> bool:
     """A launch hook that calls nothing (None, or Triton's HookChain with no calls): the launch's
     metadata, built for the hooks only, is not needed."""
     return hook is None or (type(hook).__name__ == "HookChain" and not getattr(hook, "calls", True))
+
+
+def _raw(compiled) -> tuple | None:
+    """(the C launch function, the arguments it takes between the kernel's function and its packed
+    metadata) of a compiled kernel whose launcher (Triton's CudaLauncher) would add nothing to the
+    call: no global or profile scratch to allocate. A plan then calls the launch function itself and
+    skips the launcher's Python frame. Only on a Triton release in VERIFIED_TRITON (the launch
+    function's arguments are no public interface); else None: the launcher."""
+    run = compiled.run
+    if type(run).__name__ != "CudaLauncher" or not verified_triton():
+        return None
+    if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return None
+    launch = getattr(run, "launch", None)
+    coop, pdl = getattr(run, "launch_cooperative_grid", None), getattr(run, "launch_pdl", None)
+    if launch is None or coop is None or pdl is None:
+        return None
+    return launch, (coop, pdl, None, None)
+
+
 
 
 def _knobs():
@@ -366,30 +409,31 @@ class Plan:
             device, stream = current_stream()
             if device != self.device or not self.checked:
                 return self._replay_checked(roles, device == self.device, stream)
-            hooks = _knobs().runtime
-            enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
-            meta = not (_idle(enter) and _idle(leave))
-        for run, function, packed, compiled, grid, g0, g1, g2, args, fills, jit, _ in self.launches:
+            enter, leave = _hooks()
+            meta = enter is not None or leave is not None
+        for run, mid, compiled, grid, g0, g1, g2, args, fills, jit, _ in self.launches:
             if run is None:
                 _replay_jit(jit, roles)
                 continue
             args = _filled(args, fills, roles)
-            run(g0, g1, g2, stream, function, packed, compiled.launch_metadata(grid, stream, *args) if meta else None,
+            run(g0, g1, g2, stream, *mid, compiled.launch_metadata(grid, stream, *args) if meta else None,
                 enter, leave, *args)
 
     def _replay_checked(self, roles, same_device: bool, stream) -> None:
-        """A replay that tries each direct launch (the plan's first), or one on another device than
-        the recording's (every launch through the cache's keyed path)."""
-        for n, (run, function, packed, compiled, grid, g0, g1, g2, args, fills, jit, launch) in enumerate(self.launches):
+        """A replay that tries each direct launch as later replays make it (the plan's first), or one
+        on another device than the recording's (every launch through the cache's keyed path)."""
+        enter, leave = _hooks()
+        for n, (run, mid, compiled, grid, g0, g1, g2, args, fills, jit, launch) in enumerate(self.launches):
             if run is None or not same_device:
                 _replay_jit(jit, roles)
                 continue
             args = _filled(args, fills, roles)
+            meta = None if enter is None and leave is None else compiled.launch_metadata(grid, stream, *args)
             try:
-                _launch(compiled, grid, g0, g1, g2, stream, args)
+                run(g0, g1, g2, stream, *mid, meta, enter, leave, *args)
             except (TypeError, AttributeError):
                 launch.refused()
-                self.launches[n] = (None,) * 10 + (jit, launch)
+                self.launches[n] = (None,) * 9 + (jit, launch)
                 _replay_jit(jit, roles)
                 continue
             launch.checked = True
@@ -405,15 +449,19 @@ def _fill_template(args: list) -> tuple:
 
 
 def _direct(launch, grid, compiled, args: list, kwargs: dict) -> tuple:
-    """(run, function, packed_metadata, compiled, grid, g0, g1, g2, bound template, its fills) of a
-    launch that can go straight to its compiled kernel's launcher, else ten Nones."""
+    """(run, mid, compiled, grid, g0, g1, g2, bound template, its fills) of a launch that can go
+    straight to its compiled kernel's launcher, else nine Nones: `run(g0, g1, g2, stream, *mid,
+    launch metadata, enter hook, exit hook, *arguments)` launches it, run being the launcher
+    (mid: the kernel's function and packed metadata) or its C launch function (`_raw`)."""
     names, defaults = getattr(launch, "names", None), getattr(launch, "defaults", None)
     if names is None or getattr(launch, "jit_only", True) or launch.kernel.pre_run_hooks or not launchable(compiled):
-        return (None,) * 10
+        return (None,) * 9
     bound = [*args, *[kwargs[name] if name in kwargs else (_CONST, defaults[name]) for name in names[len(args):]]]
     g0, g1, g2 = (*grid, 1, 1)[:3]
-    return (compiled.run, compiled.function, compiled.packed_metadata, compiled, grid, g0, g1, g2,
-            *_fill_template(bound))
+    raw = _raw(compiled)
+    run, mid = (compiled.run, (compiled.function, compiled.packed_metadata)) if raw is None else \
+        (raw[0], (compiled.function, *raw[1], compiled.packed_metadata))
+    return (run, mid, compiled, grid, g0, g1, g2, *_fill_template(bound))
 
 
 def _replay_jit(jit, roles) -> None:
