@@ -617,6 +617,85 @@ def test_a_plan_calls_the_c_launch_function_where_the_launcher_adds_nothing(scra
         assert _named(launches, step, 3) == _named(full, first, 3)
 
 
+def test_a_plan_remakes_a_descriptors_tensor_map_only_when_its_data_moves(monkeypatch, request):
+    """The Gluon kernels' TMA descriptors through Triton's own wrapper (wrap_handle_tensordesc) of a
+    stand-in C launch function, the tensor maps stood in for by the address they encode: each replay
+    launches maps of this call's data, role for role as the first replay (every map made afresh);
+    a map is made again only for a descriptor whose data moved (here: the outputs, and the inputs
+    when they change), and with a launch hook active Triton's wrapper makes them all (Delta, the
+    backward's own buffer, is "other")."""
+    if not _force_gluon(monkeypatch, request):
+        return
+    import triton
+    import triton.backends.nvidia.driver as nvidia
+    from triton import knobs
+    made, launched = [], []
+
+    def make(arg, meta):  # stands in for the CUDA driver's tensor map: the address it encodes
+        made.append(arg.base.data_ptr())
+        return [("map", arg.base.data_ptr(), arg.base.dtype), *arg.shape, *arg.strides]
+    monkeypatch.setattr(nvidia, "make_tensordesc_arg", make)
+    monkeypatch.setattr(kl, "VERIFIED_TRITON", (triton.__version__,))
+
+    hooks = []
+
+    def c_launch(*args):
+        hooks.append(args[nvidia._BASE_ARGS_FORMAT_LEN - 2])  # the enter hook the launch function would call
+        launched.append([a for a in args[nvidia._BASE_ARGS_FORMAT_LEN:]
+                         if isinstance(a, tuple) and a[0] == "map" or isinstance(a, torch.Tensor)])
+
+    class Kernel(_StandInKernel):
+        def __getitem__(self, grid):
+            jit = super().__getitem__(grid)
+
+            def go(*args, **kwargs):
+                bound = [*args, *[kwargs.get(p.name, p.default) for p in self.params[len(args):]]]
+                signature = {i: "tensordesc" if type(a).__name__ == "TensorDescriptor" else "i32"
+                             for i, a in enumerate(bound)}
+                launcher = CudaLauncher(self.log, self.name, 0)
+                launcher.launch = nvidia.wrap_handle_tensordesc(c_launch, signature,
+                                                                [{}] * sum(v == "tensordesc" for v in signature.values()))
+                self.compiled.run = launcher
+                return jit(*args, **kwargs)
+            return go
+    log = _stand_in_kernels(monkeypatch)
+    for key, launch in list(kl.LAUNCHES.items()):
+        kl.LAUNCHES[key] = kl.CachedLaunch(Kernel(key, log))
+
+    def step(leaves):
+        q, k, v = leaves
+        q.grad = k.grad = v.grad = None
+        out = ft.FlashAttention2Triton.apply(q, k, v, True)
+        g = torch.randn_like(out)
+        lse = out.grad_fn.saved_tensors[4]
+        start, n_made = len(launched), len(made)
+        out.backward(g)
+        where = {(t.data_ptr(), t.dtype): i for i, t in enumerate((q, k, v, out, g, q.grad, k.grad, v.grad, lse))}
+        return [[("map", where.get(a[1:], "other")) if isinstance(a, tuple) else ("tensor", where.get(
+            (a.data_ptr(), a.dtype), "other")) for a in one] for one in launched[start:]], len(made) - n_made
+
+    def leaves(seed):
+        torch.manual_seed(seed)
+        return [torch.randn(1, 2, 256, 64, dtype=torch.bfloat16).requires_grad_() for _ in range(3)]
+    first, second = leaves(0), leaves(1)
+    step(first)  # recorded (the JIT)
+    fresh, n_fresh = step(first)  # the plan's first replay: every map made
+    again, n_again = step(first)  # q, k, v where they were: their maps reused
+    moved, n_moved = step(second)  # other inputs: their maps made again
+    assert fresh and all(("map", role) in sum(fresh, []) for role in (0, 1, 2, 4))  # q, k, v and dO by their maps
+    assert again == fresh and moved == fresh
+    assert n_again < n_fresh and n_again < n_moved <= n_fresh
+    assert not any(hooks)
+    seen = []
+    knobs.runtime.launch_enter_hook.add(seen.append)
+    try:
+        hooked, n_hooked = step(second)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(seen.append)
+    assert hooked == fresh and n_hooked == n_fresh
+    assert hooks[-1] is knobs.runtime.launch_enter_hook
+
+
 @pytest.mark.parametrize("missing", [None, "launch_metadata"])
 def test_a_plan_whose_launcher_is_refused_or_missing_replays_through_the_jit(missing, monkeypatch):
     """A compiled kernel without the launcher's attributes, or whose launcher refuses the plan's first

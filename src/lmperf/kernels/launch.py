@@ -460,8 +460,54 @@ def _direct(launch, grid, compiled, args: list, kwargs: dict) -> tuple:
     g0, g1, g2 = (*grid, 1, 1)[:3]
     raw = _raw(compiled)
     run, mid = (compiled.run, (compiled.function, compiled.packed_metadata)) if raw is None else \
-        (raw[0], (compiled.function, *raw[1], compiled.packed_metadata))
+        (_Mapped.of(raw[0]) or raw[0], (compiled.function, *raw[1], compiled.packed_metadata))
     return (run, mid, compiled, grid, g0, g1, g2, *_fill_template(bound))
+
+
+class _Mapped:
+    """A kernel's C launch function behind Triton's wrapper for TMA descriptor arguments
+    (triton.backends.nvidia.driver's wrap_handle_tensordesc), which turns each descriptor into a
+    tensor map (`make_tensordesc_arg`: the CUDA driver's encoding of the data's address, shape,
+    strides, block and swizzle) at every launch. Within a plan each descriptor argument has one
+    shape, strides, block and layout, so its map is made again only when its data's address
+    changed since the last launch (a training loop's tensors mostly come back at the same
+    addresses); the launch copies the map into the kernel's parameters. With a launch hook active
+    (a profiler's) Triton's wrapper itself. `of(wrapper)`: None where the wrapper is not one this
+    reads (the descriptors' positions, their metadata, the launch function: a verified Triton's)."""
+
+    def __init__(self, wrapper, launch, head: int, where: dict, make):
+        self.wrapper, self.launch, self.head, self.where, self.make = wrapper, launch, head, where, make
+        self.last: dict = {}  # kernel argument position -> (data address, the map's arguments)
+
+    @classmethod
+    def of(cls, wrapper):
+        code, cells = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None)
+        if code is None or not cells or code.co_name != "inner":
+            return None
+        free = dict(zip(code.co_freevars, (c.cell_contents for c in cells)))
+        launch, positions, metas = free.get("launcher"), free.get("tensordesc_indices"), free.get("tensordesc_meta")
+        head, make = wrapper.__globals__.get("_BASE_ARGS_FORMAT_LEN"), wrapper.__globals__.get("make_tensordesc_arg")
+        if launch is None or not positions or not metas or None in metas or head is None or make is None:
+            return None  # no metadata: the wrapper passes the tensor itself (nothing to reuse)
+        return cls(wrapper, launch, head, dict(zip(sorted(positions), metas)), make)
+
+    def __call__(self, *args):
+        head = self.head
+        if args[head - 2] is not None or args[head - 1] is not None:  # an enter or exit hook
+            return self.wrapper(*args)
+        final = list(args[:head])
+        last, where = self.last, self.where
+        for i, arg in enumerate(args[head:]):
+            meta = where.get(i)
+            if meta is None:
+                final.append(arg)
+                continue
+            ptr = arg.base.data_ptr()
+            seen = last.get(i)
+            if seen is None or seen[0] != ptr:
+                seen = last[i] = (ptr, self.make(arg, meta))
+            final.extend(seen[1])
+        return self.launch(*final)
 
 
 def _replay_jit(jit, roles) -> None:
