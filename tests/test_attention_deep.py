@@ -196,3 +196,35 @@ def test_a_model_size_not_measured_is_estimated_between_the_sizes_that_were():
     share = (p["medium"] - p["small"]) / (p["2.7B"] - p["small"])
     assert found[0] == pytest.approx(2.0 * 4.0 ** share) and 2.0 < found[0] < 8.0
     assert math.isnan(found[1]) and same == 0
+
+
+def test_the_plan_finds_a_flashattention_case_measured_under_an_older_id():
+    """A FlashAttention bench row written before the ids named the harness a peer is timed under
+    (SDPA-cuDNN under the leaderboard's) is the case of today's id; a row whose provider is not
+    registered here keeps its own id."""
+    rc = run_cost()
+    rows = pd.DataFrame([
+        {"case_id": "model-sdpa_cudnn-bf16-causal-b4h32n1024d80", "group": "model", "provider": "sdpa_cudnn",
+         "harness": "leaderboard", "dtype": "bf16", "causal": True, "batch": 4, "heads": 32, "kv_heads": 32,
+         "seq_len": 1024, "head_dim": 80},
+        {"case_id": "gqa-triton-bf16-causal-b2h32kv8n2048d128", "group": "gqa", "provider": "triton",
+         "harness": "eager", "dtype": "bf16", "causal": True, "batch": 2, "heads": 32, "kv_heads": 8,
+         "seq_len": 2048, "head_dim": 128},
+        {"case_id": "model-someones_kernel-bf16-causal-b4h32n1024d80", "group": "model", "provider": "someones_kernel",
+         "harness": "leaderboard", "dtype": "bf16", "causal": True, "batch": 4, "heads": 32, "kv_heads": 32,
+         "seq_len": 1024, "head_dim": 80}])
+    assert rc.fa_case_ids(rows) == ["model-sdpa_cudnn-leaderboard-bf16-causal-b4h32n1024d80",
+                                    "gqa-triton-bf16-causal-b2h32kv8n2048d128",
+                                    "model-someones_kernel-bf16-causal-b4h32n1024d80"]
+
+
+def test_a_job_with_none_of_its_cases_measured_takes_its_groups_measured_cases():
+    """A case no measurement gives: the mean case of its job as measured at other shapes, else of
+    the jobs of its group at other head dims, else the median case of its section."""
+    rc = run_cost()
+    walls = {"flash_attention/bench/gqa_d128": {"a": 1.0, "b": 3.0},
+             "flash_attention/bench/grid_d64": {"c": 0.1, "d": 0.1, "e": 0.2}}
+    assert rc.case_walls("flash_attention/bench/gqa_d128", ["x", "y"], walls, {}) == ([2.0], 0)
+    assert rc.case_walls("flash_attention/bench/gqa_d64", ["x"], walls, {}) == ([2.0], 0)
+    assert rc.case_walls("flash_attention/bench/throughput_d128", ["x"], walls, {}) == ([0.2], 0)
+    assert rc.case_walls("flash_attention/bench/gqa_d128", ["a", "x"], walls, {}) == ([1.0], 1)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from dataclasses import dataclass
@@ -249,12 +250,35 @@ def measured_walls(folders) -> dict[str, dict[str, float]]:
             df = providers.read_renamed(pd.read_csv(path, low_memory=False))  # rows written before a rename
             if "wall_s" not in df or "case_id" not in df:
                 continue
+            if job.removeprefix("repeats/").startswith("flash_attention/bench/"):
+                df["case_id"] = fa_case_ids(df)
             when = df["measured_at"].astype(str) if "measured_at" in df else pd.Series("", index=df.index)
             known = out.setdefault(job, {})
             for case_id, at, wall in zip(df["case_id"], when, df["wall_s"].fillna(0.0)):
                 if case_id not in known or at > known[case_id][0]:
                     known[case_id] = (at, float(wall))
     return {job: {c: wall for c, (_, wall) in cases.items()} for job, cases in out.items()}
+
+
+FA_ID_COLUMNS = ("group", "provider", "harness", "dtype", "causal", "batch", "heads", "kv_heads", "seq_len",
+                 "head_dim")
+
+
+def fa_case_ids(df: pd.DataFrame) -> list[str]:
+    """The FlashAttention bench rows' case ids as the bench names them today (bench.flash_attention's
+    case_id, from the row's columns: ids written before a change of the scheme, such as the harness
+    a peer is timed under, still find their cases); a row it cannot rebuild (a provider not
+    registered here, a column missing) keeps its own."""
+    from lmperf.bench import flash_attention
+    if not set(FA_ID_COLUMNS) <= set(df.columns):
+        return list(df["case_id"])
+    out = []
+    for row in df[["case_id", *FA_ID_COLUMNS]].itertuples(index=False):
+        try:
+            out.append(flash_attention.case_id(row._asdict()))
+        except (KeyError, ValueError, TypeError):
+            out.append(row.case_id)
+    return out
 
 
 def repeat_of(job: str) -> str | None:
@@ -296,7 +320,15 @@ def case_walls(job: str, ids: list[str], walls: dict, factors: dict) -> tuple[li
     if own is None:
         known = walls.get(job, {})
         found = [known[c] for c in ids if c in known]
-        if not found and ids:  # a job not measured yet: the median case of its section's jobs
+        if not found and ids:
+            # none of its cases measured: the mean case of the job as measured at other shapes, or of
+            # the jobs of its group at other head dims ('gqa_d64' after 'gqa_d128'); else the median
+            # case of its section's jobs
+            group = job.rsplit("_d", 1)[0] if re.fullmatch(r".*_d\d+", job) else job
+            like = [wall for j, cases in walls.items() if j == job or j.rsplit("_d", 1)[0] == group
+                    and re.fullmatch(r".*_d\d+", j) for wall in cases.values()]
+            if like:
+                return [statistics.mean(like)], 0
             section = [wall for j, cases in walls.items() if j.split("/")[0] == job.split("/")[0]
                        for wall in cases.values()]
             return ([statistics.median(section)] if section else []), 0
