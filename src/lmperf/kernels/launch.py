@@ -3,10 +3,11 @@
 Triton's JIT, or with LMPERF_FA_LAUNCH=cache through a cache of the compiled kernels' launchers
 (CachedLaunch), which skips the JIT's per-call work. LMPERF_FA_LAUNCH=plan adds plans (Plan): a
 call's launches recorded once per call signature and replayed, which skips the dispatch's checks,
-rules and descriptor building as well; a plan calls each compiled kernel's launcher itself.
-The launcher is not a public interface of Triton's: a compiled kernel that lacks what is called
-(LAUNCHER_ATTRS), or whose launcher refuses its first call (TypeError, AttributeError), is launched
-through the JIT from then on."""
+rules and descriptor building as well; a plan calls each compiled kernel's launcher itself (its C
+launch function where the launcher would add nothing: `_raw`, `_Mapped`), and is the default
+(DEFAULT_MODE) on a Triton release in VERIFIED_TRITON. The launcher is not a public interface of
+Triton's: a compiled kernel that lacks what is called (LAUNCHER_ATTRS), or whose launcher refuses
+its first call (TypeError, AttributeError), is launched through the JIT from then on."""
 from __future__ import annotations
 
 import contextlib
@@ -229,8 +230,6 @@ def _raw(compiled) -> tuple | None:
     if launch is None or coop is None or pdl is None:
         return None
     return launch, (coop, pdl, None, None)
-
-
 
 
 def _knobs():
