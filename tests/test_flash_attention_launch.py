@@ -539,6 +539,16 @@ def _by_role(log, tensors):
     return [(kernel, grid, [name(a) for a in args]) for _, kernel, grid, args in log]
 
 
+def _logged_steps(log, shape=(2, 4, 256, 64), dtype=torch.float32, n=3) -> list:
+    """n forward + backward calls of one signature in the model's layout (seeds 0 to n - 1), each
+    as (its _step, the launches it added to `log`)."""
+    calls = []
+    for seed in range(n):
+        start = len(log)
+        calls.append((_step(shape, True, "model", seed, dtype), log[start:]))
+    return calls
+
+
 @pytest.mark.parametrize("case", ["tile", "tile-split", "gluon"])
 def test_a_plan_replays_to_the_compiled_launchers_with_the_jits_arguments(case, monkeypatch, request):
     """A replayed call goes straight to each compiled kernel's launcher (no JIT, no CachedLaunch key),
@@ -557,11 +567,7 @@ def test_a_plan_replays_to_the_compiled_launchers_with_the_jits_arguments(case, 
     monkeypatch.setattr(ft, "launch_bwd_config", lambda *a: {
         **real_bwd(*a), "fused": False, "dq": {**real_bwd(*a)["dq"], "SPLIT": split},
         "dkdv": {**real_bwd(*a)["dkdv"], "SPLIT": 1}})
-    shape = (2, 4, 256, 64)
-    calls = []
-    for seed in range(3):
-        start = len(log)
-        calls.append((_step(shape, True, "model", seed, dtype), log[start:]))
+    calls = _logged_steps(log, dtype=dtype)
     (first, full), (_, second), (third_step, third) = calls
     assert full and full[0][0] == "jit"  # (a kernel launched twice a call takes the cache at its second)
     assert all(kind == "launcher" for kind, *_ in second + third)
@@ -607,11 +613,7 @@ def test_a_plan_calls_the_c_launch_function_where_the_launcher_adds_nothing(scra
             self.run = CudaLauncher(log, name, scratch)
     monkeypatch.setattr(kl, "VERIFIED_TRITON", (triton.__version__,) if verified else ("0.0.",))
     log = _stand_in_kernels(monkeypatch, Compiled)
-    calls = []
-    for seed in range(3):
-        start = len(log)
-        calls.append((_step((2, 4, 256, 64), True, "model", seed), log[start:]))
-    (first, full), *replays = calls
+    (first, full), *replays = _logged_steps(log)
     for step, launches in replays:
         assert {kind for kind, *_ in launches} == {want}
         assert _named(launches, step, 3) == _named(full, first, 3)
@@ -706,10 +708,7 @@ def test_a_plan_whose_launcher_is_refused_or_missing_replays_through_the_jit(mis
     if missing:
         Compiled = type("Compiled", (), {k: v for k, v in vars(_StandInCompiled).items() if k != missing})
     log = _stand_in_kernels(monkeypatch, Compiled)
-    calls = []
-    for seed in range(3):
-        start = len(log)
-        calls.append((_step((2, 4, 256, 64), True, "model", seed), log[start:]))
+    calls = _logged_steps(log)
     (first, full), *replays = calls
     assert all(kind == "jit" for _, log_ in calls for kind, *_ in log_)
     # the forward splits at this shape: its partial sums are freed within the call and their memory
