@@ -123,10 +123,9 @@ def bench(cases, impls, modes, out_csv, log, rounds=1, rep_ms=200):
             for impl in impls:
                 row = dict(case=case, shape="x".join(map(str, CASES[case][:4])), layout=layout, impl=impl, mode=mode,
                            gpu=torch.cuda.get_device_name())
-                if impl in ("ours_jit", "ours_cache", "ours_plan"):
-                    if mode != "eager":
-                        continue
                 env = impl[len("ours_"):] if impl in ("ours_jit", "ours_cache", "ours_plan") else None
+                if env is not None and mode != "eager":  # a launch mode is eager mode's
+                    continue
                 try:
                     _launch_env(env)
                     q, k, v = leaves(case)

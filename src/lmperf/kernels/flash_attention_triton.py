@@ -1161,7 +1161,8 @@ class FlashAttention2Triton(torch.autograd.Function):
                 out, lse = flash_attention_forward(q, k, v, is_causal)
         elif kernel_launch.planning():  # LMPERF_FA_LAUNCH=plan: the call's launches replayed (kernel_launch.Plan)
             ctx.plan_key = kernel_launch.plan_key(("forward", is_causal), (q, k, v))  # the backward's starts from it
-            out, lse = kernel_launch.planned(None, (q, k, v), lambda: eager_forward(q, k, v, is_causal), ctx.plan_key)
+            out, lse = kernel_launch.planned(("forward", is_causal), (q, k, v), lambda: eager_forward(q, k, v, is_causal),
+                                             ctx.plan_key)
         else:
             out, lse = eager_forward(q, k, v, is_causal)
         ctx.save_for_backward(q, k, v, out, lse)
