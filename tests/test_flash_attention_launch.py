@@ -743,6 +743,100 @@ def test_the_gluon_ops_replay_their_first_calls_launches(monkeypatch, request):
     assert len(kl.PLANS.plans) == 3 and all(kl.PLANS.plans.values())
 
 
+def _reference_grads(q, k, v, do, is_causal):
+    """(O, L, dQ, dK, dV) in float64, by the formulas (an op's kernel runs below autograd): K/V heads
+    repeated over their query heads, their gradients summed."""
+    group = q.shape[-3] // k.shape[-3]
+    scale = q.shape[-1] ** -0.5
+    q, k, v, do = (t.double() for t in (q, k, v, do))
+    kk, vv = (t.repeat_interleave(group, dim=-3) for t in (k, v))
+    s = q @ kk.transpose(-1, -2) * scale
+    if is_causal:
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+    p = torch.softmax(s, -1)
+    out = p @ vv
+    dp = do @ vv.transpose(-1, -2)
+    ds = p * (dp - (do * out).sum(-1, keepdim=True))
+    dk = (ds.transpose(-1, -2) @ q * scale).unflatten(-3, (k.shape[-3], group)).sum(-3)
+    dv = (p.transpose(-1, -2) @ do).unflatten(-3, (k.shape[-3], group)).sum(-3)
+    return out, torch.logsumexp(s, -1), ds @ kk * scale, dk, dv
+
+
+def _reference_gluon_launchers(monkeypatch):
+    """The Gluon kernels' launchers replaced by the float64 reference writing their outputs; returns
+    the list of their calls' names."""
+    from lmperf.kernels import flash_attention_gluon as fg
+    from lmperf.kernels import flash_attention_gluon_bwd as gb
+    from lmperf.kernels import flash_attention_gluon_fused as gf
+    calls = []
+
+    def forward(q, k, v, is_causal, *rest):
+        calls.append("forward")
+        out, lse = _reference_grads(q, k, v, torch.zeros_like(q), is_causal)[:2]
+        o = q.new_empty_strided(q.shape, (q.shape[2] * q.shape[1] * q.shape[3], q.shape[3], q.shape[1] * q.shape[3], 1))
+        return o.copy_(out), lse.float()
+
+    def launch_dq(q, k, v, out, do, lse, delta, dq, is_causal, *rest, **kw):
+        calls.append("dq")
+        delta.copy_((out.double() * do.double()).sum(-1).view(delta.shape))
+        dq.copy_(_reference_grads(q, k, v, do, is_causal)[2])
+
+    def launch_dkdv(q, k, v, do, lse, delta, dk, dv, is_causal, *rest, **kw):
+        calls.append("dkdv")
+        dk.copy_(_reference_grads(q, k, v, do, is_causal)[3])
+        dv.copy_(_reference_grads(q, k, v, do, is_causal)[4])
+    def launch_fused(q, k, v, out, do, lse, dq, dk, dv, is_causal, *rest, **kw):
+        calls.append("fused")
+        for grad, ref in zip((dq, dk, dv), _reference_grads(q, k, v, do, is_causal)[2:]):
+            grad.copy_(ref)
+    monkeypatch.setattr(fg, "forward", forward)
+    monkeypatch.setattr(gb, "launch_dq", launch_dq)
+    monkeypatch.setattr(gb, "launch_dkdv", launch_dkdv)
+    monkeypatch.setattr(gf, "launch", launch_fused)
+    return calls
+
+
+def test_the_gluon_ops_under_torch_compile(monkeypatch, request):
+    """torch.compile (fullgraph) with both Gluon kernels forced: its graphs call the Gluon ops
+    (defined on the dispatcher, opaque to the trace) with no graph break, their in-place writes of
+    dQ, Delta, dK and dV kept, and give eager mode's values; here the kernels' launchers are a
+    float64 reference, so that the values say what each op wrote (no GPU)."""
+    if not _force_gluon(monkeypatch, request):
+        return
+    import torch._dynamo
+    monkeypatch.setenv(kl.LAUNCH_ENV, "jit")  # a plan records kernel launches: the reference has none
+    calls = _reference_gluon_launchers(monkeypatch)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    q = torch.randn(1, 4, 128, 64, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 2, 128, 64, dtype=torch.bfloat16) for _ in range(2))
+    do = torch.randn_like(q)
+
+    def step(fn):
+        xs = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = fn(*xs, True)
+        out.backward(do)
+        return out.detach(), *(x.grad for x in xs)
+    eager = step(ft.FlashAttention2Triton.apply)
+    assert calls == ["forward", "dq", "dkdv"]
+    compiled = step(torch.compile(ft.FlashAttention2Triton.apply, backend="aot_eager", fullgraph=True))
+    assert calls[3:] == ["forward", "dq", "dkdv"]
+    reference = _reference_grads(q, k, v, do, True)
+    for got, want, expected in zip(compiled, eager, (reference[0], *reference[2:])):
+        assert torch.equal(got, want)
+        torch.testing.assert_close(got.double(), expected, atol=2e-2, rtol=2e-2)
+    torch._dynamo.reset()
+    # each op's schema says what it writes, its fake what it returns (torch.library.opcheck)
+    out, lse = ft.FlashAttention2Triton.apply(q, k, v, True), torch.randn(1, 4, 128)
+    delta, dq, dk, dv = torch.empty(4, 128), *(torch.empty_like(t) for t in (q, k, v))
+    ops = torch.ops.lmperf
+    for op, args in ((ops.flash_attention_forward_gluon, (q, k, v, True)),
+                     (ops.flash_attention_dq_gluon, (q, k, v, out, do, lse, delta, dq, True)),
+                     (ops.flash_attention_dkdv_gluon, (q, k, v, do, lse, delta, dk, dv, True)),
+                     (ops.flash_attention_bwd_gluon_fused, (q, k, v, out, do, lse, dq, dk, dv, True))):
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+
 def test_clear_plans_forgets_them(launches, monkeypatch):
     """clear_plans(): every plan forgotten; the next call of a signature runs its full path again,
     recorded under the rules of now (a rule patched, as tests do), and its replays follow them."""

@@ -262,6 +262,7 @@ BWD_SHAPES = {  # name: (batch, q heads, kv heads, N, D, causal)
     "d80_2048": (4, 32, 32, 2048, 80, True),  # the 2.7B model's attention
     "d80_causal": (4, 16, 16, 8192, 80, True),
     "d80_full": (4, 16, 16, 8192, 80, False),
+    "grid4096": (1, 1, 1, 4096, 128, True),  # the assignment's grid at 4,096 rows (one head)
 }
 
 

@@ -56,6 +56,7 @@ import os
 import torch
 
 from lmperf.kernels import launch as kernel_launch
+from lmperf.kernels.triton_op import opaque_op
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -907,7 +908,7 @@ def _forward_fake(q, k, v, is_causal):
     return out, q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
-@torch.library.custom_op("lmperf::flash_attention_forward_gluon", mutates_args=())
+@opaque_op("lmperf::flash_attention_forward_gluon", (), _forward_fake)
 def flash_attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                   is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, L) of the Gluon forward as a PyTorch op, opaque to torch.compile (the compiled graph
@@ -918,6 +919,3 @@ def flash_attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     else:
         out, lse = forward(q, k, v, is_causal)
     return out, lse
-
-
-flash_attention_forward_gluon.register_fake(_forward_fake)

@@ -63,6 +63,7 @@ import torch
 
 from lmperf.kernels import flash_attention_gluon as fg
 from lmperf.kernels import launch as kernel_launch
+from lmperf.kernels.triton_op import opaque_op
 
 LOG2E = 1.4426950408889634
 HEAD_DIMS = (64, 80, 128)  # 80: two column slices, 64 and 16 (fg.split_head_dim)
@@ -774,7 +775,7 @@ def _slices(t4: torch.Tensor, block_rows: int):
     return (first, fg.head_desc(t4, block_rows, db)[0] if db else first), offsets
 
 
-@torch.library.custom_op("lmperf::flash_attention_dkdv_gluon", mutates_args=("dk", "dv"))
+@opaque_op("lmperf::flash_attention_dkdv_gluon", ("dk", "dv"), lambda *args: None)
 def flash_attention_dkdv_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
                                lse: torch.Tensor, delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
                                is_causal: bool) -> None:
@@ -786,11 +787,6 @@ def flash_attention_dkdv_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         kernel_launch.planned(("gluon dkdv", is_causal), inputs, lambda: (launch_dkdv(*inputs, is_causal), ())[1])
     else:
         launch_dkdv(q, k, v, do, lse, delta, dk, dv, is_causal)
-
-
-@flash_attention_dkdv_gluon.register_fake
-def _dkdv_fake(q, k, v, do, lse, delta, dk, dv, is_causal):
-    return None
 
 
 def launch_dq(q, k, v, out, do, lse, delta, dq, is_causal: bool, stages: int | None = None,
@@ -827,7 +823,7 @@ def launch_dq(q, k, v, out, do, lse, delta, dq, is_causal: bool, stages: int | N
         kb_desc=kb_desc, vb_desc=vb_desc, DB=fg.split_head_dim(d)[1], **(dict(grid=grid) if compile_only else {}))
 
 
-@torch.library.custom_op("lmperf::flash_attention_dq_gluon", mutates_args=("delta", "dq"))
+@opaque_op("lmperf::flash_attention_dq_gluon", ("delta", "dq"), lambda *args: None)
 def flash_attention_dq_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                              do: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor, dq: torch.Tensor,
                              is_causal: bool) -> None:
@@ -839,8 +835,3 @@ def flash_attention_dq_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         kernel_launch.planned(("gluon dq", is_causal), inputs, lambda: (launch_dq(*inputs, is_causal), ())[1])
     else:
         launch_dq(q, k, v, out, do, lse, delta, dq, is_causal)
-
-
-@flash_attention_dq_gluon.register_fake
-def _dq_fake(q, k, v, out, do, lse, delta, dq, is_causal):
-    return None

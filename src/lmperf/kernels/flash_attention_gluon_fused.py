@@ -39,6 +39,7 @@ import torch
 from lmperf.kernels import flash_attention_gluon as fg
 from lmperf.kernels import flash_attention_gluon_bwd as gb
 from lmperf.kernels import launch as kernel_launch
+from lmperf.kernels.triton_op import opaque_op
 
 HEAD_DIMS = (64, 128)
 BLOCK_N = gb.BLOCK_N  # keys a program: two warpgroups of 64
@@ -486,15 +487,10 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
         kb_desc=k_desc, vb_desc=v_desc, DB=db, **(dict(grid=grid) if compile_only else {}))
 
 
-@torch.library.custom_op("lmperf::flash_attention_bwd_gluon_fused", mutates_args=("dq", "dk", "dv"))
+@opaque_op("lmperf::flash_attention_bwd_gluon_fused", ("dq", "dk", "dv"), lambda *args: None)
 def flash_attention_bwd_gluon_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                                     do: torch.Tensor, lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor,
                                     dv: torch.Tensor, is_causal: bool) -> None:
     """dQ, dK, dV into dq, dk, dv, as a PyTorch op opaque to torch.compile (a compiled backward launches
     the same kernels as eager mode: the same bits)."""
     launch(q, k, v, out, do, lse, dq, dk, dv, is_causal)
-
-
-@flash_attention_bwd_gluon_fused.register_fake
-def _fused_fake(q, k, v, out, do, lse, dq, dk, dv, is_causal):
-    return None

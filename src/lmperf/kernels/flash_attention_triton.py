@@ -936,8 +936,8 @@ def launch_backward(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool, cfg: 
     if delta is None:
         delta = torch.empty(lse.shape, dtype=torch.float32, device=q3.device)
     # the Gluon kernels: their launchers in eager mode (launch is plain_launch), else their opaque ops,
-    # which launch the same kernels under torch.compile (the same bits); an op's wrapper costs
-    # 0.1-0.2 ms of host time a call (tuning/flash_attention/NOTES.md, step 43)
+    # which launch the same kernels under torch.compile (the same bits); an op's dispatch adds host time
+    # a call (tuning/flash_attention/NOTES.md, steps 43 and 51)
     direct = launch is plain_launch
     if gluon_bwd is not None and gluon_bwd.use_fused():  # dQ, dK, dV in one Gluon kernel (its own Delta)
         from lmperf.kernels import flash_attention_gluon_fused as gf

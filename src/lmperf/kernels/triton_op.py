@@ -3,6 +3,7 @@ registration FlashAttention uses (a `torch.library.triton_op` that torch.compile
 Inductor launches; under Triton's interpreter an opaque `custom_op` with a fake, since the
 interpreter would run the kernels on a trace's data-less tensors), the check that a CPU tensor
 only reaches a Triton kernel under the interpreter, and the launch sizes that depend on the GPU.
+`opaque_op` registers the Gluon kernels' ops, which torch.compile calls as they are.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from torch.library import custom_op, triton_op
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_LIBRARIES: dict[str, torch.library.Library] = {}  # namespace: the fragment opaque_op defines its ops in
 
 
 def register(name: str, fake):
@@ -25,6 +27,27 @@ def register(name: str, fake):
         op = custom_op(name, mutates_args=())(fn)
         op.register_fake(fake)
         return op
+    return wrap
+
+
+def opaque_op(qualname: str, mutates_args: tuple[str, ...], fake):
+    """Decorator: `fn` as the PyTorch op `qualname` ("namespace::name"), its schema from fn's type
+    hints (written in place: the arguments named in mutates_args), opaque to torch.compile (a
+    compiled graph calls it, so it launches what eager mode launches), `fake(*args)` giving a
+    trace its outputs. Returns the op. Defined on the dispatcher itself (Library.define and impl),
+    not through custom_op, whose autograd and in-place wrappers cost more host time a call than
+    the op's own launch (tuning/flash_attention/NOTES.md, step 51); the op has no autograd
+    formula: its callers differentiate it (an autograd.Function)."""
+    namespace, name = qualname.split("::")
+
+    def wrap(fn):
+        if namespace not in _LIBRARIES:
+            _LIBRARIES[namespace] = torch.library.Library(namespace, "FRAGMENT")
+        lib = _LIBRARIES[namespace]
+        lib.define(name + torch.library.infer_schema(fn, mutates_args=mutates_args))
+        lib.impl(name, fn, "CompositeExplicitAutograd")
+        torch.library.register_fake(qualname, fake, lib=lib)
+        return getattr(getattr(torch.ops, namespace), name)
     return wrap
 
 
