@@ -619,13 +619,13 @@ def test_a_plan_calls_the_c_launch_function_where_the_launcher_adds_nothing(scra
         assert _named(launches, step, 3) == _named(full, first, 3)
 
 
-def test_a_plan_remakes_a_descriptors_tensor_map_only_when_its_data_moves(monkeypatch, request):
+def test_a_plan_makes_a_descriptors_tensor_map_only_for_an_address_not_seen_lately(monkeypatch, request):
     """The Gluon kernels' TMA descriptors through Triton's own wrapper (wrap_handle_tensordesc) of a
     stand-in C launch function, the tensor maps stood in for by the address they encode: each replay
     launches maps of this call's data, role for role as the first replay (every map made afresh);
-    a map is made again only for a descriptor whose data moved (here: the outputs, and the inputs
-    when they change), and with a launch hook active Triton's wrapper makes them all (Delta, the
-    backward's own buffer, is "other")."""
+    a map is made only for data at an address its descriptor has not seen lately (here: the
+    outputs, and the inputs when they change, not when they come back), and with a launch hook
+    active Triton's wrapper makes them all (Delta, the backward's own buffer, is "other")."""
     if not _force_gluon(monkeypatch, request):
         return
     import triton
@@ -684,9 +684,10 @@ def test_a_plan_remakes_a_descriptors_tensor_map_only_when_its_data_moves(monkey
     fresh, n_fresh = step(first)  # the plan's first replay: every map made
     again, n_again = step(first)  # q, k, v where they were: their maps reused
     moved, n_moved = step(second)  # other inputs: their maps made again
+    back, n_back = step(first)  # the first inputs again: their maps kept (addresses that alternate)
     assert fresh and all(("map", role) in sum(fresh, []) for role in (0, 1, 2, 4))  # q, k, v and dO by their maps
-    assert again == fresh and moved == fresh
-    assert n_again < n_fresh and n_again < n_moved <= n_fresh
+    assert again == fresh and moved == fresh and back == fresh
+    assert n_again < n_fresh and n_again < n_moved <= n_fresh and n_back == n_again
     assert not any(hooks)
     seen = []
     knobs.runtime.launch_enter_hook.add(seen.append)

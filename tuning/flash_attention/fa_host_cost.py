@@ -13,7 +13,8 @@ Writes DIR/fa_host_cost{TAG}.csv: one row per case x implementation x mode: do_b
 20/80% quantiles (ms, host included: a call that the host cannot keep ahead of shows its host
 time; with --bench-rounds R, the median of R rounds that time the implementations in turn, and
 the rounds' min and max), the GPU time of the kernels per call (profiler), the host's time per call in a loop of 200
-calls synchronised only at its end, and the kernels per call; a failure is a row with its error.
+calls synchronised only at its end, the kernels per call, and the tensor maps made per call (the Gluon
+kernels' TMA descriptors encoded by the driver); a failure is a row with its error.
 --profile: DIR/fa_host_profile{TAG}.txt, cProfile of 300 eager calls of ours at the first case,
 then torch.profiler's table of the host's time by op of 100 eager calls of ours and of SDPA-cuDNN.
 --anatomy: DIR/fa_host_anatomy{TAG}.csv, do_bench's loop taken apart: the host's time of the
@@ -107,6 +108,42 @@ def host_ms(step, reps=200):
     return (t1 - t0) / reps * 1e3
 
 
+_MAPS = {"made": 0, "counting": False}
+
+
+def count_tensor_maps() -> None:
+    """From now on count the tensor maps Triton makes in this process (make_tensordesc_arg: a Gluon
+    kernel's descriptor encoded by the CUDA driver); before any plan is recorded, so that plans'
+    launches, which keep the function they found, count too."""
+    if _MAPS["counting"]:
+        return
+    try:
+        import triton.backends.nvidia.driver as nvidia
+    except ImportError:
+        return
+    real = nvidia.make_tensordesc_arg
+
+    def make(arg, meta):
+        _MAPS["made"] += 1
+        return real(arg, meta)
+    nvidia.make_tensordesc_arg = make
+    _MAPS["counting"] = True
+
+
+def maps_per_call(step, leaves, calls=50) -> float | None:
+    """Tensor maps made a call, over `calls` calls with the leaves' gradients set to None before
+    each (as do_bench does); None where this process does not count them."""
+    if not _MAPS["counting"]:
+        return None
+    made = _MAPS["made"]
+    for _ in range(calls):
+        for t in leaves:
+            t.grad = None
+        step()
+    torch.cuda.synchronize()
+    return (_MAPS["made"] - made) / calls
+
+
 def bench(cases, impls, modes, out_csv, log, rounds=1, rep_ms=200):
     """Each case x mode: every implementation set up (compiled, warmed), then `rounds` rounds, each
     timing every implementation in turn by do_bench (rep_ms each), so that a host that drifts
@@ -114,6 +151,7 @@ def bench(cases, impls, modes, out_csv, log, rounds=1, rep_ms=200):
     rounds' medians (with one round: do_bench's median and its 20/80% quantiles)."""
     import statistics
     import triton
+    count_tensor_maps()
     rows = []
     for case in cases:
         layout = CASES[case][4]
@@ -158,7 +196,8 @@ def bench(cases, impls, modes, out_csv, log, rounds=1, rep_ms=200):
                         medians = [t[0] for t in times]
                         lo, hi = (min(medians), max(medians)) if rounds > 1 else times[0][1:]
                         row.update(do_bench_ms=statistics.median(medians), p20_ms=lo, p80_ms=hi, rounds=len(times),
-                                   gpu_ms=g, kernels_per_call=kernels, host_loop_ms=host_ms(step), error="")
+                                   gpu_ms=g, kernels_per_call=kernels, host_loop_ms=host_ms(step),
+                                   tensor_maps_per_call=maps_per_call(step, leaves_), error="")
                     except Exception as exc:  # noqa: BLE001
                         traceback.print_exc()
                         row["error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -367,9 +406,47 @@ class StubCompiled:
         self.runs += 1
 
 
+class CudaLauncher:
+    """Stands in for Triton's launcher of a kernel taking TMA descriptors (the Gluon kernels'): a
+    class of that name, no scratch, its C launch function `launch` being Triton's own descriptor
+    wrapper (wrap_handle_tensordesc: each descriptor to a tensor map, the map's encoding stubbed)
+    around a launch function that launches nothing; it counts."""
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid, launch_pdl = False, False
+
+    def __init__(self, compiled, bound):
+        import triton.backends.nvidia.driver as nvidia
+        self.compiled = compiled
+        signature = {i: "tensordesc" if type(a).__name__ == "TensorDescriptor" else "i32" for i, a in enumerate(bound)}
+        meta = dict(swizzle=128, elem_size=2, elem_type="bf16", block_size=[64, 64], fp4_padded=False)
+        self.launch = nvidia.wrap_handle_tensordesc(self.launched, signature,
+                                                    [meta] * sum(v == "tensordesc" for v in signature.values()))
+
+    def __call__(self, *args):
+        return self.launch(*args[:4], args[4], False, False, None, None, *args[5:])
+
+    def launched(self, *args):
+        self.compiled.runs += 1
+
+
+def stub_tensor_maps():
+    """Triton's descriptor-to-tensor-map step (make_tensordesc_arg, which has the CUDA driver encode
+    the map) stood in for by one that makes a bytes object of a map's size; returns the addresses
+    of the maps made, a list to read after the calls."""
+    import triton.backends.nvidia.driver as nvidia
+    made = []
+
+    def make(arg, meta):
+        made.append(arg.base.data_ptr())
+        return [bytes(128), *arg.shape, *arg.strides]
+    nvidia.make_tensordesc_arg = make
+    return made
+
+
 class StubKernel:
     """Stands in for a Triton JITFunction in CachedLaunch: the kernel's parameters; kernel[grid](...)
-    (the JIT) returns the StubCompiled without launching anything, and counts."""
+    (the JIT) returns the StubCompiled without launching anything, and counts. A kernel taking TMA
+    descriptors gets a CudaLauncher stand-in at its first call (maps: see stub_tensor_maps)."""
 
     def __init__(self, kernel):
         self.arg_names, self.params, self.pre_run_hooks = kernel.arg_names, kernel.params, []
@@ -381,12 +458,17 @@ class StubKernel:
 
     def jit(self, *args, **kwargs):
         self.jit_calls += 1
+        if self.jit_calls == 1:
+            bound = [*args, *[kwargs.get(p.name, p.default) for p in self.params[len(args):]]]
+            if any(type(a).__name__ == "TensorDescriptor" for a in bound):
+                self.compiled.run = CudaLauncher(self.compiled, bound)
         return self.compiled
 
 
 def stub_out_launches():
     """Every kernel of ours launched through a CachedLaunch of a StubKernel (the JIT and the
-    launcher stubbed); the CUDA-only checks answered as on a Hopper GPU; returns the StubKernels.
+    launcher stubbed; the Gluon kernels' launcher through Triton's descriptor wrapper, tensor maps
+    stubbed); the CUDA-only checks answered as on a Hopper GPU; returns the StubKernels.
     Needs a process whose TRITON_INTERPRET is not 1 (plain_launch's compiled path)."""
     import triton.runtime.jit as triton_jit
     from lmperf.kernels import flash_attention_gluon as fg
@@ -400,6 +482,7 @@ def stub_out_launches():
                 stubs.append(StubKernel(value))
                 kernel_launch.LAUNCHES[value] = kernel_launch.CachedLaunch(stubs[-1])
     kernel_launch.current_stream = lambda: (0, 0)
+    stub_tensor_maps()
     ft.check_device = lambda q: None
     fg.available = lambda: None
     fg.sm_count = lambda device: 132

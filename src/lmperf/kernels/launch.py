@@ -415,7 +415,7 @@ class Plan:
                 _replay_jit(jit, roles)
                 continue
             args = _filled(args, fills, roles)
-            run(g0, g1, g2, stream, *mid, compiled.launch_metadata(grid, stream, *args) if meta else None,
+            run(g0, g1, g2, stream, *mid, _launch_metadata(run, compiled, grid, stream, args) if meta else None,
                 enter, leave, *args)
 
     def _replay_checked(self, roles, same_device: bool, stream) -> None:
@@ -427,7 +427,7 @@ class Plan:
                 _replay_jit(jit, roles)
                 continue
             args = _filled(args, fills, roles)
-            meta = None if enter is None and leave is None else compiled.launch_metadata(grid, stream, *args)
+            meta = None if enter is None and leave is None else _launch_metadata(run, compiled, grid, stream, args)
             try:
                 run(g0, g1, g2, stream, *mid, meta, enter, leave, *args)
             except (TypeError, AttributeError):
@@ -438,6 +438,12 @@ class Plan:
             launch.checked = True
         self.direct = any(entry[0] is not None for entry in self.launches)
         self.checked = same_device
+
+
+def _launch_metadata(run, compiled, grid, stream, args):
+    """What a launch hook gets (the compiled kernel's launch metadata), from the arguments as the JIT
+    passes them."""
+    return compiled.launch_metadata(grid, stream, *(run.described(args) if type(run) is _Mapped else args))
 
 
 def _fill_template(args: list) -> tuple:
@@ -460,7 +466,10 @@ def _direct(launch, grid, compiled, args: list, kwargs: dict) -> tuple:
     raw = _raw(compiled)
     run, mid = (compiled.run, (compiled.function, compiled.packed_metadata)) if raw is None else \
         (_Mapped.of(raw[0]) or raw[0], (compiled.function, *raw[1], compiled.packed_metadata))
-    return (run, mid, compiled, grid, g0, g1, g2, *_fill_template(bound))
+    template, fills = _fill_template(bound)
+    if type(run) is _Mapped:
+        fills = run.take(fills)
+    return (run, mid, compiled, grid, g0, g1, g2, template, fills)
 
 
 class _Mapped:
@@ -468,15 +477,21 @@ class _Mapped:
     (triton.backends.nvidia.driver's wrap_handle_tensordesc), which turns each descriptor into a
     tensor map (`make_tensordesc_arg`: the CUDA driver's encoding of the data's address, shape,
     strides, block and swizzle) at every launch. Within a plan each descriptor argument has one
-    shape, strides, block and layout, so its map is made again only when its data's address
-    changed since the last launch (a training loop's tensors mostly come back at the same
-    addresses); the launch copies the map into the kernel's parameters. With a launch hook active
-    (a profiler's) Triton's wrapper itself. `of(wrapper)`: None where the wrapper is not one this
-    reads (the descriptors' positions, their metadata, the launch function: a verified Triton's)."""
+    shape, strides, block and layout (`take` keeps them), so a replay passes the descriptor's data
+    alone (no descriptor built) and its map is made only for an address it has not seen among the
+    last few (a training loop's tensors mostly come back at the same addresses, or alternate
+    between two); the launch copies the map into the kernel's parameters. With a launch hook active (a profiler's)
+    Triton's wrapper itself, on descriptors built as the recording's. `of(wrapper)`: None where the
+    wrapper is not one this reads (the descriptors' positions, their metadata, the launch
+    function: a verified Triton's)."""
+
+    ADDRESSES = 8  # maps kept a descriptor: the addresses its data came at most recently (then forgotten)
 
     def __init__(self, wrapper, launch, head: int, where: dict, make):
         self.wrapper, self.launch, self.head, self.where, self.make = wrapper, launch, head, where, make
-        self.last: dict = {}  # kernel argument position -> (data address, the map's arguments)
+        self.specs: dict = {}  # kernel argument position -> the recorded descriptor (_desc's spec)
+        self.order: list = []  # [(position, its metadata)] of the descriptors a replay passes as data
+        self.maps: dict = {}  # kernel argument position -> {data address: the map's arguments}
 
     @classmethod
     def of(cls, wrapper):
@@ -490,22 +505,41 @@ class _Mapped:
             return None  # no metadata: the wrapper passes the tensor itself (nothing to reuse)
         return cls(wrapper, launch, head, dict(zip(sorted(positions), metas)), make)
 
+    def take(self, fills: list) -> list:
+        """A plan's fills (_fill_template's) with each descriptor this maps filled by its data alone,
+        the descriptor's spec kept here."""
+        taken = []
+        for i, kind, x in fills:
+            if kind == _DESC and i in self.where:
+                self.specs[i] = x
+                kind, x = _ROLE, x[0]
+            taken.append((i, kind, x))
+        self.order = sorted((i, self.where[i], self.maps.setdefault(i, {})) for i in self.specs)
+        return taken
+
+    def described(self, args: list) -> list:
+        """Kernel arguments as the JIT passes them: each descriptor's data as its descriptor."""
+        return [_desc_on(a, self.specs[i]) if i in self.specs else a for i, a in enumerate(args)]
+
     def __call__(self, *args):
         head = self.head
         if args[head - 2] is not None or args[head - 1] is not None:  # an enter or exit hook
-            return self.wrapper(*args)
+            return self.wrapper(*args[:head], *self.described(args[head:]))
         final = list(args[:head])
-        last, where = self.last, self.where
-        for i, arg in enumerate(args[head:]):
-            meta = where.get(i)
-            if meta is None:
-                final.append(arg)
-                continue
-            ptr = arg.base.data_ptr()
-            seen = last.get(i)
-            if seen is None or seen[0] != ptr:
-                seen = last[i] = (ptr, self.make(arg, meta))
-            final.extend(seen[1])
+        start = head
+        for i, meta, maps in self.order:
+            at = head + i
+            final.extend(args[start:at])
+            data = args[at]
+            ptr = data.data_ptr()
+            made = maps.get(ptr)
+            if made is None:
+                if len(maps) >= self.ADDRESSES:
+                    maps.clear()
+                made = maps[ptr] = self.make(_desc_on(data, self.specs[i]), meta)
+            final.extend(made)
+            start = at + 1
+        final.extend(args[start:])
         return self.launch(*final)
 
 
@@ -529,10 +563,14 @@ _new = object.__new__
 
 
 def _desc(x, roles):
-    i, cls, shape, strides, block, layout = x
+    return _desc_on(roles[x[0]], x)
+
+
+def _desc_on(data, x):
+    _, cls, shape, strides, block, layout = x
     d = _new(cls)  # the recording's descriptor, on this call's data (its checks passed then)
     d.base, d.shape, d.strides, d.block_shape, d.layout, d.padding = \
-        roles[i], list(shape), list(strides), list(block), layout, "zero"
+        data, list(shape), list(strides), list(block), layout, "zero"
     return d
 
 
