@@ -387,6 +387,7 @@ STUB_CASES = {
     "assign64": ("assign64", (2, 1, 64, 64), None),
     "model128": ("model128", (2, 2, 64, 128), None),
     "grid4096": ("grid4096", (1, 1, 128, 128), ("gluon", "gluon")),  # both Gluon kernels (N a multiple of 128)
+    "grid1024_64": ("grid1024_64", (1, 1, 64, 64), None),
 }
 STUB_IMPLS = ("trivial", "bare", "jit", "cache", "plan")
 

@@ -49,11 +49,13 @@ SHAPES = {
     "d80_2048": (4, 32, 32, 2048, 80, True),  # the 2.7B model's attention (head dim 80)
     "d80_full": (4, 16, 16, 8192, 80, False),
     "d80_causal": (4, 16, 16, 8192, 80, True),
+    "d128_2048": (8, 16, 16, 2048, 128, True),  # the model group's head-dim-128 shape
+    "gqa_64q_8192": (1, 64, 8, 8192, 128, True),
 }
 # (variant, (BLOCK_M, BLOCK_N, num_warps, STAGES)) candidates by (D, causal); causal tiles square
 CANDIDATES = {  # "pp_snake"/"pp_nosnake": pp with the causal schedule forced (else by head dim)
     (128, False): [("pp", (128, 128, 4, 3)), ("pp", (128, 128, 4, 2))],
-    (128, True): [("pp", (128, 128, 4, 3)), ("pp_snake", (128, 128, 4, 3))],
+    (128, True): [("pp", (128, 128, 4, 3)), ("pp_snake", (128, 128, 4, 3)), ("pp", (128, 128, 4, 2))],
     (64, False): [("plain", (128, 128, 8, 3)), ("pp", (128, 128, 4, 2))],
     (64, True): [("pp", (128, 128, 4, 3)), ("pp_nosnake", (128, 128, 4, 3))],
     (80, False): [("pp", (128, 128, 4, 3)), ("pp", (128, 128, 4, 4)), ("pp", (128, 128, 4, 2))],
