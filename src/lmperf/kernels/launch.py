@@ -480,17 +480,17 @@ class _Mapped:
     shape, strides, block and layout (`take` keeps them), so a replay passes the descriptor's data
     alone (no descriptor built) and its map is made only for an address it has not seen among the
     last few (a training loop's tensors mostly come back at the same addresses, or alternate
-    between two); the launch copies the map into the kernel's parameters. With a launch hook active (a profiler's)
-    Triton's wrapper itself, on descriptors built as the recording's. `of(wrapper)`: None where the
-    wrapper is not one this reads (the descriptors' positions, their metadata, the launch
-    function: a verified Triton's)."""
+    between two); the launch copies the map into the kernel's parameters. With a launch hook
+    active (a profiler's) Triton's wrapper itself, on descriptors built as the recording's.
+    `of(wrapper)`: None where the wrapper is not one this reads (the descriptors' positions, their
+    metadata, the launch function: a verified Triton's)."""
 
     ADDRESSES = 8  # maps kept a descriptor: the addresses its data came at most recently (then forgotten)
 
     def __init__(self, wrapper, launch, head: int, where: dict, make):
         self.wrapper, self.launch, self.head, self.where, self.make = wrapper, launch, head, where, make
         self.specs: dict = {}  # kernel argument position -> the recorded descriptor (_desc's spec)
-        self.order: list = []  # [(position, its metadata)] of the descriptors a replay passes as data
+        self.order: list = []  # [(position, metadata, its maps)] of the descriptors a replay passes as data
         self.maps: dict = {}  # kernel argument position -> {data address: the map's arguments}
 
     @classmethod
