@@ -53,9 +53,9 @@ SHAPES = {
     "gqa_64q_8192": (1, 64, 8, 8192, 128, True),
 }
 # (variant, (BLOCK_M, BLOCK_N, num_warps, STAGES)) candidates by (D, causal); causal tiles square
-CANDIDATES = {  # "pp_snake"/"pp_nosnake": pp with the causal schedule forced (else by head dim)
+CANDIDATES = {  # "pp_snake"/"pp_nosnake"/"pp_rev": pp with the causal schedule forced (else by head dim)
     (128, False): [("pp", (128, 128, 4, 3)), ("pp", (128, 128, 4, 2))],
-    (128, True): [("pp", (128, 128, 4, 3)), ("pp_snake", (128, 128, 4, 3)), ("pp", (128, 128, 4, 2))],
+    (128, True): [("pp", (128, 128, 4, 3)), ("pp_nosnake", (128, 128, 4, 3)), ("pp_snake", (128, 128, 4, 3))],
     (64, False): [("plain", (128, 128, 8, 3)), ("pp", (128, 128, 4, 2))],
     (64, True): [("pp", (128, 128, 4, 3)), ("pp_nosnake", (128, 128, 4, 3))],
     (80, False): [("pp", (128, 128, 4, 3)), ("pp", (128, 128, 4, 4)), ("pp", (128, 128, 4, 2))],
@@ -79,7 +79,7 @@ def check(variants, log, override=None, dims=(64, 128)) -> list[dict]:
     cases = []
     for variant in variants:
         for d in dims:
-            if d not in (64, 128) and variant != "pp":
+            if d not in (64, 128) and not variant.startswith("pp"):
                 continue  # other head dims: the ping-pong variant only
             for causal in (False, True):
                 for n in (1, 17, 128, 1000, 4099):
@@ -96,14 +96,16 @@ def check(variants, log, override=None, dims=(64, 128)) -> list[dict]:
             why = fg.unsupported(q, k, v, causal)
             if why:
                 raise RuntimeError(f"refused: {why}")
-            cfg = override.get(d, fg.config(d, causal, variant)) if override else fg.config(d, causal, variant)
+            base = variant.split("_")[0]
+            _knobs(fg, variant)
+            cfg = override.get(d, fg.config(d, causal, base)) if override else fg.config(d, causal, base)
             q4 = q
             out = q.new_empty_strided((b, h, n, d), (n * h * d, d, h * d, 1)).fill_(float("nan"))
             lse = torch.full((b * h, n), float("nan"), device="cuda")
-            fg.launch_forward(q, k, v, out, lse, causal, variant, cfg)
+            fg.launch_forward(q, k, v, out, lse, causal, base, cfg)
             out2 = torch.full_like(out, float("nan"))
             lse2 = torch.full_like(lse, float("nan"))
-            fg.launch_forward(q, k, v, out2, lse2, causal, variant, cfg)
+            fg.launch_forward(q, k, v, out2, lse2, causal, base, cfg)
             torch.cuda.synchronize()
             ref_o, ref_l = reference(q4, k, v, causal)
             t_o, t_l = reference(q4, k, v, causal, dtype=dtype)
@@ -120,6 +122,7 @@ def check(variants, log, override=None, dims=(64, 128)) -> list[dict]:
         rows.append(row)
         if not row["passed"]:
             print("CHECK FAIL", row, flush=True)
+    _knobs(fg, "")
     return rows
 
 
@@ -163,11 +166,11 @@ def compile_check(log) -> list[dict]:
 
 
 def _knobs(fg, label: str) -> None:
-    """A variant label's suffix sets the module's knobs: _snake/_nosnake the causal schedule,
-    _regs240 the second consumer warpgroup's registers; none: the defaults."""
+    """A variant label's suffix sets the module's knobs: _snake/_nosnake/_rev the causal schedule
+    (fg.SNAKE_CAUSAL 1, 0, 2), _regs240 the second consumer warpgroup's registers; none: the defaults."""
     from lmperf.kernels import flash_attention_triton as ft
     suffix = label.split("_")[-1]
-    fg.SNAKE_CAUSAL = {"snake": True, "nosnake": False}.get(suffix)
+    fg.SNAKE_CAUSAL = {"snake": 1, "nosnake": 0, "rev": 2}.get(suffix)
     fg.PP_REGS = 240 if suffix == "regs240" else 232
     ft.clear_plans()  # plans (LMPERF_FA_LAUNCH=plan) replay the knobs they were recorded under
 

@@ -27,8 +27,8 @@ Three kernels, one algorithm:
   consumer warpgroups, each 64 rows of a 128-row query tile, take turns at the tensor cores
   (a pair of mbarriers), so one's softmax runs while the other's QK^T and PV are computed.
 Persistent programs walk tiles tile-fastest within a head (the head's K/V stay in L2); causal
-tiles longest first, at head dim 64 heads fastest within groups of 16 sequences with every odd
-round reversed (a snake: each program's sum of tile lengths about equal).
+tiles longest first, every odd round of the programs walked backwards (each program's sum of
+tile lengths about equal), at head dim 64 heads fastest within groups of 16 sequences (a snake).
 
 The dispatch (`use_gluon`, called by flash_attention_triton.FlashAttention2Triton): the
 environment variable LMPERF_FA_BACKEND=gluon forces this forward (a ValueError saying why where
@@ -164,11 +164,13 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bo
 # Configs: (BLOCK_M, BLOCK_N, num_warps, STAGES), by head dim and causality; measured on the H100
 # (tuning/flash_attention/NOTES.md, steps 37-)
 
-# Causal persistent schedules: None = by head dim (the snake at D = 64, where it was faster on the
-# H100, the tile-fastest order at D = 128, where it was); True/False forces one (the probe).
-# Snake: heads fastest, longest tiles first, every odd round reversed; else tile-fastest.
+# Causal persistent schedules (SNAKE): 0 tile-fastest (a sequence's tiles one after another, longest
+# first: its K/V stay in L2); 1 the snake: heads fastest in groups of 16 sequences, longest tiles first,
+# every odd round of the programs walked backwards; 2 tile-fastest with every odd round walked backwards
+# (each program's sum of tile lengths closer to the others'). SNAKE_CAUSAL: None = by head dim, else
+# forced (the probe).
 SNAKE_CAUSAL = None
-SNAKE_BY_HEAD_DIM = {64: True, 80: False, 128: False}  # measured: notes steps 39, 41 and 45
+SNAKE_BY_HEAD_DIM = {64: 1, 80: 2, 128: 2}  # measured: notes steps 39, 41, 45 and 53
 DEFAULT_VARIANT = "pp"  # the variant `forward` (and the dispatch) runs unless asked: the fastest measured
 PP_REGS = 232  # registers per thread of the second consumer warpgroup (the producer warp gets 24)
 
@@ -198,12 +200,12 @@ if gluon is not None:
     # Shared pieces
 
     @gluon.jit
-    def _persistent_tile(i, total, SNAKE: gl.constexpr):
+    def _persistent_tile(i, total, REVERSE: gl.constexpr):
         """The tile a persistent program takes at its step i (= program id + round * programs):
-        in order, or, with SNAKE, every odd round that all programs share walked backwards, so
+        in order, or, with REVERSE, every odd round that all programs share walked backwards, so
         that with tiles sorted longest first each program's sum of tile lengths is about the
         same (causal: a tile's length is its number of key tiles)."""
-        if SNAKE:
+        if REVERSE:
             nprog = gl.num_programs(0)
             r = i // nprog
             p = i - r * nprog
@@ -399,10 +401,10 @@ if gluon is not None:
         c = 0
         tc = 0
         for i_t in range(gl.program_id(0), total, gl.num_programs(0)):
-            t = _persistent_tile(i_t, total, IS_CAUSAL and SNAKE)
+            t = _persistent_tile(i_t, total, SNAKE != 0)
             bh, qt, q_row, q_col, k_row, k_col, n_tiles = _tile_coords(
                 t, N, H, GROUP, n_qt, QRB, QRH, QCH, KRB, KRH, KCH, BLOCK_M, BLOCK_N, IS_CAUSAL,
-                IS_CAUSAL and SNAKE, total)
+                SNAKE == 1, total)
             mbarrier.wait(q_empty, (tc & 1) ^ 1)
             mbarrier.expect(q_ready, q_desc.block_type.nbytes)
             _tma_load(q_desc, [q_row, q_col], q_ready, q_smem)
@@ -434,10 +436,10 @@ if gluon is not None:
         c = 0
         tc = 0
         for i_t in range(gl.program_id(0), total, gl.num_programs(0)):
-            t = _persistent_tile(i_t, total, IS_CAUSAL and SNAKE)
+            t = _persistent_tile(i_t, total, SNAKE != 0)
             bh, qt, q_row, q_col, k_row, k_col, n_tiles = _tile_coords(
                 t, N, H, GROUP, n_qt, QRB, QRH, QCH, KRB, KRH, KCH, BLOCK_M, BLOCK_N, IS_CAUSAL,
-                IS_CAUSAL and SNAKE, total)
+                SNAKE == 1, total)
             mbarrier.wait(q_ready, tc & 1)
             slot = c % STAGES
             mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
@@ -528,10 +530,10 @@ if gluon is not None:
         c = 0
         tc = 0
         for i_t in range(gl.program_id(0), total, gl.num_programs(0)):
-            t = _persistent_tile(i_t, total, IS_CAUSAL and SNAKE)
+            t = _persistent_tile(i_t, total, SNAKE != 0)
             bh, qt, q_row, q_col, k_row, k_col, n_tiles = _tile_coords(
                 t, N, H, GROUP, n_qt, QRB, QRH, QCH, KRB, KRH, KCH, BLOCK_M, BLOCK_N, IS_CAUSAL,
-                IS_CAUSAL and SNAKE, total)
+                SNAKE == 1, total)
             mbarrier.wait(q_empty, (tc & 1) ^ 1)
             if DB > 0:
                 mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes + 2 * qb_desc.block_type.nbytes)
@@ -606,10 +608,10 @@ if gluon is not None:
         tc = 0
         r = 0  # turns taken at the tensor cores
         for i_t in range(gl.program_id(0), total, gl.num_programs(0)):
-            t = _persistent_tile(i_t, total, IS_CAUSAL and SNAKE)
+            t = _persistent_tile(i_t, total, SNAKE != 0)
             bh, qt, q_row, q_col, k_row, k_col, n_tiles = _tile_coords(
                 t, N, H, GROUP, n_qt, QRB, QRH, QCH, KRB, KRH, KCH, BLOCK_M, BLOCK_N, IS_CAUSAL,
-                IS_CAUSAL and SNAKE, total)
+                SNAKE == 1, total)
             row0 = qt * BLOCK_M + WG * HALF
             mbarrier.wait(q_ready, tc & 1)
             slot = c % STAGES
@@ -802,7 +804,7 @@ def launch_forward(q, k, v, out, lse, is_causal: bool, variant: str = "ws", cfg:
     v_desc, _ = head_desc(v4, bn, da)
     group = nh // k4.shape[1]
     n_qt = (n + bm - 1) // bm
-    snake = SNAKE_BY_HEAD_DIM[d] if SNAKE_CAUSAL is None else bool(SNAKE_CAUSAL)
+    snake = 0 if not is_causal else SNAKE_BY_HEAD_DIM[d] if SNAKE_CAUSAL is None else int(SNAKE_CAUSAL)
     common = dict(QK_SCALE=LOG2E / math.sqrt(d), GROUP=group, IS_CAUSAL=bool(is_causal), BLOCK_M=bm,
                   BLOCK_N=bn, D=d, STAGES=stages, num_warps=warps)
     if variant == "plain":
