@@ -784,8 +784,9 @@ def _reference_gluon_launchers(monkeypatch):
 
     def launch_dkdv(q, k, v, do, lse, delta, dk, dv, is_causal, *rest, **kw):
         calls.append("dkdv")
-        dk.copy_(_reference_grads(q, k, v, do, is_causal)[3])
-        dv.copy_(_reference_grads(q, k, v, do, is_causal)[4])
+        grads = _reference_grads(q, k, v, do, is_causal)
+        dk.copy_(grads[3])
+        dv.copy_(grads[4])
     def launch_fused(q, k, v, out, do, lse, dq, dk, dv, is_causal, *rest, **kw):
         calls.append("fused")
         for grad, ref in zip((dq, dk, dv), _reference_grads(q, k, v, do, is_causal)[2:]):

@@ -281,6 +281,11 @@ def fa_case_ids(df: pd.DataFrame) -> list[str]:
     return out
 
 
+def _head_dim_group(job: str) -> str | None:
+    """'gqa' of a job named by its group and head dim ('.../gqa_d128'), else None."""
+    return job.rsplit("_d", 1)[0] if re.fullmatch(r".*_d\d+", job) else None
+
+
 def repeat_of(job: str) -> str | None:
     """The timing job a repeat's file repeats ('repeats/<job>/run<k>' -> '<job>'), else None."""
     if not job.startswith("repeats/"):
@@ -324,9 +329,9 @@ def case_walls(job: str, ids: list[str], walls: dict, factors: dict) -> tuple[li
             # none of its cases measured: the mean case of the job as measured at other shapes, or of
             # the jobs of its group at other head dims ('gqa_d64' after 'gqa_d128'); else the median
             # case of its section's jobs
-            group = job.rsplit("_d", 1)[0] if re.fullmatch(r".*_d\d+", job) else job
-            like = [wall for j, cases in walls.items() if j == job or j.rsplit("_d", 1)[0] == group
-                    and re.fullmatch(r".*_d\d+", j) for wall in cases.values()]
+            group = _head_dim_group(job)
+            like = [wall for j, cases in walls.items() if j == job or group is not None and _head_dim_group(j) == group
+                    for wall in cases.values()]
             if like:
                 return [statistics.mean(like)], 0
             section = [wall for j, cases in walls.items() if j.split("/")[0] == job.split("/")[0]
