@@ -72,7 +72,10 @@ def test_below_the_rule_the_default_is_the_tile_backward_bit_for_bit(monkeypatch
     (2048, 128, True, None, torch.bfloat16, True),
     (1024, 128, True, 2, torch.bfloat16, False),     # not measured faster
     (2048, 64, True, None, torch.bfloat16, False),   # the same within the noise at 2,048 rows
-    (1024, 64, True, 4, torch.bfloat16, False),      # faster on the GPU, slower with the host
+    (1024, 64, True, 2, torch.bfloat16, True),       # grouped-query causal at 64 from 1,024 rows
+    (512, 64, True, 2, torch.bfloat16, False),
+    (1024, 64, False, 2, torch.bfloat16, False),     # not timed
+    (1024, 64, True, None, torch.bfloat16, False),   # the same on the GPU, slower with the host
     (4096, 64, True, None, torch.float16, False),    # not timed
     (8192, 80, True, None, torch.bfloat16, True),     # head dim 80 (the 2.7B model's), causal or not
     (8192, 80, False, None, torch.bfloat16, True),

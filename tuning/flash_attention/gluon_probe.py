@@ -51,13 +51,15 @@ SHAPES = {
     "d80_causal": (4, 16, 16, 8192, 80, True),
     "d128_2048": (8, 16, 16, 2048, 128, True),  # the model group's head-dim-128 shape
     "gqa_64q_8192": (1, 64, 8, 8192, 128, True),
+    "xl_2048": (4, 25, 25, 2048, 64, True),  # the xl model's attention
+    "d64_1024": (4, 16, 16, 1024, 64, True),  # the model group's 1,024-row shape at head dim 64
 }
 # (variant, (BLOCK_M, BLOCK_N, num_warps, STAGES)) candidates by (D, causal); causal tiles square
 CANDIDATES = {  # "pp_snake"/"pp_nosnake"/"pp_rev": pp with the causal schedule forced (else by head dim)
     (128, False): [("pp", (128, 128, 4, 3)), ("pp", (128, 128, 4, 2))],
     (128, True): [("pp", (128, 128, 4, 3)), ("pp_nosnake", (128, 128, 4, 3)), ("pp_snake", (128, 128, 4, 3))],
     (64, False): [("plain", (128, 128, 8, 3)), ("pp", (128, 128, 4, 2))],
-    (64, True): [("pp", (128, 128, 4, 3)), ("pp_nosnake", (128, 128, 4, 3))],
+    (64, True): [("pp", (128, 128, 4, 3)), ("pp_nosnake", (128, 128, 4, 3)), ("pp_rev", (128, 128, 4, 3))],
     (80, False): [("pp", (128, 128, 4, 3)), ("pp", (128, 128, 4, 4)), ("pp", (128, 128, 4, 2))],
     (80, True): [("pp", (128, 128, 4, 3)), ("pp_nosnake", (128, 128, 4, 3)), ("pp", (128, 128, 4, 4))],
 }
@@ -260,6 +262,8 @@ BWD_SHAPES = {  # name: (batch, q heads, kv heads, N, D, causal)
     "d128_2048": (8, 16, 16, 2048, 128, True),
     "d64_full": (4, 16, 16, 8192, 64, False),
     "gqa_d64_1024": (8, 16, 4, 1024, 64, True),
+    "gqa_d64_512": (8, 16, 4, 512, 64, True),
+    "gqa_d64_2048": (8, 16, 4, 2048, 64, True),
     "gqa_2048": (4, 32, 8, 2048, 128, True),
     "gqa_64q_8192": (1, 64, 8, 8192, 128, True),
     "xl_2048": (4, 25, 25, 2048, 64, True),

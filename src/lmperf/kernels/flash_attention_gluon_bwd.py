@@ -76,6 +76,9 @@ AUTO_MIN_N = 4096  # "auto": the Gluon backward from this many rows (prefers_glu
 # ... and causal at these head dims from these many rows: faster than the tile backward outside the noise,
 # GPU time and host included, once plans cut the host's cost of a call (tuning/flash_attention/NOTES.md, step 50)
 AUTO_MIN_N_CAUSAL = {80: 2048, 128: 2048}
+# ... and grouped-query causal at head dim 64 from 1,024 rows: the dK/dV kernel sums a group's query heads
+# itself, 0.72x the tile backward's GPU time at 8 x 16q/4kv x 1,024 x 64 (NOTES.md, step 54, on an H200)
+AUTO_MIN_N_GROUPED_CAUSAL = {64: 1024}
 
 # (STAGES, consumer registers, BLOCK_M query rows a step) by head dim; shared memory at 3 stages:
 # 134 KB (D 64, BLOCK_M 128; 84 KB at 64), 166 KB (D 128)
@@ -160,11 +163,18 @@ def prefers_gluon(q, k, v, is_causal: bool) -> bool:
     (tuning/flash_attention/NOTES.md, step 43): bf16, N from AUTO_MIN_N, causal at head dims 64
     and 128 (grouped-query or not), non-causal at head dim 64 (at 128 non-causal the two overlap
     across processes); head dim 80 causal or not (step 46, on an H200); causal at head dims 80 and
-    128 from 2,048 rows (AUTO_MIN_N_CAUSAL; step 50, on an H200). Elsewhere, and wherever
+    128 from 2,048 rows (AUTO_MIN_N_CAUSAL; step 50, on an H200); grouped-query causal at head dim
+    64 from 1,024 rows (AUTO_MIN_N_GROUPED_CAUSAL; step 54, on an H200). Elsewhere, and wherever
     `unsupported` refuses the call, the tile-language backward (no error)."""
     if q.dtype != torch.bfloat16 or q.dim() < 2 or q.shape[-1] not in AUTO_HEAD_DIMS:
         return False
-    if q.shape[-2] < (AUTO_MIN_N_CAUSAL.get(q.shape[-1], AUTO_MIN_N) if is_causal else AUTO_MIN_N):
+    n, d = q.shape[-2:]
+    min_n = AUTO_MIN_N
+    if is_causal:
+        min_n = AUTO_MIN_N_CAUSAL.get(d, min_n)
+        if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:  # grouped-query
+            min_n = min(min_n, AUTO_MIN_N_GROUPED_CAUSAL.get(d, min_n))
+    if n < min_n:
         return False
     if not (is_causal or q.shape[-1] in (64, 80)):
         return False
