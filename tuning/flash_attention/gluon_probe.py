@@ -462,12 +462,12 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
     return rows
 
 
-def fused_ladder(names, log, out_csv=None, tag="", configs=("",)) -> list[dict]:
+def fused_ladder(names, log, out_csv=None, tag="", configs=("",), probes=(0, 1, 2, "s0"), rounds=1) -> list[dict]:
     """The fused backward kernel alone against the two Gluon kernels (dQ then dK/dV) at each shape,
     do_bench's median: the fused kernel as shipped (probe 0), without its turns (1: the sums race,
     a bound on the writer's traffic), with its dQ shares dropped (2: a bound on the rest), and
-    with the programs of all sequences interleaved (schedule 0);
-    configs: "STAGES,consumer regs,writer regs,writer warps" overrides ("" the table's)."""
+    with the programs of all sequences interleaved ("s0": schedule 0), in `rounds` interleaved rounds;
+    configs: "STAGES,consumer regs,writer regs,writer warps[,overlap[,swizzle[,cast]]]" overrides ("" the table's)."""
     import triton.testing
     from lmperf.kernels import flash_attention_gluon_bwd as gb
     from lmperf.kernels import flash_attention_gluon_fused as gf
@@ -481,14 +481,17 @@ def fused_ladder(names, log, out_csv=None, tag="", configs=("",)) -> list[dict]:
         impls = [("two_kernels", lambda: (gb.launch_dq(q, k, v, out, do, lse, delta, dq, causal),
                                           gb.launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal)))]
         for cfg in configs:
-            kw = dict(zip(("stages", "consumer_regs", "writer_regs", "writer_warps"), map(int, cfg.split(",")))) if cfg else {}
-            for probe in (0, 1, 2):
+            keys = ("stages", "consumer_regs", "writer_regs", "writer_warps", "overlap", "swizzle", "cast")
+            kw = dict(zip(keys, map(int, cfg.split(",")))) if cfg else {}
+            for probe in probes:
+                if probe == "s0":  # the programs of all sequences interleaved
+                    impls.append((f"fused_p0_schedule0{'_' + cfg if cfg else ''}",
+                                  lambda kw=kw: gf.launch(q, k, v, out, do, lse, dq, dk, dv, causal, schedule=0, **kw)))
+                    continue
                 impls.append((f"fused_p{probe}{'_' + cfg if cfg else ''}",
                               lambda probe=probe, kw=kw: gf.launch(q, k, v, out, do, lse, dq, dk, dv, causal, probe=probe, **kw)))
-            impls.append((f"fused_p0_schedule0{'_' + cfg if cfg else ''}",  # the programs of all sequences interleaved
-                          lambda kw=kw: gf.launch(q, k, v, out, do, lse, dq, dk, dv, causal, schedule=0, **kw)))
-        for label, fn in impls:
-            row = dict(shape=name, b=b, h=h, hk=hk, n=n, d=d, causal=causal, impl=label, tag=tag)
+        for round_, (label, fn) in [(r, i) for r in range(rounds) for i in impls]:
+            row = dict(shape=name, b=b, h=h, hk=hk, n=n, d=d, causal=causal, impl=label, tag=tag, round=round_)
             try:
                 fn()
                 torch.cuda.synchronize()
@@ -694,6 +697,9 @@ def main(argv=None) -> int:
     ap.add_argument("--fused", action="store_true", help="--bwd: the check runs the fused kernel")
     ap.add_argument("--ladder", action="store_true", help="--bwd: the fused kernel's ladder (fused_ladder)")
     ap.add_argument("--fused-cfgs", default="", help="--ladder: configs, ';'-separated")
+    ap.add_argument("--fused-probes", default="0,1,2,s0", help="--ladder: the writer's probes (s0: schedule 0)")
+    ap.add_argument("--fused-swizzle", action="store_true", help="--fused: the check with the shares swizzled")
+    ap.add_argument("--fused-cast", action="store_true", help="--fused: the check with dQ written by the cast kernel")
     ap.add_argument("--dims", default="64,128", help="the check's head dims (forward: 80 in the ping-pong variant)")
     ap.add_argument("--graph", action="store_true", help="the forward bench: also each call's GPU time, from a CUDA graph")
     args = ap.parse_args(argv)
@@ -703,6 +709,9 @@ def main(argv=None) -> int:
     variants = args.variants.split(",")
     if args.bwd:
         with (args.out / "gluon_bwd_traces.txt").open("a") as log:
+            if args.fused_swizzle or args.fused_cast:
+                from lmperf.kernels import flash_attention_gluon_fused as gf
+                gf.SWIZZLE, gf.CAST = args.fused_swizzle, args.fused_cast
             if not args.skip_check:
                 rows = bwd_check(log, tuple(int(x) for x in args.check_n.split(",")),
                                  tuple(int(x) for x in args.dims.split(",")), fused=args.fused)
@@ -713,8 +722,9 @@ def main(argv=None) -> int:
                 return 0
             if args.ladder:
                 only = args.only.split(",") if args.only else ["headline", "thr_full", "thr_causal", "d128_2048"]
+                probes = tuple(p if p == "s0" else int(p) for p in args.fused_probes.split(","))
                 fused_ladder(only, log, args.out / f"gluon_fused_ladder{args.tag}.csv", args.tag,
-                             tuple(args.fused_cfgs.split(";")) if args.fused_cfgs else ("",))
+                             tuple(args.fused_cfgs.split(";")) if args.fused_cfgs else ("",), probes, args.passes)
                 return 0
             if args.dq_sweep:
                 only = args.only.split(",") if args.only else ["headline", "thr_full", "thr_causal", "gqa_4096"]

@@ -45,6 +45,8 @@ HEAD_DIMS = (64, 128)
 BLOCK_N = gb.BLOCK_N  # keys a program: two warpgroups of 64
 # (STAGES, consumer registers, BLOCK_M query rows a step, writer registers, writer warps) by head dim
 CONFIGS = {64: (2, 240, 128, 32, 2), 128: (2, 240, 64, 32, 2)}
+SWIZZLE = False  # the dQ shares in shared memory as swizzled [64, 32] pieces (launch's swizzle)
+CAST = False  # the last share of a query tile added in L2 too, dQ written by a kernel after (launch's cast)
 
 gluon = None
 TMA_REDUCE_ERROR = "Gluon is not importable"  # why this Triton cannot build the kernel, or None
@@ -113,11 +115,36 @@ if gluon is not None:
             gl.store(SEM + gl.num_programs(0) * n_qt, 0)
 
     @gluon.jit
+    def _cast_kernel(ACC, DQ, H, stride_dqb, stride_dqh, stride_dqn, SM_SCALE: gl.constexpr, BLOCK_M: gl.constexpr,
+                     DB: gl.constexpr, P: gl.constexpr, num_warps: gl.constexpr):
+        """dQ of query tile i of head bh (q heads) from its sum in dQacc (tile-major, 2 P pieces of [64,
+        64 / P]; launch's cast), scaled by SM_SCALE and cast to dQ's dtype."""
+        bh = gl.program_id(0)
+        i = gl.program_id(1)
+        W: gl.constexpr = 64 // P
+        layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (W // 4), W // 4], [num_warps, 1], [1, 0])
+        b = (bh // H).to(gl.int64)
+        h = (bh % H).to(gl.int64)
+        r = gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
+        cc = gl.arange(0, W, layout=gl.SliceLayout(0, layout))
+        tile = ACC + (bh.to(gl.int64) * gl.num_programs(1) + i) * (2 * P * 64 * W)
+        dq_tile = DQ + b * stride_dqb + h * stride_dqh + (i * BLOCK_M).to(gl.int64) * stride_dqn
+        for wp in gl.static_range(2 * P):
+            w = wp // P
+            pc = wp % P
+            x = gl.load(tile + wp * 64 * W + gl.expand_dims(r * W, 1) + gl.expand_dims(cc, 0))
+            row0 = (DB == 0) * w * 64
+            col0 = (DB > 0) * w * 64 + pc * W
+            gl.store(dq_tile + (row0 * stride_dqn + col0) + gl.expand_dims(r * stride_dqn, 1) + gl.expand_dims(cc, 0),
+                     (x * SM_SCALE).to(DQ.dtype.element_ty))
+
+    @gluon.jit
     def _fused_step(dk, dv, dkb, dvb, c, q0, key0, k_mine, v_mine, kb_mine, vb_mine, k_smem, kb_smem, q_smem,
                     do_smem, qb_smem, dob_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars,
                     QK_SCALE: gl.constexpr, MASK: gl.constexpr, BLOCK_M: gl.constexpr, HALF: gl.constexpr,
                     STAGES: gl.constexpr, DB: gl.constexpr, WG: gl.constexpr, s_layout: gl.constexpr,
-                    a_layout: gl.constexpr, ab_layout: gl.constexpr, q_layout: gl.constexpr):
+                    a_layout: gl.constexpr, ab_layout: gl.constexpr, q_layout: gl.constexpr,
+                    OVERLAP: gl.constexpr, PROBE: gl.constexpr, SWIZZLE: gl.constexpr):
         """flash_attention_gluon_bwd's step for one query tile (rows [q0, q0 + BLOCK_M)) into this warpgroup's
         dK, dV (keys [key0, key0 + HALF)), then this warpgroup's half of the tile's dQ share, handed
         to the writer (dq_smem)."""
@@ -132,23 +159,27 @@ if gluon is not None:
         ds16 = dst.to(dtype)  # dS^T of this warpgroup's keys
         # dS^T into shared memory as dS ([BLOCK_M, HALF] of keys [WG HALF, (WG + 1) HALF)) once both
         # warpgroups have read its previous contents (the last step's)
-        mbarrier.wait(ds_free, (c & 1) ^ 1)
-        ds_smem.index(WG).permute((1, 0)).store(ds16)
+        if PROBE < 3:
+            mbarrier.wait(ds_free, (c & 1) ^ 1)
+        if PROBE != 6:
+            ds_smem.index(WG).permute((1, 0)).store(ds16)
         fence_async_shared()
         mbarrier.arrive(ds_ready, count=1)
         ds_op = gl.convert_layout(ds16, a_layout)
         dk = warpgroup_mma(ds_op, q_smem.index(s), dk, is_async=True)
         if DB > 0:
             dkb = warpgroup_mma(gl.convert_layout(ds_op, ab_layout), qb_smem.index(s), dkb, is_async=True)
-        # dK and dV done before the dQ share is issued: the registers of P^T and dS^T are free then
-        if DB > 0:
-            dk, dv, dkb, dvb = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dkb, dvb))
-        else:
-            dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
-        mbarrier.arrive(qdo_empty.index(s), count=1)
+        if not OVERLAP:
+            # dK and dV done before the dQ share is issued: the registers of P^T and dS^T are free then
+            if DB > 0:
+                dk, dv, dkb, dvb = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dkb, dvb))
+            else:
+                dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
+            mbarrier.arrive(qdo_empty.index(s), count=1)
         # this warpgroup's half of dS K: head dim 128, the columns of its K slice (k_smem: [0, 64),
         # kb_smem: [64, 128)); head dim 64, the query rows [WG 64, WG 64 + 64) of the tile
-        mbarrier.wait(ds_ready, c & 1)
+        if PROBE < 3:
+            mbarrier.wait(ds_ready, c & 1)
         if DB > 0:
             a0 = ds_smem.index(0)
             a1 = ds_smem.index(1)
@@ -162,13 +193,26 @@ if gluon is not None:
             b0 = k_smem.index(0)
             b1 = k_smem.index(1)
         dq = gl.zeros([64, 64], gl.float32, q_layout)
-        dq = warpgroup_mma(a0, b0, dq, use_acc=False, is_async=True)
-        dq = warpgroup_mma(a1, b1, dq, is_async=True)
+        if PROBE != 4:
+            dq = warpgroup_mma(a0, b0, dq, use_acc=False, is_async=True)
+            dq = warpgroup_mma(a1, b1, dq, is_async=True)
+        if OVERLAP:  # the dQ share issued behind dK and dV (wgmma groups complete in order)
+            if DB > 0:
+                dk, dv, dkb, dvb = warpgroup_mma_wait(num_outstanding=2, deps=(dk, dv, dkb, dvb))
+            else:
+                dk, dv = warpgroup_mma_wait(num_outstanding=2, deps=(dk, dv))
+            mbarrier.arrive(qdo_empty.index(s), count=1)
         dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
         mbarrier.arrive(ds_free, count=1)
         mbarrier.wait(dq_empty.index(buf), bph ^ 1)
-        dq_smem.index(buf * 2 + WG).store(dq)
-        fence_async_shared()  # the writer's TMA reads it
+        if PROBE < 4:
+            if SWIZZLE:  # two [64, 32] column pieces, each a 128-byte swizzled tile: no bank conflicts
+                lo, hi = gl.split(gl.permute(gl.reshape(dq, [64, 2, 32]), (0, 2, 1)))
+                dq_smem.index((buf * 2 + WG) * 2).store(lo)
+                dq_smem.index((buf * 2 + WG) * 2 + 1).store(hi)
+            else:
+                dq_smem.index(buf * 2 + WG).store(dq)
+            fence_async_shared()  # the writer's TMA reads it
         mbarrier.arrive(dq_ready.index(buf), count=1)
         return dk, dv, dkb, dvb
 
@@ -178,7 +222,8 @@ if gluon is not None:
                         QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr, GROUP: gl.constexpr,
                         IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, qb_smem, dob_smem,
-                        kb_smem, vb_smem, DB: gl.constexpr, bkv, kt):
+                        kb_smem, vb_smem, DB: gl.constexpr, bkv, kt, OVERLAP: gl.constexpr, PROBE: gl.constexpr,
+                        SWIZZLE: gl.constexpr):
         kv_ready, q_ready, do_ready, qdo_empty = bars
         HALF: gl.constexpr = BLOCK_N // 2
         DA: gl.constexpr = D - DB
@@ -215,14 +260,15 @@ if gluon is not None:
                                                    kb_mine, vb_mine, k_smem, kb_smem, q_smem, do_smem, qb_smem,
                                                    dob_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars,
                                                    QK_SCALE, True, BLOCK_M, HALF, STAGES, DB, WG, s_layout,
-                                                   a_layout, ab_layout, q_layout)
+                                                   a_layout, ab_layout, q_layout, OVERLAP, PROBE, SWIZZLE)
                     c += 1
                 first += BLOCK_N // BLOCK_M
             for it in range(first, n_qt):
                 dk, dv, dkb, dvb = _fused_step(dk, dv, dkb, dvb, c, it * BLOCK_M, key0, k_mine, v_mine, kb_mine,
                                                vb_mine, k_smem, kb_smem, q_smem, do_smem, qb_smem, dob_smem, l_smem,
                                                dl_smem, ds_smem, dq_smem, bars, fbars, QK_SCALE, False, BLOCK_M,
-                                               HALF, STAGES, DB, WG, s_layout, a_layout, ab_layout, q_layout)
+                                               HALF, STAGES, DB, WG, s_layout, a_layout, ab_layout, q_layout,
+                                               OVERLAP, PROBE, SWIZZLE)
                 c += 1
         gb.store_dkdv(dk, dv, dkb, dvb, DK, DV, bkv, H_KV, key0, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
                        stride_dvh, stride_dvn, SM_SCALE, HALF, DA, DB, o_layout, ob_layout)
@@ -266,16 +312,21 @@ if gluon is not None:
     def _fused_writer(dq_smem, st_smem, fbars, st_bar, acc_desc, DQ, SEM, N, H, H_KV, stride_dqb,
                       stride_dqh, stride_dqn, SM_SCALE: gl.constexpr, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, DB: gl.constexpr,
-                      WARPS: gl.constexpr, PROBE: gl.constexpr, SCHEDULE: gl.constexpr, bkv, kt):
+                      WARPS: gl.constexpr, PROBE: gl.constexpr, SCHEDULE: gl.constexpr, bkv, kt,
+                      SWIZZLE: gl.constexpr, CAST: gl.constexpr):
         """Each step's dQ share (two [64, 64] fp32 halves in dq_smem) added to its query tile's sum
         (dQacc, tile-major: (B*H, N / BLOCK_M, 2, 64, 64)) in key tile order, by TMA from shared
         memory: the first key tile stores it, a later one waits for its turn (SEM[bh, tile] == kt)
         and adds it in L2 (a TMA reduce), then passes the turn on once its writes are performed;
         the last one reads the sum (TMA, into st_smem, a half at a time), adds its share and writes
-        dQ (scaled, cast). PROBE (timing only, wrong results): 1 skips the turns, 2 writes nothing."""
+        dQ (scaled, cast). PROBE (timing only, wrong results): 1 skips the turns, 2 writes nothing; 3 also
+        (the consumers) skips the warpgroups' wait for each other's dS, 4 also the dQ product and its
+        store into shared memory, 5 the store alone, 6 the store and dS's."""
         ds_ready, ds_free, dq_ready, dq_empty = fbars
-        CH: gl.constexpr = 4 * WARPS  # rows a chunk: 8 values a thread
-        layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [WARPS, 1], [1, 0])
+        P: gl.constexpr = 1 + SWIZZLE  # pieces of a half: [64, 64], or two [64, 32] (SWIZZLE)
+        W: gl.constexpr = 64 // P  # their columns
+        CH: gl.constexpr = 4 * WARPS * P  # rows a chunk: 8 values a thread
+        layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (W // 4), W // 4], [WARPS, 1], [1, 0])
         b = bkv // H_KV
         hk = bkv % H_KV
         n_qt = N // BLOCK_M
@@ -294,31 +345,34 @@ if gluon is not None:
                 q0 = tq * BLOCK_M
                 buf = c % 2
                 sem = SEM + bh * n_qt + tq
-                row = (bh * n_qt + tq) * 128  # the tile's first row in dQacc's 2-D view (two halves of 64)
+                row = (bh * n_qt + tq) * 128 * P  # the tile's first row in dQacc's 2-D view (2 P pieces of 64)
                 mbarrier.wait(dq_ready.index(buf), (c // 2) & 1)
-                if PROBE != 2:
+                if PROBE < 2:
                     if turn > 0 and PROBE == 0:  # this key tile's turn at this query tile
                         while gl.atomic_add(sem, 0, sem="acquire") != turn:
                             pass
                         _proxy_fence(turn)  # the sum's writes, seen by the acquire, before the TMA
-                    if turn == n_add - 1:  # dQ = (the sum so far + this share) / sqrt(D), in dQ's dtype and layout
+                    if turn == n_add - 1 and not CAST:  # dQ = (the sum so far + this share) / sqrt(D), in dQ's dtype and layout
                         dq_tile = (DQ + b.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh
                                    + q0.to(gl.int64) * stride_dqn)
-                        for w in gl.static_range(2):
-                            # the warpgroups' halves: column halves at head dim 128 (DB > 0), else row halves
+                        for wp in gl.static_range(2 * P):
+                            # the warpgroups' halves (w): column halves at head dim 128 (DB > 0), else row
+                            # halves; each in P column pieces (pc)
+                            w = wp // P
+                            pc = wp % P
                             if turn > 0:
                                 mbarrier.expect(st_bar, acc_desc.block_type.nbytes)
-                                tma_load(acc_desc, [row + w * 64, 0], st_bar, st_smem)
+                                tma_load(acc_desc, [row + wp * 64, 0], st_bar, st_smem)
                                 mbarrier.wait(st_bar, ld & 1)
                                 ld += 1
                             for ch in gl.static_range(64 // CH):
                                 row0 = ch * CH + (DB == 0) * w * 64
-                                col0 = (DB > 0) * w * 64
-                                x = dq_smem.index(buf * 2 + w).slice(ch * CH, CH, dim=0).load(layout)
+                                col0 = (DB > 0) * w * 64 + pc * W
+                                x = dq_smem.index(buf * 2 * P + wp).slice(ch * CH, CH, dim=0).load(layout)
                                 if turn > 0:
                                     x = x + st_smem.slice(ch * CH, CH, dim=0).load(layout)
                                 r = gl.arange(0, CH, layout=gl.SliceLayout(1, layout))
-                                cc = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
+                                cc = gl.arange(0, W, layout=gl.SliceLayout(0, layout))
                                 offs_dq = gl.expand_dims(r * stride_dqn, 1) + gl.expand_dims(cc, 0)
                                 gl.store(dq_tile + (row0 * stride_dqn + col0) + offs_dq,
                                          (x * SM_SCALE).to(DQ.dtype.element_ty))
@@ -326,11 +380,12 @@ if gluon is not None:
                                 gl.thread_barrier()
                                 fence_async_shared()
                     else:
-                        for w in gl.static_range(2):
+                        for wp in gl.static_range(2 * P):
                             if turn == 0:
-                                tma.async_copy_shared_to_global(acc_desc, [row + w * 64, 0], dq_smem.index(buf * 2 + w))
+                                tma.async_copy_shared_to_global(acc_desc, [row + wp * 64, 0],
+                                                                dq_smem.index(buf * 2 * P + wp))
                             else:
-                                _tma_reduce_add(acc_desc, [row + w * 64, 0], dq_smem.index(buf * 2 + w))
+                                _tma_reduce_add(acc_desc, [row + wp * 64, 0], dq_smem.index(buf * 2 * P + wp))
                         tma.store_wait(0)  # dq_smem read: the consumers may refill it
                 mbarrier.arrive(dq_empty.index(buf), count=1)  # after a barrier of the partition's warps
                 if turn != n_add - 1 and PROBE == 0:  # the writes above performed before this release
@@ -338,6 +393,8 @@ if gluon is not None:
                     _proxy_fence(turn)
                     gl.atomic_add(sem, 1, sem="release")
                 c += 1
+        if CAST:  # the last shares' writes performed before the program ends (the cast kernel reads them)
+            _bulk_wait(c)
 
     @gluon.jit
     def _fused_kernel(q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, acc_desc, DK, DV, DQ, SEM, N, H, H_KV,
@@ -349,7 +406,7 @@ if gluon is not None:
                       D: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                       WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr, PROBE: gl.constexpr, SCHEDULE: gl.constexpr,
                       num_warps: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc,
-                      DB: gl.constexpr):
+                      DB: gl.constexpr, OVERLAP: gl.constexpr, SWIZZLE: gl.constexpr, CAST: gl.constexpr):
         gl.static_assert(num_warps == 4, "one consumer warpgroup in the default partition")
         gl.static_assert(D - DB == 64, "dQ halves of 64 columns")
         HALF: gl.constexpr = BLOCK_N // 2
@@ -383,8 +440,9 @@ if gluon is not None:
         # dS ([BLOCK_M, HALF] a warpgroup), the dQ shares ([64, 64] fp32 a warpgroup, two buffers)
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], dtype)
         ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HALF], ds_layout)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [4, 64, 64], acc_desc.layout)  # TMA's source
-        st_smem = gl.allocate_shared_memory(gl.float32, [64, 64], acc_desc.layout)  # the writer's TMA reads
+        W: gl.constexpr = 64 // (1 + SWIZZLE)  # a piece's columns (acc_desc's block)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [4 * (1 + SWIZZLE), 64, W], acc_desc.layout)  # TMA's source
+        st_smem = gl.allocate_shared_memory(gl.float32, [64, W], acc_desc.layout)  # the writer's TMA reads
         kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -411,36 +469,43 @@ if gluon is not None:
             (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
                                DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 0, qb_smem,
-                               dob_smem, kb_smem, vb_smem, DB, bkv, kt)),
+                               dob_smem, kb_smem, vb_smem, DB, bkv, kt, OVERLAP, PROBE, SWIZZLE)),
             (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
                                DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1, qb_smem,
-                               dob_smem, kb_smem, vb_smem, DB, bkv, kt)),
+                               dob_smem, kb_smem, vb_smem, DB, bkv, kt, OVERLAP, PROBE, SWIZZLE)),
             (gb.dkdv_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
                                  l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
                                  GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
                                  qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB, False, bkv, kt,
                                  SCHEDULE == 1 and not IS_CAUSAL)),
             (_fused_writer, (dq_smem, st_smem, fbars, st_bar, acc_desc, DQ, SEM, N, H, H_KV, stride_dqb, stride_dqh, stride_dqn,
-                             SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, DB, WRITER_WARPS, PROBE, SCHEDULE, bkv, kt)),
+                             SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, DB, WRITER_WARPS, PROBE, SCHEDULE, bkv, kt,
+                             SWIZZLE, CAST)),
         ], [4, 1, WRITER_WARPS], [CONSUMER_REGS, 24, WRITER_REGS])
 
 
-def _acc_desc(dqacc: torch.Tensor):
+def _acc_desc(dqacc: torch.Tensor, swizzle: bool = False):
     """A TMA descriptor over dQacc (fp32, tile-major: (B*H, N / BLOCK_M, 2, 64, 64), each query tile's
     two halves a contiguous [64, 64] block) as rows of 64, in [64, 64] tiles, unswizzled (the writer
-    reads it in slices of rows)."""
-    rows = dqacc.numel() // 64
-    return gb.TensorDescriptor(dqacc.view(rows, 64), [rows, 64], [64, 1], [64, 64], gb.fp32_layout())
+    reads it in slices of rows); swizzle: each half as two [64, 32] blocks ((B*H, N / BLOCK_M, 4, 64,
+    32)), rows of 32 in [64, 32] tiles, 128-byte swizzled."""
+    cols = 32 if swizzle else 64
+    rows = dqacc.numel() // cols
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2) if swizzle else gb.fp32_layout()
+    return gb.TensorDescriptor(dqacc.view(rows, cols), [rows, cols], [cols, 1], [64, cols], layout)
 
 
 def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | None = None,
            consumer_regs: int | None = None, writer_regs: int | None = None, writer_warps: int | None = None,
-           compile_only: bool = False, probe: int = 0, schedule: int | None = None):
+           compile_only: bool = False, probe: int = 0, schedule: int | None = None, overlap: bool = False,
+           swizzle: bool | None = None, cast: bool | None = None):
     """dQ, dK, dV into dq, dk, dv ((B, H, N, D) and (B, H_kv, N, D) views, unit stride along D) for
     q, k, v that `unsupported` accepts, from the forward's O (out) and L (lse, (B*H, N) fp32) and dO.
     Returns the compiled fused kernel; compile_only: compile both kernels for the active driver's
     target and launch nothing. probe (timing only): the writer's PROBE. schedule: _turns' SCHEDULE.
+    overlap: each step's dQ share issued before its dK and dV products are waited for. swizzle: the
+    shares in shared memory as 128-byte swizzled [64, 32] pieces (default: SWIZZLE).
     1 needs a sequence's key tiles to fit on the GPU at once (one program an SM: then the sequence
     whose programs started first can always finish, so no program waits for ever); by default it is
     taken at head dim 128 without grouped-query, where it was measured faster than 0 (H200,
@@ -454,6 +519,8 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
     h_kv = k4.shape[1]
     st, regs, bm, wregs, wwarps = CONFIGS[d]
     stages, consumer_regs, writer_regs = stages or st, consumer_regs or regs, writer_regs or wregs
+    swizzle = SWIZZLE if swizzle is None else swizzle
+    cast = CAST if cast is None else cast
     writer_warps = writer_warps or wwarps
     da, db = split(d)
     dev = q4.device
@@ -476,15 +543,20 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
     pre(o4, do4, delta, sem, n, nh, o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0), do4.stride(1),
         do4.stride(2), D=d, ROWS=bm, num_warps=4, **(dict(grid=delta_grid) if compile_only else {}))
     kernel = _fused_kernel.warmup if compile_only else kernel_launch.plain_launch(_fused_kernel)[grid]
-    return kernel(
-        q_desc, do_desc, k_desc, v_desc, gb.row_desc(lse2, bm), gb.row_desc(delta, bm), _acc_desc(dqacc),
+    fused = kernel(
+        q_desc, do_desc, k_desc, v_desc, gb.row_desc(lse2, bm), gb.row_desc(delta, bm), _acc_desc(dqacc, swizzle),
         dk4, dv4, dq4, sem, n, nh, h_kv, qrb, qrh, qch, drb, drh, dch, krb, krh, kch,
         dk4.stride(0), dk4.stride(1), dk4.stride(2), dv4.stride(0), dv4.stride(1), dv4.stride(2),
         dq4.stride(0), dq4.stride(1), dq4.stride(2),
         QK_SCALE=gb.LOG2E / math.sqrt(d), SM_SCALE=1.0 / math.sqrt(d), GROUP=nh // h_kv, IS_CAUSAL=bool(is_causal),
         BLOCK_M=bm, BLOCK_N=BLOCK_N, D=d, STAGES=stages, CONSUMER_REGS=consumer_regs, WRITER_REGS=writer_regs,
         WRITER_WARPS=writer_warps, PROBE=probe, SCHEDULE=schedule, num_warps=4, qb_desc=q_desc, dob_desc=do_desc,
-        kb_desc=k_desc, vb_desc=v_desc, DB=db, **(dict(grid=grid) if compile_only else {}))
+        kb_desc=k_desc, vb_desc=v_desc, DB=db, OVERLAP=bool(overlap), SWIZZLE=bool(swizzle), CAST=bool(cast), **(dict(grid=grid) if compile_only else {}))
+    if cast:
+        post = _cast_kernel.warmup if compile_only else kernel_launch.plain_launch(_cast_kernel)[delta_grid]
+        post(dqacc, dq4, nh, dq4.stride(0), dq4.stride(1), dq4.stride(2), SM_SCALE=1.0 / math.sqrt(d), BLOCK_M=bm,
+             DB=db, P=1 + bool(swizzle), num_warps=4, **(dict(grid=delta_grid) if compile_only else {}))
+    return fused
 
 
 @opaque_op("lmperf::flash_attention_bwd_gluon_fused", ("dq", "dk", "dv"), lambda *args: None)
