@@ -99,7 +99,7 @@ def test_the_rows_kernel_column_names_what_runs(monkeypatch):
     triton; the forward's kernel as _gluon_forward picks it."""
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.setattr(gb, "unsupported", lambda *a: None)
-    q, k, v = qkv((1, 4, 16384, 64), torch.bfloat16, device="meta")
+    q, k, v = qkv((2, 16, 16384, 64), torch.bfloat16, device="meta")  # 32 sequences: not the fused kernel's class
     monkeypatch.setattr(fg, "use_gluon", lambda *a, **kw: True)
     assert ft.kernels(q, k, v, True) == "forward: gluon; backward: gluon dq + gluon dkdv"
     monkeypatch.setenv(ENV, "gluon-dkdv")

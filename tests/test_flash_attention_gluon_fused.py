@@ -1,12 +1,14 @@
 """The fused Gluon backward (lmperf.kernels.flash_attention_gluon_fused: dQ, dK and dV in one kernel,
-dQ summed in key-tile order), opt-in behind LMPERF_FA_BWD_BACKEND=gluon-fused: on any machine the
-switch (what runs, what it refuses and why) and a compile of the kernel for sm_90 (the H100) whose
-cubin is read; on a Hopper GPU the kernel against float64 (head dims 64 and 128, causal or not,
-grouped-query, the model's layout), the same bits every run, and torch.compile against eager mode
-bit for bit."""
+dQ summed in key-tile order), forced by LMPERF_FA_BWD_BACKEND=gluon-fused and taken by "auto" in the
+class it was measured faster in: on any machine the switch (what runs, where auto takes it, what
+it refuses and why) and a compile of the kernel for sm_90 (the H100) whose cubin is read; on a
+Hopper GPU the kernel against float64 (head dims 64 and 128, causal or not, grouped-query, the
+model's layout), the same bits every run, auto's bits the forced kernel's, and torch.compile against
+eager mode bit for bit."""
 import pytest
 import torch
 
+from lmperf.kernels import flash_attention_gluon as fg
 from lmperf.kernels import flash_attention_gluon_bwd as gb
 from lmperf.kernels import flash_attention_gluon_fused as gf
 from lmperf.kernels import flash_attention_triton as ft
@@ -16,13 +18,45 @@ from tests.sm90 import compile_specs
 from tests.test_flash_attention_gluon_bwd import COMPILE, ENV, GLUON, NEEDS_HOPPER, grads, qkv
 
 
-def test_it_is_off_by_default(monkeypatch):
+def test_only_its_name_forces_it(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     assert not gb.use_fused()
     monkeypatch.setenv(ENV, "gluon")
     assert not gb.use_fused()
     monkeypatch.setenv(ENV, "gluon-fused")
     assert gb.use_fused()
+
+
+@pytest.mark.parametrize("shape, kv_heads, causal, want", [
+    ((8, 16, 2048, 128), None, True, True),     # the model group's head-dim-128 shape
+    ((4, 16, 8192, 128), None, True, True),
+    ((1, 64, 16896, 128), None, True, True),    # 132 key tiles: one a streaming multiprocessor
+    ((1, 64, 17024, 128), None, True, False),   # 133: more than fit at once
+    ((1, 1, 4096, 128), None, True, False),     # the assignment's grid (one sequence): not timed
+    ((2, 16, 2048, 128), None, True, False),    # 32 sequences: not timed
+    ((8, 16, 2048, 128), None, False, False),   # not causal: not faster
+    ((4, 32, 2048, 128), 8, True, False),       # grouped-query: slower
+    ((8, 16, 1024, 128), None, True, False),    # the Gluon backward not taken (prefers_gluon)
+    ((1, 16, 16384, 64), None, True, True),     # the leaderboard's shape
+    ((2, 16, 16384, 64), None, True, False),    # 32 sequences: not timed
+    ((1, 1, 16384, 64), None, True, False),     # one: not timed
+    ((1, 16, 8192, 64), None, True, False),     # below 16,384 rows: not timed
+])
+def test_auto_takes_it_where_it_was_measured_faster(monkeypatch, shape, kv_heads, causal, want):
+    """"auto" (the default): the fused kernel instead of the two Gluon kernels exactly in the measured
+    class (made runnable here off a GPU, on a GPU of 132 streaming multiprocessors); where the fused
+    kernel cannot run the call, the two kernels, no error."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(gb, "unsupported", lambda *a: None)
+    monkeypatch.setattr(gf, "TMA_REDUCE_ERROR", None)
+    monkeypatch.setattr(fg, "use_gluon", lambda *a, **kw: False)
+    monkeypatch.setattr(fg, "sm_count", lambda device: 132)
+    q, k, v = qkv(shape, torch.bfloat16, kv_heads, device="meta")
+    picked = ft.kernels(q, k, v, causal).split("backward: ")[1]
+    assert (picked == "gluon fused") is want, picked
+    if want:
+        monkeypatch.setattr(gf, "TMA_REDUCE_ERROR", "this Triton's Gluon has no TMA reduce (test)")
+        assert ft.kernels(q, k, v, causal).endswith("backward: gluon dq + gluon dkdv")
 
 
 def test_forcing_it_where_it_cannot_run_says_why(monkeypatch):
@@ -73,6 +107,37 @@ def test_forced_it_runs_the_fused_launcher_alone(monkeypatch):
     monkeypatch.setattr(gb, "launch_dq", lambda *a, **kw: calls.append("gluon dq"))
     monkeypatch.setattr(gb, "launch_dkdv", lambda *a, **kw: calls.append("gluon dkdv"))
     monkeypatch.setenv(ENV, "gluon-fused")
+    assert ft.kernels(q, k, v, True).endswith("backward: gluon fused")
+    got = grads(q, k, v, True)
+    assert calls == ["launcher"]
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b)
+
+
+def test_auto_runs_the_fused_launcher_alone_in_its_class(monkeypatch):
+    """Unset ("auto"), a call in the fused kernel's class (the class shrunk here to this CPU's shape,
+    the kernel stubbed by the tile kernels): one call of the fused launcher in eager mode, no other
+    backward kernel, the default's gradients."""
+    dtype = torch.bfloat16 if GLUON else torch.float32
+    q, k, v = qkv((1, 4, 256, 64), dtype)
+    monkeypatch.delenv(ENV, raising=False)
+    ref = grads(q, k, v, True)
+    cfg = ft.launch_bwd_config(256, 64, dtype, True, 4, 1)
+    tile_dq, tile_dkdv = ft.launch_backward_dq, ft.launch_backward_dkdv
+    calls = []
+
+    def stub(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal):
+        calls.append("launcher")
+        delta = torch.empty(lse.shape, dtype=torch.float32, device=q3.device)
+        tile_dq(q3, k3, v3, o3, do3, lse, delta, dq, is_causal, {"dq": {**cfg["dq"], "SPLIT": 1}})
+        tile_dkdv(q3, k3, v3, do3, lse, delta, dk, dv, is_causal, {"dkdv": {**cfg["dkdv"], "SPLIT": 1}})
+    monkeypatch.setattr(gf, "launch", stub)
+    monkeypatch.setattr(gb, "unsupported", lambda *a: None)
+    monkeypatch.setattr(gb, "prefers_gluon", lambda *a: True)
+    monkeypatch.setattr(gb, "AUTO_FUSED_CAUSAL", {64: (256, 4, 4)})
+    monkeypatch.setattr(gf, "TMA_REDUCE_ERROR", None)
+    monkeypatch.setattr(gb, "launch_dq", lambda *a, **kw: calls.append("gluon dq"))
+    monkeypatch.setattr(gb, "launch_dkdv", lambda *a, **kw: calls.append("gluon dkdv"))
     assert ft.kernels(q, k, v, True).endswith("backward: gluon fused")
     got = grads(q, k, v, True)
     assert calls == ["launcher"]
@@ -157,6 +222,24 @@ def test_bitwise_deterministic(monkeypatch, d):
     first = grads(q, k, v, True, g)
     for _ in range(4):
         for a, b in zip(first, grads(q, k, v, True, g)):
+            assert torch.equal(a, b)
+
+
+@NEEDS_HOPPER
+def test_auto_runs_it_with_the_forced_kernels_bits(monkeypatch):
+    """Where "auto" takes it (head dim 128 causal, 64 sequences, a sequence's key tiles all on the GPU
+    at once: the kernel's schedule by sequence): right against float64, the same bits as forced,
+    every run."""
+    q, k, v = qkv((1, 64, 2048, 128))
+    g = torch.randn_like(q)
+    monkeypatch.delenv(ENV, raising=False)
+    assert ft.kernels(q, k, v, True).endswith("backward: gluon fused")
+    rows = compare(ft.FlashAttention2Triton.apply, q, k, v, True)
+    assert all(r["passed"] for r in rows), rows
+    auto = grads(q, k, v, True, g)
+    monkeypatch.setenv(ENV, "gluon-fused")
+    for _ in range(3):
+        for a, b in zip(auto, grads(q, k, v, True, g)):
             assert torch.equal(a, b)
 
 

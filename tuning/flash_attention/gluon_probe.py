@@ -467,7 +467,7 @@ def fused_ladder(names, log, out_csv=None, tag="", configs=("",), probes=(0, 1, 
     do_bench's median: the fused kernel as shipped (probe 0), without its turns (1: the sums race,
     a bound on the writer's traffic), with its dQ shares dropped (2: a bound on the rest), and
     with the programs of all sequences interleaved ("s0": schedule 0), in `rounds` interleaved rounds;
-    configs: "STAGES,consumer regs,writer regs,writer warps[,overlap[,swizzle[,cast]]]" overrides ("" the table's)."""
+    configs: "STAGES,consumer regs,writer regs,writer warps" overrides ("" the table's)."""
     import triton.testing
     from lmperf.kernels import flash_attention_gluon_bwd as gb
     from lmperf.kernels import flash_attention_gluon_fused as gf
@@ -481,7 +481,7 @@ def fused_ladder(names, log, out_csv=None, tag="", configs=("",), probes=(0, 1, 
         impls = [("two_kernels", lambda: (gb.launch_dq(q, k, v, out, do, lse, delta, dq, causal),
                                           gb.launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal)))]
         for cfg in configs:
-            keys = ("stages", "consumer_regs", "writer_regs", "writer_warps", "overlap", "swizzle", "cast")
+            keys = ("stages", "consumer_regs", "writer_regs", "writer_warps")
             kw = dict(zip(keys, map(int, cfg.split(",")))) if cfg else {}
             for probe in probes:
                 if probe == "s0":  # the programs of all sequences interleaved
@@ -698,8 +698,6 @@ def main(argv=None) -> int:
     ap.add_argument("--ladder", action="store_true", help="--bwd: the fused kernel's ladder (fused_ladder)")
     ap.add_argument("--fused-cfgs", default="", help="--ladder: configs, ';'-separated")
     ap.add_argument("--fused-probes", default="0,1,2,s0", help="--ladder: the writer's probes (s0: schedule 0)")
-    ap.add_argument("--fused-swizzle", action="store_true", help="--fused: the check with the shares swizzled")
-    ap.add_argument("--fused-cast", action="store_true", help="--fused: the check with dQ written by the cast kernel")
     ap.add_argument("--dims", default="64,128", help="the check's head dims (forward: 80 in the ping-pong variant)")
     ap.add_argument("--graph", action="store_true", help="the forward bench: also each call's GPU time, from a CUDA graph")
     args = ap.parse_args(argv)
@@ -709,9 +707,6 @@ def main(argv=None) -> int:
     variants = args.variants.split(",")
     if args.bwd:
         with (args.out / "gluon_bwd_traces.txt").open("a") as log:
-            if args.fused_swizzle or args.fused_cast:
-                from lmperf.kernels import flash_attention_gluon_fused as gf
-                gf.SWIZZLE, gf.CAST = args.fused_swizzle, args.fused_cast
             if not args.skip_check:
                 rows = bwd_check(log, tuple(int(x) for x in args.check_n.split(",")),
                                  tuple(int(x) for x in args.dims.split(",")), fused=args.fused)

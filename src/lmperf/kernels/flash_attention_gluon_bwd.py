@@ -8,8 +8,8 @@ kernel reads. The switch, LMPERF_FA_BWD_BACKEND (`use_gluon_dkdv`, `use_gluon_dq
 default) runs both Gluon kernels where `prefers_gluon`'s rule, measured on an H100, says they are
 faster, else the tile-language backward; "gluon" forces both (a ValueError saying why where they
 cannot run the call); "gluon-dkdv" the Gluon dK/dV after the tile-language dQ; "gluon-fused" the
-fused kernel of flash_attention_gluon_fused (dQ, dK and dV in one kernel, opt-in); "triton" the
-tile-language backward, never importing this module.
+fused kernel of flash_attention_gluon_fused (dQ, dK and dV in one kernel; "auto" takes it where
+`prefers_fused` says); "triton" the tile-language backward, never importing this module.
 
 The dQ kernel (`_dq_kernel`): one program per (query tile of 128 rows, batch x query head), heads
 fastest, causal query tiles longest first; two consumer warpgroups of 64 rows each holding their
@@ -79,6 +79,10 @@ AUTO_MIN_N_CAUSAL = {80: 2048, 128: 2048}
 # ... and grouped-query causal at head dim 64 from 1,024 rows: the dK/dV kernel sums a group's query heads
 # itself, 0.72x the tile backward's GPU time at 8 x 16q/4kv x 1,024 x 64 (NOTES.md, step 54, on an H200)
 AUTO_MIN_N_GROUPED_CAUSAL = {64: 1024}
+# "auto": the fused kernel (flash_attention_gluon_fused) instead of the two, causal without grouped-query, in
+# the class measured faster (prefers_fused). Head dim: (from these many rows, in at least and at most
+# these many sequences, batch x heads; None: any number)
+AUTO_FUSED_CAUSAL = {64: (16384, 16, 16), 128: (2048, 64, None)}
 
 # (STAGES, consumer registers, BLOCK_M query rows a step) by head dim; shared memory at 3 stages:
 # 134 KB (D 64, BLOCK_M 128; 84 KB at 64), 166 KB (D 128)
@@ -199,10 +203,28 @@ def use_gluon_dkdv(q, k, v, is_causal: bool, backend_name: str | None = None) ->
 
 
 def use_fused(backend_name: str | None = None) -> bool:
-    """Whether the backward is the fused kernel (flash_attention_gluon_fused), where use_gluon_dkdv
-    said yes: the backend is "gluon-fused" (whose own limits, flash_attention_gluon_fused.unsupported,
-    the caller checks: that module builds on this one)."""
+    """Whether the backward is forced to the fused kernel (flash_attention_gluon_fused), where
+    use_gluon_dkdv said yes: the backend is "gluon-fused" (whose own limits,
+    flash_attention_gluon_fused.unsupported, the caller checks: that module builds on this one)."""
     return backend(backend_name) == "gluon-fused"
+
+
+def prefers_fused(q, k, v, is_causal: bool) -> bool:
+    """The rule of "auto" for the fused kernel, where `prefers_gluon` picked the Gluon backward: causal
+    without grouped-query, in AUTO_FUSED_CAUSAL's rows and sequences; at head dim 128 only while a
+    sequence's key tiles fit on the GPU at once (the kernel's schedule there). Faster than the two
+    Gluon kernels outside the noise of fresh processes, by GPU time and with the host, at 8 x 16 x
+    2,048 x 128, 4 x 16 x 8,192 x 128 and 1 x 16 x 16,384 x 64 (tuning/flash_attention/NOTES.md,
+    step 55, on an H200); slower with grouped-query; not timed elsewhere. The caller checks that the
+    fused kernel can run the call (flash_attention_gluon_fused.unsupported)."""
+    if not is_causal or q.dim() < 3 or k.shape[-3] != q.shape[-3] or q.shape[-1] not in AUTO_FUSED_CAUSAL:
+        return False
+    n, d = q.shape[-2:]
+    min_n, min_seqs, max_seqs = AUTO_FUSED_CAUSAL[d]
+    seqs = q.numel() // (n * d)
+    if n < min_n or seqs < min_seqs or (max_seqs is not None and seqs > max_seqs):
+        return False
+    return d != 128 or n // BLOCK_N <= fg.sm_count(q.device)
 
 
 def use_gluon_dq(backend_name: str | None = None) -> bool:
@@ -742,7 +764,7 @@ def row_desc(t2: torch.Tensor, block_m: int):
 @functools.cache
 def fp32_layout():
     """The shared-memory layout of an fp32 tile that TMA loads or stores unswizzled (its rows can be
-    sliced): L and Delta's rows here, the fused backward's dQ sums."""
+    sliced): L and Delta's rows."""
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 

@@ -1,6 +1,7 @@
 """FlashAttention backward on Hopper GPUs (H100, H200) in Gluon, fused: dQ, dK and dV in one kernel,
 dQ summed in a fixed order without atomic adds (design: tuning/flash_attention/research_gluon_backward.md,
-section 4 (c)). Opt-in: LMPERF_FA_BWD_BACKEND=gluon-fused (flash_attention_gluon_bwd.backend).
+section 4 (c)). LMPERF_FA_BWD_BACKEND=gluon-fused forces it; "auto" takes it where
+flash_attention_gluon_bwd.prefers_fused's rule says it is faster than the two-kernel backward.
 
 The two-kernel backward (flash_attention_gluon_bwd) computes S and dP twice, once for dQ and once for
 dK/dV: seven matrix products a pair of tiles. This kernel computes them once (five products): it is
@@ -12,12 +13,13 @@ from its key tiles are added in a fixed order of the key tiles, in a fp32 buffer
 - each step the two consumer warpgroups store their halves of dS (bf16, transposed) into shared
   memory; each then computes half of the step's dQ share (dS [BLOCK_M, 128] times K [128, D]: at head
   dim 128 the columns [0, 64) or [64, 128) of it, K being loaded as two column slices; at 64 the
-  query rows [0, 64) or [64, 128) of a 128-row tile) and hands it to the writer through shared memory;
+  query rows [0, 64) or [64, 128) of a 128-row tile) and hands it to the writer through shared memory,
+  as two [64, 32] pieces each 128-byte swizzled (the accumulator's rows stored into unswizzled
+  256-byte rows conflict on the same banks: NOTES.md step 55);
 - a writer partition (two warps) waits for its key tile's turn at that query tile (a per-tile
-  counter in global memory, `_turns`), then the first in turn stores the share into dQacc by TMA,
-  a later one adds it there in L2 (a TMA reduce), and the last reads the sum, adds its share and
-  writes dQ itself (scaled, cast); each passes the turn on once its writes are performed. The
-  consumers run up to two steps ahead of it (two buffers).
+  counter in global memory, `_turns`), then the first in turn stores the share into dQacc by TMA
+  and a later one adds it there in L2 (a TMA reduce); each but the last passes the turn on once its
+  writes are performed. The consumers run up to two steps ahead of it (two buffers).
 
 Programs take their key tile in the order they start (a ticket from a global counter), so that a
 program only ever waits for programs that started before it (or, where a sequence's key tiles run
@@ -26,7 +28,9 @@ once): no deadlock whatever order the GPU starts them in. The same bits every ru
 a fixed order.
 
 A small kernel runs first: Delta = rowsum(O * dO) (fp32, what the consumers read as the two-kernel
-path's dQ kernel writes it), and the turn counters and the ticket set to zero.
+path's dQ kernel writes it), and the turn counters and the ticket set to zero; another runs after:
+dQ from the sums in dQacc, scaled and cast (`_cast_kernel`), so that no program's writer does more
+than add (the last in turn at every query tile is the same program, a sequence's first key tile).
 
 Covers what flash_attention_gluon_bwd covers (`unsupported`), at head dims 64 and 128 (HEAD_DIMS).
 """
@@ -45,8 +49,7 @@ HEAD_DIMS = (64, 128)
 BLOCK_N = gb.BLOCK_N  # keys a program: two warpgroups of 64
 # (STAGES, consumer registers, BLOCK_M query rows a step, writer registers, writer warps) by head dim
 CONFIGS = {64: (2, 240, 128, 32, 2), 128: (2, 240, 64, 32, 2)}
-SWIZZLE = False  # the dQ shares in shared memory as swizzled [64, 32] pieces (launch's swizzle)
-CAST = False  # the last share of a query tile added in L2 too, dQ written by a kernel after (launch's cast)
+PIECE = 32  # columns of a dQ share's piece in shared memory (128 bytes of fp32: 128-byte swizzled)
 
 gluon = None
 TMA_REDUCE_ERROR = "Gluon is not importable"  # why this Triton cannot build the kernel, or None
@@ -116,12 +119,12 @@ if gluon is not None:
 
     @gluon.jit
     def _cast_kernel(ACC, DQ, H, stride_dqb, stride_dqh, stride_dqn, SM_SCALE: gl.constexpr, BLOCK_M: gl.constexpr,
-                     DB: gl.constexpr, P: gl.constexpr, num_warps: gl.constexpr):
-        """dQ of query tile i of head bh (q heads) from its sum in dQacc (tile-major, 2 P pieces of [64,
-        64 / P]; launch's cast), scaled by SM_SCALE and cast to dQ's dtype."""
+                     DB: gl.constexpr, W: gl.constexpr, num_warps: gl.constexpr):
+        """dQ of query tile i of head bh (q heads) from its sum in dQacc (tile-major: the warpgroups' two
+        halves, each in P pieces of [64, W]), scaled by SM_SCALE and cast to dQ's dtype."""
         bh = gl.program_id(0)
         i = gl.program_id(1)
-        W: gl.constexpr = 64 // P
+        P: gl.constexpr = 64 // W
         layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (W // 4), W // 4], [num_warps, 1], [1, 0])
         b = (bh // H).to(gl.int64)
         h = (bh % H).to(gl.int64)
@@ -144,7 +147,7 @@ if gluon is not None:
                     QK_SCALE: gl.constexpr, MASK: gl.constexpr, BLOCK_M: gl.constexpr, HALF: gl.constexpr,
                     STAGES: gl.constexpr, DB: gl.constexpr, WG: gl.constexpr, s_layout: gl.constexpr,
                     a_layout: gl.constexpr, ab_layout: gl.constexpr, q_layout: gl.constexpr,
-                    OVERLAP: gl.constexpr, PROBE: gl.constexpr, SWIZZLE: gl.constexpr):
+                    PROBE: gl.constexpr):
         """flash_attention_gluon_bwd's step for one query tile (rows [q0, q0 + BLOCK_M)) into this warpgroup's
         dK, dV (keys [key0, key0 + HALF)), then this warpgroup's half of the tile's dQ share, handed
         to the writer (dq_smem)."""
@@ -169,13 +172,13 @@ if gluon is not None:
         dk = warpgroup_mma(ds_op, q_smem.index(s), dk, is_async=True)
         if DB > 0:
             dkb = warpgroup_mma(gl.convert_layout(ds_op, ab_layout), qb_smem.index(s), dkb, is_async=True)
-        if not OVERLAP:
-            # dK and dV done before the dQ share is issued: the registers of P^T and dS^T are free then
-            if DB > 0:
-                dk, dv, dkb, dvb = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dkb, dvb))
-            else:
-                dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
-            mbarrier.arrive(qdo_empty.index(s), count=1)
+        # dK and dV done before the dQ share is issued: the registers of P^T and dS^T are free then
+        # (issuing it first was no faster: NOTES.md step 55)
+        if DB > 0:
+            dk, dv, dkb, dvb = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dkb, dvb))
+        else:
+            dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
+        mbarrier.arrive(qdo_empty.index(s), count=1)
         # this warpgroup's half of dS K: head dim 128, the columns of its K slice (k_smem: [0, 64),
         # kb_smem: [64, 128)); head dim 64, the query rows [WG 64, WG 64 + 64) of the tile
         if PROBE < 3:
@@ -196,22 +199,14 @@ if gluon is not None:
         if PROBE != 4:
             dq = warpgroup_mma(a0, b0, dq, use_acc=False, is_async=True)
             dq = warpgroup_mma(a1, b1, dq, is_async=True)
-        if OVERLAP:  # the dQ share issued behind dK and dV (wgmma groups complete in order)
-            if DB > 0:
-                dk, dv, dkb, dvb = warpgroup_mma_wait(num_outstanding=2, deps=(dk, dv, dkb, dvb))
-            else:
-                dk, dv = warpgroup_mma_wait(num_outstanding=2, deps=(dk, dv))
-            mbarrier.arrive(qdo_empty.index(s), count=1)
         dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
         mbarrier.arrive(ds_free, count=1)
         mbarrier.wait(dq_empty.index(buf), bph ^ 1)
         if PROBE < 4:
-            if SWIZZLE:  # two [64, 32] column pieces, each a 128-byte swizzled tile: no bank conflicts
-                lo, hi = gl.split(gl.permute(gl.reshape(dq, [64, 2, 32]), (0, 2, 1)))
-                dq_smem.index((buf * 2 + WG) * 2).store(lo)
-                dq_smem.index((buf * 2 + WG) * 2 + 1).store(hi)
-            else:
-                dq_smem.index(buf * 2 + WG).store(dq)
+            # two [64, 32] column pieces (the accumulator's columns split in registers)
+            lo, hi = gl.split(gl.permute(gl.reshape(dq, [64, 2, 32]), (0, 2, 1)))
+            dq_smem.index((buf * 2 + WG) * 2).store(lo)
+            dq_smem.index((buf * 2 + WG) * 2 + 1).store(hi)
             fence_async_shared()  # the writer's TMA reads it
         mbarrier.arrive(dq_ready.index(buf), count=1)
         return dk, dv, dkb, dvb
@@ -222,8 +217,7 @@ if gluon is not None:
                         QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr, GROUP: gl.constexpr,
                         IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, qb_smem, dob_smem,
-                        kb_smem, vb_smem, DB: gl.constexpr, bkv, kt, OVERLAP: gl.constexpr, PROBE: gl.constexpr,
-                        SWIZZLE: gl.constexpr):
+                        kb_smem, vb_smem, DB: gl.constexpr, bkv, kt, PROBE: gl.constexpr):
         kv_ready, q_ready, do_ready, qdo_empty = bars
         HALF: gl.constexpr = BLOCK_N // 2
         DA: gl.constexpr = D - DB
@@ -260,7 +254,7 @@ if gluon is not None:
                                                    kb_mine, vb_mine, k_smem, kb_smem, q_smem, do_smem, qb_smem,
                                                    dob_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars,
                                                    QK_SCALE, True, BLOCK_M, HALF, STAGES, DB, WG, s_layout,
-                                                   a_layout, ab_layout, q_layout, OVERLAP, PROBE, SWIZZLE)
+                                                   a_layout, ab_layout, q_layout, PROBE)
                     c += 1
                 first += BLOCK_N // BLOCK_M
             for it in range(first, n_qt):
@@ -268,7 +262,7 @@ if gluon is not None:
                                                vb_mine, k_smem, kb_smem, q_smem, do_smem, qb_smem, dob_smem, l_smem,
                                                dl_smem, ds_smem, dq_smem, bars, fbars, QK_SCALE, False, BLOCK_M,
                                                HALF, STAGES, DB, WG, s_layout, a_layout, ab_layout, q_layout,
-                                               OVERLAP, PROBE, SWIZZLE)
+                                               PROBE)
                 c += 1
         gb.store_dkdv(dk, dv, dkb, dvb, DK, DV, bkv, H_KV, key0, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
                        stride_dvh, stride_dvn, SM_SCALE, HALF, DA, DB, o_layout, ob_layout)
@@ -309,24 +303,19 @@ if gluon is not None:
                                          dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
-    def _fused_writer(dq_smem, st_smem, fbars, st_bar, acc_desc, DQ, SEM, N, H, H_KV, stride_dqb,
-                      stride_dqh, stride_dqn, SM_SCALE: gl.constexpr, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, DB: gl.constexpr,
-                      WARPS: gl.constexpr, PROBE: gl.constexpr, SCHEDULE: gl.constexpr, bkv, kt,
-                      SWIZZLE: gl.constexpr, CAST: gl.constexpr):
-        """Each step's dQ share (two [64, 64] fp32 halves in dq_smem) added to its query tile's sum
-        (dQacc, tile-major: (B*H, N / BLOCK_M, 2, 64, 64)) in key tile order, by TMA from shared
-        memory: the first key tile stores it, a later one waits for its turn (SEM[bh, tile] == kt)
-        and adds it in L2 (a TMA reduce), then passes the turn on once its writes are performed;
-        the last one reads the sum (TMA, into st_smem, a half at a time), adds its share and writes
-        dQ (scaled, cast). PROBE (timing only, wrong results): 1 skips the turns, 2 writes nothing; 3 also
-        (the consumers) skips the warpgroups' wait for each other's dS, 4 also the dQ product and its
-        store into shared memory, 5 the store alone, 6 the store and dS's."""
+    def _fused_writer(dq_smem, fbars, acc_desc, SEM, N, H, H_KV, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PROBE: gl.constexpr, SCHEDULE: gl.constexpr,
+                      bkv, kt):
+        """Each step's dQ share (the warpgroups' two halves, each in two [64, 32] fp32 pieces in dq_smem)
+        added to its query tile's sum (dQacc, tile-major: (B*H, N / BLOCK_M, 4, 64, 32)) in the order of
+        the turns (`_turns`), by TMA from shared memory: the first in turn stores it, a later one waits
+        for its turn (SEM[bh, tile] == turn) and adds it in L2 (a TMA reduce); each but the last then
+        passes the turn on once its writes are performed. `_cast_kernel` writes dQ from the sums after.
+        PROBE (timing only, wrong results): 1 skips the turns, 2 writes nothing; 3 also (the consumers)
+        skips the warpgroups' wait for each other's dS, 4 also the dQ product and its store into shared
+        memory, 5 the store alone, 6 the store and dS's."""
         ds_ready, ds_free, dq_ready, dq_empty = fbars
-        P: gl.constexpr = 1 + SWIZZLE  # pieces of a half: [64, 64], or two [64, 32] (SWIZZLE)
-        W: gl.constexpr = 64 // P  # their columns
-        CH: gl.constexpr = 4 * WARPS * P  # rows a chunk: 8 values a thread
-        layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (W // 4), W // 4], [WARPS, 1], [1, 0])
+        NP: gl.constexpr = 4  # pieces a share (PIECE columns each)
         b = bkv // H_KV
         hk = bkv % H_KV
         n_qt = N // BLOCK_M
@@ -334,79 +323,45 @@ if gluon is not None:
         if IS_CAUSAL:
             first = kt * BLOCK_N // BLOCK_M
         c = 0
-        ld = 0  # TMA reads so far (st_bar's phase)
         for g in range(GROUP):
-            h = hk * GROUP + g
-            bh = b * H + h
+            bh = b * H + hk * GROUP + g
             for it in range(first, n_qt):
                 # this step's query tile (tq), this key tile's turn there and how many key tiles add
                 # into it (_turns)
                 tq, turn, n_add = _turns(it, kt, N, BLOCK_M, BLOCK_N, IS_CAUSAL, SCHEDULE)
-                q0 = tq * BLOCK_M
                 buf = c % 2
                 sem = SEM + bh * n_qt + tq
-                row = (bh * n_qt + tq) * 128 * P  # the tile's first row in dQacc's 2-D view (2 P pieces of 64)
+                row = (bh * n_qt + tq) * (NP * 64)  # the tile's first row in dQacc's 2-D view
                 mbarrier.wait(dq_ready.index(buf), (c // 2) & 1)
                 if PROBE < 2:
                     if turn > 0 and PROBE == 0:  # this key tile's turn at this query tile
                         while gl.atomic_add(sem, 0, sem="acquire") != turn:
                             pass
                         _proxy_fence(turn)  # the sum's writes, seen by the acquire, before the TMA
-                    if turn == n_add - 1 and not CAST:  # dQ = (the sum so far + this share) / sqrt(D), in dQ's dtype and layout
-                        dq_tile = (DQ + b.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh
-                                   + q0.to(gl.int64) * stride_dqn)
-                        for wp in gl.static_range(2 * P):
-                            # the warpgroups' halves (w): column halves at head dim 128 (DB > 0), else row
-                            # halves; each in P column pieces (pc)
-                            w = wp // P
-                            pc = wp % P
-                            if turn > 0:
-                                mbarrier.expect(st_bar, acc_desc.block_type.nbytes)
-                                tma_load(acc_desc, [row + wp * 64, 0], st_bar, st_smem)
-                                mbarrier.wait(st_bar, ld & 1)
-                                ld += 1
-                            for ch in gl.static_range(64 // CH):
-                                row0 = ch * CH + (DB == 0) * w * 64
-                                col0 = (DB > 0) * w * 64 + pc * W
-                                x = dq_smem.index(buf * 2 * P + wp).slice(ch * CH, CH, dim=0).load(layout)
-                                if turn > 0:
-                                    x = x + st_smem.slice(ch * CH, CH, dim=0).load(layout)
-                                r = gl.arange(0, CH, layout=gl.SliceLayout(1, layout))
-                                cc = gl.arange(0, W, layout=gl.SliceLayout(0, layout))
-                                offs_dq = gl.expand_dims(r * stride_dqn, 1) + gl.expand_dims(cc, 0)
-                                gl.store(dq_tile + (row0 * stride_dqn + col0) + offs_dq,
-                                         (x * SM_SCALE).to(DQ.dtype.element_ty))
-                            if turn > 0:  # every read of st_smem done before the next TMA write into it
-                                gl.thread_barrier()
-                                fence_async_shared()
-                    else:
-                        for wp in gl.static_range(2 * P):
-                            if turn == 0:
-                                tma.async_copy_shared_to_global(acc_desc, [row + wp * 64, 0],
-                                                                dq_smem.index(buf * 2 * P + wp))
-                            else:
-                                _tma_reduce_add(acc_desc, [row + wp * 64, 0], dq_smem.index(buf * 2 * P + wp))
-                        tma.store_wait(0)  # dq_smem read: the consumers may refill it
+                    for j in gl.static_range(NP):
+                        if turn == 0:
+                            tma.async_copy_shared_to_global(acc_desc, [row + j * 64, 0], dq_smem.index(buf * NP + j))
+                        else:
+                            _tma_reduce_add(acc_desc, [row + j * 64, 0], dq_smem.index(buf * NP + j))
+                    tma.store_wait(0)  # dq_smem read: the consumers may refill it
                 mbarrier.arrive(dq_empty.index(buf), count=1)  # after a barrier of the partition's warps
                 if turn != n_add - 1 and PROBE == 0:  # the writes above performed before this release
                     _bulk_wait(turn)
                     _proxy_fence(turn)
                     gl.atomic_add(sem, 1, sem="release")
                 c += 1
-        if CAST:  # the last shares' writes performed before the program ends (the cast kernel reads them)
-            _bulk_wait(c)
+        _bulk_wait(c)  # the last shares' writes performed before the program ends (_cast_kernel reads them)
 
     @gluon.jit
-    def _fused_kernel(q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, acc_desc, DK, DV, DQ, SEM, N, H, H_KV,
+    def _fused_kernel(q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, acc_desc, DK, DV, SEM, N, H, H_KV,
                       QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
                       stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                      stride_dqb, stride_dqh, stride_dqn,
                       QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr, GROUP: gl.constexpr,
                       IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       D: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                       WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr, PROBE: gl.constexpr, SCHEDULE: gl.constexpr,
                       num_warps: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc,
-                      DB: gl.constexpr, OVERLAP: gl.constexpr, SWIZZLE: gl.constexpr, CAST: gl.constexpr):
+                      DB: gl.constexpr):
         gl.static_assert(num_warps == 4, "one consumer warpgroup in the default partition")
         gl.static_assert(D - DB == 64, "dQ halves of 64 columns")
         HALF: gl.constexpr = BLOCK_N // 2
@@ -440,9 +395,7 @@ if gluon is not None:
         # dS ([BLOCK_M, HALF] a warpgroup), the dQ shares ([64, 64] fp32 a warpgroup, two buffers)
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], dtype)
         ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HALF], ds_layout)
-        W: gl.constexpr = 64 // (1 + SWIZZLE)  # a piece's columns (acc_desc's block)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [4 * (1 + SWIZZLE), 64, W], acc_desc.layout)  # TMA's source
-        st_smem = gl.allocate_shared_memory(gl.float32, [64, W], acc_desc.layout)  # the writer's TMA reads
+        dq_smem = gl.allocate_shared_memory(gl.float32, [8, 64, 32], acc_desc.layout)  # TMA's source: 2 steps' shares
         kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -451,7 +404,6 @@ if gluon is not None:
         ds_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         dq_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         dq_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        st_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_ready, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(q_ready.index(i), count=1)
@@ -462,54 +414,47 @@ if gluon is not None:
         for i in gl.static_range(2):
             mbarrier.init(dq_ready.index(i), count=2)
             mbarrier.init(dq_empty.index(i), count=1)
-        mbarrier.init(st_bar, count=1)
         bars = (kv_ready, q_ready, do_ready, qdo_empty)
         fbars = (ds_ready, ds_free, dq_ready, dq_empty)
         gl.warp_specialize([
             (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
                                DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 0, qb_smem,
-                               dob_smem, kb_smem, vb_smem, DB, bkv, kt, OVERLAP, PROBE, SWIZZLE)),
+                               dob_smem, kb_smem, vb_smem, DB, bkv, kt, PROBE)),
             (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
                                DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1, qb_smem,
-                               dob_smem, kb_smem, vb_smem, DB, bkv, kt, OVERLAP, PROBE, SWIZZLE)),
+                               dob_smem, kb_smem, vb_smem, DB, bkv, kt, PROBE)),
             (gb.dkdv_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
                                  l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
                                  GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
                                  qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB, False, bkv, kt,
                                  SCHEDULE == 1 and not IS_CAUSAL)),
-            (_fused_writer, (dq_smem, st_smem, fbars, st_bar, acc_desc, DQ, SEM, N, H, H_KV, stride_dqb, stride_dqh, stride_dqn,
-                             SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, DB, WRITER_WARPS, PROBE, SCHEDULE, bkv, kt,
-                             SWIZZLE, CAST)),
+            (_fused_writer, (dq_smem, fbars, acc_desc, SEM, N, H, H_KV, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, PROBE,
+                             SCHEDULE, bkv, kt)),
         ], [4, 1, WRITER_WARPS], [CONSUMER_REGS, 24, WRITER_REGS])
 
 
-def _acc_desc(dqacc: torch.Tensor, swizzle: bool = False):
-    """A TMA descriptor over dQacc (fp32, tile-major: (B*H, N / BLOCK_M, 2, 64, 64), each query tile's
-    two halves a contiguous [64, 64] block) as rows of 64, in [64, 64] tiles, unswizzled (the writer
-    reads it in slices of rows); swizzle: each half as two [64, 32] blocks ((B*H, N / BLOCK_M, 4, 64,
-    32)), rows of 32 in [64, 32] tiles, 128-byte swizzled."""
-    cols = 32 if swizzle else 64
-    rows = dqacc.numel() // cols
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2) if swizzle else gb.fp32_layout()
-    return gb.TensorDescriptor(dqacc.view(rows, cols), [rows, cols], [cols, 1], [64, cols], layout)
+def _acc_desc(dqacc: torch.Tensor):
+    """A TMA descriptor over dQacc (fp32, tile-major: (B*H, N / BLOCK_M, 4, 64, 32), each query tile's
+    share the warpgroups' two halves, each in two [64, 32] pieces) as rows of 32, in [64, 32] tiles,
+    128-byte swizzled (the shares' layout in shared memory)."""
+    rows = dqacc.numel() // PIECE
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+    return gb.TensorDescriptor(dqacc.view(rows, PIECE), [rows, PIECE], [PIECE, 1], [64, PIECE], layout)
 
 
 def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | None = None,
            consumer_regs: int | None = None, writer_regs: int | None = None, writer_warps: int | None = None,
-           compile_only: bool = False, probe: int = 0, schedule: int | None = None, overlap: bool = False,
-           swizzle: bool | None = None, cast: bool | None = None):
+           compile_only: bool = False, probe: int = 0, schedule: int | None = None):
     """dQ, dK, dV into dq, dk, dv ((B, H, N, D) and (B, H_kv, N, D) views, unit stride along D) for
     q, k, v that `unsupported` accepts, from the forward's O (out) and L (lse, (B*H, N) fp32) and dO.
-    Returns the compiled fused kernel; compile_only: compile both kernels for the active driver's
-    target and launch nothing. probe (timing only): the writer's PROBE. schedule: _turns' SCHEDULE.
-    overlap: each step's dQ share issued before its dK and dV products are waited for. swizzle: the
-    shares in shared memory as 128-byte swizzled [64, 32] pieces (default: SWIZZLE).
-    1 needs a sequence's key tiles to fit on the GPU at once (one program an SM: then the sequence
-    whose programs started first can always finish, so no program waits for ever); by default it is
-    taken at head dim 128 without grouped-query, where it was measured faster than 0 (H200,
-    tuning/flash_attention/NOTES.md step 48), else 0."""
+    Returns the compiled fused kernel; compile_only: compile the three kernels for the active
+    driver's target and launch nothing. probe (timing only): the kernel's PROBE. schedule: _turns'
+    SCHEDULE; 1 needs a sequence's key tiles to fit on the GPU at once (one program an SM: then the
+    sequence whose programs started first can always finish, so no program waits for ever); by
+    default it is taken at head dim 128 without grouped-query, where it was measured faster than 0
+    (H200, tuning/flash_attention/NOTES.md step 48), else 0."""
     q4, k4, v4, o4, do4, dq4, dk4, dv4 = (fg.heads(t) for t in (q, k, v, out, do, dq, dk, dv))
     if fg.head_rows(do4) is None or do4.data_ptr() % 16:
         do4 = do4.contiguous()
@@ -519,8 +464,6 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
     h_kv = k4.shape[1]
     st, regs, bm, wregs, wwarps = CONFIGS[d]
     stages, consumer_regs, writer_regs = stages or st, consumer_regs or regs, writer_regs or wregs
-    swizzle = SWIZZLE if swizzle is None else swizzle
-    cast = CAST if cast is None else cast
     writer_warps = writer_warps or wwarps
     da, db = split(d)
     dev = q4.device
@@ -530,32 +473,32 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
     # delta kernel), dQ's fp32 sums (the first key tile of a query tile stores, not adds)
     delta = kernel_launch.scratch(torch.empty((nb * nh, n), dtype=torch.float32, device=dev))
     sem = kernel_launch.scratch(torch.empty(nb * nh * (n // bm) + 1, dtype=torch.int32, device=dev))
-    dqacc = kernel_launch.scratch(torch.empty((nb * nh, n // bm, 2, 64, 64), dtype=torch.float32, device=dev))
+    dqacc = kernel_launch.scratch(torch.empty((nb * nh, n // bm, 128 // PIECE, 64, PIECE), dtype=torch.float32,
+                                              device=dev))
     q_desc, (qrb, qrh, qch) = fg.head_desc(q4, bm, da)
     do_desc, (drb, drh, dch) = fg.head_desc(do4, bm, da)
     k_desc, (krb, krh, kch) = fg.head_desc(k4, BLOCK_N // 2, da)
     v_desc, _ = fg.head_desc(v4, BLOCK_N // 2, da)
     if schedule is None:
         schedule = int(compile_only or (d == 128 and h_kv == nh and n // BLOCK_N <= fg.sm_count(dev)))
-    delta_grid = (nb * nh, n // bm)
+    tile_grid = (nb * nh, n // bm)  # a program a query tile (the delta and cast kernels)
     grid = (nb * h_kv * (n // BLOCK_N),)
-    pre = _delta_kernel.warmup if compile_only else kernel_launch.plain_launch(_delta_kernel)[delta_grid]
+    grid_kw = (lambda g: dict(grid=g)) if compile_only else (lambda g: {})
+    pre = _delta_kernel.warmup if compile_only else kernel_launch.plain_launch(_delta_kernel)[tile_grid]
     pre(o4, do4, delta, sem, n, nh, o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0), do4.stride(1),
-        do4.stride(2), D=d, ROWS=bm, num_warps=4, **(dict(grid=delta_grid) if compile_only else {}))
+        do4.stride(2), D=d, ROWS=bm, num_warps=4, **grid_kw(tile_grid))
     kernel = _fused_kernel.warmup if compile_only else kernel_launch.plain_launch(_fused_kernel)[grid]
     fused = kernel(
-        q_desc, do_desc, k_desc, v_desc, gb.row_desc(lse2, bm), gb.row_desc(delta, bm), _acc_desc(dqacc, swizzle),
-        dk4, dv4, dq4, sem, n, nh, h_kv, qrb, qrh, qch, drb, drh, dch, krb, krh, kch,
+        q_desc, do_desc, k_desc, v_desc, gb.row_desc(lse2, bm), gb.row_desc(delta, bm), _acc_desc(dqacc),
+        dk4, dv4, sem, n, nh, h_kv, qrb, qrh, qch, drb, drh, dch, krb, krh, kch,
         dk4.stride(0), dk4.stride(1), dk4.stride(2), dv4.stride(0), dv4.stride(1), dv4.stride(2),
-        dq4.stride(0), dq4.stride(1), dq4.stride(2),
         QK_SCALE=gb.LOG2E / math.sqrt(d), SM_SCALE=1.0 / math.sqrt(d), GROUP=nh // h_kv, IS_CAUSAL=bool(is_causal),
         BLOCK_M=bm, BLOCK_N=BLOCK_N, D=d, STAGES=stages, CONSUMER_REGS=consumer_regs, WRITER_REGS=writer_regs,
         WRITER_WARPS=writer_warps, PROBE=probe, SCHEDULE=schedule, num_warps=4, qb_desc=q_desc, dob_desc=do_desc,
-        kb_desc=k_desc, vb_desc=v_desc, DB=db, OVERLAP=bool(overlap), SWIZZLE=bool(swizzle), CAST=bool(cast), **(dict(grid=grid) if compile_only else {}))
-    if cast:
-        post = _cast_kernel.warmup if compile_only else kernel_launch.plain_launch(_cast_kernel)[delta_grid]
-        post(dqacc, dq4, nh, dq4.stride(0), dq4.stride(1), dq4.stride(2), SM_SCALE=1.0 / math.sqrt(d), BLOCK_M=bm,
-             DB=db, P=1 + bool(swizzle), num_warps=4, **(dict(grid=delta_grid) if compile_only else {}))
+        kb_desc=k_desc, vb_desc=v_desc, DB=db, **grid_kw(grid))
+    post = _cast_kernel.warmup if compile_only else kernel_launch.plain_launch(_cast_kernel)[tile_grid]
+    post(dqacc, dq4, nh, dq4.stride(0), dq4.stride(1), dq4.stride(2), SM_SCALE=1.0 / math.sqrt(d), BLOCK_M=bm,
+         DB=db, W=PIECE, num_warps=4, **grid_kw(tile_grid))
     return fused
 
 

@@ -928,7 +928,8 @@ def launch_backward(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool, cfg: 
     dQ kernel (which writes Delta, into `delta` where given: fp32, lse's shape) and then the dK/dV
     kernel: the tile-language ones, or the Gluon ones where LMPERF_FA_BWD_BACKEND's rule (auto, the
     default) or =gluon picks them (=gluon-dkdv: the Gluon dK/dV after the tile dQ;
-    flash_attention_gluon_bwd)."""
+    flash_attention_gluon_bwd), or the fused Gluon kernel where auto's rule or =gluon-fused picks it
+    (_gluon_fused)."""
     gluon_bwd = _gluon_dkdv(q3, k3, v3, is_causal)
     if cfg.get("fused") and gluon_bwd is None:
         launch_backward_fused(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal, cfg, launch)
@@ -939,7 +940,7 @@ def launch_backward(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool, cfg: 
     # which launch the same kernels under torch.compile (the same bits); an op's dispatch adds host time
     # a call (tuning/flash_attention/NOTES.md, steps 43 and 51)
     direct = launch is plain_launch
-    if gluon_bwd is not None and gluon_bwd.use_fused():  # dQ, dK, dV in one Gluon kernel (its own Delta)
+    if _gluon_fused(gluon_bwd, q3, k3, v3, is_causal):  # dQ, dK, dV in one Gluon kernel (its own Delta)
         from lmperf.kernels import flash_attention_gluon_fused as gf
         (gf.launch if direct else gf.flash_attention_bwd_gluon_fused)(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal)
         return
@@ -971,6 +972,20 @@ def _gluon_dkdv(q3, k3, v3, is_causal: bool):
                              f"which cannot run this call: {why}. Unset it (or set it to 'gluon' or 'triton') "
                              "for another backward")
     return gb
+
+
+def _gluon_fused(gb, q3, k3, v3, is_causal: bool) -> bool:
+    """Whether the Gluon backward that _gluon_dkdv picked (gb; None: the tile backward) runs as the
+    fused kernel (flash_attention_gluon_fused): forced (gluon-fused, whose limits _gluon_dkdv
+    checked), or "auto"'s rule (gb.prefers_fused) where that kernel can run the call."""
+    if gb is None:
+        return False
+    if gb.use_fused():
+        return True
+    if gb.backend() != "auto" or not gb.prefers_fused(q3, k3, v3, is_causal):
+        return False
+    from lmperf.kernels import flash_attention_gluon_fused as gf
+    return gf.unsupported(q3, k3, v3, is_causal) is None
 
 
 def _register(name: str, fake):
@@ -1024,12 +1039,12 @@ def _forward(q, k, v, is_causal: bool, launch):
 def kernels(q, k, v, is_causal: bool) -> str:
     """The kernels FlashAttention2Triton runs for these inputs, as the benchmark rows' `kernel`
     column names them: the forward's ("gluon" or "tile", _gluon_forward) and the backward's
-    ("gluon dq + gluon dkdv", "tile dq + gluon dkdv", "tile fused" or "tile dq + tile dkdv",
+    ("gluon fused", "gluon dq + gluon dkdv", "tile dq + gluon dkdv", "tile fused" or "tile dq + tile dkdv",
     launch_backward's choice under LMPERF_FA_BWD_BACKEND)."""
     nb, nh, n, d = _heads_shape(q.shape)
     fwd = "gluon" if _gluon_forward(q, k, v, is_causal) else "tile"
     gluon_bwd = _gluon_dkdv(q, k, v, is_causal)
-    if gluon_bwd is not None and gluon_bwd.use_fused():
+    if _gluon_fused(gluon_bwd, q, k, v, is_causal):
         bwd = "gluon fused"
     elif gluon_bwd is not None:
         bwd = f"{'gluon' if gluon_bwd.use_gluon_dq() else 'tile'} dq + gluon dkdv"
