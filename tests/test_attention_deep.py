@@ -198,11 +198,12 @@ def test_a_model_size_not_measured_is_estimated_between_the_sizes_that_were():
     assert math.isnan(found[1]) and same == 0
 
 
-def test_the_plan_finds_a_flashattention_case_measured_under_an_older_id():
+def test_a_flashattention_row_written_under_an_older_id_reads_as_todays_case():
     """A FlashAttention bench row written before the ids named the harness a peer is timed under
-    (SDPA-cuDNN under the leaderboard's) is the case of today's id; a row whose provider is not
-    registered here keeps its own id."""
-    rc = run_cost()
+    (SDPA-cuDNN under the leaderboard's) reads (providers.read_renamed: the report's, the claims'
+    and the run plan's reader) as the case of today's id; a row whose provider is not registered
+    here keeps its own id."""
+    from lmperf import providers
     rows = pd.DataFrame([
         {"case_id": "model-sdpa_cudnn-bf16-causal-b4h32n1024d80", "group": "model", "provider": "sdpa_cudnn",
          "harness": "leaderboard", "dtype": "bf16", "causal": True, "batch": 4, "heads": 32, "kv_heads": 32,
@@ -213,9 +214,9 @@ def test_the_plan_finds_a_flashattention_case_measured_under_an_older_id():
         {"case_id": "model-someones_kernel-bf16-causal-b4h32n1024d80", "group": "model", "provider": "someones_kernel",
          "harness": "leaderboard", "dtype": "bf16", "causal": True, "batch": 4, "heads": 32, "kv_heads": 32,
          "seq_len": 1024, "head_dim": 80}])
-    assert rc.fa_case_ids(rows) == ["model-sdpa_cudnn-leaderboard-bf16-causal-b4h32n1024d80",
-                                    "gqa-triton-bf16-causal-b2h32kv8n2048d128",
-                                    "model-someones_kernel-bf16-causal-b4h32n1024d80"]
+    assert providers.read_renamed(rows)["case_id"].tolist() == [
+        "model-sdpa_cudnn-leaderboard-bf16-causal-b4h32n1024d80", "gqa-triton-bf16-causal-b2h32kv8n2048d128",
+        "model-someones_kernel-bf16-causal-b4h32n1024d80"]
 
 
 def test_a_job_with_none_of_its_cases_measured_takes_its_groups_measured_cases():

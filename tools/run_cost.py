@@ -250,35 +250,12 @@ def measured_walls(folders) -> dict[str, dict[str, float]]:
             df = providers.read_renamed(pd.read_csv(path, low_memory=False))  # rows written before a rename
             if "wall_s" not in df or "case_id" not in df:
                 continue
-            if job.removeprefix("repeats/").startswith("flash_attention/bench/"):
-                df["case_id"] = fa_case_ids(df)
             when = df["measured_at"].astype(str) if "measured_at" in df else pd.Series("", index=df.index)
             known = out.setdefault(job, {})
             for case_id, at, wall in zip(df["case_id"], when, df["wall_s"].fillna(0.0)):
                 if case_id not in known or at > known[case_id][0]:
                     known[case_id] = (at, float(wall))
     return {job: {c: wall for c, (_, wall) in cases.items()} for job, cases in out.items()}
-
-
-FA_ID_COLUMNS = ("group", "provider", "harness", "dtype", "causal", "batch", "heads", "kv_heads", "seq_len",
-                 "head_dim")
-
-
-def fa_case_ids(df: pd.DataFrame) -> list[str]:
-    """The FlashAttention bench rows' case ids as the bench names them today (bench.flash_attention's
-    case_id, from the row's columns: ids written before a change of the scheme, such as the harness
-    a peer is timed under, still find their cases); a row it cannot rebuild (a provider not
-    registered here, a column missing) keeps its own."""
-    from lmperf.bench import flash_attention
-    if not set(FA_ID_COLUMNS) <= set(df.columns):
-        return list(df["case_id"])
-    out = []
-    for row in df[["case_id", *FA_ID_COLUMNS]].itertuples(index=False):
-        try:
-            out.append(flash_attention.case_id(row._asdict()))
-        except (KeyError, ValueError, TypeError):
-            out.append(row.case_id)
-    return out
 
 
 def _head_dim_group(job: str) -> str | None:

@@ -217,11 +217,43 @@ def renamed_ids(rows, contract: str, column: str = "case_id"):
 def read_renamed(rows, contract: str = "model_attention"):
     """Rows as written, read in today's names of the contract's providers: `renamed` on the
     columns that hold one (the model's `attention`, a ladder rung's `name`: the rung named after
-    the attention it sets) and `renamed_ids` on `case_id`. What the readers of committed results
-    (the report's, the claims', the comparison's) apply to every row first."""
+    the attention it sets), `renamed_ids` on `case_id`, and the attention bench's ids as it names
+    them today (`attention_case_ids`). What the readers of committed results (the report's, the
+    claims', the comparison's, the run's cost) apply to every row first."""
     for column in ("attention", "name"):
         rows = renamed(rows, contract, column)
-    return renamed_ids(rows, contract)
+    return attention_case_ids(renamed_ids(rows, contract))
+
+
+ATTENTION_CASE_COLUMNS = ("group", "provider", "harness", "dtype", "causal", "batch", "heads", "kv_heads",
+                          "seq_len", "head_dim")
+
+
+def attention_case_id(case) -> str:
+    """An attention bench case's id from its fields (a case's, or a results row's columns:
+    ATTENTION_CASE_COLUMNS). A provider timed under a harness not its own (a peer under the
+    leaderboard's) says which: one group name may time a provider under both harnesses."""
+    provider, harness, heads, kv = case["provider"], case["harness"], int(case["heads"]), int(case["kv_heads"])
+    via = "" if harness == (get(provider).harness or "eager") else f"-{harness}"
+    return (f"{case['group']}-{provider}{via}-{case['dtype']}-{'causal' if case['causal'] else 'full'}"
+            f"-b{int(case['batch'])}h{heads}{f'kv{kv}' if kv != heads else ''}n{int(case['seq_len'])}"
+            f"d{int(case['head_dim'])}")
+
+
+def attention_case_ids(rows):
+    """Attention bench rows (those with every column of ATTENTION_CASE_COLUMNS) with `case_id` as
+    `attention_case_id` names it today: rows written before a change of the scheme (such as the
+    harness a peer is timed under) still find their cases. A row it cannot rebuild (a provider not
+    registered here, a value missing) keeps its own; other rows are untouched."""
+    if rows.empty or "case_id" not in rows or not set(ATTENTION_CASE_COLUMNS) <= set(rows.columns):
+        return rows
+    ids = []
+    for row in rows[["case_id", *ATTENTION_CASE_COLUMNS]].itertuples(index=False):
+        try:
+            ids.append(attention_case_id(row._asdict()))
+        except (KeyError, ValueError, TypeError):
+            ids.append(row.case_id)
+    return rows if ids == list(rows["case_id"]) else rows.assign(case_id=ids)
 
 
 def of_record(contract: str = "attention") -> list[Provider]:

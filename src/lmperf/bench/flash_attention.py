@@ -158,16 +158,7 @@ def bench_cases(spec: dict) -> list[dict]:
     return cases
 
 
-def case_id(case) -> str:
-    """A bench case's id from its fields (a case's, or a results row's columns: group, provider,
-    harness, dtype, causal, batch, heads, kv_heads, seq_len, head_dim). A provider timed under a
-    harness not its own (a peer under the leaderboard's) says which: one group name may time a
-    provider under both harnesses."""
-    provider, harness, heads, kv = case["provider"], case["harness"], int(case["heads"]), int(case["kv_heads"])
-    via = "" if harness == (providers.get(provider).harness or "eager") else f"-{harness}"
-    return (f"{case['group']}-{provider}{via}-{case['dtype']}-{'causal' if case['causal'] else 'full'}"
-            f"-b{int(case['batch'])}h{heads}{f'kv{kv}' if kv != heads else ''}n{int(case['seq_len'])}"
-            f"d{int(case['head_dim'])}")
+case_id = providers.attention_case_id  # a bench case's id from its fields (its results row's read the same)
 
 
 def _compile_caches(case: dict) -> None:

@@ -165,12 +165,14 @@ class Claims:
 
 
 def repeat_processes(results: Path) -> dict[str, pd.DataFrame]:
-    """{job: its repeats' rows, with `_process` the run file}: results/<hw>/repeats/<job>/run<k>.csv."""
+    """{job: its repeats' rows, with `_process` the run file}: results/<hw>/repeats/<job>/run<k>.csv,
+    read as the jobs' rows are (providers.read_renamed: their case ids the same)."""
     root = Path(results) / "repeats"
     out: dict[str, list[pd.DataFrame]] = {}
     for p in sorted(root.rglob("run*.csv")) if root.is_dir() else []:
         job = str(p.parent.relative_to(root))
-        out.setdefault(job, []).append(pd.read_csv(p, keep_default_na=False, na_values=[""]).assign(_process=p.name))
+        rows = providers.read_renamed(pd.read_csv(p, keep_default_na=False, na_values=[""]))
+        out.setdefault(job, []).append(rows.assign(_process=p.name))
     return {job: pd.concat(frames, ignore_index=True) for job, frames in out.items()}
 
 
@@ -273,9 +275,9 @@ def with_jobs(frame: pd.DataFrame, results: Path, section: str) -> pd.DataFrame:
     for p in sorted((root / section).rglob("*.csv")) if (root / section).is_dir() else []:
         if ".journal" in p.parts:
             continue
-        try:
-            ids = pd.read_csv(p, usecols=["case_id"])["case_id"].astype(str)
-        except (ValueError, pd.errors.EmptyDataError):
+        try:  # the ids as the frame's rows were read (providers.read_renamed)
+            ids = providers.read_renamed(pd.read_csv(p, keep_default_na=False, na_values=[""]))["case_id"].astype(str)
+        except (ValueError, KeyError, pd.errors.EmptyDataError):
             continue
         job = str(p.relative_to(root).with_suffix(""))
         jobs.update({i: job for i in ids})
