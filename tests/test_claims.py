@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO, golden
+from lmperf import providers
 from lmperf.report import claims, readme, render, summary
 from lmperf.report.render import Inputs, bars_from_config, load_section
 
@@ -29,9 +30,15 @@ def table(inputs):
     return claims.of(inputs)
 
 
+def read(path) -> pd.DataFrame:
+    """A results CSV as the report's readers read it: ids written under an older scheme in
+    today's (providers.read_renamed)."""
+    return providers.read_renamed(pd.read_csv(path))
+
+
 def csv_value(side: claims.Side) -> float:
-    """A side's median read from its job's CSV file alone."""
-    rows = pd.read_csv(H100 / f"{side.job}.csv")
+    """A side's median read from its job's CSV file alone (its ids as every reader reads them)."""
+    rows = read(H100 / f"{side.job}.csv")
     r = rows[(rows["case_id"] == side.case_id) & (rows["metric"] == side.metric) & (rows["status"] == "ok")]
     assert len(r) == 1, (side.job, side.case_id, side.metric)
     return float(r["median"].iloc[0])
@@ -57,7 +64,7 @@ def test_each_band_is_the_range_of_the_paired_processes(table):
     for c in banded:
         ratios = [c.peer.value / c.ours.value if not c.higher_is_better else c.ours.value / c.peer.value]
         for run in sorted((H100 / "repeats" / c.ours.job).glob("run*.csv")):
-            rows = pd.read_csv(run)
+            rows = read(run)
             v = lambda s: rows[(rows["case_id"] == s.case_id) & (rows["metric"] == s.metric)]["median"]
             o, p = v(c.ours), v(c.peer)
             if len(o) and len(p):
@@ -122,7 +129,7 @@ def test_a_grid_verdict_has_its_denominator_and_the_best_peer_at_each_shape(tabl
     for g in table.grids:
         assert g.shapes == g.faster + g.slower + g.host_bound == len(g.claims)
         for c in g.claims:  # the best peer: no peer of that shape and timing is faster
-            rows = pd.read_csv(H100 / f"{c.ours.job}.csv")
+            rows = read(H100 / f"{c.ours.job}.csv")
             shape = rows[rows["case_id"] == c.peer.case_id].iloc[0]
             same = rows[(rows["metric"] == c.ours.metric) & (rows["status"] == "ok")
                         & (rows["seq_len"] == shape["seq_len"]) & (rows["head_dim"] == shape["head_dim"])
