@@ -153,12 +153,9 @@ def bench_cases(spec: dict) -> list[dict]:
                     if (s["provider"], s["dtype"]) == (provider, dtype)]
             if skip:
                 case["skip_reason"] = skip[0]
-            case["case_id"] = case_id(case)
+            case["case_id"] = providers.attention_case_id(case)
             cases.append(case)
     return cases
-
-
-case_id = providers.attention_case_id  # a bench case's id from its fields (its results row's read the same)
 
 
 def _compile_caches(case: dict) -> None:

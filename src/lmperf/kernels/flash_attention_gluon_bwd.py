@@ -176,13 +176,18 @@ def prefers_gluon(q, k, v, is_causal: bool) -> bool:
     min_n = AUTO_MIN_N
     if is_causal:
         min_n = AUTO_MIN_N_CAUSAL.get(d, min_n)
-        if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:  # grouped-query
+        if _grouped(q, k):
             min_n = min(min_n, AUTO_MIN_N_GROUPED_CAUSAL.get(d, min_n))
     if n < min_n:
         return False
     if not (is_causal or q.shape[-1] in (64, 80)):
         return False
     return unsupported(q, k, v, is_causal) is None
+
+
+def _grouped(q, k) -> bool:
+    """Whether k and v have fewer heads than q (grouped-query): (..., H, N, D) layouts."""
+    return q.dim() >= 3 and k.shape[-3] != q.shape[-3]
 
 
 def use_gluon_dkdv(q, k, v, is_causal: bool, backend_name: str | None = None) -> bool:
@@ -217,7 +222,7 @@ def prefers_fused(q, k, v, is_causal: bool) -> bool:
     2,048 x 128, 4 x 16 x 8,192 x 128 and 1 x 16 x 16,384 x 64 (tuning/flash_attention/NOTES.md,
     step 55, on an H200); slower with grouped-query; not timed elsewhere. The caller checks that the
     fused kernel can run the call (flash_attention_gluon_fused.unsupported)."""
-    if not is_causal or q.dim() < 3 or k.shape[-3] != q.shape[-3] or q.shape[-1] not in AUTO_FUSED_CAUSAL:
+    if not is_causal or q.dim() < 3 or _grouped(q, k) or q.shape[-1] not in AUTO_FUSED_CAUSAL:
         return False
     n, d = q.shape[-2:]
     min_n, min_seqs, max_seqs = AUTO_FUSED_CAUSAL[d]

@@ -392,7 +392,7 @@ if gluon is not None:
             vb_smem = v_smem
         l_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], l_desc.layout)
         dl_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], dl_desc.layout)
-        # dS ([BLOCK_M, HALF] a warpgroup), the dQ shares ([64, 64] fp32 a warpgroup, two buffers)
+        # dS ([BLOCK_M, HALF] a warpgroup), the dQ shares (two [64, 32] fp32 pieces a warpgroup, two buffers)
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], dtype)
         ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HALF], ds_layout)
         dq_smem = gl.allocate_shared_memory(gl.float32, [8, 64, 32], acc_desc.layout)  # TMA's source: 2 steps' shares
