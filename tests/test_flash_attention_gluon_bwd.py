@@ -293,10 +293,12 @@ def compile_spec(kind, rest):
     if kind == "dkdv":
         return gb.launch_dkdv(q, k, v, torch.empty_like(q), lse, lse, torch.empty_like(k), torch.empty_like(v),
                               causal, compile_only=True)
-    if kind == "fused":  # flash_attention_gluon_fused's one kernel (tests/test_flash_attention_gluon_fused.py)
+    if kind.startswith("fused"):  # flash_attention_gluon_fused's kernel (tests/test_flash_attention_gluon_fused.py),
+        # "fusedN" at its schedule N
         from lmperf.kernels import flash_attention_gluon_fused as gf
         return gf.launch(q, k, v, torch.empty_like(q), torch.empty_like(q), lse, torch.empty_like(q),
-                         torch.empty_like(k), torch.empty_like(v), causal, compile_only=True)
+                         torch.empty_like(k), torch.empty_like(v), causal, compile_only=True,
+                         schedule=int(kind[5:]) if kind[5:] else None)
     return gb.launch_dq(q, k, v, torch.empty_like(q), torch.empty_like(q), lse, torch.empty_like(lse),
                         torch.empty_like(q), causal, compile_only=True)
 '''

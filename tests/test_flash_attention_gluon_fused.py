@@ -69,6 +69,16 @@ def test_forcing_it_where_it_cannot_run_says_why(monkeypatch):
         ft.kernels(q, k, v, True)
 
 
+def test_pairs_of_key_tiles_are_refused_without_a_causal_mask():
+    """Schedule 2's pairs balance the causal mask's unequal key tiles; asked for without it, a
+    ValueError naming the schedule, before anything is compiled or launched (any machine)."""
+    q, k, v = qkv((1, 2, 256, 64), device="cpu")
+    x = torch.empty_like(q)
+    with pytest.raises(ValueError, match="schedule 2 .* causal only"):
+        gf.launch(q, k, v, x, x, torch.empty(2, 256), x, torch.empty_like(k), torch.empty_like(v), False,
+                  schedule=2)
+
+
 def test_a_triton_without_the_tma_reduce_is_refused_with_the_reason(monkeypatch):
     """The kernel adds dQ's shares by a TMA reduce that Gluon's builder has and its language lacks: a
     Triton without it is refused by name (a ValueError where forced), never a compile error."""
@@ -138,6 +148,7 @@ def test_auto_runs_the_fused_launcher_alone_in_its_class(monkeypatch):
     monkeypatch.setattr(gf, "TMA_REDUCE_ERROR", None)
     monkeypatch.setattr(gb, "launch_dq", lambda *a, **kw: calls.append("gluon dq"))
     monkeypatch.setattr(gb, "launch_dkdv", lambda *a, **kw: calls.append("gluon dkdv"))
+    ft.clear_plans()  # ref's call (on a GPU, under plans) recorded the unpatched rule's launches
     assert ft.kernels(q, k, v, True).endswith("backward: gluon fused")
     got = grads(q, k, v, True)
     assert calls == ["launcher"]
@@ -157,7 +168,8 @@ def test_the_op_is_opaque_to_a_trace():
 # ---------------------------------------------------------------------------------------------
 # A compile for sm_90 on this machine (no GPU needed)
 
-SPECS = [f"fused:{c}" for c in ("64,0,1,bfloat16", "64,1,4,bfloat16", "128,0,1,bfloat16", "128,1,2,float16")]
+SPECS = ([f"fused:{c}" for c in ("64,0,1,bfloat16", "64,1,4,bfloat16", "128,0,1,bfloat16", "128,1,2,float16")]
+         + [f"fused2:{c}" for c in ("64,1,4,bfloat16", "128,1,4,bfloat16")])  # pairs of key tiles
 SHARED_MAX = 232448  # bytes of shared memory a program may use on an H100
 
 
@@ -223,6 +235,26 @@ def test_bitwise_deterministic(monkeypatch, d):
     for _ in range(4):
         for a, b in zip(first, grads(q, k, v, True, g)):
             assert torch.equal(a, b)
+
+
+@NEEDS_HOPPER
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("n", [384, 2048])
+def test_pairs_of_key_tiles_match_float64_every_run(monkeypatch, d, n):
+    """Schedule 2 (a program a pair of key tiles, the group's heads inner): right against float64 with
+    8 query heads on 2 and with 3 on 3, an odd count of key tiles (384 rows: 3) and an even one, the
+    same bits every run."""
+    monkeypatch.setenv(ENV, "gluon-fused")
+    monkeypatch.setattr(gf, "default_schedule", lambda *a: 2)
+    for dtype, shape, kv in ((torch.bfloat16, (2, 8, n, d), 2), (torch.float16, (1, 3, n, d), None)):
+        q, k, v = qkv(shape, dtype, kv, seed=n + d)
+        rows = compare(ft.FlashAttention2Triton.apply, q, k, v, True)
+        assert all(r["passed"] for r in rows), (dtype, rows)
+        g = torch.randn_like(q)
+        first = grads(q, k, v, True, g)
+        for _ in range(3):
+            for a, b in zip(first, grads(q, k, v, True, g)):
+                assert torch.equal(a, b)
 
 
 @NEEDS_HOPPER

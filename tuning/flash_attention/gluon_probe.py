@@ -289,9 +289,10 @@ def _bwd_inputs(q, k, v, causal):
     return out, lse2, do, delta, cfg
 
 
-def bwd_check(log, ns=(128, 384, 1152, 4096), dims=(64, 128), fused=False) -> list[dict]:
+def bwd_check(log, ns=(128, 384, 1152, 4096), dims=(64, 128), fused=False, schedule=None) -> list[dict]:
     """dQ (and Delta) of the Gluon dQ kernel, then dK, dV of the Gluon dK/dV kernel from that Delta
-    (fused: dQ, dK, dV of the fused kernel, three runs), against float64 (autograd of the float64
+    (fused: dQ, dK, dV of the fused kernel at its schedule `schedule` (None: the launcher's; 2: causal
+    cases only), three runs), against float64 (autograd of the float64
     reference), beside plain PyTorch in the same dtype; outputs NaN-poisoned before each run, the
     runs compared bit for bit."""
     from lmperf.kernels import flash_attention_gluon_bwd as gb
@@ -300,12 +301,13 @@ def bwd_check(log, ns=(128, 384, 1152, 4096), dims=(64, 128), fused=False) -> li
     rows = []
     cases = []
     for d in dims:
-        for causal in (False, True):
+        for causal in ((True,) if schedule == 2 else (False, True)):
             for n in ns:
                 cases += [(d, causal, n, BF16, "bhnd", 2, 3, 3), (d, causal, n, BF16, "bnhd", 2, 8, 2),
                           (d, causal, n, FP16, "bhnd", 1, 4, 1)]
     for i, (d, causal, n, dtype, layout, b, h, hk) in enumerate(cases):
-        row = dict(d=d, causal=causal, n=n, dtype=str(dtype).replace("torch.", ""), layout=layout, b=b, h=h, hk=hk)
+        row = dict(d=d, causal=causal, n=n, dtype=str(dtype).replace("torch.", ""), layout=layout, b=b, h=h, hk=hk,
+                   schedule="" if schedule is None else schedule)
         try:
             q, k, v = make(b, h, hk, n, d, dtype, layout, seed=2000 + i)
             if (why := (gf if fused else gb).unsupported(q, k, v, causal)) is not None:
@@ -315,7 +317,7 @@ def bwd_check(log, ns=(128, 384, 1152, 4096), dims=(64, 128), fused=False) -> li
             for _ in range(3 if fused else 2):
                 if fused:
                     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-                    gf.launch(q, k, v, out, do, lse, dq, dk, dv, causal)
+                    gf.launch(q, k, v, out, do, lse, dq, dk, dv, causal, schedule=schedule)
                     res.append((dq, dk, dv, delta))
                     continue
                 dq = torch.full_like(q, float("nan"))
@@ -466,7 +468,8 @@ def fused_ladder(names, log, out_csv=None, tag="", configs=("",), probes=(0, 1, 
     """The fused backward kernel alone against the two Gluon kernels (dQ then dK/dV) at each shape,
     do_bench's median: the fused kernel as shipped (probe 0), without its turns (1: the sums race,
     a bound on the writer's traffic), with its dQ shares dropped (2: a bound on the rest), and
-    with the programs of all sequences interleaved ("s0": schedule 0), in `rounds` interleaved rounds;
+    with _turns' schedule forced ("s0": the programs of all sequences interleaved, "s1": a sequence's
+    key tiles together), in `rounds` interleaved rounds;
     configs: "STAGES,consumer regs,writer regs,writer warps" overrides ("" the table's)."""
     import triton.testing
     from lmperf.kernels import flash_attention_gluon_bwd as gb
@@ -484,9 +487,10 @@ def fused_ladder(names, log, out_csv=None, tag="", configs=("",), probes=(0, 1, 
             keys = ("stages", "consumer_regs", "writer_regs", "writer_warps")
             kw = dict(zip(keys, map(int, cfg.split(",")))) if cfg else {}
             for probe in probes:
-                if probe == "s0":  # the programs of all sequences interleaved
-                    impls.append((f"fused_p0_schedule0{'_' + cfg if cfg else ''}",
-                                  lambda kw=kw: gf.launch(q, k, v, out, do, lse, dq, dk, dv, causal, schedule=0, **kw)))
+                if isinstance(probe, str):  # "sN": _turns' SCHEDULE N forced
+                    impls.append((f"fused_p0_schedule{probe[1:]}{'_' + cfg if cfg else ''}",
+                                  lambda kw=kw, sch=int(probe[1:]): gf.launch(q, k, v, out, do, lse, dq, dk, dv, causal,
+                                                                            schedule=sch, **kw)))
                     continue
                 impls.append((f"fused_p{probe}{'_' + cfg if cfg else ''}",
                               lambda probe=probe, kw=kw: gf.launch(q, k, v, out, do, lse, dq, dk, dv, causal, probe=probe, **kw)))
@@ -695,9 +699,10 @@ def main(argv=None) -> int:
     ap.add_argument("--impls", default="", help="--bwd: only these implementations (labels of bwd_bench)")
     ap.add_argument("--dq-sweep", action="store_true", help="--bwd: the dQ kernel's stages and key tiles")
     ap.add_argument("--fused", action="store_true", help="--bwd: the check runs the fused kernel")
+    ap.add_argument("--schedule", type=int, default=None, help="--fused check: the kernel's schedule (_turns')")
     ap.add_argument("--ladder", action="store_true", help="--bwd: the fused kernel's ladder (fused_ladder)")
     ap.add_argument("--fused-cfgs", default="", help="--ladder: configs, ';'-separated")
-    ap.add_argument("--fused-probes", default="0,1,2,s0", help="--ladder: the writer's probes (s0: schedule 0)")
+    ap.add_argument("--fused-probes", default="0,1,2,s0", help="--ladder: the writer's probes (sN: schedule N)")
     ap.add_argument("--dims", default="64,128", help="the check's head dims (forward: 80 in the ping-pong variant)")
     ap.add_argument("--graph", action="store_true", help="the forward bench: also each call's GPU time, from a CUDA graph")
     args = ap.parse_args(argv)
@@ -709,7 +714,8 @@ def main(argv=None) -> int:
         with (args.out / "gluon_bwd_traces.txt").open("a") as log:
             if not args.skip_check:
                 rows = bwd_check(log, tuple(int(x) for x in args.check_n.split(",")),
-                                 tuple(int(x) for x in args.dims.split(",")), fused=args.fused)
+                                 tuple(int(x) for x in args.dims.split(",")), fused=args.fused,
+                                 schedule=args.schedule)
                 write(args.out / f"gluon_bwd_check{args.tag}.csv", rows)
                 print(f"bwd check: {sum(r['passed'] for r in rows)}/{len(rows)} passed", flush=True)
             if args.host:
@@ -717,7 +723,7 @@ def main(argv=None) -> int:
                 return 0
             if args.ladder:
                 only = args.only.split(",") if args.only else ["headline", "thr_full", "thr_causal", "d128_2048"]
-                probes = tuple(p if p == "s0" else int(p) for p in args.fused_probes.split(","))
+                probes = tuple(p if p.startswith("s") else int(p) for p in args.fused_probes.split(","))
                 fused_ladder(only, log, args.out / f"gluon_fused_ladder{args.tag}.csv", args.tag,
                              tuple(args.fused_cfgs.split(";")) if args.fused_cfgs else ("",), probes, args.passes)
                 return 0

@@ -258,15 +258,36 @@ if gluon is not None:
         (the *b_desc), landing on the same barrier. ROTATE (not causal): the query tiles from tile
         kt BLOCK_N / BLOCK_M on, wrapping round (flash_attention_gluon_fused's schedule)."""
         kv_ready, q_ready, do_ready, qdo_empty = bars
-        HALF: gl.constexpr = BLOCK_N // 2
         if FROM_GRID:
             bkv = gl.program_id(0)
             kt = gl.program_id(1)
         b = bkv // H_KV
         hk = bkv % H_KV
         k0 = kt * BLOCK_N
-        k_row = b * KRB + hk * KRH + k0
-        k_col = hk * KCH
+        load_kv(k_desc, v_desc, kb_desc, vb_desc, k_smem, v_smem, kb_smem, vb_smem, kv_ready,
+                b * KRB + hk * KRH + k0, hk * KCH, BLOCK_N // 2, DA, DB)
+        n_qt = N // BLOCK_M
+        first = 0
+        if IS_CAUSAL:
+            first = k0 // BLOCK_M
+        c = 0
+        for g in range(GROUP):
+            h = hk * GROUP + g
+            for it in range(first, n_qt):
+                if ROTATE:
+                    q0 = ((it + kt * (BLOCK_N // BLOCK_M)) % n_qt) * BLOCK_M
+                else:
+                    q0 = it * BLOCK_M
+                load_qdo(q_desc, do_desc, l_desc, dl_desc, q_smem, do_smem, l_smem, dl_smem, bars, qb_desc,
+                         dob_desc, qb_smem, dob_smem, c, b, h, b * H + h, q0, QRB, QRH, QCH, DRB, DRH, DCH, STAGES,
+                         DA, DB)
+                c += 1
+
+    @gluon.jit
+    def load_kv(k_desc, v_desc, kb_desc, vb_desc, k_smem, v_smem, kb_smem, vb_smem, kv_ready, k_row, k_col,
+                HALF: gl.constexpr, DA: gl.constexpr, DB: gl.constexpr):
+        """A key tile's K and V (rows [k_row, k_row + 2 HALF) of the descriptors' 2-D views, from column
+        k_col), each as two halves of HALF keys, onto kv_ready; DB > 0: also their columns [DA, DA + DB)."""
         if DB > 0:
             mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
                             + 2 * kb_desc.block_type.nbytes + 2 * vb_desc.block_type.nbytes)
@@ -281,40 +302,35 @@ if gluon is not None:
             tma_load(kb_desc, [k_row + HALF, k_col + DA], kv_ready, kb_smem.index(1))
             tma_load(vb_desc, [k_row, k_col + DA], kv_ready, vb_smem.index(0))
             tma_load(vb_desc, [k_row + HALF, k_col + DA], kv_ready, vb_smem.index(1))
-        n_qt = N // BLOCK_M
-        first = 0
-        if IS_CAUSAL:
-            first = k0 // BLOCK_M
-        c = 0
-        for g in range(GROUP):
-            h = hk * GROUP + g
-            bh = b * H + h
-            for it in range(first, n_qt):
-                s = c % STAGES
-                mbarrier.wait(qdo_empty.index(s), ((c // STAGES) & 1) ^ 1)
-                if ROTATE:
-                    q0 = ((it + kt * (BLOCK_N // BLOCK_M)) % n_qt) * BLOCK_M
-                else:
-                    q0 = it * BLOCK_M
-                if DB > 0:
-                    mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + l_desc.block_type.nbytes
-                                    + qb_desc.block_type.nbytes)
-                else:
-                    mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + l_desc.block_type.nbytes)
-                tma_load(q_desc, [b * QRB + h * QRH + q0, h * QCH], q_ready.index(s), q_smem.index(s))
-                if DB > 0:
-                    tma_load(qb_desc, [b * QRB + h * QRH + q0, h * QCH + DA], q_ready.index(s), qb_smem.index(s))
-                tma_load(l_desc, [bh, q0], q_ready.index(s), l_smem.index(s))
-                if DB > 0:
-                    mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes + dl_desc.block_type.nbytes
-                                    + dob_desc.block_type.nbytes)
-                else:
-                    mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes + dl_desc.block_type.nbytes)
-                tma_load(do_desc, [b * DRB + h * DRH + q0, h * DCH], do_ready.index(s), do_smem.index(s))
-                if DB > 0:
-                    tma_load(dob_desc, [b * DRB + h * DRH + q0, h * DCH + DA], do_ready.index(s), dob_smem.index(s))
-                tma_load(dl_desc, [bh, q0], do_ready.index(s), dl_smem.index(s))
-                c += 1
+
+    @gluon.jit
+    def load_qdo(q_desc, do_desc, l_desc, dl_desc, q_smem, do_smem, l_smem, dl_smem, bars, qb_desc, dob_desc,
+                 qb_smem, dob_smem, c, b, h, bh, q0, QRB, QRH, QCH, DRB, DRH, DCH, STAGES: gl.constexpr,
+                 DA: gl.constexpr, DB: gl.constexpr):
+        """Step c's loads into the ring's slot c % STAGES once the consumers have freed it: the query tile
+        of rows [q0, q0 + BLOCK_M) of head h of batch b (bh = b H + h): Q and L onto q_ready, dO and
+        Delta onto do_ready; DB > 0: also Q's and dO's columns [DA, DA + DB)."""
+        kv_ready, q_ready, do_ready, qdo_empty = bars
+        s = c % STAGES
+        mbarrier.wait(qdo_empty.index(s), ((c // STAGES) & 1) ^ 1)
+        if DB > 0:
+            mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + l_desc.block_type.nbytes
+                            + qb_desc.block_type.nbytes)
+        else:
+            mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + l_desc.block_type.nbytes)
+        tma_load(q_desc, [b * QRB + h * QRH + q0, h * QCH], q_ready.index(s), q_smem.index(s))
+        if DB > 0:
+            tma_load(qb_desc, [b * QRB + h * QRH + q0, h * QCH + DA], q_ready.index(s), qb_smem.index(s))
+        tma_load(l_desc, [bh, q0], q_ready.index(s), l_smem.index(s))
+        if DB > 0:
+            mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes + dl_desc.block_type.nbytes
+                            + dob_desc.block_type.nbytes)
+        else:
+            mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes + dl_desc.block_type.nbytes)
+        tma_load(do_desc, [b * DRB + h * DRH + q0, h * DCH], do_ready.index(s), do_smem.index(s))
+        if DB > 0:
+            tma_load(dob_desc, [b * DRB + h * DRH + q0, h * DCH + DA], do_ready.index(s), dob_smem.index(s))
+        tma_load(dl_desc, [bh, q0], do_ready.index(s), dl_smem.index(s))
 
     @gluon.jit
     def _row_init(vec_smem, scale: gl.constexpr, HALF: gl.constexpr, BLOCK_M: gl.constexpr,

@@ -24,8 +24,9 @@ from its key tiles are added in a fixed order of the key tiles, in a fp32 buffer
 Programs take their key tile in the order they start (a ticket from a global counter), so that a
 program only ever waits for programs that started before it (or, where a sequence's key tiles run
 together, `_turns`' SCHEDULE 1, for programs of its own sequence, all of which fit on the GPU at
-once): no deadlock whatever order the GPU starts them in. The same bits every run: every sum is in
-a fixed order.
+once): no deadlock whatever order the GPU starts them in. Asked for (`launch(schedule=2)`, causal),
+a program takes a pair of a sequence's key tiles, n_kt - 1 - j then j, so that every program does as
+many steps. The same bits every run: every sum is in a fixed order.
 
 A small kernel runs first: Delta = rowsum(O * dO) (fp32, what the consumers read as the two-kernel
 path's dQ kernel writes it), and the turn counters and the ticket set to zero; another runs after:
@@ -217,7 +218,8 @@ if gluon is not None:
                         QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr, GROUP: gl.constexpr,
                         IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, qb_smem, dob_smem,
-                        kb_smem, vb_smem, DB: gl.constexpr, bkv, kt, PROBE: gl.constexpr):
+                        kb_smem, vb_smem, DB: gl.constexpr, bkv, jt, kv_empty, PROBE: gl.constexpr,
+                        SCHEDULE: gl.constexpr):
         kv_ready, q_ready, do_ready, qdo_empty = bars
         HALF: gl.constexpr = BLOCK_N // 2
         DA: gl.constexpr = D - DB
@@ -232,40 +234,113 @@ if gluon is not None:
         ab_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ob_layout, k_width=2)
         q_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, 64, 16])
-        k0 = kt * BLOCK_N
-        key0 = k0 + WG * HALF
+        if SCHEDULE == 2:
+            c = gl.to_tensor(0)
+            for part in range(_n_parts(jt, N, BLOCK_N, SCHEDULE)):
+                c = _consumer_tile(q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars,
+                                   DK, DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh,
+                                   stride_dvn, QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, WG,
+                                   qb_smem, dob_smem, kb_smem, vb_smem, DB, bkv, _part_kt(jt, part, N, BLOCK_N, SCHEDULE),
+                                   part, c, kv_empty, PROBE, True, s_layout, o_layout, a_layout, ob_layout, ab_layout,
+                                   q_layout)
+        else:
+            _consumer_tile(q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK, DV, N,
+                           H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, QK_SCALE,
+                           SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, WG, qb_smem, dob_smem, kb_smem,
+                           vb_smem, DB, bkv, jt, 0, gl.to_tensor(0), kv_empty, PROBE, False, s_layout, o_layout, a_layout, ob_layout,
+                           ab_layout, q_layout)
+
+    @gluon.jit
+    def _consumer_tile(q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK, DV, N,
+                       H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                       QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, qb_smem,
+                       dob_smem, kb_smem, vb_smem, DB: gl.constexpr, bkv, kt, part, c, kv_empty, PROBE: gl.constexpr,
+                       HEADS_INNER: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                       a_layout: gl.constexpr, ob_layout: gl.constexpr, ab_layout: gl.constexpr,
+                       q_layout: gl.constexpr):
+        """This warpgroup's keys of key tile kt (the program's part `part`, from step c on): its steps over
+        the group's query heads and query tiles (HEADS_INNER: query tile by query tile, else head by
+        head), then its dK and dV stored. Returns the next step's count."""
+        kv_ready, q_ready, do_ready, qdo_empty = bars
+        HALF: gl.constexpr = BLOCK_N // 2
+        DA: gl.constexpr = o_layout.instr_shape[1]
+        DBP: gl.constexpr = ob_layout.instr_shape[1]
+        R: gl.constexpr = BLOCK_N // BLOCK_M
         k_mine = k_smem.index(WG)
         v_mine = v_smem.index(WG)
         kb_mine = kb_smem.index(WG)
         vb_mine = vb_smem.index(WG)
+        k0 = kt * BLOCK_N
+        key0 = k0 + WG * HALF
         dk = gl.zeros([HALF, DA], gl.float32, o_layout)
         dv = gl.zeros([HALF, DA], gl.float32, o_layout)
         dkb = gl.zeros([HALF, DBP], gl.float32, ob_layout)
         dvb = gl.zeros([HALF, DBP], gl.float32, ob_layout)
         n_qt = N // BLOCK_M
-        mbarrier.wait(kv_ready, 0)
-        c = 0
-        for g in range(GROUP):
+        mbarrier.wait(kv_ready, part & 1)
+        if HEADS_INNER:
             first = 0
             if IS_CAUSAL:
                 first = k0 // BLOCK_M
-                for j in gl.static_range(BLOCK_N // BLOCK_M):
-                    dk, dv, dkb, dvb = _fused_step(dk, dv, dkb, dvb, c, k0 + j * BLOCK_M, key0, k_mine, v_mine,
-                                                   kb_mine, vb_mine, k_smem, kb_smem, q_smem, do_smem, qb_smem,
-                                                   dob_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars,
-                                                   QK_SCALE, True, BLOCK_M, HALF, STAGES, DB, WG, s_layout,
-                                                   a_layout, ab_layout, q_layout, PROBE)
-                    c += 1
-                first += BLOCK_N // BLOCK_M
+                for j in gl.static_range(R):
+                    for g in range(GROUP):
+                        dk, dv, dkb, dvb = _fused_step(dk, dv, dkb, dvb, c, k0 + j * BLOCK_M, key0, k_mine, v_mine,
+                                                       kb_mine, vb_mine, k_smem, kb_smem, q_smem, do_smem, qb_smem,
+                                                       dob_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars,
+                                                       QK_SCALE, True, BLOCK_M, HALF, STAGES, DB, WG, s_layout,
+                                                       a_layout, ab_layout, q_layout, PROBE)
+                        c += 1
+                first += R
             for it in range(first, n_qt):
-                dk, dv, dkb, dvb = _fused_step(dk, dv, dkb, dvb, c, it * BLOCK_M, key0, k_mine, v_mine, kb_mine,
-                                               vb_mine, k_smem, kb_smem, q_smem, do_smem, qb_smem, dob_smem, l_smem,
-                                               dl_smem, ds_smem, dq_smem, bars, fbars, QK_SCALE, False, BLOCK_M,
-                                               HALF, STAGES, DB, WG, s_layout, a_layout, ab_layout, q_layout,
-                                               PROBE)
-                c += 1
+                for g in range(GROUP):
+                    dk, dv, dkb, dvb = _fused_step(dk, dv, dkb, dvb, c, it * BLOCK_M, key0, k_mine, v_mine, kb_mine,
+                                                   vb_mine, k_smem, kb_smem, q_smem, do_smem, qb_smem, dob_smem,
+                                                   l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, QK_SCALE, False,
+                                                   BLOCK_M, HALF, STAGES, DB, WG, s_layout, a_layout, ab_layout,
+                                                   q_layout, PROBE)
+                    c += 1
+        else:
+            for g in range(GROUP):
+                first = 0
+                if IS_CAUSAL:
+                    first = k0 // BLOCK_M
+                    for j in gl.static_range(R):
+                        dk, dv, dkb, dvb = _fused_step(dk, dv, dkb, dvb, c, k0 + j * BLOCK_M, key0, k_mine, v_mine,
+                                                       kb_mine, vb_mine, k_smem, kb_smem, q_smem, do_smem, qb_smem,
+                                                       dob_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars,
+                                                       QK_SCALE, True, BLOCK_M, HALF, STAGES, DB, WG, s_layout,
+                                                       a_layout, ab_layout, q_layout, PROBE)
+                        c += 1
+                    first += R
+                for it in range(first, n_qt):
+                    dk, dv, dkb, dvb = _fused_step(dk, dv, dkb, dvb, c, it * BLOCK_M, key0, k_mine, v_mine, kb_mine,
+                                                   vb_mine, k_smem, kb_smem, q_smem, do_smem, qb_smem, dob_smem,
+                                                   l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, QK_SCALE, False,
+                                                   BLOCK_M, HALF, STAGES, DB, WG, s_layout, a_layout, ab_layout,
+                                                   q_layout, PROBE)
+                    c += 1
         gb.store_dkdv(dk, dv, dkb, dvb, DK, DV, bkv, H_KV, key0, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
                        stride_dvh, stride_dvn, SM_SCALE, HALF, DA, DB, o_layout, ob_layout)
+        if HEADS_INNER:
+            mbarrier.arrive(kv_empty, count=1)  # this key tile's K and V read: the producer may load the next
+        return c
+
+    @gluon.jit
+    def _n_parts(jt, N, BLOCK_N: gl.constexpr, SCHEDULE: gl.constexpr):
+        """The key tiles program jt of its sequence takes: one, or under SCHEDULE 2 a pair (two unless
+        the pair's tiles are the same, the middle of an odd count)."""
+        if SCHEDULE == 2:
+            return 1 + (jt != N // BLOCK_N - 1 - jt).to(gl.int32)
+        return 1
+
+    @gluon.jit
+    def _part_kt(jt, part, N, BLOCK_N: gl.constexpr, SCHEDULE: gl.constexpr):
+        """The key tile of program jt's part `part` (_n_parts): under SCHEDULE 2 the pair (n_kt - 1 - jt,
+        jt), the shorter (causal) first, as its turns come first at every query tile; else jt."""
+        if SCHEDULE == 2:
+            return (N // BLOCK_N - 1 - jt) * (1 - part) + jt * part
+        return jt
 
     @gluon.jit
     def _proxy_fence(x):
@@ -282,13 +357,14 @@ if gluon is not None:
         (a sequence's key tiles run together): causal, turns from the last key tile seeing the tile to
         the first (the order the programs reach it in: key tile kt starts at its diagonal); not causal,
         key tile kt starts at tile kt BLOCK_N / BLOCK_M and wraps round, and the turns follow (the
-        step it, in units of BLOCK_N / BLOCK_M): programs in step never wait."""
+        step it, in units of BLOCK_N / BLOCK_M): programs in step never wait. SCHEDULE 2 (causal only):
+        SCHEDULE 1's turns."""
         R: gl.constexpr = BLOCK_N // BLOCK_M
         n_kt = N // BLOCK_N
         if IS_CAUSAL:
             n_add = (it * BLOCK_M + BLOCK_M - 1) // BLOCK_N + 1  # key tiles 0 .. n_add - 1 see query tile it
             turn = kt
-            if SCHEDULE == 1:
+            if SCHEDULE >= 1:
                 turn = n_add - 1 - kt
             return it, turn, n_add
         if SCHEDULE == 1:
@@ -305,7 +381,7 @@ if gluon is not None:
     @gluon.jit
     def _fused_writer(dq_smem, fbars, acc_desc, SEM, N, H, H_KV, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PROBE: gl.constexpr, SCHEDULE: gl.constexpr,
-                      bkv, kt):
+                      bkv, jt):
         """Each step's dQ share (the warpgroups' two halves, each in two [64, 32] fp32 pieces in dq_smem)
         added to its query tile's sum (dQacc, tile-major: (B*H, N / BLOCK_M, 4, 64, 32)) in the order of
         the turns (`_turns`), by TMA from shared memory: the first in turn stores it, a later one waits
@@ -314,43 +390,90 @@ if gluon is not None:
         PROBE (timing only, wrong results): 1 skips the turns, 2 writes nothing; 3 also (the consumers)
         skips the warpgroups' wait for each other's dS, 4 also the dQ product and its store into shared
         memory, 5 the store alone, 6 the store and dS's."""
-        ds_ready, ds_free, dq_ready, dq_empty = fbars
-        NP: gl.constexpr = 4  # pieces a share (PIECE columns each)
         b = bkv // H_KV
         hk = bkv % H_KV
         n_qt = N // BLOCK_M
-        first = 0
-        if IS_CAUSAL:
-            first = kt * BLOCK_N // BLOCK_M
         c = 0
-        for g in range(GROUP):
-            bh = b * H + hk * GROUP + g
-            for it in range(first, n_qt):
-                # this step's query tile (tq), this key tile's turn there and how many key tiles add
-                # into it (_turns)
-                tq, turn, n_add = _turns(it, kt, N, BLOCK_M, BLOCK_N, IS_CAUSAL, SCHEDULE)
-                buf = c % 2
-                sem = SEM + bh * n_qt + tq
-                row = (bh * n_qt + tq) * (NP * 64)  # the tile's first row in dQacc's 2-D view
-                mbarrier.wait(dq_ready.index(buf), (c // 2) & 1)
-                if PROBE < 2:
-                    if turn > 0 and PROBE == 0:  # this key tile's turn at this query tile
-                        while gl.atomic_add(sem, 0, sem="acquire") != turn:
-                            pass
-                        _proxy_fence(turn)  # the sum's writes, seen by the acquire, before the TMA
-                    for j in gl.static_range(NP):
-                        if turn == 0:
-                            tma.async_copy_shared_to_global(acc_desc, [row + j * 64, 0], dq_smem.index(buf * NP + j))
-                        else:
-                            _tma_reduce_add(acc_desc, [row + j * 64, 0], dq_smem.index(buf * NP + j))
-                    tma.store_wait(0)  # dq_smem read: the consumers may refill it
-                mbarrier.arrive(dq_empty.index(buf), count=1)  # after a barrier of the partition's warps
-                if turn != n_add - 1 and PROBE == 0:  # the writes above performed before this release
-                    _bulk_wait(turn)
-                    _proxy_fence(turn)
-                    gl.atomic_add(sem, 1, sem="release")
-                c += 1
+        for part in range(_n_parts(jt, N, BLOCK_N, SCHEDULE)):
+            kt = _part_kt(jt, part, N, BLOCK_N, SCHEDULE)
+            first = 0
+            if IS_CAUSAL:
+                first = kt * BLOCK_N // BLOCK_M
+            if SCHEDULE == 2:  # the group's heads inner, as the consumers take them
+                for it in range(first, n_qt):
+                    for g in range(GROUP):
+                        _write_share(dq_smem, fbars, acc_desc, SEM, c, b * H + hk * GROUP + g, it, kt, N, BLOCK_M,
+                                     BLOCK_N, IS_CAUSAL, PROBE, SCHEDULE)
+                        c += 1
+            else:
+                for g in range(GROUP):
+                    for it in range(first, n_qt):
+                        _write_share(dq_smem, fbars, acc_desc, SEM, c, b * H + hk * GROUP + g, it, kt, N, BLOCK_M,
+                                     BLOCK_N, IS_CAUSAL, PROBE, SCHEDULE)
+                        c += 1
         _bulk_wait(c)  # the last shares' writes performed before the program ends (_cast_kernel reads them)
+
+    @gluon.jit
+    def _write_share(dq_smem, fbars, acc_desc, SEM, c, bh, it, kt, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     IS_CAUSAL: gl.constexpr, PROBE: gl.constexpr, SCHEDULE: gl.constexpr):
+        """The writer's step c: key tile kt's share at its step `it` of query head bh, in its turn."""
+        ds_ready, ds_free, dq_ready, dq_empty = fbars
+        NP: gl.constexpr = 4  # pieces a share (PIECE columns each)
+        n_qt = N // BLOCK_M
+        # this step's query tile (tq), this key tile's turn there and how many key tiles add into it (_turns)
+        tq, turn, n_add = _turns(it, kt, N, BLOCK_M, BLOCK_N, IS_CAUSAL, SCHEDULE)
+        buf = c % 2
+        sem = SEM + bh * n_qt + tq
+        row = (bh * n_qt + tq) * (NP * 64)  # the tile's first row in dQacc's 2-D view
+        mbarrier.wait(dq_ready.index(buf), (c // 2) & 1)
+        if PROBE < 2:
+            if turn > 0 and PROBE == 0:  # this key tile's turn at this query tile
+                while gl.atomic_add(sem, 0, sem="acquire") != turn:
+                    pass
+                _proxy_fence(turn)  # the sum's writes, seen by the acquire, before the TMA
+            for j in gl.static_range(NP):
+                if turn == 0:
+                    tma.async_copy_shared_to_global(acc_desc, [row + j * 64, 0], dq_smem.index(buf * NP + j))
+                else:
+                    _tma_reduce_add(acc_desc, [row + j * 64, 0], dq_smem.index(buf * NP + j))
+            tma.store_wait(0)  # dq_smem read: the consumers may refill it
+        mbarrier.arrive(dq_empty.index(buf), count=1)  # after a barrier of the partition's warps
+        if turn != n_add - 1 and PROBE == 0:  # the writes above performed before this release
+            _bulk_wait(turn)
+            _proxy_fence(turn)
+            gl.atomic_add(sem, 1, sem="release")
+
+    @gluon.jit
+    def _fused_producer(q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem, l_smem,
+                        dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH, GROUP: gl.constexpr,
+                        IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        STAGES: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc, qb_smem, dob_smem, kb_smem,
+                        vb_smem, DA: gl.constexpr, DB: gl.constexpr, bkv, jt, kv_empty, SCHEDULE: gl.constexpr):
+        """The loads: the dK/dV kernel's producer for one key tile (SCHEDULE 0, 1); SCHEDULE 2, program
+        jt's two key tiles (_part_kt) one after the other, the second's K and V once the consumers have
+        read the first's (kv_empty), the group's heads inner at each query tile."""
+        if SCHEDULE == 2:
+            b = bkv // H_KV
+            hk = bkv % H_KV
+            c = 0
+            for part in range(_n_parts(jt, N, BLOCK_N, SCHEDULE)):
+                kt = _part_kt(jt, part, N, BLOCK_N, SCHEDULE)
+                if part > 0:
+                    mbarrier.wait(kv_empty, (part - 1) & 1)
+                gb.load_kv(k_desc, v_desc, kb_desc, vb_desc, k_smem, v_smem, kb_smem, vb_smem, bars[0],
+                           b * KRB + hk * KRH + kt * BLOCK_N, hk * KCH, BLOCK_N // 2, DA, DB)
+                for it in range(kt * BLOCK_N // BLOCK_M, N // BLOCK_M):
+                    for g in range(GROUP):
+                        h = hk * GROUP + g
+                        gb.load_qdo(q_desc, do_desc, l_desc, dl_desc, q_smem, do_smem, l_smem, dl_smem, bars,
+                                    qb_desc, dob_desc, qb_smem, dob_smem, c, b, h, b * H + h, it * BLOCK_M, QRB,
+                                    QRH, QCH, DRB, DRH, DCH, STAGES, DA, DB)
+                        c += 1
+        else:
+            gb.dkdv_producer(q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
+                             l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH, GROUP,
+                             IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc, qb_smem,
+                             dob_smem, kb_smem, vb_smem, DA, DB, False, bkv, jt, SCHEDULE == 1 and not IS_CAUSAL)
 
     @gluon.jit
     def _fused_kernel(q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, acc_desc, DK, DV, SEM, N, H, H_KV,
@@ -367,15 +490,20 @@ if gluon is not None:
         HALF: gl.constexpr = BLOCK_N // 2
         DA: gl.constexpr = D - DB
         dtype: gl.constexpr = q_desc.dtype
-        # the ticket: programs take key tiles in the order they start, heads fastest
-        n_bkv = gl.num_programs(0) // (N // BLOCK_N)
+        gl.static_assert(SCHEDULE != 2 or IS_CAUSAL, "schedule 2 (pairs of key tiles) is causal only")
+        # the ticket: programs take their key tiles (jt: one, or a pair under SCHEDULE 2, _part_kt) in
+        # the order they start, heads fastest
+        n_jt = N // BLOCK_N
+        if SCHEDULE == 2:
+            n_jt = (n_jt + 1) // 2
+        n_bkv = gl.num_programs(0) // n_jt
         ticket = gl.atomic_add(SEM + n_bkv * GROUP * (N // BLOCK_M), 1)
-        if SCHEDULE == 1:  # a sequence's key tiles together (_turns)
-            bkv = ticket // (N // BLOCK_N)
-            kt = ticket % (N // BLOCK_N)
+        if SCHEDULE >= 1:  # a sequence's key tiles together (_turns)
+            bkv = ticket // n_jt
+            jt = ticket % n_jt
         else:
             bkv = ticket % n_bkv
-            kt = ticket // n_bkv
+            jt = ticket // n_bkv
         q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, DA], q_desc.layout)
         do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, DA], do_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [2, HALF, DA], k_desc.layout)
@@ -397,6 +525,7 @@ if gluon is not None:
         ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HALF], ds_layout)
         dq_smem = gl.allocate_shared_memory(gl.float32, [8, 64, 32], acc_desc.layout)  # TMA's source: 2 steps' shares
         kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -405,6 +534,8 @@ if gluon is not None:
         dq_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         dq_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_ready, count=1)
+        if SCHEDULE == 2:
+            mbarrier.init(kv_empty, count=2)
         for i in gl.static_range(STAGES):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(do_ready.index(i), count=1)
@@ -420,18 +551,17 @@ if gluon is not None:
             (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
                                DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 0, qb_smem,
-                               dob_smem, kb_smem, vb_smem, DB, bkv, kt, PROBE)),
+                               dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE)),
             (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
                                DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1, qb_smem,
-                               dob_smem, kb_smem, vb_smem, DB, bkv, kt, PROBE)),
-            (gb.dkdv_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
-                                 l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
-                                 GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
-                                 qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB, False, bkv, kt,
-                                 SCHEDULE == 1 and not IS_CAUSAL)),
+                               dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE)),
+            (_fused_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
+                               l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
+                               GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
+                               qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB, bkv, jt, kv_empty, SCHEDULE)),
             (_fused_writer, (dq_smem, fbars, acc_desc, SEM, N, H, H_KV, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, PROBE,
-                             SCHEDULE, bkv, kt)),
+                             SCHEDULE, bkv, jt)),
         ], [4, 1, WRITER_WARPS], [CONSUMER_REGS, 24, WRITER_REGS])
 
 
@@ -444,6 +574,15 @@ def _acc_desc(dqacc: torch.Tensor):
     return gb.TensorDescriptor(dqacc.view(rows, PIECE), [rows, PIECE], [PIECE, 1], [64, PIECE], layout)
 
 
+def default_schedule(d: int, nh: int, h_kv: int, n: int, device) -> int:
+    """The launcher's schedule (_turns' SCHEDULE): 1 (a sequence's key tiles together) at head dim 128
+    without grouped-query where a sequence's key tiles fit on the GPU at once, where it was measured
+    faster than 0 (H200, tuning/flash_attention/NOTES.md step 48); else 0. Schedule 2 (pairs of key
+    tiles) is right but taken only when asked for: where it beats 0 (grouped-query) the fused kernel
+    is still slower than the two-kernel backward (step 56)."""
+    return int(d == 128 and h_kv == nh and n // BLOCK_N <= fg.sm_count(device))
+
+
 def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | None = None,
            consumer_regs: int | None = None, writer_regs: int | None = None, writer_warps: int | None = None,
            compile_only: bool = False, probe: int = 0, schedule: int | None = None):
@@ -451,10 +590,12 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
     q, k, v that `unsupported` accepts, from the forward's O (out) and L (lse, (B*H, N) fp32) and dO.
     Returns the compiled fused kernel; compile_only: compile the three kernels for the active
     driver's target and launch nothing. probe (timing only): the kernel's PROBE. schedule: _turns'
-    SCHEDULE; 1 needs a sequence's key tiles to fit on the GPU at once (one program an SM: then the
-    sequence whose programs started first can always finish, so no program waits for ever); by
-    default it is taken at head dim 128 without grouped-query, where it was measured faster than 0
-    (H200, tuning/flash_attention/NOTES.md step 48), else 0."""
+    SCHEDULE (None: default_schedule's); 1 and 2 need a sequence's programs to fit on the GPU at once
+    (one program an SM: then the sequence whose programs started first can always finish, so no
+    program waits for ever); 2 (causal only) gives each program a pair of key tiles, n_kt - 1 - j
+    then j, the group's heads inner at each query tile, so that programs are of one length."""
+    if schedule == 2 and not is_causal:
+        raise ValueError("the fused backward's schedule 2 (pairs of key tiles) is causal only")
     q4, k4, v4, o4, do4, dq4, dk4, dv4 = (fg.heads(t) for t in (q, k, v, out, do, dq, dk, dv))
     if fg.head_rows(do4) is None or do4.data_ptr() % 16:
         do4 = do4.contiguous()
@@ -480,9 +621,10 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
     k_desc, (krb, krh, kch) = fg.head_desc(k4, BLOCK_N // 2, da)
     v_desc, _ = fg.head_desc(v4, BLOCK_N // 2, da)
     if schedule is None:
-        schedule = int(compile_only or (d == 128 and h_kv == nh and n // BLOCK_N <= fg.sm_count(dev)))
+        schedule = 1 if compile_only else default_schedule(d, nh, h_kv, n, dev)
     tile_grid = (nb * nh, n // bm)  # a program a query tile (the delta and cast kernels)
-    grid = (nb * h_kv * (n // BLOCK_N),)
+    n_kt = n // BLOCK_N
+    grid = (nb * h_kv * ((n_kt + 1) // 2 if schedule == 2 else n_kt),)
     grid_kw = (lambda g: dict(grid=g)) if compile_only else (lambda g: {})
     pre = _delta_kernel.warmup if compile_only else kernel_launch.plain_launch(_delta_kernel)[tile_grid]
     pre(o4, do4, delta, sem, n, nh, o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0), do4.stride(1),
