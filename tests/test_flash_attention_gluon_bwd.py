@@ -93,6 +93,32 @@ def test_auto_picks_the_gluon_backward_where_it_was_measured_faster(monkeypatch,
     assert gb.use_gluon_dq() is True  # where it picks dK/dV, dQ too
 
 
+@pytest.mark.parametrize("shape, kv_heads, causal", [
+    ((4, 25, 2048, 64), None, True),     # the fused kernel's class at head dim 64
+    ((8, 16, 2048, 128), None, True),
+    ((4, 32, 2048, 128), 8, True),       # grouped-query
+    ((1, 16, 16384, 64), None, True),    # the leaderboard's shape
+    ((1, 2, 33, 80), None, True),        # below every rule
+    ((2, 4, 4096, 64), None, False),
+])
+def test_the_rules_take_a_traces_symbolic_sizes(monkeypatch, shape, kv_heads, causal):
+    """Under torch.compile with dynamic shapes the backward op's dispatch runs on fake tensors whose
+    sizes are symbolic (torch.SymInt, which cannot be hashed): the rules answer as they do for the same
+    sizes given as ints."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+    monkeypatch.setattr(gb, "unsupported", lambda *a: None)
+    monkeypatch.setattr(fg, "sm_count", lambda device: 132)
+    q, k, v = qkv(shape, torch.bfloat16, kv_heads, device="meta")
+    want = (gb.prefers_gluon(q, k, v, causal), gb.fused_class(q, k, causal))
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 4)
+    fq, fk, fv = (mode.from_tensor(torch.empty(t.shape, dtype=t.dtype), symbolic_context=dynamic) for t in (q, k, v))
+    assert isinstance(fq.shape[-1], torch.SymInt)
+    with mode:
+        assert (gb.prefers_gluon(fq, fk, fv, causal), gb.fused_class(fq, fk, causal)) == want
+
+
 def test_the_rows_kernel_column_names_what_runs(monkeypatch):
     """ft.kernels (the benchmark rows' `kernel` column) follows the dispatch: the Gluon pair in the
     auto rule's class, the Gluon dK/dV after the tile dQ under gluon-dkdv, the tile backward under

@@ -40,7 +40,14 @@ def test_only_its_name_forces_it(monkeypatch):
     ((1, 16, 16384, 64), None, True, True),     # the leaderboard's shape
     ((2, 16, 16384, 64), None, True, False),    # 32 sequences: not timed
     ((1, 1, 16384, 64), None, True, False),     # one: not timed
-    ((1, 16, 8192, 64), None, True, False),     # below 16,384 rows: not timed
+    ((1, 16, 8192, 64), None, True, False),     # 16 sequences below 16,384 rows: not timed
+    ((4, 25, 2048, 64), None, True, True),      # the xl model's shape
+    ((8, 16, 4096, 64), None, True, True),
+    ((4, 16, 8192, 64), None, True, True),
+    ((4, 16, 16384, 64), None, True, False),    # 64 sequences of 16,384 rows: not timed
+    ((2, 16, 2048, 64), None, True, False),     # 32 sequences: not timed
+    ((4, 16, 1024, 64), None, True, False),     # the model's 1,024-row shape: not timed
+    ((8, 16, 2048, 64), 4, True, False),        # grouped-query: slower
 ])
 def test_auto_takes_it_where_it_was_measured_faster(monkeypatch, shape, kv_heads, causal, want):
     """"auto" (the default): the fused kernel instead of the two Gluon kernels exactly in the measured
@@ -57,6 +64,26 @@ def test_auto_takes_it_where_it_was_measured_faster(monkeypatch, shape, kv_heads
     if want:
         monkeypatch.setattr(gf, "TMA_REDUCE_ERROR", "this Triton's Gluon has no TMA reduce (test)")
         assert ft.kernels(q, k, v, causal).endswith("backward: gluon dq + gluon dkdv")
+
+
+@pytest.mark.parametrize("shape, kv_heads, causal, sms, want", [
+    ((8, 16, 2048, 128), None, True, 132, 1),   # auto's classes: their schedules
+    ((4, 25, 2048, 64), None, True, 132, 1),
+    ((1, 16, 16384, 64), None, True, 132, 0),
+    ((1, 64, 16896, 128), None, True, 132, 1),  # 132 key tiles, outside the class's sequences
+    ((1, 64, 17024, 128), None, True, 132, 0),  # 133 key tiles: more than fit at once
+    ((4, 16, 8192, 64), None, True, 60, 0),     # 64 key tiles on 60 SMs: the class refused
+    ((4, 32, 2048, 128), 8, True, 132, 0),      # grouped-query
+    ((8, 16, 2048, 128), None, False, 132, 1),  # not causal: by head dim
+    ((8, 16, 2048, 64), None, False, 132, 0),
+])
+def test_the_launchers_schedule_is_its_class_s(monkeypatch, shape, kv_heads, causal, sms, want):
+    """The schedule the launcher takes unasked: that of the class "auto" took the call in, where it
+    was measured; elsewhere 1 at head dim 128 without grouped-query while a sequence's key tiles fit
+    on the GPU at once, else 0 (schedules 1 and 2 cannot wait for ever only while they fit)."""
+    monkeypatch.setattr(fg, "sm_count", lambda device: sms)
+    q, k, v = qkv(shape, torch.bfloat16, kv_heads, device="meta")
+    assert gf.default_schedule(q, k, causal) == want
 
 
 def test_forcing_it_where_it_cannot_run_says_why(monkeypatch):
@@ -144,7 +171,7 @@ def test_auto_runs_the_fused_launcher_alone_in_its_class(monkeypatch):
     monkeypatch.setattr(gf, "launch", stub)
     monkeypatch.setattr(gb, "unsupported", lambda *a: None)
     monkeypatch.setattr(gb, "prefers_gluon", lambda *a: True)
-    monkeypatch.setattr(gb, "AUTO_FUSED_CAUSAL", {64: (256, 4, 4)})
+    monkeypatch.setattr(gb, "AUTO_FUSED_CAUSAL", {64: ((256, None, 4, 4, 0),)})
     monkeypatch.setattr(gf, "TMA_REDUCE_ERROR", None)
     monkeypatch.setattr(gb, "launch_dq", lambda *a, **kw: calls.append("gluon dq"))
     monkeypatch.setattr(gb, "launch_dkdv", lambda *a, **kw: calls.append("gluon dkdv"))
@@ -258,11 +285,12 @@ def test_pairs_of_key_tiles_match_float64_every_run(monkeypatch, d, n):
 
 
 @NEEDS_HOPPER
-def test_auto_runs_it_with_the_forced_kernels_bits(monkeypatch):
-    """Where "auto" takes it (head dim 128 causal, 64 sequences, a sequence's key tiles all on the GPU
+@pytest.mark.parametrize("d", [64, 128])
+def test_auto_runs_it_with_the_forced_kernels_bits(monkeypatch, d):
+    """Where "auto" takes it (causal, 64 sequences of 2,048 rows, a sequence's key tiles all on the GPU
     at once: the kernel's schedule by sequence): right against float64, the same bits as forced,
     every run."""
-    q, k, v = qkv((1, 64, 2048, 128))
+    q, k, v = qkv((1, 64, 2048, d))
     g = torch.randn_like(q)
     monkeypatch.delenv(ENV, raising=False)
     assert ft.kernels(q, k, v, True).endswith("backward: gluon fused")

@@ -272,6 +272,8 @@ BWD_SHAPES = {  # name: (batch, q heads, kv heads, N, D, causal)
     "d80_causal": (4, 16, 16, 8192, 80, True),
     "d80_full": (4, 16, 16, 8192, 80, False),
     "grid4096": (1, 1, 1, 4096, 128, True),  # the assignment's grid at 4,096 rows (one head)
+    "d64_4096": (8, 16, 16, 4096, 64, True),
+    "d64_8192": (4, 16, 16, 8192, 64, True),
 }
 
 
@@ -379,7 +381,9 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
     import triton.testing
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from lmperf.kernels import flash_attention_gluon_bwd as gb
+    from lmperf.kernels import flash_attention_gluon_fused as gf
     from lmperf.kernels import flash_attention_triton as ft
+    default_schedule = gf.default_schedule
     rows = []
     for name in names:
         b, h, hk, n, d, causal = BWD_SHAPES[name]
@@ -407,6 +411,11 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
                 os.environ["LMPERF_FA_BWD_BACKEND"] = env
             return lambda: torch.autograd.grad(make_out(), xs, do)
 
+        def at_schedule(schedule, setup):  # the fused kernel at _turns' SCHEDULE `schedule` (restored after)
+            gf.default_schedule = lambda *a: schedule
+            ft.clear_plans()  # a plan replays the launches of the schedule it was made at
+            return setup()
+
         out_t, lse, do_, delta, cfg = _bwd_inputs(q, k, v, causal)
         dq_g, dq_t, delta_g, delta_t = torch.empty_like(q), torch.empty_like(q), torch.empty_like(delta), torch.empty_like(delta)
         dk_g, dv_g = torch.empty_like(k), torch.empty_like(v)
@@ -421,11 +430,14 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ("dq_tile_alone", lambda: (lambda: ft.launch_backward_dq(q, k, v, out_t, do_, lse, delta_t, dq_t,
                                                                      causal, cfg))),
             ("dkdv_gluon_alone", lambda: (lambda: gb.launch_dkdv(q, k, v, do_, lse, delta, dk_g, dv_g, causal))),
+            ("fb_ours_auto", lambda: fwd_bwd(ours)),  # the default ("auto"): its kernels in the row
             ("fb_ours_gluon", lambda: fwd_bwd(ours, "gluon")),
             ("fb_ours_tile", lambda: fwd_bwd(ours, "triton")),
             ("fb_ours_gluon_fused", lambda: fwd_bwd(ours, "gluon-fused")),
             ("fb_sdpa_cudnn", lambda: fwd_bwd(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
             ("fb_sdpa_flash", lambda: fwd_bwd(lambda: sdpa(SDPBackend.FLASH_ATTENTION))),
+            *[(f"{fb}ours_gluon_fused_s{sch}", lambda sch=sch, f=(fwd_bwd if fb else grad_of):
+               at_schedule(sch, lambda: f(ours, "gluon-fused"))) for fb in ("", "fb_") for sch in (0, 1, 2)],
             ("ours_gluon_again", lambda: grad_of(ours, "gluon")),
             ("sdpa_cudnn_again", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
         ]
@@ -436,6 +448,8 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             row = dict(shape=name, b=b, h=h, hk=hk, n=n, d=d, causal=causal, impl=label, tag=tag,
                        gpu=torch.cuda.get_device_name())
             try:
+                if label == "fb_ours_auto":
+                    row["kernels"] = ft.kernels(q, k, v, causal)
                 fn = setup()
                 g = fn()
                 torch.cuda.synchronize()
@@ -453,6 +467,9 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
                 log.write(traceback.format_exc() + "\n")
             finally:
                 os.environ.pop("LMPERF_FA_BWD_BACKEND", None)
+                if gf.default_schedule is not default_schedule:
+                    gf.default_schedule = default_schedule
+                    ft.clear_plans()
             rows.append(row)
             print(f"{name:10s} {label:22s} " + (f"{row['ms_median']:.3f} ms (p20 {row['ms_p20']:.3f} p80 "
                   f"{row['ms_p80']:.3f}) gpu {row['gpu_ms']:.3f} ms" if not row["error"] else row["error"][:200]),

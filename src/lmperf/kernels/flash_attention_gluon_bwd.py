@@ -79,10 +79,11 @@ AUTO_MIN_N_CAUSAL = {80: 2048, 128: 2048}
 # ... and grouped-query causal at head dim 64 from 1,024 rows: the dK/dV kernel sums a group's query heads
 # itself, 0.72x the tile backward's GPU time at 8 x 16q/4kv x 1,024 x 64 (NOTES.md, step 54, on an H200)
 AUTO_MIN_N_GROUPED_CAUSAL = {64: 1024}
-# "auto": the fused kernel (flash_attention_gluon_fused) instead of the two, causal without grouped-query, in
-# the class measured faster (prefers_fused). Head dim: (from these many rows, in at least and at most
-# these many sequences, batch x heads; None: any number)
-AUTO_FUSED_CAUSAL = {64: (16384, 16, 16), 128: (2048, 64, None)}
+# "auto": the fused kernel (flash_attention_gluon_fused) instead of the backward it took before, causal without
+# grouped-query, in the classes measured faster (fused_class, prefers_fused). Head dim: classes of (rows from,
+# rows up to, sequences (batch x heads) from, sequences up to (None: any number), the fused kernel's schedule
+# there (its _turns' SCHEDULE)): NOTES.md steps 55 and 57, on an H200
+AUTO_FUSED_CAUSAL = {64: ((16384, 16384, 16, 16, 0), (2048, 8192, 64, None, 1)), 128: ((2048, None, 64, None, 1),)}
 
 # (STAGES, consumer registers, BLOCK_M query rows a step) by head dim; shared memory at 3 stages:
 # 134 KB (D 64, BLOCK_M 128; 84 KB at 64), 166 KB (D 128)
@@ -168,21 +169,32 @@ def prefers_gluon(q, k, v, is_causal: bool) -> bool:
     and 128 (grouped-query or not), non-causal at head dim 64 (at 128 non-causal the two overlap
     across processes); head dim 80 causal or not (step 46, on an H200); causal at head dims 80 and
     128 from 2,048 rows (AUTO_MIN_N_CAUSAL; step 50, on an H200); grouped-query causal at head dim
-    64 from 1,024 rows (AUTO_MIN_N_GROUPED_CAUSAL; step 54, on an H200). Elsewhere, and wherever
-    `unsupported` refuses the call, the tile-language backward (no error)."""
+    64 from 1,024 rows (AUTO_MIN_N_GROUPED_CAUSAL; step 54, on an H200); below those rows, in the fused
+    kernel's classes (prefers_fused; where that kernel cannot run, its two kernels, as fast as the tile
+    backward there: step 50). Elsewhere, and wherever `unsupported` refuses the call, the
+    tile-language backward (no error)."""
     if q.dtype != torch.bfloat16 or q.dim() < 2 or q.shape[-1] not in AUTO_HEAD_DIMS:
         return False
     n, d = q.shape[-2:]
     min_n = AUTO_MIN_N
     if is_causal:
-        min_n = AUTO_MIN_N_CAUSAL.get(d, min_n)
+        min_n = _by_head_dim(AUTO_MIN_N_CAUSAL, d, min_n)
         if _grouped(q, k):
-            min_n = min(min_n, AUTO_MIN_N_GROUPED_CAUSAL.get(d, min_n))
-    if n < min_n:
+            min_n = min(min_n, _by_head_dim(AUTO_MIN_N_GROUPED_CAUSAL, d, min_n))
+    if n < min_n and not prefers_fused(q, k, v, is_causal):
         return False
     if not (is_causal or q.shape[-1] in (64, 80)):
         return False
     return unsupported(q, k, v, is_causal) is None
+
+
+def _by_head_dim(table: dict, d, default=None):
+    """table[d], default where d is not a key: compared by value, for a head dim that a trace may give
+    as a symbolic size (torch.SymInt, under torch.compile's dynamic shapes), which cannot be hashed."""
+    for key, value in table.items():
+        if d == key:
+            return value
+    return default
 
 
 def _grouped(q, k) -> bool:
@@ -215,21 +227,33 @@ def use_fused(backend_name: str | None = None) -> bool:
 
 
 def prefers_fused(q, k, v, is_causal: bool) -> bool:
-    """The rule of "auto" for the fused kernel, where `prefers_gluon` picked the Gluon backward: causal
-    without grouped-query, in AUTO_FUSED_CAUSAL's rows and sequences; at head dim 128 only while a
-    sequence's key tiles fit on the GPU at once (the kernel's schedule there). Faster than the two
-    Gluon kernels outside the noise of fresh processes, by GPU time and with the host, at 8 x 16 x
-    2,048 x 128, 4 x 16 x 8,192 x 128 and 1 x 16 x 16,384 x 64 (tuning/flash_attention/NOTES.md,
-    step 55, on an H200); slower with grouped-query; not timed elsewhere. The caller checks that the
-    fused kernel can run the call (flash_attention_gluon_fused.unsupported)."""
-    if not is_causal or q.dim() < 3 or _grouped(q, k) or q.shape[-1] not in AUTO_FUSED_CAUSAL:
-        return False
+    """The rule of "auto" for the fused kernel, where the Gluon backward is taken: the call is in one of
+    AUTO_FUSED_CAUSAL's classes (fused_class). The caller checks that the fused kernel can run the
+    call (flash_attention_gluon_fused.unsupported)."""
+    return fused_class(q, k, is_causal) is not None
+
+
+def fused_class(q, k, is_causal: bool) -> int | None:
+    """The fused kernel's schedule in the AUTO_FUSED_CAUSAL class the call is in, else None: causal
+    without grouped-query, (..., H, N, D) inputs; a class at schedule 1 only while a sequence's key
+    tiles fit on the GPU at once (that schedule's condition). Each class was measured faster than the
+    backward "auto" took there before, outside the noise of fresh processes, by GPU time and with the
+    host, forward + backward, on an H200 (tuning/flash_attention/NOTES.md): 8 x 16 x 2,048 x 128,
+    4 x 16 x 8,192 x 128 and 1 x 16 x 16,384 x 64 (step 55); 4 x 25 x 2,048 x 64, 8 x 16 x 4,096 x 64
+    and 4 x 16 x 8,192 x 64 (step 57); slower with grouped-query (steps 55-56); not timed elsewhere."""
+    if not is_causal or q.dim() < 3 or _grouped(q, k):
+        return None
     n, d = q.shape[-2:]
-    min_n, min_seqs, max_seqs = AUTO_FUSED_CAUSAL[d]
     seqs = q.numel() // (n * d)
-    if n < min_n or seqs < min_seqs or (max_seqs is not None and seqs > max_seqs):
-        return False
-    return d != 128 or n // BLOCK_N <= fg.sm_count(q.device)
+    for min_n, max_n, min_seqs, max_seqs, schedule in _by_head_dim(AUTO_FUSED_CAUSAL, d, ()):
+        if n < min_n or (max_n is not None and n > max_n):
+            continue
+        if seqs < min_seqs or (max_seqs is not None and seqs > max_seqs):
+            continue
+        if schedule == 1 and n // BLOCK_N > fg.sm_count(q.device):
+            return None
+        return schedule
+    return None
 
 
 def use_gluon_dq(backend_name: str | None = None) -> bool:

@@ -574,13 +574,18 @@ def _acc_desc(dqacc: torch.Tensor):
     return gb.TensorDescriptor(dqacc.view(rows, PIECE), [rows, PIECE], [PIECE, 1], [64, PIECE], layout)
 
 
-def default_schedule(d: int, nh: int, h_kv: int, n: int, device) -> int:
-    """The launcher's schedule (_turns' SCHEDULE): 1 (a sequence's key tiles together) at head dim 128
-    without grouped-query where a sequence's key tiles fit on the GPU at once, where it was measured
-    faster than 0 (H200, tuning/flash_attention/NOTES.md step 48); else 0. Schedule 2 (pairs of key
-    tiles) is right but taken only when asked for: where it beats 0 (grouped-query) the fused kernel
-    is still slower than the two-kernel backward (step 56)."""
-    return int(d == 128 and h_kv == nh and n // BLOCK_N <= fg.sm_count(device))
+def default_schedule(q, k, is_causal: bool) -> int:
+    """The launcher's schedule (_turns' SCHEDULE) for (B, H, N, D) inputs: that of the class of "auto"
+    the call is in (flash_attention_gluon_bwd.fused_class); else 1 (a sequence's key tiles together) at
+    head dim 128 without grouped-query where a sequence's key tiles fit on the GPU at once, measured
+    faster than 0 there (H200, tuning/flash_attention/NOTES.md step 48); else 0. Schedule 2 (pairs of
+    key tiles) is right but taken only when asked for: where it beats 0 (grouped-query) the fused
+    kernel is still slower than the two-kernel backward (step 56)."""
+    schedule = gb.fused_class(q, k, is_causal)
+    if schedule is not None:
+        return schedule
+    n, d = q.shape[-2:]
+    return int(d == 128 and k.shape[1] == q.shape[1] and n // BLOCK_N <= fg.sm_count(q.device))
 
 
 def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | None = None,
@@ -621,7 +626,7 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
     k_desc, (krb, krh, kch) = fg.head_desc(k4, BLOCK_N // 2, da)
     v_desc, _ = fg.head_desc(v4, BLOCK_N // 2, da)
     if schedule is None:
-        schedule = 1 if compile_only else default_schedule(d, nh, h_kv, n, dev)
+        schedule = 1 if compile_only else default_schedule(q4, k4, is_causal)
     tile_grid = (nb * nh, n // bm)  # a program a query tile (the delta and cast kernels)
     n_kt = n // BLOCK_N
     grid = (nb * h_kv * ((n_kt + 1) // 2 if schedule == 2 else n_kt),)
