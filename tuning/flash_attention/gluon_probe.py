@@ -357,8 +357,9 @@ def bwd_check(log, ns=(128, 384, 1152, 4096), dims=(64, 128), fused=False, sched
     return rows
 
 
-def _gpu_ms(fn, reps=10) -> float:
-    """Kernel time per call (ms): the sum of the GPU kernels' durations under the profiler, / reps."""
+def _gpu_ms(fn, reps=10, parts=None) -> float:
+    """Kernel time per call (ms): the sum of the GPU kernels' durations under the profiler, / reps;
+    parts (a dict): each kernel's name (its first 40 characters) to its us per call, added to."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
@@ -366,8 +367,11 @@ def _gpu_ms(fn, reps=10) -> float:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    total_us = sum(e.self_device_time_total for e in prof.key_averages())  # self: each kernel once
-    return total_us / reps / 1e3
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]  # self: each kernel once
+    if parts is not None:
+        for e in events:
+            parts[e.key[:40]] = parts.get(e.key[:40], 0.0) + e.self_device_time_total / reps
+    return sum(e.self_device_time_total for e in events) / reps / 1e3
 
 
 def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
@@ -384,6 +388,7 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
     from lmperf.kernels import flash_attention_gluon_fused as gf
     from lmperf.kernels import flash_attention_triton as ft
     default_schedule = gf.default_schedule
+    configs = dict(gf.CONFIGS)
     rows = []
     for name in names:
         b, h, hk, n, d, causal = BWD_SHAPES[name]
@@ -416,6 +421,13 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ft.clear_plans()  # a plan replays the launches of the schedule it was made at
             return setup()
 
+        def at_config(d, i, value, setup):  # the fused kernel's CONFIGS[d][i] set to value (restored after)
+            cfg = list(configs[d])
+            cfg[i] = value
+            gf.CONFIGS[d] = tuple(cfg)
+            ft.clear_plans()
+            return setup()
+
         out_t, lse, do_, delta, cfg = _bwd_inputs(q, k, v, causal)
         dq_g, dq_t, delta_g, delta_t = torch.empty_like(q), torch.empty_like(q), torch.empty_like(delta), torch.empty_like(delta)
         dk_g, dv_g = torch.empty_like(k), torch.empty_like(v)
@@ -438,6 +450,8 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ("fb_sdpa_flash", lambda: fwd_bwd(lambda: sdpa(SDPBackend.FLASH_ATTENTION))),
             *[(f"{fb}ours_gluon_fused_s{sch}", lambda sch=sch, f=(fwd_bwd if fb else grad_of):
                at_schedule(sch, lambda: f(ours, "gluon-fused"))) for fb in ("", "fb_") for sch in (0, 1, 2)],
+            # "auto" with the fused kernel's writer at 24 registers (CONFIGS' fourth)
+            ("fb_ours_auto_w24", lambda: at_config(d, 3, 24, lambda: fwd_bwd(ours))),
             ("ours_gluon_again", lambda: grad_of(ours, "gluon")),
             ("sdpa_cudnn_again", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
         ]
@@ -460,15 +474,19 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
                                                                        for a, r in zip(g, ref))
                 q20, q50, q80 = triton.testing.do_bench(fn, warmup=10, rep=REP_MS, quantiles=[0.2, 0.5, 0.8])
                 work = {"dq": 0.6 * fl, "dk": 0.8 * fl, "fb": 1.4 * fl}.get(label[:2], fl)  # 3U, 4U, 7U of 5U
-                row.update(ms_p20=q20, ms_median=q50, ms_p80=q80, gpu_ms=_gpu_ms(fn, 5),
-                           tflops=work / (q50 * 1e-3) / 1e12, error="")
+                parts = {}
+                row.update(ms_p20=q20, ms_median=q50, ms_p80=q80, gpu_ms=_gpu_ms(fn, 5, parts),
+                           tflops=work / (q50 * 1e-3) / 1e12, error="",
+                           gpu_us_by_kernel=";".join(f"{k.replace(';', ' ')}={us:.1f}" for k, us in
+                                                     sorted(parts.items(), key=lambda kv: -kv[1])))
             except Exception as exc:  # noqa: BLE001
                 row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}")
                 log.write(traceback.format_exc() + "\n")
             finally:
                 os.environ.pop("LMPERF_FA_BWD_BACKEND", None)
-                if gf.default_schedule is not default_schedule:
+                if gf.default_schedule is not default_schedule or gf.CONFIGS != configs:
                     gf.default_schedule = default_schedule
+                    gf.CONFIGS.update(configs)
                     ft.clear_plans()
             rows.append(row)
             print(f"{name:10s} {label:22s} " + (f"{row['ms_median']:.3f} ms (p20 {row['ms_p20']:.3f} p80 "
