@@ -34,6 +34,8 @@ SHAPES = {
     "model_small_256": (4, 12, 256, 64, True, BF16),
     "model_2.7B_256": (4, 32, 256, 80, True, BF16),
     "model_2.7B_2048": (4, 32, 2048, 80, True, BF16),  # the ladder's best 2.7B rung (issue #15)
+    "model_xl_2048": (4, 25, 2048, 64, True, BF16),  # the xl model's attention at 2,048 rows
+    "d64_4096": (8, 16, 4096, 64, True, BF16),
     "grid_d64_4096": (1, 1, 4096, 64, True, BF16),
     "grid_d128_32768": (1, 1, 32768, 128, True, BF16),
     "grid_d16_16384": (1, 1, 16384, 16, True, BF16),

@@ -291,7 +291,7 @@ def _bwd_inputs(q, k, v, causal):
     return out, lse2, do, delta, cfg
 
 
-def bwd_check(log, ns=(128, 384, 1152, 4096), dims=(64, 128), fused=False, schedule=None) -> list[dict]:
+def bwd_check(log, ns=(128, 384, 1152, 4096), dims=(64, 128), fused=False, schedule=None, fused_kw=None) -> list[dict]:
     """dQ (and Delta) of the Gluon dQ kernel, then dK, dV of the Gluon dK/dV kernel from that Delta
     (fused: dQ, dK, dV of the fused kernel at its schedule `schedule` (None: the launcher's; 2: causal
     cases only), three runs), against float64 (autograd of the float64
@@ -319,7 +319,7 @@ def bwd_check(log, ns=(128, 384, 1152, 4096), dims=(64, 128), fused=False, sched
             for _ in range(3 if fused else 2):
                 if fused:
                     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-                    gf.launch(q, k, v, out, do, lse, dq, dk, dv, causal, schedule=schedule)
+                    gf.launch(q, k, v, out, do, lse, dq, dk, dv, causal, schedule=schedule, **(fused_kw or {}))
                     res.append((dq, dk, dv, delta))
                     continue
                 dq = torch.full_like(q, float("nan"))
@@ -430,7 +430,7 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
 
         def at_config(d, i, value, setup):  # the fused kernel's CONFIGS[d][i] set to value (restored after)
             cfg = list(configs[d])
-            cfg[i] = value
+            cfg[i] = value if isinstance(i, int) else list(value)
             gf.CONFIGS[d] = tuple(cfg)
             ft.clear_plans()
             return setup()
@@ -461,6 +461,8 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ("fb_ours_fwd_gluon_rev", lambda: fwd_gluon_at(2, lambda: fwd_bwd(ours))),
             # "auto" with the fused kernel's writer at 24 registers (CONFIGS' fourth)
             ("fb_ours_auto_w24", lambda: at_config(d, 3, 24, lambda: fwd_bwd(ours))),
+            # "auto" with the fused kernel's writer the default partition (both consumers workers, 232 registers)
+            ("fb_ours_auto_wd", lambda: at_config(d, slice(1, 5), (232, configs[d][2], 24, 4), lambda: fwd_bwd(ours))),
             ("ours_gluon_again", lambda: grad_of(ours, "gluon")),
             ("sdpa_cudnn_again", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
         ]
@@ -518,7 +520,8 @@ def fused_ladder(names, log, out_csv=None, tag="", configs=("",), probes=(0, 1, 
     a bound on the writer's traffic), with its dQ shares dropped (2: a bound on the rest), and
     with _turns' schedule forced ("s0": the programs of all sequences interleaved, "s1": a sequence's
     key tiles together), in `rounds` interleaved rounds;
-    configs: "STAGES,consumer regs,writer regs,writer warps" overrides ("" the table's)."""
+    configs: "STAGES,consumer regs,writer regs,writer warps" overrides ("" the table's; writer warps 4: the
+    writer the default partition, both consumers workers)."""
     import triton.testing
     from lmperf.kernels import flash_attention_gluon_bwd as gb
     from lmperf.kernels import flash_attention_gluon_fused as gf
@@ -748,6 +751,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dq-sweep", action="store_true", help="--bwd: the dQ kernel's stages and key tiles")
     ap.add_argument("--fused", action="store_true", help="--bwd: the check runs the fused kernel")
     ap.add_argument("--schedule", type=int, default=None, help="--fused check: the kernel's schedule (_turns')")
+    ap.add_argument("--fused-kw", default="", help="--fused check: the launcher's keywords, k=v,... (ints)")
     ap.add_argument("--ladder", action="store_true", help="--bwd: the fused kernel's ladder (fused_ladder)")
     ap.add_argument("--fused-cfgs", default="", help="--ladder: configs, ';'-separated")
     ap.add_argument("--fused-probes", default="0,1,2,s0", help="--ladder: the writer's probes (sN: schedule N)")
@@ -763,7 +767,8 @@ def main(argv=None) -> int:
             if not args.skip_check:
                 rows = bwd_check(log, tuple(int(x) for x in args.check_n.split(",")),
                                  tuple(int(x) for x in args.dims.split(",")), fused=args.fused,
-                                 schedule=args.schedule)
+                                 schedule=args.schedule,
+                                 fused_kw={k: int(v) for k, v in (kv.split("=") for kv in args.fused_kw.split(",") if kv)})
                 write(args.out / f"gluon_bwd_check{args.tag}.csv", rows)
                 print(f"bwd check: {sum(r['passed'] for r in rows)}/{len(rows)} passed", flush=True)
             if args.host:

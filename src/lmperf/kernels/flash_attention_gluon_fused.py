@@ -48,7 +48,12 @@ from lmperf.kernels.triton_op import opaque_op
 
 HEAD_DIMS = (64, 128)
 BLOCK_N = gb.BLOCK_N  # keys a program: two warpgroups of 64
-# (STAGES, consumer registers, BLOCK_M query rows a step, writer registers, writer warps) by head dim
+# (STAGES, consumer registers, BLOCK_M query rows a step, writer registers, writer warps) by head dim.
+# Writer warps 4 (taken only when asked for): the writer is the partition the kernel starts in (with the
+# registers the others leave) and both consumer warpgroups are workers, at 232 registers each at most
+# (the pool's limit: at 240 ptxas sets no register counts and spills everywhere), spilling about 40%
+# fewer instructions than the first consumer does as that partition; 1-2% faster at head dim 128,
+# not yet outside the noise (tuning/flash_attention/NOTES.md step 59).
 CONFIGS = {64: (2, 240, 128, 32, 2), 128: (2, 240, 64, 32, 2)}
 PIECE = 32  # columns of a dQ share's piece in shared memory (128 bytes of fp32: 128-byte swizzled)
 
@@ -485,8 +490,9 @@ if gluon is not None:
                       WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr, PROBE: gl.constexpr, SCHEDULE: gl.constexpr,
                       num_warps: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc,
                       DB: gl.constexpr):
-        gl.static_assert(num_warps == 4, "one consumer warpgroup in the default partition")
+        gl.static_assert(num_warps == 4, "the default partition: a consumer warpgroup, or the writer's four warps")
         gl.static_assert(D - DB == 64, "dQ halves of 64 columns")
+        gl.static_assert(WRITER_WARPS != 4 or CONSUMER_REGS <= 232, "two worker consumers: 232 registers at most")
         HALF: gl.constexpr = BLOCK_N // 2
         DA: gl.constexpr = D - DB
         dtype: gl.constexpr = q_desc.dtype
@@ -547,22 +553,42 @@ if gluon is not None:
             mbarrier.init(dq_empty.index(i), count=1)
         bars = (kv_ready, q_ready, do_ready, qdo_empty)
         fbars = (ds_ready, ds_free, dq_ready, dq_empty)
-        gl.warp_specialize([
-            (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
-                               DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                               QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 0, qb_smem,
-                               dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE)),
-            (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
-                               DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                               QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1, qb_smem,
-                               dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE)),
-            (_fused_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
-                               l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
-                               GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
-                               qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB, bkv, jt, kv_empty, SCHEDULE)),
-            (_fused_writer, (dq_smem, fbars, acc_desc, SEM, N, H, H_KV, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, PROBE,
-                             SCHEDULE, bkv, jt)),
-        ], [4, 1, WRITER_WARPS], [CONSUMER_REGS, 24, WRITER_REGS])
+        # the consumers, producer and writer: the first in the list is the partition the kernel starts in
+        # (the argument tuples written out: Gluon keeps their constexprs only as literals)
+        if WRITER_WARPS == 4:  # the writer first: both consumers workers (fewer spills)
+            gl.warp_specialize([
+                (_fused_writer, (dq_smem, fbars, acc_desc, SEM, N, H, H_KV, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, PROBE,
+                                 SCHEDULE, bkv, jt)),
+                (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
+                                   DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                                   QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 0, qb_smem,
+                                   dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE)),
+                (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
+                                   DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                                   QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1, qb_smem,
+                                   dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE)),
+                (_fused_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
+                                   l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
+                                   GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
+                                   qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB, bkv, jt, kv_empty, SCHEDULE)),
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+        else:
+            gl.warp_specialize([
+                (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
+                                   DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                                   QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 0, qb_smem,
+                                   dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE)),
+                (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
+                                   DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                                   QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1, qb_smem,
+                                   dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE)),
+                (_fused_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
+                                   l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
+                                   GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
+                                   qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB, bkv, jt, kv_empty, SCHEDULE)),
+                (_fused_writer, (dq_smem, fbars, acc_desc, SEM, N, H, H_KV, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, PROBE,
+                                 SCHEDULE, bkv, jt)),
+            ], [4, 1, WRITER_WARPS], [CONSUMER_REGS, 24, WRITER_REGS])
 
 
 def _acc_desc(dqacc: torch.Tensor):
