@@ -265,6 +265,17 @@ def test_bitwise_deterministic(monkeypatch, d):
             assert torch.equal(a, b)
 
 
+def assert_right_every_run(q, k, v, causal):
+    """dQ, dK, dV against float64 within the contract's tolerance, and the same bits in three more runs."""
+    rows = compare(ft.FlashAttention2Triton.apply, q, k, v, causal)
+    assert all(r["passed"] for r in rows), (q.dtype, rows)
+    g = torch.randn_like(q)
+    first = grads(q, k, v, causal, g)
+    for _ in range(3):
+        for a, b in zip(first, grads(q, k, v, causal, g)):
+            assert torch.equal(a, b)
+
+
 @NEEDS_HOPPER
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("n", [384, 2048])
@@ -275,14 +286,7 @@ def test_pairs_of_key_tiles_match_float64_every_run(monkeypatch, d, n):
     monkeypatch.setenv(ENV, "gluon-fused")
     monkeypatch.setattr(gf, "default_schedule", lambda *a: 2)
     for dtype, shape, kv in ((torch.bfloat16, (2, 8, n, d), 2), (torch.float16, (1, 3, n, d), None)):
-        q, k, v = qkv(shape, dtype, kv, seed=n + d)
-        rows = compare(ft.FlashAttention2Triton.apply, q, k, v, True)
-        assert all(r["passed"] for r in rows), (dtype, rows)
-        g = torch.randn_like(q)
-        first = grads(q, k, v, True, g)
-        for _ in range(3):
-            for a, b in zip(first, grads(q, k, v, True, g)):
-                assert torch.equal(a, b)
+        assert_right_every_run(*qkv(shape, dtype, kv, seed=n + d), True)
 
 
 @NEEDS_HOPPER
@@ -297,14 +301,7 @@ def test_the_writer_as_first_partition_matches_float64_every_run(monkeypatch, d,
     ft.clear_plans()  # plans replay the launches of the configs they were made at
     try:
         for dtype, shape, kv in ((torch.bfloat16, (2, 8, 1152, d), 2), (torch.float16, (1, 3, 384, d), None)):
-            q, k, v = qkv(shape, dtype, kv, seed=d)
-            rows = compare(ft.FlashAttention2Triton.apply, q, k, v, causal)
-            assert all(r["passed"] for r in rows), (dtype, rows)
-            g = torch.randn_like(q)
-            first = grads(q, k, v, causal, g)
-            for _ in range(3):
-                for a, b in zip(first, grads(q, k, v, causal, g)):
-                    assert torch.equal(a, b)
+            assert_right_every_run(*qkv(shape, dtype, kv, seed=d), causal)
     finally:
         ft.clear_plans()
 

@@ -428,10 +428,12 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ft.clear_plans()
             return setup()
 
-        def at_config(d, i, value, setup):  # the fused kernel's CONFIGS[d][i] set to value (restored after)
-            cfg = list(configs[d])
-            cfg[i] = value if isinstance(i, int) else list(value)
-            gf.CONFIGS[d] = tuple(cfg)
+        def at_config(d, setup, **changes):  # the fused kernel's CONFIGS[d] with `changes` (restored after)
+            stages, consumer_regs, block_m, writer_regs, writer_warps = configs[d]
+            cfg = dict(stages=stages, consumer_regs=consumer_regs, block_m=block_m, writer_regs=writer_regs,
+                       writer_warps=writer_warps)
+            cfg.update(changes)
+            gf.CONFIGS[d] = tuple(cfg.values())
             ft.clear_plans()
             return setup()
 
@@ -459,10 +461,11 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
                at_schedule(sch, lambda: f(ours, "gluon-fused"))) for fb in ("", "fb_") for sch in (0, 1, 2)],
             # the Gluon forward forced, odd rounds reversed (the backward as "auto" picks it)
             ("fb_ours_fwd_gluon_rev", lambda: fwd_gluon_at(2, lambda: fwd_bwd(ours))),
-            # "auto" with the fused kernel's writer at 24 registers (CONFIGS' fourth)
-            ("fb_ours_auto_w24", lambda: at_config(d, 3, 24, lambda: fwd_bwd(ours))),
+            # "auto" with the fused kernel's writer at 24 registers
+            ("fb_ours_auto_w24", lambda: at_config(d, lambda: fwd_bwd(ours), writer_regs=24)),
             # "auto" with the fused kernel's writer the default partition (both consumers workers, 232 registers)
-            ("fb_ours_auto_wd", lambda: at_config(d, slice(1, 5), (232, configs[d][2], 24, 4), lambda: fwd_bwd(ours))),
+            ("fb_ours_auto_wd", lambda: at_config(d, lambda: fwd_bwd(ours), consumer_regs=232, writer_regs=24,
+                                                  writer_warps=4)),
             ("ours_gluon_again", lambda: grad_of(ours, "gluon")),
             ("sdpa_cudnn_again", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
         ]
