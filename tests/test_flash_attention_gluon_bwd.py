@@ -320,10 +320,11 @@ def compile_spec(kind, rest):
         return gb.launch_dkdv(q, k, v, torch.empty_like(q), lse, lse, torch.empty_like(k), torch.empty_like(v),
                               causal, compile_only=True)
     if kind.startswith("fused"):  # flash_attention_gluon_fused's kernel (tests/test_flash_attention_gluon_fused.py),
-        # "fusedN" at its schedule N, "fusedw" with the writer the kernel's first partition
+        # "fusedN" at its schedule N; "fusedw" with the writer the kernel's first partition, "fusedc" the
+        # first consumer
         from lmperf.kernels import flash_attention_gluon_fused as gf
-        kw = dict(consumer_regs=232, writer_warps=4) if kind == "fusedw" else dict(
-            schedule=int(kind[5:]) if kind[5:] else None)
+        layouts = {"fusedw": gf.WRITER_FIRST, "fusedc": gf.CONSUMER_FIRST}
+        kw = layouts[kind] if kind in layouts else dict(schedule=int(kind[5:]) if kind[5:] else None)
         return gf.launch(q, k, v, torch.empty_like(q), torch.empty_like(q), lse, torch.empty_like(q),
                          torch.empty_like(k), torch.empty_like(v), causal, compile_only=True, **kw)
     return gb.launch_dq(q, k, v, torch.empty_like(q), torch.empty_like(q), lse, torch.empty_like(lse),

@@ -197,7 +197,8 @@ def test_the_op_is_opaque_to_a_trace():
 
 SPECS = ([f"fused:{c}" for c in ("64,0,1,bfloat16", "64,1,4,bfloat16", "128,0,1,bfloat16", "128,1,2,float16")]
          + [f"fused2:{c}" for c in ("64,1,4,bfloat16", "128,1,4,bfloat16")]  # pairs of key tiles
-         + [f"fusedw:{c}" for c in ("64,1,1,bfloat16", "128,1,1,bfloat16")])  # the writer the first partition
+         + [f"fusedw:{c}" for c in ("64,1,1,bfloat16", "128,1,1,bfloat16")]  # the writer the first partition
+         + [f"fusedc:{c}" for c in ("64,1,1,bfloat16", "128,1,1,bfloat16")])  # the first consumer
 SHARED_MAX = 232448  # bytes of shared memory a program may use on an H100
 
 
@@ -290,14 +291,18 @@ def test_pairs_of_key_tiles_match_float64_every_run(monkeypatch, d, n):
 
 
 @NEEDS_HOPPER
+@pytest.mark.parametrize("layout", ["writer_first", "consumer_first"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_the_writer_as_first_partition_matches_float64_every_run(monkeypatch, d, causal):
-    """The writer as the partition the kernel starts in, both consumers workers (CONFIGS' writer warps
-    4): right against float64 with 8 query heads on 2 and with 3 on 3, the same bits every run."""
+def test_both_layouts_match_float64_every_run(monkeypatch, layout, d, causal):
+    """The writer as the partition the kernel starts in (both consumers workers) and the first consumer
+    as that partition, whichever CONFIGS picks at d: right against float64 with 8 query heads on 2 and
+    with 3 on 3, the same bits every run."""
     monkeypatch.setenv(ENV, "gluon-fused")
-    stages, _, block_m, _, _ = gf.CONFIGS[d]
-    monkeypatch.setitem(gf.CONFIGS, d, (stages, 232, block_m, 24, 4))
+    cfg = gf.WRITER_FIRST if layout == "writer_first" else gf.CONSUMER_FIRST
+    block_m = gf.CONFIGS[d][2]
+    monkeypatch.setitem(gf.CONFIGS, d, (cfg["stages"], cfg["consumer_regs"], block_m, cfg["writer_regs"],
+                                        cfg["writer_warps"]))
     ft.clear_plans()  # plans replay the launches of the configs they were made at
     try:
         for dtype, shape, kv in ((torch.bfloat16, (2, 8, 1152, d), 2), (torch.float16, (1, 3, 384, d), None)):

@@ -464,8 +464,8 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             # "auto" with the fused kernel's writer at 24 registers
             ("fb_ours_auto_w24", lambda: at_config(d, lambda: fwd_bwd(ours), writer_regs=24)),
             # "auto" with the fused kernel's writer the default partition (both consumers workers, 232 registers)
-            ("fb_ours_auto_wd", lambda: at_config(d, lambda: fwd_bwd(ours), consumer_regs=232, writer_regs=24,
-                                                  writer_warps=4)),
+            ("fb_ours_auto_wd", lambda: at_config(d, lambda: fwd_bwd(ours), **gf.WRITER_FIRST)),
+            ("fb_ours_auto_cf", lambda: at_config(d, lambda: fwd_bwd(ours), **gf.CONSUMER_FIRST)),
             ("ours_gluon_again", lambda: grad_of(ours, "gluon")),
             ("sdpa_cudnn_again", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
         ]

@@ -49,12 +49,16 @@ from lmperf.kernels.triton_op import opaque_op
 HEAD_DIMS = (64, 128)
 BLOCK_N = gb.BLOCK_N  # keys a program: two warpgroups of 64
 # (STAGES, consumer registers, BLOCK_M query rows a step, writer registers, writer warps) by head dim.
-# Writer warps 4 (taken only when asked for): the writer is the partition the kernel starts in (with the
-# registers the others leave) and both consumer warpgroups are workers, at 232 registers each at most
-# (the pool's limit: at 240 ptxas sets no register counts and spills everywhere), spilling about 40%
-# fewer instructions than the first consumer does as that partition; 1-2% faster at head dim 128,
-# not yet outside the noise (tuning/flash_attention/NOTES.md step 59).
-CONFIGS = {64: (2, 240, 128, 32, 2), 128: (2, 240, 64, 32, 2)}
+# Writer warps 4: the writer is the partition the kernel starts in (with the registers the others
+# leave) and both consumer warpgroups are workers, at 232 registers each at most (the pool's limit: at
+# 240 ptxas sets no register counts and spills everywhere), spilling about 40% fewer instructions than
+# the first consumer does as that partition (the layout at writer warps 2). At head dim 128 it is the
+# default (forward + backward faster at 4 x 16 x 8,192 causal outside the noise of three processes,
+# never slower); at 64 it is no faster (tuning/flash_attention/NOTES.md steps 59-60).
+# the two layouts as launch's keywords
+WRITER_FIRST = {"stages": 2, "consumer_regs": 232, "writer_regs": 24, "writer_warps": 4}
+CONSUMER_FIRST = {"stages": 2, "consumer_regs": 240, "writer_regs": 32, "writer_warps": 2}
+CONFIGS = {64: (2, 240, 128, 32, 2), 128: (2, 232, 64, 24, 4)}
 PIECE = 32  # columns of a dQ share's piece in shared memory (128 bytes of fp32: 128-byte swizzled)
 
 gluon = None
