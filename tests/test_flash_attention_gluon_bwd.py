@@ -320,11 +320,13 @@ def compile_spec(kind, rest):
         return gb.launch_dkdv(q, k, v, torch.empty_like(q), lse, lse, torch.empty_like(k), torch.empty_like(v),
                               causal, compile_only=True)
     if kind.startswith("fused"):  # flash_attention_gluon_fused's kernel (tests/test_flash_attention_gluon_fused.py),
-        # "fusedN" at its schedule N; "fusedw" with the writer the kernel's first partition, "fusedc" the
-        # first consumer
+        # "fusedN" at its schedule N, "fusedpN" persistent at it; "fusedw" with the writer the kernel's
+        # first partition, "fusedc" the first consumer
         from lmperf.kernels import flash_attention_gluon_fused as gf
         layouts = {"fusedw": gf.WRITER_FIRST, "fusedc": gf.CONSUMER_FIRST}
-        kw = layouts[kind] if kind in layouts else dict(schedule=int(kind[5:]) if kind[5:] else None)
+        rest = kind[5:].removeprefix("p")
+        kw = layouts[kind] if kind in layouts else dict(schedule=int(rest) if rest else None,
+                                                        persistent=kind.startswith("fusedp"))
         return gf.launch(q, k, v, torch.empty_like(q), torch.empty_like(q), lse, torch.empty_like(q),
                          torch.empty_like(k), torch.empty_like(v), causal, compile_only=True, **kw)
     return gb.launch_dq(q, k, v, torch.empty_like(q), torch.empty_like(q), lse, torch.empty_like(lse),

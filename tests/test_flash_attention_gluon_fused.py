@@ -5,6 +5,8 @@ it refuses and why) and a compile of the kernel for sm_90 (the H100) whose cubin
 Hopper GPU the kernel against float64 (head dims 64 and 128, causal or not, grouped-query, the
 model's layout), the same bits every run, auto's bits the forced kernel's, and torch.compile against
 eager mode bit for bit."""
+import functools
+
 import pytest
 import torch
 
@@ -198,7 +200,8 @@ def test_the_op_is_opaque_to_a_trace():
 SPECS = ([f"fused:{c}" for c in ("64,0,1,bfloat16", "64,1,4,bfloat16", "128,0,1,bfloat16", "128,1,2,float16")]
          + [f"fused2:{c}" for c in ("64,1,4,bfloat16", "128,1,4,bfloat16")]  # pairs of key tiles
          + [f"fusedw:{c}" for c in ("64,1,1,bfloat16", "128,1,1,bfloat16")]  # the writer the first partition
-         + [f"fusedc:{c}" for c in ("64,1,1,bfloat16", "128,1,1,bfloat16")])  # the first consumer
+         + [f"fusedc:{c}" for c in ("64,1,1,bfloat16", "128,1,1,bfloat16")]  # the first consumer
+         + [f"fusedp0:{c}" for c in ("64,1,1,bfloat16", "128,1,1,bfloat16", "128,0,2,float16")])  # persistent
 SHARED_MAX = 232448  # bytes of shared memory a program may use on an H100
 
 
@@ -309,6 +312,37 @@ def test_both_layouts_match_float64_every_run(monkeypatch, layout, d, causal):
             assert_right_every_run(*qkv(shape, dtype, kv, seed=d), causal)
     finally:
         ft.clear_plans()
+
+
+@NEEDS_HOPPER
+@pytest.mark.parametrize("programs", [5, 132])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_persistent_matches_float64_every_run(monkeypatch, programs, d, causal):
+    """Persistent with 5 programs (a program takes several key tiles: 36 and 27 here, 9 a sequence)
+    and with more than there are tiles: right against float64 with 8 query heads on 2 and with 3 on 3,
+    the same bits every run."""
+    monkeypatch.setenv(ENV, "gluon-fused")
+    monkeypatch.setattr(gf, "launch", functools.partial(gf.launch, schedule=0, persistent=True, programs=programs))
+    ft.clear_plans()  # plans replay the launches they were made with
+    try:
+        for dtype, shape, kv in ((torch.bfloat16, (2, 8, 1152, d), 2), (torch.float16, (1, 3, 1152, d), None)):
+            assert_right_every_run(*qkv(shape, dtype, kv, seed=d + programs), causal)
+    finally:
+        ft.clear_plans()
+
+
+@pytest.mark.parametrize("schedule", [1, 2])
+def test_persistent_refuses_what_could_wait_for_ever(schedule):
+    """Persistent, a program may hold its next tile's ticket while it works: only schedule 0, where a
+    tile waits only for tiles of earlier tickets, is safe then; the others are refused by name before
+    anything is launched."""
+    q = torch.empty(1, 2, 1152, 64)
+    k, v = torch.empty_like(q), torch.empty_like(q)
+    lse = torch.empty(2, 1152)
+    args = (q, k, v, q, q, lse, q, k, v, True)
+    with pytest.raises(ValueError, match=f"persistent.*schedule 0 only.*not {schedule}"):
+        gf.launch(*args, schedule=schedule, persistent=True, compile_only=True)
 
 
 @NEEDS_HOPPER

@@ -390,6 +390,7 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
     from lmperf.kernels import flash_attention_triton as ft
     default_schedule = gf.default_schedule
     configs = dict(gf.CONFIGS)
+    persistent_dims = gf.PERSISTENT_DIMS
     rows = []
     for name in names:
         b, h, hk, n, d, causal = BWD_SHAPES[name]
@@ -437,6 +438,12 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ft.clear_plans()
             return setup()
 
+        def persistent_at(d, setup):  # the fused kernel persistent at head dim d, schedule 0 (restored after)
+            gf.PERSISTENT_DIMS = (d,)
+            gf.default_schedule = lambda *args: 0
+            ft.clear_plans()
+            return setup()
+
         out_t, lse, do_, delta, cfg = _bwd_inputs(q, k, v, causal)
         dq_g, dq_t, delta_g, delta_t = torch.empty_like(q), torch.empty_like(q), torch.empty_like(delta), torch.empty_like(delta)
         dk_g, dv_g = torch.empty_like(k), torch.empty_like(v)
@@ -466,6 +473,7 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             # "auto" with the fused kernel's writer the default partition (both consumers workers, 232 registers)
             ("fb_ours_auto_wd", lambda: at_config(d, lambda: fwd_bwd(ours), **gf.WRITER_FIRST)),
             ("fb_ours_auto_cf", lambda: at_config(d, lambda: fwd_bwd(ours), **gf.CONSUMER_FIRST)),
+            ("fb_ours_auto_persist", lambda: persistent_at(d, lambda: fwd_bwd(ours))),
             ("ours_gluon_again", lambda: grad_of(ours, "gluon")),
             ("sdpa_cudnn_again", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
         ]
@@ -502,9 +510,11 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
                 if os.environ.pop("LMPERF_FA_BACKEND", None) is not None or fg.SNAKE_CAUSAL is not None:
                     fg.SNAKE_CAUSAL = None
                     ft.clear_plans()
-                if gf.default_schedule is not default_schedule or gf.CONFIGS != configs:
+                if (gf.default_schedule is not default_schedule or gf.CONFIGS != configs
+                        or gf.PERSISTENT_DIMS != persistent_dims):
                     gf.default_schedule = default_schedule
                     gf.CONFIGS.update(configs)
+                    gf.PERSISTENT_DIMS = persistent_dims
                     ft.clear_plans()
             rows.append(row)
             print(f"{name:10s} {label:22s} " + (f"{row['ms_median']:.3f} ms (p20 {row['ms_p20']:.3f} p80 "

@@ -59,6 +59,11 @@ BLOCK_N = gb.BLOCK_N  # keys a program: two warpgroups of 64
 WRITER_FIRST = {"stages": 2, "consumer_regs": 232, "writer_regs": 24, "writer_warps": 4}
 CONSUMER_FIRST = {"stages": 2, "consumer_regs": 240, "writer_regs": 32, "writer_warps": 2}
 CONFIGS = {64: (2, 240, 128, 32, 2), 128: (2, 232, 64, 24, 4)}
+# Head dims whose kernel is persistent at schedule 0 (launch's `persistent`): a program an SM, its
+# producer taking key tiles by ticket for the others, the next tile's K and V loaded while the last
+# tile's dK and dV are stored. Opt-in (none): tuning/flash_attention/NOTES.md step 61.
+PERSISTENT_DIMS: tuple[int, ...] = ()
+H100_SMS = 132  # the grid of a persistent compile_only (no GPU to ask)
 PIECE = 32  # columns of a dQ share's piece in shared memory (128 bytes of fp32: 128-byte swizzled)
 
 gluon = None
@@ -228,7 +233,7 @@ if gluon is not None:
                         IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, qb_smem, dob_smem,
                         kb_smem, vb_smem, DB: gl.constexpr, bkv, jt, kv_empty, PROBE: gl.constexpr,
-                        SCHEDULE: gl.constexpr):
+                        SCHEDULE: gl.constexpr, PERSISTENT: gl.constexpr, tk):
         kv_ready, q_ready, do_ready, qdo_empty = bars
         HALF: gl.constexpr = BLOCK_N // 2
         DA: gl.constexpr = D - DB
@@ -243,21 +248,35 @@ if gluon is not None:
         ab_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ob_layout, k_width=2)
         q_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, 64, 16])
-        if SCHEDULE == 2:
+        if PERSISTENT:  # bkv: the count of (batch, K/V head) pairs; the tiles from the producer's tickets
+            c = gl.to_tensor(0)
+            part = 0
+            ticket = _read_ticket(tk, part)
+            while ticket < bkv * (N // BLOCK_N):
+                t_bkv = ticket % bkv
+                kt = ticket // bkv
+                c = _consumer_tile(q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars,
+                                   DK, DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh,
+                                   stride_dvn, QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, WG,
+                                   qb_smem, dob_smem, kb_smem, vb_smem, DB, t_bkv, kt, part, c, kv_empty, PROBE, False,
+                                   True, s_layout, o_layout, a_layout, ob_layout, ab_layout, q_layout)
+                part += 1
+                ticket = _read_ticket(tk, part)
+        elif SCHEDULE == 2:
             c = gl.to_tensor(0)
             for part in range(_n_parts(jt, N, BLOCK_N, SCHEDULE)):
                 c = _consumer_tile(q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars,
                                    DK, DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh,
                                    stride_dvn, QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, WG,
                                    qb_smem, dob_smem, kb_smem, vb_smem, DB, bkv, _part_kt(jt, part, N, BLOCK_N, SCHEDULE),
-                                   part, c, kv_empty, PROBE, True, s_layout, o_layout, a_layout, ob_layout, ab_layout,
-                                   q_layout)
+                                   part, c, kv_empty, PROBE, True, True, s_layout, o_layout, a_layout, ob_layout,
+                                   ab_layout, q_layout)
         else:
             _consumer_tile(q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK, DV, N,
                            H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, QK_SCALE,
                            SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, WG, qb_smem, dob_smem, kb_smem,
-                           vb_smem, DB, bkv, jt, 0, gl.to_tensor(0), kv_empty, PROBE, False, s_layout, o_layout, a_layout, ob_layout,
-                           ab_layout, q_layout)
+                           vb_smem, DB, bkv, jt, 0, gl.to_tensor(0), kv_empty, PROBE, False, False, s_layout, o_layout,
+                           a_layout, ob_layout, ab_layout, q_layout)
 
     @gluon.jit
     def _consumer_tile(q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK, DV, N,
@@ -265,12 +284,15 @@ if gluon is not None:
                        QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, qb_smem,
                        dob_smem, kb_smem, vb_smem, DB: gl.constexpr, bkv, kt, part, c, kv_empty, PROBE: gl.constexpr,
-                       HEADS_INNER: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                       HEADS_INNER: gl.constexpr, RELEASE_KV: gl.constexpr, s_layout: gl.constexpr,
+                       o_layout: gl.constexpr,
                        a_layout: gl.constexpr, ob_layout: gl.constexpr, ab_layout: gl.constexpr,
                        q_layout: gl.constexpr):
         """This warpgroup's keys of key tile kt (the program's part `part`, from step c on): its steps over
         the group's query heads and query tiles (HEADS_INNER: query tile by query tile, else head by
-        head), then its dK and dV stored. Returns the next step's count."""
+        head), then its dK and dV stored. RELEASE_KV (the program takes more key tiles): kv_empty
+        arrived at once the steps are done (K and V read), so that the producer loads the next tile's
+        while dK and dV are stored. Returns the next step's count."""
         kv_ready, q_ready, do_ready, qdo_empty = bars
         HALF: gl.constexpr = BLOCK_N // 2
         DA: gl.constexpr = o_layout.instr_shape[1]
@@ -329,10 +351,10 @@ if gluon is not None:
                                                    BLOCK_M, HALF, STAGES, DB, WG, s_layout, a_layout, ab_layout,
                                                    q_layout, PROBE)
                     c += 1
+        if RELEASE_KV:
+            mbarrier.arrive(kv_empty, count=1)  # this key tile's K and V read: the producer may load the next
         gb.store_dkdv(dk, dv, dkb, dvb, DK, DV, bkv, H_KV, key0, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
                        stride_dvh, stride_dvn, SM_SCALE, HALF, DA, DB, o_layout, ob_layout)
-        if HEADS_INNER:
-            mbarrier.arrive(kv_empty, count=1)  # this key tile's K and V read: the producer may load the next
         return c
 
     @gluon.jit
@@ -350,6 +372,35 @@ if gluon is not None:
         if SCHEDULE == 2:
             return (N // BLOCK_N - 1 - jt) * (1 - part) + jt * part
         return jt
+
+    @gluon.jit
+    def _publish_ticket(tk, part, ticket):
+        """The producer's: ticket (the key tile the program takes as its part `part`, in the order of
+        the tickets: the sequences fastest) into the program's slot part % 2 for the other partitions,
+        once they have read what the slot held two parts before."""
+        slot, ticks, tick_ready, tick_free = tk
+        buf = part % 2
+        mbarrier.wait(tick_free.index(buf), ((part // 2) & 1) ^ 1)
+        gl.atomic_xchg(ticks + buf, ticket, sem="relaxed")
+        mbarrier.arrive(tick_ready.index(buf), count=1)
+
+    @gluon.jit
+    def _take_ticket(tk, part):
+        """The producer's: the next ticket (a global counter), published as part `part`'s."""
+        slot, ticks, tick_ready, tick_free = tk
+        ticket = gl.atomic_add(slot, 1, sem="relaxed")
+        _publish_ticket(tk, part, ticket)
+        return ticket
+
+    @gluon.jit
+    def _read_ticket(tk, part):
+        """The consumers' and the writer's: part `part`'s ticket, as the producer published it."""
+        slot, ticks, tick_ready, tick_free = tk
+        buf = part % 2
+        mbarrier.wait(tick_ready.index(buf), (part // 2) & 1)
+        ticket = gl.atomic_add(ticks + buf, 0, sem="relaxed")
+        mbarrier.arrive(tick_free.index(buf), count=1)
+        return ticket
 
     @gluon.jit
     def _proxy_fence(x):
@@ -390,7 +441,7 @@ if gluon is not None:
     @gluon.jit
     def _fused_writer(dq_smem, fbars, acc_desc, SEM, N, H, H_KV, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PROBE: gl.constexpr, SCHEDULE: gl.constexpr,
-                      bkv, jt):
+                      bkv, jt, PERSISTENT: gl.constexpr, tk):
         """Each step's dQ share (the warpgroups' two halves, each in two [64, 32] fp32 pieces in dq_smem)
         added to its query tile's sum (dQacc, tile-major: (B*H, N / BLOCK_M, 4, 64, 32)) in the order of
         the turns (`_turns`), by TMA from shared memory: the first in turn stores it, a later one waits
@@ -399,27 +450,47 @@ if gluon is not None:
         PROBE (timing only, wrong results): 1 skips the turns, 2 writes nothing; 3 also (the consumers)
         skips the warpgroups' wait for each other's dS, 4 also the dQ product and its store into shared
         memory, 5 the store alone, 6 the store and dS's."""
-        b = bkv // H_KV
-        hk = bkv % H_KV
         n_qt = N // BLOCK_M
-        c = 0
-        for part in range(_n_parts(jt, N, BLOCK_N, SCHEDULE)):
-            kt = _part_kt(jt, part, N, BLOCK_N, SCHEDULE)
-            first = 0
-            if IS_CAUSAL:
-                first = kt * BLOCK_N // BLOCK_M
-            if SCHEDULE == 2:  # the group's heads inner, as the consumers take them
-                for it in range(first, n_qt):
-                    for g in range(GROUP):
-                        _write_share(dq_smem, fbars, acc_desc, SEM, c, b * H + hk * GROUP + g, it, kt, N, BLOCK_M,
-                                     BLOCK_N, IS_CAUSAL, PROBE, SCHEDULE)
-                        c += 1
-            else:
+        if PERSISTENT:  # bkv: the count of (batch, K/V head) pairs; the tiles from the producer's tickets
+            c = 0
+            part = 0
+            ticket = _read_ticket(tk, part)
+            while ticket < bkv * (N // BLOCK_N):
+                t_bkv = ticket % bkv
+                kt = ticket // bkv
+                first = 0
+                if IS_CAUSAL:
+                    first = kt * BLOCK_N // BLOCK_M
+                b = t_bkv // H_KV
+                hk = t_bkv % H_KV
                 for g in range(GROUP):
                     for it in range(first, n_qt):
                         _write_share(dq_smem, fbars, acc_desc, SEM, c, b * H + hk * GROUP + g, it, kt, N, BLOCK_M,
                                      BLOCK_N, IS_CAUSAL, PROBE, SCHEDULE)
                         c += 1
+                part += 1
+                ticket = _read_ticket(tk, part)
+        else:
+            b = bkv // H_KV
+            hk = bkv % H_KV
+            c = 0
+            for part in range(_n_parts(jt, N, BLOCK_N, SCHEDULE)):
+                kt = _part_kt(jt, part, N, BLOCK_N, SCHEDULE)
+                first = 0
+                if IS_CAUSAL:
+                    first = kt * BLOCK_N // BLOCK_M
+                if SCHEDULE == 2:  # the group's heads inner, as the consumers take them
+                    for it in range(first, n_qt):
+                        for g in range(GROUP):
+                            _write_share(dq_smem, fbars, acc_desc, SEM, c, b * H + hk * GROUP + g, it, kt, N, BLOCK_M,
+                                         BLOCK_N, IS_CAUSAL, PROBE, SCHEDULE)
+                            c += 1
+                else:
+                    for g in range(GROUP):
+                        for it in range(first, n_qt):
+                            _write_share(dq_smem, fbars, acc_desc, SEM, c, b * H + hk * GROUP + g, it, kt, N, BLOCK_M,
+                                         BLOCK_N, IS_CAUSAL, PROBE, SCHEDULE)
+                            c += 1
         _bulk_wait(c)  # the last shares' writes performed before the program ends (_cast_kernel reads them)
 
     @gluon.jit
@@ -457,11 +528,43 @@ if gluon is not None:
                         dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH, GROUP: gl.constexpr,
                         IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         STAGES: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc, qb_smem, dob_smem, kb_smem,
-                        vb_smem, DA: gl.constexpr, DB: gl.constexpr, bkv, jt, kv_empty, SCHEDULE: gl.constexpr):
+                        vb_smem, DA: gl.constexpr, DB: gl.constexpr, bkv, jt, kv_empty, SCHEDULE: gl.constexpr,
+                        PERSISTENT: gl.constexpr, tk):
         """The loads: the dK/dV kernel's producer for one key tile (SCHEDULE 0, 1); SCHEDULE 2, program
         jt's two key tiles (_part_kt) one after the other, the second's K and V once the consumers have
-        read the first's (kv_empty), the group's heads inner at each query tile."""
-        if SCHEDULE == 2:
+        read the first's (kv_empty), the group's heads inner at each query tile; PERSISTENT, the tiles
+        of the tickets it takes (schedule 0's order), each in the dK/dV producer's order."""
+        if PERSISTENT:  # bkv: the count of (batch, K/V head) pairs
+            R: gl.constexpr = BLOCK_N // BLOCK_M
+            n_qt = N // BLOCK_M
+            c = 0
+            part = 0
+            ticket = _take_ticket(tk, part)
+            while ticket < bkv * (N // BLOCK_N):
+                t_bkv = ticket % bkv
+                kt = ticket // bkv
+                b = t_bkv // H_KV
+                hk = t_bkv % H_KV
+                if part > 0:
+                    mbarrier.wait(kv_empty, (part - 1) & 1)
+                gb.load_kv(k_desc, v_desc, kb_desc, vb_desc, k_smem, v_smem, kb_smem, vb_smem, bars[0],
+                           b * KRB + hk * KRH + kt * BLOCK_N, hk * KCH, BLOCK_N // 2, DA, DB)
+                # the next tile's ticket now: a program holds it while it works on this one, which is safe
+                # as every tile waits only for tiles of earlier tickets (schedule 0)
+                next_ticket = _take_ticket(tk, part + 1)
+                first = 0
+                if IS_CAUSAL:
+                    first = kt * R
+                for g in range(GROUP):
+                    h = hk * GROUP + g
+                    for it in range(first, n_qt):
+                        gb.load_qdo(q_desc, do_desc, l_desc, dl_desc, q_smem, do_smem, l_smem, dl_smem, bars,
+                                    qb_desc, dob_desc, qb_smem, dob_smem, c, b, h, b * H + h, it * BLOCK_M, QRB,
+                                    QRH, QCH, DRB, DRH, DCH, STAGES, DA, DB)
+                        c += 1
+                ticket = next_ticket
+                part += 1
+        elif SCHEDULE == 2:
             b = bkv // H_KV
             hk = bkv % H_KV
             c = 0
@@ -485,14 +588,14 @@ if gluon is not None:
                              dob_smem, kb_smem, vb_smem, DA, DB, False, bkv, jt, SCHEDULE == 1 and not IS_CAUSAL)
 
     @gluon.jit
-    def _fused_kernel(q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, acc_desc, DK, DV, SEM, N, H, H_KV,
+    def _fused_kernel(q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, acc_desc, DK, DV, SEM, N, H, H_KV, N_BKV,
                       QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
                       stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                       QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr, GROUP: gl.constexpr,
                       IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       D: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                       WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr, PROBE: gl.constexpr, SCHEDULE: gl.constexpr,
-                      num_warps: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc,
+                      PERSISTENT: gl.constexpr, num_warps: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc,
                       DB: gl.constexpr):
         gl.static_assert(num_warps == 4, "the default partition: a consumer warpgroup, or the writer's four warps")
         gl.static_assert(D - DB == 64, "dQ halves of 64 columns")
@@ -506,14 +609,19 @@ if gluon is not None:
         n_jt = N // BLOCK_N
         if SCHEDULE == 2:
             n_jt = (n_jt + 1) // 2
-        n_bkv = gl.num_programs(0) // n_jt
-        ticket = gl.atomic_add(SEM + n_bkv * GROUP * (N // BLOCK_M), 1)
-        if SCHEDULE >= 1:  # a sequence's key tiles together (_turns)
-            bkv = ticket // n_jt
-            jt = ticket % n_jt
+        gl.static_assert(SCHEDULE == 0 or not PERSISTENT, "persistent: schedule 0")
+        if PERSISTENT:  # the producer takes the tickets and hands them on (_take_ticket)
+            bkv = N_BKV
+            jt = gl.program_id(0)
         else:
-            bkv = ticket % n_bkv
-            jt = ticket // n_bkv
+            n_bkv = gl.num_programs(0) // n_jt
+            ticket = gl.atomic_add(SEM + n_bkv * GROUP * (N // BLOCK_M), 1)
+            if SCHEDULE >= 1:  # a sequence's key tiles together (_turns)
+                bkv = ticket // n_jt
+                jt = ticket % n_jt
+            else:
+                bkv = ticket % n_bkv
+                jt = ticket // n_bkv
         q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, DA], q_desc.layout)
         do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, DA], do_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [2, HALF, DA], k_desc.layout)
@@ -544,7 +652,7 @@ if gluon is not None:
         dq_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         dq_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_ready, count=1)
-        if SCHEDULE == 2:
+        if SCHEDULE == 2 or PERSISTENT:
             mbarrier.init(kv_empty, count=2)
         for i in gl.static_range(STAGES):
             mbarrier.init(q_ready.index(i), count=1)
@@ -557,41 +665,57 @@ if gluon is not None:
             mbarrier.init(dq_empty.index(i), count=1)
         bars = (kv_ready, q_ready, do_ready, qdo_empty)
         fbars = (ds_ready, ds_free, dq_ready, dq_empty)
+        if PERSISTENT:  # the ticket counter, this program's two slots of tickets in SEM after it, their barriers
+            tick_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            tick_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(2):
+                mbarrier.init(tick_ready.index(i), count=1)
+                mbarrier.init(tick_free.index(i), count=3)  # both consumers and the writer
+            slot = SEM + N_BKV * GROUP * (N // BLOCK_M)
+            tk = (slot, slot + 1 + 2 * gl.program_id(0), tick_ready, tick_free)
+        else:
+            tk = (SEM, SEM, kv_ready, kv_ready)  # not read
         # the consumers, producer and writer: the first in the list is the partition the kernel starts in
         # (the argument tuples written out: Gluon keeps their constexprs only as literals)
         if WRITER_WARPS == 4:  # the writer first: both consumers workers (fewer spills)
             gl.warp_specialize([
                 (_fused_writer, (dq_smem, fbars, acc_desc, SEM, N, H, H_KV, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, PROBE,
-                                 SCHEDULE, bkv, jt)),
+                                 SCHEDULE, bkv, jt, PERSISTENT, tk)),
                 (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
                                    DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                    QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 0, qb_smem,
-                                   dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE)),
+                                   dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE,
+                                   PERSISTENT, tk)),
                 (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
                                    DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                    QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1, qb_smem,
-                                   dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE)),
+                                   dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE,
+                                   PERSISTENT, tk)),
                 (_fused_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
                                    l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
                                    GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
-                                   qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB, bkv, jt, kv_empty, SCHEDULE)),
+                                   qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB, bkv, jt, kv_empty, SCHEDULE,
+                                   PERSISTENT, tk)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
         else:
             gl.warp_specialize([
                 (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
                                    DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                    QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 0, qb_smem,
-                                   dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE)),
+                                   dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE,
+                                   PERSISTENT, tk)),
                 (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
                                    DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                    QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1, qb_smem,
-                                   dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE)),
+                                   dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE,
+                                   PERSISTENT, tk)),
                 (_fused_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
                                    l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
                                    GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
-                                   qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB, bkv, jt, kv_empty, SCHEDULE)),
+                                   qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB, bkv, jt, kv_empty, SCHEDULE,
+                                   PERSISTENT, tk)),
                 (_fused_writer, (dq_smem, fbars, acc_desc, SEM, N, H, H_KV, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, PROBE,
-                                 SCHEDULE, bkv, jt)),
+                                 SCHEDULE, bkv, jt, PERSISTENT, tk)),
             ], [4, 1, WRITER_WARPS], [CONSUMER_REGS, 24, WRITER_REGS])
 
 
@@ -620,7 +744,8 @@ def default_schedule(q, k, is_causal: bool) -> int:
 
 def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | None = None,
            consumer_regs: int | None = None, writer_regs: int | None = None, writer_warps: int | None = None,
-           compile_only: bool = False, probe: int = 0, schedule: int | None = None):
+           compile_only: bool = False, probe: int = 0, schedule: int | None = None, persistent: bool | None = None,
+           programs: int | None = None):
     """dQ, dK, dV into dq, dk, dv ((B, H, N, D) and (B, H_kv, N, D) views, unit stride along D) for
     q, k, v that `unsupported` accepts, from the forward's O (out) and L (lse, (B*H, N) fp32) and dO.
     Returns the compiled fused kernel; compile_only: compile the three kernels for the active
@@ -628,7 +753,10 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
     SCHEDULE (None: default_schedule's); 1 and 2 need a sequence's programs to fit on the GPU at once
     (one program an SM: then the sequence whose programs started first can always finish, so no
     program waits for ever); 2 (causal only) gives each program a pair of key tiles, n_kt - 1 - j
-    then j, the group's heads inner at each query tile, so that programs are of one length."""
+    then j, the group's heads inner at each query tile, so that programs are of one length. persistent
+    (None: the head dim in PERSISTENT_DIMS, at schedule 0): a program an SM (or `programs`, tests:
+    fewer, so that small inputs give a program several tiles) taking key tiles by ticket, schedule 0
+    only (_take_ticket)."""
     if schedule == 2 and not is_causal:
         raise ValueError("the fused backward's schedule 2 (pairs of key tiles) is causal only")
     q4, k4, v4, o4, do4, dq4, dk4, dv4 = (fg.heads(t) for t in (q, k, v, out, do, dq, dk, dv))
@@ -638,6 +766,17 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
         o4 = o4.contiguous()
     nb, nh, n, d = q4.shape
     h_kv = k4.shape[1]
+    if schedule is None:
+        schedule = 1 if compile_only else default_schedule(q4, k4, is_causal)
+    n_kt = n // BLOCK_N
+    grid = (nb * h_kv * ((n_kt + 1) // 2 if schedule == 2 else n_kt),)
+    if persistent is None:
+        persistent = d in PERSISTENT_DIMS and schedule == 0
+    if persistent:
+        if schedule != 0:
+            raise ValueError(f"the persistent fused backward takes schedule 0 only (there a tile waits only for "
+                             f"tiles of earlier tickets), not {schedule}")
+        grid = (min(grid[0], programs or (H100_SMS if compile_only else fg.sm_count(q4.device))),)
     st, regs, bm, wregs, wwarps = CONFIGS[d]
     stages, consumer_regs, writer_regs = stages or st, consumer_regs or regs, writer_regs or wregs
     writer_warps = writer_warps or wwarps
@@ -648,18 +787,16 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
     # scratch, written before it is read: Delta, the turn counters and the ticket (zeroed by the
     # delta kernel), dQ's fp32 sums (the first key tile of a query tile stores, not adds)
     delta = kernel_launch.scratch(torch.empty((nb * nh, n), dtype=torch.float32, device=dev))
-    sem = kernel_launch.scratch(torch.empty(nb * nh * (n // bm) + 1, dtype=torch.int32, device=dev))
+    # (+ two slots of tickets a program when persistent)
+    sem = kernel_launch.scratch(torch.empty(nb * nh * (n // bm) + 1 + 2 * grid[0] * bool(persistent), dtype=torch.int32,
+                                            device=dev))
     dqacc = kernel_launch.scratch(torch.empty((nb * nh, n // bm, 128 // PIECE, 64, PIECE), dtype=torch.float32,
                                               device=dev))
     q_desc, (qrb, qrh, qch) = fg.head_desc(q4, bm, da)
     do_desc, (drb, drh, dch) = fg.head_desc(do4, bm, da)
     k_desc, (krb, krh, kch) = fg.head_desc(k4, BLOCK_N // 2, da)
     v_desc, _ = fg.head_desc(v4, BLOCK_N // 2, da)
-    if schedule is None:
-        schedule = 1 if compile_only else default_schedule(q4, k4, is_causal)
     tile_grid = (nb * nh, n // bm)  # a program a query tile (the delta and cast kernels)
-    n_kt = n // BLOCK_N
-    grid = (nb * h_kv * ((n_kt + 1) // 2 if schedule == 2 else n_kt),)
     grid_kw = (lambda g: dict(grid=g)) if compile_only else (lambda g: {})
     pre = _delta_kernel.warmup if compile_only else kernel_launch.plain_launch(_delta_kernel)[tile_grid]
     pre(o4, do4, delta, sem, n, nh, o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0), do4.stride(1),
@@ -667,12 +804,12 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
     kernel = _fused_kernel.warmup if compile_only else kernel_launch.plain_launch(_fused_kernel)[grid]
     fused = kernel(
         q_desc, do_desc, k_desc, v_desc, gb.row_desc(lse2, bm), gb.row_desc(delta, bm), _acc_desc(dqacc),
-        dk4, dv4, sem, n, nh, h_kv, qrb, qrh, qch, drb, drh, dch, krb, krh, kch,
+        dk4, dv4, sem, n, nh, h_kv, nb * h_kv, qrb, qrh, qch, drb, drh, dch, krb, krh, kch,
         dk4.stride(0), dk4.stride(1), dk4.stride(2), dv4.stride(0), dv4.stride(1), dv4.stride(2),
         QK_SCALE=gb.LOG2E / math.sqrt(d), SM_SCALE=1.0 / math.sqrt(d), GROUP=nh // h_kv, IS_CAUSAL=bool(is_causal),
         BLOCK_M=bm, BLOCK_N=BLOCK_N, D=d, STAGES=stages, CONSUMER_REGS=consumer_regs, WRITER_REGS=writer_regs,
-        WRITER_WARPS=writer_warps, PROBE=probe, SCHEDULE=schedule, num_warps=4, qb_desc=q_desc, dob_desc=do_desc,
-        kb_desc=k_desc, vb_desc=v_desc, DB=db, **grid_kw(grid))
+        WRITER_WARPS=writer_warps, PROBE=probe, SCHEDULE=schedule, PERSISTENT=bool(persistent), num_warps=4,
+        qb_desc=q_desc, dob_desc=do_desc, kb_desc=k_desc, vb_desc=v_desc, DB=db, **grid_kw(grid))
     post = _cast_kernel.warmup if compile_only else kernel_launch.plain_launch(_cast_kernel)[tile_grid]
     post(dqacc, dq4, nh, dq4.stride(0), dq4.stride(1), dq4.stride(2), SM_SCALE=1.0 / math.sqrt(d), BLOCK_M=bm,
          DB=db, W=PIECE, num_warps=4, **grid_kw(tile_grid))
