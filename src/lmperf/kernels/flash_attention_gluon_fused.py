@@ -53,8 +53,8 @@ BLOCK_N = gb.BLOCK_N  # keys a program: two warpgroups of 64
 # leave) and both consumer warpgroups are workers, at 232 registers each at most (the pool's limit: at
 # 240 ptxas sets no register counts and spills everywhere), spilling about 40% fewer instructions than
 # the first consumer does as that partition (the layout at writer warps 2). At head dim 128 it is the
-# default (forward + backward faster at 4 x 16 x 8,192 causal outside the noise of three processes,
-# never slower); at 64 it is no faster (tuning/flash_attention/NOTES.md steps 59-60).
+# default (forward + backward faster outside the noise of three processes in three of eight readings,
+# slower in none); at 64 it is no faster (tuning/flash_attention/NOTES.md steps 59-60).
 # the two layouts as launch's keywords
 WRITER_FIRST = {"stages": 2, "consumer_regs": 232, "writer_regs": 24, "writer_warps": 4}
 CONSUMER_FIRST = {"stages": 2, "consumer_regs": 240, "writer_regs": 32, "writer_warps": 2}
