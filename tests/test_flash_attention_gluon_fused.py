@@ -302,10 +302,8 @@ def test_both_layouts_match_float64_every_run(monkeypatch, layout, d, causal):
     as that partition, whichever CONFIGS picks at d: right against float64 with 8 query heads on 2 and
     with 3 on 3, the same bits every run."""
     monkeypatch.setenv(ENV, "gluon-fused")
-    cfg = gf.WRITER_FIRST if layout == "writer_first" else gf.CONSUMER_FIRST
-    block_m = gf.CONFIGS[d][2]
-    monkeypatch.setitem(gf.CONFIGS, d, (cfg["stages"], cfg["consumer_regs"], block_m, cfg["writer_regs"],
-                                        cfg["writer_warps"]))
+    chosen = gf.WRITER_FIRST if layout == "writer_first" else gf.CONSUMER_FIRST
+    monkeypatch.setitem(gf.CONFIGS, d, gf.config(chosen, block_m=gf.CONFIGS[d][2]))
     ft.clear_plans()  # plans replay the launches of the configs they were made at
     try:
         for dtype, shape, kv in ((torch.bfloat16, (2, 8, 1152, d), 2), (torch.float16, (1, 3, 384, d), None)):

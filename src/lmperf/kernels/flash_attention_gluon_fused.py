@@ -54,11 +54,19 @@ BLOCK_N = gb.BLOCK_N  # keys a program: two warpgroups of 64
 # 240 ptxas sets no register counts and spills everywhere), spilling about 40% fewer instructions than
 # the first consumer does as that partition (the layout at writer warps 2). At head dim 128 it is the
 # default (forward + backward faster outside the noise of three processes in three of eight readings,
-# slower in none); at 64 it is no faster (tuning/flash_attention/NOTES.md steps 59-60).
-# the two layouts as launch's keywords
+# slower in none); at 64 it is no faster (tuning/flash_attention/NOTES.md steps 59-60). The two
+# layouts as launch's keywords; `config` makes a CONFIGS entry of one.
 WRITER_FIRST = {"stages": 2, "consumer_regs": 232, "writer_regs": 24, "writer_warps": 4}
 CONSUMER_FIRST = {"stages": 2, "consumer_regs": 240, "writer_regs": 32, "writer_warps": 2}
-CONFIGS = {64: (2, 240, 128, 32, 2), 128: (2, 232, 64, 24, 4)}
+
+
+def config(layout: dict, block_m: int) -> tuple:
+    """A CONFIGS entry: `layout` (WRITER_FIRST or CONSUMER_FIRST, or launch's keywords like them) at
+    BLOCK_M query rows a step."""
+    return (layout["stages"], layout["consumer_regs"], block_m, layout["writer_regs"], layout["writer_warps"])
+
+
+CONFIGS = {64: config(CONSUMER_FIRST, 128), 128: config(WRITER_FIRST, 64)}
 # Head dims whose kernel is persistent at schedule 0 (launch's `persistent`): a program an SM, its
 # producer taking key tiles by ticket for the others, the next tile's K and V loaded while the last
 # tile's dK and dV are stored. Opt-in (none): tuning/flash_attention/NOTES.md step 61.
