@@ -373,3 +373,28 @@ def test_compiled_matches_eager_bitwise(monkeypatch, causal):
     cfg = ft.bwd_config(2048, 64, torch.bfloat16, causal, 32, 2)
     assert cfg["dq"]["SPLIT"] == 1
     assert_compiled_matches_eager(apply, xs, causal)
+
+
+@NEEDS_HOPPER
+@pytest.mark.parametrize("d,kv_heads", [(64, None), (128, 2)])
+def test_the_planned_op_gives_the_launchers_bits(monkeypatch, d, kv_heads):
+    """The op that compiled graphs call, with plans on: its first call of a signature (recorded)
+    and two replays write the bits the launcher writes called straight (the JIT), in buffers that
+    hold garbage before each call."""
+    from lmperf.kernels import launch as kernel_launch
+    q, k, v = qkv((2, 4, 1152, d), kv_heads=kv_heads)
+    out, lse = fg.forward(q, k, v, True)
+    do = torch.randn_like(q)
+
+    def grads_of(call):
+        dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+        call(q, k, v, out, do, lse, dq, dk, dv, True)
+        return dq, dk, dv
+    monkeypatch.setenv(kernel_launch.LAUNCH_ENV, "jit")
+    want = grads_of(gf.launch)
+    monkeypatch.setenv(kernel_launch.LAUNCH_ENV, "plan")
+    monkeypatch.setattr(kernel_launch, "PLANS", kernel_launch.Plans())
+    for _ in range(3):
+        for a, b in zip(grads_of(torch.ops.lmperf.flash_attention_bwd_gluon_fused), want):
+            assert torch.equal(a, b)
+    assert len(kernel_launch.PLANS.plans) == 1 and all(kernel_launch.PLANS.plans.values())

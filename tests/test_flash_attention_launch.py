@@ -485,7 +485,8 @@ def _stand_in_kernels(monkeypatch, compiled=_StandInCompiled) -> list:
     modules = [ft]
     if fg.IMPORT_ERROR is None:
         from lmperf.kernels import flash_attention_gluon_bwd as gb
-        modules += [fg, gb]
+        from lmperf.kernels import flash_attention_gluon_fused as gf
+        modules += [fg, gb, gf]
     for module in modules:
         for value in vars(module).values():
             if hasattr(value, "fn") and hasattr(value, "arg_names") and value.fn.__name__.endswith("kernel"):
@@ -725,8 +726,11 @@ def test_the_gluon_ops_replay_their_first_calls_launches(monkeypatch, request):
     same role of the call."""
     if not _force_gluon(monkeypatch, request):
         return
+    from lmperf.kernels import flash_attention_gluon as fg
     log = _stand_in_kernels(monkeypatch)
     ops = torch.ops.lmperf
+    built = []  # the descriptors each call builds: none where it is replayed
+    monkeypatch.setattr(fg, "head_desc", lambda *a, real=fg.head_desc: built.append(a) or real(*a))
 
     def call(seed):
         torch.manual_seed(seed)
@@ -737,11 +741,15 @@ def test_the_gluon_ops_replay_their_first_calls_launches(monkeypatch, request):
         o, l = ops.flash_attention_forward_gluon(q, k, v, True)
         ops.flash_attention_dq_gluon(q, k, v, out, do, lse, delta, dq, True)
         ops.flash_attention_dkdv_gluon(q, k, v, do, lse, delta, dk, dv, True)
+        ops.flash_attention_bwd_gluon_fused(q, k, v, out, do, lse, dq, dk, dv, True)  # Delta, fused, dQ's cast
         return [kind for kind, *_ in log[start:]], _by_role(log[start:], (q, k, v, out, do, lse, delta, dq, dk, dv, o, l))
-    (kinds0, first), (kinds1, second), (kinds2, third) = call(0), call(1), call(2)
-    assert kinds0 == ["jit"] * 3 and kinds1 == kinds2 == ["launcher"] * 3
+    (kinds0, first), made = call(0), len(built)
+    (kinds1, second), (kinds2, third) = call(1), call(2)
+    assert made and len(built) == made
+    assert kinds0 == ["jit"] * 6 and kinds1 == kinds2 == ["launcher"] * 6
+    assert [kernel for kernel, *_ in first][3:] == ["_delta_kernel", "_fused_kernel", "_cast_kernel"]
     assert first == second == third
-    assert len(kl.PLANS.plans) == 3 and all(kl.PLANS.plans.values())
+    assert len(kl.PLANS.plans) == 4 and all(kl.PLANS.plans.values())
 
 
 def _reference_grads(q, k, v, do, is_causal):

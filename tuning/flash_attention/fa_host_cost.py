@@ -51,6 +51,8 @@ CASES = {
     "grid1024_64": (1, 1, 1024, 64, "assign"),  # the assignment's grid (batch 1) from 1,024 rows
     "grid1024_128": (1, 1, 1024, 128, "assign"),
     "grid4096_64": (1, 1, 4096, 64, "assign"),
+    "xl": (4, 25, 2048, 64, "model"),  # the xl model's attention (the fused Gluon backward)
+    "model128_2048": (8, 16, 2048, 128, "model"),  # the model group's head-dim-128 shape (the same)
 }
 
 
@@ -467,10 +469,11 @@ def stub_out_launches():
     import triton.runtime.jit as triton_jit
     from lmperf.kernels import flash_attention_gluon as fg
     from lmperf.kernels import flash_attention_gluon_bwd as gb
+    from lmperf.kernels import flash_attention_gluon_fused as gf
     from lmperf.kernels import flash_attention_triton as ft
     from lmperf.kernels import launch as kernel_launch
     stubs = []
-    for module in (ft, fg, gb):
+    for module in (ft, fg, gb, gf):
         for value in vars(module).values():
             if isinstance(value, triton_jit.JITFunction) and value.arg_names and value.__name__.endswith("kernel"):
                 stubs.append(StubKernel(value))
@@ -593,7 +596,7 @@ def stub_cost(cases, out_csv, log, reps=300, rounds=7, profile_txt=None):
 
 def stub_op_cost(out_csv, log, reps=2000, rounds=5):
     """us a call of each Gluon kernel's op (torch.compile's graphs call them: lmperf::
-    flash_attention_forward_gluon, _dq_gluon, _dkdv_gluon) against its launcher called directly,
+    flash_attention_forward_gluon, _dq_gluon, _dkdv_gluon, _bwd_gluon_fused) against its launcher called directly,
     launches stubbed, at (1, 1, 128, 128) bf16, through the JIT, the launch cache and plans (stub_cost's
     set-up; the ops' plans replay to the launchers)."""
     import statistics
@@ -602,6 +605,7 @@ def stub_op_cost(out_csv, log, reps=2000, rounds=5):
     if fg.IMPORT_ERROR is not None:
         return []
     import lmperf.kernels.flash_attention_gluon_bwd as gb
+    import lmperf.kernels.flash_attention_gluon_fused as gf
     stub_out_launches()
     q, k, v, out, do, dq, dk, dv = (torch.randn(1, 1, 128, 128, dtype=torch.bfloat16) for _ in range(8))
     lse, delta = torch.randn(1, 128), torch.randn(1, 128)
@@ -613,6 +617,8 @@ def stub_op_cost(out_csv, log, reps=2000, rounds=5):
         ("dq", "op"): lambda: ops.flash_attention_dq_gluon(q, k, v, out, do, lse, delta, dq, True),
         ("dkdv", "direct"): lambda: gb.launch_dkdv(q, k, v, do, lse, delta, dk, dv, True),
         ("dkdv", "op"): lambda: ops.flash_attention_dkdv_gluon(q, k, v, do, lse, delta, dk, dv, True),
+        ("fused", "direct"): lambda: gf.launch(q, k, v, out, do, lse, dq, dk, dv, True),
+        ("fused", "op"): lambda: ops.flash_attention_bwd_gluon_fused(q, k, v, out, do, lse, dq, dk, dv, True),
     }
     rows = []
     for mode in ("jit", "cache", "plan"):
