@@ -721,9 +721,9 @@ def test_a_plan_whose_launcher_is_refused_or_missing_replays_through_the_jit(mis
 
 
 def test_the_gluon_ops_replay_their_first_calls_launches(monkeypatch, request):
-    """The Gluon kernels' ops (what torch.compile's graphs call) with plans on: a later call of a
-    signature replays the first call's launches to the launchers, each tensor and descriptor the
-    same role of the call."""
+    """The Gluon kernels' ops (what torch.compile's graphs call), every one that opaque_op defined,
+    with plans on: a later call of a signature replays the first call's launches to the launchers,
+    each tensor and descriptor the same role of the call, and builds no descriptor."""
     if not _force_gluon(monkeypatch, request):
         return
     from lmperf.kernels import flash_attention_gluon as fg
@@ -750,6 +750,10 @@ def test_the_gluon_ops_replay_their_first_calls_launches(monkeypatch, request):
     assert [kernel for kernel, *_ in first][3:] == ["_delta_kernel", "_fused_kernel", "_cast_kernel"]
     assert first == second == third
     assert len(kl.PLANS.plans) == 4 and all(kl.PLANS.plans.values())
+    from lmperf.kernels.triton_op import OPAQUE_OPS
+    assert sorted(OPAQUE_OPS) == sorted(f"lmperf::{op}" for op in (
+        "flash_attention_forward_gluon", "flash_attention_dq_gluon", "flash_attention_dkdv_gluon",
+        "flash_attention_bwd_gluon_fused"))  # a new op is called above, and planned, before this passes
 
 
 def _reference_grads(q, k, v, do, is_causal):

@@ -15,6 +15,7 @@ from torch.library import custom_op, triton_op
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LIBRARIES: dict[str, torch.library.Library] = {}  # namespace: the fragment opaque_op defines its ops in
+OPAQUE_OPS: list[str] = []  # every op opaque_op has defined, by qualified name (the tests' inventory)
 
 
 def register(name: str, fake):
@@ -47,6 +48,7 @@ def opaque_op(qualname: str, mutates_args: tuple[str, ...], fake):
         lib.define(name + torch.library.infer_schema(fn, mutates_args=mutates_args))
         lib.impl(name, fn, "CompositeExplicitAutograd")
         torch.library.register_fake(qualname, fake, lib=lib)
+        OPAQUE_OPS.append(qualname)
         return getattr(getattr(torch.ops, namespace), name)
     return wrap
 
