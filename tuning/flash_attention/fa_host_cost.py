@@ -51,6 +51,10 @@ CASES = {
     "grid1024_64": (1, 1, 1024, 64, "assign"),  # the assignment's grid (batch 1) from 1,024 rows
     "grid1024_128": (1, 1, 1024, 128, "assign"),
     "grid4096_64": (1, 1, 4096, 64, "assign"),
+    "grid16384": (1, 1, 16384, 128, "assign"),
+    "grid16384_64": (1, 1, 16384, 64, "assign"),
+    "grid65536": (1, 1, 65536, 128, "assign"),
+    "grid65536_64": (1, 1, 65536, 64, "assign"),
     "xl": (4, 25, 2048, 64, "model"),  # the xl model's attention (the fused Gluon backward)
     "model128_2048": (8, 16, 2048, 128, "model"),  # the model group's head-dim-128 shape (the same)
 }
