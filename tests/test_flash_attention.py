@@ -404,6 +404,19 @@ def test_split_is_chosen_with_few_programs_only(monkeypatch):
     assert fa.fwd_config(16384, 64, torch.bfloat16, True, 16)["SPLIT"] == 1
     assert fa.bwd_config(8192, 128, torch.bfloat16, True, 64)["dkdv"]["SPLIT"] == 1
     assert fa.bwd_config(256, 80, torch.bfloat16, True, 128)["dq"]["SPLIT"] == 1
+    # causal 16-bit at 1,024 rows (head dims 64 and 128) where the unsplit forward has a program an
+    # SM: nothing split and two backward kernels (the assignment's (16, 1,024, D)); with fewer
+    # sequences, with grouped-query in the backward, not causal or past 1,024 rows _split's rule
+    for d in (64, 128):
+        for dtype in (torch.bfloat16, torch.float16):
+            bwd = fa.bwd_config(1024, d, dtype, True, 16)
+            assert fa.fwd_config(1024, d, dtype, True, 16)["SPLIT"] == 1
+            assert (bwd["dq"]["SPLIT"], bwd["dkdv"]["SPLIT"], bwd["fused"]) == (1, 1, False)
+    assert fa.fwd_config(1024, 64, torch.bfloat16, True, 8)["SPLIT"] == 4  # 128 programs: fewer than the SMs
+    assert fa.bwd_config(1024, 64, torch.bfloat16, True, 16, 4)["dkdv"]["SPLIT"] == 8
+    assert fa.fwd_config(1024, 64, torch.bfloat16, False, 16)["SPLIT"] == 2
+    assert fa.fwd_config(1024, 80, torch.bfloat16, True, 16)["SPLIT"] == 2
+    assert fa.fwd_config(4096, 64, torch.bfloat16, True, 4)["SPLIT"] == 2
     assert fa.bwd_config(1024, 64, torch.bfloat16, True, 48)["dq"]["SPLIT"] == 1
     assert fa.bwd_config(1024, 64, torch.bfloat16, True, 100)["dkdv"]["SPLIT"] == 1
     # fp32 D = 128 at short sequences: 16-row tiles, shares of at least two tiles

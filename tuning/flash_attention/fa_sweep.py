@@ -51,6 +51,10 @@ SHAPES = {
     **{f"grid_{t}_d{d}_{n}": (1, 1, n, d, True, dt) for t, dt in (("bf16", BF16), ("fp32", FP32))
        for d in (16, 64, 128) for n in (128, 256, 512, 1024, 2048)},
     "model_medium_256": (4, 16, 256, 64, True, BF16),
+    "assign_d64_1024": (16, 1, 1024, 64, True, BF16),  # the assignment's (16, 1,024, 64) harness shape
+    # ... and more where a launch has 1-2 programs an SM (the split rule's boundary)
+    "assign_d128_1024": (16, 1, 1024, 128, True, BF16),
+    "b4_d64_4096": (4, 1, 4096, 64, True, BF16),
 }
 SPLITS = (1, 2, 4, 8)
 
