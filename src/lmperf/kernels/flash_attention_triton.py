@@ -128,10 +128,11 @@ def _wide_at_1024(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int, gro
     causal, 16-bit, head dim 64 or 128, 16 tiles of 64 rows (961-1,024 rows: the assignment's
     harness, (16, 1,024, D)) in enough sequences that the unsplit forward gives every SM a
     program; for the backward (`group`) without grouped-query. Swept on the H200 at 16 sequences
-    of 1,024 rows (tuning/flash_attention/NOTES.md step 64): unsplit, the forward's GPU time 0.87x
-    the split one's at head dim 64 and 0.73x at 128, two unsplit backward kernels 0.81x and 0.73x
-    the split ones', one fused launch 1.09x and 1.55x the two kernels'. Elsewhere _split's rule
-    (up to two programs an SM) stands: longer or non-causal sequences were not swept here."""
+    of 1,024 rows (tuning/flash_attention/NOTES.md step 64): unsplit, the forward's GPU time
+    0.85-0.86x the split one's at head dim 64 and 0.73x at 128, two unsplit backward kernels
+    0.79-0.82x and 0.73x the split ones', one fused launch 1.09x and 1.55x the two kernels'.
+    Elsewhere _split's rule (up to two programs an SM) stands: longer or non-causal sequences were
+    not swept here."""
     return (causal and dtype != torch.float32 and d in (64, 128) and group == 1 and cdiv(n, 64) == 16
             and bh * 16 >= SM_COUNT_H100)
 
