@@ -859,11 +859,8 @@ def flash_attention_dkdv_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     """dK, dV into dk, dv, as a PyTorch op opaque to torch.compile (a compiled backward launches
     the same kernel as eager mode: the same bits). With plans on (LMPERF_FA_LAUNCH=plan), a call's
     launch is replayed from the plan of its signature, as in eager mode."""
-    if kernel_launch.planning():
-        inputs = (q, k, v, do, lse, delta, dk, dv)
-        kernel_launch.planned(("gluon dkdv", is_causal), inputs, lambda: (launch_dkdv(*inputs, is_causal), ())[1])
-    else:
-        launch_dkdv(q, k, v, do, lse, delta, dk, dv, is_causal)
+    inputs = (q, k, v, do, lse, delta, dk, dv)
+    kernel_launch.launch_in_place(("gluon dkdv", is_causal), inputs, lambda: launch_dkdv(*inputs, is_causal))
 
 
 def launch_dq(q, k, v, out, do, lse, delta, dq, is_causal: bool, stages: int | None = None,
@@ -907,8 +904,5 @@ def flash_attention_dq_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     """dQ into dq and Delta into delta, as a PyTorch op opaque to torch.compile (a compiled
     backward launches the same kernel as eager mode: the same bits). With plans on
     (LMPERF_FA_LAUNCH=plan), a call's launch is replayed from the plan of its signature."""
-    if kernel_launch.planning():
-        inputs = (q, k, v, out, do, lse, delta, dq)
-        kernel_launch.planned(("gluon dq", is_causal), inputs, lambda: (launch_dq(*inputs, is_causal), ())[1])
-    else:
-        launch_dq(q, k, v, out, do, lse, delta, dq, is_causal)
+    inputs = (q, k, v, out, do, lse, delta, dq)
+    kernel_launch.launch_in_place(("gluon dq", is_causal), inputs, lambda: launch_dq(*inputs, is_causal))

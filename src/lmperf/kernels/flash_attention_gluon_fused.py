@@ -832,8 +832,5 @@ def flash_attention_bwd_gluon_fused(q: torch.Tensor, k: torch.Tensor, v: torch.T
     the same kernels as eager mode: the same bits). With plans on (LMPERF_FA_LAUNCH=plan), a call's
     three launches are replayed from the plan of its signature, as in eager mode: its descriptors
     are not built again, nor their tensor maps made while their data's address is one seen lately."""
-    if kernel_launch.planning():
-        inputs = (q, k, v, out, do, lse, dq, dk, dv)
-        kernel_launch.planned(("gluon fused", is_causal), inputs, lambda: (launch(*inputs, is_causal), ())[1])
-    else:
-        launch(q, k, v, out, do, lse, dq, dk, dv, is_causal)
+    inputs = (q, k, v, out, do, lse, dq, dk, dv)
+    kernel_launch.launch_in_place(("gluon fused", is_causal), inputs, lambda: launch(*inputs, is_causal))

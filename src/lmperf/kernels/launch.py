@@ -622,6 +622,16 @@ def then_key(first: tuple, kind: tuple, known: tuple, new: torch.Tensor) -> tupl
             *map(getenv, DISPATCH_ENV))
 
 
+def launch_in_place(kind: tuple, inputs: tuple, launch) -> None:
+    """launch(), which writes its results into tensors among `inputs` (what it returns is dropped):
+    with plans on (planning), replayed from the plan of the call's signature (planned), else called.
+    What a Gluon kernel's op that writes in place runs (torch.compile's graphs call the ops)."""
+    if planning():
+        planned(kind, inputs, lambda: (launch(), ())[1])
+    else:
+        launch()
+
+
 def planned(kind: tuple, inputs: tuple, run, key: tuple | None = None) -> tuple:
     """run()'s outputs, the kernels it launches for these inputs replayed from the plan of their call
     signature (signature) where there is one: the dispatch, its checks and descriptors
