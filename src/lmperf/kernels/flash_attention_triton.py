@@ -202,13 +202,13 @@ def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int, group:
     dkdv["HEADS_FASTEST"] = causal
     dq, dkdv = fit_tiles(dq, n, "BLOCK_M2", "BLOCK_N2"), fit_tiles(dkdv, n, "BLOCK_N", "BLOCK_M")
     # few programs and long loops: several programs per tile, each writing fp32 partial sums
-    dq["SPLIT"] = _split(bh * cdiv(n, dq["BLOCK_M2"]), cdiv(n, dq["BLOCK_N2"]), _min_loop(dtype), min_share)
-    dkdv["SPLIT"] = _split(bh // group * cdiv(n, dkdv["BLOCK_N"]), group * cdiv(n, dkdv["BLOCK_M"]),
-                           _min_loop(dtype), min_share)
-    if _wide_at_1024(n, d, dtype, causal, bh, group):
-        return dict(dq={**dq, "SPLIT": 1}, dkdv={**dkdv, "SPLIT": 1}, fused=False)
+    wide = _wide_at_1024(n, d, dtype, causal, bh, group)
+    dq["SPLIT"] = 1 if wide else _split(bh * cdiv(n, dq["BLOCK_M2"]), cdiv(n, dq["BLOCK_N2"]), _min_loop(dtype),
+                                        min_share)
+    dkdv["SPLIT"] = 1 if wide else _split(bh // group * cdiv(n, dkdv["BLOCK_N"]), group * cdiv(n, dkdv["BLOCK_M"]),
+                                          _min_loop(dtype), min_share)
     cfg = dict(dq=dq, dkdv=dkdv)
-    return {**cfg, "fused": _fused(cfg, n, dtype, bh, group)}
+    return {**cfg, "fused": not wide and _fused(cfg, n, dtype, bh, group)}
 
 
 def _fused(cfg: dict, n: int, dtype: torch.dtype, bh: int, group: int = 1) -> bool:
