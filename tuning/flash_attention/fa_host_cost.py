@@ -1,12 +1,12 @@
 """The host's cost of one FlashAttention forward+backward on a GPU: do_bench with the host included
 against the kernels' GPU time, ours (FlashAttention2Triton, its default launch mode) beside
 SDPA-cuDNN and SDPA-flash, eager and torch.compile'd, bf16 (ours_jit, ours_cache, ours_plan: ours
-with LMPERF_FA_LAUNCH=jit, =cache or =plan); where ours spends its host time (cProfile), and where
+with LMPERF_FA_LAUNCH=jit, =cache or =plan; ours_tile: the tile-language kernels forced); where ours spends its host time (cProfile), and where
 ours and SDPA-cuDNN spend it by op (torch.profiler's CPU time); and what one Triton launch costs
 through the JIT against the compiled kernel's own launcher.
 
     python tuning/flash_attention/fa_host_cost.py --out DIR [--only model64,assign64]
-        [--impls ours,ours_jit,cudnn,flash] [--modes eager,compiled] [--bench-rounds R] [--rep-ms MS]
+        [--impls ours,ours_jit,ours_tile,cudnn,flash] [--modes eager,compiled] [--bench-rounds R] [--rep-ms MS]
         [--profile] [--launch] [--tag TAG]
 
 Writes DIR/fa_host_cost{TAG}.csv: one row per case x implementation x mode: do_bench's median and
@@ -72,8 +72,11 @@ def attention(impl, layout):
     from torch.nn.functional import scaled_dot_product_attention as sdpa
     from lmperf.kernels.flash_attention_triton import FlashAttention2Triton
     view = (lambda t: t.transpose(1, 2)) if layout == "model" else (lambda t: t)
-    if impl in ("ours", "ours_jit", "ours_cache", "ours_plan"):  # ours: the default launch mode; the others force one
-        return lambda q, k, v: FlashAttention2Triton.apply(view(q), view(k), view(v), True)
+    if impl == "ours" or impl in IMPL_ENV:  # ours: the defaults; the others force a launch mode or the tile kernels
+        # a code object of its own for each: torch.compile caches graphs by code object, and its guards
+        # do not read the variables that pick the kernels (one would run another's graph)
+        return eval(compile("lambda q, k, v: apply(view(q), view(k), view(v), True)", f"<{impl}>", "eval"),
+                    {"apply": FlashAttention2Triton.apply, "view": view})
     backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[impl]
     heads = (lambda t: t.transpose(1, 2)) if layout == "model" else (lambda t: t.unsqueeze(1))
 
@@ -167,8 +170,8 @@ def bench(cases, impls, modes, out_csv, log, rounds=1, rep_ms=200):
             for impl in impls:
                 row = dict(case=case, shape="x".join(map(str, CASES[case][:4])), layout=layout, impl=impl, mode=mode,
                            gpu=torch.cuda.get_device_name())
-                env = impl[len("ours_"):] if impl in ("ours_jit", "ours_cache", "ours_plan") else None
-                if env is not None and mode != "eager":  # a launch mode is eager mode's
+                env = IMPL_ENV.get(impl, {})
+                if LAUNCH_ENV in env and mode != "eager":  # a launch mode is eager mode's
                     continue
                 try:
                     _launch_env(env)
@@ -214,12 +217,18 @@ def bench(cases, impls, modes, out_csv, log, rounds=1, rep_ms=200):
     return rows
 
 
-def _launch_env(mode):
-    """LMPERF_FA_LAUNCH=mode, or unset (the default launch mode) for None."""
-    if mode is None:
-        os.environ.pop(LAUNCH_ENV, None)
-    else:
-        os.environ[LAUNCH_ENV] = mode
+# the variables an implementation of ours sets (the others unset): a launch mode, or the tile kernels forced
+IMPL_ENV = {"ours_jit": {LAUNCH_ENV: "jit"}, "ours_cache": {LAUNCH_ENV: "cache"}, "ours_plan": {LAUNCH_ENV: "plan"},
+            "ours_tile": {"LMPERF_FA_BACKEND": "triton", "LMPERF_FA_BWD_BACKEND": "triton"}}
+
+
+def _launch_env(env):
+    """The variables of IMPL_ENV set as `env` has them ({} or None: all unset, the defaults)."""
+    for name in {k for e in IMPL_ENV.values() for k in e}:
+        if env and name in env:
+            os.environ[name] = env[name]
+        else:
+            os.environ.pop(name, None)
 
 
 def write(path, rows):
@@ -394,6 +403,8 @@ STUB_CASES = {
     "model128": ("model128", (2, 2, 64, 128), None),
     "grid4096": ("grid4096", (1, 1, 128, 128), ("gluon", "gluon")),  # both Gluon kernels (N a multiple of 128)
     "grid1024_64": ("grid1024_64", (1, 1, 64, 64), None),
+    "model128_tile": ("model128", (2, 2, 128, 128), ("triton", "triton")),  # the tile kernels at N = 128
+    "model128_gluon": ("model128", (2, 2, 128, 128), ("gluon", "gluon")),  # both Gluon kernels there
 }
 STUB_IMPLS = ("trivial", "bare", "jit", "cache", "plan")
 

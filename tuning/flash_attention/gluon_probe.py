@@ -53,6 +53,9 @@ SHAPES = {
     "gqa_64q_8192": (1, 64, 8, 8192, 128, True),
     "xl_2048": (4, 25, 25, 2048, 64, True),  # the xl model's attention
     "d64_1024": (4, 16, 16, 1024, 64, True),  # the model group's 1,024-row shape at head dim 64
+    "d128_1024": (4, 16, 16, 1024, 128, True),  # and at head dim 128
+    "assign64": (16, 1, 1, 1024, 64, True),  # the assignment's (16, 1,024, D): one head a sequence
+    "assign128": (16, 1, 1, 1024, 128, True),
 }
 # (variant, (BLOCK_M, BLOCK_N, num_warps, STAGES)) candidates by (D, causal); causal tiles square
 CANDIDATES = {  # "pp_snake"/"pp_nosnake"/"pp_rev": pp with the causal schedule forced (else by head dim)
@@ -268,6 +271,10 @@ BWD_SHAPES = {  # name: (batch, q heads, kv heads, N, D, causal)
     "gqa_64q_8192": (1, 64, 8, 8192, 128, True),
     "xl_2048": (4, 25, 25, 2048, 64, True),
     "d64_1024": (4, 16, 16, 1024, 64, True),  # the model group's 1,024-row shape at head dim 64
+    "d128_1024": (4, 16, 16, 1024, 128, True),  # and at head dim 128
+    "d128_1536": (4, 16, 16, 1536, 128, True),
+    "assign64": (16, 1, 1, 1024, 64, True),  # the assignment's (16, 1,024, D): one head a sequence
+    "assign128": (16, 1, 1, 1024, 128, True),
     "d80_2048": (4, 32, 32, 2048, 80, True),  # the 2.7B model's attention
     "d80_causal": (4, 16, 16, 8192, 80, True),
     "d80_full": (4, 16, 16, 8192, 80, False),
