@@ -1,7 +1,8 @@
 """The host's cost of one FlashAttention forward+backward on a GPU: do_bench with the host included
 against the kernels' GPU time, ours (FlashAttention2Triton, its default launch mode) beside
 SDPA-cuDNN and SDPA-flash, eager and torch.compile'd, bf16 (ours_jit, ours_cache, ours_plan: ours
-with LMPERF_FA_LAUNCH=jit, =cache or =plan; ours_tile: the tile-language kernels forced); where ours spends its host time (cProfile), and where
+with LMPERF_FA_LAUNCH=jit, =cache or =plan; ours_tile, ours_gluon: the tile-language or the Gluon
+kernels forced); where ours spends its host time (cProfile), and where
 ours and SDPA-cuDNN spend it by op (torch.profiler's CPU time); and what one Triton launch costs
 through the JIT against the compiled kernel's own launcher.
 
@@ -15,8 +16,9 @@ time; with --bench-rounds R, the median of R rounds that time the implementation
 the rounds' min and max), the GPU time of the kernels per call (profiler), the host's time per call in a loop of 200
 calls synchronised only at its end, the kernels per call, and the tensor maps made per call (the Gluon
 kernels' TMA descriptors encoded by the driver); a failure is a row with its error.
---profile: DIR/fa_host_profile{TAG}.txt, cProfile of 300 eager calls of ours at the first case,
-then torch.profiler's table of the host's time by op of 100 eager calls of ours and of SDPA-cuDNN.
+--profile: DIR/fa_host_profile{TAG}.txt, at the first case, in each of --modes: cProfile of 300
+calls of each implementation of ours among --impls, then torch.profiler's table of the host's time
+by op of 100 calls of each of --impls.
 --anatomy: DIR/fa_host_anatomy{TAG}.csv, do_bench's loop taken apart: the host's time of the
 forward and of the backward and the events' time, with the L2 flush and the garbage collector on
 and off (anatomy).
@@ -217,9 +219,10 @@ def bench(cases, impls, modes, out_csv, log, rounds=1, rep_ms=200):
     return rows
 
 
-# the variables an implementation of ours sets (the others unset): a launch mode, or the tile kernels forced
+# the variables an implementation of ours sets (the others unset): a launch mode, or the tile or Gluon kernels forced
 IMPL_ENV = {"ours_jit": {LAUNCH_ENV: "jit"}, "ours_cache": {LAUNCH_ENV: "cache"}, "ours_plan": {LAUNCH_ENV: "plan"},
-            "ours_tile": {"LMPERF_FA_BACKEND": "triton", "LMPERF_FA_BWD_BACKEND": "triton"}}
+            "ours_tile": {"LMPERF_FA_BACKEND": "triton", "LMPERF_FA_BWD_BACKEND": "triton"},
+            "ours_gluon": {"LMPERF_FA_BACKEND": "gluon", "LMPERF_FA_BWD_BACKEND": "gluon"}}
 
 
 def _launch_env(env):
@@ -241,36 +244,43 @@ def write(path, rows):
         w.writerows(rows)
 
 
-def profile_ours(case, out_txt):
-    q, k, v = leaves(case)
-    step = step_fn(attention("ours", CASES[case][4]), q, k, v)
-    for _ in range(20):
-        step()
-    torch.cuda.synchronize()
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(300):
-        step()
-        q.grad = k.grad = v.grad = None
-    torch.cuda.synchronize()
-    pr.disable()
+def profile_ours(case, out_txt, impls=("ours", "cudnn"), modes=("eager",)):
+    """cProfile of 300 calls of each implementation of ours among `impls`, then torch.profiler's
+    table of the host's time by op of 100 calls of every one of `impls`, in each of `modes`."""
     s = io.StringIO()
-    st = pstats.Stats(pr, stream=s)
-    st.sort_stats("tottime").print_stats(45)
-    st.sort_stats("cumulative").print_stats(60)
     from torch.profiler import ProfilerActivity, profile
-    for impl in ("ours", "cudnn"):
-        step = step_fn(attention(impl, CASES[case][4]), q, k, v)
-        for _ in range(20):
-            step()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(100):
+    q, k, v = leaves(case)
+    for mode in modes:
+        for impl in impls:
+            if LAUNCH_ENV in IMPL_ENV.get(impl, {}) and mode != "eager":  # a launch mode is eager mode's
+                continue
+            _launch_env(IMPL_ENV.get(impl))
+            fn = attention(impl, CASES[case][4])
+            step = step_fn(torch.compile(fn, fullgraph=True) if mode == "compiled" else fn, q, k, v)
+            for _ in range(20):
                 step()
                 q.grad = k.grad = v.grad = None
             torch.cuda.synchronize()
-        s.write(f"\n\n# torch.profiler, {impl}, {case}: 100 eager forward + backward calls, the host's time by op\n")
-        s.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=35, max_name_column_width=60))
+            if impl == "ours" or impl in IMPL_ENV:
+                pr = cProfile.Profile()
+                pr.enable()
+                for _ in range(300):
+                    step()
+                    q.grad = k.grad = v.grad = None
+                torch.cuda.synchronize()
+                pr.disable()
+                s.write(f"\n\n# cProfile, {impl}, {mode}, {case}: 300 forward + backward calls\n")
+                st = pstats.Stats(pr, stream=s)
+                st.sort_stats("tottime").print_stats(40)
+                st.sort_stats("cumulative").print_stats(50)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(100):
+                    step()
+                    q.grad = k.grad = v.grad = None
+                torch.cuda.synchronize()
+            s.write(f"\n\n# torch.profiler, {impl}, {mode}, {case}: 100 forward + backward calls, the host's time by op\n")
+            s.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=35, max_name_column_width=60))
+    _launch_env(None)
     Path(out_txt).write_text(s.getvalue())
 
 
@@ -688,7 +698,7 @@ def main():
     if a.launch:
         launch_cost(cases[0], a.out / f"fa_host_launch{a.tag}.csv", log)
     if a.profile:
-        profile_ours(cases[0], a.out / f"fa_host_profile{a.tag}.txt")
+        profile_ours(cases[0], a.out / f"fa_host_profile{a.tag}.txt", a.impls.split(","), a.modes.split(","))
     if a.anatomy:
         anatomy(cases, a.impls.split(","), a.out / f"fa_host_anatomy{a.tag}.csv", log)
     if not a.skip_bench:
