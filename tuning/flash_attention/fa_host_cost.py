@@ -74,7 +74,7 @@ def attention(impl, layout):
     from torch.nn.functional import scaled_dot_product_attention as sdpa
     from lmperf.kernels.flash_attention_triton import FlashAttention2Triton
     view = (lambda t: t.transpose(1, 2)) if layout == "model" else (lambda t: t)
-    if impl == "ours" or impl in IMPL_ENV:  # ours: the defaults; the others force a launch mode or the tile kernels
+    if _ours(impl):
         # a code object of its own for each: torch.compile caches graphs by code object, and its guards
         # do not read the variables that pick the kernels (one would run another's graph)
         return eval(compile("lambda q, k, v: apply(view(q), view(k), view(v), True)", f"<{impl}>", "eval"),
@@ -173,7 +173,7 @@ def bench(cases, impls, modes, out_csv, log, rounds=1, rep_ms=200):
                 row = dict(case=case, shape="x".join(map(str, CASES[case][:4])), layout=layout, impl=impl, mode=mode,
                            gpu=torch.cuda.get_device_name())
                 env = IMPL_ENV.get(impl, {})
-                if LAUNCH_ENV in env and mode != "eager":  # a launch mode is eager mode's
+                if not _runs_in(impl, mode):
                     continue
                 try:
                     _launch_env(env)
@@ -225,6 +225,16 @@ IMPL_ENV = {"ours_jit": {LAUNCH_ENV: "jit"}, "ours_cache": {LAUNCH_ENV: "cache"}
             "ours_gluon": {"LMPERF_FA_BACKEND": "gluon", "LMPERF_FA_BWD_BACKEND": "gluon"}}
 
 
+def _ours(impl) -> bool:
+    """Whether `impl` is ours: "ours" (the defaults) or one of IMPL_ENV's."""
+    return impl == "ours" or impl in IMPL_ENV
+
+
+def _runs_in(impl, mode) -> bool:
+    """Whether `impl` is timed in `mode`: a launch mode is eager mode's."""
+    return mode == "eager" or LAUNCH_ENV not in IMPL_ENV.get(impl, {})
+
+
 def _launch_env(env):
     """The variables of IMPL_ENV set as `env` has them ({} or None: all unset, the defaults)."""
     for name in {k for e in IMPL_ENV.values() for k in e}:
@@ -252,7 +262,7 @@ def profile_ours(case, out_txt, impls=("ours", "cudnn"), modes=("eager",)):
     q, k, v = leaves(case)
     for mode in modes:
         for impl in impls:
-            if LAUNCH_ENV in IMPL_ENV.get(impl, {}) and mode != "eager":  # a launch mode is eager mode's
+            if not _runs_in(impl, mode):
                 continue
             _launch_env(IMPL_ENV.get(impl))
             fn = attention(impl, CASES[case][4])
@@ -261,7 +271,7 @@ def profile_ours(case, out_txt, impls=("ours", "cudnn"), modes=("eager",)):
                 step()
                 q.grad = k.grad = v.grad = None
             torch.cuda.synchronize()
-            if impl == "ours" or impl in IMPL_ENV:
+            if _ours(impl):
                 pr = cProfile.Profile()
                 pr.enable()
                 for _ in range(300):
