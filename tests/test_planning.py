@@ -139,3 +139,15 @@ def test_flashattention_groups_of_one_name_at_one_head_dim_are_one_job():
     assert [(g["dtypes"], g["head_dims"]) for g in jobs["grid_d64"]["groups"]] == [(["bf16"], [64]), (["fp32"], [64])]
     assert [(g["dtypes"], g["head_dims"]) for g in jobs["grid_d16"]["groups"]] == [(["bf16"], [16])]
     assert jobs["model"]["groups"][0]["models"] == {"small": {"d_model": 768, "n_heads": 12}}
+
+
+def test_flashattention_groups_that_name_their_job_run_in_it_at_every_head_dim():
+    from lmperf import specs
+    gqa = {"name": "gqa", "job": "gqa", "dtypes": ["bf16"], "heads": 32, "kv_heads": 8, "head_dims": [128]}
+    fa = {"bench": {"groups": [gqa, {**gqa, "heads": 16, "kv_heads": 4, "head_dims": [64, 32]},
+                               {**gqa, "job": None, "head_dims": [16]}]}}
+    jobs = specs.fa_bench_jobs(fa, {})
+    assert sorted(jobs) == ["gqa", "gqa_d16"]
+    assert [(g["heads"], g["head_dims"]) for g in jobs["gqa"]["groups"]] == [(32, [128]), (16, [64]), (16, [32])]
+    # where a group runs is not part of what it measures: the job's spec is the same without it
+    assert all("job" not in g for spec in jobs.values() for g in spec["groups"])

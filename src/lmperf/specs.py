@@ -44,15 +44,18 @@ def fa_bench_jobs(fa: dict, models: dict) -> dict[str, dict]:
     """{'<group>_d<D>': spec} : one benchmark job per group and head dim; a group of model
     sizes is one job '<group>', its sizes resolved to their dims. Groups of one name that reach
     the same head dim are one job (e.g. the grid's bf16 rows at every head dim and its fp32 rows
-    at one: its job at that head dim runs both)."""
+    at one: its job at that head dim runs both). A group that names its `job` runs in that one at
+    every head dim (one process start for a few short cases)."""
     jobs: dict[str, dict] = {}
     for group in fa["bench"]["groups"]:
+        job = group.get("job")
+        group = {k: v for k, v in group.items() if k != "job"}  # where it runs, not what it measures
         if "models" in group:
-            jobs.setdefault(group["name"], {"groups": []})["groups"].append(
+            jobs.setdefault(job or group["name"], {"groups": []})["groups"].append(
                 {**group, "models": {m: models[m] for m in group["models"]}})
             continue
         for d in group["head_dims"]:
-            jobs.setdefault(f"{group['name']}_d{d}", {"groups": []})["groups"].append({**group, "head_dims": [d]})
+            jobs.setdefault(job or f"{group['name']}_d{d}", {"groups": []})["groups"].append({**group, "head_dims": [d]})
     return jobs
 
 
