@@ -67,7 +67,8 @@ def test_below_the_rule_the_default_is_the_tile_backward_bit_for_bit(monkeypatch
     (16384, 64, True, None, torch.bfloat16, True),   # the leaderboard's shape
     (8192, 64, False, None, torch.bfloat16, True),
     (4096, 128, True, 2, torch.bfloat16, True),      # grouped-query
-    (8192, 128, False, None, torch.bfloat16, False),  # measured faster, not outside the noise
+    (8192, 128, False, None, torch.bfloat16, False),  # measured faster, not outside the noise (4 sequences: not
+                                                      # the fused kernel's class, which takes 64 or more)
     (2048, 128, True, 2, torch.bfloat16, True),      # causal at 128 and 80 from 2,048 rows (with plans)
     (2048, 128, True, None, torch.bfloat16, True),
     (1024, 128, True, 2, torch.bfloat16, False),     # not measured faster
@@ -100,6 +101,7 @@ def test_auto_picks_the_gluon_backward_where_it_was_measured_faster(monkeypatch,
     ((1, 16, 16384, 64), None, True),    # the leaderboard's shape
     ((1, 2, 33, 80), None, True),        # below every rule
     ((2, 4, 4096, 64), None, False),
+    ((4, 16, 2048, 128), None, False),   # the fused kernel's non-causal class
 ])
 def test_the_rules_take_a_traces_symbolic_sizes(monkeypatch, shape, kv_heads, causal):
     """Under torch.compile with dynamic shapes the backward op's dispatch runs on fake tensors whose

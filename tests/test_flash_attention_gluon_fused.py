@@ -36,7 +36,13 @@ def test_only_its_name_forces_it(monkeypatch):
     ((1, 64, 17024, 128), None, True, False),   # 133: more than fit at once
     ((1, 1, 4096, 128), None, True, False),     # the assignment's grid (one sequence): not timed
     ((2, 16, 2048, 128), None, True, False),    # 32 sequences: not timed
-    ((8, 16, 2048, 128), None, False, False),   # not causal: not faster
+    ((8, 16, 2048, 128), None, False, True),    # not causal, head dim 128: from 2,048 to 8,192 rows
+    ((4, 16, 8192, 128), None, False, True),    # the throughput shape
+    ((4, 16, 16384, 128), None, False, False),  # past 8,192 rows not causal: not timed
+    ((2, 16, 2048, 128), None, False, False),   # 32 sequences: not timed
+    ((4, 16, 1024, 128), None, False, False),   # below 2,048 rows: not timed
+    ((4, 32, 4096, 128), 8, False, False),      # grouped-query: not timed
+    ((4, 16, 8192, 64), None, False, False),    # not causal at head dim 64: the two Gluon kernels
     ((4, 32, 2048, 128), 8, True, False),       # grouped-query: slower
     ((8, 16, 1024, 128), None, True, False),    # the Gluon backward not taken (prefers_gluon)
     ((1, 16, 16384, 64), None, True, True),     # the leaderboard's shape
@@ -278,6 +284,17 @@ def assert_right_every_run(q, k, v, causal):
     for _ in range(3):
         for a, b in zip(first, grads(q, k, v, causal, g)):
             assert torch.equal(a, b)
+
+
+@NEEDS_HOPPER
+def test_auto_takes_it_not_causal_at_head_dim_128_right_every_run(monkeypatch):
+    """"auto" at a non-causal class of head dim 128 (64 sequences of 2,048 rows) runs the fused kernel:
+    right against float64 and the same bits every run."""
+    monkeypatch.delenv(ENV, raising=False)
+    ft.clear_plans()
+    q, k, v = qkv((4, 16, 2048, 128), seed=67)
+    assert ft.kernels(q, k, v, False).endswith("backward: gluon fused")
+    assert_right_every_run(q, k, v, False)
 
 
 @NEEDS_HOPPER

@@ -260,6 +260,8 @@ BWD_SHAPES = {  # name: (batch, q heads, kv heads, N, D, causal)
     "headline": (1, 16, 16, 16384, 64, True),
     "thr_full": (4, 16, 16, 8192, 128, False),
     "thr_causal": (4, 16, 16, 8192, 128, True),
+    "d128_full_2048": (4, 16, 16, 2048, 128, False),  # non-causal head dim 128 below the throughput shape
+    "d128_full_4096": (4, 16, 16, 4096, 128, False),
     "gqa_8192": (2, 32, 8, 8192, 128, True),
     "gqa_4096": (4, 32, 8, 4096, 128, True),
     "d128_2048": (8, 16, 16, 2048, 128, True),

@@ -84,6 +84,9 @@ AUTO_MIN_N_GROUPED_CAUSAL = {64: 1024}
 # rows up to, sequences (batch x heads) from, sequences up to (None: any number), the fused kernel's schedule
 # there (its _turns' SCHEDULE)): NOTES.md steps 55 and 57, on an H200
 AUTO_FUSED_CAUSAL = {64: ((16384, 16384, 16, 16, 0), (2048, 8192, 64, None, 1)), 128: ((2048, None, 64, None, 1),)}
+# ... and non-causal, the same fields: at head dim 128 from 2,048 to 8,192 rows in 64 sequences or more, 0.77-0.83x
+# the tile backward's time (where "auto" took it before) and 0.86-0.90x the two Gluon kernels' (NOTES.md step 67)
+AUTO_FUSED_FULL = {128: ((2048, 8192, 64, None, 1),)}
 
 # (STAGES, consumer registers, BLOCK_M query rows a step) by head dim; shared memory at 3 stages:
 # 134 KB (D 64, BLOCK_M 128; 84 KB at 64), 166 KB (D 128)
@@ -172,7 +175,8 @@ def prefers_gluon(q, k, v, is_causal: bool) -> bool:
     64 from 1,024 rows (AUTO_MIN_N_GROUPED_CAUSAL; step 54, on an H200); below those rows, in the fused
     kernel's classes (prefers_fused; where that kernel cannot run, its two kernels, as fast as the tile
     backward there: step 50). Elsewhere, and wherever `unsupported` refuses the call, the
-    tile-language backward (no error)."""
+    tile-language backward (no error). Non-causal at head dim 128 only in the fused kernel's classes
+    (AUTO_FUSED_FULL; step 67, on an H200)."""
     if q.dtype != torch.bfloat16 or q.dim() < 2 or q.shape[-1] not in AUTO_HEAD_DIMS:
         return False
     n, d = q.shape[-2:]
@@ -181,9 +185,10 @@ def prefers_gluon(q, k, v, is_causal: bool) -> bool:
         min_n = _by_head_dim(AUTO_MIN_N_CAUSAL, d, min_n)
         if _grouped(q, k):
             min_n = min(min_n, _by_head_dim(AUTO_MIN_N_GROUPED_CAUSAL, d, min_n))
-    if n < min_n and not prefers_fused(q, k, v, is_causal):
+    fused = prefers_fused(q, k, v, is_causal)
+    if n < min_n and not fused:
         return False
-    if not (is_causal or q.shape[-1] in (64, 80)):
+    if not (is_causal or q.shape[-1] in (64, 80) or fused):
         return False
     return unsupported(q, k, v, is_causal) is None
 
@@ -228,24 +233,27 @@ def use_fused(backend_name: str | None = None) -> bool:
 
 def prefers_fused(q, k, v, is_causal: bool) -> bool:
     """The rule of "auto" for the fused kernel, where the Gluon backward is taken: the call is in one of
-    AUTO_FUSED_CAUSAL's classes (fused_class). The caller checks that the fused kernel can run the
+    AUTO_FUSED_CAUSAL's classes, or non-causal in one of AUTO_FUSED_FULL's (fused_class). The caller checks that the fused kernel can run the
     call (flash_attention_gluon_fused.unsupported)."""
     return fused_class(q, k, is_causal) is not None
 
 
 def fused_class(q, k, is_causal: bool) -> int | None:
-    """The fused kernel's schedule in the AUTO_FUSED_CAUSAL class the call is in, else None: causal
-    without grouped-query, (..., H, N, D) inputs; a class at schedule 1 only while a sequence's key
-    tiles fit on the GPU at once (that schedule's condition). Each class was measured faster than the
-    backward "auto" took there before, outside the noise of fresh processes, by GPU time and with the
-    host, forward + backward, on an H200 (tuning/flash_attention/NOTES.md): 8 x 16 x 2,048 x 128,
-    4 x 16 x 8,192 x 128 and 1 x 16 x 16,384 x 64 (step 55); 4 x 25 x 2,048 x 64, 8 x 16 x 4,096 x 64
-    and 4 x 16 x 8,192 x 64 (step 57); slower with grouped-query (steps 55-56); not timed elsewhere."""
-    if not is_causal or q.dim() < 3 or _grouped(q, k):
+    """The fused kernel's schedule in the class the call is in (AUTO_FUSED_CAUSAL's, or AUTO_FUSED_FULL's
+    for a non-causal call), else None: without grouped-query, (..., H, N, D) inputs; a class at
+    schedule 1 only while a sequence's key tiles fit on the GPU at once (that schedule's condition).
+    Each class was measured faster than the backward "auto" took there before, outside the noise of
+    fresh processes, on an H200 (tuning/flash_attention/NOTES.md): by GPU time and with the host,
+    forward + backward, 8 x 16 x 2,048 x 128, 4 x 16 x 8,192 x 128 and 1 x 16 x 16,384 x 64 (step 55);
+    4 x 25 x 2,048 x 64, 8 x 16 x 4,096 x 64 and 4 x 16 x 8,192 x 64 (step 57); non-causal, the
+    backward alone, 4 x 16 x 2,048, 4,096 and 8,192 x 128 (step 67); slower with grouped-query
+    (steps 55-56); not timed elsewhere."""
+    if q.dim() < 3 or _grouped(q, k):
         return None
     n, d = q.shape[-2:]
     seqs = q.numel() // (n * d)
-    for min_n, max_n, min_seqs, max_seqs, schedule in _by_head_dim(AUTO_FUSED_CAUSAL, d, ()):
+    for min_n, max_n, min_seqs, max_seqs, schedule in _by_head_dim(AUTO_FUSED_CAUSAL if is_causal else AUTO_FUSED_FULL,
+                                                                    d, ()):
         if n < min_n or (max_n is not None and n > max_n):
             continue
         if seqs < min_seqs or (max_seqs is not None and seqs > max_seqs):
