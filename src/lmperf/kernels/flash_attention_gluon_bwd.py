@@ -85,7 +85,7 @@ AUTO_MIN_N_GROUPED_CAUSAL = {64: 1024}
 # there (its _turns' SCHEDULE)): NOTES.md steps 55 and 57, on an H200
 AUTO_FUSED_CAUSAL = {64: ((16384, 16384, 16, 16, 0), (2048, 8192, 64, None, 1)), 128: ((2048, None, 64, None, 1),)}
 # ... and non-causal, the same fields: at head dim 128 from 2,048 to 8,192 rows in 64 sequences or more, 0.77-0.83x
-# the tile backward's time (where "auto" took it before) and 0.86-0.90x the two Gluon kernels' (NOTES.md step 67)
+# the tile backward's time (where "auto" took it before) and 0.79-0.93x the two Gluon kernels' (NOTES.md step 67)
 AUTO_FUSED_FULL = {128: ((2048, 8192, 64, None, 1),)}
 
 # (STAGES, consumer registers, BLOCK_M query rows a step) by head dim; shared memory at 3 stages:
