@@ -277,6 +277,7 @@ BWD_SHAPES = {  # name: (batch, q heads, kv heads, N, D, causal)
     "d128_1536": (4, 16, 16, 1536, 128, True),
     "assign64": (16, 1, 1, 1024, 64, True),  # the assignment's (16, 1,024, D): one head a sequence
     "assign128": (16, 1, 1, 1024, 128, True),
+    "grid_d128_4096": (1, 1, 1, 4096, 128, True),  # the assignment's grid: one sequence (32 key tiles)
     "d80_2048": (4, 32, 32, 2048, 80, True),  # the 2.7B model's attention
     "d80_causal": (4, 16, 16, 8192, 80, True),
     "d80_full": (4, 16, 16, 8192, 80, False),
