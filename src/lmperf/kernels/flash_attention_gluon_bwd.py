@@ -233,8 +233,8 @@ def use_fused(backend_name: str | None = None) -> bool:
 
 def prefers_fused(q, k, v, is_causal: bool) -> bool:
     """The rule of "auto" for the fused kernel, where the Gluon backward is taken: the call is in one of
-    AUTO_FUSED_CAUSAL's classes, or non-causal in one of AUTO_FUSED_FULL's (fused_class). The caller checks that the fused kernel can run the
-    call (flash_attention_gluon_fused.unsupported)."""
+    AUTO_FUSED_CAUSAL's classes, or non-causal in one of AUTO_FUSED_FULL's (fused_class). The caller
+    checks that the fused kernel can run the call (flash_attention_gluon_fused.unsupported)."""
     return fused_class(q, k, is_causal) is not None
 
 
@@ -252,8 +252,8 @@ def fused_class(q, k, is_causal: bool) -> int | None:
         return None
     n, d = q.shape[-2:]
     seqs = q.numel() // (n * d)
-    for min_n, max_n, min_seqs, max_seqs, schedule in _by_head_dim(AUTO_FUSED_CAUSAL if is_causal else AUTO_FUSED_FULL,
-                                                                    d, ()):
+    classes = _by_head_dim(AUTO_FUSED_CAUSAL if is_causal else AUTO_FUSED_FULL, d, ())
+    for min_n, max_n, min_seqs, max_seqs, schedule in classes:
         if n < min_n or (max_n is not None and n > max_n):
             continue
         if seqs < min_seqs or (max_seqs is not None and seqs > max_seqs):
