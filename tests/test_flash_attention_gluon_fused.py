@@ -286,6 +286,17 @@ def assert_right_every_run(q, k, v, causal):
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cpu_tensors_in_a_class_take_the_tile_backward_without_asking_for_a_gpu(monkeypatch, causal):
+    """The classes read the GPU's streaming multiprocessors; CPU tensors (which the fused kernel never
+    runs) are in none, and the dispatch asks for no GPU to say so."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(fg, "sm_count", lambda device: pytest.fail("asked for the SMs of a CPU tensor's GPU"))
+    q, k, v = qkv((4, 16, 2048, 128), torch.bfloat16, device="cpu")
+    assert gb.fused_class(q, k, causal) is None
+    assert gb.prefers_gluon(q, k, v, causal) is False
+
+
 @NEEDS_HOPPER
 def test_auto_takes_it_not_causal_at_head_dim_128_right_every_run(monkeypatch):
     """"auto" at a non-causal class of head dim 128 (64 sequences of 2,048 rows) runs the fused kernel:
