@@ -289,9 +289,11 @@ def assert_right_every_run(q, k, v, causal):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_cpu_tensors_in_a_class_take_the_tile_backward_without_asking_for_a_gpu(monkeypatch, causal):
     """The classes read the GPU's streaming multiprocessors; CPU tensors (which the fused kernel never
-    runs) are in none, and the dispatch asks for no GPU to say so."""
+    runs) are in none, and the dispatch asks torch for no CUDA device to say so (on a machine without
+    one, that fails)."""
     monkeypatch.delenv(ENV, raising=False)
-    monkeypatch.setattr(fg, "sm_count", lambda device: pytest.fail("asked for the SMs of a CPU tensor's GPU"))
+    for name in ("current_device", "get_device_properties"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a: pytest.fail("asked torch for a CUDA device"))
     q, k, v = qkv((4, 16, 2048, 128), torch.bfloat16, device="cpu")
     assert gb.fused_class(q, k, causal) is None
     assert gb.prefers_gluon(q, k, v, causal) is False

@@ -770,6 +770,10 @@ _SMS: dict = {}
 
 
 def sm_count(device) -> int:
+    """Streaming multiprocessors of a CUDA device; 0 of any other (a CPU tensor's: these kernels never
+    run there, and asking torch for a CUDA device would fail where it has none)."""
+    if device.type != "cuda":
+        return 0
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _SMS:
         _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count

@@ -248,7 +248,7 @@ def fused_class(q, k, is_causal: bool) -> int | None:
     4 x 25 x 2,048 x 64, 8 x 16 x 4,096 x 64 and 4 x 16 x 8,192 x 64 (step 57); non-causal, the
     backward alone, 4 x 16 x 2,048, 4,096 and 8,192 x 128 (step 67); slower with grouped-query
     (steps 55-56); not timed elsewhere."""
-    if q.dim() < 3 or _grouped(q, k) or q.device.type == "cpu":  # the kernel runs on a GPU (its classes read its SMs)
+    if q.dim() < 3 or _grouped(q, k):
         return None
     n, d = q.shape[-2:]
     seqs = q.numel() // (n * d)
