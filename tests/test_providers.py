@@ -124,21 +124,20 @@ def test_needs_become_rows_that_name_them(registry):
 
 def test_a_results_row_gets_one_id_whether_or_not_its_provider_is_registered_here(registry):
     """A contender's row read back from its results, in the id scheme before the harness a
-    provider is timed under was named: the same id in a process that never saw the contender
-    and in one that registered it (a render of its report), so a comparison page does not depend
-    on what ran before it in the process."""
+    provider is timed under was named, keeps its id both in a process that never saw the
+    contender and in one that registered it (a render of its report): a comparison page does not
+    depend on what ran before it in the process. Ours is renamed in both."""
     rows = pd.DataFrame([{"case_id": "model-theirs_pytorch-bf16-causal-b4h12n2048d64", "group": "model",
                           "provider": "theirs_pytorch", "harness": "leaderboard", "dtype": "bf16", "causal": True,
                           "batch": 4, "heads": 12, "kv_heads": 12, "seq_len": 2048, "head_dim": 64},
-                         {"case_id": "old-triton_compiled-bf16-full-b1h2n64d16", "group": "old",
-                          "provider": "triton_compiled", "harness": "leaderboard", "dtype": "bf16", "causal": False,
-                          "batch": 1, "heads": 2, "kv_heads": 2, "seq_len": 64, "head_dim": 16}])
+                         {"case_id": "model-sdpa_cudnn-bf16-causal-b4h12n2048d64", "group": "model",
+                          "provider": "sdpa_cudnn", "harness": "leaderboard", "dtype": "bf16", "causal": True,
+                          "batch": 4, "heads": 12, "kv_heads": 12, "seq_len": 2048, "head_dim": 64}])
     unseen = list(registry.attention_case_ids(rows)["case_id"])
     registry.register(registry.Provider("theirs_pytorch", "theirs", "contender", "attention",
                                         registry.get("plain").build))
     assert list(registry.attention_case_ids(rows)["case_id"]) == unseen == [
-        "model-theirs_pytorch-leaderboard-bf16-causal-b4h12n2048d64",  # timed under a harness not its own
-        "old-triton_compiled-bf16-full-b1h2n64d16"]  # ours declares the leaderboard's: no suffix
+        "model-theirs_pytorch-bf16-causal-b4h12n2048d64", "model-sdpa_cudnn-leaderboard-bf16-causal-b4h12n2048d64"]
 
 
 def _cuda() -> bool:

@@ -234,32 +234,33 @@ def attention_case_id(case) -> str:
     ATTENTION_CASE_COLUMNS). A provider timed under a harness not its own (a peer under the
     leaderboard's) says which: one group name may time a provider under both harnesses."""
     provider, harness, heads, kv = case["provider"], case["harness"], int(case["heads"]), int(case["kv_heads"])
-    via = "" if harness == native_harness(provider) else f"-{harness}"
+    via = "" if harness == (get(provider).harness or "eager") else f"-{harness}"
     return (f"{case['group']}-{provider}{via}-{case['dtype']}-{'causal' if case['causal'] else 'full'}"
             f"-b{int(case['batch'])}h{heads}{f'kv{kv}' if kv != heads else ''}n{int(case['seq_len'])}"
             f"d{int(case['head_dim'])}")
 
 
-def native_harness(name: str, contract: str = "attention") -> str:
-    """The harness a provider is called under when a group asks for none: the one it declares,
-    else "eager". A provider not registered in this process (a contender's, read back from its
-    results) declares none: only ours declares another, and ours is always registered. So a
-    results row gets one id whatever this process has registered."""
-    try:
-        return get(name, contract).harness or "eager"
-    except KeyError:
-        return "eager"
+def _declared_here(name) -> bool:
+    """Whether lmperf itself declares the attention provider `name` (not a contender, not a
+    provider module's: those are registered only in the processes that load them)."""
+    p = _REGISTRY.get(("attention", name)) if isinstance(name, str) else None
+    return p is not None and p.source is None and p.role != "contender"
 
 
 def attention_case_ids(rows):
     """Attention bench rows (those with every column of ATTENTION_CASE_COLUMNS) with `case_id` as
     `attention_case_id` names it today: rows written before a change of the scheme (such as the
-    harness a peer is timed under) still find their cases. A row it cannot rebuild (a value
-    missing) keeps its own; other rows are untouched."""
+    harness a peer is timed under) still find their cases. Only the rows of providers lmperf
+    declares, which every process registers, are renamed: a contender's row, or one of a provider
+    module's, keeps the id it was written with, so a row reads the same whatever the process
+    reading it has registered. A row missing a value keeps its own too."""
     if rows.empty or "case_id" not in rows or not set(ATTENTION_CASE_COLUMNS) <= set(rows.columns):
         return rows
     ids = []
     for row in rows[["case_id", *ATTENTION_CASE_COLUMNS]].itertuples(index=False):
+        if not _declared_here(row.provider):
+            ids.append(row.case_id)
+            continue
         try:
             ids.append(attention_case_id(row._asdict()))
         except (KeyError, ValueError, TypeError):
