@@ -1,4 +1,5 @@
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -242,21 +243,67 @@ atexit.register(_record)
 """
 
 
+def run_folder(tmp_path_factory) -> Path:
+    """The run's temporary folder: every pytest-xdist worker of the run has its own folder in it."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    """An exclusive lock on `path` (created), held by one process of the run at a time."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def once_a_run(tmp_path_factory, name: str, build) -> Path:
+    """The folder <the run's folder>/<name>, which build(folder) fills once a run whatever the
+    workers: the first to ask builds it while the others wait (a lock in the run's folder). A
+    build that failed fails every later ask too, naming the error, rather than running again."""
+    root = run_folder(tmp_path_factory) / name
+    with locked(root.with_suffix(".lock")):
+        if (root / "failed").exists():
+            pytest.fail(f"{name}: its build failed in another worker: {(root / 'failed').read_text()}")
+        if not (root / "done").exists():
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            try:
+                build(root)
+            except BaseException as exc:
+                (root / "failed").write_text(f"{type(exc).__name__}: {str(exc)[-2000:]}")
+                raise
+            (root / "done").touch()
+    return root
+
+
 @pytest.fixture(scope="session")
 def built_repo(tmp_path_factory) -> Path:
     """A copy of the repository in which the default CPU workflow has run to report/report.md
-    (once a session, shared: the tests that use it are marked slow, `make test-slow`),
-    each benchmark process's imports and caches recorded in <repo>/.records/. Its .cache/ (the
-    jobs' compile caches) is this checkout's, so that compiled code is reused from run to run."""
-    repo = copy_repo(tmp_path_factory.mktemp("built") / "lmperf")
+    (the tests that use it are marked slow, `make test-slow`), each benchmark process's imports
+    and caches recorded in <repo>/.records/. Its .cache/ (the jobs' compile caches) is this
+    checkout's, so that compiled code is reused from run to run.
+
+    Built once a run (once_a_run): the tests that read it go to one worker (their xdist_group),
+    and a test on another worker that asks for it (the Slurm run, which compares its results
+    with it once its own run is over) waits for that build rather than running the workflow
+    again."""
+    return once_a_run(tmp_path_factory, "built", _build) / "lmperf"
+
+
+def _build(root: Path) -> None:
+    repo = copy_repo(root / "lmperf")
     (REPO / ".cache").mkdir(exist_ok=True)
     (repo / ".cache").symlink_to(REPO / ".cache")
-    recorder = tmp_path_factory.mktemp("recorder")
+    recorder = root / "recorder"
+    recorder.mkdir()
     (recorder / "sitecustomize.py").write_text(BENCH_RECORDER)
     (repo / ".records").mkdir()
     env = {"PYTHONPATH": f"{repo / 'src'}{os.pathsep}{recorder}", "LMPERF_RECORD": str(repo / ".records")}
     snakemake(repo, "--cores", "1", "report/report.md", *SMOKE, env=env, timeout=1800)
-    return repo
 
 
 def _ours(fixturedef, root: Path) -> bool:
@@ -297,14 +344,37 @@ def grid_case(item) -> tuple[str, str] | None:
 UNGROUPED = {"_module_owns_providers_environment"}
 
 
+class _Order:
+    """The order pytest-xdist hands the groups out in (`--dist loadgroup`; its reordering by size
+    is off): the groups of a session fixture first, the largest first (built_repo's goes to the
+    first worker, the Slurm run's to the second, which starts it while the first builds), then
+    the other groups and the tests of none, the largest first. A worker takes the next group when
+    it is almost out of tests, so the longest shares start first instead of last."""
+
+    @pytest.hookimpl(trylast=True)  # after the selection (-m, -k): the sizes of what runs
+    def pytest_collection_modifyitems(self, config, items):
+        groups = {item: mark.args[0] for item in items if (mark := item.get_closest_marker("xdist_group"))}
+        size = {}
+        for item in items:
+            size[groups.get(item, item)] = size.get(groups.get(item, item), 0) + 1
+        items.sort(key=lambda item: (groups.get(item) not in SESSION_GROUPS, -size[groups.get(item, item)]))  # stable
+
+
+SESSION_GROUPS: set[str] = set()  # the xdist_groups named after a session fixture
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+    config.pluginmanager.register(_Order(), "lmperf-order")
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`), the tests that share a
     fixture wider than one test (built_repo: the smoke workflow, minutes; a module's rendered
-    report) go to one worker, so that the fixture is built once, not once a worker. Those of a
-    session fixture come first: their worker starts on the longest share while the others take
-    the rest, instead of starting it last."""
-    session = set()
+    report) go to one worker, so that the fixture is built once, not once a worker (_Order says
+    in which order the groups go out)."""
     for item in items:
         case = grid_case(item)
         if case and case[0] in FAST_CASES and case[1] not in FAST_CASES[case[0]]:
@@ -316,11 +386,8 @@ def pytest_collection_modifyitems(config, items):
                         and chain and chain[-1].scope in ("module", "session") and _ours(chain[-1], config.rootpath))
         if shared:
             name = shared[0]
-            if defs[name][-1].scope == "session":
-                group = name
-                session.add(item)
-            else:
-                group = f"{item.module.__name__}::{name}"
+            session = defs[name][-1].scope == "session"
+            group = name if session else f"{item.module.__name__}::{name}"
+            if session:
+                SESSION_GROUPS.add(group)
             item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: item not in session)  # stable: the order within each part stays
-

@@ -48,6 +48,62 @@ def test_tests_sharing_a_session_fixture_run_on_one_worker(tmp_path):
     assert len(list(out.glob("*.txt"))) == 6 and len(workers) == 1, workers
 
 
+ONCE = textwrap.dedent("""
+    import os
+    import time
+
+    import pytest
+
+    from conftest import once_a_run
+
+
+    def build(root):
+        with open(os.path.join(os.environ["OUT"], "builds"), "a") as f:
+            f.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+        time.sleep(3)  # the other worker asks meanwhile
+        (root / "value").write_text("built")
+
+
+    @pytest.fixture(scope="session")
+    def thing(tmp_path_factory):
+        return once_a_run(tmp_path_factory, "thing", build)
+
+
+    @pytest.fixture(scope="session")
+    def cluster():
+        return None
+
+
+    def test_grouped(thing):
+        assert (thing / "value").read_text() == "built"
+        with open(os.path.join(os.environ["OUT"], "grouped"), "w") as f:
+            f.write(os.environ["PYTEST_XDIST_WORKER"])
+
+
+    def test_elsewhere(cluster, request):  # in a group of its own, asks for it at its end
+        assert (request.getfixturevalue("thing") / "value").read_text() == "built"
+        with open(os.path.join(os.environ["OUT"], "elsewhere"), "w") as f:
+            f.write(os.environ["PYTEST_XDIST_WORKER"])
+""")
+
+
+def test_a_session_fixture_built_once_a_run_is_shared_by_two_workers(tmp_path):
+    """once_a_run (built_repo's): two tests in groups of their own, which go to the two workers
+    at once, both get the folder, built by one of them once."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_once.py").write_text(ONCE)
+    (suite / "conftest.py").write_text((Path(__file__).parent / "conftest.py").read_text())
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+                           "--dist", "loadgroup", str(suite)], cwd=suite, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OUT": str(out)})
+    assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert len((out / "builds").read_text().split()) == 1
+    assert (out / "grouped").read_text() != (out / "elsewhere").read_text()  # one on each worker
+
+
 SETS = textwrap.dedent("""
     import os
     import pytest

@@ -119,7 +119,7 @@ def test_the_slurm_profile_refuses_to_start_without_hw_and_scale_on_a_host_witho
 # A one-node Slurm
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # its tests' group starts with built_repo's (tests/conftest.py)
 def slurm(tmp_path_factory):
     """A one-node Slurm with 2 fake GPUs and this machine's CPUs, up for this module's tests.
     Skipped where it cannot start (not root, the packages missing), unless LMPERF_SLURM_REQUIRED
@@ -154,16 +154,19 @@ def case_rows(results: Path) -> dict[str, list[str]]:
 
 
 @pytest.mark.slow
-def test_smoke_workflow_through_slurm_every_job_completed_in_sacct(slurm, built_repo, tmp_path):
+def test_smoke_workflow_through_slurm_every_job_completed_in_sacct(slurm, tmp_path, request):
     """docs/cluster.md's command on the one-node Slurm (SLURM_CONF and USER set, as the docs
     say): first for the `distributed` target alone (multi-GPU jobs: one batch step each), then
     as written, for the whole smoke report. Every job Snakemake ran outside its own process went through sbatch, and sacct lists
     each COMPLETED under its rule; the results hold the cases of a local run's (built_repo) and
-    the report has its headings."""
+    the report has its headings. Its jobs mostly wait for the plugin's checks in sacct, so it
+    runs on a worker of its own while built_repo is built on another, and asks for that only at
+    the end."""
     repo = copy_repo(tmp_path / "lmperf")
-    (repo / ".cache").symlink_to(REPO / ".cache")  # the compile caches built_repo's run filled
+    (repo / ".cache").symlink_to(REPO / ".cache")  # the compile caches, which built_repo's run fills too
     runs = [snakemake(repo, *args, env=slurm.env, timeout=1800)
             for args in (["distributed", *ON_CLUSTER], documented_command())]
+    built_repo = request.getfixturevalue("built_repo")
     outs = [run.stdout + run.stderr for run in runs]
     jobs = {job: rule for out in outs for job, rule in submitted(out).items()}
     # Snakemake lists a job it runs in its own process as `localrule` (the target rules), any other as `rule`
