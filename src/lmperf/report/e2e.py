@@ -160,7 +160,7 @@ def failures(cases: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """The cases (one row each) that are not ok: their keys, status and message, cut at 110
     characters."""
     failed = cases[cases["status"] != "ok"][[*keys, "status", "message"]].copy()
-    failed["message"] = [m if len(m) <= 110 else m[:110] + "…" for m in failed["message"].fillna("").astype(str)]
+    failed["message"] = [m if len(m) <= 110 else m[:110] + "…" for m in failed["message"].astype(object).fillna("").astype(str)]
     return failed
 
 

@@ -83,7 +83,7 @@ def power_note(df: pd.DataFrame, label) -> dict:
     empty = rows[(rows["metric"] == JOULES) & values[JOULES].reindex(rows["case_id"]).isna().to_numpy()]
     empty = empty.drop_duplicates("case_id")  # a case shown in several studies counts once
     messages = empty["message"] if "message" in empty else pd.Series("", index=empty.index, dtype=object)
-    messages = messages.fillna("").astype(str).replace("", "no reason recorded")
+    messages = messages.astype(object).fillna("").astype(str).replace("", "no reason recorded")
     why_not = [{"message": m, "n": int(n)} for m, n in messages.value_counts(sort=False).items()]
     measured = values.dropna(subset=["mean_power_w", "power_limit_w"])
     out = {"n": int(values[JOULES].notna().sum()), "why_not": why_not, "n_power": len(measured)}

@@ -263,7 +263,7 @@ def marked(table: pd.DataFrame, rows: pd.DataFrame, metric: str, threshold: floa
     if table.empty or not math.isfinite(threshold):
         return table
     fb = rows[(rows["metric"] == metric) & (rows["status"] == "ok")]
-    fb = fb.assign(model=fb["model"].fillna("").astype(str).replace("", "(no model)") if "model" in fb else "(no model)")
+    fb = fb.assign(model=fb["model"].astype(object).fillna("").astype(str).replace("", "(no model)") if "model" in fb else "(no model)")
     bound = fb[host_bound(fb, threshold)]
     keys = set(zip(bound["model"], bound["batch"].astype(int), bound["heads"].astype(int),
                    bound["head_dim"].astype(int), bound["seq_len"].astype(int), bound["provider"]))
@@ -293,7 +293,7 @@ def model_table(model: pd.DataFrame, metric: str | None = None) -> pd.DataFrame:
     if fb.empty:
         return pd.DataFrame()
     # shapes of no model size (the group's head-dim-128 case) are named by their shape
-    fb = fb.assign(model=fb["model"].fillna("").astype(str) if "model" in fb else "")
+    fb = fb.assign(model=fb["model"].astype(object).fillna("").astype(str) if "model" in fb else "")
     fb = fb.assign(model=fb["model"].where(fb["model"] != "", "(no model)"))
     keys = ["model", "batch", "heads", "head_dim", "seq_len"]
     wide_ms = fb.pivot_table(index=keys, columns="provider", values=CENTER, sort=False)
