@@ -21,7 +21,8 @@ NEWEST_VENV ?= .venv-triton-newest
 PYTEST_WORKERS ?= auto
 PYTEST_XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
 KERNEL_TESTS ?= tests/test_lrpe.py tests/test_flash_attention.py tests/test_flash_attention_gqa.py tests/test_adamw_master.py tests/test_fused.py \
-	tests/test_float8_delayed.py tests/test_float8_delayed_check.py tests/test_kernel_writes.py
+	tests/test_float8_delayed.py tests/test_float8_delayed_check.py tests/test_kernel_writes.py \
+	tests/test_flash_attention_gluon.py tests/test_flash_attention_gluon_bwd.py tests/test_flash_attention_gluon_fused.py
 # pytest exits 5 when a pass selects no test: a PYTEST_ARGS filter (-k, a file) that none of the
 # pass's tests matches. EMPTY_OK=1 says so and goes on to the next pass; CI sets EMPTY_OK=0, for
 # which a pass without tests is a failure.
@@ -68,7 +69,8 @@ test-slow: setup
 test-all: test test-slow
 
 # The kernel tests under the newest Triton's interpreter (envs/requirements-triton-newest.txt:
-# the same CPU torch, the newest triton), whatever the machine.
+# the same CPU torch, the newest triton), whatever the machine; the Gluon kernels compiled for
+# sm_90 with it (tests/sm90.py).
 test-triton-newest:
 	envs/setup.sh $(NEWEST_VENV) envs/requirements-triton-newest.txt
 	$(call pytest,$(NEWEST_VENV)/bin/python,$(KERNEL_TESTS))

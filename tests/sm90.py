@@ -50,6 +50,25 @@ print("RESULT " + json.dumps(out))
 '''
 
 
+# Specs that the newest Triton (envs/requirements-triton-newest.txt, `make test-triton-newest`)
+# compiles with more register spills than the pinned one, enough to fail a resource test that the
+# pinned one passes (spill stores, or every wgmma waited for): {release prefix: specs}. Known gaps
+# of the kernels on that release, not passes: those tests are expected failures there.
+SPILLS_WITH = {"3.9.": {"dkdv:128,1,1,bfloat16", "dkdv:128,1,1,float16", "fused:128,1,2,float16"}}
+
+
+def expect_spills(request, spec: str) -> None:
+    """Mark the running test an expected failure where this Triton is known to spill at `spec`
+    (SPILLS_WITH); strict, so the test fails once the spill is gone and the entry with it."""
+    import pytest
+    import triton
+    for release, specs in SPILLS_WITH.items():
+        if triton.__version__.startswith(release) and spec in specs:
+            request.applymarker(pytest.mark.xfail(strict=True, reason=(
+                f"Triton {triton.__version__} spills more registers at {spec} than the pinned Triton, "
+                "which passes this test")))
+
+
 def compile_specs(compile_spec: str, specs: list, timeout: int = 900) -> dict:
     """{spec: resources} for each spec, compiled in one subprocess. `compile_spec` is Python source
     defining compile_spec(*parts) -> the compiled kernel, parts being the spec split at ":" (it may

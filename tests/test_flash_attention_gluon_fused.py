@@ -16,7 +16,7 @@ from lmperf.kernels import flash_attention_gluon_fused as gf
 from lmperf.kernels import flash_attention_triton as ft
 from lmperf.kernels.attention_contract import compare
 from tests.compiled_eager import assert_compiled_matches_eager
-from tests.sm90 import compile_specs
+from tests.sm90 import compile_specs, expect_spills
 from tests.test_flash_attention_gluon_bwd import COMPILE, ENV, GLUON, NEEDS_HOPPER, grads, qkv
 
 
@@ -218,10 +218,11 @@ def sm90():
 
 
 @pytest.mark.parametrize("spec", SPECS)
-def test_compiles_for_sm90_with_its_products_in_flight(sm90, spec):
+def test_compiles_for_sm90_with_its_products_in_flight(sm90, spec, request):
     """wgmma and TMA in the cubin, the shared memory within an H100's, and the products not
     serialised for want of registers (ptxas then waits after every wgmma: as many waits as
     products)."""
+    expect_spills(request, spec)
     r = sm90[spec]
     assert r["HGMMA"] > 0 and r["UTMALDG"] > 0, r
     assert r["shared_bytes"] <= SHARED_MAX, r

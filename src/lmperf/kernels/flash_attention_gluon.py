@@ -194,7 +194,10 @@ CONFIGS = {
 
 if gluon is not None:
 
-    _tma_load = getattr(tma, "async_copy_global_to_shared", None) or tma.async_load
+    # TMA copies by the names of the Triton that runs: async_load and async_store where it has them
+    # (Triton 3.9: there the names of 3.6, the pinned one, are stubs that raise), else async_copy_*
+    tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
     # -----------------------------------------------------------------------------------------
     # Shared pieces
@@ -313,9 +316,9 @@ if gluon is not None:
     @gluon.jit
     def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, slot, row, col):
         mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes)
-        _tma_load(k_desc, [row, col], k_bars.index(slot), k_smem.index(slot))
+        tma_load(k_desc, [row, col], k_bars.index(slot), k_smem.index(slot))
         mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes)
-        _tma_load(v_desc, [row, col], v_bars.index(slot), v_smem.index(slot))
+        tma_load(v_desc, [row, col], v_bars.index(slot), v_smem.index(slot))
 
     @gluon.jit
     def _fwd_kernel(q_desc, k_desc, v_desc, O, L, N, H, stride_ob, stride_oh, stride_on,
@@ -346,7 +349,7 @@ if gluon is not None:
             mbarrier.init(v_bars.index(i), count=1)
 
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        _tma_load(q_desc, [q_row, q_col], q_bar, q_smem)
+        tma_load(q_desc, [q_row, q_col], q_bar, q_smem)
         for i in gl.static_range(STAGES):  # key tiles visited last to first
             if i < n_tiles:
                 _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i,
@@ -407,15 +410,15 @@ if gluon is not None:
                 SNAKE == 1, total)
             mbarrier.wait(q_empty, (tc & 1) ^ 1)
             mbarrier.expect(q_ready, q_desc.block_type.nbytes)
-            _tma_load(q_desc, [q_row, q_col], q_ready, q_smem)
+            tma_load(q_desc, [q_row, q_col], q_ready, q_smem)
             for i in range(n_tiles):
                 slot = c % STAGES
                 mbarrier.wait(kv_empty.index(slot), ((c // STAGES) & 1) ^ 1)
                 row = k_row + (n_tiles - 1 - i) * BLOCK_N
                 mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-                _tma_load(k_desc, [row, k_col], k_ready.index(slot), k_smem.index(slot))
+                tma_load(k_desc, [row, k_col], k_ready.index(slot), k_smem.index(slot))
                 mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-                _tma_load(v_desc, [row, k_col], v_ready.index(slot), v_smem.index(slot))
+                tma_load(v_desc, [row, k_col], v_ready.index(slot), v_smem.index(slot))
                 c += 1
             tc += 1
 
@@ -539,27 +542,27 @@ if gluon is not None:
                 mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes + 2 * qb_desc.block_type.nbytes)
             else:
                 mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
-            _tma_load(q_desc, [q_row, q_col], q_ready, q_smem.index(0))
-            _tma_load(q_desc, [q_row + HALF, q_col], q_ready, q_smem.index(1))
+            tma_load(q_desc, [q_row, q_col], q_ready, q_smem.index(0))
+            tma_load(q_desc, [q_row + HALF, q_col], q_ready, q_smem.index(1))
             if DB > 0:
-                _tma_load(qb_desc, [q_row, q_col + DA], q_ready, qb_smem.index(0))
-                _tma_load(qb_desc, [q_row + HALF, q_col + DA], q_ready, qb_smem.index(1))
+                tma_load(qb_desc, [q_row, q_col + DA], q_ready, qb_smem.index(0))
+                tma_load(qb_desc, [q_row + HALF, q_col + DA], q_ready, qb_smem.index(1))
             for i in range(n_tiles):
                 slot = c % STAGES
                 mbarrier.wait(kv_empty.index(slot), ((c // STAGES) & 1) ^ 1)
                 row = k_row + (n_tiles - 1 - i) * BLOCK_N
                 if DB > 0:
                     mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes + kb_desc.block_type.nbytes)
-                    _tma_load(k_desc, [row, k_col], k_ready.index(slot), k_smem.index(slot))
-                    _tma_load(kb_desc, [row, k_col + DA], k_ready.index(slot), kb_smem.index(slot))
+                    tma_load(k_desc, [row, k_col], k_ready.index(slot), k_smem.index(slot))
+                    tma_load(kb_desc, [row, k_col + DA], k_ready.index(slot), kb_smem.index(slot))
                     mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes + vb_desc.block_type.nbytes)
-                    _tma_load(v_desc, [row, k_col], v_ready.index(slot), v_smem.index(slot))
-                    _tma_load(vb_desc, [row, k_col + DA], v_ready.index(slot), vb_smem.index(slot))
+                    tma_load(v_desc, [row, k_col], v_ready.index(slot), v_smem.index(slot))
+                    tma_load(vb_desc, [row, k_col + DA], v_ready.index(slot), vb_smem.index(slot))
                 else:
                     mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-                    _tma_load(k_desc, [row, k_col], k_ready.index(slot), k_smem.index(slot))
+                    tma_load(k_desc, [row, k_col], k_ready.index(slot), k_smem.index(slot))
                     mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-                    _tma_load(v_desc, [row, k_col], v_ready.index(slot), v_smem.index(slot))
+                    tma_load(v_desc, [row, k_col], v_ready.index(slot), v_smem.index(slot))
                 c += 1
             tc += 1
 

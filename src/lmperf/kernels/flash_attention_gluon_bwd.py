@@ -276,7 +276,15 @@ def use_gluon_dq(backend_name: str | None = None) -> bool:
 
 if gluon is not None:
 
-    tma_load = getattr(tma, "async_copy_global_to_shared", None) or tma.async_load
+    tma_load = fg.tma_load
+    from triton.experimental.gluon.language._core import builtin as _builtin
+
+    @_builtin
+    def _smem_reinterpret(smem, dtype, shape, layout, _semantic=None):
+        """smem's memory read as another dtype, shape and layout: the descriptor's reinterpret where
+        this Triton has it (3.9), its _reinterpret before (3.6, the pinned one)."""
+        view = getattr(smem, "reinterpret", None) or smem._reinterpret
+        return view(dtype, shape, layout, _semantic=_semantic)
 
     @gluon.jit
     def dkdv_producer(q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
@@ -369,7 +377,7 @@ if gluon is not None:
                   s_layout: gl.constexpr):
         """[HALF, BLOCK_M] in s_layout, every row = scale * the slot's BLOCK_M values (one per query
         row, i.e. per column of the transposed scores)."""
-        flat = vec_smem._reinterpret(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        flat = _smem_reinterpret(vec_smem, gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         x = flat.load(gl.SliceLayout(0, s_layout)) * scale
         return gl.expand_dims(x, 0) + gl.zeros([HALF, BLOCK_M], gl.float32, s_layout)
 

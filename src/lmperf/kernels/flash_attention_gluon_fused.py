@@ -81,7 +81,7 @@ if gb.gluon is not None:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                   warpgroup_mma_wait)
-    tma_load = gb.tma_load
+    tma_load, tma_store = fg.tma_load, fg.tma_store
     try:  # the TMA reduce: in Gluon's builder (Triton 3.6), not in its language
         from triton._C.libtriton import ir as _ir
         from triton._C.libtriton.gluon_ir import GluonOpBuilder as _Builder
@@ -521,7 +521,7 @@ if gluon is not None:
                 _proxy_fence(turn)  # the sum's writes, seen by the acquire, before the TMA
             for j in gl.static_range(NP):
                 if turn == 0:
-                    tma.async_copy_shared_to_global(acc_desc, [row + j * 64, 0], dq_smem.index(buf * NP + j))
+                    tma_store(acc_desc, [row + j * 64, 0], dq_smem.index(buf * NP + j))
                 else:
                     _tma_reduce_add(acc_desc, [row + j * 64, 0], dq_smem.index(buf * NP + j))
             tma.store_wait(0)  # dq_smem read: the consumers may refill it
