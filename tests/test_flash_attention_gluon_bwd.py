@@ -89,9 +89,27 @@ def test_auto_picks_the_gluon_backward_where_it_was_measured_faster(monkeypatch,
     run the call (made runnable here off a GPU); the tile-language backward elsewhere."""
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.setattr(gb, "unsupported", lambda *a: None)
-    q, k, v = qkv((1, 4, n, d), dtype, kv_heads, device="meta")
+    q, k, v = qkv((8, 4, n, d), dtype, kv_heads, device="meta")  # 32 sequences: from 256 query tiles at 1,024 rows
     assert gb.use_gluon_dkdv(q, k, v, causal) is want
     assert gb.use_gluon_dq() is True  # where it picks dK/dV, dQ too
+
+
+@pytest.mark.parametrize("shape, want", [
+    ((1, 1, 4096, 128), False),    # the assignment's grid: one sequence, 32 query tiles
+    ((1, 1, 16384, 128), False),   # 128 tiles
+    ((1, 1, 32768, 128), True),    # 256 tiles (AUTO_MIN_TILES)
+    ((1, 2, 16384, 64), True),
+    ((1, 1, 16384, 64), False),
+    ((16, 1, 1024, 64), False),    # the assignment's (16, 1,024, D): below the rows' rule anyway
+])
+def test_with_few_query_tiles_auto_keeps_the_tile_backward(monkeypatch, shape, want):
+    """Below AUTO_MIN_TILES query tiles of 128 rows in the call, "auto" keeps the tile backward, whose
+    split spreads a short call over the SMs, whatever the rows' rule says; from it the rows' rule
+    decides (causal bf16 at head dims 64 and 128 from 4,096 rows: the Gluon kernels)."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(gb, "unsupported", lambda *a: None)
+    q, k, v = qkv(shape, torch.bfloat16, None, device="meta")
+    assert gb.use_gluon_dkdv(q, k, v, True) is want
 
 
 @pytest.mark.parametrize("shape, kv_heads, causal", [

@@ -282,6 +282,20 @@ BWD_SHAPES = {  # name: (batch, q heads, kv heads, N, D, causal)
     "d80_causal": (4, 16, 16, 8192, 80, True),
     "d80_full": (4, 16, 16, 8192, 80, False),
     "grid4096": (1, 1, 1, 4096, 128, True),  # the assignment's grid at 4,096 rows (one head)
+    "grid8192": (1, 1, 1, 8192, 128, True),
+    "grid16384": (1, 1, 1, 16384, 128, True),
+    "grid4096_64": (1, 1, 1, 4096, 64, True),
+    "grid16384_64": (1, 1, 1, 16384, 64, True),
+    "grid2048": (1, 1, 1, 2048, 128, True),
+    "grid32768": (1, 1, 1, 32768, 128, True),
+    "grid65536": (1, 1, 1, 65536, 128, True),
+    "grid65536_64": (1, 1, 1, 65536, 64, True),
+    "h2_16384": (1, 2, 2, 16384, 128, True),  # a few sequences: between the grid's one and the model group's
+    "h4_16384": (1, 4, 4, 16384, 128, True),
+    "h8_8192": (1, 8, 8, 8192, 128, True),
+    "h2_16384_64": (1, 2, 2, 16384, 64, True),
+    "h4_16384_64": (1, 4, 4, 16384, 64, True),
+    "h8_16384_64": (1, 8, 8, 16384, 64, True),
     "d64_4096": (8, 16, 16, 4096, 64, True),
     "d64_8192": (4, 16, 16, 8192, 64, True),
 }
@@ -428,6 +442,21 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
                 os.environ["LMPERF_FA_BWD_BACKEND"] = env
             return lambda: torch.autograd.grad(make_out(), xs, do)
 
+        def fwd_at(backend, setup):  # the forward's backend forced (LMPERF_FA_BACKEND; restored after)
+            os.environ["LMPERF_FA_BACKEND"] = backend
+            ft.clear_plans()
+            return setup()
+
+        def fwd_only(make_out):  # the forward alone, inputs requiring grad as in training
+            return lambda: make_out()
+
+        def plain_compiled():  # the grid's peer: torch.compile'd PyTorch attention, compiled for this shape
+            from lmperf.model import plain_attention
+            torch._dynamo.reset()
+            torch._functorch.config.donated_buffer = False
+            compiled = torch.compile(plain_attention, dynamic=False)
+            return lambda: compiled(*xs, causal)
+
         def at_schedule(schedule, setup):  # the fused kernel at _turns' SCHEDULE `schedule` (restored after)
             gf.default_schedule = lambda *a: schedule
             ft.clear_plans()  # a plan replays the launches of the schedule it was made at
@@ -472,6 +501,15 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ("fb_ours_gluon", lambda: fwd_bwd(ours, "gluon")),
             ("fb_ours_tile", lambda: fwd_bwd(ours, "triton")),
             ("fb_ours_gluon_fused", lambda: fwd_bwd(ours, "gluon-fused")),
+            # the forward's backend forced as well: every kernel of one language
+            ("fb_ours_all_tile", lambda: fwd_at("triton", lambda: fwd_bwd(ours, "triton"))),
+            ("fb_ours_all_gluon", lambda: fwd_at("gluon", lambda: fwd_bwd(ours, "gluon"))),
+            ("fb_plain_compiled", lambda: fwd_bwd(plain_compiled())),
+            ("fw_ours_auto", lambda: fwd_only(ours)),
+            ("fw_ours_tile", lambda: fwd_at("triton", lambda: fwd_only(ours))),
+            ("fw_ours_gluon", lambda: fwd_at("gluon", lambda: fwd_only(ours))),
+            ("fw_sdpa_cudnn", lambda: fwd_only(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
+            ("fw_plain_compiled", lambda: fwd_only(plain_compiled())),
             ("fb_sdpa_cudnn", lambda: fwd_bwd(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
             ("fb_sdpa_flash", lambda: fwd_bwd(lambda: sdpa(SDPBackend.FLASH_ATTENTION))),
             *[(f"{fb}ours_gluon_fused_s{sch}", lambda sch=sch, f=(fwd_bwd if fb else grad_of):
@@ -506,7 +544,7 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
                     row["max_diff_vs_tile"] = "" if ref is None else max(float((a.float() - r).abs().max())
                                                                        for a, r in zip(g, ref))
                 q20, q50, q80 = triton.testing.do_bench(fn, warmup=10, rep=REP_MS, quantiles=[0.2, 0.5, 0.8])
-                work = {"dq": 0.6 * fl, "dk": 0.8 * fl, "fb": 1.4 * fl}.get(label[:2], fl)  # 3U, 4U, 7U of 5U
+                work = {"dq": 0.6 * fl, "dk": 0.8 * fl, "fb": 1.4 * fl, "fw": 0.4 * fl}.get(label[:2], fl)  # 3U, 4U, 7U of 5U
                 parts = {}
                 row.update(ms_p20=q20, ms_median=q50, ms_p80=q80, gpu_ms=_gpu_ms(fn, 5, parts),
                            tflops=work / (q50 * 1e-3) / 1e12, error="",

@@ -79,6 +79,12 @@ AUTO_MIN_N_CAUSAL = {80: 2048, 128: 2048}
 # ... and grouped-query causal at head dim 64 from 1,024 rows: the dK/dV kernel sums a group's query heads
 # itself, 0.72x the tile backward's GPU time at 8 x 16q/4kv x 1,024 x 64 (NOTES.md, step 54, on an H200)
 AUTO_MIN_N_GROUPED_CAUSAL = {64: 1024}
+# ... in every class above, from this many 128-row query tiles in the call (batch x query heads x N / 128): with
+# fewer (causal, one sequence of 2,048-16,384 rows) the tile backward splits its loops over the GPU's SMs:
+# forward + backward 0.47-0.90x the GPU time with the Gluon kernels after the same forward; from 256 (one
+# sequence of 32,768 or 65,536 rows, two to eight sequences of 8,192-16,384) the Gluon kernels are faster,
+# 0.78-0.89x the tile backward's (NOTES.md step 69, on an H200)
+AUTO_MIN_TILES = 256
 # "auto": the fused kernel (flash_attention_gluon_fused) instead of the backward it took before, causal without
 # grouped-query, in the classes measured faster (fused_class, prefers_fused). Head dim: classes of (rows from,
 # rows up to, sequences (batch x heads) from, sequences up to (None: any number), the fused kernel's schedule
@@ -176,10 +182,13 @@ def prefers_gluon(q, k, v, is_causal: bool) -> bool:
     kernel's classes (prefers_fused; where that kernel cannot run, its two kernels, as fast as the tile
     backward there: step 50). Elsewhere, and wherever `unsupported` refuses the call, the
     tile-language backward (no error). Non-causal at head dim 128 only in the fused kernel's classes
-    (AUTO_FUSED_FULL; step 67, on an H200)."""
+    (AUTO_FUSED_FULL; step 67, on an H200). Everywhere only from AUTO_MIN_TILES query tiles of 128
+    rows in the call (step 69, on an H200: the tile backward's split is faster below)."""
     if q.dtype != torch.bfloat16 or q.dim() < 2 or q.shape[-1] not in AUTO_HEAD_DIMS:
         return False
     n, d = q.shape[-2:]
+    if (q.numel() // d) // 128 < AUTO_MIN_TILES:
+        return False
     min_n = AUTO_MIN_N
     if is_causal:
         min_n = _by_head_dim(AUTO_MIN_N_CAUSAL, d, min_n)
