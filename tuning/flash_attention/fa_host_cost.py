@@ -425,6 +425,9 @@ STUB_CASES = {
     "grid1024_64": ("grid1024_64", (1, 1, 64, 64), None),
     "model128_tile": ("model128", (2, 2, 128, 128), ("triton", "triton")),  # the tile kernels at N = 128
     "model128_gluon": ("model128", (2, 2, 128, 128), ("gluon", "gluon")),  # both Gluon kernels there
+    "grid4096_tile": ("grid4096", (1, 1, 128, 128), None),  # the tile kernels, split as at 4,096 rows
+    "grid16384_64_tile": ("grid16384_64", (1, 1, 128, 64), None),
+    "grid16384_64_gluon": ("grid16384_64", (1, 1, 128, 64), ("gluon", "gluon")),
 }
 STUB_IMPLS = ("trivial", "bare", "jit", "cache", "plan")
 

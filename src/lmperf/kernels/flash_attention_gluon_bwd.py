@@ -81,7 +81,7 @@ AUTO_MIN_N_CAUSAL = {80: 2048, 128: 2048}
 AUTO_MIN_N_GROUPED_CAUSAL = {64: 1024}
 # ... in every class above, from this many 128-row query tiles in the call (batch x query heads x N / 128): with
 # fewer (causal, one sequence of 2,048-16,384 rows) the tile backward splits its loops over the GPU's SMs:
-# forward + backward 0.47-0.90x the GPU time with the Gluon kernels after the same forward; from 256 (one
+# forward + backward 0.48-0.91x the GPU time with the Gluon kernels after the same forward; from 256 (one
 # sequence of 32,768 or 65,536 rows, two to eight sequences of 8,192-16,384) the Gluon kernels are faster,
 # 0.78-0.89x the tile backward's (NOTES.md step 69, on an H200)
 AUTO_MIN_TILES = 256
