@@ -54,12 +54,13 @@ def test_the_tile_kernel_is_the_default(monkeypatch):
     ((4, 16, 8192, 80), False, True),
     ((4, 32, 1024, 80), True, False),   # shorter: not measured
     ((1, 2, 4096, 96), True, False),    # a head dim Gluon does not cover
-    # few query tiles: the tile kernel splits its loop over the SMs and is faster (AUTO_MIN_TILES)
+    # few sequences: the tile kernel splits its loop over the SMs and is faster (AUTO_MIN_SEQS)
     ((1, 1, 4096, 128), True, False),   # the assignment's grid: one sequence
     ((1, 1, 16384, 128), True, False),
-    ((1, 4, 16384, 128), True, False),  # 512 tiles
-    ((1, 8, 16384, 128), True, True),   # 1,024 tiles
+    ((1, 4, 16384, 128), True, False),
+    ((1, 8, 8192, 128), True, True),
     ((2, 4, 16384, 128), False, True),
+    ((2, 16, 2048, 80), True, True),
     ((1, 1, 65536, 128), True, True),   # from AUTO_LONG_N rows, one sequence is enough
     ((1, 2, 32768, 80), True, False),
     ((1, 1, 16384, 64), True, False),   # head dim 64: from 4 sequences

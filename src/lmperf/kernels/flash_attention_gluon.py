@@ -864,13 +864,13 @@ def forward(q, k, v, is_causal: bool = False, variant: str | None = None, cfg: t
 
 BACKEND_ENV = "LMPERF_FA_BACKEND"
 BACKENDS = ("auto", "gluon", "triton")
-# "auto" at head dims 80 and 128: the call's 128-row query tiles (batch x heads x N / 128) from which the Gluon
-# forward is taken, or a sequence from AUTO_LONG_N rows. Below, the tile kernel splits its loop over the
-# GPU's SMs (flash_attention_triton._split) and this one's programs are too few: causal, one sequence of
-# 2,048-16,384 rows 0.46-0.85x this kernel's GPU time, two or four of 16,384 rows 0.72-0.77x; one of 32,768 and
-# eight of 8,192 the same within 3%; one of 65,536 this kernel 0.85-0.88x the tile kernel's (H200;
-# tuning/flash_attention/NOTES.md step 69)
-AUTO_MIN_TILES = 1024
+# "auto" at head dims 80 and 128: the Gluon forward from this many sequences (batch x heads), or a sequence from
+# AUTO_LONG_N rows. With fewer the tile kernel splits its loop over the GPU's SMs (flash_attention_triton._split)
+# and is faster (causal, H200; tuning/flash_attention/NOTES.md step 69): one sequence of 2,048-16,384 rows
+# 0.46-0.85x this kernel's GPU time, two or four sequences of 16,384 rows 0.72-0.78x; one of 32,768 the same.
+# From 8 sequences this one is faster or the same (eight of 8,192 rows: 0.98x at head dim 80, 1.03x at 128;
+# 32 of 2,048 at head dim 80: 0.90x), and one sequence of 65,536 rows 0.85-0.88x
+AUTO_MIN_SEQS = 8
 AUTO_LONG_N = 65536
 # ... and head dim 64 causal from 16,384 rows: from this many sequences to 16 (one or two of 16,384 rows: the
 # tile kernel 0.59-0.74x this one's GPU time, one of 65,536 0.93-0.97x; four and eight of 16,384: this one
@@ -884,18 +884,18 @@ def prefers_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
     steps 37-41): head dim 128 from 2,048 rows, causal or not, grouped-query or not; head dim 64
     causal from 16,384 rows in at most 16 sequences (the headline; with 256 sequences its causal
     schedule loses); head dim 80 from 2,048 rows, causal or not (measured on the H200, step 45).
-    Of those, on an H200 (step 69): at head dims 80 and 128 only from AUTO_MIN_TILES query tiles of
-    128 rows in the call, or from AUTO_LONG_N rows; at head dim 64 only from AUTO_MIN_SEQS_64
-    sequences (fewer: the tile kernel splits its loop over the SMs and is faster). N a multiple of
+    Of those, on an H200 (step 69): at head dims 80 and 128 only from AUTO_MIN_SEQS sequences, or
+    from AUTO_LONG_N rows; at head dim 64 only from AUTO_MIN_SEQS_64 sequences (fewer: the tile
+    kernel splits its loop over the SMs and is faster). N a multiple of
     128 (no tile past a sequence's end: see the module's note). Elsewhere (shorter or ragged
-    sequences, fewer tiles, head dim 64 otherwise, every shape not measured) the tile-language
+    sequences, fewer sequences, head dim 64 otherwise, every shape not measured) the tile-language
     kernel stays."""
     if q.dim() < 2 or q.shape[-2] % 128:
         return False
     n, d = q.shape[-2], q.shape[-1]
     seqs = math.prod(q.shape[:-2])
     if d in (80, 128):
-        return n >= 2048 and (seqs * (n // 128) >= AUTO_MIN_TILES or n >= AUTO_LONG_N)
+        return n >= 2048 and (seqs >= AUTO_MIN_SEQS or n >= AUTO_LONG_N)
     return d == 64 and is_causal and n >= 16384 and AUTO_MIN_SEQS_64 <= seqs <= 16
 
 
