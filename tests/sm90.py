@@ -40,7 +40,31 @@ def resources(kern):
     for op in OPS:
         res[op] = len(re.findall(r"\b" + re.escape(op) + r"\b", sass))
     res["shared_bytes"] = kern.metadata.shared
+    res.update(loop_spills(sass))
     return res
+
+
+def loop_spills(sass):
+    """Spill stores and loads inside the innermost loops that issue wgmma (the kernels' step loops,
+    found by their backward branches; the wait loops' stubs after the last EXIT, which branch back
+    into the code, are not loops), summed over those loops: what a spill costs at every step rather
+    than once a program."""
+    code = [(int(a, 16), op) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    last_exit = max(a for a, op in code if re.search(r"\bEXIT\b", op))
+    loops = []
+    for addr, op in code:
+        target = re.search(r"\bBRA\b[^;]*?0x([0-9a-f]+)", op)
+        if target is not None and int(target.group(1), 16) < addr <= last_exit:
+            body = [o for a, o in code if int(target.group(1), 16) <= a <= addr]
+            if any(re.search(r"\bHGMMA\b", o) for o in body):
+                loops.append((int(target.group(1), 16), addr, body))
+    out = {"LOOP_STL": 0, "LOOP_LDL": 0}
+    for start, end, body in loops:
+        if any(start <= s2 and e2 <= end and (s2, e2) != (start, end) for s2, e2, _ in loops):
+            continue  # an outer loop: its inner step loop is counted
+        for op_name in ("STL", "LDL"):
+            out["LOOP_" + op_name] += sum(bool(re.search(r"\b" + op_name + r"\b", o)) for o in body)
+    return out
 
 
 out = {}
