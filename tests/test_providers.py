@@ -259,3 +259,12 @@ def test_the_workflow_plans_a_provider_module_as_an_input_of_the_jobs_that_run_i
     failed = snakemake(repo, *args[:-3], "--configfile", "mine.yaml", check=False)
     assert failed.returncode != 0
     assert "check.impls names ['mine_tiled'], which are not attention providers" in failed.stdout + failed.stderr
+
+
+def test_a_compiled_provider_builds_first_thing_in_a_fresh_process():
+    """plain_compiled's build turns off donated buffers through torch._functorch.config, which
+    `import torch` alone does not import: a process whose first act is that build gets the provider,
+    not an AttributeError."""
+    code = "from lmperf import providers; providers.get('plain_compiled').build({'causal': True}); print('built')"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "built" in proc.stdout, proc.stderr[-2000:]

@@ -458,7 +458,7 @@ def no_donated_buffers():
     """The benchmark times backward alone with retain_graph=True, which compiled backwards with
     donated buffers refuse; donation only saves memory, not time. Every compiled provider
     sets this itself: a run resumed from its journal may start with any of them."""
-    import torch
+    import torch._functorch.config  # not imported by `import torch` alone
     torch._functorch.config.donated_buffer = False
 
 
