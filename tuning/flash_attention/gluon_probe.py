@@ -451,15 +451,10 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ft.clear_plans()
             return setup()
 
-        def fwd_only(make_out):  # the forward alone, inputs requiring grad as in training
-            return lambda: make_out()
-
-        def plain_compiled():  # the grid's peer: torch.compile'd PyTorch attention, compiled for this shape
-            from lmperf.model import plain_attention
-            torch._dynamo.reset()
-            torch._functorch.config.donated_buffer = False
-            compiled = torch.compile(plain_attention, dynamic=False)
-            return lambda: compiled(*xs, causal)
+        def plain_compiled():  # the grid's peer, as the benchmark builds it (providers' plain_compiled)
+            from lmperf import providers
+            fn, _ = providers.get("plain_compiled").build({"causal": causal})
+            return lambda: fn(*xs)
 
         def at_schedule(schedule, setup):  # the fused kernel at _turns' SCHEDULE `schedule` (restored after)
             gf.default_schedule = lambda *a: schedule
@@ -509,11 +504,11 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ("fb_ours_all_tile", lambda: fwd_at("triton", lambda: fwd_bwd(ours, "triton"))),
             ("fb_ours_all_gluon", lambda: fwd_at("gluon", lambda: fwd_bwd(ours, "gluon"))),
             ("fb_plain_compiled", lambda: fwd_bwd(plain_compiled())),
-            ("fw_ours_auto", lambda: fwd_only(ours)),
-            ("fw_ours_tile", lambda: fwd_at("triton", lambda: fwd_only(ours))),
-            ("fw_ours_gluon", lambda: fwd_at("gluon", lambda: fwd_only(ours))),
-            ("fw_sdpa_cudnn", lambda: fwd_only(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
-            ("fw_plain_compiled", lambda: fwd_only(plain_compiled())),
+            ("fw_ours_auto", lambda: ours),  # the forward alone, inputs requiring grad
+            ("fw_ours_tile", lambda: fwd_at("triton", lambda: ours)),
+            ("fw_ours_gluon", lambda: fwd_at("gluon", lambda: ours)),
+            ("fw_sdpa_cudnn", lambda: lambda: sdpa(SDPBackend.CUDNN_ATTENTION)),
+            ("fw_plain_compiled", plain_compiled),
             ("fb_sdpa_cudnn", lambda: fwd_bwd(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
             ("fb_sdpa_flash", lambda: fwd_bwd(lambda: sdpa(SDPBackend.FLASH_ATTENTION))),
             *[(f"{fb}ours_gluon_fused_s{sch}", lambda sch=sch, f=(fwd_bwd if fb else grad_of):
