@@ -419,6 +419,7 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
     default_schedule = gf.default_schedule
     configs = dict(gf.CONFIGS)
     persistent_dims = gf.PERSISTENT_DIMS
+    peel_dims = gf.PEEL_DIMS
     rows = []
     for name in names:
         b, h, hk, n, d, causal = BWD_SHAPES[name]
@@ -482,6 +483,11 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ft.clear_plans()
             return setup()
 
+        def peel_at(dims, setup):  # the fused kernel's non-causal first steps peeled at head dims `dims` (restored after)
+            gf.PEEL_DIMS = dims
+            ft.clear_plans()
+            return setup()
+
         out_t, lse, do_, delta, cfg = _bwd_inputs(q, k, v, causal)
         dq_g, dq_t, delta_g, delta_t = torch.empty_like(q), torch.empty_like(q), torch.empty_like(delta), torch.empty_like(delta)
         dk_g, dv_g = torch.empty_like(k), torch.empty_like(v)
@@ -490,6 +496,7 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ("ours_gluon", lambda: grad_of(ours, "gluon")),
             ("ours_gluon_dkdv", lambda: grad_of(ours, "gluon-dkdv")),
             ("ours_gluon_fused", lambda: grad_of(ours, "gluon-fused")),
+            ("ours_gluon_fused_nopeel", lambda: peel_at((), lambda: grad_of(ours, "gluon-fused"))),
             ("sdpa_cudnn", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
             ("sdpa_flash", lambda: grad_of(lambda: sdpa(SDPBackend.FLASH_ATTENTION))),
             ("dq_gluon_alone", lambda: (lambda: gb.launch_dq(q, k, v, out_t, do_, lse, delta_g, dq_g, causal))),
@@ -521,6 +528,7 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ("fb_ours_auto_wd", lambda: at_config(d, lambda: fwd_bwd(ours), **gf.WRITER_FIRST)),
             ("fb_ours_auto_cf", lambda: at_config(d, lambda: fwd_bwd(ours), **gf.CONSUMER_FIRST)),
             ("fb_ours_auto_persist", lambda: persistent_at(d, lambda: fwd_bwd(ours))),
+            ("fb_ours_auto_nopeel", lambda: peel_at((), lambda: fwd_bwd(ours))),  # its step loop whole
             ("ours_gluon_again", lambda: grad_of(ours, "gluon")),
             ("sdpa_cudnn_again", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
         ]
@@ -558,10 +566,11 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
                     fg.SNAKE_CAUSAL = None
                     ft.clear_plans()
                 if (gf.default_schedule is not default_schedule or gf.CONFIGS != configs
-                        or gf.PERSISTENT_DIMS != persistent_dims):
+                        or gf.PERSISTENT_DIMS != persistent_dims or gf.PEEL_DIMS != peel_dims):
                     gf.default_schedule = default_schedule
                     gf.CONFIGS.update(configs)
                     gf.PERSISTENT_DIMS = persistent_dims
+                    gf.PEEL_DIMS = peel_dims
                     ft.clear_plans()
             rows.append(row)
             print(f"{name:10s} {label:22s} " + (f"{row['ms_median']:.3f} ms (p20 {row['ms_p20']:.3f} p80 "

@@ -71,6 +71,11 @@ CONFIGS = {64: config(CONSUMER_FIRST, 128), 128: config(WRITER_FIRST, 64)}
 # producer taking key tiles by ticket for the others, the next tile's K and V loaded while the last
 # tile's dK and dV are stored. Opt-in (none): tuning/flash_attention/NOTES.md step 61.
 PERSISTENT_DIMS: tuple[int, ...] = ()
+# Head dims whose non-causal kernel takes its first R = BLOCK_N / BLOCK_M steps out of the step loop as
+# the causal kernel does its diagonal's (launch's `peel`; the same steps in the same order, the same
+# bits): at head dim 128 ptxas then spills none of the loop's registers (8 stores and 22 loads a step
+# in the loop otherwise), at 64 it spills more (tuning/flash_attention/NOTES.md step 71).
+PEEL_DIMS = (128,)
 H100_SMS = 132  # the grid of a persistent compile_only (no GPU to ask)
 PIECE = 32  # columns of a dQ share's piece in shared memory (128 bytes of fp32: 128-byte swizzled)
 
@@ -241,7 +246,7 @@ if gluon is not None:
                         IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, qb_smem, dob_smem,
                         kb_smem, vb_smem, DB: gl.constexpr, bkv, jt, kv_empty, PROBE: gl.constexpr,
-                        SCHEDULE: gl.constexpr, PERSISTENT: gl.constexpr, tk):
+                        SCHEDULE: gl.constexpr, PERSISTENT: gl.constexpr, PEEL: gl.constexpr, tk):
         kv_ready, q_ready, do_ready, qdo_empty = bars
         HALF: gl.constexpr = BLOCK_N // 2
         DA: gl.constexpr = D - DB
@@ -267,7 +272,7 @@ if gluon is not None:
                                    DK, DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh,
                                    stride_dvn, QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, WG,
                                    qb_smem, dob_smem, kb_smem, vb_smem, DB, t_bkv, kt, part, c, kv_empty, PROBE, False,
-                                   True, s_layout, o_layout, a_layout, ob_layout, ab_layout, q_layout)
+                                   True, PEEL, s_layout, o_layout, a_layout, ob_layout, ab_layout, q_layout)
                 part += 1
                 ticket = _read_ticket(tk, part)
         elif SCHEDULE == 2:
@@ -277,13 +282,13 @@ if gluon is not None:
                                    DK, DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh,
                                    stride_dvn, QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, WG,
                                    qb_smem, dob_smem, kb_smem, vb_smem, DB, bkv, _part_kt(jt, part, N, BLOCK_N, SCHEDULE),
-                                   part, c, kv_empty, PROBE, True, True, s_layout, o_layout, a_layout, ob_layout,
+                                   part, c, kv_empty, PROBE, True, True, PEEL, s_layout, o_layout, a_layout, ob_layout,
                                    ab_layout, q_layout)
         else:
             _consumer_tile(q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK, DV, N,
                            H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, QK_SCALE,
                            SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, WG, qb_smem, dob_smem, kb_smem,
-                           vb_smem, DB, bkv, jt, 0, gl.to_tensor(0), kv_empty, PROBE, False, False, s_layout, o_layout,
+                           vb_smem, DB, bkv, jt, 0, gl.to_tensor(0), kv_empty, PROBE, False, False, PEEL, s_layout, o_layout,
                            a_layout, ob_layout, ab_layout, q_layout)
 
     @gluon.jit
@@ -292,7 +297,8 @@ if gluon is not None:
                        QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, qb_smem,
                        dob_smem, kb_smem, vb_smem, DB: gl.constexpr, bkv, kt, part, c, kv_empty, PROBE: gl.constexpr,
-                       HEADS_INNER: gl.constexpr, RELEASE_KV: gl.constexpr, s_layout: gl.constexpr,
+                       HEADS_INNER: gl.constexpr, RELEASE_KV: gl.constexpr, PEEL: gl.constexpr,
+                       s_layout: gl.constexpr,
                        o_layout: gl.constexpr,
                        a_layout: gl.constexpr, ob_layout: gl.constexpr, ab_layout: gl.constexpr,
                        q_layout: gl.constexpr):
@@ -342,14 +348,15 @@ if gluon is not None:
         else:
             for g in range(GROUP):
                 first = 0
-                if IS_CAUSAL:
-                    first = k0 // BLOCK_M
+                if IS_CAUSAL or PEEL:  # the first R steps (causal: the diagonal's, masked) out of the loop
+                    if IS_CAUSAL:
+                        first = k0 // BLOCK_M
                     for j in gl.static_range(R):
-                        dk, dv, dkb, dvb = _fused_step(dk, dv, dkb, dvb, c, k0 + j * BLOCK_M, key0, k_mine, v_mine,
-                                                       kb_mine, vb_mine, k_smem, kb_smem, q_smem, do_smem, qb_smem,
-                                                       dob_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars,
-                                                       QK_SCALE, True, BLOCK_M, HALF, STAGES, DB, WG, s_layout,
-                                                       a_layout, ab_layout, q_layout, PROBE)
+                        dk, dv, dkb, dvb = _fused_step(dk, dv, dkb, dvb, c, (first + j) * BLOCK_M, key0, k_mine,
+                                                       v_mine, kb_mine, vb_mine, k_smem, kb_smem, q_smem, do_smem,
+                                                       qb_smem, dob_smem, l_smem, dl_smem, ds_smem, dq_smem, bars,
+                                                       fbars, QK_SCALE, IS_CAUSAL, BLOCK_M, HALF, STAGES, DB, WG,
+                                                       s_layout, a_layout, ab_layout, q_layout, PROBE)
                         c += 1
                     first += R
                 for it in range(first, n_qt):
@@ -604,7 +611,7 @@ if gluon is not None:
                       D: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                       WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr, PROBE: gl.constexpr, SCHEDULE: gl.constexpr,
                       PERSISTENT: gl.constexpr, num_warps: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc,
-                      DB: gl.constexpr):
+                      DB: gl.constexpr, PEEL: gl.constexpr):
         gl.static_assert(num_warps == 4, "the default partition: a consumer warpgroup, or the writer's four warps")
         gl.static_assert(D - DB == 64, "dQ halves of 64 columns")
         gl.static_assert(WRITER_WARPS != 4 or CONSUMER_REGS <= 232, "two worker consumers: 232 registers at most")
@@ -693,12 +700,12 @@ if gluon is not None:
                                    DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                    QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 0, qb_smem,
                                    dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE,
-                                   PERSISTENT, tk)),
+                                   PERSISTENT, PEEL, tk)),
                 (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
                                    DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                    QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1, qb_smem,
                                    dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE,
-                                   PERSISTENT, tk)),
+                                   PERSISTENT, PEEL, tk)),
                 (_fused_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
                                    l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
                                    GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
@@ -711,12 +718,12 @@ if gluon is not None:
                                    DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                    QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 0, qb_smem,
                                    dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE,
-                                   PERSISTENT, tk)),
+                                   PERSISTENT, PEEL, tk)),
                 (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
                                    DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                    QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1, qb_smem,
                                    dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE,
-                                   PERSISTENT, tk)),
+                                   PERSISTENT, PEEL, tk)),
                 (_fused_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
                                    l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
                                    GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
@@ -753,7 +760,7 @@ def default_schedule(q, k, is_causal: bool) -> int:
 def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | None = None,
            consumer_regs: int | None = None, writer_regs: int | None = None, writer_warps: int | None = None,
            compile_only: bool = False, probe: int = 0, schedule: int | None = None, persistent: bool | None = None,
-           programs: int | None = None):
+           programs: int | None = None, peel: bool | None = None):
     """dQ, dK, dV into dq, dk, dv ((B, H, N, D) and (B, H_kv, N, D) views, unit stride along D) for
     q, k, v that `unsupported` accepts, from the forward's O (out) and L (lse, (B*H, N) fp32) and dO.
     Returns the compiled fused kernel; compile_only: compile the three kernels for the active
@@ -764,7 +771,8 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
     then j, the group's heads inner at each query tile, so that programs are of one length. persistent
     (None: the head dim in PERSISTENT_DIMS, at schedule 0): a program an SM (or `programs`, tests:
     fewer, so that small inputs give a program several tiles) taking key tiles by ticket, schedule 0
-    only (_take_ticket)."""
+    only (_take_ticket). peel (None: the head dim in PEEL_DIMS): a non-causal call's first steps of a
+    key tile out of its step loop (the causal kernel's always are)."""
     if schedule == 2 and not is_causal:
         raise ValueError("the fused backward's schedule 2 (pairs of key tiles) is causal only")
     q4, k4, v4, o4, do4, dq4, dk4, dv4 = (fg.heads(t) for t in (q, k, v, out, do, dq, dk, dv))
@@ -817,7 +825,8 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
         QK_SCALE=gb.LOG2E / math.sqrt(d), SM_SCALE=1.0 / math.sqrt(d), GROUP=nh // h_kv, IS_CAUSAL=bool(is_causal),
         BLOCK_M=bm, BLOCK_N=BLOCK_N, D=d, STAGES=stages, CONSUMER_REGS=consumer_regs, WRITER_REGS=writer_regs,
         WRITER_WARPS=writer_warps, PROBE=probe, SCHEDULE=schedule, PERSISTENT=bool(persistent), num_warps=4,
-        qb_desc=q_desc, dob_desc=do_desc, kb_desc=k_desc, vb_desc=v_desc, DB=db, **grid_kw(grid))
+        qb_desc=q_desc, dob_desc=do_desc, kb_desc=k_desc, vb_desc=v_desc, DB=db,
+        PEEL=bool(d in PEEL_DIMS if peel is None else peel), **grid_kw(grid))
     post = _cast_kernel.warmup if compile_only else kernel_launch.plain_launch(_cast_kernel)[tile_grid]
     post(dqacc, dq4, nh, dq4.stride(0), dq4.stride(1), dq4.stride(2), SM_SCALE=1.0 / math.sqrt(d), BLOCK_M=bm,
          DB=db, W=PIECE, num_warps=4, **grid_kw(tile_grid))
