@@ -85,15 +85,19 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def available() -> str | None:
-    """None where the Gluon kernels can run on this process's current CUDA device, else why not."""
+def available(device: torch.device | None = None) -> str | None:
+    """None where the Gluon kernels can run on `device` (None: this process's current CUDA device),
+    else why not: first what this process lacks, then a device that is not a CUDA one (named without
+    asking torch for a CUDA device: a CPU call's dispatch asks for none)."""
     if IMPORT_ERROR is not None:
         return f"Gluon is not importable from this Triton ({IMPORT_ERROR})"
     if _interpreting():
         return "Gluon does not run in the Triton interpreter (TRITON_INTERPRET=1)"
     if not torch.cuda.is_available():
         return "needs a CUDA GPU of compute capability 9.x (Hopper); none is visible"
-    major = _major(torch.cuda.current_device())
+    if device is not None and device.type != "cuda":
+        return f"needs CUDA tensors; got {device.type}"
+    major = _major(device.index if device is not None and device.index is not None else torch.cuda.current_device())
     if major != 9:
         return f"needs a Hopper GPU (compute capability 9.x); this one is {major}.x"
     return None
@@ -134,10 +138,8 @@ def head_rows(t: torch.Tensor):
 def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> str | None:
     """None where the Gluon forward covers this call, else the reason it does not (the caller
     then uses the tile-language kernel, or raises where Gluon was forced)."""
-    if (why := available()) is not None:
+    if (why := available(q.device)) is not None:
         return why
-    if q.device.type != "cuda":
-        return f"needs CUDA tensors; got {q.device.type}"
     if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"covers bf16 and fp16 inputs of one dtype; got {q.dtype}, {k.dtype}, {v.dtype}"
     d = q.shape[-1]

@@ -145,10 +145,8 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bo
     """None where this kernel can run the call on this process's GPU, else the reason."""
     if (why := shape_unsupported(q, k, v, is_causal)) is not None:
         return why
-    if (why := fg.available()) is not None:
+    if (why := fg.available(q.device)) is not None:
         return why
-    if q.device.type != "cuda":
-        return f"needs CUDA tensors; got {q.device.type}"
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not _aligned(t):
             return f"{name}'s data is not 16-byte aligned (TMA)"
