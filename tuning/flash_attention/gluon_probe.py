@@ -496,7 +496,7 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ("ours_gluon", lambda: grad_of(ours, "gluon")),
             ("ours_gluon_dkdv", lambda: grad_of(ours, "gluon-dkdv")),
             ("ours_gluon_fused", lambda: grad_of(ours, "gluon-fused")),
-            ("ours_gluon_fused_nopeel", lambda: peel_at((), lambda: grad_of(ours, "gluon-fused"))),
+            ("ours_gluon_fused_peel", lambda: peel_at((d,), lambda: grad_of(ours, "gluon-fused"))),
             ("sdpa_cudnn", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
             ("sdpa_flash", lambda: grad_of(lambda: sdpa(SDPBackend.FLASH_ATTENTION))),
             ("dq_gluon_alone", lambda: (lambda: gb.launch_dq(q, k, v, out_t, do_, lse, delta_g, dq_g, causal))),
@@ -528,7 +528,7 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ("fb_ours_auto_wd", lambda: at_config(d, lambda: fwd_bwd(ours), **gf.WRITER_FIRST)),
             ("fb_ours_auto_cf", lambda: at_config(d, lambda: fwd_bwd(ours), **gf.CONSUMER_FIRST)),
             ("fb_ours_auto_persist", lambda: persistent_at(d, lambda: fwd_bwd(ours))),
-            ("fb_ours_auto_nopeel", lambda: peel_at((), lambda: fwd_bwd(ours))),  # its step loop whole
+            ("fb_ours_auto_peel", lambda: peel_at((d,), lambda: fwd_bwd(ours))),  # non-causal: first steps peeled
             ("ours_gluon_again", lambda: grad_of(ours, "gluon")),
             ("sdpa_cudnn_again", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
         ]

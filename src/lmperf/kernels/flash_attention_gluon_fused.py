@@ -73,9 +73,10 @@ CONFIGS = {64: config(CONSUMER_FIRST, 128), 128: config(WRITER_FIRST, 64)}
 PERSISTENT_DIMS: tuple[int, ...] = ()
 # Head dims whose non-causal kernel takes its first R = BLOCK_N / BLOCK_M steps out of the step loop as
 # the causal kernel does its diagonal's (launch's `peel`; the same steps in the same order, the same
-# bits): at head dim 128 ptxas then spills none of the loop's registers (8 stores and 22 loads a step
-# in the loop otherwise), at 64 it spills more (tuning/flash_attention/NOTES.md step 71).
-PEEL_DIMS = (128,)
+# bits). Opt-in (none): at head dim 128 ptxas then spills none of the loop's registers (8 stores and 22
+# loads a step otherwise) but the backward is no faster outside the noise of four processes; at 64 it
+# spills more (tuning/flash_attention/NOTES.md step 71).
+PEEL_DIMS: tuple[int, ...] = ()
 H100_SMS = 132  # the grid of a persistent compile_only (no GPU to ask)
 PIECE = 32  # columns of a dQ share's piece in shared memory (128 bytes of fp32: 128-byte swizzled)
 
