@@ -95,6 +95,20 @@ def test_forcing_gluon_where_it_cannot_run_says_why(monkeypatch):
             ft.FlashAttention2Triton.apply(q, k, v, True)
 
 
+def test_cpu_tensors_are_refused_without_asking_for_a_gpu(monkeypatch):
+    """On a machine with a GPU (stood in for here), a call on CPU tensors is refused for its device,
+    and the dispatch asks torch for no CUDA device to say so."""
+    monkeypatch.delenv(fg.BACKEND_ENV, raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name in ("current_device", "get_device_properties", "get_device_capability"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a: pytest.fail("asked torch for a CUDA device"))
+    q, k, v = qkv((8, 16, 2048, 128), device="cpu")
+    if fg.IMPORT_ERROR is None:
+        assert fg.unsupported(q, k, v, True) == "needs CUDA tensors; got cpu"
+    assert fg.use_gluon(q, k, v, True) is False
+
+
 def test_head_dim_80_is_two_column_slices_in_the_ping_pong_variant_only():
     """Gluon's tiles are powers of two: head dim 80 is computed as columns [0, 64) and [64, 80);
     the other variants refuse it by name rather than fail to compile."""
