@@ -483,7 +483,7 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ft.clear_plans()
             return setup()
 
-        def peel_at(dims, setup):  # the fused kernel's non-causal first steps peeled at head dims `dims` (restored after)
+        def peel_at(dims, setup):  # the fused kernel's non-causal first steps peeled at `dims` (restored after)
             gf.PEEL_DIMS = dims
             ft.clear_plans()
             return setup()
