@@ -66,6 +66,16 @@ def _fresh_flash_attention_plans():
         ft.clear_plans()
 
 
+@pytest.fixture
+def a_gpu_never_asked(monkeypatch):
+    """This process as on a machine with a visible CUDA GPU (outside Triton's interpreter), where asking
+    torch for a CUDA device fails the test: for checks that a call on CPU tensors asks for none."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name in ("current_device", "get_device_properties", "get_device_capability"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a: pytest.fail("asked torch for a CUDA device"))
+
+
 def committed(path: str, root: Path = REPO) -> str:
     """The text of `path` (from the repository root) as committed at HEAD, whatever the working
     tree holds: `make report` rewrites report/report.md and its figures for the machine it runs

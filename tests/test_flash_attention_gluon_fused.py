@@ -311,15 +311,12 @@ def assert_right_every_run(q, k, v, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_cpu_tensors_in_a_class_take_the_tile_backward_without_asking_for_a_gpu(monkeypatch, causal):
+def test_cpu_tensors_in_a_class_take_the_tile_backward_without_asking_for_a_gpu(monkeypatch, a_gpu_never_asked,
+                                                                                   causal):
     """The classes read the GPU's streaming multiprocessors; CPU tensors (which the fused kernel never
     runs) are in none, and the dispatch asks torch for no CUDA device to say so (on a machine without
     one, that fails; one with a GPU stood in for here)."""
     monkeypatch.delenv(ENV, raising=False)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a machine with a GPU
-    for name in ("current_device", "get_device_properties", "get_device_capability"):
-        monkeypatch.setattr(torch.cuda, name, lambda *a: pytest.fail("asked torch for a CUDA device"))
     q, k, v = qkv((4, 16, 2048, 128), torch.bfloat16, device="cpu")
     assert gb.fused_class(q, k, causal) is None
     assert gb.prefers_gluon(q, k, v, causal) is False
