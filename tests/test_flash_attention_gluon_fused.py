@@ -115,6 +115,40 @@ def test_pairs_of_key_tiles_are_refused_without_a_causal_mask():
                   schedule=2)
 
 
+@pytest.mark.parametrize("causal, kw", [(False, {}), (True, dict(schedule=2)),
+                                         (True, dict(schedule=0, persistent=True))], ids=["full", "pairs", "persistent"])
+def test_deferred_shares_are_refused_where_a_step_cannot_hand_on_the_last(causal, kw):
+    """A step stores the last step's dQ share, so a key tile's first steps must be out of its step loop
+    (causal, or peeled), one key tile after another (not persistent, not schedule 2's pairs): asked
+    for elsewhere, a ValueError naming what it needs, before anything is compiled (any machine)."""
+    q, k, v = qkv((1, 2, 256, 64), device="cpu")
+    x = torch.empty_like(q)
+    with pytest.raises(ValueError, match="defers its dQ shares only where"):
+        gf.launch(q, k, v, x, x, torch.empty(2, 256), x, torch.empty_like(k), torch.empty_like(v), causal,
+                  defer=True, compile_only=True, **kw)
+
+
+@pytest.mark.parametrize("d, causal, peel, persistent, schedule, grouped, want", [
+    (64, True, False, False, 1, False, True),     # the measured class: causal at head dim 64
+    (64, True, False, False, 0, False, True),
+    (128, True, False, False, 1, False, False),   # no faster at 128
+    (64, True, False, False, 1, True, False),     # grouped-query: not measured
+    (64, False, False, False, 1, False, False),   # not causal, not peeled: the first step has no last share
+    (64, False, True, False, 1, False, True),     # peeled
+    (64, True, False, True, 0, False, False),     # persistent
+    (64, True, False, False, 2, False, False),    # pairs of key tiles
+])
+def test_shares_are_deferred_unasked_where_measured(d, causal, peel, persistent, schedule, grouped, want):
+    """Unasked, the kernel stores each step's dQ share in the next step at DEFER_DIMS without
+    grouped-query, where a key tile's first steps are out of its loop and its key tiles come one at
+    a time; asked, as asked where it can be."""
+    assert gf.DEFER_DIMS == (64,)
+    assert gf.defers(d, causal, peel, persistent, schedule, grouped) is want
+    if want or (causal or peel) and not persistent and schedule != 2:
+        assert gf.defers(d, causal, peel, persistent, schedule, grouped, asked=True) is True
+    assert gf.defers(d, causal, peel, persistent, schedule, grouped, asked=False) is False
+
+
 def test_a_triton_without_the_tma_reduce_is_refused_with_the_reason(monkeypatch):
     """The kernel adds dQ's shares by a TMA reduce that Gluon's builder has and its language lacks: a
     Triton without it is refused by name (a ValueError where forced), never a compile error."""
@@ -209,7 +243,8 @@ SPECS = ([f"fused:{c}" for c in ("64,0,1,bfloat16", "64,1,4,bfloat16", "128,0,1,
          + [f"fusedw:{c}" for c in ("64,1,1,bfloat16", "128,1,1,bfloat16")]  # the writer the first partition
          + [f"fusedc:{c}" for c in ("64,1,1,bfloat16", "128,1,1,bfloat16")]  # the first consumer
          + [f"fusedp0:{c}" for c in ("64,1,1,bfloat16", "128,1,1,bfloat16", "128,0,2,float16")]  # persistent
-         + ["fusedpeel:128,0,1,bfloat16"])  # non-causal, the first steps out of the step loop
+         + ["fusedpeel:128,0,1,bfloat16"]  # non-causal, the first steps out of the step loop
+         + [f"fuseddefer:{c}" for c in ("64,1,1,bfloat16", "128,1,1,bfloat16")])  # dQ shares stored a step late
 SHARED_MAX = 232448  # bytes of shared memory a program may use on an H100
 # (spill stores, spill loads) in each spec's step loops (tests/sm90.py, loop_spills) as the pinned Triton
 # compiles it: paid at every step, not once a program (tuning/flash_attention/NOTES.md step 70)
@@ -218,7 +253,8 @@ LOOP_SPILLS = {
     "fused:128,1,2,float16": (0, 8), "fused2:64,1,4,bfloat16": (40, 98), "fused2:128,1,4,bfloat16": (42, 147),
     "fusedw:64,1,1,bfloat16": (1, 3), "fusedw:128,1,1,bfloat16": (0, 1), "fusedc:64,1,1,bfloat16": (13, 18),
     "fusedc:128,1,1,bfloat16": (1, 12), "fusedp0:64,1,1,bfloat16": (11, 24), "fusedp0:128,1,1,bfloat16": (0, 23),
-    "fusedp0:128,0,2,float16": (24, 48), "fusedpeel:128,0,1,bfloat16": (0, 1),
+    "fusedp0:128,0,2,float16": (24, 48), "fusedpeel:128,0,1,bfloat16": (0, 1), "fuseddefer:64,1,1,bfloat16": (9, 12),
+    "fuseddefer:128,1,1,bfloat16": (0, 0),
 }
 
 
@@ -382,6 +418,31 @@ def test_the_first_steps_peeled_or_not_give_the_same_bits(monkeypatch, d):
             try:
                 assert_right_every_run(q, k, v, False)
                 runs.append(grads(q, k, v, False, g))
+            finally:
+                ft.clear_plans()
+        for a, b in zip(*runs):
+            assert torch.equal(a, b)
+
+
+@NEEDS_HOPPER
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_deferred_shares_give_the_same_bits(monkeypatch, d, causal):
+    """Each step's dQ share stored by the next step (DEFER_DIMS; not causal, with the first steps
+    peeled) or by its own: the same products and sums, so right against float64 either way with 8
+    query heads on 2 and with 3 on 3, and the same bits deferred and not."""
+    monkeypatch.setenv(ENV, "gluon-fused")
+    monkeypatch.setattr(gf, "PEEL_DIMS", () if causal else (d,))
+    for dtype, shape, kv in ((torch.bfloat16, (2, 8, 1152, d), 2), (torch.float16, (1, 3, 384, d), None)):
+        q, k, v = qkv(shape, dtype, kv, seed=d + 72)
+        g = torch.randn_like(q)
+        runs = []
+        for defer in (True, False):
+            monkeypatch.setattr(gf, "DEFER_DIMS", (d,) if defer else ())
+            ft.clear_plans()  # plans replay the launches they were made with
+            try:
+                assert_right_every_run(q, k, v, causal)
+                runs.append(grads(q, k, v, causal, g))
             finally:
                 ft.clear_plans()
         for a, b in zip(*runs):

@@ -420,6 +420,7 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
     configs = dict(gf.CONFIGS)
     persistent_dims = gf.PERSISTENT_DIMS
     peel_dims = gf.PEEL_DIMS
+    defer_dims = gf.DEFER_DIMS
     rows = []
     for name in names:
         b, h, hk, n, d, causal = BWD_SHAPES[name]
@@ -488,6 +489,11 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ft.clear_plans()
             return setup()
 
+        def defer_at(dims, setup):  # the fused kernel's dQ shares deferred at `dims` (restored after)
+            gf.DEFER_DIMS = dims
+            ft.clear_plans()
+            return setup()
+
         out_t, lse, do_, delta, cfg = _bwd_inputs(q, k, v, causal)
         dq_g, dq_t, delta_g, delta_t = torch.empty_like(q), torch.empty_like(q), torch.empty_like(delta), torch.empty_like(delta)
         dk_g, dv_g = torch.empty_like(k), torch.empty_like(v)
@@ -497,6 +503,8 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ("ours_gluon_dkdv", lambda: grad_of(ours, "gluon-dkdv")),
             ("ours_gluon_fused", lambda: grad_of(ours, "gluon-fused")),
             ("ours_gluon_fused_peel", lambda: peel_at((d,), lambda: grad_of(ours, "gluon-fused"))),
+            ("ours_gluon_fused_defer", lambda: defer_at((d,), lambda: grad_of(ours, "gluon-fused"))),
+            ("ours_gluon_fused_nodefer", lambda: defer_at((), lambda: grad_of(ours, "gluon-fused"))),
             ("sdpa_cudnn", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
             ("sdpa_flash", lambda: grad_of(lambda: sdpa(SDPBackend.FLASH_ATTENTION))),
             ("dq_gluon_alone", lambda: (lambda: gb.launch_dq(q, k, v, out_t, do_, lse, delta_g, dq_g, causal))),
@@ -529,6 +537,9 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ("fb_ours_auto_cf", lambda: at_config(d, lambda: fwd_bwd(ours), **gf.CONSUMER_FIRST)),
             ("fb_ours_auto_persist", lambda: persistent_at(d, lambda: fwd_bwd(ours))),
             ("fb_ours_auto_peel", lambda: peel_at((d,), lambda: fwd_bwd(ours))),  # non-causal: first steps peeled
+            ("fb_ours_auto_defer", lambda: defer_at((d,), lambda: fwd_bwd(ours))),  # dQ shares stored a step late
+            ("fb_ours_auto_nodefer", lambda: defer_at((), lambda: fwd_bwd(ours))),
+            ("fb_ours_auto_peel_defer", lambda: peel_at((d,), lambda: defer_at((d,), lambda: fwd_bwd(ours)))),
             ("ours_gluon_again", lambda: grad_of(ours, "gluon")),
             ("sdpa_cudnn_again", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
         ]
@@ -566,11 +577,13 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
                     fg.SNAKE_CAUSAL = None
                     ft.clear_plans()
                 if (gf.default_schedule is not default_schedule or gf.CONFIGS != configs
-                        or gf.PERSISTENT_DIMS != persistent_dims or gf.PEEL_DIMS != peel_dims):
+                        or gf.PERSISTENT_DIMS != persistent_dims or gf.PEEL_DIMS != peel_dims
+                        or gf.DEFER_DIMS != defer_dims):
                     gf.default_schedule = default_schedule
                     gf.CONFIGS.update(configs)
                     gf.PERSISTENT_DIMS = persistent_dims
                     gf.PEEL_DIMS = peel_dims
+                    gf.DEFER_DIMS = defer_dims
                     ft.clear_plans()
             rows.append(row)
             print(f"{name:10s} {label:22s} " + (f"{row['ms_median']:.3f} ms (p20 {row['ms_p20']:.3f} p80 "
@@ -588,7 +601,8 @@ def fused_ladder(names, log, out_csv=None, tag="", configs=("",), probes=(0, 1, 
     do_bench's median: the fused kernel as shipped (probe 0), without its turns (1: the sums race,
     a bound on the writer's traffic), with its dQ shares dropped (2: a bound on the rest), and
     with _turns' schedule forced ("s0": the programs of all sequences interleaved, "s1": a sequence's
-    key tiles together), in `rounds` interleaved rounds;
+    key tiles together; "s1p1": schedule 1 at probe 1),
+    in `rounds` interleaved rounds;
     configs: "STAGES,consumer regs,writer regs,writer warps" overrides ("" the table's; writer warps 4: the
     writer the default partition, both consumers workers)."""
     import triton.testing
@@ -607,10 +621,11 @@ def fused_ladder(names, log, out_csv=None, tag="", configs=("",), probes=(0, 1, 
             keys = ("stages", "consumer_regs", "writer_regs", "writer_warps")
             kw = dict(zip(keys, map(int, cfg.split(",")))) if cfg else {}
             for probe in probes:
-                if isinstance(probe, str):  # "sN": _turns' SCHEDULE N forced
-                    impls.append((f"fused_p0_schedule{probe[1:]}{'_' + cfg if cfg else ''}",
-                                  lambda kw=kw, sch=int(probe[1:]): gf.launch(q, k, v, out, do, lse, dq, dk, dv, causal,
-                                                                            schedule=sch, **kw)))
+                if isinstance(probe, str):  # "sN": _turns' SCHEDULE N forced ("sNpM": at probe M)
+                    sch, _, pr = probe[1:].partition("p")
+                    impls.append((f"fused_p{pr or 0}_schedule{sch}{'_' + cfg if cfg else ''}",
+                                  lambda kw=kw, sch=int(sch), pr=int(pr or 0): gf.launch(
+                                      q, k, v, out, do, lse, dq, dk, dv, causal, schedule=sch, probe=pr, **kw)))
                     continue
                 impls.append((f"fused_p{probe}{'_' + cfg if cfg else ''}",
                               lambda probe=probe, kw=kw: gf.launch(q, k, v, out, do, lse, dq, dk, dv, causal, probe=probe, **kw)))

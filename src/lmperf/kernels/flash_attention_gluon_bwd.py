@@ -397,17 +397,36 @@ if gluon is not None:
         key0 + HALF)): S^T and dP^T, P^T, dV += P^T dO issued (not waited for); (dv, dvb, dS^T in
         fp32, the slot). MASK: the tile crosses the causal diagonal. DB > 0: over both column
         slices."""
+        st = issue_st(c, k_mine, kb_mine, q_smem, qb_smem, l_smem, bars, QK_SCALE, BLOCK_M, HALF, STAGES, DB, s_layout)
+        return products_after_st(st, dv, dvb, c, q0, key0, v_mine, vb_mine, do_smem, dob_smem, dl_smem, bars,
+                                 QK_SCALE, MASK, BLOCK_M, HALF, STAGES, DB, s_layout, a_layout, ab_layout)
+
+    @gluon.jit
+    def issue_st(c, k_mine, kb_mine, q_smem, qb_smem, l_smem, bars, QK_SCALE: gl.constexpr, BLOCK_M: gl.constexpr,
+                 HALF: gl.constexpr, STAGES: gl.constexpr, DB: gl.constexpr, s_layout: gl.constexpr):
+        """dkdv_products' first product, S^T, issued (not waited for) once step c's Q tile is in."""
         kv_ready, q_ready, do_ready, qdo_empty = bars
-        dtype: gl.constexpr = q_smem.dtype
-        PAIR: gl.constexpr = 1 + (DB > 0)  # wgmma groups a product takes
         s = c % STAGES
-        ph = (c // STAGES) & 1
-        mbarrier.wait(q_ready.index(s), ph)
+        mbarrier.wait(q_ready.index(s), (c // STAGES) & 1)
         # S^T * QK_SCALE - L log2(e) = (S^T - L sqrt(D)) * QK_SCALE: start S^T from -L sqrt(D)
         st = _row_init(l_smem.index(s), -1.4426950408889634 / QK_SCALE, HALF, BLOCK_M, s_layout)
         st = warpgroup_mma(k_mine, q_smem.index(s).permute((1, 0)), st, is_async=True)
         if DB > 0:
             st = warpgroup_mma(kb_mine, qb_smem.index(s).permute((1, 0)), st, is_async=True)
+        return st
+
+    @gluon.jit
+    def products_after_st(st, dv, dvb, c, q0, key0, v_mine, vb_mine, do_smem, dob_smem, dl_smem, bars,
+                          QK_SCALE: gl.constexpr, MASK: gl.constexpr, BLOCK_M: gl.constexpr, HALF: gl.constexpr,
+                          STAGES: gl.constexpr, DB: gl.constexpr, s_layout: gl.constexpr, a_layout: gl.constexpr,
+                          ab_layout: gl.constexpr):
+        """dkdv_products after issue_st (st in flight): dP^T, P^T, dV += P^T dO issued; (dv, dvb, dS^T, the
+        slot)."""
+        kv_ready, q_ready, do_ready, qdo_empty = bars
+        dtype: gl.constexpr = do_smem.dtype
+        PAIR: gl.constexpr = 1 + (DB > 0)  # wgmma groups a product takes
+        s = c % STAGES
+        ph = (c // STAGES) & 1
         mbarrier.wait(do_ready.index(s), ph)
         dpt = _row_init(dl_smem.index(s), -1.0, HALF, BLOCK_M, s_layout)
         dpt = warpgroup_mma(v_mine, do_smem.index(s).permute((1, 0)), dpt, is_async=True)

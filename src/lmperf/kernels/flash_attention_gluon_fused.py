@@ -19,7 +19,9 @@ from its key tiles are added in a fixed order of the key tiles, in a fp32 buffer
 - a writer partition (two warps) waits for its key tile's turn at that query tile (a per-tile
   counter in global memory, `_turns`), then the first in turn stores the share into dQacc by TMA
   and a later one adds it there in L2 (a TMA reduce); each but the last passes the turn on once its
-  writes are performed. The consumers run up to two steps ahead of it (two buffers).
+  writes are performed. The consumers run up to two steps ahead of it (two buffers). At DEFER_DIMS'
+  head dims a step's half share is stored by the next step, once that step's first product is issued
+  (the store under a product instead of between two).
 
 Programs take their key tile in the order they start (a ticket from a global counter), so that a
 program only ever waits for programs that started before it (or, where a sequence's key tiles run
@@ -77,6 +79,13 @@ PERSISTENT_DIMS: tuple[int, ...] = ()
 # loads a step otherwise) but the backward is no faster outside the noise of four processes; at 64 it
 # spills more (tuning/flash_attention/NOTES.md step 71).
 PEEL_DIMS: tuple[int, ...] = ()
+# Head dims whose kernel stores each step's dQ share in the next step, once that step's first product is
+# issued (launch's `defer`; the same products and sums, the same bits): the store into shared memory under
+# that product instead of between two. Causal, or with the first steps peeled; not persistent, not under
+# schedule 2; unasked, without grouped-query (measured there; grouped-query at 64 spills 2 more loads a
+# step with it). At head dim 64 the backward 2-4% faster in two processes (4 x 25 x 2,048 and
+# 1 x 16 x 16,384, causal); at 128 no faster outside the noise (tuning/flash_attention/NOTES.md step 72).
+DEFER_DIMS: tuple[int, ...] = (64,)
 H100_SMS = 132  # the grid of a persistent compile_only (no GPU to ask)
 PIECE = 32  # columns of a dQ share's piece in shared memory (128 bytes of fp32: 128-byte swizzled)
 
@@ -171,23 +180,27 @@ if gluon is not None:
                      (x * SM_SCALE).to(DQ.dtype.element_ty))
 
     @gluon.jit
-    def _fused_step(dk, dv, dkb, dvb, c, q0, key0, k_mine, v_mine, kb_mine, vb_mine, k_smem, kb_smem, q_smem,
+    def _fused_step(dk, dv, dkb, dvb, dq, c, q0, key0, k_mine, v_mine, kb_mine, vb_mine, k_smem, kb_smem, q_smem,
                     do_smem, qb_smem, dob_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars,
                     QK_SCALE: gl.constexpr, MASK: gl.constexpr, BLOCK_M: gl.constexpr, HALF: gl.constexpr,
                     STAGES: gl.constexpr, DB: gl.constexpr, WG: gl.constexpr, s_layout: gl.constexpr,
                     a_layout: gl.constexpr, ab_layout: gl.constexpr, q_layout: gl.constexpr,
-                    PROBE: gl.constexpr):
+                    PROBE: gl.constexpr, DEFER: gl.constexpr, HAS_PREV: gl.constexpr):
         """flash_attention_gluon_bwd's step for one query tile (rows [q0, q0 + BLOCK_M)) into this warpgroup's
         dK, dV (keys [key0, key0 + HALF)), then this warpgroup's half of the tile's dQ share, handed
-        to the writer (dq_smem)."""
+        to the writer (dq_smem). DEFER: the share is returned (dq) and stored by the next step (HAS_PREV:
+        dq is the last step's) once its S^T is issued, so that the store overlaps that product; the
+        tile's last share by _store_share after its steps."""
         kv_ready, q_ready, do_ready, qdo_empty = bars
         ds_ready, ds_free, dq_ready, dq_empty = fbars
         dtype: gl.constexpr = q_smem.dtype
-        dv, dvb, dst, s = gb.dkdv_products(dv, dvb, c, q0, key0, k_mine, v_mine, kb_mine, vb_mine, q_smem, do_smem,
-                                            qb_smem, dob_smem, l_smem, dl_smem, bars, QK_SCALE, MASK, BLOCK_M, HALF,
-                                            STAGES, DB, s_layout, a_layout, ab_layout)
-        buf = c % 2  # the dQ share's buffer
-        bph = (c // 2) & 1
+        st = gb.issue_st(c, k_mine, kb_mine, q_smem, qb_smem, l_smem, bars, QK_SCALE, BLOCK_M, HALF, STAGES, DB,
+                         s_layout)
+        if HAS_PREV:  # the last step's share (dq: in registers) stored while S^T runs
+            _store_share(dq, c - 1, dq_smem, fbars, WG, PROBE)
+        dv, dvb, dst, s = gb.products_after_st(st, dv, dvb, c, q0, key0, v_mine, vb_mine, do_smem, dob_smem,
+                                               dl_smem, bars, QK_SCALE, MASK, BLOCK_M, HALF, STAGES, DB, s_layout,
+                                               a_layout, ab_layout)
         ds16 = dst.to(dtype)  # dS^T of this warpgroup's keys
         # dS^T into shared memory as dS ([BLOCK_M, HALF] of keys [WG HALF, (WG + 1) HALF)) once both
         # warpgroups have read its previous contents (the last step's)
@@ -230,6 +243,17 @@ if gluon is not None:
             dq = warpgroup_mma(a1, b1, dq, is_async=True)
         dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
         mbarrier.arrive(ds_free, count=1)
+        if not DEFER:
+            _store_share(dq, c, dq_smem, fbars, WG, PROBE)
+        return dk, dv, dkb, dvb, dq
+
+    @gluon.jit
+    def _store_share(dq, c, dq_smem, fbars, WG: gl.constexpr, PROBE: gl.constexpr):
+        """Step c's half share (dq) handed to the writer: stored into dq_smem's buffer c % 2 once the
+        writer has read what it held two steps before."""
+        ds_ready, ds_free, dq_ready, dq_empty = fbars
+        buf = c % 2  # the dQ share's buffer
+        bph = (c // 2) & 1
         mbarrier.wait(dq_empty.index(buf), bph ^ 1)
         if PROBE < 4:
             # two [64, 32] column pieces (the accumulator's columns split in registers)
@@ -238,7 +262,6 @@ if gluon is not None:
             dq_smem.index((buf * 2 + WG) * 2 + 1).store(hi)
             fence_async_shared()  # the writer's TMA reads it
         mbarrier.arrive(dq_ready.index(buf), count=1)
-        return dk, dv, dkb, dvb
 
     @gluon.jit
     def _fused_consumer(q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK, DV,
@@ -247,7 +270,8 @@ if gluon is not None:
                         IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, qb_smem, dob_smem,
                         kb_smem, vb_smem, DB: gl.constexpr, bkv, jt, kv_empty, PROBE: gl.constexpr,
-                        SCHEDULE: gl.constexpr, PERSISTENT: gl.constexpr, PEEL: gl.constexpr, tk):
+                        SCHEDULE: gl.constexpr, PERSISTENT: gl.constexpr, PEEL: gl.constexpr, tk,
+                        DEFER: gl.constexpr):
         kv_ready, q_ready, do_ready, qdo_empty = bars
         HALF: gl.constexpr = BLOCK_N // 2
         DA: gl.constexpr = D - DB
@@ -273,7 +297,7 @@ if gluon is not None:
                                    DK, DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh,
                                    stride_dvn, QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, WG,
                                    qb_smem, dob_smem, kb_smem, vb_smem, DB, t_bkv, kt, part, c, kv_empty, PROBE, False,
-                                   True, PEEL, s_layout, o_layout, a_layout, ob_layout, ab_layout, q_layout)
+                                   True, PEEL, False, s_layout, o_layout, a_layout, ob_layout, ab_layout, q_layout)
                 part += 1
                 ticket = _read_ticket(tk, part)
         elif SCHEDULE == 2:
@@ -283,14 +307,14 @@ if gluon is not None:
                                    DK, DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh,
                                    stride_dvn, QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, WG,
                                    qb_smem, dob_smem, kb_smem, vb_smem, DB, bkv, _part_kt(jt, part, N, BLOCK_N, SCHEDULE),
-                                   part, c, kv_empty, PROBE, True, True, PEEL, s_layout, o_layout, a_layout, ob_layout,
-                                   ab_layout, q_layout)
+                                   part, c, kv_empty, PROBE, True, True, PEEL, False, s_layout, o_layout, a_layout,
+                                   ob_layout, ab_layout, q_layout)
         else:
             _consumer_tile(q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK, DV, N,
                            H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, QK_SCALE,
                            SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, WG, qb_smem, dob_smem, kb_smem,
-                           vb_smem, DB, bkv, jt, 0, gl.to_tensor(0), kv_empty, PROBE, False, False, PEEL, s_layout, o_layout,
-                           a_layout, ob_layout, ab_layout, q_layout)
+                           vb_smem, DB, bkv, jt, 0, gl.to_tensor(0), kv_empty, PROBE, False, False, PEEL, DEFER,
+                           s_layout, o_layout, a_layout, ob_layout, ab_layout, q_layout)
 
     @gluon.jit
     def _consumer_tile(q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK, DV, N,
@@ -298,7 +322,7 @@ if gluon is not None:
                        QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, qb_smem,
                        dob_smem, kb_smem, vb_smem, DB: gl.constexpr, bkv, kt, part, c, kv_empty, PROBE: gl.constexpr,
-                       HEADS_INNER: gl.constexpr, RELEASE_KV: gl.constexpr, PEEL: gl.constexpr,
+                       HEADS_INNER: gl.constexpr, RELEASE_KV: gl.constexpr, PEEL: gl.constexpr, DEFER: gl.constexpr,
                        s_layout: gl.constexpr,
                        o_layout: gl.constexpr,
                        a_layout: gl.constexpr, ob_layout: gl.constexpr, ab_layout: gl.constexpr,
@@ -326,47 +350,54 @@ if gluon is not None:
         n_qt = N // BLOCK_M
         mbarrier.wait(kv_ready, part & 1)
         if HEADS_INNER:
+            dq0 = gl.zeros([64, 64], gl.float32, q_layout)  # no deferred shares here
             first = 0
             if IS_CAUSAL:
                 first = k0 // BLOCK_M
                 for j in gl.static_range(R):
                     for g in range(GROUP):
-                        dk, dv, dkb, dvb = _fused_step(dk, dv, dkb, dvb, c, k0 + j * BLOCK_M, key0, k_mine, v_mine,
-                                                       kb_mine, vb_mine, k_smem, kb_smem, q_smem, do_smem, qb_smem,
-                                                       dob_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars,
-                                                       QK_SCALE, True, BLOCK_M, HALF, STAGES, DB, WG, s_layout,
-                                                       a_layout, ab_layout, q_layout, PROBE)
+                        dk, dv, dkb, dvb, _ = _fused_step(dk, dv, dkb, dvb, dq0, c, k0 + j * BLOCK_M, key0, k_mine,
+                                                          v_mine, kb_mine, vb_mine, k_smem, kb_smem, q_smem, do_smem,
+                                                          qb_smem, dob_smem, l_smem, dl_smem, ds_smem, dq_smem, bars,
+                                                          fbars, QK_SCALE, True, BLOCK_M, HALF, STAGES, DB, WG,
+                                                          s_layout, a_layout, ab_layout, q_layout, PROBE, False, False)
                         c += 1
                 first += R
             for it in range(first, n_qt):
                 for g in range(GROUP):
-                    dk, dv, dkb, dvb = _fused_step(dk, dv, dkb, dvb, c, it * BLOCK_M, key0, k_mine, v_mine, kb_mine,
-                                                   vb_mine, k_smem, kb_smem, q_smem, do_smem, qb_smem, dob_smem,
-                                                   l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, QK_SCALE, False,
-                                                   BLOCK_M, HALF, STAGES, DB, WG, s_layout, a_layout, ab_layout,
-                                                   q_layout, PROBE)
+                    dk, dv, dkb, dvb, _ = _fused_step(dk, dv, dkb, dvb, dq0, c, it * BLOCK_M, key0, k_mine, v_mine,
+                                                      kb_mine, vb_mine, k_smem, kb_smem, q_smem, do_smem, qb_smem,
+                                                      dob_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars,
+                                                      QK_SCALE, False, BLOCK_M, HALF, STAGES, DB, WG, s_layout,
+                                                      a_layout, ab_layout, q_layout, PROBE, False, False)
                     c += 1
         else:
+            # DEFER: a step's share handed on by the next (_fused_step), so the first R steps out of the loop
+            gl.static_assert(not DEFER or IS_CAUSAL or PEEL, "deferred shares: the first steps peeled")
             for g in range(GROUP):
                 first = 0
+                dq = gl.zeros([64, 64], gl.float32, q_layout)  # DEFER: the last step's share (none yet)
                 if IS_CAUSAL or PEEL:  # the first R steps (causal: the diagonal's, masked) out of the loop
                     if IS_CAUSAL:
                         first = k0 // BLOCK_M
                     for j in gl.static_range(R):
-                        dk, dv, dkb, dvb = _fused_step(dk, dv, dkb, dvb, c, (first + j) * BLOCK_M, key0, k_mine,
-                                                       v_mine, kb_mine, vb_mine, k_smem, kb_smem, q_smem, do_smem,
-                                                       qb_smem, dob_smem, l_smem, dl_smem, ds_smem, dq_smem, bars,
-                                                       fbars, QK_SCALE, IS_CAUSAL, BLOCK_M, HALF, STAGES, DB, WG,
-                                                       s_layout, a_layout, ab_layout, q_layout, PROBE)
+                        dk, dv, dkb, dvb, dq = _fused_step(dk, dv, dkb, dvb, dq, c, (first + j) * BLOCK_M, key0,
+                                                           k_mine, v_mine, kb_mine, vb_mine, k_smem, kb_smem, q_smem,
+                                                           do_smem, qb_smem, dob_smem, l_smem, dl_smem, ds_smem,
+                                                           dq_smem, bars, fbars, QK_SCALE, IS_CAUSAL, BLOCK_M, HALF,
+                                                           STAGES, DB, WG, s_layout, a_layout, ab_layout, q_layout,
+                                                           PROBE, DEFER, DEFER and j > 0)
                         c += 1
                     first += R
                 for it in range(first, n_qt):
-                    dk, dv, dkb, dvb = _fused_step(dk, dv, dkb, dvb, c, it * BLOCK_M, key0, k_mine, v_mine, kb_mine,
-                                                   vb_mine, k_smem, kb_smem, q_smem, do_smem, qb_smem, dob_smem,
-                                                   l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, QK_SCALE, False,
-                                                   BLOCK_M, HALF, STAGES, DB, WG, s_layout, a_layout, ab_layout,
-                                                   q_layout, PROBE)
+                    dk, dv, dkb, dvb, dq = _fused_step(dk, dv, dkb, dvb, dq, c, it * BLOCK_M, key0, k_mine, v_mine,
+                                                       kb_mine, vb_mine, k_smem, kb_smem, q_smem, do_smem, qb_smem,
+                                                       dob_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars,
+                                                       QK_SCALE, False, BLOCK_M, HALF, STAGES, DB, WG, s_layout,
+                                                       a_layout, ab_layout, q_layout, PROBE, DEFER, DEFER)
                     c += 1
+                if DEFER:
+                    _store_share(dq, c - 1, dq_smem, fbars, WG, PROBE)
         if RELEASE_KV:
             mbarrier.arrive(kv_empty, count=1)  # this key tile's K and V read: the producer may load the next
         gb.store_dkdv(dk, dv, dkb, dvb, DK, DV, bkv, H_KV, key0, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
@@ -612,7 +643,7 @@ if gluon is not None:
                       D: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                       WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr, PROBE: gl.constexpr, SCHEDULE: gl.constexpr,
                       PERSISTENT: gl.constexpr, num_warps: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc,
-                      DB: gl.constexpr, PEEL: gl.constexpr):
+                      DB: gl.constexpr, PEEL: gl.constexpr, DEFER: gl.constexpr):
         gl.static_assert(num_warps == 4, "the default partition: a consumer warpgroup, or the writer's four warps")
         gl.static_assert(D - DB == 64, "dQ halves of 64 columns")
         gl.static_assert(WRITER_WARPS != 4 or CONSUMER_REGS <= 232, "two worker consumers: 232 registers at most")
@@ -701,12 +732,12 @@ if gluon is not None:
                                    DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                    QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 0, qb_smem,
                                    dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE,
-                                   PERSISTENT, PEEL, tk)),
+                                   PERSISTENT, PEEL, tk, DEFER)),
                 (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
                                    DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                    QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1, qb_smem,
                                    dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE,
-                                   PERSISTENT, PEEL, tk)),
+                                   PERSISTENT, PEEL, tk, DEFER)),
                 (_fused_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
                                    l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
                                    GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
@@ -719,12 +750,12 @@ if gluon is not None:
                                    DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                    QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 0, qb_smem,
                                    dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE,
-                                   PERSISTENT, PEEL, tk)),
+                                   PERSISTENT, PEEL, tk, DEFER)),
                 (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
                                    DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                    QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1, qb_smem,
                                    dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE,
-                                   PERSISTENT, PEEL, tk)),
+                                   PERSISTENT, PEEL, tk, DEFER)),
                 (_fused_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
                                    l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
                                    GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
@@ -758,10 +789,25 @@ def default_schedule(q, k, is_causal: bool) -> int:
     return int(d == 128 and k.shape[1] == q.shape[1] and n // BLOCK_N <= fg.sm_count(q.device))
 
 
+def defers(d: int, is_causal: bool, peel: bool, persistent: bool, schedule: int, grouped: bool,
+           asked: bool | None = None) -> bool:
+    """Whether the kernel stores each step's dQ share in the next step (launch's `defer`): asked (True
+    or False), else at DEFER_DIMS without grouped-query, where a key tile's first steps are out of its
+    step loop (causal, or peeled) and the program takes its key tiles one after another (neither
+    persistent nor schedule 2's pairs). Asked where it cannot be, a ValueError."""
+    deferrable = (is_causal or peel) and not persistent and schedule != 2
+    if asked and not deferrable:
+        raise ValueError("the fused backward defers its dQ shares only where a key tile's first steps are out of "
+                         "its step loop (causal, or peel=True) and not persistent or under schedule 2")
+    if asked is not None:
+        return asked
+    return d in DEFER_DIMS and deferrable and not grouped
+
+
 def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | None = None,
            consumer_regs: int | None = None, writer_regs: int | None = None, writer_warps: int | None = None,
            compile_only: bool = False, probe: int = 0, schedule: int | None = None, persistent: bool | None = None,
-           programs: int | None = None, peel: bool | None = None):
+           programs: int | None = None, peel: bool | None = None, defer: bool | None = None):
     """dQ, dK, dV into dq, dk, dv ((B, H, N, D) and (B, H_kv, N, D) views, unit stride along D) for
     q, k, v that `unsupported` accepts, from the forward's O (out) and L (lse, (B*H, N) fp32) and dO.
     Returns the compiled fused kernel; compile_only: compile the three kernels for the active
@@ -773,7 +819,9 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
     (None: the head dim in PERSISTENT_DIMS, at schedule 0): a program an SM (or `programs`, tests:
     fewer, so that small inputs give a program several tiles) taking key tiles by ticket, schedule 0
     only (_take_ticket). peel (None: the head dim in PEEL_DIMS): a non-causal call's first steps of a
-    key tile out of its step loop (the causal kernel's always are)."""
+    key tile out of its step loop (the causal kernel's always are). defer (None: the head dim in
+    DEFER_DIMS, without grouped-query, where the call can take it): each step's dQ share stored by the
+    next step (causal, or peeled; not persistent, not schedule 2)."""
     if schedule == 2 and not is_causal:
         raise ValueError("the fused backward's schedule 2 (pairs of key tiles) is causal only")
     q4, k4, v4, o4, do4, dq4, dk4, dv4 = (fg.heads(t) for t in (q, k, v, out, do, dq, dk, dv))
@@ -794,6 +842,8 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
             raise ValueError(f"the persistent fused backward takes schedule 0 only (there a tile waits only for "
                              f"tiles of earlier tickets), not {schedule}")
         grid = (min(grid[0], programs or (H100_SMS if compile_only else fg.sm_count(q4.device))),)
+    peel = d in PEEL_DIMS if peel is None else peel
+    defer = defers(d, is_causal, peel, persistent, schedule, h_kv != nh, defer)
     st, regs, bm, wregs, wwarps = CONFIGS[d]
     stages, consumer_regs, writer_regs = stages or st, consumer_regs or regs, writer_regs or wregs
     writer_warps = writer_warps or wwarps
@@ -827,7 +877,7 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
         BLOCK_M=bm, BLOCK_N=BLOCK_N, D=d, STAGES=stages, CONSUMER_REGS=consumer_regs, WRITER_REGS=writer_regs,
         WRITER_WARPS=writer_warps, PROBE=probe, SCHEDULE=schedule, PERSISTENT=bool(persistent), num_warps=4,
         qb_desc=q_desc, dob_desc=do_desc, kb_desc=k_desc, vb_desc=v_desc, DB=db,
-        PEEL=bool(d in PEEL_DIMS if peel is None else peel), **grid_kw(grid))
+        PEEL=bool(peel), DEFER=bool(defer), **grid_kw(grid))
     post = _cast_kernel.warmup if compile_only else kernel_launch.plain_launch(_cast_kernel)[tile_grid]
     post(dqacc, dq4, nh, dq4.stride(0), dq4.stride(1), dq4.stride(2), SM_SCALE=1.0 / math.sqrt(d), BLOCK_M=bm,
          DB=db, W=PIECE, num_warps=4, **grid_kw(tile_grid))
