@@ -41,7 +41,12 @@ def test_an_hw_report_renders_and_measures_nothing(tmp_path):
 @pytest.mark.parametrize("page", HW_REPORTS, ids=lambda p: p.parent.name)
 def test_every_committed_hw_report_is_what_the_renderer_writes(page, tmp_path, monkeypatch):
     hw = page.parent.name
-    monkeypatch.chdir(REPO)  # the page names the results folder as the rule gives it
+    # the page names the results folder as the rule gives it, and links files under it (the memory
+    # snapshots' pictures) relative to itself: rendered at report/<hw>/ of a tree whose results,
+    # templates and config are the repository's
+    for name in ("results", "templates", "config"):
+        (tmp_path / name).symlink_to(REPO / name, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
     results = f"results/{hw}"
     out = tmp_path / "report" / hw / "report.md"
     argv = ["--results", results, "--scale", workflow.measured_scale(results),
