@@ -346,6 +346,26 @@ def assert_right_every_run(q, k, v, causal):
             assert torch.equal(a, b)
 
 
+def assert_same_bits_either_way(monkeypatch, knob, d, causal, seed):
+    """With gf.<knob> (a tuple of head dims) holding d and empty: right against float64 each way, with
+    8 query heads on 2 (bf16, 1,152 rows) and with 3 on 3 (fp16, 384 rows), every run, and the same
+    bits both ways."""
+    for dtype, shape, kv in ((torch.bfloat16, (2, 8, 1152, d), 2), (torch.float16, (1, 3, 384, d), None)):
+        q, k, v = qkv(shape, dtype, kv, seed=seed)
+        g = torch.randn_like(q)
+        runs = []
+        for on in (True, False):
+            monkeypatch.setattr(gf, knob, (d,) if on else ())
+            ft.clear_plans()  # plans replay the launches they were made with
+            try:
+                assert_right_every_run(q, k, v, causal)
+                runs.append(grads(q, k, v, causal, g))
+            finally:
+                ft.clear_plans()
+        for a, b in zip(*runs):
+            assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_cpu_tensors_in_a_class_take_the_tile_backward_without_asking_for_a_gpu(monkeypatch, a_gpu_never_asked,
                                                                                    causal):
@@ -408,20 +428,7 @@ def test_the_first_steps_peeled_or_not_give_the_same_bits(monkeypatch, d):
     are the same steps in the same order: right against float64 either way with 8 query heads on 2
     and with 3 on 3, the same bits peeled and not."""
     monkeypatch.setenv(ENV, "gluon-fused")
-    for dtype, shape, kv in ((torch.bfloat16, (2, 8, 1152, d), 2), (torch.float16, (1, 3, 384, d), None)):
-        q, k, v = qkv(shape, dtype, kv, seed=d + 71)
-        g = torch.randn_like(q)
-        runs = []
-        for peel in (True, False):
-            monkeypatch.setattr(gf, "PEEL_DIMS", (d,) if peel else ())
-            ft.clear_plans()  # plans replay the launches they were made with
-            try:
-                assert_right_every_run(q, k, v, False)
-                runs.append(grads(q, k, v, False, g))
-            finally:
-                ft.clear_plans()
-        for a, b in zip(*runs):
-            assert torch.equal(a, b)
+    assert_same_bits_either_way(monkeypatch, "PEEL_DIMS", d, False, seed=d + 71)
 
 
 @NEEDS_HOPPER
@@ -433,20 +440,7 @@ def test_deferred_shares_give_the_same_bits(monkeypatch, d, causal):
     query heads on 2 and with 3 on 3, and the same bits deferred and not."""
     monkeypatch.setenv(ENV, "gluon-fused")
     monkeypatch.setattr(gf, "PEEL_DIMS", () if causal else (d,))
-    for dtype, shape, kv in ((torch.bfloat16, (2, 8, 1152, d), 2), (torch.float16, (1, 3, 384, d), None)):
-        q, k, v = qkv(shape, dtype, kv, seed=d + 72)
-        g = torch.randn_like(q)
-        runs = []
-        for defer in (True, False):
-            monkeypatch.setattr(gf, "DEFER_DIMS", (d,) if defer else ())
-            ft.clear_plans()  # plans replay the launches they were made with
-            try:
-                assert_right_every_run(q, k, v, causal)
-                runs.append(grads(q, k, v, causal, g))
-            finally:
-                ft.clear_plans()
-        for a, b in zip(*runs):
-            assert torch.equal(a, b)
+    assert_same_bits_either_way(monkeypatch, "DEFER_DIMS", d, causal, seed=d + 72)
 
 
 @NEEDS_HOPPER
