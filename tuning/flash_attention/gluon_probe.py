@@ -484,13 +484,8 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ft.clear_plans()
             return setup()
 
-        def peel_at(dims, setup):  # the fused kernel's non-causal first steps peeled at `dims` (restored after)
-            gf.PEEL_DIMS = dims
-            ft.clear_plans()
-            return setup()
-
-        def defer_at(dims, setup):  # the fused kernel's dQ shares deferred at `dims` (restored after)
-            gf.DEFER_DIMS = dims
+        def dims_at(knob, dims, setup):  # a head-dim knob of the fused kernel (PEEL_DIMS, DEFER_DIMS) at dims, restored
+            setattr(gf, knob, dims)
             ft.clear_plans()
             return setup()
 
@@ -502,9 +497,9 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ("ours_gluon", lambda: grad_of(ours, "gluon")),
             ("ours_gluon_dkdv", lambda: grad_of(ours, "gluon-dkdv")),
             ("ours_gluon_fused", lambda: grad_of(ours, "gluon-fused")),
-            ("ours_gluon_fused_peel", lambda: peel_at((d,), lambda: grad_of(ours, "gluon-fused"))),
-            ("ours_gluon_fused_defer", lambda: defer_at((d,), lambda: grad_of(ours, "gluon-fused"))),
-            ("ours_gluon_fused_nodefer", lambda: defer_at((), lambda: grad_of(ours, "gluon-fused"))),
+            ("ours_gluon_fused_peel", lambda: dims_at("PEEL_DIMS", (d,), lambda: grad_of(ours, "gluon-fused"))),
+            ("ours_gluon_fused_defer", lambda: dims_at("DEFER_DIMS", (d,), lambda: grad_of(ours, "gluon-fused"))),
+            ("ours_gluon_fused_nodefer", lambda: dims_at("DEFER_DIMS", (), lambda: grad_of(ours, "gluon-fused"))),
             ("sdpa_cudnn", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
             ("sdpa_flash", lambda: grad_of(lambda: sdpa(SDPBackend.FLASH_ATTENTION))),
             ("dq_gluon_alone", lambda: (lambda: gb.launch_dq(q, k, v, out_t, do_, lse, delta_g, dq_g, causal))),
@@ -536,10 +531,12 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ("fb_ours_auto_wd", lambda: at_config(d, lambda: fwd_bwd(ours), **gf.WRITER_FIRST)),
             ("fb_ours_auto_cf", lambda: at_config(d, lambda: fwd_bwd(ours), **gf.CONSUMER_FIRST)),
             ("fb_ours_auto_persist", lambda: persistent_at(d, lambda: fwd_bwd(ours))),
-            ("fb_ours_auto_peel", lambda: peel_at((d,), lambda: fwd_bwd(ours))),  # non-causal: first steps peeled
-            ("fb_ours_auto_defer", lambda: defer_at((d,), lambda: fwd_bwd(ours))),  # dQ shares stored a step late
-            ("fb_ours_auto_nodefer", lambda: defer_at((), lambda: fwd_bwd(ours))),
-            ("fb_ours_auto_peel_defer", lambda: peel_at((d,), lambda: defer_at((d,), lambda: fwd_bwd(ours)))),
+            # non-causal: first steps peeled; the dQ shares stored a step late; both
+            ("fb_ours_auto_peel", lambda: dims_at("PEEL_DIMS", (d,), lambda: fwd_bwd(ours))),
+            ("fb_ours_auto_defer", lambda: dims_at("DEFER_DIMS", (d,), lambda: fwd_bwd(ours))),
+            ("fb_ours_auto_nodefer", lambda: dims_at("DEFER_DIMS", (), lambda: fwd_bwd(ours))),
+            ("fb_ours_auto_peel_defer", lambda: dims_at("PEEL_DIMS", (d,),
+                                                        lambda: dims_at("DEFER_DIMS", (d,), lambda: fwd_bwd(ours)))),
             ("ours_gluon_again", lambda: grad_of(ours, "gluon")),
             ("sdpa_cudnn_again", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
         ]
@@ -601,8 +598,7 @@ def fused_ladder(names, log, out_csv=None, tag="", configs=("",), probes=(0, 1, 
     do_bench's median: the fused kernel as shipped (probe 0), without its turns (1: the sums race,
     a bound on the writer's traffic), with its dQ shares dropped (2: a bound on the rest), and
     with _turns' schedule forced ("s0": the programs of all sequences interleaved, "s1": a sequence's
-    key tiles together; "s1p1": schedule 1 at probe 1),
-    in `rounds` interleaved rounds;
+    key tiles together; "s1p1": schedule 1 at probe 1), in `rounds` interleaved rounds;
     configs: "STAGES,consumer regs,writer regs,writer warps" overrides ("" the table's; writer warps 4: the
     writer the default partition, both consumers workers)."""
     import triton.testing
