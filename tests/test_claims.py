@@ -127,7 +127,7 @@ def test_a_grid_verdict_has_its_denominator_and_the_best_peer_at_each_shape(tabl
     do_bench = grids["flash_attention/grid/bf16/do_bench"]
     assert "sdpa_cudnn" in do_bench.peers  # cuDNN is a peer wherever it ran
     for g in table.grids:
-        assert g.shapes == g.faster + g.slower + g.host_bound == len(g.claims)
+        assert g.shapes == g.faster + g.slower + g.level + g.host_bound == len(g.claims)
         for c in g.claims:  # the best peer: no peer of that shape and timing is faster
             rows = read(H100 / f"{c.ours.job}.csv")
             shape = rows[rows["case_id"] == c.peer.case_id].iloc[0]
@@ -314,3 +314,50 @@ def test_the_kernel_a_row_records_is_named_beside_ours(tmp_path):
     table = claims.compute(frames, results, 10.0)
     assert all(c.ours.kernel == "forward: Gluon; dK/dV: tile" for c in table.claims)
     assert "forward: Gluon; dK/dV: tile" in readme.table_text([readme.row(c) for c in readme.rows_of(table)])
+
+
+def _model_claim(shape: str, speedup: float, verdict: str, peer: str = "sdpa_cudnn") -> claims.Claim:
+    """A model-group claim at `shape` (GPU time) against `peer`, with its verdict as given."""
+    side = claims.Side(provider="triton_compiled", label="ours", harness="leaderboard", timing=claims.TIMINGS["gpu"],
+                       metric="fwd_bwd_gpu_ms", value=1.0, unit="ms", case_id="c", section="flash_attention",
+                       job="flash_attention/bench/model", host_bound=False, commit="0" * 12)
+    band = {claims.SAME: (speedup - 0.02, speedup + 0.02), claims.SLOWER: (speedup - 0.01, speedup + 0.01)}
+    return claims.Claim(id=f"flash_attention/model/bf16/gpu/{shape}", section="flash_attention", what=shape,
+                        settings=(("group", "model"), ("shape", shape)), higher_is_better=False, ours=side,
+                        peer=side.__class__(**{**side.__dict__, "provider": peer, "value": speedup}),
+                        speedup=speedup, band=band.get(verdict), processes=3 if verdict in band else 1,
+                        verdict=verdict)
+
+
+@pytest.mark.parametrize("verdicts, slower", [((claims.SAME, claims.NO_BAND), 1), ((claims.SAME, claims.SAME), 0),
+                                              ((claims.NO_BAND, claims.SLOWER), 2)])
+def test_a_shape_the_same_within_noise_is_not_counted_slower(verdicts, slower):
+    """The targets judge "no slower than the peer" by the claims' noise rule: a ratio below 1 whose band
+    holds 1 is the same within noise (the grid's count and the model group's bar alike)."""
+    from lmperf.report import flash_attention
+    shapes = [(4, 32, 1024, 80, 0.994), (8, 16, 2048, 128, 0.959)]
+    made = [_model_claim(claims.shape_text(pd.Series({"batch": b, "heads": h, "seq_len": n, "head_dim": d})), r, v)
+            for (b, h, n, d, r), v in zip(shapes, verdicts)]
+    counted = [c for c in made if not c.level]
+    grid = claims.GridVerdict(id="flash_attention/model/bf16/gpu", section="flash_attention", what="the model group",
+                              timing=claims.TIMINGS["gpu"], peers=("sdpa_cudnn",), shapes=2, faster=0,
+                              slower=len(counted), host_bound=0, banded=0, wins=0, claims=tuple(made),
+                              level=sum(c.level for c in made))
+    model = pd.DataFrame([{"model": "m", "batch": b, "heads": h, "D": d, "N": n, "speed-up over sdpa_cudnn": r}
+                          for b, h, n, d, r in shapes])
+    model.attrs["metric"] = "fwd_bwd_gpu_ms"
+    bar = next(b for b in flash_attention.bars(claims.Claims(claims=made, grids=[grid]), model, {})
+               if "sdpa_cudnn at every shape" in b["bar"])
+    assert bar["_value"] == slower and bar["met"] == (slower == 0)
+
+
+@pytest.mark.parametrize("verdict, met", [(claims.SAME, True), (claims.NO_BAND, False), (claims.SLOWER, False)])
+def test_a_bar_at_the_peers_time_is_met_within_the_noise_and_only_there(verdict, met):
+    """The headline "at or under cuDNN's time": a speed-up of 0.99 is met where the band holds 1."""
+    from lmperf.report import flash_attention
+    c = _model_claim("1 x 16 heads x 16,384 x 64", 0.99, verdict)
+    c = claims.Claim(**{**c.__dict__, "id": "flash_attention/headline/bf16/causal/fwd_bwd/leaderboard/do_bench/sdpa_cudnn"})
+    bars = flash_attention.bars(claims.Claims(claims=[c]), pd.DataFrame(),
+                                {"headline_vs_sdpa_cudnn": 1.0, "headline_ms": 5.2})
+    bar = next(b for b in bars if "over cuDNN" in b["bar"])
+    assert bar["_value"] == pytest.approx(0.99) and bar["met"] == met

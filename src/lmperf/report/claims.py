@@ -108,6 +108,12 @@ class Claim:
     def win(self) -> bool:
         return self.verdict in WINS
 
+    @property
+    def level(self) -> bool:
+        """Ours the same as the peer within the noise: the band across processes holds 1, whichever
+        side of 1 this process's ratio fell."""
+        return self.verdict == SAME
+
 
 @dataclass(frozen=True)
 class GridVerdict:
@@ -118,13 +124,14 @@ class GridVerdict:
     timing: str
     peers: tuple[str, ...]         # the peers measured by this timing in the grid
     shapes: int                    # the denominator: shapes where ours and a peer ran
-    faster: int                    # ours above 1 against the best peer (not host-bound)
-    slower: int
+    faster: int                    # ours above 1 against the best peer (not host-bound, not level)
+    slower: int                    # ours at or below 1 (not host-bound, not level)
     host_bound: int
     banded: int                    # shapes whose claim has a noise band
     wins: int                      # shapes won outside the band
     claims: tuple = ()
     precision: str | None = None   # fp32 grids: both sides' matmul precision
+    level: int = 0                 # the same within the noise (Claim.level): neither faster nor slower
 
 
 @dataclass
@@ -394,7 +401,8 @@ def fa_grid_verdicts(fa: pd.DataFrame, threshold: float, repeats: dict, older: b
                                            False, ours, peer, gd, repeats, older=older))
                 if not claims:
                     continue
-                counted = [c for c in claims if c.verdict != HOST_BOUND]
+                # host-bound shapes are not counted; level ones (the band holds 1) are neither side's
+                counted = [c for c in claims if c.verdict != HOST_BOUND and not c.level]
                 precision = None
                 if dtype == "fp32":
                     p = {c.ours.matmul_precision for c in claims} | {c.peer.matmul_precision for c in claims}
@@ -405,8 +413,10 @@ def fa_grid_verdicts(fa: pd.DataFrame, threshold: float, repeats: dict, older: b
                     what=f"{title}, {dtype}, forward+backward", timing=TIMINGS[timing],
                     peers=tuple(sorted(peers_seen)), shapes=len(claims),
                     faster=sum(c.speedup > 1 for c in counted), slower=sum(c.speedup <= 1 for c in counted),
-                    host_bound=len(claims) - len(counted), banded=sum(c.band is not None for c in claims),
-                    wins=sum(c.win for c in claims), claims=tuple(claims), precision=precision))
+                    host_bound=sum(c.verdict == HOST_BOUND for c in claims),
+                    banded=sum(c.band is not None for c in claims),
+                    wins=sum(c.win for c in claims), claims=tuple(claims), precision=precision,
+                    level=sum(c.level for c in claims)))
                 all_claims += claims
     return verdicts, all_claims
 
