@@ -244,8 +244,12 @@ def agreement(fa: pd.DataFrame, provider: str, host_bound_pct: float = math.inf)
     theirs = bench[bench["provider"] == ours].copy()
     if mine.empty or theirs.empty:
         return None
-    mine["case_id"] = mine["case_id"].str.replace(f"-{provider}-", f"-{ours}-", regex=False)
-    mine = mine[mine["case_id"].isin(set(theirs["case_id"]))]
+    # each row of the contender's under the id of ours at the same case (its fields, not its id: ours'
+    # ids name a harness not their own, the model group's leaderboard, which a contender's need not)
+    fields = [c for c in providers.ATTENTION_CASE_COLUMNS if c != "provider" and c in bench]
+    ids = theirs.drop_duplicates(fields).set_index(fields)["case_id"]
+    mine["case_id"] = ids.reindex(pd.MultiIndex.from_frame(mine[fields])).to_numpy()
+    mine = mine[mine["case_id"].notna()]
     result = compare.compare(theirs.drop(columns=["gpu"], errors="ignore"), mine.drop(columns=["gpu"], errors="ignore"),
                              host_bound_pct=host_bound_pct)
     rows = result["rows"]
