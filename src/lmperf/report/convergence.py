@@ -111,7 +111,7 @@ def judge_heldout(df: pd.DataFrame, limits: dict) -> dict:
     out["at_steps"] = at_steps.reset_index()
     out["verdict"] = ("not judged: " + out["why"] if out["passed"] is None else
                       f"{'**pass**' if out['passed'] else '**FAIL**'}: the largest |fp8 − bf16| "
-                      f"{fmt(abs(out['delta']), 4)} nats (step {out['worst_step']}) "
+                      f"{fmt(abs(out['delta']), 4)} nats at step {out['worst_step']} "
                       f"{'<=' if out['passed'] else '>'} {fmt(out['tolerance'], 4)} nats")
     return out
 

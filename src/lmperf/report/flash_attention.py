@@ -363,8 +363,8 @@ def losses(table: claims.Claims) -> dict:
     best = [c for c in best_peer_claims(table) if c.speedup is not None]
     lost = [c for c in best if c.speedup < 1]
     rows = [{"configuration": c.what, "harness": HARNESS.get(c.setting("harness"), c.setting("harness")),
-             "timed by": c.ours.timing, "best peer": c.peer.label, "speed-up": c.speedup,
-             "verdict": c.verdict} for c in lost]
+             "timed by": c.ours.timing, "kernel (ours)": c.ours.kernel or "", "best peer": c.peer.label,
+             "speed-up": c.speedup, "verdict": c.verdict} for c in lost]
     return {"n": len(best), "slower": len(lost), "table": pd.DataFrame(rows)}
 
 
