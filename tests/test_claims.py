@@ -333,7 +333,7 @@ def _model_claim(shape: str, speedup: float, verdict: str, peer: str = "sdpa_cud
                                               ((claims.NO_BAND, claims.SLOWER), 2)])
 def test_a_shape_the_same_within_noise_is_not_counted_slower(verdicts, slower):
     """The targets judge "no slower than the peer" by the claims' noise rule: a ratio below 1 whose band
-    holds 1 is the same within noise (the grid's count and the model group's bar alike)."""
+    holds 1 is the same within noise (the model group's bar; the grids' counts: the partition test above)."""
     from lmperf.report import flash_attention
     shapes = [(4, 32, 1024, 80, 0.994), (8, 16, 2048, 128, 0.959)]
     made = [_model_claim(claims.shape_text(pd.Series({"batch": b, "heads": h, "seq_len": n, "head_dim": d})), r, v)
