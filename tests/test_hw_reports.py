@@ -59,3 +59,12 @@ def test_every_committed_hw_report_is_what_the_renderer_writes(page, tmp_path, m
     assert fresh == committed, f"rewrite it: snakemake --cores 1 -F report/{hw}/report.md"
     assert sorted(p.name for p in (out.parent / "figures").glob("*.png")) == \
         sorted(p.name for p in (page.parent / "figures").glob("*.png"))
+
+
+@pytest.mark.parametrize("page", sorted((REPO / "report").rglob("*.md")), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_of_a_committed_page_leads_to_a_file(page):
+    """A page at report/<hw>/ or report/quick/ is a folder deeper than report/report.md: its links
+    into the repository (the docs, the results' pictures) climb as far as it is deep."""
+    links = [m.group(1).split("#")[0] for m in re.finditer(r"\]\(([^)\s]+)\)", page.read_text())]
+    local = [t for t in links if t and "://" not in t and not t.startswith("mailto:")]
+    assert not [t for t in local if not (page.parent / t).exists()]

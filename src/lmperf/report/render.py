@@ -238,6 +238,11 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
     with tempfile.TemporaryDirectory(prefix=".render-", dir=out.parent) as tmp:
         staged, not_drawn = draw(inputs, Path(tmp) / "figures", sections)
         section_views = views(inputs, sections)
+        # the Snakemake target that writes it: report/<hw>/report.md for a results folder rendered
+        # alone (rule hw_report), else the report of its scale; `root` leads from it to the
+        # repository's top (the docs' links)
+        target = (f"report/{results.name}/{out.name}" if out.parent.name == results.name
+                  else wf.report_path(scale))
         context = {**section_views, "sections": [s.name for s in sections],
                    "summary": summary.view(section_views, references or [], results.name, claims.of(inputs)),
                    "deep": deep, "quick": quick.view(results, scale, bars),
@@ -248,10 +253,7 @@ def render(results: Path, templates: Path, out: Path, figures_dir: Path, scale: 
                    "partial": absent, "expected": promised_here,
                    "references": published.by_section(references or [], results.name),
                    "rendered_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                   # the Snakemake target that writes it: report/<hw>/report.md for a results
-                   # folder rendered alone (rule hw_report), else the report of its scale
-                   "target": f"report/{results.name}/{out.name}" if out.parent.name == results.name
-                   else wf.report_path(scale)}
+                   "target": target, "root": "../" * target.count("/")}
         text = environment(templates, sections).get_template(template).render(**context)
         (Path(tmp) / out.name).write_text(text)
         # everything rendered: move it into place (a rename each where on one file system); a
