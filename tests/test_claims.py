@@ -3,6 +3,7 @@ each claim recomputed from the CSVs, the README and the summary rendering claims
 their own, and, for each way a claim went wrong before, a test that fails where it does."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -324,7 +325,7 @@ def _model_claim(shape: str, speedup: float, verdict: str, peer: str = "sdpa_cud
     band = {claims.SAME: (speedup - 0.02, speedup + 0.02), claims.SLOWER: (speedup - 0.01, speedup + 0.01)}
     return claims.Claim(id=f"flash_attention/model/bf16/gpu/{shape}", section="flash_attention", what=shape,
                         settings=(("group", "model"), ("shape", shape)), higher_is_better=False, ours=side,
-                        peer=side.__class__(**{**side.__dict__, "provider": peer, "value": speedup}),
+                        peer=dataclasses.replace(side, provider=peer, value=speedup),
                         speedup=speedup, band=band.get(verdict), processes=3 if verdict in band else 1,
                         verdict=verdict)
 
@@ -356,7 +357,7 @@ def test_a_bar_at_the_peers_time_is_met_within_the_noise_and_only_there(verdict,
     """The headline "at or under cuDNN's time": a speed-up of 0.99 is met where the band holds 1."""
     from lmperf.report import flash_attention
     c = _model_claim("1 x 16 heads x 16,384 x 64", 0.99, verdict)
-    c = claims.Claim(**{**c.__dict__, "id": "flash_attention/headline/bf16/causal/fwd_bwd/leaderboard/do_bench/sdpa_cudnn"})
+    c = dataclasses.replace(c, id="flash_attention/headline/bf16/causal/fwd_bwd/leaderboard/do_bench/sdpa_cudnn")
     bars = flash_attention.bars(claims.Claims(claims=[c]), pd.DataFrame(),
                                 {"headline_vs_sdpa_cudnn": 1.0, "headline_ms": 5.2})
     bar = next(b for b in bars if "over cuDNN" in b["bar"])
