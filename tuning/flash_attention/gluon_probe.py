@@ -264,6 +264,7 @@ BWD_SHAPES = {  # name: (batch, q heads, kv heads, N, D, causal)
     "d128_full_4096": (4, 16, 16, 4096, 128, False),
     "gqa_8192": (2, 32, 8, 8192, 128, True),
     "gqa_4096": (4, 32, 8, 4096, 128, True),
+    "d128_4096_32h": (4, 32, 32, 4096, 128, True),  # gqa_4096's work without grouped-query (its K/V heads = its Q heads)
     "d128_2048": (8, 16, 16, 2048, 128, True),
     "d64_full": (4, 16, 16, 8192, 64, False),
     "gqa_d64_1024": (8, 16, 4, 1024, 64, True),
