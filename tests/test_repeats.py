@@ -144,6 +144,28 @@ def test_a_metric_whose_gpu_sat_idle_in_a_process_is_marked_host_bound():
     assert repeats.view(inputs)["table"]["metric"].tolist() == ["fwd_bwd_ms"]
 
 
+def test_a_sections_widest_spread_is_given_apart_for_the_numbers_not_host_bound():
+    """Per section, the widest spread across processes of all its numbers, and of those whose GPU set the
+    time: a host-bound case's wide spread (the host's) does not stand for the others'."""
+    def case(case_id, medians, idle):
+        return [{**r, "case_id": case_id, "gpu_idle_pct": idle}
+                for i, m in enumerate(medians) for r in rows(f"2026-01-01T0{i}:00:00", m, m - 0.1, m + 0.1)]
+    job = case("bound", [5.0], 40.0)[:2] + case("gpu", [5.0], 1.0)[:2] + case("steady", [5.0], 1.0)[:2]
+    fresh = case("bound", [5.0, 7.0, 6.0], 40.0)[2:] + case("gpu", [5.0, 5.2, 5.1], 1.0)[2:] \
+        + case("steady", [5.0, 5.05, 5.0], 1.0)[2:]
+    frames = {"flash_attention": pd.DataFrame(job), "repeats": pd.DataFrame(fresh)}
+    v = repeats.view(Inputs(results=Path(RESULTS), frames=frames, bars={"host_bound_idle_pct": 10}, out_dir=Path(".")))
+    (fa,) = v["by_section"]
+    assert fa["n"] == 3 and fa["host_bound"] == 1
+    assert fa["max_pct"] == pytest.approx(100 * 2.0 / 6.0)  # the host-bound case's
+    assert fa["max_not_host_bound_pct"] == pytest.approx(100 * 0.2 / 5.1)  # the widest of the other two
+    frames["repeats"] = pd.DataFrame(case("bound", [5.0, 7.0, 6.0], 40.0)[2:])
+    frames["flash_attention"] = pd.DataFrame(case("bound", [5.0], 40.0)[:2])
+    (only_bound,) = repeats.view(Inputs(results=Path(RESULTS), frames=frames, bars={"host_bound_idle_pct": 10},
+                                        out_dir=Path(".")))["by_section"]
+    assert only_bound["host_bound"] == 1 and math.isnan(only_bound["max_not_host_bound_pct"])
+
+
 def test_without_repeats_the_section_says_why():
     v = repeats.view(Inputs(results=Path(RESULTS), frames={"repeats": pd.DataFrame()}, bars={}, out_dir=Path(".")))
     assert not v["available"] and "repeats" in v["why"]

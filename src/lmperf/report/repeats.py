@@ -73,7 +73,9 @@ SECTION_NAMES = {"flash_attention": "FlashAttention-2", "lrpe": "LRPE-cosine", "
 
 def by_section(table: pd.DataFrame) -> list[dict]:
     """Per section: how many numbers, and the median and widest spread of their medians across
-    processes (%), so that one section's many rows do not stand for another's few."""
+    processes (%), so that one section's many rows do not stand for another's few; and, where some
+    of them are host-bound (their time the host's, which moves with the machine), how many and the
+    widest spread of the others (NaN where all are host-bound)."""
     out = []
     across = "across processes: (max - min) / median %"
     for section, g in table.groupby("section", sort=False):
@@ -81,9 +83,12 @@ def by_section(table: pd.DataFrame) -> list[dict]:
         if a.empty:
             continue
         widest = g.loc[a.idxmax()]
+        bound = g.loc[a.index, "_host_bound"].astype(bool)
+        on_gpu = a[~bound]
         out.append({"section": section, "name": SECTION_NAMES.get(section, section), "n": len(a),
                     "median_pct": float(a.median()), "max_pct": float(a.max()),
-                    "widest": f"{widest['metric']} of {widest['case']}"})
+                    "widest": f"{widest['metric']} of {widest['case']}", "host_bound": int(bound.sum()),
+                    "max_not_host_bound_pct": float(on_gpu.max()) if not on_gpu.empty else math.nan})
     return out
 
 
