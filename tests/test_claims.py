@@ -362,3 +362,17 @@ def test_a_bar_at_the_peers_time_is_met_within_the_noise_and_only_there(verdict,
                                 {"headline_vs_sdpa_cudnn": 1.0, "headline_ms": 5.2})
     bar = next(b for b in bars if "over cuDNN" in b["bar"])
     assert bar["_value"] == pytest.approx(0.99) and bar["met"] == met
+
+
+def test_the_losses_to_the_best_peer_are_counted_by_their_verdicts():
+    """The FlashAttention section's count of shapes where the best peer's median beats ours, split by the
+    noise rule: slower outside the noise, the same within it, host-bound, no band; wins not counted."""
+    from lmperf.report import flash_attention
+    made = [_model_claim(f"shape {i}", r, v) for i, (r, v) in enumerate(
+        [(0.95, claims.SLOWER), (0.96, claims.SLOWER), (0.99, claims.SAME), (0.9, claims.NO_BAND), (1.1, claims.NO_BAND)])]
+    made.append(dataclasses.replace(_model_claim("shape 5", 0.5, claims.HOST_BOUND), verdict=claims.HOST_BOUND))
+    got = flash_attention.losses(claims.Claims(claims=made))
+    assert (got["n"], got["slower"]) == (6, 5)
+    assert got["verdicts"] == {claims.SLOWER: 2, claims.SAME: 1, claims.HOST_BOUND: 1, claims.NO_BAND: 1}
+    assert got["table"]["verdict"].tolist() == [claims.SLOWER, claims.SLOWER, claims.SAME, claims.NO_BAND,
+                                                claims.HOST_BOUND]

@@ -174,6 +174,8 @@ def test_report_shows_grouped_query_rows_and_the_models_backward(tmp_path):
     # where ours is still slower than cuDNN: the GQA shape's forward+backward, not the model group
     losses = view["losses"]["table"]
     assert view["losses"]["slower"] == len(losses) and all("32 heads over 8" in c for c in losses["configuration"])
+    # by verdict: no repeats here, so none has a noise band (and none is host-bound: no idle share recorded)
+    assert view["losses"]["verdicts"] == {"no noise band measured": len(losses)}
     assert any("forward+backward" in c and s == pytest.approx(2.5 / 3.0)
                for c, s in zip(losses["configuration"], losses["speed-up"]))
 

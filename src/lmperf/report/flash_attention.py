@@ -359,13 +359,18 @@ def best_peer_claims(table: claims.Claims) -> list[claims.Claim]:
 
 def losses(table: claims.Claims) -> dict:
     """Where the best peer is faster than ours (speed-up below 1), out of every configuration,
-    pass, harness and shape with a peer: {"n": the denominator, "table": the losing claims}."""
+    pass, harness and shape with a peer: {"n": the denominator, "slower": how many, "verdicts":
+    those by their verdict (claims.verdict: slower outside the noise, the same within it, host-bound,
+    no band measured), "table": the losing claims}."""
     best = [c for c in best_peer_claims(table) if c.speedup is not None]
     lost = [c for c in best if c.speedup < 1]
     rows = [{"configuration": c.what, "harness": HARNESS.get(c.setting("harness"), c.setting("harness")),
              "timed by": c.ours.timing, "kernel (ours)": c.ours.kernel or "", "best peer": c.peer.label,
              "speed-up": c.speedup, "verdict": c.verdict} for c in lost]
-    return {"n": len(best), "slower": len(lost), "table": pd.DataFrame(rows)}
+    verdicts = {v: sum(c.verdict == v for c in lost) for v in (claims.SLOWER, claims.SAME, claims.HOST_BOUND,
+                                                                claims.NO_BAND)}
+    return {"n": len(best), "slower": len(lost), "verdicts": {v: k for v, k in verdicts.items() if k},
+            "table": pd.DataFrame(rows)}
 
 
 def gqa_table(gqa: pd.DataFrame) -> pd.DataFrame:
