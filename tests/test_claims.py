@@ -376,3 +376,17 @@ def test_the_losses_to_the_best_peer_are_counted_by_their_verdicts():
     assert got["verdicts"] == {claims.SLOWER: 2, claims.SAME: 1, claims.HOST_BOUND: 1, claims.NO_BAND: 1}
     assert got["table"]["verdict"].tolist() == [claims.SLOWER, claims.SLOWER, claims.SAME, claims.NO_BAND,
                                                 claims.HOST_BOUND]
+
+
+@pytest.mark.parametrize("timed, kernel, shown", [
+    ("forward", "forward: gluon; backward: gluon fused", "forward: gluon"),
+    ("backward", "forward: tile; backward: gluon dq + gluon dkdv", "backward: gluon dq + gluon dkdv"),
+    ("forward+backward", "forward: gluon; backward: gluon fused", "forward: gluon; backward: gluon fused"),
+    ("forward", "tile", "tile"),  # a kernel column not split by pass: shown whole
+    ("forward", None, ""),
+])
+def test_a_rows_kernel_column_names_the_kernels_of_the_pass_it_times(timed, kernel, shown):
+    from lmperf.report import flash_attention
+    c = _model_claim("1 x 16 heads x 16,384 x 64", 0.99, claims.NO_BAND)
+    c = dataclasses.replace(c, settings=(("pass", timed),), ours=dataclasses.replace(c.ours, kernel=kernel))
+    assert flash_attention.kernel_of_pass(c) == shown

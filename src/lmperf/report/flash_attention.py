@@ -243,11 +243,22 @@ def band_text(c: claims.Claim) -> str:
     return f"{fmt(c.band[0], 4)} to {fmt(c.band[1], 4)} ({c.processes} processes)" if c.band else ""
 
 
+def kernel_of_pass(c: claims.Claim) -> str:
+    """Our kernels that ran in the pass the claim times: the rows' `kernel` ("forward: ...; backward:
+    ...") narrowed to its forward's or backward's part for a forward or a backward row, whole for
+    forward+backward; "" where the rows record none."""
+    kernel, timed = c.ours.kernel or "", c.setting("pass")
+    if timed not in ("forward", "backward"):
+        return kernel
+    parts = [p.strip() for p in kernel.split(";")]
+    return "; ".join(p for p in parts if p.startswith(f"{timed}:")) or kernel
+
+
 def answer_table(lines: list[claims.Claim], mark: str) -> pd.DataFrame:
     """The section's answer as a table: one claim a row."""
     return pd.DataFrame([{
         "configuration": c.what, "harness": HARNESS.get(c.ours.harness, c.ours.harness), "timed by": c.ours.timing,
-        "kernel (ours)": c.ours.kernel or "",  # where the rows record it (column `kernel`)
+        "kernel (ours)": kernel_of_pass(c),  # where the rows record it (column `kernel`)
         "ours ms": f"{fmt(c.ours.value)} {mark}" if c.ours.host_bound else c.ours.value,
         "best peer": c.peer.label if c.peer else c.no_peer,
         "peer ms": "" if c.peer is None else (f"{fmt(c.peer.value)} {mark}" if c.peer.host_bound else c.peer.value),
@@ -365,7 +376,7 @@ def losses(table: claims.Claims) -> dict:
     best = [c for c in best_peer_claims(table) if c.speedup is not None]
     lost = [c for c in best if c.speedup < 1]
     rows = [{"configuration": c.what, "harness": HARNESS.get(c.setting("harness"), c.setting("harness")),
-             "timed by": c.ours.timing, "kernel (ours)": c.ours.kernel or "", "best peer": c.peer.label,
+             "timed by": c.ours.timing, "kernel (ours)": kernel_of_pass(c), "best peer": c.peer.label,
              "speed-up": c.speedup, "verdict": c.verdict} for c in lost]
     verdicts = {v: sum(c.verdict == v for c in lost) for v in (claims.SLOWER, claims.SAME, claims.HOST_BOUND,
                                                                 claims.NO_BAND)}
