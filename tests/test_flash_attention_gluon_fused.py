@@ -244,17 +244,21 @@ SPECS = ([f"fused:{c}" for c in ("64,0,1,bfloat16", "64,1,4,bfloat16", "128,0,1,
          + [f"fusedc:{c}" for c in ("64,1,1,bfloat16", "128,1,1,bfloat16")]  # the first consumer
          + [f"fusedp0:{c}" for c in ("64,1,1,bfloat16", "128,1,1,bfloat16", "128,0,2,float16")]  # persistent
          + ["fusedpeel:128,0,1,bfloat16"]  # non-causal, the first steps out of the step loop
-         + [f"fuseddefer:{c}" for c in ("64,1,1,bfloat16", "128,1,1,bfloat16")])  # dQ shares stored a step late
+         + [f"fuseddefer:{c}" for c in ("64,1,1,bfloat16", "128,1,1,bfloat16")]  # dQ shares stored a step late
+         + ["fusedslices:128,1,1,bfloat16"])  # causal, a head in two column slices, no step trimmed
 SHARED_MAX = 232448  # bytes of shared memory a program may use on an H100
 # (spill stores, spill loads) in each spec's step loops (tests/sm90.py, loop_spills) as the pinned Triton
 # compiles it: paid at every step, not once a program (tuning/flash_attention/NOTES.md step 70)
+# Causal at head dim 128 a head loads whole with its first step trimmed (WHOLE_DIMS, TRIM_DIMS): none in the
+# default layout's loops; the consumer-first layout (not the default at 128) 3 stores and 15 loads, where in
+# slices it had 1 and 12.
 LOOP_SPILLS = {
     "fused:64,0,1,bfloat16": (0, 0), "fused:64,1,4,bfloat16": (4, 14), "fused:128,0,1,bfloat16": (8, 22),
-    "fused:128,1,2,float16": (0, 8), "fused2:64,1,4,bfloat16": (40, 98), "fused2:128,1,4,bfloat16": (42, 147),
-    "fusedw:64,1,1,bfloat16": (1, 3), "fusedw:128,1,1,bfloat16": (0, 1), "fusedc:64,1,1,bfloat16": (13, 18),
-    "fusedc:128,1,1,bfloat16": (1, 12), "fusedp0:64,1,1,bfloat16": (11, 24), "fusedp0:128,1,1,bfloat16": (0, 23),
+    "fused:128,1,2,float16": (0, 0), "fused2:64,1,4,bfloat16": (40, 98), "fused2:128,1,4,bfloat16": (30, 118),
+    "fusedw:64,1,1,bfloat16": (1, 3), "fusedw:128,1,1,bfloat16": (0, 0), "fusedc:64,1,1,bfloat16": (9, 12),
+    "fusedc:128,1,1,bfloat16": (3, 15), "fusedp0:64,1,1,bfloat16": (11, 24), "fusedp0:128,1,1,bfloat16": (0, 18),
     "fusedp0:128,0,2,float16": (24, 48), "fusedpeel:128,0,1,bfloat16": (0, 1), "fuseddefer:64,1,1,bfloat16": (9, 12),
-    "fuseddefer:128,1,1,bfloat16": (0, 0),
+    "fuseddefer:128,1,1,bfloat16": (0, 0), "fusedslices:128,1,1,bfloat16": (0, 1),
 }
 
 
@@ -286,6 +290,15 @@ def test_its_step_loops_spill_no_more_than_recorded(sm90, spec):
     r = sm90[spec]
     stl, ldl = LOOP_SPILLS[spec]
     assert r["LOOP_STL"] <= stl and r["LOOP_LDL"] <= ldl, (r["LOOP_STL"], r["LOOP_LDL"])
+
+
+def test_causal_head_dim_128_loads_a_head_whole_and_trims_by_default(sm90):
+    """Unasked, the causal kernel at head dim 128 loads a head whole and trims each key tile's first step
+    (WHOLE_DIMS, TRIM_DIMS): fewer products than in column slices (dK and dV 128 columns wide), and no
+    spill at all where the sliced kernel has some."""
+    whole, slices = sm90["fusedw:128,1,1,bfloat16"], sm90["fusedslices:128,1,1,bfloat16"]
+    assert whole["HGMMA"] < slices["HGMMA"], (whole["HGMMA"], slices["HGMMA"])
+    assert whole["STL"] == 0 < slices["STL"], (whole["STL"], slices["STL"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -441,6 +454,30 @@ def test_deferred_shares_give_the_same_bits(monkeypatch, d, causal):
     monkeypatch.setenv(ENV, "gluon-fused")
     monkeypatch.setattr(gf, "PEEL_DIMS", () if causal else (d,))
     assert_same_bits_either_way(monkeypatch, "DEFER_DIMS", d, causal, seed=d + 72)
+
+
+@NEEDS_HOPPER
+@pytest.mark.parametrize("defer", [False, True], ids=["own", "deferred"])
+def test_the_head_whole_or_in_slices_gives_the_same_bits(monkeypatch, defer):
+    """Causal at head dim 128, Q, dO, K and V loaded whole (WHOLE_DIMS: dK and dV one accumulator each)
+    or in two column slices: the same products over the same columns in the same order, so right
+    against float64 either way with 8 query heads on 2 and with 3 on 3, and the same bits."""
+    monkeypatch.setenv(ENV, "gluon-fused")
+    monkeypatch.setattr(gf, "DEFER_DIMS", (128,) if defer else ())
+    assert_same_bits_either_way(monkeypatch, "WHOLE_DIMS", 128, True, seed=175 + defer)
+
+
+@NEEDS_HOPPER
+@pytest.mark.parametrize("whole", [False, True], ids=["slices", "whole"])
+@pytest.mark.parametrize("defer", [False, True], ids=["own", "deferred"])
+def test_the_first_steps_masked_half_skipped_gives_the_same_bits(monkeypatch, whole, defer):
+    """Causal at head dim 128, a key tile's first step without its second warpgroup's products (TRIM_DIMS:
+    its keys all after the step's rows, so its P and dS are zeros) or with them: right against float64
+    either way with 8 query heads on 2 and with 3 on 3, and the same bits."""
+    monkeypatch.setenv(ENV, "gluon-fused")
+    monkeypatch.setattr(gf, "WHOLE_DIMS", (128,) if whole else ())
+    monkeypatch.setattr(gf, "DEFER_DIMS", (128,) if defer else ())
+    assert_same_bits_either_way(monkeypatch, "TRIM_DIMS", 128, True, seed=177 + 2 * whole + defer)
 
 
 @NEEDS_HOPPER

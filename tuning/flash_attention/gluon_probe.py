@@ -60,7 +60,8 @@ SHAPES = {
 # (variant, (BLOCK_M, BLOCK_N, num_warps, STAGES)) candidates by (D, causal); causal tiles square
 CANDIDATES = {  # "pp_snake"/"pp_nosnake"/"pp_rev": pp with the causal schedule forced (else by head dim)
     (128, False): [("pp", (128, 128, 4, 3)), ("pp", (128, 128, 4, 2))],
-    (128, True): [("pp", (128, 128, 4, 3)), ("pp_nosnake", (128, 128, 4, 3)), ("pp_snake", (128, 128, 4, 3))],
+    (128, True): [("pp", (128, 128, 4, 3)), ("pp_nosnake", (128, 128, 4, 3)), ("pp_snake", (128, 128, 4, 3)),
+                  ("pp", (128, 128, 4, 2))],
     (64, False): [("plain", (128, 128, 8, 3)), ("pp", (128, 128, 4, 2))],
     (64, True): [("pp", (128, 128, 4, 3)), ("pp_nosnake", (128, 128, 4, 3)), ("pp_rev", (128, 128, 4, 3))],
     (80, False): [("pp", (128, 128, 4, 3)), ("pp", (128, 128, 4, 4)), ("pp", (128, 128, 4, 2))],
@@ -422,6 +423,8 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
     persistent_dims = gf.PERSISTENT_DIMS
     peel_dims = gf.PEEL_DIMS
     defer_dims = gf.DEFER_DIMS
+    whole_dims = gf.WHOLE_DIMS
+    trim_dims = gf.TRIM_DIMS
     rows = []
     for name in names:
         b, h, hk, n, d, causal = BWD_SHAPES[name]
@@ -538,6 +541,26 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ("fb_ours_auto_nodefer", lambda: dims_at("DEFER_DIMS", (), lambda: fwd_bwd(ours))),
             ("fb_ours_auto_peel_defer", lambda: dims_at("PEEL_DIMS", (d,),
                                                         lambda: dims_at("DEFER_DIMS", (d,), lambda: fwd_bwd(ours)))),
+            # the causal kernel with the head loaded whole (WHOLE_DIMS), and forced with grouped-query's schedules
+            ("ours_gluon_fused_whole", lambda: dims_at("WHOLE_DIMS", (d,), lambda: grad_of(ours, "gluon-fused"))),
+            ("fb_ours_auto_whole", lambda: dims_at("WHOLE_DIMS", (d,), lambda: fwd_bwd(ours))),
+            ("fb_ours_gluon_fused_whole", lambda: dims_at("WHOLE_DIMS", (d,), lambda: fwd_bwd(ours, "gluon-fused"))),
+            *[(f"{fb}ours_gluon_fused_s{sch}_whole", lambda sch=sch, f=(fwd_bwd if fb else grad_of):
+               dims_at("WHOLE_DIMS", (d,), lambda: at_schedule(sch, lambda: f(ours, "gluon-fused"))))
+              for fb in ("", "fb_") for sch in (0, 1, 2)],
+            # the causal first step's all-masked half skipped (TRIM_DIMS), with the head whole or in slices
+            ("ours_auto", lambda: grad_of(ours)),
+            ("ours_auto_slices", lambda: dims_at("WHOLE_DIMS", (), lambda: dims_at("TRIM_DIMS", (),
+                                                                                   lambda: grad_of(ours)))),
+            ("fb_ours_auto_slices", lambda: dims_at("WHOLE_DIMS", (), lambda: dims_at("TRIM_DIMS", (),
+                                                                                      lambda: fwd_bwd(ours)))),
+            ("ours_auto_trim", lambda: dims_at("TRIM_DIMS", (d,), lambda: grad_of(ours))),
+            ("ours_auto_whole", lambda: dims_at("WHOLE_DIMS", (d,), lambda: grad_of(ours))),
+            ("ours_auto_whole_trim", lambda: dims_at("WHOLE_DIMS", (d,), lambda: dims_at("TRIM_DIMS", (d,),
+                                                                                         lambda: grad_of(ours)))),
+            ("fb_ours_auto_trim", lambda: dims_at("TRIM_DIMS", (d,), lambda: fwd_bwd(ours))),
+            ("fb_ours_auto_whole_trim", lambda: dims_at("WHOLE_DIMS", (d,), lambda: dims_at("TRIM_DIMS", (d,),
+                                                                                            lambda: fwd_bwd(ours)))),
             ("ours_gluon_again", lambda: grad_of(ours, "gluon")),
             ("sdpa_cudnn_again", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
         ]
@@ -576,12 +599,15 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
                     ft.clear_plans()
                 if (gf.default_schedule is not default_schedule or gf.CONFIGS != configs
                         or gf.PERSISTENT_DIMS != persistent_dims or gf.PEEL_DIMS != peel_dims
-                        or gf.DEFER_DIMS != defer_dims):
+                        or gf.DEFER_DIMS != defer_dims or gf.WHOLE_DIMS != whole_dims
+                        or gf.TRIM_DIMS != trim_dims):
                     gf.default_schedule = default_schedule
                     gf.CONFIGS.update(configs)
                     gf.PERSISTENT_DIMS = persistent_dims
                     gf.PEEL_DIMS = peel_dims
                     gf.DEFER_DIMS = defer_dims
+                    gf.WHOLE_DIMS = whole_dims
+                    gf.TRIM_DIMS = trim_dims
                     ft.clear_plans()
             rows.append(row)
             print(f"{name:10s} {label:22s} " + (f"{row['ms_median']:.3f} ms (p20 {row['ms_p20']:.3f} p80 "

@@ -22,6 +22,9 @@ from its key tiles are added in a fixed order of the key tiles, in a fp32 buffer
   writes are performed. The consumers run up to two steps ahead of it (two buffers). At DEFER_DIMS'
   head dims a step's half share is stored by the next step, once that step's first product is issued
   (the store under a product instead of between two).
+- causal at head dim 128 (WHOLE_DIMS) a head is loaded whole, so that dK and dV are one accumulator
+  each, and (TRIM_DIMS) a key tile's first step, whose second warpgroup's keys all come after its
+  query rows, computes no product for that warpgroup.
 
 Programs take their key tile in the order they start (a ticket from a global counter), so that a
 program only ever waits for programs that started before it (or, where a sequence's key tiles run
@@ -79,6 +82,17 @@ PERSISTENT_DIMS: tuple[int, ...] = ()
 # loads a step otherwise) but the backward is no faster outside the noise of four processes; at 64 it
 # spills more (tuning/flash_attention/NOTES.md step 71).
 PEEL_DIMS: tuple[int, ...] = ()
+# Head dims whose causal kernel loads a head whole (launch's `whole`): Q, dO, K and V one [rows, D] tile
+# each, so that dK and dV are one accumulator each and their products 128 columns wide (as cuDNN's), the
+# dQ share's B operand this warpgroup's 64 columns of K. The same bits as in two column slices. Causal at
+# head dim 128 the backward 2-3% faster (H200, three processes); not causal 3-7% slower, so not there
+# (tuning/flash_attention/NOTES.md steps 77-78).
+WHOLE_DIMS: tuple[int, ...] = (128,)
+# Head dims whose causal kernel skips the all-masked half of each key tile's first step (launch's `trim`):
+# at BLOCK_M = 64 the second warpgroup's keys all come after that step's query rows, so its P and dS are
+# zeros: it computes no product there and the dQ share takes the first warpgroup's keys alone. The same
+# bits; at 8 x 16 x 2,048 x 128 causal 1-2% off the backward (NOTES.md step 78).
+TRIM_DIMS: tuple[int, ...] = (128,)
 # Head dims whose kernel stores each step's dQ share in the next step, once that step's first product is
 # issued (launch's `defer`; the same products and sums, the same bits): the store into shared memory under
 # that product instead of between two. Causal, or with the first steps peeled; not persistent, not under
@@ -126,10 +140,10 @@ def unsupported(q, k, v, is_causal: bool) -> str | None:
     return TMA_REDUCE_ERROR
 
 
-def split(d: int) -> tuple[int, int]:
+def split(d: int, whole: bool = False) -> tuple[int, int]:
     """(DA, DB): the column slices the kernel loads a head in: head dim 128 in two of 64 (so that each
-    warpgroup's half of a dQ share reads its own K slice), 64 in one."""
-    return (64, 64) if d == 128 else (d, 0)
+    warpgroup's half of a dQ share reads its own K slice) unless whole, 64 in one."""
+    return (64, 64) if d == 128 and not whole else (d, 0)
 
 
 if gluon is not None:
@@ -185,47 +199,56 @@ if gluon is not None:
                     QK_SCALE: gl.constexpr, MASK: gl.constexpr, BLOCK_M: gl.constexpr, HALF: gl.constexpr,
                     STAGES: gl.constexpr, DB: gl.constexpr, WG: gl.constexpr, s_layout: gl.constexpr,
                     a_layout: gl.constexpr, ab_layout: gl.constexpr, q_layout: gl.constexpr,
-                    PROBE: gl.constexpr, DEFER: gl.constexpr, HAS_PREV: gl.constexpr):
+                    PROBE: gl.constexpr, DEFER: gl.constexpr, HAS_PREV: gl.constexpr, TRIM: gl.constexpr = 0):
         """flash_attention_gluon_bwd's step for one query tile (rows [q0, q0 + BLOCK_M)) into this warpgroup's
         dK, dV (keys [key0, key0 + HALF)), then this warpgroup's half of the tile's dQ share, handed
         to the writer (dq_smem). DEFER: the share is returned (dq) and stored by the next step (HAS_PREV:
         dq is the last step's) once its S^T is issued, so that the store overlaps that product; the
-        tile's last share by _store_share after its steps."""
+        tile's last share by _store_share after its steps. TRIM (causal, a key tile's first step at BLOCK_M
+        = HALF): 1 for the second warpgroup, whose keys all come after the step's query rows (P and dS
+        zero): no products, its dS not stored, Q and dO not read; 2 for the first; both then take the
+        dQ share from the first warpgroup's keys alone (the same sums: the second's products are zeros)."""
         kv_ready, q_ready, do_ready, qdo_empty = bars
         ds_ready, ds_free, dq_ready, dq_empty = fbars
         dtype: gl.constexpr = q_smem.dtype
-        st = gb.issue_st(c, k_mine, kb_mine, q_smem, qb_smem, l_smem, bars, QK_SCALE, BLOCK_M, HALF, STAGES, DB,
-                         s_layout)
-        if HAS_PREV:  # the last step's share (dq: in registers) stored while S^T runs
-            _store_share(dq, c - 1, dq_smem, fbars, WG, PROBE)
-        dv, dvb, dst, s = gb.products_after_st(st, dv, dvb, c, q0, key0, v_mine, vb_mine, do_smem, dob_smem,
-                                               dl_smem, bars, QK_SCALE, MASK, BLOCK_M, HALF, STAGES, DB, s_layout,
-                                               a_layout, ab_layout)
-        ds16 = dst.to(dtype)  # dS^T of this warpgroup's keys
-        # dS^T into shared memory as dS ([BLOCK_M, HALF] of keys [WG HALF, (WG + 1) HALF)) once both
-        # warpgroups have read its previous contents (the last step's)
-        if PROBE < 3:
-            mbarrier.wait(ds_free, (c & 1) ^ 1)
-        if PROBE != 6:
-            ds_smem.index(WG).permute((1, 0)).store(ds16)
-        fence_async_shared()
-        mbarrier.arrive(ds_ready, count=1)
-        ds_op = gl.convert_layout(ds16, a_layout)
-        dk = warpgroup_mma(ds_op, q_smem.index(s), dk, is_async=True)
-        if DB > 0:
-            dkb = warpgroup_mma(gl.convert_layout(ds_op, ab_layout), qb_smem.index(s), dkb, is_async=True)
-        # dK and dV done before the dQ share is issued: the registers of P^T and dS^T are free then
-        # (issuing it first was no faster: NOTES.md step 55)
-        if DB > 0:
-            dk, dv, dkb, dvb = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dkb, dvb))
+        if TRIM == 1:
+            gl.static_assert(not HAS_PREV, "a trimmed step is a key tile's first")
+            mbarrier.arrive(ds_ready, count=1)  # its dS is not read (the other takes its own half alone)
+            mbarrier.arrive(qdo_empty.index(c % STAGES), count=1)
         else:
-            dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
-        mbarrier.arrive(qdo_empty.index(s), count=1)
+            st = gb.issue_st(c, k_mine, kb_mine, q_smem, qb_smem, l_smem, bars, QK_SCALE, BLOCK_M, HALF, STAGES, DB,
+                             s_layout)
+            if HAS_PREV:  # the last step's share (dq: in registers) stored while S^T runs
+                _store_share(dq, c - 1, dq_smem, fbars, WG, PROBE)
+            dv, dvb, dst, s = gb.products_after_st(st, dv, dvb, c, q0, key0, v_mine, vb_mine, do_smem, dob_smem,
+                                                   dl_smem, bars, QK_SCALE, MASK, BLOCK_M, HALF, STAGES, DB, s_layout,
+                                                   a_layout, ab_layout)
+            ds16 = dst.to(dtype)  # dS^T of this warpgroup's keys
+            # dS^T into shared memory as dS ([BLOCK_M, HALF] of keys [WG HALF, (WG + 1) HALF)) once both
+            # warpgroups have read its previous contents (the last step's)
+            if PROBE < 3:
+                mbarrier.wait(ds_free, (c & 1) ^ 1)
+            if PROBE != 6:
+                ds_smem.index(WG).permute((1, 0)).store(ds16)
+            fence_async_shared()
+            mbarrier.arrive(ds_ready, count=1)
+            ds_op = gl.convert_layout(ds16, a_layout)
+            dk = warpgroup_mma(ds_op, q_smem.index(s), dk, is_async=True)
+            if DB > 0:
+                dkb = warpgroup_mma(gl.convert_layout(ds_op, ab_layout), qb_smem.index(s), dkb, is_async=True)
+            # dK and dV done before the dQ share is issued: the registers of P^T and dS^T are free then
+            # (issuing it first was no faster: NOTES.md step 55)
+            if DB > 0:
+                dk, dv, dkb, dvb = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dkb, dvb))
+            else:
+                dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
+            mbarrier.arrive(qdo_empty.index(s), count=1)
         # this warpgroup's half of dS K: head dim 128, the columns of its K slice (k_smem: [0, 64),
         # kb_smem: [64, 128)); head dim 64, the query rows [WG 64, WG 64 + 64) of the tile
         if PROBE < 3:
             mbarrier.wait(ds_ready, c & 1)
-        if DB > 0:
+        DA: gl.constexpr = k_smem.shape[2]
+        if DB > 0 or DA == 128:
             a0 = ds_smem.index(0)
             a1 = ds_smem.index(1)
         else:
@@ -234,13 +257,17 @@ if gluon is not None:
         if DB > 0 and WG == 1:
             b0 = kb_smem.index(0)
             b1 = kb_smem.index(1)
+        elif DA == 128:  # the head whole: this warpgroup's 64 columns of K
+            b0 = k_smem.index(0).slice(WG * 64, 64, dim=1)
+            b1 = k_smem.index(1).slice(WG * 64, 64, dim=1)
         else:
             b0 = k_smem.index(0)
             b1 = k_smem.index(1)
         dq = gl.zeros([64, 64], gl.float32, q_layout)
         if PROBE != 4:
             dq = warpgroup_mma(a0, b0, dq, use_acc=False, is_async=True)
-            dq = warpgroup_mma(a1, b1, dq, is_async=True)
+            if TRIM == 0:  # trimmed: the second warpgroup's dS is zero
+                dq = warpgroup_mma(a1, b1, dq, is_async=True)
         dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
         mbarrier.arrive(ds_free, count=1)
         if not DEFER:
@@ -271,7 +298,7 @@ if gluon is not None:
                         D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, qb_smem, dob_smem,
                         kb_smem, vb_smem, DB: gl.constexpr, bkv, jt, kv_empty, PROBE: gl.constexpr,
                         SCHEDULE: gl.constexpr, PERSISTENT: gl.constexpr, PEEL: gl.constexpr, tk,
-                        DEFER: gl.constexpr):
+                        DEFER: gl.constexpr, TRIM: gl.constexpr):
         kv_ready, q_ready, do_ready, qdo_empty = bars
         HALF: gl.constexpr = BLOCK_N // 2
         DA: gl.constexpr = D - DB
@@ -314,7 +341,7 @@ if gluon is not None:
                            H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, QK_SCALE,
                            SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, WG, qb_smem, dob_smem, kb_smem,
                            vb_smem, DB, bkv, jt, 0, gl.to_tensor(0), kv_empty, PROBE, False, False, PEEL, DEFER,
-                           s_layout, o_layout, a_layout, ob_layout, ab_layout, q_layout)
+                           s_layout, o_layout, a_layout, ob_layout, ab_layout, q_layout, TRIM)
 
     @gluon.jit
     def _consumer_tile(q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK, DV, N,
@@ -326,7 +353,7 @@ if gluon is not None:
                        s_layout: gl.constexpr,
                        o_layout: gl.constexpr,
                        a_layout: gl.constexpr, ob_layout: gl.constexpr, ab_layout: gl.constexpr,
-                       q_layout: gl.constexpr):
+                       q_layout: gl.constexpr, TRIM: gl.constexpr = False):
         """This warpgroup's keys of key tile kt (the program's part `part`, from step c on): its steps over
         the group's query heads and query tiles (HEADS_INNER: query tile by query tile, else head by
         head), then its dK and dV stored. RELEASE_KV (the program takes more key tiles): kv_empty
@@ -381,12 +408,14 @@ if gluon is not None:
                     if IS_CAUSAL:
                         first = k0 // BLOCK_M
                     for j in gl.static_range(R):
+                        # TRIM: causal at R = 2, the first step's second warpgroup all masked (_fused_step)
                         dk, dv, dkb, dvb, dq = _fused_step(dk, dv, dkb, dvb, dq, c, (first + j) * BLOCK_M, key0,
                                                            k_mine, v_mine, kb_mine, vb_mine, k_smem, kb_smem, q_smem,
                                                            do_smem, qb_smem, dob_smem, l_smem, dl_smem, ds_smem,
                                                            dq_smem, bars, fbars, QK_SCALE, IS_CAUSAL, BLOCK_M, HALF,
                                                            STAGES, DB, WG, s_layout, a_layout, ab_layout, q_layout,
-                                                           PROBE, DEFER, DEFER and j > 0)
+                                                           PROBE, DEFER, DEFER and j > 0,
+                                                           (2 - WG) * (TRIM and IS_CAUSAL and R == 2 and j == 0))
                         c += 1
                     first += R
                 for it in range(first, n_qt):
@@ -643,9 +672,9 @@ if gluon is not None:
                       D: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                       WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr, PROBE: gl.constexpr, SCHEDULE: gl.constexpr,
                       PERSISTENT: gl.constexpr, num_warps: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc,
-                      DB: gl.constexpr, PEEL: gl.constexpr, DEFER: gl.constexpr):
+                      DB: gl.constexpr, PEEL: gl.constexpr, DEFER: gl.constexpr, TRIM: gl.constexpr):
         gl.static_assert(num_warps == 4, "the default partition: a consumer warpgroup, or the writer's four warps")
-        gl.static_assert(D - DB == 64, "dQ halves of 64 columns")
+        gl.static_assert(D - DB == 64 or (D == 128 and DB == 0), "dQ halves of 64 columns")
         gl.static_assert(WRITER_WARPS != 4 or CONSUMER_REGS <= 232, "two worker consumers: 232 registers at most")
         HALF: gl.constexpr = BLOCK_N // 2
         DA: gl.constexpr = D - DB
@@ -732,12 +761,12 @@ if gluon is not None:
                                    DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                    QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 0, qb_smem,
                                    dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE,
-                                   PERSISTENT, PEEL, tk, DEFER)),
+                                   PERSISTENT, PEEL, tk, DEFER, TRIM)),
                 (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
                                    DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                    QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1, qb_smem,
                                    dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE,
-                                   PERSISTENT, PEEL, tk, DEFER)),
+                                   PERSISTENT, PEEL, tk, DEFER, TRIM)),
                 (_fused_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
                                    l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
                                    GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
@@ -750,12 +779,12 @@ if gluon is not None:
                                    DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                    QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 0, qb_smem,
                                    dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE,
-                                   PERSISTENT, PEEL, tk, DEFER)),
+                                   PERSISTENT, PEEL, tk, DEFER, TRIM)),
                 (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
                                    DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                    QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 1, qb_smem,
                                    dob_smem, kb_smem, vb_smem, DB, bkv, jt, kv_empty, PROBE, SCHEDULE,
-                                   PERSISTENT, PEEL, tk, DEFER)),
+                                   PERSISTENT, PEEL, tk, DEFER, TRIM)),
                 (_fused_producer, (q_desc, do_desc, k_desc, v_desc, l_desc, dl_desc, q_smem, do_smem, k_smem, v_smem,
                                    l_smem, dl_smem, bars, N, H, H_KV, QRB, QRH, QCH, DRB, DRH, DCH, KRB, KRH, KCH,
                                    GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, qb_desc, dob_desc, kb_desc, vb_desc,
@@ -807,7 +836,8 @@ def defers(d: int, is_causal: bool, peel: bool, persistent: bool, schedule: int,
 def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | None = None,
            consumer_regs: int | None = None, writer_regs: int | None = None, writer_warps: int | None = None,
            compile_only: bool = False, probe: int = 0, schedule: int | None = None, persistent: bool | None = None,
-           programs: int | None = None, peel: bool | None = None, defer: bool | None = None):
+           programs: int | None = None, peel: bool | None = None, defer: bool | None = None,
+           whole: bool | None = None, trim: bool | None = None):
     """dQ, dK, dV into dq, dk, dv ((B, H, N, D) and (B, H_kv, N, D) views, unit stride along D) for
     q, k, v that `unsupported` accepts, from the forward's O (out) and L (lse, (B*H, N) fp32) and dO.
     Returns the compiled fused kernel; compile_only: compile the three kernels for the active
@@ -821,7 +851,9 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
     only (_take_ticket). peel (None: the head dim in PEEL_DIMS): a non-causal call's first steps of a
     key tile out of its step loop (the causal kernel's always are). defer (None: the head dim in
     DEFER_DIMS, without grouped-query, where the call can take it): each step's dQ share stored by the
-    next step (causal, or peeled; not persistent, not schedule 2)."""
+    next step (causal, or peeled; not persistent, not schedule 2). whole (None: causal at WHOLE_DIMS): a
+    head loaded as one tile, not two column slices. trim (None: causal at TRIM_DIMS): a key tile's
+    first step without the products of its all-masked warpgroup (causal at BLOCK_M = 64 only)."""
     if schedule == 2 and not is_causal:
         raise ValueError("the fused backward's schedule 2 (pairs of key tiles) is causal only")
     q4, k4, v4, o4, do4, dq4, dk4, dv4 = (fg.heads(t) for t in (q, k, v, out, do, dq, dk, dv))
@@ -847,7 +879,9 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
     st, regs, bm, wregs, wwarps = CONFIGS[d]
     stages, consumer_regs, writer_regs = stages or st, consumer_regs or regs, writer_regs or wregs
     writer_warps = writer_warps or wwarps
-    da, db = split(d)
+    whole = (d in WHOLE_DIMS and bool(is_causal)) if whole is None else whole
+    da, db = split(d, whole)
+    trim = (d in TRIM_DIMS and bool(is_causal)) if trim is None else trim
     dev = q4.device
     lse2 = lse.reshape(nb * nh, n)
     lse2 = lse2 if lse2.is_contiguous() and lse2.data_ptr() % 16 == 0 else lse2.contiguous()
@@ -877,10 +911,10 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
         BLOCK_M=bm, BLOCK_N=BLOCK_N, D=d, STAGES=stages, CONSUMER_REGS=consumer_regs, WRITER_REGS=writer_regs,
         WRITER_WARPS=writer_warps, PROBE=probe, SCHEDULE=schedule, PERSISTENT=bool(persistent), num_warps=4,
         qb_desc=q_desc, dob_desc=do_desc, kb_desc=k_desc, vb_desc=v_desc, DB=db,
-        PEEL=bool(peel), DEFER=bool(defer), **grid_kw(grid))
+        PEEL=bool(peel), DEFER=bool(defer), TRIM=bool(trim), **grid_kw(grid))
     post = _cast_kernel.warmup if compile_only else kernel_launch.plain_launch(_cast_kernel)[tile_grid]
     post(dqacc, dq4, nh, dq4.stride(0), dq4.stride(1), dq4.stride(2), SM_SCALE=1.0 / math.sqrt(d), BLOCK_M=bm,
-         DB=db, W=PIECE, num_warps=4, **grid_kw(tile_grid))
+         DB=64 if d == 128 else 0, W=PIECE, num_warps=4, **grid_kw(tile_grid))
     return fused
 
 
