@@ -294,11 +294,14 @@ def test_its_step_loops_spill_no_more_than_recorded(sm90, spec):
 
 def test_causal_head_dim_128_loads_a_head_whole_and_trims_by_default(sm90):
     """Unasked, the causal kernel at head dim 128 loads a head whole and trims each key tile's first step
-    (WHOLE_DIMS, TRIM_DIMS): fewer products than in column slices (dK and dV 128 columns wide), and no
-    spill at all where the sliced kernel has some."""
+    (WHOLE_DIMS, TRIM_DIMS): fewer products than in column slices (dK and dV 128 columns wide), no more
+    spill stores, and with the pinned Triton none at all where the sliced kernel has some (Triton 3.9
+    allocates its registers its own way: 61 against 64)."""
     whole, slices = sm90["fusedw:128,1,1,bfloat16"], sm90["fusedslices:128,1,1,bfloat16"]
     assert whole["HGMMA"] < slices["HGMMA"], (whole["HGMMA"], slices["HGMMA"])
-    assert whole["STL"] == 0 < slices["STL"], (whole["STL"], slices["STL"])
+    assert whole["STL"] <= slices["STL"], (whole["STL"], slices["STL"])
+    if kernel_launch.verified_triton():
+        assert whole["STL"] == 0 < slices["STL"], (whole["STL"], slices["STL"])
 
 
 # ---------------------------------------------------------------------------------------------
