@@ -420,11 +420,9 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
     from lmperf.kernels import flash_attention_triton as ft
     default_schedule = gf.default_schedule
     configs = dict(gf.CONFIGS)
-    persistent_dims = gf.PERSISTENT_DIMS
-    peel_dims = gf.PEEL_DIMS
-    defer_dims = gf.DEFER_DIMS
-    whole_dims = gf.WHOLE_DIMS
-    trim_dims = gf.TRIM_DIMS
+    # the fused kernel's head-dim knobs as shipped, restored after every implementation that sets one
+    dims_knobs = {knob: getattr(gf, knob) for knob in ("PERSISTENT_DIMS", "PEEL_DIMS", "DEFER_DIMS", "WHOLE_DIMS",
+                                                        "TRIM_DIMS")}
     rows = []
     for name in names:
         b, h, hk, n, d, causal = BWD_SHAPES[name]
@@ -493,6 +491,10 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ft.clear_plans()
             return setup()
 
+        def head_at(whole, trim, setup):  # the causal kernel's WHOLE_DIMS and TRIM_DIMS both set (restored after)
+            return dims_at("WHOLE_DIMS", (d,) if whole else (),
+                           lambda: dims_at("TRIM_DIMS", (d,) if trim else (), setup))
+
         out_t, lse, do_, delta, cfg = _bwd_inputs(q, k, v, causal)
         dq_g, dq_t, delta_g, delta_t = torch.empty_like(q), torch.empty_like(q), torch.empty_like(delta), torch.empty_like(delta)
         dk_g, dv_g = torch.empty_like(k), torch.empty_like(v)
@@ -541,26 +543,19 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ("fb_ours_auto_nodefer", lambda: dims_at("DEFER_DIMS", (), lambda: fwd_bwd(ours))),
             ("fb_ours_auto_peel_defer", lambda: dims_at("PEEL_DIMS", (d,),
                                                         lambda: dims_at("DEFER_DIMS", (d,), lambda: fwd_bwd(ours)))),
-            # the causal kernel with the head loaded whole (WHOLE_DIMS), and forced with grouped-query's schedules
-            ("ours_gluon_fused_whole", lambda: dims_at("WHOLE_DIMS", (d,), lambda: grad_of(ours, "gluon-fused"))),
-            ("fb_ours_auto_whole", lambda: dims_at("WHOLE_DIMS", (d,), lambda: fwd_bwd(ours))),
-            ("fb_ours_gluon_fused_whole", lambda: dims_at("WHOLE_DIMS", (d,), lambda: fwd_bwd(ours, "gluon-fused"))),
-            *[(f"{fb}ours_gluon_fused_s{sch}_whole", lambda sch=sch, f=(fwd_bwd if fb else grad_of):
-               dims_at("WHOLE_DIMS", (d,), lambda: at_schedule(sch, lambda: f(ours, "gluon-fused"))))
-              for fb in ("", "fb_") for sch in (0, 1, 2)],
-            # the causal first step's all-masked half skipped (TRIM_DIMS), with the head whole or in slices
+            # the causal kernel's head whole or in slices (WHOLE_DIMS) and its first step's all-masked half
+            # skipped or not (TRIM_DIMS), both set whatever the shipped defaults: "auto", and the fused kernel
+            # forced, with the head whole untrimmed, at grouped-query's schedules
             ("ours_auto", lambda: grad_of(ours)),
-            ("ours_auto_slices", lambda: dims_at("WHOLE_DIMS", (), lambda: dims_at("TRIM_DIMS", (),
-                                                                                   lambda: grad_of(ours)))),
-            ("fb_ours_auto_slices", lambda: dims_at("WHOLE_DIMS", (), lambda: dims_at("TRIM_DIMS", (),
-                                                                                      lambda: fwd_bwd(ours)))),
-            ("ours_auto_trim", lambda: dims_at("TRIM_DIMS", (d,), lambda: grad_of(ours))),
-            ("ours_auto_whole", lambda: dims_at("WHOLE_DIMS", (d,), lambda: grad_of(ours))),
-            ("ours_auto_whole_trim", lambda: dims_at("WHOLE_DIMS", (d,), lambda: dims_at("TRIM_DIMS", (d,),
-                                                                                         lambda: grad_of(ours)))),
-            ("fb_ours_auto_trim", lambda: dims_at("TRIM_DIMS", (d,), lambda: fwd_bwd(ours))),
-            ("fb_ours_auto_whole_trim", lambda: dims_at("WHOLE_DIMS", (d,), lambda: dims_at("TRIM_DIMS", (d,),
-                                                                                            lambda: fwd_bwd(ours)))),
+            *[(f"{fb}ours_auto_{name}", lambda whole=whole, trim=trim, f=(fwd_bwd if fb else grad_of):
+               head_at(whole, trim, lambda: f(ours)))
+              for fb in ("", "fb_") for name, whole, trim in (("slices", False, False), ("trim", False, True),
+                                                              ("whole", True, False), ("whole_trim", True, True))],
+            *[(f"{fb}ours_gluon_fused_whole", lambda f=(fwd_bwd if fb else grad_of):
+               head_at(True, False, lambda: f(ours, "gluon-fused"))) for fb in ("", "fb_")],
+            *[(f"{fb}ours_gluon_fused_s{sch}_whole", lambda sch=sch, f=(fwd_bwd if fb else grad_of):
+               head_at(True, False, lambda: at_schedule(sch, lambda: f(ours, "gluon-fused"))))
+              for fb in ("", "fb_") for sch in (0, 1, 2)],
             ("ours_gluon_again", lambda: grad_of(ours, "gluon")),
             ("sdpa_cudnn_again", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
         ]
@@ -598,16 +593,11 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
                     fg.SNAKE_CAUSAL = None
                     ft.clear_plans()
                 if (gf.default_schedule is not default_schedule or gf.CONFIGS != configs
-                        or gf.PERSISTENT_DIMS != persistent_dims or gf.PEEL_DIMS != peel_dims
-                        or gf.DEFER_DIMS != defer_dims or gf.WHOLE_DIMS != whole_dims
-                        or gf.TRIM_DIMS != trim_dims):
+                        or any(getattr(gf, knob) != dims for knob, dims in dims_knobs.items())):
                     gf.default_schedule = default_schedule
                     gf.CONFIGS.update(configs)
-                    gf.PERSISTENT_DIMS = persistent_dims
-                    gf.PEEL_DIMS = peel_dims
-                    gf.DEFER_DIMS = defer_dims
-                    gf.WHOLE_DIMS = whole_dims
-                    gf.TRIM_DIMS = trim_dims
+                    for knob, dims in dims_knobs.items():
+                        setattr(gf, knob, dims)
                     ft.clear_plans()
             rows.append(row)
             print(f"{name:10s} {label:22s} " + (f"{row['ms_median']:.3f} ms (p20 {row['ms_p20']:.3f} p80 "
