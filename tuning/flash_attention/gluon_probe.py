@@ -8,6 +8,12 @@ in the same process.
     python tuning/flash_attention/gluon_probe.py --out DIR --bwd [--skip-check] [--skip-bench]
         [--only headline,...] [--tag TAG]
 
+    python tuning/flash_attention/gluon_probe.py --out DIR --harness [--only d128_2048]
+        [--impls triton,sdpa_cudnn] [--modes leaderboard,compiled_dout,eager_dout] [--tag TAG]
+
+With --harness, the benchmark's own forward + backward by kernel (DIR/gluon_harness{TAG}.csv):
+each provider's GPU time a call and each kernel's, under the model group's harness and beside it.
+
 With --bwd, the Gluon backward (src/lmperf/kernels/flash_attention_gluon_bwd.py) instead:
 DIR/gluon_bwd_check.csv (dQ and Delta of the Gluon dQ kernel, then dK, dV of the dK/dV kernel,
 against float64, NaN-poisoned, two runs the same bits) and DIR/gluon_bwd_bench.csv (the backward,
@@ -819,6 +825,54 @@ def host_cost(names, log, out_csv=None) -> list[dict]:
     return rows
 
 
+HARNESS_MODES = ("leaderboard", "compiled_dout", "eager_dout")
+
+
+def harness_parts(names, providers_, modes, log, out_csv=None, tag="", reps=20) -> list[dict]:
+    """The benchmark's own forward + backward (lmperf.bench.flash_attention.setup_bench) by kernel:
+    each provider's GPU time a call, each kernel's, under the profiler (`reps` calls after three
+    warm ones), in `modes`: "leaderboard" (the model group's harness: torch.compile around the
+    call, `.sum().backward()`, so dO the expanded ones of the sum), "compiled_dout" (compiled, the
+    backward of a random dO) and "eager_dout" (the call as it is, a random dO: the probe's)."""
+    from lmperf.bench import flash_attention as bench_fa
+
+    rows = []
+    for name in names:
+        b, h, hk, n, d, causal = BWD_SHAPES.get(name) or SHAPES[name]
+        for provider in providers_:
+            for mode in modes:
+                case = {"group": "probe", "provider": provider, "dtype": "bf16", "causal": causal, "batch": b,
+                        "heads": h, "kv_heads": hk, "seq_len": n, "head_dim": d, "timing_ms": "25/100",
+                        "tiled_max_seq_len": 512, "gpu_time": True,
+                        "harness": "eager" if mode == "eager_dout" else "leaderboard"}
+                row = {"tag": tag, "shape": name, "provider": provider, "mode": mode}
+                try:
+                    fn, context, fwd_bwd, (q, k, v, dout) = bench_fa.setup_bench(case)
+
+                    def step():
+                        for x in (q, k, v):
+                            x.grad = None
+                        with context():
+                            if mode == "leaderboard":
+                                fwd_bwd()
+                            else:
+                                fn(q, k, v).backward(dout)
+                    for _ in range(3):
+                        step()
+                    parts = {}
+                    row["gpu_ms"] = _gpu_ms(step, reps, parts)
+                    rows.append(row)
+                    for kernel, us in sorted(parts.items(), key=lambda kv: -kv[1]):
+                        rows.append({**row, "gpu_ms": "", "kernel": kernel, "kernel_us": round(us, 2)})
+                except Exception as exc:  # a failure is a row
+                    traceback.print_exc(file=log)
+                    rows.append({**row, "error": f"{type(exc).__name__}: {exc}"[:200]})
+                print(f"harness {name} {provider:11s} {mode:13s} {row.get('gpu_ms', row.get('error'))}", flush=True)
+                if out_csv:
+                    write(out_csv, rows)
+    return rows
+
+
 def write(path: Path, rows: list[dict]) -> None:
     keys = []
     for r in rows:
@@ -854,11 +908,19 @@ def main(argv=None) -> int:
     ap.add_argument("--fused-probes", default="0,1,2,s0", help="--ladder: the writer's probes (sN: schedule N)")
     ap.add_argument("--dims", default="64,128", help="the check's head dims (forward: 80 in the ping-pong variant)")
     ap.add_argument("--graph", action="store_true", help="the forward bench: also each call's GPU time, from a CUDA graph")
+    ap.add_argument("--harness", action="store_true",
+                    help="the benchmark's forward + backward by kernel (harness_parts), each of --impls' providers")
+    ap.add_argument("--modes", default=",".join(HARNESS_MODES), help="--harness: its modes")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     import triton
     print(f"torch {torch.__version__} triton {triton.__version__} {torch.cuda.get_device_name()}", flush=True)
     variants = args.variants.split(",")
+    if args.harness:
+        with (args.out / "gluon_harness_traces.txt").open("a") as log:
+            harness_parts((args.only or "d128_2048").split(","), (args.impls or "triton,sdpa_cudnn").split(","),
+                          args.modes.split(","), log, args.out / f"gluon_harness{args.tag}.csv", args.tag)
+        return 0
     if args.bwd:
         with (args.out / "gluon_bwd_traces.txt").open("a") as log:
             if not args.skip_check:
