@@ -898,7 +898,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="store_true", help="--bwd: the dK/dV kernel's stages and registers")
     ap.add_argument("--check-n", default="128,384,1152,4096", help="--bwd: the check's sequence lengths")
     ap.add_argument("--host", action="store_true", help="--bwd: where a small backward's host time goes")
-    ap.add_argument("--impls", default="", help="--bwd: only these implementations (labels of bwd_bench)")
+    ap.add_argument("--impls", default="", help="--bwd: only these implementations (labels of bwd_bench); --harness: "
+                    "the providers (default triton,sdpa_cudnn)")
     ap.add_argument("--dq-sweep", action="store_true", help="--bwd: the dQ kernel's stages and key tiles")
     ap.add_argument("--fused", action="store_true", help="--bwd: the check runs the fused kernel")
     ap.add_argument("--schedule", type=int, default=None, help="--fused check: the kernel's schedule (_turns')")
