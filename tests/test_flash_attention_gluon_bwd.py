@@ -342,10 +342,12 @@ def compile_spec(kind, rest):
     if kind.startswith("fused"):  # flash_attention_gluon_fused's kernel (tests/test_flash_attention_gluon_fused.py),
         # "fusedN" at its schedule N, "fusedpN" persistent at it; "fusedw" with the writer the kernel's
         # first partition, "fusedc" the first consumer; "fusedpeel" a non-causal call's first steps peeled,
-        # "fuseddefer" the dQ shares deferred, "fusedslices" a head in two column slices and no step trimmed
+        # "fuseddefer" the dQ shares deferred, "fusedslices" a head in two column slices and no step trimmed,
+        # "fusedtail" schedule 1 with a tail
         from lmperf.kernels import flash_attention_gluon_fused as gf
         layouts = {"fusedw": gf.WRITER_FIRST, "fusedc": gf.CONSUMER_FIRST, "fusedpeel": dict(peel=True),
-                   "fuseddefer": dict(defer=True), "fusedslices": dict(whole=False, trim=False)}
+                   "fuseddefer": dict(defer=True), "fusedslices": dict(whole=False, trim=False),
+                   "fusedtail": dict(schedule=1, tail=1)}
         rest = kind[5:].removeprefix("p")
         kw = layouts[kind] if kind in layouts else dict(schedule=int(rest) if rest else None,
                                                         persistent=kind.startswith("fusedp"))

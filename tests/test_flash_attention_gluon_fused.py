@@ -245,7 +245,8 @@ SPECS = ([f"fused:{c}" for c in ("64,0,1,bfloat16", "64,1,4,bfloat16", "128,0,1,
          + [f"fusedp0:{c}" for c in ("64,1,1,bfloat16", "128,1,1,bfloat16", "128,0,2,float16")]  # persistent
          + ["fusedpeel:128,0,1,bfloat16"]  # non-causal, the first steps out of the step loop
          + [f"fuseddefer:{c}" for c in ("64,1,1,bfloat16", "128,1,1,bfloat16")]  # dQ shares stored a step late
-         + ["fusedslices:128,1,1,bfloat16"])  # causal, a head in two column slices, no step trimmed
+         + ["fusedslices:128,1,1,bfloat16"]  # causal, a head in two column slices, no step trimmed
+         + [f"fusedtail:{c}" for c in ("64,1,1,bfloat16", "128,1,1,bfloat16")])  # schedule 1 with a tail
 SHARED_MAX = 232448  # bytes of shared memory a program may use on an H100
 # (spill stores, spill loads) in each spec's step loops (tests/sm90.py, loop_spills) as the pinned Triton
 # compiles it: paid at every step, not once a program (tuning/flash_attention/NOTES.md step 70)
@@ -258,7 +259,8 @@ LOOP_SPILLS = {
     "fusedw:64,1,1,bfloat16": (1, 3), "fusedw:128,1,1,bfloat16": (0, 0), "fusedc:64,1,1,bfloat16": (9, 12),
     "fusedc:128,1,1,bfloat16": (3, 15), "fusedp0:64,1,1,bfloat16": (11, 24), "fusedp0:128,1,1,bfloat16": (0, 18),
     "fusedp0:128,0,2,float16": (24, 48), "fusedpeel:128,0,1,bfloat16": (0, 1), "fuseddefer:64,1,1,bfloat16": (9, 12),
-    "fuseddefer:128,1,1,bfloat16": (0, 0), "fusedslices:128,1,1,bfloat16": (0, 1),
+    "fuseddefer:128,1,1,bfloat16": (0, 0), "fusedslices:128,1,1,bfloat16": (0, 1), "fusedtail:64,1,1,bfloat16": (4, 6),
+    "fusedtail:128,1,1,bfloat16": (0, 0),
 }
 
 
@@ -512,6 +514,65 @@ def test_persistent_refuses_what_could_wait_for_ever(schedule):
     args = (q, k, v, q, q, lse, q, k, v, True)
     with pytest.raises(ValueError, match=f"persistent.*schedule 0 only.*not {schedule}"):
         gf.launch(*args, schedule=schedule, persistent=True, compile_only=True)
+
+
+@pytest.mark.parametrize("kw", [dict(is_causal=False), dict(schedule=0), dict(schedule=2), dict(persistent=True),
+                                dict(asked=9), dict(asked=-1)],
+                         ids=["full", "schedule0", "schedule2", "persistent", "too_many", "negative"])
+def test_a_tail_is_refused_where_it_cannot_be(kw):
+    """A tail of sequences only causal at schedule 1, not persistent, and of 1 to all the sequences: asked
+    elsewhere, refused by name."""
+    args = dict(d=128, is_causal=True, schedule=1, persistent=False, n_bkv=8, n_kt=16, sms=132, asked=4) | kw
+    with pytest.raises(ValueError, match="only causal at schedule 1|a tail of -?[0-9]+ sequences of 8"):
+        gf.tails(**args)
+
+
+@pytest.mark.parametrize("d, causal, schedule, persistent, n_bkv, n_kt, want", [
+    (128, True, 1, False, 128, 16, 24), (64, True, 1, False, 100, 16, 24), (128, True, 1, False, 64, 64, 6),
+    (128, True, 1, False, 20, 16, 5), (128, True, 1, False, 3, 16, 0), (80, True, 1, False, 128, 16, 0),
+    (128, False, 1, False, 128, 16, 0), (128, True, 0, False, 128, 16, 0), (128, True, 0, True, 128, 16, 0),
+    (128, True, 2, False, 128, 16, 0)])
+def test_a_tail_unasked_only_at_its_head_dims_causal_at_schedule_1(monkeypatch, d, causal, schedule, persistent,
+                                                                    n_bkv, n_kt, want):
+    """Unasked, at TAIL_DIMS causal at schedule 1 a tail of TAIL_FILL x SMs / key tiles sequences (3 x 132 /
+    16: 24), at most a quarter of them; none elsewhere."""
+    monkeypatch.setattr(gf, "TAIL_DIMS", (64, 128))
+    monkeypatch.setattr(gf, "TAIL_FILL", 3)
+    assert gf.tails(d, causal, schedule, persistent, n_bkv, n_kt, 132) == want
+
+
+@NEEDS_HOPPER
+@pytest.mark.parametrize("d", [64, 128])
+def test_a_tail_gives_its_sequences_schedule_0s_bits_and_the_rest_schedule_1s(monkeypatch, d):
+    """Causal at schedule 1 with its last `tail` sequences key tile by key tile (turns ascending): right
+    against float64 every run, the tail's sequences (batch-major, K/V head fastest) the same bits as
+    schedule 0 gives them, the others schedule 1's; a tail of all the sequences is schedule 0. 8 query
+    heads on 2 (4 sequences, 9 key tiles: tails of 1 and 4) and 3 on 3 in 5 batches (15 sequences, 3 key
+    tiles: a tail of 7)."""
+    monkeypatch.setenv(ENV, "gluon-fused")
+    launch = gf.launch
+    for dtype, shape, kv, tails in ((torch.bfloat16, (2, 8, 1152, d), 2, (1, 4)),
+                                    (torch.float16, (5, 3, 384, d), None, (7,))):
+        q, k, v = qkv(shape, dtype, kv, seed=d + 80)
+        g = torch.randn_like(q)
+        n_bkv = shape[0] * (kv or shape[1])
+        by = {}
+        for name, kw in [("s0", dict(schedule=0)), ("s1", dict(schedule=1))] + [(t, dict(schedule=1, tail=t))
+                                                                                 for t in tails]:
+            monkeypatch.setattr(gf, "launch", functools.partial(launch, **kw))
+            ft.clear_plans()  # plans replay the launches they were made with
+            try:
+                if name not in ("s0", "s1"):
+                    assert_right_every_run(q, k, v, True)
+                by[name] = grads(q, k, v, True, g)
+            finally:
+                ft.clear_plans()
+        for t in tails:
+            for x, s0, s1 in zip(by[t], by["s0"], by["s1"]):
+                # (B, H, N, D) as one row a sequence (a K/V head and its query heads, batch-major)
+                x, s0, s1 = (y.contiguous().reshape(n_bkv, -1) for y in (x, s0, s1))
+                assert torch.equal(x[n_bkv - t:], s0[n_bkv - t:])
+                assert torch.equal(x[:n_bkv - t], s1[:n_bkv - t])
 
 
 @NEEDS_HOPPER

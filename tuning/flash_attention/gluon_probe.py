@@ -424,7 +424,7 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
     from lmperf.kernels import flash_attention_gluon_bwd as gb
     from lmperf.kernels import flash_attention_gluon_fused as gf
     from lmperf.kernels import flash_attention_triton as ft
-    default_schedule = gf.default_schedule
+    default_schedule, launch = gf.default_schedule, gf.launch
     configs = dict(gf.CONFIGS)
     # the fused kernel's head-dim knobs as shipped, restored after every implementation that sets one
     dims_knobs = {knob: getattr(gf, knob) for knob in ("PERSISTENT_DIMS", "PEEL_DIMS", "DEFER_DIMS", "WHOLE_DIMS",
@@ -497,6 +497,11 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ft.clear_plans()
             return setup()
 
+        def at_launch(kw, setup):  # the fused kernel's launch with keywords kw (restored after)
+            gf.launch = lambda *a, **k: launch(*a, **(kw | k))
+            ft.clear_plans()
+            return setup()
+
         def head_at(whole, trim, setup):  # the causal kernel's WHOLE_DIMS and TRIM_DIMS both set (restored after)
             return dims_at("WHOLE_DIMS", (d,) if whole else (),
                            lambda: dims_at("TRIM_DIMS", (d,) if trim else (), setup))
@@ -562,6 +567,10 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             *[(f"{fb}ours_gluon_fused_s{sch}_whole", lambda sch=sch, f=(fwd_bwd if fb else grad_of):
                head_at(True, False, lambda: at_schedule(sch, lambda: f(ours, "gluon-fused"))))
               for fb in ("", "fb_") for sch in (0, 1, 2)],
+            # causal at schedule 1, its last sequences key tile by key tile (TAIL_DIMS; launch's `tail`: 0 none)
+            *[(f"{fb}ours_auto_tail{n}", lambda n=n, f=(fwd_bwd if fb else grad_of):
+               at_launch(dict(tail=n), lambda: f(ours)))
+              for fb in ("", "fb_") for n in (0, 4, 8, 12, 16, 24, 32, 48)],
             ("ours_gluon_again", lambda: grad_of(ours, "gluon")),
             ("sdpa_cudnn_again", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
         ]
@@ -598,9 +607,9 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
                 if os.environ.pop("LMPERF_FA_BACKEND", None) is not None or fg.SNAKE_CAUSAL is not None:
                     fg.SNAKE_CAUSAL = None
                     ft.clear_plans()
-                if (gf.default_schedule is not default_schedule or gf.CONFIGS != configs
+                if (gf.default_schedule is not default_schedule or gf.launch is not launch or gf.CONFIGS != configs
                         or any(getattr(gf, knob) != dims for knob, dims in dims_knobs.items())):
-                    gf.default_schedule = default_schedule
+                    gf.default_schedule, gf.launch = default_schedule, launch
                     gf.CONFIGS.update(configs)
                     for knob, dims in dims_knobs.items():
                         setattr(gf, knob, dims)

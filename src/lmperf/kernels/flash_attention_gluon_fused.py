@@ -29,7 +29,9 @@ from its key tiles are added in a fixed order of the key tiles, in a fp32 buffer
 Programs take their key tile in the order they start (a ticket from a global counter), so that a
 program only ever waits for programs that started before it (or, where a sequence's key tiles run
 together, `_turns`' SCHEDULE 1, for programs of its own sequence, all of which fit on the GPU at
-once): no deadlock whatever order the GPU starts them in. Asked for (`launch(schedule=2)`, causal),
+once): no deadlock whatever order the GPU starts them in. Causal at schedule 1, the last sequences (a tail,
+TAIL_DIMS) take their key tiles across the tail, the longest first, with schedule 0's turns, so that the
+programs that start last are short ones. Asked for (`launch(schedule=2)`, causal),
 a program takes a pair of a sequence's key tiles, n_kt - 1 - j then j, so that every program does as
 many steps. The same bits every run: every sum is in a fixed order.
 
@@ -100,6 +102,16 @@ TRIM_DIMS: tuple[int, ...] = (128,)
 # step with it). At head dim 64 the backward 2-4% faster in two processes (4 x 25 x 2,048 and
 # 1 x 16 x 16,384, causal); at 128 no faster outside the noise (tuning/flash_attention/NOTES.md step 72).
 DEFER_DIMS: tuple[int, ...] = (64,)
+# Head dims whose causal kernel at schedule 1 takes its last sequences key tile by key tile (a tail; launch's
+# `tail`): at schedule 1 a sequence's key tiles start one after another, so the last programs to start
+# include the last sequences' longest (key tile 0), which run on while the other SMs have nothing left
+# (Nsight Compute: the SMs idle 7% of the kernel at 8 x 16 x 2,048 x 128). A tail's sequences take their
+# key tiles in order across the tail (the longest first), their turns in key tile order: they get schedule
+# 0's bits, the others schedule 1's. TAIL_FILL x SMs / key tiles a sequence of them, at most a quarter of
+# the sequences (the tail reads its sequences' tiles as schedule 0 does, from HBM more than L2; at
+# 8 x 16 x 2,048 x 128 a tail of 48 of 128 was slower than none). tuning/flash_attention/NOTES.md step 80.
+TAIL_DIMS: tuple[int, ...] = (64, 128)
+TAIL_FILL = 3
 H100_SMS = 132  # the grid of a persistent compile_only (no GPU to ask)
 PIECE = 32  # columns of a dQ share's piece in shared memory (128 bytes of fp32: 128-byte swizzled)
 
@@ -450,6 +462,21 @@ if gluon is not None:
         return jt
 
     @gluon.jit
+    def _tail_tile(ticket, n_bkv, n_jt, TAIL):
+        """(sequence, key tile, ascending turns) of a ticket under schedule 1 with a tail: the first n_bkv -
+        TAIL sequences as schedule 1 takes them (a sequence's key tiles one after another, turns from the
+        diagonal's key tile down), then the last TAIL sequences key tile by key tile (0, the longest causal,
+        first; the sequences fastest) with their turns in key tile order (schedule 0's), so that the programs
+        taken last are the shortest. A tail sequence's key tile waits only for its lower key tiles, which took
+        earlier tickets; the others as schedule 1's (NOTES.md step 80)."""
+        head = (n_bkv - TAIL) * n_jt
+        asc = (ticket >= head).to(gl.int32)
+        t = ticket - asc * head
+        bkv = (1 - asc) * (t // n_jt) + asc * (n_bkv - TAIL + t % TAIL)
+        jt = (1 - asc) * (t % n_jt) + asc * (t // TAIL)
+        return bkv, jt, asc
+
+    @gluon.jit
     def _publish_ticket(tk, part, ticket):
         """The producer's: ticket (the key tile the program takes as its part `part`, in the order of
         the tickets: the sequences fastest) into the program's slot part % 2 for the other partitions,
@@ -487,7 +514,7 @@ if gluon is not None:
 
     @gluon.jit
     def _turns(it, kt, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
-               SCHEDULE: gl.constexpr):
+               SCHEDULE: gl.constexpr, asc):
         """(query tile, turn, key tiles adding into it) of key tile kt's step `it`. SCHEDULE 0 (the
         programs of all sequences interleaved): step it is tile it, turns in key tile order. SCHEDULE 1
         (a sequence's key tiles run together): causal, turns from the last key tile seeing the tile to
@@ -500,8 +527,8 @@ if gluon is not None:
         if IS_CAUSAL:
             n_add = (it * BLOCK_M + BLOCK_M - 1) // BLOCK_N + 1  # key tiles 0 .. n_add - 1 see query tile it
             turn = kt
-            if SCHEDULE >= 1:
-                turn = n_add - 1 - kt
+            if SCHEDULE >= 1:  # asc (a tail's sequence, _tail_tile): schedule 0's
+                turn = kt + (1 - asc) * (n_add - 1 - 2 * kt)
             return it, turn, n_add
         if SCHEDULE == 1:
             return (it + kt * R) % (N // BLOCK_M), it // R, n_kt
@@ -517,7 +544,7 @@ if gluon is not None:
     @gluon.jit
     def _fused_writer(dq_smem, fbars, acc_desc, SEM, N, H, H_KV, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PROBE: gl.constexpr, SCHEDULE: gl.constexpr,
-                      bkv, jt, PERSISTENT: gl.constexpr, tk):
+                      bkv, jt, PERSISTENT: gl.constexpr, tk, asc):
         """Each step's dQ share (the warpgroups' two halves, each in two [64, 32] fp32 pieces in dq_smem)
         added to its query tile's sum (dQacc, tile-major: (B*H, N / BLOCK_M, 4, 64, 32)) in the order of
         the turns (`_turns`), by TMA from shared memory: the first in turn stores it, a later one waits
@@ -542,7 +569,7 @@ if gluon is not None:
                 for g in range(GROUP):
                     for it in range(first, n_qt):
                         _write_share(dq_smem, fbars, acc_desc, SEM, c, b * H + hk * GROUP + g, it, kt, N, BLOCK_M,
-                                     BLOCK_N, IS_CAUSAL, PROBE, SCHEDULE)
+                                     BLOCK_N, IS_CAUSAL, PROBE, SCHEDULE, asc)
                         c += 1
                 part += 1
                 ticket = _read_ticket(tk, part)
@@ -559,25 +586,25 @@ if gluon is not None:
                     for it in range(first, n_qt):
                         for g in range(GROUP):
                             _write_share(dq_smem, fbars, acc_desc, SEM, c, b * H + hk * GROUP + g, it, kt, N, BLOCK_M,
-                                         BLOCK_N, IS_CAUSAL, PROBE, SCHEDULE)
+                                         BLOCK_N, IS_CAUSAL, PROBE, SCHEDULE, asc)
                             c += 1
                 else:
                     for g in range(GROUP):
                         for it in range(first, n_qt):
                             _write_share(dq_smem, fbars, acc_desc, SEM, c, b * H + hk * GROUP + g, it, kt, N, BLOCK_M,
-                                         BLOCK_N, IS_CAUSAL, PROBE, SCHEDULE)
+                                         BLOCK_N, IS_CAUSAL, PROBE, SCHEDULE, asc)
                             c += 1
         _bulk_wait(c)  # the last shares' writes performed before the program ends (_cast_kernel reads them)
 
     @gluon.jit
     def _write_share(dq_smem, fbars, acc_desc, SEM, c, bh, it, kt, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                     IS_CAUSAL: gl.constexpr, PROBE: gl.constexpr, SCHEDULE: gl.constexpr):
+                     IS_CAUSAL: gl.constexpr, PROBE: gl.constexpr, SCHEDULE: gl.constexpr, asc):
         """The writer's step c: key tile kt's share at its step `it` of query head bh, in its turn."""
         ds_ready, ds_free, dq_ready, dq_empty = fbars
         NP: gl.constexpr = 4  # pieces a share (PIECE columns each)
         n_qt = N // BLOCK_M
         # this step's query tile (tq), this key tile's turn there and how many key tiles add into it (_turns)
-        tq, turn, n_add = _turns(it, kt, N, BLOCK_M, BLOCK_N, IS_CAUSAL, SCHEDULE)
+        tq, turn, n_add = _turns(it, kt, N, BLOCK_M, BLOCK_N, IS_CAUSAL, SCHEDULE, asc)
         buf = c % 2
         sem = SEM + bh * n_qt + tq
         row = (bh * n_qt + tq) * (NP * 64)  # the tile's first row in dQacc's 2-D view
@@ -672,7 +699,8 @@ if gluon is not None:
                       D: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                       WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr, PROBE: gl.constexpr, SCHEDULE: gl.constexpr,
                       PERSISTENT: gl.constexpr, num_warps: gl.constexpr, qb_desc, dob_desc, kb_desc, vb_desc,
-                      DB: gl.constexpr, PEEL: gl.constexpr, DEFER: gl.constexpr, TRIM: gl.constexpr):
+                      DB: gl.constexpr, PEEL: gl.constexpr, DEFER: gl.constexpr, TRIM: gl.constexpr, TAIL,
+                      TAILED: gl.constexpr):
         gl.static_assert(num_warps == 4, "the default partition: a consumer warpgroup, or the writer's four warps")
         gl.static_assert(D - DB == 64 or (D == 128 and DB == 0), "dQ halves of 64 columns")
         gl.static_assert(WRITER_WARPS != 4 or CONSUMER_REGS <= 232, "two worker consumers: 232 registers at most")
@@ -683,6 +711,7 @@ if gluon is not None:
         # the ticket: programs take their key tiles (jt: one, or a pair under SCHEDULE 2, _part_kt) in
         # the order they start, heads fastest
         n_jt = N // BLOCK_N
+        asc = 0  # TAILED: this program's turns in key tile order
         if SCHEDULE == 2:
             n_jt = (n_jt + 1) // 2
         gl.static_assert(SCHEDULE == 0 or not PERSISTENT, "persistent: schedule 0")
@@ -692,7 +721,9 @@ if gluon is not None:
         else:
             n_bkv = gl.num_programs(0) // n_jt
             ticket = gl.atomic_add(SEM + n_bkv * GROUP * (N // BLOCK_M), 1)
-            if SCHEDULE >= 1:  # a sequence's key tiles together (_turns)
+            if TAILED:  # schedule 1, its last TAIL sequences key tile by key tile, turns ascending
+                bkv, jt, asc = _tail_tile(ticket, n_bkv, n_jt, TAIL)
+            elif SCHEDULE >= 1:  # a sequence's key tiles together (_turns)
                 bkv = ticket // n_jt
                 jt = ticket % n_jt
             else:
@@ -756,7 +787,7 @@ if gluon is not None:
         if WRITER_WARPS == 4:  # the writer first: both consumers workers (fewer spills)
             gl.warp_specialize([
                 (_fused_writer, (dq_smem, fbars, acc_desc, SEM, N, H, H_KV, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, PROBE,
-                                 SCHEDULE, bkv, jt, PERSISTENT, tk)),
+                                 SCHEDULE, bkv, jt, PERSISTENT, tk, asc)),
                 (_fused_consumer, (q_smem, do_smem, k_smem, v_smem, l_smem, dl_smem, ds_smem, dq_smem, bars, fbars, DK,
                                    DV, N, H_KV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                    QK_SCALE, SM_SCALE, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, D, STAGES, 0, qb_smem,
@@ -791,7 +822,7 @@ if gluon is not None:
                                    qb_smem, dob_smem, kb_smem, vb_smem, D - DB, DB, bkv, jt, kv_empty, SCHEDULE,
                                    PERSISTENT, tk)),
                 (_fused_writer, (dq_smem, fbars, acc_desc, SEM, N, H, H_KV, GROUP, IS_CAUSAL, BLOCK_M, BLOCK_N, PROBE,
-                                 SCHEDULE, bkv, jt, PERSISTENT, tk)),
+                                 SCHEDULE, bkv, jt, PERSISTENT, tk, asc)),
             ], [4, 1, WRITER_WARPS], [CONSUMER_REGS, 24, WRITER_REGS])
 
 
@@ -833,11 +864,30 @@ def defers(d: int, is_causal: bool, peel: bool, persistent: bool, schedule: int,
     return d in DEFER_DIMS and deferrable and not grouped
 
 
+def tails(d: int, is_causal: bool, schedule: int, persistent: bool, n_bkv: int, n_kt: int, sms: int,
+          asked: int | None = None) -> int:
+    """Sequences in schedule 1's tail (launch's `tail`; 0: none): asked, else causal at schedule 1 at
+    TAIL_DIMS, TAIL_FILL x sms / n_kt sequences, at most a quarter of the n_bkv. Asked where a tail cannot
+    be (not causal, another schedule, persistent) or outside 0 to n_bkv, a ValueError."""
+    if asked is None:
+        if d not in TAIL_DIMS or not is_causal or schedule != 1 or persistent:
+            return 0
+        return min(TAIL_FILL * sms // n_kt, n_bkv // 4)
+    if asked == 0:
+        return 0
+    if not is_causal or schedule != 1 or persistent:
+        raise ValueError("the fused backward takes a tail of sequences key tile by key tile only causal at "
+                         "schedule 1, not persistent")
+    if not 0 < asked <= n_bkv:
+        raise ValueError(f"a tail of {asked} sequences of {n_bkv}")
+    return int(asked)
+
+
 def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | None = None,
            consumer_regs: int | None = None, writer_regs: int | None = None, writer_warps: int | None = None,
            compile_only: bool = False, probe: int = 0, schedule: int | None = None, persistent: bool | None = None,
            programs: int | None = None, peel: bool | None = None, defer: bool | None = None,
-           whole: bool | None = None, trim: bool | None = None):
+           whole: bool | None = None, trim: bool | None = None, tail: int | None = None):
     """dQ, dK, dV into dq, dk, dv ((B, H, N, D) and (B, H_kv, N, D) views, unit stride along D) for
     q, k, v that `unsupported` accepts, from the forward's O (out) and L (lse, (B*H, N) fp32) and dO.
     Returns the compiled fused kernel; compile_only: compile the three kernels for the active
@@ -853,7 +903,9 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
     DEFER_DIMS, without grouped-query, where the call can take it): each step's dQ share stored by the
     next step (causal, or peeled; not persistent, not schedule 2). whole (None: causal at WHOLE_DIMS): a
     head loaded as one tile, not two column slices. trim (None: causal at TRIM_DIMS): a key tile's
-    first step without the products of its all-masked warpgroup (causal at BLOCK_M = 64 only)."""
+    first step without the products of its all-masked warpgroup (causal at BLOCK_M = 64 only). tail
+    (causal at schedule 1 only; None: `tails`' rule): the last `tail` sequences taken key tile by key tile,
+    their turns in key tile order (`_tail_tile`)."""
     if schedule == 2 and not is_causal:
         raise ValueError("the fused backward's schedule 2 (pairs of key tiles) is causal only")
     q4, k4, v4, o4, do4, dq4, dk4, dv4 = (fg.heads(t) for t in (q, k, v, out, do, dq, dk, dv))
@@ -875,6 +927,8 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
                              f"tiles of earlier tickets), not {schedule}")
         grid = (min(grid[0], programs or (H100_SMS if compile_only else fg.sm_count(q4.device))),)
     peel = d in PEEL_DIMS if peel is None else peel
+    tail = tails(d, is_causal, schedule, bool(persistent), nb * h_kv, n_kt,
+                 H100_SMS if compile_only else fg.sm_count(q4.device), tail)
     defer = defers(d, is_causal, peel, persistent, schedule, h_kv != nh, defer)
     st, regs, bm, wregs, wwarps = CONFIGS[d]
     stages, consumer_regs, writer_regs = stages or st, consumer_regs or regs, writer_regs or wregs
@@ -911,7 +965,7 @@ def launch(q, k, v, out, do, lse, dq, dk, dv, is_causal: bool, stages: int | Non
         BLOCK_M=bm, BLOCK_N=BLOCK_N, D=d, STAGES=stages, CONSUMER_REGS=consumer_regs, WRITER_REGS=writer_regs,
         WRITER_WARPS=writer_warps, PROBE=probe, SCHEDULE=schedule, PERSISTENT=bool(persistent), num_warps=4,
         qb_desc=q_desc, dob_desc=do_desc, kb_desc=k_desc, vb_desc=v_desc, DB=db,
-        PEEL=bool(peel), DEFER=bool(defer), TRIM=bool(trim), **grid_kw(grid))
+        PEEL=bool(peel), DEFER=bool(defer), TRIM=bool(trim), TAIL=tail, TAILED=tail > 0, **grid_kw(grid))
     post = _cast_kernel.warmup if compile_only else kernel_launch.plain_launch(_cast_kernel)[tile_grid]
     post(dqacc, dq4, nh, dq4.stride(0), dq4.stride(1), dq4.stride(2), SM_SCALE=1.0 / math.sqrt(d), BLOCK_M=bm,
          DB=64 if d == 128 else 0, W=PIECE, num_warps=4, **grid_kw(tile_grid))
