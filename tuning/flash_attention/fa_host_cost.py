@@ -9,6 +9,8 @@ through the JIT against the compiled kernel's own launcher.
     python tuning/flash_attention/fa_host_cost.py --out DIR [--only model64,assign64]
         [--impls ours,ours_jit,ours_tile,cudnn,flash] [--modes eager,compiled] [--bench-rounds R] [--rep-ms MS]
         [--profile] [--launch] [--tag TAG]
+    python tuning/flash_attention/fa_host_cost.py --out DIR --bench-harness eager,leaderboard
+        [--only grid1024_128,model64] [--impls ours,cudnn,flash] [--bench-rounds R] [--profile]
 
 Writes DIR/fa_host_cost{TAG}.csv: one row per case x implementation x mode: do_bench's median and
 20/80% quantiles (ms, host included: a call that the host cannot keep ahead of shows its host
@@ -24,6 +26,10 @@ forward and of the backward and the events' time, with the L2 flush and the garb
 and off (anatomy).
 --launch: DIR/fa_host_launch{TAG}.csv, each kernel of ours at the first case launched 500 times
 through Triton's JIT and through the compiled kernel's launcher (mean wall time a launch).
+--bench-harness eager,leaderboard: DIR/fa_host_bench{TAG}.csv, the published figure as the FlashAttention
+benchmark takes it (its own setup and timer, (B, H, N, D) inputs) at each --only case, then taken apart:
+the GPU's idle share, the garbage collector off, the host's loop time, the plans a loop records
+(bench_harness).
 """
 from __future__ import annotations
 
@@ -347,6 +353,88 @@ def anatomy(cases, impls, out_csv, log, reps=300):
                     rows.append(row)
                     log(row)
                     write(out_csv, rows)
+    return rows
+
+
+# the benchmark's providers of each implementation here (lmperf.providers)
+BENCH_PROVIDERS = {"ours": "triton", "cudnn": "sdpa_cudnn", "flash": "sdpa_flash"}
+
+
+def bench_harness(cases, impls, harnesses, out_csv, log, rounds=3, profile_txt=None):
+    """The published figure as the benchmark takes it, then taken apart: each case's (B, H, N, D) inputs
+    and call from the FlashAttention benchmark's own setup (lmperf.bench.flash_attention.setup_bench,
+    the case's harness: "eager", the call as it is, `.backward(dout)`; "leaderboard", torch.compile'd,
+    `.sum().backward()`), timed by its timer (lmperf.bench.timing.bench_calls: do_bench's, the L2
+    flushed before each call, the gradients cleared), `rounds` rounds with the implementations in
+    turn; then each: its GPU's idle share of the median call (timing.gpu_idle), the same timer with
+    Python's garbage collector off, the host's time a call in a loop of 200 synchronised only at its
+    end, and how many plans (launch.PLANS) that loop recorded (a replayed call records none).
+    profile_txt: cProfile of 200 calls of ours at each case and harness."""
+    import gc
+    import statistics
+    from lmperf.bench import flash_attention as fa_bench
+    from lmperf.bench import timing
+    from lmperf.kernels import launch as kernel_launch
+    rows = []
+    prof = io.StringIO()
+    for case in cases:
+        b, h, n, d, layout = CASES[case]
+        for harness in harnesses:
+            setups = []
+            for impl in impls:
+                spec = dict(provider=BENCH_PROVIDERS[impl], harness=harness, dtype="bf16", causal=True, batch=b,
+                            heads=h, seq_len=n, head_dim=d)
+                row = dict(case=case, shape=f"{b}x{h}x{n}x{d}", impl=impl, harness=harness,
+                           gpu=torch.cuda.get_device_name())
+                try:
+                    _, context, fwd_bwd, (q, k, v, _) = fa_bench.setup_bench(spec)
+
+                    def run(context=context, fwd_bwd=fwd_bwd):
+                        with context():
+                            fwd_bwd()
+                    for _ in range(3):
+                        run()
+                        q.grad = k.grad = v.grad = None
+                    setups.append((row, run, (q, k, v), []))
+                except Exception as exc:  # noqa: BLE001 - a failure is a row
+                    traceback.print_exc()
+                    row.update(error=f"{type(exc).__name__}: {exc}"[:300])
+                    rows.append(row)
+            for _ in range(rounds):
+                for row, run, leaves_, medians in setups:
+                    medians.append(timing.bench_calls(run, 25, 100, None, grad_to_none=list(leaves_)).median)
+            for row, run, leaves_, medians in setups:
+                median = statistics.median(medians)
+
+                def again(run=run, leaves_=leaves_):
+                    for t in leaves_:
+                        t.grad = None
+                    run()
+                idle, why = timing.gpu_idle(again, wall_ms=median)
+                gc.disable()
+                try:
+                    no_gc = timing.bench_calls(run, 25, 100, None, grad_to_none=list(leaves_)).median
+                finally:
+                    gc.enable()
+                plans = len(kernel_launch.PLANS.plans)
+                row.update(bench_ms=median, bench_min_ms=min(medians), bench_max_ms=max(medians), rounds=len(medians),
+                           gpu_idle_pct=idle, bench_ms_gc_off=no_gc, host_loop_ms=host_ms(again),
+                           plans_recorded=len(kernel_launch.PLANS.plans) - plans, error=why)
+                rows.append(row)
+                log(row)
+                write(out_csv, rows)  # after every row: a run cut short keeps what it measured
+                if profile_txt is not None and row["impl"] == "ours":
+                    pr = cProfile.Profile()
+                    pr.enable()
+                    for _ in range(200):
+                        again()
+                    torch.cuda.synchronize()
+                    pr.disable()
+                    prof.write(f"\n\n# cProfile, ours, {harness}, {case}: 200 forward + backward calls\n")
+                    st = pstats.Stats(pr, stream=prof)
+                    st.sort_stats("tottime").print_stats(30)
+                    st.sort_stats("cumulative").print_stats(40)
+                    Path(profile_txt).write_text(prof.getvalue())
     return rows
 
 
@@ -691,6 +779,10 @@ def main():
     ap.add_argument("--launch", action="store_true")
     ap.add_argument("--skip-bench", action="store_true")
     ap.add_argument("--anatomy", action="store_true", help="do_bench's loop taken apart (fa_host_anatomy.csv)")
+    ap.add_argument("--bench-harness", default="",
+                    help="the benchmark's own setup and timer at --only's shapes, in these harnesses (eager, "
+                         "leaderboard), each of --impls among ours, cudnn, flash (fa_host_bench{TAG}.csv; "
+                         "with --profile, cProfile of ours: fa_host_bench_profile{TAG}.txt)")
     ap.add_argument("--tag", default="")
     ap.add_argument("--stub", action="store_true", help="the CPU's measure of our Python, launches stubbed")
     ap.add_argument("--reps", type=int, default=300)
@@ -708,6 +800,10 @@ def main():
         stub_op_cost(a.out / f"fa_host_stub_ops{a.tag}.csv", log)
         return 0
     cases = a.only.split(",")
+    if a.bench_harness:
+        bench_harness(cases, a.impls.split(","), a.bench_harness.split(","), a.out / f"fa_host_bench{a.tag}.csv", log,
+                      a.bench_rounds, a.out / f"fa_host_bench_profile{a.tag}.txt" if a.profile else None)
+        return 0
     if a.launch:
         launch_cost(cases[0], a.out / f"fa_host_launch{a.tag}.csv", log)
     if a.profile:
