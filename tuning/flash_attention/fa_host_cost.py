@@ -260,6 +260,21 @@ def write(path, rows):
         w.writerows(rows)
 
 
+def cprofile_calls(step, calls, title, stream):
+    """cProfile of `calls` calls of step() (a forward + backward), the GPU synchronised before it stops:
+    its top functions by their own time and by their cumulative time, written to `stream` under `title`."""
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(calls):
+        step()
+    torch.cuda.synchronize()
+    pr.disable()
+    stream.write(f"\n\n# cProfile, {title}: {calls} forward + backward calls\n")
+    st = pstats.Stats(pr, stream=stream)
+    st.sort_stats("tottime").print_stats(40)
+    st.sort_stats("cumulative").print_stats(50)
+
+
 def profile_ours(case, out_txt, impls=("ours", "cudnn"), modes=("eager",)):
     """cProfile of 300 calls of each implementation of ours among `impls`, then torch.profiler's
     table of the host's time by op of 100 calls of every one of `impls`, in each of `modes`."""
@@ -278,17 +293,10 @@ def profile_ours(case, out_txt, impls=("ours", "cudnn"), modes=("eager",)):
                 q.grad = k.grad = v.grad = None
             torch.cuda.synchronize()
             if _ours(impl):
-                pr = cProfile.Profile()
-                pr.enable()
-                for _ in range(300):
+                def again(step=step):
                     step()
                     q.grad = k.grad = v.grad = None
-                torch.cuda.synchronize()
-                pr.disable()
-                s.write(f"\n\n# cProfile, {impl}, {mode}, {case}: 300 forward + backward calls\n")
-                st = pstats.Stats(pr, stream=s)
-                st.sort_stats("tottime").print_stats(40)
-                st.sort_stats("cumulative").print_stats(50)
+                cprofile_calls(again, 300, f"{impl}, {mode}, {case}", s)
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 for _ in range(100):
                     step()
@@ -424,16 +432,7 @@ def bench_harness(cases, impls, harnesses, out_csv, log, rounds=3, profile_txt=N
                 log(row)
                 write(out_csv, rows)  # after every row: a run cut short keeps what it measured
                 if profile_txt is not None and row["impl"] == "ours":
-                    pr = cProfile.Profile()
-                    pr.enable()
-                    for _ in range(200):
-                        again()
-                    torch.cuda.synchronize()
-                    pr.disable()
-                    prof.write(f"\n\n# cProfile, ours, {harness}, {case}: 200 forward + backward calls\n")
-                    st = pstats.Stats(pr, stream=prof)
-                    st.sort_stats("tottime").print_stats(30)
-                    st.sort_stats("cumulative").print_stats(40)
+                    cprofile_calls(again, 200, f"ours, {harness}, {case}", prof)
                     Path(profile_txt).write_text(prof.getvalue())
     return rows
 
