@@ -2,6 +2,7 @@
 specialisation, then the compiled kernel's own launcher with the same arguments; on the CPU with a
 stand-in kernel (what is launched, with which arguments, and when the JIT is asked again), on a
 GPU with the real kernels (the same bits as launching through the JIT every time)."""
+import gc
 import inspect
 import os
 import subprocess
@@ -363,19 +364,34 @@ def test_a_new_signature_gets_its_own_plan_and_a_call_that_copies_its_data_none(
     assert kl.PLANS.get(kl.plan_key(("forward", True), _qkv_like((1, 2, 512, 64)))) is kl.Plans.NO_PLAN
 
 
-def test_a_split_calls_partial_sums_are_fresh_scratch_at_each_replay(launches, monkeypatch):
-    """A split forward and backward (partial results in fp32 buffers, then summed): planned, the
-    buffers allocated afresh at each replay (never the recorded call's), the same launches."""
+def _split_everywhere(monkeypatch) -> None:
+    """Every call's forward and dQ kernel split in two (partial sums in fp32 scratch, then summed);
+    plans keep their scratch (KeptScratch)."""
+    monkeypatch.setenv(kl.KEEP_SCRATCH_ENV, "1")
     real_fwd, real_bwd = ft.launch_fwd_config, ft.launch_bwd_config
     monkeypatch.setattr(ft, "launch_fwd_config", lambda *a: {**real_fwd(*a), "SPLIT": 2})
     monkeypatch.setattr(ft, "launch_bwd_config", lambda *a: {
         **real_bwd(*a), "fused": False, "dq": {**real_bwd(*a)["dq"], "SPLIT": 2}})
+
+
+def _backward_scratch(shape=(1, 2, 512, 64)) -> int:
+    """The scratch buffers of a _split_everywhere backward of that (B, H, N, D) fp32 causal call: Delta, dQ's
+    partials, and dK's and dV's where its config splits the dK/dV kernel too."""
+    b, h, n, d = shape
+    return 2 + 2 * (ft.launch_bwd_config(n, d, torch.float32, True, b * h, 1)["dkdv"]["SPLIT"] > 1)
+
+
+def test_a_split_calls_partial_sums_are_the_plans_scratch(launches, monkeypatch):
+    """A split forward and backward (partial results in fp32 buffers, then summed): planned, its
+    buffers and the backward's Delta are scratch (outputs of the plan: O and L, dQ, dK and dV), the
+    same launches at each replay."""
+    _split_everywhere(monkeypatch)
     first = _step((1, 2, 512, 64), True, "heads", 0)
     n_first = len(launches.log)
     second = _step((1, 2, 512, 64), True, "heads", 1)
     plans = list(kl.PLANS.plans.values())
     assert len(plans) == 2 and all(plans)
-    assert [p.n_outputs for p in plans] == [2, 4] and all(len(p.outputs) > p.n_outputs for p in plans)
+    assert [p.n_outputs for p in plans] == [2, 3] and [len(p.scratch) for p in plans] == [2, _backward_scratch()]
     kernels = [launch[0] for launch in launches.log]
     assert kernels[:n_first] == kernels[n_first:] and "_fwd_combine_kernel" in kernels and "_sum_parts_kernel" in kernels
 
@@ -383,6 +399,108 @@ def test_a_split_calls_partial_sums_are_fresh_scratch_at_each_replay(launches, m
         return [(k, g, [a for a in args if not isinstance(a, tuple)], kw) for k, g, args, kw in log]
     assert constants(launches.log[:n_first]) == constants(launches.log[n_first:])
     assert first[3].shape == second[3].shape
+
+
+def _scratch_of(log, step) -> list:
+    """The addresses of the tensors a call's launches read that are none of its own (q, k, v, O, dO,
+    dQ, dK, dV): its scratch buffers, in the order the launches read them."""
+    q, k, v, out, g = step
+    mine = {t.data_ptr() for t in (q, k, v, out, g, q.grad, k.grad, v.grad)}
+    seen = []
+    for _, _, args, kwargs in log:
+        for a in [*args, *kwargs.values()]:
+            if isinstance(a, tuple) and a[0] == "tensor" and a[1] not in mine and a[1] not in seen:
+                seen.append(a[1])
+    return seen
+
+
+def _by_kind() -> dict:
+    """The plans of one signature's calls: {"forward": its forward's, "backward": its backward's}."""
+    return {"backward" if key[1:2] == ("backward",) else "forward": plan for key, plan in kl.PLANS.plans.items()}
+
+
+def _as_cuda(plans: dict, monkeypatch) -> None:
+    """The plans' scratch taken as CUDA memory (kept by stream, KeptScratch), no graph captured."""
+    for plan in plans.values():
+        plan.scratch_cuda = True
+    monkeypatch.setattr(kl, "_capturing", lambda: False)
+
+
+def _replays(launches, n, shape=(1, 2, 512, 64)) -> list:
+    """n forward + backward calls of one signature: each one's scratch addresses (_scratch_of)."""
+    out = []
+    for seed in range(n):
+        start = len(launches.log)
+        step = _step(shape, True, "heads", seed)
+        out.append(_scratch_of(launches.log[start:], step))
+    return out
+
+
+def test_a_plans_scratch_is_kept_for_its_next_replay_on_the_same_stream(launches, monkeypatch):
+    """From a plan's first replay its scratch buffers are kept (KeptScratch) and every later replay on
+    the same stream reads those; another stream gets buffers of its own; the kept bytes count until
+    the plans are gone."""
+    _split_everywhere(monkeypatch)
+    monkeypatch.setattr(kl, "KEPT_SCRATCH", kl.KeptScratch())
+    calls = _replays(launches, 2)  # the recording, then the first replay
+    plans = _by_kind()
+
+    def kept(where):
+        return {name: [t.data_ptr() for t in plan.kept[where]] for name, plan in plans.items()}
+    on_none = kept(None)
+    assert [len(on_none[name]) for name in ("forward", "backward")] == [2, _backward_scratch()]
+    for call in [calls[1], *_replays(launches, 3)]:
+        assert set(on_none["forward"] + on_none["backward"]) <= set(call)
+    assert kept(None) == on_none
+    assert kl.KEPT_SCRATCH.bytes == sum(p.scratch_bytes for p in plans.values()) > 0
+    _as_cuda(plans, monkeypatch)
+    for stream in (7, 8, 7):
+        monkeypatch.setattr(kl, "current_stream", lambda stream=stream: (0, stream))
+        for call in _replays(launches, 2):
+            mine = kept((0, stream))
+            assert set(mine["forward"] + mine["backward"]) <= set(call)
+    on_7, on_8 = kept((0, 7)), kept((0, 8))
+    assert not {*on_7["forward"], *on_7["backward"]} & {*on_8["forward"], *on_8["backward"], *on_none["forward"]}
+    assert kl.KEPT_SCRATCH.bytes == 3 * sum(p.scratch_bytes for p in plans.values())
+    del plans
+    kl.PLANS.clear()
+    gc.collect()
+    assert kl.KEPT_SCRATCH.bytes == 0
+
+
+def test_a_plans_scratch_is_fresh_at_each_replay_unless_keeping_is_on(launches, monkeypatch):
+    """LMPERF_FA_KEEP_SCRATCH unset or "0" (the default): no plan keeps a buffer; "1": they do."""
+    _split_everywhere(monkeypatch)
+    monkeypatch.setattr(kl, "KEPT_SCRATCH", kl.KeptScratch())
+    for value in (None, "0", "1"):
+        if value is None:
+            monkeypatch.delenv(kl.KEEP_SCRATCH_ENV)
+        else:
+            monkeypatch.setenv(kl.KEEP_SCRATCH_ENV, value)
+        _replays(launches, 3)
+        kept = [bool(plan.kept) for plan in _by_kind().values()]
+        assert kept == [value == "1"] * 2 and (kl.KEPT_SCRATCH.bytes > 0) == (value == "1")
+
+
+def test_a_plans_scratch_is_fresh_under_a_graphs_capture_and_past_the_budget(launches, monkeypatch):
+    """While a CUDA graph is captured a replay's scratch is fresh and none is kept (the graph's pool
+    holds it); past KeptScratch's bytes a plan's replays allocate their own."""
+    _split_everywhere(monkeypatch)
+    monkeypatch.setattr(kl, "KEPT_SCRATCH", kl.KeptScratch())
+    _replays(launches, 1)  # the recording
+    plans = _by_kind()
+    _as_cuda(plans, monkeypatch)
+    monkeypatch.setattr(kl, "_capturing", lambda: True)
+    monkeypatch.setattr(kl, "current_stream", lambda: (0, 7))
+    _replays(launches, 2)
+    assert set(plans) == {"forward", "backward"}
+    assert kl.KEPT_SCRATCH.bytes == 0 and not any(plan.kept for plan in plans.values())
+    monkeypatch.setattr(kl, "_capturing", lambda: False)
+    monkeypatch.setattr(kl, "KEPT_SCRATCH", kl.KeptScratch(max_bytes=plans["forward"].scratch_bytes))
+    calls = _replays(launches, 3)
+    assert list(map(bool, (plans["forward"].kept, plans["backward"].kept))) == [True, False]
+    assert kl.KEPT_SCRATCH.bytes == plans["forward"].scratch_bytes
+    assert {t.data_ptr() for t in plans["forward"].kept[(0, 7)]} <= set(calls[1]) & set(calls[2])
 
 
 def test_a_backward_whose_do_is_the_output_gets_its_own_plan(launches):
@@ -910,3 +1028,35 @@ def test_planned_calls_give_the_full_paths_bits(shape, causal, layout, monkeypat
         for a, b in zip(got, want):
             assert torch.equal(a, b)
     assert any(kl.PLANS.plans.values()) or shape[-2] == 200
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA: the kernels")
+@pytest.mark.parametrize("shape,causal,split", [((1, 1, 1024, 128), True, True), ((1, 1, 4096, 128), True, True),
+                                                ((1, 1, 2048, 64), False, None), ((2, 1, 1000, 80), True, None),
+                                                ((1, 3, 4096, 64), True, None)])
+def test_a_replay_on_kept_scratch_holding_nan_gives_the_full_paths_bits(shape, causal, split, monkeypatch):
+    """A plan's kept scratch (KeptScratch: a split's partial sums, Delta) filled with NaN before a replay of
+    another call's data: the output and gradients the full path's bit for bit, so the kernels write every
+    element of it they read (`split`: the call has scratch to keep)."""
+    def run(seed):
+        torch.manual_seed(seed)
+        q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        out = ft.FlashAttention2Triton.apply(q, k, v, causal)
+        out.backward(torch.randn_like(out))
+        return [out.detach(), q.grad, k.grad, v.grad]
+
+    monkeypatch.setenv(kl.LAUNCH_ENV, "jit")
+    want = run(2)
+    monkeypatch.setenv(kl.LAUNCH_ENV, "plan")
+    monkeypatch.setenv(kl.KEEP_SCRATCH_ENV, "1")
+    monkeypatch.setattr(kl, "PLANS", kl.Plans())
+    monkeypatch.setattr(kl, "KEPT_SCRATCH", kl.KeptScratch())
+    run(0)  # recorded
+    run(1)  # replayed: its scratch kept
+    kept = [t for plan in kl.PLANS.plans.values() if plan for ts in plan.kept.values() for t in ts]
+    assert bool(kept) or not split
+    for t in kept:
+        t.fill_(float("nan") if t.is_floating_point() else -1)
+    got = run(2)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)

@@ -437,6 +437,137 @@ def bench_harness(cases, impls, harnesses, out_csv, log, rounds=3, profile_txt=N
     return rows
 
 
+def floors(cases, out_csv, log, rounds=5, reps=200):
+    """What ours' host time is made of, in the benchmark's eager call (its (B, H, N, D) inputs,
+    `.backward(dout)`): the host's time a call in a loop of `reps` synchronised only at its end (host_ms),
+    `rounds` rounds with the steps in turn, the median and the rounds' min and max, of: one
+    torch.empty_strided like q ("empty"); an autograd Function that only allocates O, L, dQ, dK and dV
+    ("bare", the floor of any Python Function); one that allocates what ours' two plans allocate, outputs
+    and scratch ("bare_plan"); ours forward only and forward + backward, and the latter with its plans'
+    scratch kept ("ours_kept", launch.KEEP_SCRATCH_ENV); SDPA-cuDNN's and SDPA-flash's the same. Each row also has ours' plans: outputs, scratch buffers and launches of the forward's and
+    the backward's (launch.PLANS, recorded by the first call)."""
+    import statistics
+    from lmperf.bench import flash_attention as fa_bench
+    from lmperf.kernels import launch as kernel_launch
+    from lmperf.kernels.flash_attention_triton import clear_plans
+    rows = []
+    for case in cases:
+        b, h, n, d, _ = CASES[case]
+        steps, plans = {}, {}
+        for impl in ("ours", "cudnn", "flash"):
+            spec = dict(provider=BENCH_PROVIDERS[impl], harness="eager", dtype="bf16", causal=True, batch=b,
+                        heads=h, seq_len=n, head_dim=d)
+            if impl == "ours":
+                clear_plans()
+            fn, context, fwd_bwd, (q, k, v, dout) = fa_bench.setup_bench(spec)
+            if impl == "ours":
+                fwd_bwd()
+                plans = [p for p in kernel_launch.PLANS.plans.values() if p]
+
+            def fwd(fn=fn, context=context, q=q, k=k, v=v):
+                with context():
+                    fn(q, k, v)
+
+            def both(context=context, fwd_bwd=fwd_bwd, leaves_=(q, k, v)):
+                for t in leaves_:
+                    t.grad = None
+                with context():
+                    fwd_bwd()
+            steps[f"{impl}_fwd"], steps[impl] = fwd, both
+            if impl == "ours":
+                steps["ours_kept"] = both  # with its plans' scratch kept (launch.KEEP_SCRATCH_ENV=1)
+        q, k, v, dout = (t.detach().requires_grad_(t is not dout) for t in (q, k, v, dout))
+        steps["empty"] = lambda q=q: torch.empty_strided(q.shape, q.stride(), dtype=q.dtype, device=q.device)
+
+        def bare(q=q, k=k, v=v, dout=dout):
+            q.grad = k.grad = v.grad = None
+            Bare.apply(q, k, v, True).backward(dout)
+        steps["bare"] = bare
+        if len(plans) == 2:
+            fwd_plan, bwd_plan = plans
+
+            class BarePlan(torch.autograd.Function):
+                @staticmethod
+                def forward(ctx, q, k, v):
+                    outs = fwd_plan.allocate()
+                    ctx.save_for_backward(q, k, v, *outs[:2])
+                    return outs[0]
+
+                @staticmethod
+                def backward(ctx, grad_out):
+                    ctx.saved_tensors
+                    return tuple(bwd_plan.allocate()[:3])
+
+            def bare_plan(q=q, k=k, v=v, dout=dout):
+                q.grad = k.grad = v.grad = None
+                BarePlan.apply(q, k, v).backward(dout)
+            steps["bare_plan"] = bare_plan
+        for step in steps.values():
+            for _ in range(20):
+                step()
+        times = {name: [] for name in steps}
+        for _ in range(rounds):
+            for name, step in steps.items():
+                os.environ[kernel_launch.KEEP_SCRATCH_ENV] = "1" if name == "ours_kept" else "0"
+                times[name].append(host_ms(step, reps))
+        os.environ.pop(kernel_launch.KEEP_SCRATCH_ENV)
+        parts = ours_parts(steps["ours"], reps)
+        shape = dict(case=case, shape=f"{b}x{h}x{n}x{d}", gpu=torch.cuda.get_device_name())
+        for i, (which, plan) in enumerate(zip(("fwd", "bwd"), plans)):
+            shape.update({f"{which}_outputs": plan.n_outputs, f"{which}_scratch": len(plan.outputs) - plan.n_outputs,
+                          f"{which}_launches": len(plan.launches),
+                          f"{which}_direct": sum(entry[0] is not None for entry in plan.launches)})
+        for name, t in times.items():
+            row = dict(shape, step=name, host_ms=statistics.median(t), min_ms=min(t), max_ms=max(t), rounds=rounds,
+                       reps=reps)
+            rows.append(row)
+            log(row)
+        for name, ms in parts.items():
+            row = dict(shape, step=f"ours:{name}", host_ms=ms, rounds=1, reps=reps)
+            rows.append(row)
+            log(row)
+        write(out_csv, rows)
+    return rows
+
+
+def ours_parts(step, reps=200) -> dict:
+    """ms a call that ours' eager path spends in each of its parts (inclusive: a part's time holds the
+    parts it calls), `reps` calls of step() with each part wrapped in a timer, and the whole call."""
+    from lmperf.kernels import flash_attention_triton as ft
+    from lmperf.kernels import launch as kernel_launch
+    spent = {}
+
+    def timed(name, fn):
+        def wrapped(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+        return wrapped
+    Function = ft.FlashAttention2Triton
+    patches = [(kernel_launch.Plan, "allocate"), (kernel_launch.Plan, "replay"), (kernel_launch, "planned"),
+               (kernel_launch, "plan_key"), (kernel_launch, "then_key"), (ft, "_backward"), (ft, "_heads")]
+    saved = [(owner, name, owner.__dict__[name]) for owner, name in patches]
+    forward = Function.__dict__["forward"]
+    try:
+        for owner, name, fn in saved:
+            setattr(owner, name, timed(name, fn))
+        Function.forward = staticmethod(timed("Function.forward", forward.__func__))
+        step()
+        spent.clear()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            step()
+        spent["call"] = time.perf_counter() - t0
+        torch.cuda.synchronize()
+    finally:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+        Function.forward = forward
+    return {name: t / reps * 1e3 for name, t in spent.items()}
+
+
 def launch_cost(case, out_csv, log):
     """Each Triton kernel of ours, as the eager path launches it: through the JIT (kernel[grid])
     and through the compiled kernel's launcher with the same arguments."""
@@ -782,6 +913,9 @@ def main():
                     help="the benchmark's own setup and timer at --only's shapes, in these harnesses (eager, "
                          "leaderboard), each of --impls among ours, cudnn, flash (fa_host_bench{TAG}.csv; "
                          "with --profile, cProfile of ours: fa_host_bench_profile{TAG}.txt)")
+    ap.add_argument("--floors", action="store_true",
+                    help="ours' host time in the benchmark's eager call taken apart: allocations, an autograd Function "
+                         "that only allocates, ours' plans, cuDNN and flash (fa_host_floors{TAG}.csv)")
     ap.add_argument("--tag", default="")
     ap.add_argument("--stub", action="store_true", help="the CPU's measure of our Python, launches stubbed")
     ap.add_argument("--reps", type=int, default=300)
@@ -799,6 +933,9 @@ def main():
         stub_op_cost(a.out / f"fa_host_stub_ops{a.tag}.csv", log)
         return 0
     cases = a.only.split(",")
+    if a.floors:
+        floors(cases, a.out / f"fa_host_floors{a.tag}.csv", log, a.rounds)
+        return 0
     if a.bench_harness:
         bench_harness(cases, a.impls.split(","), a.bench_harness.split(","), a.out / f"fa_host_bench{a.tag}.csv", log,
                       a.bench_rounds, a.out / f"fa_host_bench_profile{a.tag}.txt" if a.profile else None)

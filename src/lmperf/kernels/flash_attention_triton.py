@@ -951,8 +951,6 @@ def launch_backward(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool, cfg: 
     if cfg.get("fused") and gluon_bwd is None:
         launch_backward_fused(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal, cfg, launch)
         return
-    if delta is None:
-        delta = torch.empty(lse.shape, dtype=torch.float32, device=q3.device)
     # the Gluon kernels: their launchers in eager mode (launch is plain_launch), else their opaque ops,
     # which launch the same kernels under torch.compile (the same bits); an op's dispatch adds host time
     # a call (tuning/flash_attention/NOTES.md, steps 43 and 51)
@@ -961,6 +959,8 @@ def launch_backward(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal: bool, cfg: 
         from lmperf.kernels import flash_attention_gluon_fused as gf
         (gf.launch if direct else gf.flash_attention_bwd_gluon_fused)(q3, k3, v3, o3, do3, lse, dq, dk, dv, is_causal)
         return
+    if delta is None:  # written by the dQ kernel before the dK/dV kernel reads it: a plan's scratch
+        delta = kernel_launch.scratch(torch.empty(lse.shape, dtype=torch.float32, device=q3.device))
     if gluon_bwd is not None and gluon_bwd.use_gluon_dq():
         (gluon_bwd.launch_dq if direct else gluon_bwd.flash_attention_dq_gluon)(
             q3, k3, v3, o3, do3, lse, delta, dq, is_causal)
@@ -1071,7 +1071,7 @@ def kernels(q, k, v, is_causal: bool) -> str:
     return f"forward: {fwd}; backward: {bwd}"
 
 
-def _backward_kernels(q, k, v, out, lse, grad_out, is_causal: bool, launch, with_delta: bool = False):
+def _backward_kernels(q, k, v, out, lse, grad_out, is_causal: bool, launch):
     nb, nh, n, d = _heads_shape(q.shape)
     bh = nb * nh
     lse3 = lse.reshape(bh, n)
@@ -1079,10 +1079,8 @@ def _backward_kernels(q, k, v, out, lse, grad_out, is_causal: bool, launch, with
     cfg = launch_bwd_config(n, d, q.dtype, is_causal, bh, int(nh // _heads_shape(k.shape)[1]))
     grad_out = _heads(grad_out)  # once for both kernels: e.g. the expanded ones of out.sum().backward() copied once
     dq, dk, dv = _like(q), _like(k), _like(v)  # fresh (B, H, N, D) and (B, H_kv, N, D), written by the kernels
-    delta = torch.empty(lse3.shape, dtype=torch.float32, device=q.device)  # Delta, where the dQ kernel writes it
-    launch_backward(q, k, v, out, grad_out, lse3, dq, dk, dv, is_causal, cfg, launch, delta)
-    grads = dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
-    return (*grads, delta) if with_delta else grads
+    launch_backward(q, k, v, out, grad_out, lse3, dq, dk, dv, is_causal, cfg, launch)
+    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
 
 
 @_register("lmperf::flash_attention_forward", _forward_fake)
@@ -1118,9 +1116,8 @@ def _backward(ctx, grad_out, *_, direct: bool = False):
         first = getattr(ctx, "plan_key", None)  # the forward's, where it was planned: only dO is new
         known = (q, k, v, out, lse)
         dq, dk, dv = kernel_launch.planned(("backward", ctx.is_causal), (*known, g),
-                              lambda: _backward_kernels(q, k, v, out, lse, g, ctx.is_causal, plain_launch,
-                                                        with_delta=True),
-                              None if first is None else kernel_launch.then_key(first, ("backward",), known, g))[:3]
+                              lambda: _backward_kernels(q, k, v, out, lse, g, ctx.is_causal, plain_launch),
+                              None if first is None else kernel_launch.then_key(first, ("backward",), known, g))
     elif direct:
         dq, dk, dv = _backward_kernels(q, k, v, out, lse, grad_out, ctx.is_causal, plain_launch)
     else:

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import operator
 import os
+import weakref
 
 import torch
 
@@ -351,8 +352,12 @@ class Plan:
     then on, CachedLaunch.refused); a replay on another device than the recording's goes through
     the cache's keyed path (CachedLaunch.run)."""
 
-    def __init__(self, launches, outputs, n_outputs, device=None):
+    def __init__(self, launches, outputs, n_outputs, device=None, scratch_bytes=0, scratch_cuda=False):
         self.launches, self.outputs, self.n_outputs, self.device = launches, outputs, n_outputs, device
+        self.fresh, self.scratch = outputs[:n_outputs], outputs[n_outputs:]
+        # what one set of its scratch buffers takes, and whether they are CUDA memory (kept by stream)
+        self.scratch_bytes, self.scratch_cuda = scratch_bytes, scratch_cuda
+        self.kept: dict = {}  # (device, stream) -> the scratch buffers its replays there reuse (KeptScratch)
         self.direct = any(entry[0] is not None for entry in launches)
         self.checked = False  # every direct launch has taken a call (the first replay's tries)
 
@@ -397,11 +402,15 @@ class Plan:
         return cls(recorded, [None if t is None else functools.partial(
                        torch.empty_strided, tuple(t.shape), t.stride(), dtype=t.dtype, device=t.device)
                        for t in outputs],
-                   len(outputs) - len(rec.scratch), device)
+                   len(outputs) - len(rec.scratch), device,
+                   sum(t.untyped_storage().nbytes() for t in rec.scratch), any(t.is_cuda for t in rec.scratch))
 
     def allocate(self) -> list:
-        """The call's outputs, then its scratch buffers: fresh, uninitialised."""
-        return [None if new is None else new() for new in self.outputs]
+        """The call's outputs, fresh and uninitialised, then its scratch buffers (KEPT_SCRATCH)."""
+        outs = [None if new is None else new() for new in self.fresh]
+        if self.scratch:
+            outs += KEPT_SCRATCH.buffers(self)
+        return outs
 
     def replay(self, roles) -> None:
         if self.direct:
@@ -595,6 +604,59 @@ class Plans:
         if len(self.plans) >= self.MAX_ENTRIES:
             self.plans.clear()
         self.plans[key] = self.NO_PLAN if plan is None else plan
+
+
+class KeptScratch:
+    """With LMPERF_FA_KEEP_SCRATCH=1 (keep_scratch; off by default, the host's time a call the same within
+    the noise), the scratch buffers of plans' replays (a split's partial sums, the backward's Delta), kept
+    for the next replay of the same plan on the same stream rather than allocated afresh: a call's kernels write its scratch before
+    they read it, and calls on one stream run in order, so a replay reuses what the last one there used
+    as the caching allocator would hand back a freed block; an allocation is several us of host time
+    a buffer on a slow host, which calls of small shapes, their GPU time below the host's, pay in full
+    (tuning/flash_attention/NOTES.md step 81). Fresh buffers instead while a CUDA graph is being
+    captured (the graph's own memory pool; a captured graph must not share a buffer that calls outside
+    it write), for a plan's replays past the first `MAX_STREAMS` streams, and past `max_bytes` kept in
+    all (a plan's buffers count from its first keeping until it is gone: Plans.clear)."""
+
+    MAX_STREAMS = 4
+
+    def __init__(self, max_bytes: int = 64 << 20):
+        self.max_bytes, self.bytes = max_bytes, 0
+
+    def buffers(self, plan: Plan) -> list:
+        """The scratch buffers of a replay of `plan` (a list its caller does not change): fresh ones
+        unless keeping is on (keep_scratch)."""
+        if not keep_scratch():
+            return [new() for new in plan.scratch]
+        where, capturing = (current_stream(), _capturing()) if plan.scratch_cuda else (None, False)
+        kept = plan.kept.get(where)
+        if kept is not None and not capturing:
+            return kept
+        made = [new() for new in plan.scratch]
+        if not capturing and len(plan.kept) < self.MAX_STREAMS and self.bytes + plan.scratch_bytes <= self.max_bytes:
+            plan.kept[where] = made
+            self.bytes += plan.scratch_bytes
+            weakref.finalize(plan, self._release, plan.scratch_bytes)
+        return made
+
+    def _release(self, nbytes: int) -> None:
+        self.bytes -= nbytes
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (CUDA scratch only: a CPU-only build of
+    torch has no such call)."""
+    return torch.cuda.is_current_stream_capturing()
+
+
+KEPT_SCRATCH = KeptScratch()  # every plan's, in this process
+KEEP_SCRATCH_ENV = "LMPERF_FA_KEEP_SCRATCH"  # "1": plans keep their scratch (KeptScratch); "0" or unset: fresh
+# buffers at every replay (off by default until its host time is measured faster outside the noise)
+
+
+def keep_scratch() -> bool:
+    """Whether plans' replays keep their scratch buffers (KEEP_SCRATCH_ENV)."""
+    return getenv(KEEP_SCRATCH_ENV) == "1"
 
 
 # ---------------------------------------------------------------------------------------------
