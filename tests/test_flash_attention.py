@@ -424,6 +424,30 @@ def test_split_is_chosen_with_few_programs_only(monkeypatch):
     assert fa.bwd_config(256, 128, torch.float32, True, 1)["dkdv"]["SPLIT"] == 8
 
 
+def test_calls_the_host_launches_are_unsplit_where_the_host_bounds_them(monkeypatch):
+    """A causal 16-bit call that the host launches (host=True: eager or compiled, no graph captured)
+    keeps every kernel unsplit up to 8,192 rows at head dim 64 (and below) and 4,096 at 128 (80 pads to
+    128); longer, not causal, fp32, a grouped-query backward, or under a capture (host=False): the split
+    rule as it was."""
+    fa = flash_attention_triton
+    monkeypatch.setattr(fa, "INTERPRET", False)
+
+    def splits(n, d, dtype=torch.bfloat16, causal=True, bh=1, group=1, host=True):
+        bwd = fa.bwd_config(n, d, dtype, causal, bh, group, host)
+        return fa.fwd_config(n, d, dtype, causal, bh, host)["SPLIT"], bwd["dq"]["SPLIT"], bwd["dkdv"]["SPLIT"]
+    for n, d in [(1024, 64), (8192, 64), (2048, 32), (8192, 16), (1024, 128), (4096, 128), (4096, 80), (2048, 128)]:
+        assert splits(n, d) == (1, 1, 1), (n, d)
+        assert splits(n, d, torch.float16) == (1, 1, 1), (n, d)
+        assert max(splits(n, d, host=False)) > 1, (n, d)  # the rule splits every one of them under a capture
+    assert fa.bwd_config(1024, 128, torch.bfloat16, True, 1, 1, True)["fused"]  # one launch: no sums after it
+    assert not fa.bwd_config(4096, 128, torch.bfloat16, True, 1, 1, True)["fused"]
+    for n, d in [(16384, 64), (8192, 128), (8192, 80)]:
+        assert splits(n, d) == splits(n, d, host=False) and max(splits(n, d)) > 1, (n, d)
+    assert splits(1024, 64, causal=False) == splits(1024, 64, causal=False, host=False)
+    assert splits(1024, 64, torch.float32) == splits(1024, 64, torch.float32, host=False)
+    assert splits(1024, 64, bh=4, group=4)[2] == splits(1024, 64, bh=4, group=4, host=False)[2] > 1
+
+
 def test_backward_is_one_launch_only_when_it_cannot_fill_the_gpu(monkeypatch):
     fa = flash_attention_triton
     monkeypatch.setattr(fa, "INTERPRET", False)

@@ -2,6 +2,7 @@
 specialisation, then the compiled kernel's own launcher with the same arguments; on the CPU with a
 stand-in kernel (what is launched, with which arguments, and when the JIT is asked again), on a
 GPU with the real kernels (the same bits as launching through the JIT every time)."""
+import functools
 import gc
 import inspect
 import os
@@ -423,7 +424,7 @@ def _as_cuda(plans: dict, monkeypatch) -> None:
     """The plans' scratch taken as CUDA memory (kept by stream, KeptScratch), no graph captured."""
     for plan in plans.values():
         plan.scratch_cuda = True
-    monkeypatch.setattr(kl, "_capturing", lambda: False)
+    monkeypatch.setattr(kl, "capturing_graph", lambda: False)
 
 
 def _replays(launches, n, shape=(1, 2, 512, 64)) -> list:
@@ -490,17 +491,39 @@ def test_a_plans_scratch_is_fresh_under_a_graphs_capture_and_past_the_budget(lau
     _replays(launches, 1)  # the recording
     plans = _by_kind()
     _as_cuda(plans, monkeypatch)
-    monkeypatch.setattr(kl, "_capturing", lambda: True)
+    monkeypatch.setattr(kl, "capturing_graph", lambda: True)
     monkeypatch.setattr(kl, "current_stream", lambda: (0, 7))
     _replays(launches, 2)
     assert set(plans) == {"forward", "backward"}
     assert kl.KEPT_SCRATCH.bytes == 0 and not any(plan.kept for plan in plans.values())
-    monkeypatch.setattr(kl, "_capturing", lambda: False)
+    monkeypatch.setattr(kl, "capturing_graph", lambda: False)
     monkeypatch.setattr(kl, "KEPT_SCRATCH", kl.KeptScratch(max_bytes=plans["forward"].scratch_bytes))
     calls = _replays(launches, 3)
     assert list(map(bool, (plans["forward"].kept, plans["backward"].kept))) == [True, False]
     assert kl.KEPT_SCRATCH.bytes == plans["forward"].scratch_bytes
     assert {t.data_ptr() for t in plans["forward"].kept[(0, 7)]} <= set(calls[1]) & set(calls[2])
+
+
+def test_a_call_under_a_graphs_capture_gets_the_split_under_a_plan_key_of_its_own(launches, monkeypatch):
+    """The grid's one sequence of 1,024 rows at head dim 128 (bf16, causal), the GPU's configs: launched by
+    the host, unsplit (no merge, no sums: one forward and one fused backward launch); while a CUDA graph
+    is captured, the rule's split, recorded under plan keys of its own, and each replayed as recorded."""
+    monkeypatch.setattr(ft, "INTERPRET", False)
+    monkeypatch.setattr(ft, "fwd_config_memo", functools.lru_cache(maxsize=64)(ft.fwd_config))
+    monkeypatch.setattr(ft, "bwd_config_memo", functools.lru_cache(maxsize=64)(ft.bwd_config))
+    captured = [False]
+    monkeypatch.setattr(ft, "host_launched", lambda q: not captured[0])
+    monkeypatch.setattr(kl, "captured", lambda t: captured[0])
+    kernels = {}
+    for capture in (False, True, False, True):
+        captured[0] = capture
+        start = len(launches.log)
+        _step((1, 1, 1024, 128), True, "heads", 0, torch.bfloat16)
+        kernels.setdefault(capture, []).append([launch[0] for launch in launches.log[start:]])
+    assert kernels[False][0] == kernels[False][1] == ["_fwd_kernel", "_bwd_fused_kernel"]
+    assert kernels[True][0] == kernels[True][1]
+    assert "_fwd_combine_kernel" in kernels[True][0] and "_sum_parts_kernel" in kernels[True][0]
+    assert len(kl.PLANS.plans) == 4 and all(kl.PLANS.plans.values())
 
 
 def test_a_backward_whose_do_is_the_output_gets_its_own_plan(launches):
@@ -1037,7 +1060,10 @@ def test_planned_calls_give_the_full_paths_bits(shape, causal, layout, monkeypat
 def test_a_replay_on_kept_scratch_holding_nan_gives_the_full_paths_bits(shape, causal, split, monkeypatch):
     """A plan's kept scratch (KeptScratch: a split's partial sums, Delta) filled with NaN before a replay of
     another call's data: the output and gradients the full path's bit for bit, so the kernels write every
-    element of it they read (`split`: the call has scratch to keep)."""
+    element of it they read (`split`: the call has scratch to keep). The configs a CUDA graph's capture
+    gets (host_launched False), which split these calls."""
+    monkeypatch.setattr(ft, "host_launched", lambda q: False)
+    ft.clear_plans()
     def run(seed):
         torch.manual_seed(seed)
         q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -1060,3 +1086,51 @@ def test_a_replay_on_kept_scratch_holding_nan_gives_the_full_paths_bits(shape, c
     got = run(2)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA: the kernels and a CUDA graph")
+@pytest.mark.parametrize("n,d", [(1024, 128), (4096, 64)])
+def test_a_graphs_capture_splits_as_the_rule_and_its_replay_gives_that_paths_bits(n, d, monkeypatch):
+    """The grid's one sequence, bf16 causal: an eager call unsplit (HOST_BOUND_ROWS); a forward + backward
+    captured in a CUDA graph runs the rule's split, its replay on new data giving bit for bit what an eager
+    call with the split's configs gives, and an eager call after it is unsplit again (plans apart)."""
+    monkeypatch.setattr(kl, "PLANS", kl.Plans())
+    ft.clear_plans()
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 1, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    g = torch.randn_like(q)
+
+    def step():
+        for t in (q, k, v):
+            t.grad = None
+        out = ft.FlashAttention2Triton.apply(q, k, v, True)
+        out.backward(g)
+        return [out.detach().clone(), q.grad.clone(), k.grad.clone(), v.grad.clone()]
+    step()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm on the capture's stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for t in (q, k, v):
+            t.grad = None
+        out = ft.FlashAttention2Triton.apply(q, k, v, True)
+        out.backward(g)
+    with torch.no_grad():
+        for t in (q, k, v, g):
+            t.copy_(torch.randn_like(t))
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = [out.detach().clone(), q.grad.clone(), k.grad.clone(), v.grad.clone()]
+    monkeypatch.setattr(ft, "host_launched", lambda t: False)  # the capture's configs, eagerly
+    ft.clear_plans()
+    split = step()
+    monkeypatch.undo()
+    for a, b in zip(replayed, split):
+        assert torch.equal(a, b)
+    monkeypatch.setattr(kl, "PLANS", kl.Plans())
+    unsplit = step()
+    assert not all(torch.equal(a, b) for a, b in zip(unsplit, split))  # another sum order: other bits somewhere
+    assert all(torch.equal(a, b) for a, b in zip(step(), unsplit))

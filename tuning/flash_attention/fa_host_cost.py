@@ -59,6 +59,10 @@ CASES = {
     "grid1024_64": (1, 1, 1024, 64, "assign"),  # the assignment's grid (batch 1) from 1,024 rows
     "grid1024_128": (1, 1, 1024, 128, "assign"),
     "grid4096_64": (1, 1, 4096, 64, "assign"),
+    "grid2048_64": (1, 1, 2048, 64, "assign"),
+    "grid2048_128": (1, 1, 2048, 128, "assign"),
+    "grid8192_64": (1, 1, 8192, 64, "assign"),
+    "grid8192_128": (1, 1, 8192, 128, "assign"),
     "grid16384": (1, 1, 16384, 128, "assign"),
     "grid16384_64": (1, 1, 16384, 64, "assign"),
     "grid65536": (1, 1, 65536, 128, "assign"),
@@ -530,6 +534,78 @@ def floors(cases, out_csv, log, rounds=5, reps=200):
     return rows
 
 
+_REAL = {}  # flash_attention_triton's own launch_fwd_config, launch_bwd_config and host_launched (variant)
+
+
+def variant(name: str) -> None:
+    """Ours' tile kernels as `name` runs them: "ours", the rule as it is; "ours_split", with the configs a
+    CUDA graph's capture gets (the rule's split: host_launched False); "ours_unsplit", no split in the
+    forward or either backward kernel. The plans and memoised configs forgotten."""
+    from lmperf.kernels import flash_attention_triton as ft
+    if not _REAL:
+        _REAL.update(fwd=ft.launch_fwd_config, bwd=ft.launch_bwd_config, host=ft.host_launched)
+    ft.launch_fwd_config, ft.launch_bwd_config, ft.host_launched = _REAL["fwd"], _REAL["bwd"], _REAL["host"]
+    if name == "ours_split":
+        ft.host_launched = lambda q: False
+    elif name == "ours_unsplit":
+        ft.launch_fwd_config = lambda *a: {**_REAL["fwd"](*a), "SPLIT": 1}
+        ft.launch_bwd_config = lambda *a: {**(c := _REAL["bwd"](*a)), "dq": {**c["dq"], "SPLIT": 1},
+                                           "dkdv": {**c["dkdv"], "SPLIT": 1}}
+    ft.clear_plans()
+
+
+def split_sweep(cases, out_csv, log, rounds=5, reps=200):
+    """Ours as the rule runs it, with the split a CUDA graph's capture gets, and with no split (variant),
+    cuDNN beside them, in the benchmark's eager call: each round times each by the host's time a call in a
+    loop of `reps` (host_ms) and by the benchmark's timer (timing.bench_calls: do_bench's, host included),
+    ours' variants switched and warmed before their turn; then each one's GPU time a call (the profiler,
+    gpu_ms) and ours' launches a call. (Before the rule kept the calls the host launches unsplit, "ours"
+    was the split.)"""
+    import statistics
+    from lmperf.bench import flash_attention as fa_bench
+    from lmperf.bench import timing
+    from lmperf.kernels import launch as kernel_launch
+    rows = []
+    for case in cases:
+        b, h, n, d, _ = CASES[case]
+        runs = {}
+        for impl in ("ours", "ours_split", "ours_unsplit", "cudnn"):
+            spec = dict(provider=BENCH_PROVIDERS[impl.split("_")[0]], harness="eager", dtype="bf16", causal=True,
+                        batch=b, heads=h, seq_len=n, head_dim=d)
+            _, context, fwd_bwd, (q, k, v, _) = fa_bench.setup_bench(spec)
+
+            def run(context=context, fwd_bwd=fwd_bwd, leaves_=(q, k, v)):
+                for t in leaves_:
+                    t.grad = None
+                with context():
+                    fwd_bwd()
+            runs[impl] = (run, (q, k, v))
+        host, bench, gpu, launches = ({name: [] for name in runs} for _ in range(4))
+        for r in range(rounds + 1):
+            for name, (run, leaves_) in runs.items():
+                variant(name)
+                for _ in range(3):
+                    run()
+                if r == 0:  # a round to warm, then the GPU time and the launches
+                    gpu[name] = gpu_ms(run)[0]
+                    before = sum(len(p.launches) for p in kernel_launch.PLANS.plans.values() if p)
+                    launches[name] = before
+                    continue
+                host[name].append(host_ms(run, reps))
+                bench[name].append(timing.bench_calls(run, 25, 100, None, grad_to_none=list(leaves_)).median)
+        variant("ours")
+        for name in runs:
+            row = dict(case=case, shape=f"{b}x{h}x{n}x{d}", impl=name, gpu=torch.cuda.get_device_name(),
+                       host_ms=statistics.median(host[name]), host_min_ms=min(host[name]),
+                       host_max_ms=max(host[name]), bench_ms=statistics.median(bench[name]),
+                       bench_min_ms=min(bench[name]), bench_max_ms=max(bench[name]), gpu_ms=gpu[name],
+                       plan_launches=launches[name] if name.startswith("ours") else "", rounds=rounds, reps=reps)
+            rows.append(row)
+            log(row)
+        write(out_csv, rows)
+    return rows
+
+
 def ours_parts(step, reps=200) -> dict:
     """ms a call that ours' eager path spends in each of its parts (inclusive: a part's time holds the
     parts it calls), `reps` calls of step() with each part wrapped in a timer, and the whole call."""
@@ -749,10 +825,10 @@ def pin_configs(case):
     import functools
     from lmperf.kernels import flash_attention_triton as ft
     b, h, n, _, _ = CASES[case]
-    ft.fwd_config_memo = functools.lru_cache(maxsize=64)(lambda _n, d, dtype, causal, _bh: ft.fwd_config(
-        n, d, dtype, causal, b * h))
-    ft.bwd_config_memo = functools.lru_cache(maxsize=64)(lambda _n, d, dtype, causal, _bh, group: ft.bwd_config(
-        n, d, dtype, causal, b * h, group))
+    ft.fwd_config_memo = functools.lru_cache(maxsize=64)(lambda _n, d, dtype, causal, _bh, host=False: ft.fwd_config(
+        n, d, dtype, causal, b * h, host))
+    ft.bwd_config_memo = functools.lru_cache(maxsize=64)(
+        lambda _n, d, dtype, causal, _bh, group, host=False: ft.bwd_config(n, d, dtype, causal, b * h, group, host))
 
 
 def stub_step(impl, shape, layout):
@@ -916,6 +992,9 @@ def main():
     ap.add_argument("--floors", action="store_true",
                     help="ours' host time in the benchmark's eager call taken apart: allocations, an autograd Function "
                          "that only allocates, ours' plans, cuDNN and flash (fa_host_floors{TAG}.csv)")
+    ap.add_argument("--split-sweep", action="store_true",
+                    help="ours as the rule runs it, with a capture's split and with none, cuDNN beside, in the benchmark's eager call: "
+                         "host time, do_bench, GPU time (fa_host_split{TAG}.csv)")
     ap.add_argument("--tag", default="")
     ap.add_argument("--stub", action="store_true", help="the CPU's measure of our Python, launches stubbed")
     ap.add_argument("--reps", type=int, default=300)
@@ -933,6 +1012,9 @@ def main():
         stub_op_cost(a.out / f"fa_host_stub_ops{a.tag}.csv", log)
         return 0
     cases = a.only.split(",")
+    if a.split_sweep:
+        split_sweep(cases, a.out / f"fa_host_split{a.tag}.csv", log, a.rounds)
+        return 0
     if a.floors:
         floors(cases, a.out / f"fa_host_floors{a.tag}.csv", log, a.rounds)
         return 0

@@ -102,8 +102,9 @@ def d_tiles(d: int) -> tuple[int, int]:
 SM_COUNT_H100 = 132
 
 
-def fwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dict:
-    """BLOCK_Q, BLOCK_K, num_warps, num_stages of the forward for one call's shape."""
+def fwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int, host: bool = False) -> dict:
+    """BLOCK_Q, BLOCK_K, num_warps, num_stages of the forward for one call's shape; `host`: a call the
+    host launches (host_launched), which _host_bound keeps unsplit."""
     if INTERPRET:
         return dict(BLOCK_Q=32, BLOCK_K=16, num_warps=4, num_stages=1)
     dp = d_pad(d)
@@ -118,9 +119,34 @@ def fwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int) -> dic
     else:
         cfg = dict(BLOCK_Q=128, BLOCK_K=128, num_warps=8, num_stages=3)
     cfg = fit_tiles(cfg, n, "BLOCK_Q", "BLOCK_K")
-    cfg["SPLIT"] = 1 if _wide_at_1024(n, d, dtype, causal, bh) else _split(
-        bh * cdiv(n, cfg["BLOCK_Q"]), cdiv(n, cfg["BLOCK_K"]), _min_loop(dtype))
+    cfg["SPLIT"] = 1 if _wide_at_1024(n, d, dtype, causal, bh) or (host and _host_bound(n, d, dtype, causal)) else \
+        _split(bh * cdiv(n, cfg["BLOCK_Q"]), cdiv(n, cfg["BLOCK_K"]), _min_loop(dtype))
     return cfg
+
+
+# The longest causal 16-bit calls that the host launches (eager, or under torch.compile) whose kernels do
+# not split, by padded head dim: (head dim up to, rows up to). A split's own launches (the forward's merge,
+# the backward's sums) and buffers cost the host more than its GPU time saves there: on the H200, one
+# sequence of 1,024-8,192 rows at head dim 64 and 1,024-4,096 at 128, forward + backward with the host
+# 0.70-0.94x the split calls' (the GPU time 1.5-2.6x, about cuDNN's), and 1.25x past them at 8,192 x 128
+# (tuning/flash_attention/NOTES.md step 82). A CUDA graph's capture keeps the split: its GPU time is what
+# a replay costs.
+HOST_BOUND_ROWS = ((64, 8192), (128, 4096))
+
+
+def _host_bound(n: int, d: int, dtype: torch.dtype, causal: bool, group: int = 1) -> bool:
+    """Whether a call that the host launches keeps its kernels unsplit (HOST_BOUND_ROWS): causal, 16
+    bits, no grouped-query (`group`: the backward's), and no more rows than its head dim allows."""
+    if not causal or dtype == torch.float32 or group != 1:
+        return False
+    dp = d_pad(d)
+    return any(dp <= top and n <= rows for top, rows in HOST_BOUND_ROWS)
+
+
+def host_launched(q: torch.Tensor) -> bool:
+    """Whether this call's kernels are launched by the host one call at a time: not while a CUDA graph
+    is captured on the current stream."""
+    return not (q.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def _wide_at_1024(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int, group: int = 1) -> bool:
@@ -159,11 +185,12 @@ def _split(programs: int, loop_tiles: int, min_loop: int = 1, min_share: int = 1
     return split
 
 
-def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int, group: int = 1) -> dict:
+def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int, group: int = 1, host: bool = False) -> dict:
     """Configs of the two backward kernels: "dq" walks BLOCK_N2 keys at a time past a tile of
     BLOCK_M2 query rows; "dkdv" walks BLOCK_M query rows at a time past a tile of BLOCK_N keys
     (HEADS_FASTEST: program order), for each of the `group` query heads that read its K/V head
-    (bh // group K/V sequences); "fused": both in one launch (`_fused`)."""
+    (bh // group K/V sequences); "fused": both in one launch (`_fused`). `host`: a call the host
+    launches (host_launched), which _host_bound keeps unsplit."""
     if INTERPRET:
         cfg = dict(dq=dict(BLOCK_M2=32, BLOCK_N2=16, num_warps=4, num_stages=1, SPLIT=1),
                    dkdv=dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, HEADS_FASTEST=causal, SPLIT=1))
@@ -203,9 +230,10 @@ def bwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int, group:
     dq, dkdv = fit_tiles(dq, n, "BLOCK_M2", "BLOCK_N2"), fit_tiles(dkdv, n, "BLOCK_N", "BLOCK_M")
     # few programs and long loops: several programs per tile, each writing fp32 partial sums
     wide = _wide_at_1024(n, d, dtype, causal, bh, group)
-    dq["SPLIT"] = 1 if wide else _split(bh * cdiv(n, dq["BLOCK_M2"]), cdiv(n, dq["BLOCK_N2"]), _min_loop(dtype),
+    unsplit = wide or (host and _host_bound(n, d, dtype, causal, group))
+    dq["SPLIT"] = 1 if unsplit else _split(bh * cdiv(n, dq["BLOCK_M2"]), cdiv(n, dq["BLOCK_N2"]), _min_loop(dtype),
                                         min_share)
-    dkdv["SPLIT"] = 1 if wide else _split(bh // group * cdiv(n, dkdv["BLOCK_N"]), group * cdiv(n, dkdv["BLOCK_M"]),
+    dkdv["SPLIT"] = 1 if unsplit else _split(bh // group * cdiv(n, dkdv["BLOCK_N"]), group * cdiv(n, dkdv["BLOCK_M"]),
                                           _min_loop(dtype), min_share)
     cfg = dict(dq=dq, dkdv=dkdv)
     return {**cfg, "fused": not wide and _fused(cfg, n, dtype, bh, group)}
@@ -229,15 +257,16 @@ fwd_config_memo = functools.lru_cache(maxsize=1024)(fwd_config)
 bwd_config_memo = functools.lru_cache(maxsize=1024)(bwd_config)
 
 
-def launch_fwd_config(n, d, dtype, causal, bh):
+def launch_fwd_config(n, d, dtype, causal, bh, host=False):
     """The config a launch uses: the rule (fwd_config), memoised (its dicts are only read);
     traced symbolic sizes (SymInt, unhashable) go to the rule itself."""
-    return (fwd_config_memo if type(n) is type(d) is type(bh) is int else fwd_config)(n, d, dtype, causal, bh)
+    return (fwd_config_memo if type(n) is type(d) is type(bh) is int else fwd_config)(n, d, dtype, causal, bh, host)
 
 
-def launch_bwd_config(n, d, dtype, causal, bh, group=1):
+def launch_bwd_config(n, d, dtype, causal, bh, group=1, host=False):
     """The config a backward launch uses: bwd_config, memoised like launch_fwd_config."""
-    return (bwd_config_memo if type(n) is type(d) is type(bh) is int else bwd_config)(n, d, dtype, causal, bh, group)
+    return (bwd_config_memo if type(n) is type(d) is type(bh) is int else bwd_config)(n, d, dtype, causal, bh, group,
+                                                                                     host)
 
 
 def fit_tiles(cfg: dict, n: int, outer: str, inner: str) -> dict:
@@ -1049,7 +1078,8 @@ def _forward(q, k, v, is_causal: bool, launch):
     _check_heads(bh)
     out = _out_like(q)  # fresh (B, H, N, D): the kernels write it, not a view of it
     lse = torch.empty((bh, n), dtype=torch.float32, device=q.device)
-    launch_forward(q, k, v, out, lse, is_causal, launch_fwd_config(n, d, q.dtype, is_causal, bh), launch)
+    launch_forward(q, k, v, out, lse, is_causal, launch_fwd_config(n, d, q.dtype, is_causal, bh, host_launched(q)),
+                   launch)
     return out.view(q.shape), lse.view(q.shape[:-1])
 
 
@@ -1066,7 +1096,8 @@ def kernels(q, k, v, is_causal: bool) -> str:
     elif gluon_bwd is not None:
         bwd = f"{'gluon' if gluon_bwd.use_gluon_dq() else 'tile'} dq + gluon dkdv"
     else:
-        fused = launch_bwd_config(n, d, q.dtype, is_causal, nb * nh, int(nh // _heads_shape(k.shape)[1])).get("fused")
+        fused = launch_bwd_config(n, d, q.dtype, is_causal, nb * nh, int(nh // _heads_shape(k.shape)[1]),
+                                  host_launched(q)).get("fused")
         bwd = "tile fused" if fused else "tile dq + tile dkdv"
     return f"forward: {fwd}; backward: {bwd}"
 
@@ -1076,7 +1107,7 @@ def _backward_kernels(q, k, v, out, lse, grad_out, is_causal: bool, launch):
     bh = nb * nh
     lse3 = lse.reshape(bh, n)
     lse3 = lse3 if lse3.is_contiguous() else lse3.contiguous()
-    cfg = launch_bwd_config(n, d, q.dtype, is_causal, bh, int(nh // _heads_shape(k.shape)[1]))
+    cfg = launch_bwd_config(n, d, q.dtype, is_causal, bh, int(nh // _heads_shape(k.shape)[1]), host_launched(q))
     grad_out = _heads(grad_out)  # once for both kernels: e.g. the expanded ones of out.sum().backward() copied once
     dq, dk, dv = _like(q), _like(k), _like(v)  # fresh (B, H, N, D) and (B, H_kv, N, D), written by the kernels
     launch_backward(q, k, v, out, grad_out, lse3, dq, dk, dv, is_causal, cfg, launch)

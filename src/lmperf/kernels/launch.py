@@ -628,7 +628,7 @@ class KeptScratch:
         unless keeping is on (keep_scratch)."""
         if not keep_scratch():
             return [new() for new in plan.scratch]
-        where, capturing = (current_stream(), _capturing()) if plan.scratch_cuda else (None, False)
+        where, capturing = (current_stream(), capturing_graph()) if plan.scratch_cuda else (None, False)
         kept = plan.kept.get(where)
         if kept is not None and not capturing:
             return kept
@@ -643,7 +643,7 @@ class KeptScratch:
         self.bytes -= nbytes
 
 
-def _capturing() -> bool:
+def capturing_graph() -> bool:
     """Whether the current CUDA stream is capturing a graph (CUDA scratch only: a CPU-only build of
     torch has no such call)."""
     return torch.cuda.is_current_stream_capturing()
@@ -668,20 +668,25 @@ DISPATCH_ENV = ("LMPERF_FA_BACKEND", "LMPERF_FA_BWD_BACKEND")
 
 
 def plan_key(kind: tuple, inputs: tuple) -> tuple:
-    """A call's plan key: its tensors' `signature`, its kind and flags, and
-    the dispatch's variables."""
-    return signature(inputs, (*kind, *map(getenv, DISPATCH_ENV)))
+    """A call's plan key: its tensors' `signature`, its kind and flags, the dispatch's variables, and
+    whether a CUDA graph is being captured (the tile kernels' configs differ: flash_attention_triton.host_launched)."""
+    return signature(inputs, (*kind, *map(getenv, DISPATCH_ENV), captured(inputs[0])))
+
+
+def captured(t: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being captured on the current stream, for a call on `t`'s device."""
+    return t.is_cuda and capturing_graph()
 
 
 def then_key(first: tuple, kind: tuple, known: tuple, new: torch.Tensor) -> tuple:
     """The plan key of a call whose tensors are `known`, then `new`, where `known` are the tensors of
     the call whose key is `first` and what that call made (the backward's q, k, v, O and L after its
     forward): only the new tensor is read (its `signature`, its aliasing with the known ones); the
-    dispatch's variables as plan_key reads them."""
+    dispatch's variables and a graph's capture as plan_key reads them."""
     p = new.data_ptr()
     alias = next((i for i, t in enumerate(known) if t.data_ptr() == p), len(known))
     return (first, *kind, (new.shape, new.stride(), new.dtype, new.device, p % 16 == 0, alias),
-            *map(getenv, DISPATCH_ENV))
+            *map(getenv, DISPATCH_ENV), captured(new))
 
 
 def launch_in_place(kind: tuple, inputs: tuple, launch) -> None:
