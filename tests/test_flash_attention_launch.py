@@ -392,7 +392,8 @@ def test_a_split_calls_partial_sums_are_the_plans_scratch(launches, monkeypatch)
     second = _step((1, 2, 512, 64), True, "heads", 1)
     plans = list(kl.PLANS.plans.values())
     assert len(plans) == 2 and all(plans)
-    assert [p.n_outputs for p in plans] == [2, 3] and [len(p.scratch) for p in plans] == [2, _backward_scratch()]
+    assert [p.n_outputs for p in plans] == [2, 3]
+    assert [len(p.scratch) for p in plans] == [2, _backward_scratch()]
     kernels = [launch[0] for launch in launches.log]
     assert kernels[:n_first] == kernels[n_first:] and "_fwd_combine_kernel" in kernels and "_sum_parts_kernel" in kernels
 

@@ -609,11 +609,11 @@ class Plans:
 class KeptScratch:
     """With LMPERF_FA_KEEP_SCRATCH=1 (keep_scratch; off by default, the host's time a call the same within
     the noise), the scratch buffers of plans' replays (a split's partial sums, the backward's Delta), kept
-    for the next replay of the same plan on the same stream rather than allocated afresh: a call's kernels write its scratch before
-    they read it, and calls on one stream run in order, so a replay reuses what the last one there used
-    as the caching allocator would hand back a freed block; an allocation is several us of host time
-    a buffer on a slow host, which calls of small shapes, their GPU time below the host's, pay in full
-    (tuning/flash_attention/NOTES.md step 81). Fresh buffers instead while a CUDA graph is being
+    for the next replay of the same plan on the same stream rather than allocated afresh: a call's kernels
+    write its scratch before they read it, and calls on one stream run in order, so a replay reuses what
+    the last one there used as the caching allocator would hand back a freed block; an allocation is
+    several us of host time a buffer on a slow host, which calls of small shapes, their GPU time below the
+    host's, pay in full (tuning/flash_attention/NOTES.md step 81). Fresh buffers instead while a CUDA graph is being
     captured (the graph's own memory pool; a captured graph must not share a buffer that calls outside
     it write), for a plan's replays past the first `MAX_STREAMS` streams, and past `max_bytes` kept in
     all (a plan's buffers count from its first keeping until it is gone: Plans.clear)."""
