@@ -128,7 +128,7 @@ def fwd_config(n: int, d: int, dtype: torch.dtype, causal: bool, bh: int, host: 
 # not split, by padded head dim: (head dim up to, rows up to). A split's own launches (the forward's merge,
 # the backward's sums) and buffers cost the host more than its GPU time saves there: on the H200, one
 # sequence of 1,024-8,192 rows at head dim 64 and 1,024-4,096 at 128, forward + backward with the host
-# 0.70-0.94x the split calls' (the GPU time 1.5-2.6x, about cuDNN's), and 1.25x past them at 8,192 x 128
+# 0.55-0.94x the split calls' (the GPU time 1.6-2.6x, about cuDNN's), and 1.25x past them at 8,192 x 128
 # (tuning/flash_attention/NOTES.md step 82). A CUDA graph's capture keeps the split: its GPU time is what
 # a replay costs.
 HOST_BOUND_ROWS = ((64, 8192), (128, 4096))
