@@ -11,6 +11,8 @@ through the JIT against the compiled kernel's own launcher.
         [--profile] [--launch] [--tag TAG]
     python tuning/flash_attention/fa_host_cost.py --out DIR --bench-harness eager,leaderboard
         [--only grid1024_128,model64] [--impls ours,cudnn,flash] [--bench-rounds R] [--profile]
+    python tuning/flash_attention/fa_host_cost.py --out DIR --floors [--only grid1024_128] [--rounds R]
+    python tuning/flash_attention/fa_host_cost.py --out DIR --split-sweep [--only grid1024_64,grid4096] [--rounds R]
 
 Writes DIR/fa_host_cost{TAG}.csv: one row per case x implementation x mode: do_bench's median and
 20/80% quantiles (ms, host included: a call that the host cannot keep ahead of shows its host
@@ -30,6 +32,11 @@ through Triton's JIT and through the compiled kernel's launcher (mean wall time 
 benchmark takes it (its own setup and timer, (B, H, N, D) inputs) at each --only case, then taken apart:
 the GPU's idle share, the garbage collector off, the host's loop time, the plans a loop records
 (bench_harness).
+--floors: DIR/fa_host_floors{TAG}.csv, ours' host time in the benchmark's eager call taken apart: an allocation,
+an autograd Function that only allocates, one that allocates what ours' plans do, ours with and without its
+plans' scratch kept, cuDNN and flash, and the time inside ours' parts (floors, ours_parts).
+--split-sweep: DIR/fa_host_split{TAG}.csv, ours as the rule runs it, with the split a CUDA graph's capture gets
+and with none, cuDNN beside: the host's time, do_bench's and the GPU time a call (split_sweep).
 """
 from __future__ import annotations
 
@@ -998,7 +1005,7 @@ def main():
     ap.add_argument("--tag", default="")
     ap.add_argument("--stub", action="store_true", help="the CPU's measure of our Python, launches stubbed")
     ap.add_argument("--reps", type=int, default=300)
-    ap.add_argument("--rounds", type=int, default=7, help="--stub: rounds")
+    ap.add_argument("--rounds", type=int, default=7, help="rounds of --stub, --floors and --split-sweep")
     ap.add_argument("--bench-rounds", type=int, default=1,
                     help="rounds of do_bench, the implementations in turn (p20_ms/p80_ms: the rounds' min/max)")
     ap.add_argument("--rep-ms", type=int, default=200, help="do_bench's rep (ms) a round")
