@@ -33,8 +33,9 @@ benchmark takes it (its own setup and timer, (B, H, N, D) inputs) at each --only
 the GPU's idle share, the garbage collector off, the host's loop time, the plans a loop records
 (bench_harness).
 --floors: DIR/fa_host_floors{TAG}.csv, ours' host time in the benchmark's eager call taken apart: an allocation,
-an autograd Function that only allocates, one that allocates what ours' plans do, ours with and without its
-plans' scratch kept, cuDNN and flash, and the time inside ours' parts (floors, ours_parts).
+an autograd Function that only allocates, one that allocates what ours' plans do, one around SDPA-flash's own
+ops, ours with and without its plans' scratch kept, cuDNN and flash, and the time inside ours' parts (floors,
+ours_parts).
 --split-sweep: DIR/fa_host_split{TAG}.csv, ours as the rule runs it, with the split a CUDA graph's capture gets
 and with none, cuDNN beside: the host's time, do_bench's and the GPU time a call (split_sweep).
 """
@@ -454,7 +455,8 @@ def floors(cases, out_csv, log, rounds=5, reps=200):
     `rounds` rounds with the steps in turn, the median and the rounds' min and max, of: one
     torch.empty_strided like q ("empty"); an autograd Function that only allocates O, L, dQ, dK and dV
     ("bare", the floor of any Python Function); one that allocates what ours' two plans allocate, outputs
-    and scratch ("bare_plan"); ours forward only and forward + backward, and the latter with its plans'
+    and scratch ("bare_plan"); one that runs SDPA-flash's own forward and backward ops ("flash_fn": what a
+    Python Function adds to the kernels that SDPA-flash launches from C++ autograd, "flash"); ours forward only and forward + backward, and the latter with its plans'
     scratch kept ("ours_kept", launch.KEEP_SCRATCH_ENV); SDPA-cuDNN's and SDPA-flash's the same. Each row also has ours' plans: outputs, scratch buffers and launches of the forward's and
     the backward's (launch.PLANS, recorded by the first call)."""
     import statistics
@@ -494,6 +496,16 @@ def floors(cases, out_csv, log, rounds=5, reps=200):
             q.grad = k.grad = v.grad = None
             Bare.apply(q, k, v, True).backward(dout)
         steps["bare"] = bare
+
+        def flash_fn(q=q, k=k, v=v, dout=dout):
+            q.grad = k.grad = v.grad = None
+            FlashInFunction.apply(q, k, v).backward(dout)
+        try:  # SDPA-flash's kernels behind a Python Function: its floor with real kernels (a failure is a row)
+            flash_fn()
+            steps["flash_fn"] = flash_fn
+        except Exception as e:  # noqa: BLE001
+            rows.append(dict(case=case, shape=f"{b}x{h}x{n}x{d}", step="flash_fn", error=f"{type(e).__name__}: {e}"))
+            log(rows[-1])
         if len(plans) == 2:
             fwd_plan, bwd_plan = plans
 
@@ -872,6 +884,25 @@ class Bare(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
+
+
+class FlashInFunction(torch.autograd.Function):
+    """SDPA-flash's causal forward and backward ops (aten's, the kernels `flash` launches) behind a
+    Python autograd Function: the Function's host cost with real kernels, against SDPA's C++ node."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out, lse, cq, ck, mq, mk, seed, offset, _ = torch.ops.aten._scaled_dot_product_flash_attention(
+            q, k, v, 0.0, True)
+        ctx.save_for_backward(q, k, v, out, lse, cq, ck, seed, offset)
+        ctx.max_qk = (mq, mk)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse, cq, ck, seed, offset = ctx.saved_tensors
+        return torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            grad_out, q, k, v, out, lse, cq, ck, *ctx.max_qk, 0.0, True, seed, offset)
 
 
 def stub_cost(cases, out_csv, log, reps=300, rounds=7, profile_txt=None):
