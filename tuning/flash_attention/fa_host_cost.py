@@ -456,9 +456,11 @@ def floors(cases, out_csv, log, rounds=5, reps=200):
     torch.empty_strided like q ("empty"); an autograd Function that only allocates O, L, dQ, dK and dV
     ("bare", the floor of any Python Function); one that allocates what ours' two plans allocate, outputs
     and scratch ("bare_plan"); one that runs SDPA-flash's own forward and backward ops ("flash_fn": what a
-    Python Function adds to the kernels that SDPA-flash launches from C++ autograd, "flash"); ours forward only and forward + backward, and the latter with its plans'
-    scratch kept ("ours_kept", launch.KEEP_SCRATCH_ENV); SDPA-cuDNN's and SDPA-flash's the same. Each row also has ours' plans: outputs, scratch buffers and launches of the forward's and
-    the backward's (launch.PLANS, recorded by the first call)."""
+    Python Function adds to the kernels that SDPA-flash launches from C++ autograd, its gradients checked
+    against SDPA-flash's); ours forward only and forward + backward, and the latter with its plans'
+    scratch kept ("ours_kept", launch.KEEP_SCRATCH_ENV); SDPA-cuDNN's and SDPA-flash's the same. Each row
+    also has ours' plans: outputs, scratch buffers and launches of the forward's and the backward's
+    (launch.PLANS, recorded by the first call)."""
     import statistics
     from lmperf.bench import flash_attention as fa_bench
     from lmperf.kernels import launch as kernel_launch
@@ -502,6 +504,14 @@ def floors(cases, out_csv, log, rounds=5, reps=200):
             FlashInFunction.apply(q, k, v).backward(dout)
         try:  # SDPA-flash's kernels behind a Python Function: its floor with real kernels (a failure is a row)
             flash_fn()
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                want = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+                                           (q, k, v), dout)
+            # FlashAttention-2's dQ is summed with atomics: the same to bf16's rounding, not bit for bit
+            close = (torch.allclose(t.grad.float(), w.float(), rtol=2e-2, atol=2e-2) for t, w in zip((q, k, v), want))
+            if not all(close):
+                raise AssertionError("flash_fn's gradients are not SDPA-flash's")
             steps["flash_fn"] = flash_fn
         except Exception as e:  # noqa: BLE001
             rows.append(dict(case=case, shape=f"{b}x{h}x{n}x{d}", step="flash_fn", error=f"{type(e).__name__}: {e}"))
