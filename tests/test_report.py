@@ -415,6 +415,28 @@ def test_host_bound_cases_are_marked_and_no_speed_up_is_taken_from_them(tmp_path
     assert "host-bound cases left out" in text
 
 
+def test_the_best_mfu_says_whether_the_host_set_it(tmp_path):
+    """The section's best MFU in each mode is the highest measured, marked where its case is
+    host-bound (its MFU then the host's, below the GPU's)."""
+    frames = {s.name: render.load_section(FIXTURE, s.name) for s in SECTIONS}
+    df = frames["e2e"]
+    plain = e2e.view(Inputs(results=FIXTURE, frames=frames, bars=BARS, out_dir=tmp_path))["best_mfu"]
+    top = plain["train"]
+    assert top["host_bound"] is False and plain["forward"]["host_bound"] is False
+    bound = (df["size"] == top["size"]) & (df["dtype"] == top["dtype"]) & (df["context"] == top["context"]) \
+        & df["compile"].astype(str).str.lower().eq(str(top["compile"] == "compiled").lower()) & (df["mode"] == "train")
+    frames["e2e"] = df.assign(gpu_idle_pct=bound.map({True: 60.0, False: 2.0}))
+    best = e2e.view(Inputs(results=FIXTURE, frames=frames, bars=BARS, out_dir=tmp_path))["best_mfu"]
+    assert best["train"] == {**top, "host_bound": True}
+    assert best["forward"] == plain["forward"]
+    shutil.copytree(FIXTURE, tmp_path / "results")
+    for path in (tmp_path / "results" / "e2e").rglob("*.csv"):
+        pd.read_csv(path).assign(gpu_idle_pct=60.0).to_csv(path, index=False)
+    text = run(tmp_path / "results", tmp_path)
+    line = next(x for x in text.splitlines() if x.startswith("Best training step:"))
+    assert line.count("‡ host-bound") == 3  # the training step, the forward pass, the other dtype
+
+
 def test_a_flash_attention_ratio_with_a_host_bound_side_claims_no_bar(tmp_path):
     results = REPO / "results" / "h100-80gb-hbm3"
     frames = {s.name: render.load_section(results, s.name) for s in SECTIONS}

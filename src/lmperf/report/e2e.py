@@ -297,7 +297,8 @@ def best_mfu(df: pd.DataFrame) -> dict:
     """The section's answer: {mode: the case with the highest MFU against the bf16 peak, with
     its value}, and under "other_dtype" the highest share of its own dtype's peak of a row in
     another dtype (fp32 against its non-tensor-core peak), with that row's bf16-peak MFU beside
-    it; {} without MFU (a CPU)."""
+    it; {} without MFU (a CPU). Each says whether its case is host-bound (`host_bound`: not
+    `claimable`, mark_host_bound): its MFU then is the host's, below what the GPU does."""
     out = {}
     ok = df[df["status"] == "ok"]
     bf16 = ok[ok["metric"] == BF16_MFU]
@@ -306,7 +307,7 @@ def best_mfu(df: pd.DataFrame) -> dict:
         best = g.loc[g["median"].idxmax()]
         out[mode] = {"value": float(best["median"]), "peak": float(best["peak_tflops"]),
                      "tflops": float(rate.get((best["study"], best["case_id"]), math.nan)),
-                     **{k: best[k] for k in CASE_KEYS}}
+                     "host_bound": not bool(best.get("claimable", True)), **{k: best[k] for k in CASE_KEYS}}
     own = ok[(ok["metric"] == "mfu_pct") & (precision(ok) != "bf16")]
     if not own.empty:
         best = own.loc[own["median"].idxmax()]
@@ -314,7 +315,7 @@ def best_mfu(df: pd.DataFrame) -> dict:
         out["other_dtype"] = {"value": float(best["median"]), "peak": float(best["peak_tflops"]),
                               "precision": precision(own.loc[[best.name]]).iloc[0],
                               "bf16_value": float(same.iloc[0]) if len(same) else math.nan,
-                              **{k: best[k] for k in CASE_KEYS}}
+                              "host_bound": not bool(best.get("claimable", True)), **{k: best[k] for k in CASE_KEYS}}
     return out
 
 
