@@ -25,6 +25,11 @@ if ! python3 -c 'import snakemake' 2>/dev/null; then
     export PYTHONPATH=/tmp/lmperf-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+# The ladder's peer rungs need liger-kernel and torchao; a wheelhouse built without --peers leaves
+# them `skipped` rows, which a published ladder would lose: say so before the budget is spent
+python3 -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ("liger_kernel", "torchao")))' \
+    || echo "gpu_run: liger-kernel or torchao missing here: a ladder run here makes its peer rungs skipped rows" \
+            "(build the wheelhouse with tools/wheelhouse.sh --peers)" >&2
 # --rerun-incomplete: a job that --limit stopped after it wrote its CSV but before it exited keeps
 # Snakemake's "incomplete" mark, and every later call would refuse to start; rerunning such a job
 # costs seconds, since its journal holds every finished configuration. --keep-going: a job that
