@@ -1026,7 +1026,8 @@ def stub_op_cost(out_csv, log, reps=2000, rounds=5):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--only", default="model64,assign64")
+    ap.add_argument("--only", default=None, help="cases, comma-separated (default: model64,assign64; with --stub, "
+                                                  "every stub case)")
     ap.add_argument("--impls", default="ours,ours_jit,cudnn,flash")
     ap.add_argument("--modes", default="eager,compiled")
     ap.add_argument("--profile", action="store_true")
@@ -1054,12 +1055,12 @@ def main():
     a.out.mkdir(parents=True, exist_ok=True)
     log = lambda r: print(r, flush=True)  # noqa: E731
     if a.stub:
-        cases = a.only.split(",") if a.only != ap.get_default("only") else list(STUB_CASES)
+        cases = a.only.split(",") if a.only else list(STUB_CASES)
         stub_cost(cases, a.out / f"fa_host_stub{a.tag}.csv", log, a.reps, a.rounds,
                   a.out / f"fa_host_stub_profile{a.tag}.txt" if a.profile else None)
         stub_op_cost(a.out / f"fa_host_stub_ops{a.tag}.csv", log)
         return 0
-    cases = a.only.split(",")
+    cases = (a.only or "model64,assign64").split(",")
     if a.split_sweep:
         split_sweep(cases, a.out / f"fa_host_split{a.tag}.csv", log, a.rounds)
         return 0
