@@ -502,6 +502,17 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             ft.clear_plans()
             return setup()
 
+        def deterministic(setup):  # PyTorch's deterministic algorithms on around each call (restored after)
+            fn = setup()
+
+            def call():
+                torch.use_deterministic_algorithms(True)
+                try:
+                    return fn()
+                finally:
+                    torch.use_deterministic_algorithms(False)
+            return call
+
         def head_at(whole, trim, setup):  # the causal kernel's WHOLE_DIMS and TRIM_DIMS both set (restored after)
             return dims_at("WHOLE_DIMS", (d,) if whole else (),
                            lambda: dims_at("TRIM_DIMS", (d,) if trim else (), setup))
@@ -571,6 +582,15 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
             *[(f"{fb}ours_auto_tail{n}", lambda n=n, f=(fwd_bwd if fb else grad_of):
                at_launch(dict(tail=n), lambda: f(ours)))
               for fb in ("", "fb_") for n in (0, 4, 8, 12, 16, 24, 32, 48)],
+            # what the fixed order of the dQ sums costs: the fused kernel's turns skipped (probe 1: its shares
+            # added in L2 as they come, as atomic adds would be; timing only, the sums race), and the peers
+            # as PyTorch runs them with its deterministic algorithms on (SDPA-flash's deterministic backward;
+            # cuDNN's, which PyTorch has no deterministic backward for)
+            *[(f"{fb}ours_auto_p1", lambda f=(fwd_bwd if fb else grad_of): at_launch(dict(probe=1), lambda: f(ours)))
+              for fb in ("", "fb_")],
+            *[(f"{fb}sdpa_{backend.name.split('_')[0].lower()}_det", lambda backend=backend, f=(fwd_bwd if fb else grad_of):
+               deterministic(lambda: f(lambda: sdpa(backend))))
+              for fb in ("", "fb_") for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION)],
             ("ours_gluon_again", lambda: grad_of(ours, "gluon")),
             ("sdpa_cudnn_again", lambda: grad_of(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))),
         ]
