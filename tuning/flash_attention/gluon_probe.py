@@ -21,6 +21,7 @@ autograd.grad of one forward: ours all Gluon, ours with the Gluon dK/dV after th
 all tile, SDPA-cuDNN, SDPA-flash; the dQ kernels alone, Gluon and tile, and the Gluon dK/dV kernel;
 forward + backward; median and 20/80% quantiles of do_bench, and the kernels' GPU time per call
 from the profiler). --sweep (dK/dV) and --dq-sweep (dQ): the kernel alone at other configs.
+--determinism: each backward's bits run to run (DIR/gluon_bwd_determinism.csv).
 
 Writes DIR/gluon_check.csv (one row per case: O's and L's max abs error against float64, plain
 PyTorch's error in the same dtype, the contract's tolerance, passed; NaN-poisoned outputs, so an
@@ -695,6 +696,57 @@ def fused_ladder(names, log, out_csv=None, tag="", configs=("",), probes=(0, 1, 
     return rows
 
 
+def bwd_determinism(names, log, out_csv=None, tag="", runs=5) -> list[dict]:
+    """Is each backward bitwise the same run to run? At each shape, dQ, dK and dV of `runs` backward
+    passes of one forward (the same inputs, the same dO), as each implementation computes them: ours
+    ("auto"), SDPA-cuDNN and SDPA-flash as SDPA calls them and with PyTorch's deterministic algorithms
+    on. `distinct_*`: how many different bit patterns the runs gave (1: deterministic on these runs)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from lmperf.kernels import flash_attention_triton as ft
+    rows = []
+    for name in names:
+        b, h, hk, n, d, causal = BWD_SHAPES[name]
+        q, k, v = make(b, h, hk, n, d, BF16, "bhnd", seed=23)
+        xs = [t.detach().requires_grad_() for t in (q, k, v)]
+        do = torch.randn_like(q)
+        impls = [("ours_auto", None, False), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION, False),
+                 ("sdpa_cudnn_det", SDPBackend.CUDNN_ATTENTION, True),
+                 ("sdpa_flash", SDPBackend.FLASH_ATTENTION, False),
+                 ("sdpa_flash_det", SDPBackend.FLASH_ATTENTION, True)]
+        for label, backend, det in impls:
+            row = dict(shape=name, b=b, h=h, hk=hk, n=n, d=d, causal=causal, impl=label, runs=runs, tag=tag,
+                       gpu=torch.cuda.get_device_name(), error="")
+            try:
+                torch.use_deterministic_algorithms(det)
+                if backend is None:
+                    out = ft.FlashAttention2Triton.apply(*xs, causal)
+                else:
+                    with sdpa_kernel(backend):
+                        out = F.scaled_dot_product_attention(*xs, is_causal=causal, enable_gqa=h != hk)
+                grads = [torch.autograd.grad(out, xs, do, retain_graph=True) for _ in range(runs)]
+                torch.cuda.synchronize()
+                for i, part in enumerate(("dq", "dk", "dv")):
+                    patterns = []  # one tensor of each bit pattern seen
+                    for g in grads:
+                        if not any(torch.equal(g[i].view(torch.int16), p) for p in patterns):
+                            patterns.append(g[i].view(torch.int16))
+                    row[f"distinct_{part}"] = len(patterns)
+            except Exception as exc:  # noqa: BLE001
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                log.write(traceback.format_exc() + "\n")
+            finally:
+                torch.use_deterministic_algorithms(False)
+            rows.append(row)
+            print(f"{name:12s} {label:16s} " + (row["error"][:200] if row["error"] else
+                  " ".join(f"{p} {row[f'distinct_{p}']}" for p in ("dq", "dk", "dv"))), flush=True)
+        del q, k, v, xs, do
+        torch.cuda.empty_cache()
+        if out_csv is not None:
+            write(out_csv, rows)
+    return rows
+
+
 BWD_SWEEP = {64: [(3, 232, 64), (3, 240, 128), (3, 232, 128), (2, 240, 128), (4, 240, 128)],
              128: [(3, 232, 64), (2, 232, 64), (4, 232, 64), (3, 240, 64)],
              80: [(3, 240, 64), (4, 240, 64), (2, 240, 64)]}  # (STAGES, registers, BLOCK_M)
@@ -934,6 +986,8 @@ def main(argv=None) -> int:
     ap.add_argument("--schedule", type=int, default=None, help="--fused check: the kernel's schedule (_turns')")
     ap.add_argument("--fused-kw", default="", help="--fused check: the launcher's keywords, k=v,... (ints)")
     ap.add_argument("--ladder", action="store_true", help="--bwd: the fused kernel's ladder (fused_ladder)")
+    ap.add_argument("--determinism", action="store_true",
+                    help="--bwd: each backward's bits run to run (ours, SDPA-cuDNN and -flash, deterministic mode or not)")
     ap.add_argument("--fused-cfgs", default="", help="--ladder: configs, ';'-separated")
     ap.add_argument("--fused-probes", default="0,1,2,s0", help="--ladder: the writer's probes (sN: schedule N)")
     ap.add_argument("--dims", default="64,128", help="the check's head dims (forward: 80 in the ping-pong variant)")
@@ -962,6 +1016,10 @@ def main(argv=None) -> int:
                 print(f"bwd check: {sum(r['passed'] for r in rows)}/{len(rows)} passed", flush=True)
             if args.host:
                 host_cost((args.only or "gqa_d64_1024").split(","), log, args.out / "gluon_bwd_host.csv")
+                return 0
+            if args.determinism:
+                only = args.only.split(",") if args.only else ["d128_2048", "gqa_4096"]
+                bwd_determinism(only, log, args.out / f"gluon_bwd_determinism{args.tag}.csv", args.tag)
                 return 0
             if args.ladder:
                 only = args.only.split(",") if args.only else ["headline", "thr_full", "thr_causal", "d128_2048"]
