@@ -584,9 +584,10 @@ def bwd_bench(names, log, out_csv=None, tag="", only_impls=None) -> list[dict]:
                at_launch(dict(tail=n), lambda: f(ours)))
               for fb in ("", "fb_") for n in (0, 4, 8, 12, 16, 24, 32, 48)],
             # what the fixed order of the dQ sums costs: the fused kernel's turns skipped (probe 1: its shares
-            # added in L2 as they come, as atomic adds would be; timing only, the sums race), and the peers
-            # as PyTorch runs them with its deterministic algorithms on (SDPA-flash's deterministic backward;
-            # cuDNN's, which PyTorch has no deterministic backward for)
+            # added in L2 as they come, as atomic adds would be; timing only, the sums race), and the peers'
+            # backward with PyTorch's deterministic algorithms on (SDPA-flash's deterministic backward; the
+            # backward alone takes its forward before the mode is set, which for cuDNN is its usual backward
+            # plus the mode's fills: the mode refuses cuDNN's attention, `--determinism`)
             *[(f"{fb}ours_auto_p1", lambda f=(fwd_bwd if fb else grad_of): at_launch(dict(probe=1), lambda: f(ours)))
               for fb in ("", "fb_")],
             *[(f"{fb}sdpa_{backend.name.split('_')[0].lower()}_det", lambda backend=backend, f=(fwd_bwd if fb else grad_of):
