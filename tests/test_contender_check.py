@@ -4,6 +4,7 @@ contender's cases in a few long-lived processes of its own, a shape class whole 
 compiles last, at one small shape a kind."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +41,11 @@ def test_each_shape_class_runs_in_one_process_of_its_contenders_own(tmp_path):
     assert len(seen) == 12 and all(len(pids) == 1 for pids in seen.values()), seen
     pids = set().union(*seen.values())
     assert len(pids) == 2 and proc.pid not in pids
-    assert "[rec] 18 cases in 2 processes of its own" in stderr
+    # and when each process sent its last reply: where the contender's time went
+    done = re.search(r"\[rec\] 18 cases in 2 processes of its own, ([\d.]+) s; their last replies at ([\d.]+), ([\d.]+) s",
+                     stderr)
+    assert done, stderr[-3000:]
+    assert float(done[2]) <= float(done[3]) <= float(done[1])
 
 
 def test_a_contenders_cases_run_by_shape_class_values_first_compiles_last():

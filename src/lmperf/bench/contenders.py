@@ -170,7 +170,7 @@ class PerContender:
     distributed_cases): when the loop reaches a contender's first case, its children start (if
     they have not) and so do the next contender's, which start up and compile while this one's
     cases run; when the loop moves on, they end in the background, with a line on stderr saying
-    how many cases they ran in how many processes.
+    how many cases they ran in how many processes, and when each process sent its last reply.
 
     `group`, `judge`: isolation.Ahead's (a contender's cases sorted by `group`, each group in one
     child; `judge` run in this process). `prepare(case)`: the case its child gets (a seed
@@ -186,7 +186,8 @@ class PerContender:
             if not (before and before(case)):
                 self.todo.setdefault(case["contender"], []).append(case)
         self.order = list(self.todo)  # the contenders in the cases' order
-        # each started contender: [its Ahead, the cases sent to it by id, its start, its cases so far]
+        # each started contender: [its Ahead, the cases sent to it by id, its start, its cases so far,
+        # when each of its processes replied (by lane)]
         self.running: dict[str, list] = {}
         self.name: str | None = None
         self.ending: list[threading.Thread] = []  # the contenders' children ending
@@ -198,9 +199,16 @@ class PerContender:
         todo = [self.prepare(c) for c in self.todo.pop(name, [])]
         if self.group is not None:
             todo.sort(key=self.group)
-        ahead = isolation.Ahead(self.measure, self.time_limit_s, self.workers, todo, judge=self.judge,
+        t0, replies = time.monotonic(), {}
+        judge = self.judge
+        if judge is not None:
+            def judge(case, payload, judge=self.judge):
+                """The judge, noting when each process's replies came (its lane's thread)."""
+                replies.setdefault(threading.current_thread().name, []).append(time.monotonic() - t0)
+                return judge(case, payload)
+        ahead = isolation.Ahead(self.measure, self.time_limit_s, self.workers, todo, judge=judge,
                                 group=self.group)
-        self.running[name] = [ahead, {c["case_id"]: c for c in todo}, time.monotonic(), 0]
+        self.running[name] = [ahead, {c["case_id"]: c for c in todo}, t0, 0, replies]
 
     def __call__(self, case: dict) -> list[dict]:
         why = self.before(case) if self.before else None
@@ -224,8 +232,11 @@ class PerContender:
         entry = self.running.pop(name, None) if name is not None else None
         if entry is None:
             return
-        ahead, _, t0, count = entry
+        ahead, _, t0, count, replies = entry
         line = f"[{name}] {count} cases in {ahead.started} processes of its own, {time.monotonic() - t0:.1f} s"
+        if replies:  # where the time went: the slowest process sets the contender's
+            ends = sorted(times[-1] for times in replies.values())
+            line += f"; their last replies at {', '.join(f'{t:.1f}' for t in ends)} s"
         if exc and exc[0] is not None:
             ahead.__exit__(*exc)
         else:
