@@ -200,14 +200,13 @@ class PerContender:
         if self.group is not None:
             todo.sort(key=self.group)
         t0, replies = time.monotonic(), {}
-        judge = self.judge
-        if judge is not None:
-            def judge(case, payload, judge=self.judge):
-                """The judge, noting when each process's replies came (its lane's thread)."""
-                replies.setdefault(threading.current_thread().name, []).append(time.monotonic() - t0)
-                return judge(case, payload)
-        ahead = isolation.Ahead(self.measure, self.time_limit_s, self.workers, todo, judge=judge,
-                                group=self.group)
+
+        def timed(case, payload):
+            """The judge, noting when each process's replies came (by its lane's thread)."""
+            replies.setdefault(threading.current_thread().name, []).append(time.monotonic() - t0)
+            return self.judge(case, payload)
+        ahead = isolation.Ahead(self.measure, self.time_limit_s, self.workers, todo,
+                                judge=timed if self.judge else None, group=self.group)
         self.running[name] = [ahead, {c["case_id"]: c for c in todo}, t0, 0, replies]
 
     def __call__(self, case: dict) -> list[dict]:
